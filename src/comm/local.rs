@@ -1,0 +1,131 @@
+//! An in-process transport: P ranks as P threads sharing memory. Lets unit tests run the whole
+//! pipeline, collectives included, without MPI.
+
+use std::any::Any;
+use std::ops::Range;
+use std::sync::{Arc, Barrier, Mutex};
+
+use super::Comm;
+
+struct Shared {
+    barrier: Barrier,
+    slots: Mutex<Vec<Option<Arc<dyn Any + Send + Sync>>>>,
+}
+
+/// One rank of an in-process group.
+pub struct LocalComm {
+    rank: usize,
+    size: usize,
+    shared: Arc<Shared>,
+}
+
+impl LocalComm {
+    /// Runs `f` on `size` ranks, each on its own thread, and returns their results by rank.
+    pub fn run<T, F>(size: usize, f: F) -> Vec<T>
+    where
+        T: Send,
+        F: Fn(&LocalComm) -> T + Sync,
+    {
+        let shared = Arc::new(Shared {
+            barrier: Barrier::new(size),
+            slots: Mutex::new(vec![None; size]),
+        });
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..size)
+                .map(|rank| {
+                    let comm = LocalComm {
+                        rank,
+                        size,
+                        shared: Arc::clone(&shared),
+                    };
+                    let f = &f;
+                    scope.spawn(move || f(&comm))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank thread panicked"))
+                .collect()
+        })
+    }
+
+    /// Every rank's `value`, by rank.
+    fn gather_all<T: Clone + Send + Sync + 'static>(&self, value: T) -> Vec<T> {
+        self.shared.slots.lock().unwrap()[self.rank] = Some(Arc::new(value));
+        self.shared.barrier.wait();
+        let all = {
+            let slots = self.shared.slots.lock().unwrap();
+            slots
+                .iter()
+                .map(|s| {
+                    s.as_ref()
+                        .unwrap()
+                        .downcast_ref::<T>()
+                        .expect("same collective")
+                        .clone()
+                })
+                .collect()
+        };
+        // Nobody overwrites a slot before everyone has read.
+        self.shared.barrier.wait();
+        all
+    }
+}
+
+impl Comm for LocalComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_gather(&self, value: u64) -> Vec<u64> {
+        self.gather_all(value)
+    }
+
+    fn all_sum(&self, values: &[u64]) -> Vec<u64> {
+        let all = self.gather_all(values.to_vec());
+        (0..values.len())
+            .map(|i| all.iter().map(|v| v[i]).sum())
+            .collect()
+    }
+
+    fn all_max(&self, values: &[u64]) -> Vec<u64> {
+        let all = self.gather_all(values.to_vec());
+        (0..values.len())
+            .map(|i| all.iter().map(|v| v[i]).max().unwrap())
+            .collect()
+    }
+
+    fn broadcast(&self, root: usize, data: Vec<u8>) -> Vec<u8> {
+        let all = self.gather_all(if self.rank == root { data } else { Vec::new() });
+        all[root].clone()
+    }
+
+    fn all_to_all(
+        &self,
+        send: &[u8],
+        ranges: &[Range<usize>],
+        recv: &mut Vec<u8>,
+    ) -> Vec<Range<usize>> {
+        let parts: Vec<Vec<u8>> = ranges.iter().map(|r| send[r.clone()].to_vec()).collect();
+        let all = self.gather_all(parts);
+        recv.clear();
+        let mut from = Vec::with_capacity(self.size);
+        for parts in &all {
+            let start = recv.len();
+            recv.extend_from_slice(&parts[self.rank]);
+            from.push(start..recv.len());
+        }
+        from
+    }
+
+    fn abort(&self, code: i32) -> ! {
+        panic!(
+            "in-process rank {} aborted the job with code {code}",
+            self.rank
+        )
+    }
+}

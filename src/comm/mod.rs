@@ -1,0 +1,180 @@
+//! The transport: the collectives the pipeline needs, behind a trait. `mpi` is the only module
+//! of the crate that imports MPI; `local` runs P ranks as threads of one process for unit tests.
+
+use std::ops::Range;
+
+use anyhow::{anyhow, Result};
+
+pub mod local;
+pub mod mpi;
+
+/// Collective operations over a fixed group of ranks. Every rank must call the same collectives
+/// in the same order.
+pub trait Comm {
+    /// This rank's number, `0..size()`.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn size(&self) -> usize;
+    /// Every rank's `value`, indexed by rank.
+    fn all_gather(&self, value: u64) -> Vec<u64>;
+    /// Element-wise sum over all ranks.
+    fn all_sum(&self, values: &[u64]) -> Vec<u64>;
+    /// Element-wise maximum over all ranks.
+    fn all_max(&self, values: &[u64]) -> Vec<u64>;
+    /// `root`'s `data` on every rank (the argument is ignored elsewhere).
+    fn broadcast(&self, root: usize, data: Vec<u8>) -> Vec<u8>;
+    /// Personalized all-to-all: `send[ranges[d]]` goes to rank `d`. Fills `recv` (reusing its
+    /// allocation) with the bytes received and returns, for each source rank, the range of `recv`
+    /// it sent. Any size works: transports split exchanges that exceed their message limits into
+    /// rounds.
+    fn all_to_all(
+        &self,
+        send: &[u8],
+        ranges: &[Range<usize>],
+        recv: &mut Vec<u8>,
+    ) -> Vec<Range<usize>>;
+    /// Ends the whole job at once with `code`, on every rank.
+    fn abort(&self, code: i32) -> !;
+}
+
+/// Raised on the ranks that did not fail when another rank did: they stop quietly, the failing
+/// rank prints the cause.
+#[derive(Debug)]
+pub struct PeerFailed {
+    pub ranks: Vec<usize>,
+}
+
+impl std::fmt::Display for PeerFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stopped because rank(s) {:?} failed", self.ranks)
+    }
+}
+
+impl std::error::Error for PeerFailed {}
+
+/// All ranks agree on the outcome of a phase: if any rank failed, every rank returns an error
+/// (the failing ranks their own, the others [`PeerFailed`]), so that no rank walks into the next
+/// collective alone and hangs.
+///
+/// # Errors
+/// This rank's error, or [`PeerFailed`] when only other ranks failed.
+pub fn agree<T>(comm: &impl Comm, local: Result<T>) -> Result<T> {
+    let failed = comm.all_gather(u64::from(local.is_err()));
+    if failed.iter().all(|&f| f == 0) {
+        return local;
+    }
+    let ranks = failed
+        .iter()
+        .enumerate()
+        .filter(|(_, &f)| f != 0)
+        .map(|(r, _)| r)
+        .collect();
+    match local {
+        Err(e) => Err(e),
+        Ok(_) => Err(anyhow!(PeerFailed { ranks })),
+    }
+}
+
+/// Broadcasts `root`'s outcome: its value (serialized) on success, or a failure every rank sees.
+///
+/// # Errors
+/// `root`'s error on `root`, [`PeerFailed`] elsewhere.
+pub fn broadcast_result<T>(comm: &impl Comm, root: usize, local: Option<Result<T>>) -> Result<T>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+{
+    let config = bincode::config::standard();
+    let mut error = None;
+    let payload = if comm.rank() == root {
+        match local.expect("root must pass its result") {
+            Ok(v) => {
+                let mut bytes = vec![1u8];
+                bytes.extend(bincode::serde::encode_to_vec(&v, config).expect("encodable"));
+                bytes
+            }
+            Err(e) => {
+                error = Some(e);
+                vec![0u8]
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    let got = comm.broadcast(root, payload);
+    if let Some(e) = error {
+        return Err(e);
+    }
+    if got.first() != Some(&1) {
+        return Err(anyhow!(PeerFailed { ranks: vec![root] }));
+    }
+    let (v, _) = bincode::serde::decode_from_slice(&got[1..], config)
+        .map_err(|e| anyhow!("decoding a broadcast from rank {root}: {e}"))?;
+    Ok(v)
+}
+
+/// Exclusive prefix sum of `value` over ranks, and the total.
+pub fn exclusive_sum(comm: &impl Comm, value: u64) -> (u64, u64) {
+    let all = comm.all_gather(value);
+    let before = all[..comm.rank()].iter().sum();
+    (before, all.iter().sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local::LocalComm;
+    use super::*;
+
+    #[test]
+    fn agree_fails_everywhere_when_one_rank_fails() {
+        let out = LocalComm::run(3, |c| {
+            let local = if c.rank() == 1 {
+                Err(anyhow!("disk on fire"))
+            } else {
+                Ok(c.rank())
+            };
+            agree(c, local).map_err(|e| format!("{e:#}"))
+        });
+        assert!(out[0].as_ref().unwrap_err().contains("[1]"));
+        assert_eq!(out[1].as_ref().unwrap_err(), "disk on fire");
+        assert!(out[2].as_ref().unwrap_err().contains("[1]"));
+    }
+
+    #[test]
+    fn broadcast_result_carries_value_or_failure() {
+        let out = LocalComm::run(3, |c| {
+            let local = (c.rank() == 0).then(|| Ok(vec![1u32, 2, 3]));
+            broadcast_result(c, 0, local).unwrap()
+        });
+        assert!(out.iter().all(|v| v == &vec![1, 2, 3]));
+        let out = LocalComm::run(2, |c| {
+            let local = (c.rank() == 0).then(|| Err::<u8, _>(anyhow!("bad spec")));
+            broadcast_result(c, 0, local).map_err(|e| e.to_string())
+        });
+        assert_eq!(out[0].as_ref().unwrap_err(), "bad spec");
+        assert!(out[1].is_err());
+    }
+
+    #[test]
+    fn prefix_sums_and_all_to_all() {
+        let out = LocalComm::run(4, |c| {
+            let (before, total) = exclusive_sum(c, c.rank() as u64 + 1);
+            // Rank r sends r+d copies of byte r to rank d.
+            let mut send = Vec::new();
+            let mut ranges = Vec::new();
+            for d in 0..c.size() {
+                let start = send.len();
+                send.extend(std::iter::repeat_n(c.rank() as u8, c.rank() + d));
+                ranges.push(start..send.len());
+            }
+            let mut recv = Vec::new();
+            let from = c.all_to_all(&send, &ranges, &mut recv);
+            let ok = (0..c.size()).all(|s| {
+                let got = &recv[from[s].clone()];
+                got.len() == s + c.rank() && got.iter().all(|&b| b == s as u8)
+            });
+            (before, total, ok)
+        });
+        assert_eq!(out.iter().map(|o| o.0).collect::<Vec<_>>(), [0, 1, 3, 6]);
+        assert!(out.iter().all(|o| o.1 == 10 && o.2));
+    }
+}

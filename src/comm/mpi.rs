@@ -1,0 +1,233 @@
+//! The MPI transport: the only module that touches MPI.
+
+use std::ops::Range;
+
+use anyhow::{bail, Result};
+use mpi::collective::SystemOperation;
+use mpi::datatype::{Partition, PartitionMut};
+use mpi::environment::Universe;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use mpi::Count;
+
+use super::Comm;
+
+/// MPI for the length of the run: dropping it finalizes MPI.
+pub struct MpiRuntime {
+    // Declared first so that it drops before the universe finalizes MPI.
+    pub comm: MpiComm,
+    _universe: Universe,
+}
+
+impl MpiRuntime {
+    /// Initializes MPI (funneled: helper threads may do I/O, only the main thread calls MPI),
+    /// makes a panic on any thread abort the whole job, and checks that the launcher and the MPI
+    /// library agree on the number of ranks.
+    ///
+    /// # Errors
+    /// MPI cannot be initialized, or the binary was started by another MPI's launcher.
+    pub fn init(max_round_bytes: u64) -> Result<Self> {
+        let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
+            bail!("MPI was already initialized");
+        };
+        abort_on_panic();
+        let world = universe.world();
+        let size = world.size() as usize;
+        if let Some(msg) = launcher_mismatch(size, |k| std::env::var(k).ok()) {
+            // Every rank sees the same mismatch, and each is a job of one: no collective needed.
+            bail!(msg);
+        }
+        let max_round =
+            usize::try_from(max_round_bytes.clamp(1, i32::MAX as u64)).unwrap_or(usize::MAX);
+        Ok(MpiRuntime {
+            comm: MpiComm { world, max_round },
+            _universe: universe,
+        })
+    }
+}
+
+/// Installs a panic hook that prints the panic and then aborts every rank: a panicking rank
+/// would otherwise leave the others blocked in a collective forever.
+fn abort_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        eprintln!("reshard: a rank panicked; aborting all ranks");
+        // SAFETY: MPI is initialized (the hook is installed after init) and MPI_Abort on the world
+        // communicator may be called from any thread.
+        unsafe {
+            mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, 70);
+        }
+    }));
+}
+
+/// A binary linked against one MPI but started by another MPI's launcher runs as N independent
+/// jobs of size 1, each rewriting the whole dataset. The launchers' environment tells.
+pub fn launcher_mismatch(size: usize, env: impl Fn(&str) -> Option<String>) -> Option<String> {
+    for var in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"] {
+        if let Some(n) = env(var).and_then(|v| v.trim().parse::<usize>().ok()) {
+            if n != size {
+                return Some(format!(
+                    "the launcher started {n} ranks ({var}={n}) but MPI reports a world of {size}: \
+                     reshard was built against a different MPI than the mpirun/srun that started it \
+                     (rebuild it after `cargo clean -p mpi-sys`, or use the matching launcher)"
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The world communicator, with the largest exchange a single MPI call may carry per rank.
+pub struct MpiComm {
+    world: SimpleCommunicator,
+    max_round: usize,
+}
+
+fn count(n: usize) -> Count {
+    Count::try_from(n).expect("exchange sizes are split below i32::MAX")
+}
+
+impl MpiComm {
+    fn reduce(&self, values: &[u64], op: SystemOperation) -> Vec<u64> {
+        let mut out = vec![0u64; values.len()];
+        self.world.all_reduce_into(values, &mut out[..], op);
+        out
+    }
+
+    fn exchange_once(
+        &self,
+        send: &[u8],
+        sends: &[Range<usize>],
+        recv: &mut [u8],
+        recvs: &[Range<usize>],
+    ) {
+        let sc: Vec<Count> = sends.iter().map(|r| count(r.len())).collect();
+        let sd: Vec<Count> = sends.iter().map(|r| count(r.start)).collect();
+        let rc: Vec<Count> = recvs.iter().map(|r| count(r.len())).collect();
+        let rd: Vec<Count> = recvs.iter().map(|r| count(r.start)).collect();
+        let s = Partition::new(send, sc, sd);
+        let mut r = PartitionMut::new(recv, rc, rd);
+        self.world.all_to_all_varcount_into(&s, &mut r);
+    }
+}
+
+impl Comm for MpiComm {
+    fn rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+
+    fn size(&self) -> usize {
+        self.world.size() as usize
+    }
+
+    fn all_gather(&self, value: u64) -> Vec<u64> {
+        let mut out = vec![0u64; self.size()];
+        self.world.all_gather_into(&value, &mut out[..]);
+        out
+    }
+
+    fn all_sum(&self, values: &[u64]) -> Vec<u64> {
+        self.reduce(values, SystemOperation::sum())
+    }
+
+    fn all_max(&self, values: &[u64]) -> Vec<u64> {
+        self.reduce(values, SystemOperation::max())
+    }
+
+    fn broadcast(&self, root: usize, mut data: Vec<u8>) -> Vec<u8> {
+        let root = self.world.process_at_rank(root as i32);
+        let mut len = data.len() as u64;
+        root.broadcast_into(&mut len);
+        data.resize(len as usize, 0);
+        for chunk in data.chunks_mut(self.max_round) {
+            root.broadcast_into(chunk);
+        }
+        data
+    }
+
+    fn all_to_all(
+        &self,
+        send: &[u8],
+        ranges: &[Range<usize>],
+        recv: &mut Vec<u8>,
+    ) -> Vec<Range<usize>> {
+        let p = self.size();
+        let send_counts: Vec<u64> = ranges.iter().map(|r| r.len() as u64).collect();
+        let mut recv_counts = vec![0u64; p];
+        self.world
+            .all_to_all_into(&send_counts[..], &mut recv_counts[..]);
+        let mut from = Vec::with_capacity(p);
+        let mut at = 0usize;
+        for &c in &recv_counts {
+            from.push(at..at + c as usize);
+            at += c as usize;
+        }
+        // Old contents are overwritten by MPI: only growth needs initializing.
+        recv.resize(at.max(recv.len()), 0);
+        recv.truncate(at);
+
+        // One call when every rank's send and receive buffers fit in one message (the common
+        // case: the pipeline bounds rounds by --mem-limit); otherwise rounds in which each pair
+        // moves at most max_round / P bytes, so no count or displacement exceeds i32.
+        let fits = send.len() <= self.max_round && at <= self.max_round;
+        let all_fit = self.reduce(&[u64::from(!fits)], SystemOperation::max())[0] == 0;
+        if all_fit {
+            self.exchange_once(send, ranges, recv, &from);
+            return from;
+        }
+        let per_pair = (self.max_round / p).max(1);
+        let longest = ranges
+            .iter()
+            .chain(&from)
+            .map(Range::len)
+            .max()
+            .unwrap_or(0);
+        let rounds =
+            self.reduce(&[longest.div_ceil(per_pair) as u64], SystemOperation::max())[0] as usize;
+        let mut sbuf = Vec::with_capacity(per_pair * p);
+        let mut rbuf = vec![0u8; per_pair * p];
+        for round in 0..rounds {
+            let piece = |r: &Range<usize>| {
+                let lo = (r.start + round * per_pair).min(r.end);
+                lo..(lo + per_pair).min(r.end)
+            };
+            sbuf.clear();
+            let mut sends = Vec::with_capacity(p);
+            for r in ranges {
+                let start = sbuf.len();
+                sbuf.extend_from_slice(&send[piece(r)]);
+                sends.push(start..sbuf.len());
+            }
+            let mut recvs = Vec::with_capacity(p);
+            let mut at = 0;
+            for r in &from {
+                let n = piece(r).len();
+                recvs.push(at..at + n);
+                at += n;
+            }
+            self.exchange_once(&sbuf, &sends, &mut rbuf[..at], &recvs);
+            for (r, got) in from.iter().zip(&recvs) {
+                recv[piece(r)].copy_from_slice(&rbuf[got.clone()]);
+            }
+        }
+        from
+    }
+
+    fn abort(&self, code: i32) -> ! {
+        self.world.abort(code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_a_foreign_launcher() {
+        let env = |k: &str| (k == "OMPI_COMM_WORLD_SIZE").then(|| "4".to_string());
+        assert!(launcher_mismatch(1, env).unwrap().contains("different MPI"));
+        assert!(launcher_mismatch(4, env).is_none());
+        assert!(launcher_mismatch(1, |_| None).is_none());
+    }
+}

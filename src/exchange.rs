@@ -1,0 +1,325 @@
+//! The bounded data exchange: ranks stream their samples sequentially, pack them per writer, move
+//! them in all-to-all rounds whose buffers respect the memory budget, and writers place them.
+//!
+//! A sample larger than a round's share moves as several chunks: every chunk carries the sample's
+//! output position and its offset inside the sample, so writers never reassemble anything.
+
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::comm::{Comm, PeerFailed};
+use crate::input::InputShard;
+use crate::permute::Permutation;
+use crate::plan::{ShardLayout, ShardPlan};
+use crate::writer::OutputShards;
+
+/// A sample this rank reads: which input shard, and its byte range there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalSample {
+    pub shard: u32,
+    pub start: u64,
+    pub len: u64,
+}
+
+/// Chunk header: output position, offset inside the sample, payload length (little-endian u64s).
+const CHUNK_HEADER: usize = 24;
+
+/// How a memory budget is split among the exchange's buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buffers {
+    /// Bytes each destination may receive from this rank per round. A rank receives at most
+    /// `per_destination * ranks` bytes per round, like it sends.
+    pub per_destination: usize,
+    /// Size of the sequential read window over the input.
+    pub read_window: usize,
+}
+
+impl Buffers {
+    /// Splits `budget` bytes: a read window of at most 8 MiB, then half of the rest for the send
+    /// buffer and half for the receive buffer.
+    pub fn for_budget(budget: u64, ranks: usize) -> Self {
+        let budget = usize::try_from(budget).unwrap_or(usize::MAX);
+        let read_window = (budget / 16).clamp(64 << 10, 8 << 20);
+        let send = budget.saturating_sub(read_window) / 2;
+        let per_destination = (send / ranks).max(CHUNK_HEADER + 512);
+        Buffers {
+            per_destination,
+            read_window,
+        }
+    }
+}
+
+/// What the exchange moved, as seen by this rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExchangeStats {
+    pub rounds: u64,
+    /// Sample bytes this rank read and sent.
+    pub bytes_sent: u64,
+    /// Sample bytes this rank received and wrote.
+    pub bytes_written: u64,
+}
+
+/// Everything the exchange needs to know about the job.
+pub struct Job<'a> {
+    pub inputs: &'a [InputShard],
+    /// This rank's samples, in input order, with the global index of the first.
+    pub local: &'a [LocalSample],
+    pub first_global: u64,
+    pub permutation: &'a Permutation,
+    pub plan: &'a ShardPlan,
+    /// This rank's own shards.
+    pub layout: &'a ShardLayout,
+    pub output: &'a OutputShards,
+}
+
+/// Runs the exchange to completion on every rank. `progress` is called after each round with the
+/// sample bytes moved so far by all ranks together.
+///
+/// # Errors
+/// A read or write fails on this rank (the message names file and offset), or another rank
+/// failed ([`PeerFailed`]); either way every rank leaves at the same round.
+pub fn run(
+    comm: &impl Comm,
+    job: &Job<'_>,
+    buffers: Buffers,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ExchangeStats> {
+    let ranks = comm.size();
+    let cap = buffers.per_destination;
+    let mut send = vec![0u8; cap * ranks];
+    let mut used = vec![0usize; ranks];
+    let mut recv = Vec::new();
+    let mut reader = InputReader::new(job.inputs, buffers.read_window);
+    let mut cursor = Cursor::default();
+    let mut stats = ExchangeStats::default();
+    let mut failure: Option<anyhow::Error> = None;
+    let mut moved = 0u64;
+    loop {
+        used.fill(0);
+        let mut payload = 0u64;
+        if failure.is_none() {
+            match fill(job, &mut cursor, &mut reader, &mut send, cap, &mut used) {
+                Ok(n) => payload = n,
+                Err(e) => failure = Some(e),
+            }
+        }
+        // One small collective per round: did anyone fail, and is anything left to move?
+        let status = comm.all_sum(&[u64::from(failure.is_some()), payload]);
+        if status[0] > 0 {
+            return Err(failure.unwrap_or_else(|| anyhow!(PeerFailed { ranks: Vec::new() })));
+        }
+        if status[1] == 0 {
+            break;
+        }
+        stats.rounds += 1;
+        stats.bytes_sent += payload;
+        let ranges: Vec<Range<usize>> = (0..ranks).map(|d| d * cap..d * cap + used[d]).collect();
+        let from = comm.all_to_all(&send, &ranges, &mut recv);
+        for r in from {
+            match place(job, &recv[r]) {
+                Ok(n) => stats.bytes_written += n,
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        moved += status[1];
+        progress(moved);
+    }
+    let expected: u64 = job.layout.lens.iter().sum();
+    if stats.bytes_written != expected {
+        bail!(
+            "internal error: rank {} wrote {} sample bytes but its shards hold {expected}",
+            comm.rank(),
+            stats.bytes_written
+        );
+    }
+    Ok(stats)
+}
+
+/// Where the sender is in its sample list: sample index and bytes of it already sent.
+#[derive(Debug, Default)]
+struct Cursor {
+    sample: usize,
+    offset: u64,
+}
+
+/// Packs samples, in input order, into the per-destination segments of `send` until the next
+/// chunk's destination is full. Returns the sample bytes packed.
+fn fill(
+    job: &Job<'_>,
+    cursor: &mut Cursor,
+    reader: &mut InputReader<'_>,
+    send: &mut [u8],
+    cap: usize,
+    used: &mut [usize],
+) -> Result<u64> {
+    let mut packed = 0u64;
+    while let Some(s) = job.local.get(cursor.sample) {
+        let position = job
+            .permutation
+            .apply(job.first_global + cursor.sample as u64);
+        let dest = job.plan.writer_of(job.plan.shard_of(position));
+        let room = cap - used[dest];
+        if room <= CHUNK_HEADER {
+            break;
+        }
+        let n = (s.len - cursor.offset).min((room - CHUNK_HEADER) as u64);
+        let at = dest * cap + used[dest];
+        let header = &mut send[at..at + CHUNK_HEADER];
+        header[..8].copy_from_slice(&position.to_le_bytes());
+        header[8..16].copy_from_slice(&cursor.offset.to_le_bytes());
+        header[16..].copy_from_slice(&n.to_le_bytes());
+        let body = &mut send[at + CHUNK_HEADER..at + CHUNK_HEADER + n as usize];
+        reader.read(s.shard as usize, s.start + cursor.offset, body)?;
+        used[dest] += CHUNK_HEADER + n as usize;
+        packed += n;
+        cursor.offset += n;
+        if cursor.offset == s.len {
+            cursor.sample += 1;
+            cursor.offset = 0;
+        }
+    }
+    Ok(packed)
+}
+
+/// Writes every chunk of one sender's segment at its place. Returns the sample bytes written.
+fn place(job: &Job<'_>, mut segment: &[u8]) -> Result<u64> {
+    let mut written = 0;
+    while !segment.is_empty() {
+        let word = |i: usize| u64::from_le_bytes(segment[i * 8..i * 8 + 8].try_into().unwrap());
+        let (position, offset, n) = (word(0), word(1), word(2));
+        let (at, len) = job
+            .layout
+            .place(position)
+            .filter(|&(_, len)| offset + n <= len)
+            .with_context(|| format!("internal error: chunk for position {position} (+{offset}, {n} bytes) does not belong here"))?;
+        debug_assert!(offset + n <= len);
+        let shard = job.plan.shard_of(position);
+        let body = &segment[CHUNK_HEADER..CHUNK_HEADER + n as usize];
+        job.output.write_at(shard, at + offset, body)?;
+        written += n;
+        segment = &segment[CHUNK_HEADER + n as usize..];
+    }
+    Ok(written)
+}
+
+/// Sequential reader over the input shards: small samples are served from a large read window,
+/// large ones are read straight into the send buffer.
+struct InputReader<'a> {
+    inputs: &'a [InputShard],
+    file: Option<(usize, File)>,
+    window: Vec<u8>,
+    /// Which shard and byte range the window holds.
+    window_shard: usize,
+    window_range: Range<u64>,
+}
+
+impl<'a> InputReader<'a> {
+    fn new(inputs: &'a [InputShard], window: usize) -> Self {
+        InputReader {
+            inputs,
+            file: None,
+            window: vec![0; window],
+            window_shard: usize::MAX,
+            window_range: 0..0,
+        }
+    }
+
+    fn file(&mut self, shard: usize) -> Result<&File> {
+        if self.file.as_ref().is_none_or(|(s, _)| *s != shard) {
+            let path = &self.inputs[shard].path;
+            let f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+            self.file = Some((shard, f));
+        }
+        Ok(&self.file.as_ref().unwrap().1)
+    }
+
+    fn read(&mut self, shard: usize, mut offset: u64, mut out: &mut [u8]) -> Result<()> {
+        while !out.is_empty() {
+            if shard == self.window_shard && self.window_range.contains(&offset) {
+                let from = (offset - self.window_range.start) as usize;
+                let n = out.len().min((self.window_range.end - offset) as usize);
+                out[..n].copy_from_slice(&self.window[from..from + n]);
+                out = &mut out[n..];
+                offset += n as u64;
+                continue;
+            }
+            let size = self.inputs[shard].size;
+            let path = self.inputs[shard].path.clone();
+            let short = |got: u64| {
+                anyhow!(
+                    "{}: byte offset {}: expected sample data, found the end of the file (the shard was {} bytes when indexed; did it change during the run?)",
+                    path.display(),
+                    got,
+                    size
+                )
+            };
+            if out.len() >= self.window.len() / 2 {
+                let file = self.file(shard)?;
+                read_full_at(file, out, offset)
+                    .with_context(|| {
+                        format!("{}: cannot read at byte offset {offset}", path.display())
+                    })
+                    .and_then(|got| {
+                        if got < out.len() {
+                            Err(short(offset + got as u64))
+                        } else {
+                            Ok(())
+                        }
+                    })?;
+                return Ok(());
+            }
+            let want = (self.window.len() as u64).min(size.saturating_sub(offset)) as usize;
+            let mut window = std::mem::take(&mut self.window);
+            let got =
+                read_full_at(self.file(shard)?, &mut window[..want], offset).with_context(|| {
+                    format!("{}: cannot read at byte offset {offset}", path.display())
+                });
+            self.window = window;
+            let got = got?;
+            if got == 0 {
+                return Err(short(offset));
+            }
+            self.window_shard = shard;
+            self.window_range = offset..offset + got as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Reads until `buf` is full or the file ends; returns the bytes read.
+fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_respect_the_budget() {
+        for (budget, ranks) in [
+            (1u64 << 30, 4usize),
+            (64 << 20, 2),
+            (1 << 20, 3),
+            (1 << 30, 1000),
+        ] {
+            let b = Buffers::for_budget(budget, ranks);
+            let total = b.read_window + 2 * b.per_destination * ranks;
+            assert!(total as u64 <= budget, "{budget} {ranks}: {b:?}");
+        }
+    }
+}

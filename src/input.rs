@@ -1,0 +1,231 @@
+//! Input spec expansion: turns `--input` specs into the canonical, ordered list of shard files.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// One input shard: its path as the spec named it and its size when the run started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputShard {
+    pub path: PathBuf,
+    pub size: u64,
+}
+
+/// Expands every spec in order and concatenates the results.
+///
+/// A spec is `@list.txt` (one path per line; blank lines and `#` comments skipped; relative paths
+/// are relative to the list file's directory), a directory (its `*.tar` files sorted by name), a
+/// pattern with `{a..b}` numeric ranges or `{x,y}` alternatives, or a file path.
+///
+/// # Errors
+/// A missing file or directory, a directory with no `.tar` files, a malformed brace pattern, or a
+/// file named twice (its samples would be duplicated).
+pub fn expand_specs(specs: &[String]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for spec in specs {
+        out.extend(expand_spec(spec)?);
+    }
+    let mut seen = std::collections::HashMap::new();
+    for p in &out {
+        let canon = fs::canonicalize(p).with_context(|| format!("input {}", p.display()))?;
+        if let Some(first) = seen.insert(canon, p.clone()) {
+            bail!(
+                "input {} is named twice (also as {}): its samples would be duplicated",
+                p.display(),
+                first.display()
+            );
+        }
+    }
+    Ok(out)
+}
+
+fn expand_spec(spec: &str) -> Result<Vec<PathBuf>> {
+    if let Some(list) = spec.strip_prefix('@') {
+        return read_list(Path::new(list));
+    }
+    let path = Path::new(spec);
+    if path.is_dir() {
+        return list_dir(path);
+    }
+    if spec.contains('{') {
+        let paths: Vec<PathBuf> = expand_braces(spec)?
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+        for p in &paths {
+            check_file(p).with_context(|| format!("expanding {spec:?}"))?;
+        }
+        return Ok(paths);
+    }
+    check_file(path)?;
+    Ok(vec![path.to_path_buf()])
+}
+
+fn check_file(path: &Path) -> Result<()> {
+    let meta = fs::metadata(path).with_context(|| format!("input {}", path.display()))?;
+    if !meta.is_file() {
+        bail!("input {}: not a regular file", path.display());
+    }
+    Ok(())
+}
+
+fn read_list(list: &Path) -> Result<Vec<PathBuf>> {
+    let text =
+        fs::read_to_string(list).with_context(|| format!("input list {}", list.display()))?;
+    let base = list.parent().unwrap_or(Path::new(""));
+    let mut out = Vec::new();
+    for (lineno, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let p = Path::new(line);
+        let p = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            base.join(p)
+        };
+        check_file(&p).with_context(|| format!("{}:{}", list.display(), lineno + 1))?;
+        out.push(p);
+    }
+    if out.is_empty() {
+        bail!("input list {} names no files", list.display());
+    }
+    Ok(out)
+}
+
+fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).with_context(|| format!("input directory {}", dir.display()))? {
+        let entry = entry.with_context(|| format!("input directory {}", dir.display()))?;
+        let name = entry.file_name();
+        let is_tar = Path::new(&name).extension().is_some_and(|e| e == "tar");
+        if is_tar && entry.path().is_file() {
+            names.push(name);
+        }
+    }
+    if names.is_empty() {
+        bail!("input directory {} holds no .tar files", dir.display());
+    }
+    // Byte order of names, the same on every rank and every locale.
+    names.sort_by(|a, b| a.as_encoded_bytes().cmp(b.as_encoded_bytes()));
+    Ok(names.into_iter().map(|n| dir.join(n)).collect())
+}
+
+/// Expands webdataset-style brace patterns: `{000..127}` is a numeric range whose zero padding is
+/// the width of the first bound, `{a,b,c}` lists alternatives. Several braces form a product in
+/// left-to-right order (the last brace varies fastest).
+///
+/// # Errors
+/// Unbalanced or nested braces, an empty brace, or a range whose bounds are not numbers.
+pub fn expand_braces(pattern: &str) -> Result<Vec<String>> {
+    let Some(open) = pattern.find('{') else {
+        if pattern.contains('}') {
+            bail!("brace pattern {pattern:?}: '}}' without '{{'");
+        }
+        return Ok(vec![pattern.to_string()]);
+    };
+    let rest = &pattern[open + 1..];
+    let close = rest
+        .find('}')
+        .with_context(|| format!("brace pattern {pattern:?}: '{{' without '}}'"))?;
+    let body = &rest[..close];
+    if body.contains('{') {
+        bail!("brace pattern {pattern:?}: nested braces are not supported");
+    }
+    let alternatives =
+        brace_alternatives(body).with_context(|| format!("brace pattern {pattern:?}"))?;
+    let head = &pattern[..open];
+    let tails = expand_braces(&rest[close + 1..])?;
+    let mut out = Vec::with_capacity(alternatives.len() * tails.len());
+    for alt in &alternatives {
+        for tail in &tails {
+            out.push(format!("{head}{alt}{tail}"));
+        }
+    }
+    Ok(out)
+}
+
+fn brace_alternatives(body: &str) -> Result<Vec<String>> {
+    if let Some((lo, hi)) = body.split_once("..") {
+        let width = lo.len();
+        let a: u64 = lo
+            .parse()
+            .with_context(|| format!("range start {lo:?} is not a number"))?;
+        let b: u64 = hi
+            .parse()
+            .with_context(|| format!("range end {hi:?} is not a number"))?;
+        if b < a {
+            bail!("range {{{body}}} runs backwards");
+        }
+        return Ok((a..=b).map(|i| format!("{i:0width$}")).collect());
+    }
+    if body.is_empty() {
+        bail!("empty braces");
+    }
+    Ok(body.split(',').map(str::to_string).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numeric_range_keeps_padding() {
+        let v = expand_braces("d/train-{000008..000011}.tar").unwrap();
+        assert_eq!(
+            v,
+            [
+                "d/train-000008.tar",
+                "d/train-000009.tar",
+                "d/train-000010.tar",
+                "d/train-000011.tar"
+            ]
+        );
+    }
+
+    #[test]
+    fn several_braces_form_a_product_last_fastest() {
+        let v = expand_braces("{a,b}-{0..1}.tar").unwrap();
+        assert_eq!(v, ["a-0.tar", "a-1.tar", "b-0.tar", "b-1.tar"]);
+    }
+
+    #[test]
+    fn bad_braces_are_errors() {
+        assert!(expand_braces("x{1..").is_err());
+        assert!(expand_braces("x}1").is_err());
+        assert!(expand_braces("x{}").is_err());
+        assert!(expand_braces("x{5..2}").is_err());
+        assert!(expand_braces("x{a..b}").is_err());
+        assert!(expand_braces("x{{1,2}}").is_err());
+    }
+
+    #[test]
+    fn directory_list_and_pattern_specs() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["b.tar", "a.tar", "c.txt", "a10.tar"] {
+            fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        let d = dir.path().to_str().unwrap().to_string();
+        let got = expand_specs(std::slice::from_ref(&d)).unwrap();
+        let names: Vec<_> = got
+            .iter()
+            .map(|p| p.file_name().unwrap().to_owned())
+            .collect();
+        assert_eq!(names, ["a.tar", "a10.tar", "b.tar"]);
+
+        fs::write(dir.path().join("list.txt"), "# comment\nb.tar\n\na.tar\n").unwrap();
+        let got = expand_specs(&[format!("@{d}/list.txt")]).unwrap();
+        assert_eq!(got, [dir.path().join("b.tar"), dir.path().join("a.tar")]);
+
+        let got = expand_specs(&[format!("{d}/{{b,a}}.tar")]).unwrap();
+        assert_eq!(got.len(), 2);
+
+        let err = expand_specs(&[format!("{d}/a.tar"), format!("{d}/{{a,b}}.tar")]).unwrap_err();
+        assert!(format!("{err:#}").contains("named twice"), "{err:#}");
+        let err = expand_specs(&[format!("{d}/{{a,zz}}.tar")]).unwrap_err();
+        assert!(format!("{err:#}").contains("zz.tar"), "{err:#}");
+    }
+}

@@ -1,0 +1,19 @@
+//! reshard: reorganize WebDataset tar shards over MPI.
+//!
+//! The pipeline (see `pipeline`) is pure code over a [`comm::Comm`] transport; only
+//! `comm::mpi` touches MPI, so the whole job also runs in-process in unit tests.
+
+pub mod cli;
+pub mod comm;
+pub mod error;
+pub mod exchange;
+pub mod generate;
+pub mod input;
+pub mod manifest;
+pub mod permute;
+pub mod pipeline;
+pub mod plan;
+pub mod progress;
+pub mod size;
+pub mod tar_index;
+pub mod writer;

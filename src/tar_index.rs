@@ -1,0 +1,445 @@
+//! Header-only indexing of a WebDataset tar shard: which byte ranges are samples.
+//!
+//! A sample is a run of consecutive members sharing a key (the member path up to the first `.`
+//! of its last component). Because the members of a sample are consecutive records, a sample is
+//! one contiguous byte range: from the end of the previous record (so that any PAX or GNU
+//! long-name extension records in front of its first header are included) to the end of its last
+//! member's padded data. That range moves verbatim.
+
+use std::fs::File;
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+const BLOCK: u64 = 512;
+
+/// One sample of a shard: a contiguous byte range of the shard file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Byte offset of the sample's first record (extension records included).
+    pub start: u64,
+    /// Length in bytes: every record of the sample, padding included (a multiple of 512).
+    pub len: u64,
+}
+
+/// Entries that belong to no sample. They are left out of the output and reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// Directory entries (`dir/`).
+    pub directories: u64,
+    /// Regular files with no key: no `.` in the last path component, or only a leading one.
+    pub keyless_files: u64,
+    /// Symlinks, hard links, devices, FIFOs and other non-regular entries.
+    pub other_entries: u64,
+    /// PAX global extended headers (`g` records); their attributes are not carried over.
+    pub global_headers: u64,
+}
+
+impl Skipped {
+    /// The counts as an array, in field order, for summing across ranks.
+    pub fn to_array(self) -> [u64; 4] {
+        [
+            self.directories,
+            self.keyless_files,
+            self.other_entries,
+            self.global_headers,
+        ]
+    }
+
+    /// Inverse of [`Skipped::to_array`].
+    pub fn from_array(a: [u64; 4]) -> Self {
+        Skipped {
+            directories: a[0],
+            keyless_files: a[1],
+            other_entries: a[2],
+            global_headers: a[3],
+        }
+    }
+
+    /// Total number of skipped entries.
+    pub fn total(self) -> u64 {
+        self.to_array().iter().sum()
+    }
+}
+
+/// The samples of one shard, in file order, and what was skipped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardIndex {
+    pub samples: Vec<Sample>,
+    pub skipped: Skipped,
+}
+
+/// The key of a member path: everything up to the first `.` of the last path component, or
+/// `None` when the last component has no `.` or starts with one (webdataset skips those).
+pub fn sample_key(path: &[u8]) -> Option<&[u8]> {
+    let base_start = path.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
+    let dot = path[base_start..].iter().position(|&b| b == b'.')?;
+    if dot == 0 {
+        return None;
+    }
+    Some(&path[..base_start + dot])
+}
+
+/// Indexes the shard file at `path`, reading only its headers.
+///
+/// # Errors
+/// The file cannot be read, is not a tar, is truncated, has a header with a bad checksum, or
+/// has a member without a key between two members of one sample. Every message names the file
+/// and the byte offset of the offending record.
+pub fn index_file(path: &Path) -> Result<ShardIndex> {
+    let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    let len = file
+        .metadata()
+        .with_context(|| format!("{}: cannot stat", path.display()))?
+        .len();
+    index_reader(HeaderReader::new(file), len).with_context(|| path.display().to_string())
+}
+
+/// Indexes a tar stream of `file_len` bytes. Errors carry the byte offset but not the name; the
+/// caller adds it.
+///
+/// # Errors
+/// See [`index_file`].
+pub fn index_reader<R: Read + Seek>(mut reader: R, file_len: u64) -> Result<ShardIndex> {
+    let mut magic = [0u8; 2];
+    let got = read_up_to(&mut reader, &mut magic).context("byte offset 0: cannot read")?;
+    if got == 2 && magic == [0x1f, 0x8b] {
+        bail!("byte offset 0: expected a tar header, found gzip-compressed data (decompress the shard first)");
+    }
+    reader
+        .seek(SeekFrom::Start(0))
+        .context("byte offset 0: cannot seek")?;
+
+    let mut archive = tar::Archive::new(reader);
+    let mut entries = archive
+        .entries_with_seek()
+        .context("byte offset 0: cannot read the tar stream")?;
+    let mut grouper = Grouper::default();
+    let mut cursor = 0u64; // end of the previous record: where the next record starts
+    loop {
+        let entry = match entries.next() {
+            None => break,
+            Some(Ok(e)) => e,
+            Some(Err(e)) => {
+                let what = if cursor == 0 {
+                    "expected a tar archive"
+                } else {
+                    "expected a tar header"
+                };
+                bail!("byte offset {cursor}: {what}: {e}");
+            }
+        };
+        let size = entry.size();
+        let data = entry.raw_file_position();
+        let end = data
+            .checked_add(size.div_ceil(BLOCK) * BLOCK)
+            .with_context(|| format!("byte offset {cursor}: member size {size} overflows"))?;
+        let path = entry.path_bytes();
+        if end > file_len {
+            bail!(
+                "byte offset {}: truncated tar: member {:?} needs {} bytes of data but the file ends at byte {}",
+                entry.raw_header_position(),
+                String::from_utf8_lossy(&path),
+                size,
+                file_len
+            );
+        }
+        let kind = classify(entry.header().entry_type(), &path);
+        grouper.push(kind, &path, cursor, end)?;
+        cursor = end;
+    }
+    Ok(grouper.finish())
+}
+
+enum Kind<'a> {
+    Member(&'a [u8]),
+    Directory,
+    Keyless,
+    Other,
+    GlobalHeader,
+}
+
+fn classify(t: tar::EntryType, path: &[u8]) -> Kind<'_> {
+    use tar::EntryType as T;
+    match t {
+        T::Regular | T::Continuous | T::GNUSparse => match sample_key(path) {
+            Some(k) => Kind::Member(k),
+            None => Kind::Keyless,
+        },
+        T::Directory => Kind::Directory,
+        T::XGlobalHeader => Kind::GlobalHeader,
+        _ => Kind::Other,
+    }
+}
+
+/// Groups consecutive members by key into samples.
+#[derive(Default)]
+struct Grouper {
+    index: ShardIndex,
+    /// The open sample: its key and start.
+    open: Option<(Vec<u8>, u64)>,
+    open_end: u64,
+    /// A skipped entry that closed a sample, with that sample's key: a member with the same key
+    /// after it would split the sample.
+    after_skip: Option<(Vec<u8>, u64, String)>,
+}
+
+impl Grouper {
+    fn push(&mut self, kind: Kind<'_>, path: &[u8], start: u64, end: u64) -> Result<()> {
+        if let Kind::Member(key) = kind {
+            if let Some((open_key, _)) = &self.open {
+                if open_key.as_slice() == key {
+                    self.open_end = end;
+                    return Ok(());
+                }
+            }
+            if let Some((closed_key, off, name)) = self.after_skip.take() {
+                if closed_key == key {
+                    bail!(
+                        "byte offset {off}: member {name:?} has no sample key (expected a '.' in its last path component) but sits between members of sample {:?}",
+                        String::from_utf8_lossy(key)
+                    );
+                }
+            }
+            self.close();
+            self.open = Some((key.to_vec(), start));
+            self.open_end = end;
+            return Ok(());
+        }
+        let skipped = &mut self.index.skipped;
+        match kind {
+            Kind::Directory => skipped.directories += 1,
+            Kind::Keyless => skipped.keyless_files += 1,
+            Kind::GlobalHeader => skipped.global_headers += 1,
+            Kind::Other | Kind::Member(_) => skipped.other_entries += 1,
+        }
+        if let Some(key) = self.close() {
+            self.after_skip = Some((key, start, String::from_utf8_lossy(path).into_owned()));
+        }
+        Ok(())
+    }
+
+    /// Ends the open sample, returning its key.
+    fn close(&mut self) -> Option<Vec<u8>> {
+        let (key, start) = self.open.take()?;
+        self.index.samples.push(Sample {
+            start,
+            len: self.open_end - start,
+        });
+        Some(key)
+    }
+
+    fn finish(mut self) -> ShardIndex {
+        self.close();
+        self.index
+    }
+}
+
+fn read_up_to<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// A buffered reader whose relative seeks stay inside the buffer when they can, so that walking
+/// the headers of small members costs no system call per member.
+pub struct HeaderReader<R> {
+    inner: BufReader<R>,
+    pos: u64,
+}
+
+impl<R: Read + Seek> HeaderReader<R> {
+    pub fn new(inner: R) -> Self {
+        HeaderReader {
+            inner: BufReader::with_capacity(16 * 1024, inner),
+            pos: 0,
+        }
+    }
+}
+
+impl<R: Read> Read for HeaderReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl<R: Read + Seek> Seek for HeaderReader<R> {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let target = match to {
+            SeekFrom::Start(p) => p,
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "seek before the start of the file",
+                )
+            })?,
+            SeekFrom::End(_) => {
+                self.pos = self.inner.seek(to)?;
+                return Ok(self.pos);
+            }
+        };
+        let delta = i64::try_from(i128::from(target) - i128::from(self.pos))
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "seek too far"))?;
+        self.inner.seek_relative(delta)?;
+        self.pos = target;
+        Ok(target)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in members {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_entry_type(tar::EntryType::Regular);
+            b.append_data(&mut h, name, *data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    fn index(bytes: &[u8]) -> Result<ShardIndex> {
+        index_reader(HeaderReader::new(Cursor::new(bytes)), bytes.len() as u64)
+    }
+
+    #[test]
+    fn keys_follow_webdataset() {
+        assert_eq!(sample_key(b"n0144/000123.jpg"), Some(&b"n0144/000123"[..]));
+        assert_eq!(sample_key(b"a/b.c/x.seg.png"), Some(&b"a/b.c/x"[..]));
+        assert_eq!(sample_key(b"x.txt.gz"), Some(&b"x"[..]));
+        assert_eq!(sample_key(b"dir/README"), None);
+        assert_eq!(sample_key(b"dir/.hidden"), None);
+        assert_eq!(sample_key(b"dir/"), None);
+    }
+
+    #[test]
+    fn groups_consecutive_members_into_contiguous_ranges() {
+        let long = format!("{}/k.jpg", "d".repeat(120));
+        let long_cls = format!("{}/k.cls", "d".repeat(120));
+        let bytes = tar_of(&[
+            ("a.jpg", b"12345"),
+            ("a.cls", b"1"),
+            ("b.jpg", &[7u8; 700]),
+            (&long, b"x"),
+            (&long_cls, b"y"),
+        ]);
+        let idx = index(&bytes).unwrap();
+        assert_eq!(idx.samples.len(), 3);
+        assert_eq!(
+            idx.samples[0],
+            Sample {
+                start: 0,
+                len: 2048
+            }
+        );
+        assert_eq!(
+            idx.samples[1],
+            Sample {
+                start: 2048,
+                len: 512 + 1024
+            }
+        );
+        // The long-name sample starts at its first 'L' record.
+        let s = idx.samples[2];
+        assert_eq!(s.start, 2048 + 1536);
+        assert_eq!(
+            s.start + s.len,
+            bytes.len() as u64 - 1024,
+            "ends before the end-of-archive blocks"
+        );
+        let mut a = tar::Archive::new(&bytes[s.start as usize..(s.start + s.len) as usize]);
+        let names: Vec<String> = a
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        assert_eq!(names, [long, long_cls]);
+    }
+
+    #[test]
+    fn skipped_entries_are_counted_and_split_samples_rejected() {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_size(0);
+        b.append_data(&mut h, "dir/", &b""[..]).unwrap();
+        let bytes = [
+            b.into_inner().unwrap(),
+            tar_of(&[("dir/a.x", b"1"), ("dir/README", b"2"), ("dir/b.x", b"3")]),
+        ]
+        .concat();
+        // Two archives glued: the first's end blocks stop the reader, as GNU tar would.
+        let idx = index(&bytes).unwrap();
+        assert_eq!(idx.samples.len(), 0);
+        assert_eq!(idx.skipped.directories, 1);
+
+        let bytes = tar_of(&[("dir/a.x", b"1"), ("dir/README", b"2"), ("dir/b.x", b"3")]);
+        let idx = index(&bytes).unwrap();
+        assert_eq!(idx.samples.len(), 2);
+        assert_eq!(idx.skipped.keyless_files, 1);
+
+        let bytes = tar_of(&[("a.x", b"1"), ("README", b"2"), ("a.y", b"3")]);
+        let err = format!("{:#}", index(&bytes).unwrap_err());
+        assert!(
+            err.contains("byte offset 1024") && err.contains("README") && err.contains("\"a\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_input_names_the_offset() {
+        let err = format!("{:#}", index(&[b'x'; 4096]).unwrap_err());
+        assert!(
+            err.contains("byte offset 0") && err.contains("expected a tar archive"),
+            "{err}"
+        );
+
+        let mut bytes = tar_of(&[("a.x", b"1"), ("b.x", b"2")]);
+        bytes[512 * 2 + 10] ^= 0x55; // corrupt the second header's name
+        let err = format!("{:#}", index(&bytes).unwrap_err());
+        assert!(
+            err.contains("byte offset 1024") && err.contains("checksum"),
+            "{err}"
+        );
+
+        let bytes = tar_of(&[("a.x", &[1u8; 3000]), ("b.x", b"2")]);
+        let err = format!("{:#}", index(&bytes[..2000]).unwrap_err());
+        assert!(err.contains("truncated") && err.contains("a.x"), "{err}");
+        // b.x's header is at 3584: cut inside its data, then inside the header itself.
+        let err = format!("{:#}", index(&bytes[..4096 + 100]).unwrap_err());
+        assert!(
+            err.contains("byte offset 3584") && err.contains("truncated"),
+            "{err}"
+        );
+        let err = format!("{:#}", index(&bytes[..3584 + 100]).unwrap_err());
+        assert!(
+            err.contains("byte offset 3584") && err.contains("expected a tar header"),
+            "{err}"
+        );
+
+        let err = format!("{:#}", index(&[0x1f, 0x8b, 8, 0, 0, 0]).unwrap_err());
+        assert!(err.contains("gzip"), "{err}");
+    }
+
+    #[test]
+    fn empty_archive_has_no_samples() {
+        assert_eq!(index(&[0u8; 1024]).unwrap().samples.len(), 0);
+        assert_eq!(index(&[]).unwrap().samples.len(), 0);
+    }
+}

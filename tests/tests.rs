@@ -1,0 +1,1 @@
+//! Integration tests: the built binary, run under mpirun on generated data.

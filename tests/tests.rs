@@ -1,1 +1,13 @@
 //! Integration tests: the built binary, run under mpirun on generated data.
+//!
+//! `util` launches the binary (directly or under `mpirun -np N`) in a temporary directory per
+//! test with a timeout; `verify` checks an output against its input with its own tar reader.
+
+mod util;
+mod verify;
+
+mod bad_input;
+mod harness;
+mod odd_inputs;
+mod real_data;
+mod run;

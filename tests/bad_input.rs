@@ -1,0 +1,344 @@
+//! Failures: bad input, unsafe or invalid outputs, impossible requests. Each must fail fast on
+//! every rank with a clear message, publish nothing, leave no staging directory and leave the
+//! input untouched.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::run::run;
+use crate::util::{noise, snapshot, Dir, RunOutput, FAIL_FAST};
+use crate::verify::{input_samples, verify, Expected};
+
+/// Three small GNU-format shards without long names in `in/`, so that every record is one
+/// header block followed by data.
+fn small_inputs(dir: &Dir) -> Vec<PathBuf> {
+    dir.generate(
+        "in",
+        &[
+            "--shards",
+            "3",
+            "--samples",
+            "30",
+            "--mean-size",
+            "1500",
+            "--seed",
+            "2",
+        ],
+    )
+}
+
+/// Runs `reshard run --input SPEC... --output OUT --shards 3 --seed 1` under `mpirun -np NP`
+/// and requires a clean failure: exit code 1 within seconds, nothing at OUT, no staging
+/// directory, `in/` unchanged.
+fn fails_cleanly(dir: &Dir, np: usize, specs: &[&str], out: &str) -> RunOutput {
+    let watched = dir.join("in");
+    let before = snapshot(&watched);
+    let mut cmd = dir.mpi(np);
+    cmd.arg("run");
+    for s in specs {
+        cmd.args(["--input", s]);
+    }
+    // A hang is a failure: give it twice the time it may take, then kill it.
+    let res = cmd
+        .args(["--output", out, "--shards", "3", "--seed", "1"])
+        .timeout(2 * FAIL_FAST)
+        .assert_code(1);
+    res.stderr_has("reshard: error:");
+    res.check(
+        res.elapsed < FAIL_FAST,
+        &format!("took {:.1} s to fail", res.elapsed.as_secs_f64()),
+    );
+    let target = dir.join(out);
+    res.check(!target.exists(), "something was published at the output");
+    res.check(
+        !dir.join(format!(".{out}.reshard-tmp")).exists(),
+        "the staging directory was left behind",
+    );
+    res.check(snapshot(&watched) == before, "the input directory changed");
+    res
+}
+
+/// Replaces input shard `which` (of three) with what `make` turns its bytes into, and requires
+/// np 1 and np 3 to fail on it, naming the file, "byte offset" and the needles `make` returns.
+/// Which rank indexes the bad shard varies with `which`, so failures of rank 0 and of the others
+/// are both covered.
+fn bad_shard(name: &str, which: usize, make: impl Fn(&[u8]) -> (Vec<u8>, Vec<String>)) {
+    let dir = Dir::new(name);
+    let inputs = small_inputs(&dir);
+    let bad = &inputs[which];
+    let (bytes, needles) = make(&fs::read(bad).unwrap());
+    fs::write(bad, bytes).unwrap();
+    let file = bad.file_name().unwrap().to_string_lossy().into_owned();
+    for np in [1, 3] {
+        let res = fails_cleanly(&dir, np, &["in"], &format!("out-np{np}"));
+        res.stderr_has(&file);
+        res.stderr_has("byte offset");
+        for n in &needles {
+            res.stderr_has(n);
+        }
+    }
+}
+
+/// Header offsets of the records of a GNU-format shard without extension records.
+fn header_offsets(bytes: &[u8]) -> Vec<usize> {
+    let w = crate::verify::walk(bytes.to_vec()).unwrap();
+    assert!(w.records.iter().all(|r| r.types == b"0"));
+    w.records.iter().map(|r| r.start).collect()
+}
+
+#[test]
+fn not_a_tar() {
+    bad_shard("not-a-tar", 0, |_| {
+        (noise(7, 8192), vec!["byte offset 0".into()])
+    });
+}
+
+#[test]
+fn truncated_inside_member_data() {
+    bad_shard("truncated", 1, |b| {
+        // Cut in the middle of the fourth member's data: the message names its header.
+        let h = header_offsets(b)[3];
+        (
+            b[..h + 512 + 100].to_vec(),
+            vec![format!("byte offset {h}"), "truncated".into()],
+        )
+    });
+}
+
+#[test]
+fn truncated_inside_a_header() {
+    bad_shard("truncated-header", 2, |b| {
+        let h = header_offsets(b)[4];
+        (b[..h + 100].to_vec(), vec![format!("byte offset {h}")])
+    });
+}
+
+#[test]
+fn bad_header_checksum() {
+    bad_shard("checksum", 2, |b| {
+        let h = header_offsets(b)[2];
+        let mut b = b.to_vec();
+        b[h + 3] ^= 0x55; // inside the third member's name
+        (b, vec![format!("byte offset {h}"), "checksum".into()])
+    });
+}
+
+fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(1_700_000_000);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, name, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+#[test]
+fn keyless_member_between_members_of_one_sample() {
+    // x.jpg (1 block of data) at 0, a.jpg at 1024, README at 2048, a.cls after it.
+    let bytes = tar_of(&[
+        ("x.jpg", b"xx"),
+        ("a.jpg", b"12345"),
+        ("README", b"no key"),
+        ("a.cls", b"1"),
+    ]);
+    bad_shard("keyless", 1, |_| {
+        (
+            bytes.clone(),
+            vec!["byte offset 2048".into(), "README".into()],
+        )
+    });
+}
+
+#[test]
+fn missing_input_file() {
+    let dir = Dir::new("missing");
+    small_inputs(&dir);
+    for np in [1, 3] {
+        let res = fails_cleanly(&dir, np, &["in", "in/nope.tar"], "out");
+        res.stderr_has("nope.tar");
+    }
+}
+
+#[test]
+fn existing_output_needs_force() {
+    let dir = Dir::new("force");
+    let inputs = small_inputs(&dir);
+    dir.create_bytes("out/keep.txt", b"precious");
+    let before = snapshot(&dir.join("out"));
+    for np in [1, 3] {
+        let res = dir
+            .mpi(np)
+            .args(["run", "--input", "in", "--output", "out", "--shards", "3"])
+            .args(["--seed", "1"])
+            .assert_code(1);
+        res.stderr_has("reshard: error:");
+        res.stderr_has("--force");
+        res.check(res.elapsed < FAIL_FAST, "took too long to fail");
+        res.check(snapshot(&dir.join("out")) == before, "the output changed");
+        res.check(
+            !dir.join(".out.reshard-tmp").exists(),
+            "the staging directory was left behind",
+        );
+    }
+    // --force replaces it: keep.txt is gone, the shards and index are there.
+    run(&dir, Some(3), &["in"], "out", 3, 1, &["--force"]);
+    verify(
+        &Expected::new(dir.path(), &inputs, 3, 1, 3),
+        &dir.join("out"),
+    );
+    // ...and replaces an earlier output too.
+    run(&dir, Some(2), &["in"], "out", 4, 2, &["--force"]);
+    verify(
+        &Expected::new(dir.path(), &inputs, 4, 2, 2),
+        &dir.join("out"),
+    );
+
+    // A staging directory left by a run that was killed is cleared, not published.
+    dir.create_bytes(".again.reshard-tmp/shard-000000.tar", b"half written");
+    run(&dir, Some(2), &["in"], "again", 3, 1, &[]);
+    verify(
+        &Expected::new(dir.path(), &inputs, 3, 1, 2),
+        &dir.join("again"),
+    );
+
+    // An existing empty directory is not in the way.
+    dir.create_dir("empty");
+    run(&dir, Some(2), &["in"], "empty", 3, 1, &[]);
+    verify(
+        &Expected::new(dir.path(), &inputs, 3, 1, 2),
+        &dir.join("empty"),
+    );
+}
+
+#[test]
+fn output_over_input_is_refused() {
+    let dir = Dir::new("overwrite");
+    small_inputs(&dir);
+    for np in [1, 3] {
+        for (spec, out) in [("in", "in"), ("in/train-000000.tar", "in")] {
+            let before = snapshot(&dir.join("in"));
+            let res = dir
+                .mpi(np)
+                .args(["run", "--input", spec, "--output", out, "--force"])
+                .args(["--shards", "2", "--seed", "1"])
+                .assert_code(1);
+            res.stderr_has("reshard: error:");
+            res.check(res.elapsed < FAIL_FAST, "took too long to fail");
+            res.check(snapshot(&dir.join("in")) == before, "the input changed");
+            res.check(
+                !dir.join(".in.reshard-tmp").exists(),
+                "the staging directory was left behind",
+            );
+        }
+    }
+    // The output would be a directory that holds the input directory.
+    fs::create_dir(dir.join("outer")).unwrap();
+    fs::rename(dir.join("in"), dir.join("outer/in")).unwrap();
+    let before = snapshot(&dir.join("outer"));
+    let res = dir
+        .mpi(2)
+        .args(["run", "--input", "outer/in", "--output", "outer", "--force"])
+        .args(["--shards", "2", "--seed", "1"])
+        .assert_code(1);
+    res.stderr_has("reshard: error:");
+    res.check(snapshot(&dir.join("outer")) == before, "the input changed");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let dir = Dir::new("usage");
+    small_inputs(&dir);
+    let base = ["run", "--input", "in", "--output", "out"];
+    let cases: [(&[&str], &str); 5] = [
+        (&["--shards", "0", "--seed", "1"], "--shards"),
+        (&["--shards", "2"], "--seed"),
+        (
+            &["--shards", "2", "--seed", "1", "--mem-limit", "lots"],
+            "--mem-limit",
+        ),
+        (
+            &["--shards", "2", "--seed", "1", "--prefix", "a/b"],
+            "--prefix",
+        ),
+        (
+            &["--shards", "2", "--seed", "1", "--no-such-flag"],
+            "--no-such-flag",
+        ),
+    ];
+    for np in [None, Some(1), Some(3)] {
+        for (args, needle) in cases {
+            let res = dir
+                .reshard(np)
+                .args(base)
+                .args(args)
+                .timeout(2 * FAIL_FAST)
+                .assert_code(2);
+            res.stderr_has(needle);
+            res.check(res.elapsed < FAIL_FAST, "took too long to fail");
+            res.check(!dir.join("out").exists(), "output created");
+            res.check(!dir.join(".out.reshard-tmp").exists(), "staging created");
+        }
+    }
+}
+
+#[test]
+fn more_shards_than_samples() {
+    let dir = Dir::new("too-many");
+    let inputs = dir.generate(
+        "in",
+        &["--shards", "2", "--samples", "10", "--mean-size", "100"],
+    );
+    for np in [1, 3] {
+        let mut cmd = dir.mpi(np);
+        cmd.args(["run", "--input", "in", "--output", "out", "--shards", "11"])
+            .args(["--seed", "1"]);
+        let res = cmd.assert_code(1);
+        res.stderr_has("reshard: error:");
+        res.stderr_has("11");
+        res.stderr_has("10 samples");
+        res.check(res.elapsed < FAIL_FAST, "took too long to fail");
+        res.check(!dir.join("out").exists(), "output published");
+        res.check(!dir.join(".out.reshard-tmp").exists(), "staging left");
+    }
+    // Exactly one sample per shard is fine.
+    run(&dir, Some(3), &["in"], "out", 10, 1, &[]);
+    let v = verify(
+        &Expected::new(dir.path(), &inputs, 10, 1, 3),
+        &dir.join("out"),
+    );
+    assert_eq!(v.counts, vec![1; 10]);
+}
+
+#[test]
+fn empty_input() {
+    let dir = Dir::new("empty");
+    // A tar holding only a directory entry.
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Directory);
+    h.set_size(0);
+    h.set_mode(0o755);
+    b.append_data(&mut h, "dir/", &b""[..]).unwrap();
+    dir.create_bytes("in/dir-only.tar", &b.into_inner().unwrap());
+    // An empty archive as GNU tar writes it (ten zero blocks), and an empty file.
+    dir.create_bytes("in/zeros.tar", &[0u8; 10240]);
+    dir.create_bytes("in/zero-length.tar", b"");
+    for p in ["in/dir-only.tar", "in/zeros.tar", "in/zero-length.tar"] {
+        assert!(input_samples(Path::new(&dir.join(p))).samples.is_empty());
+    }
+    for np in [1, 3] {
+        for spec in [
+            "in/dir-only.tar",
+            "in/zeros.tar",
+            "in/zero-length.tar",
+            "in",
+        ] {
+            let res = fails_cleanly(&dir, np, &[spec], "out");
+            res.stderr_has("no samples");
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Real WebDataset shards from the webdataset project's test data.
+
+use std::path::{Path, PathBuf};
+
+use crate::run::run;
+use crate::util::{snapshot, Dir, FAIL_FAST};
+use crate::verify::{assert_indexer_agrees, assert_same_output, input_samples, verify, Expected};
+
+/// The shared test data, or `None` (with a message) when it is not there.
+fn testdata() -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/webdataset");
+    if dir.join("tendata.tar").is_file() {
+        Some(dir.canonicalize().unwrap())
+    } else {
+        eprintln!(
+            "SKIP: {} is absent; the real-shard tests did not run",
+            dir.display()
+        );
+        None
+    }
+}
+
+#[test]
+fn real_webdataset_shards() {
+    let Some(data) = testdata() else { return };
+    let names = ["tendata.tar", "mpdata.tar", "testgz.tar", "compressed.tar"];
+    let inputs: Vec<PathBuf> = names.iter().map(|n| data.join(n)).collect();
+    let specs: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
+    let specs: Vec<&str> = specs.iter().map(String::as_str).collect();
+
+    // What the files hold, by the verifier's own reading.
+    let counts: Vec<usize> = inputs
+        .iter()
+        .map(|p| input_samples(p).samples.len())
+        .collect();
+    assert_eq!(
+        &counts[..3],
+        &[100, 100, 1000],
+        "sample counts of {names:?}"
+    );
+    let gz = input_samples(&inputs[2]);
+    assert!(
+        gz.samples.iter().all(|s| !s.key.contains('.')
+            && s.members.len() == 1
+            && s.members[0] == format!("{}.txt.gz", s.key)),
+        "testgz.tar: a key is not the name up to its first dot"
+    );
+    let compressed = input_samples(&inputs[3]);
+    assert_eq!(compressed.skipped.directories, 1);
+    assert!(compressed
+        .samples
+        .iter()
+        .all(|s| s.key.starts_with("compressed/")));
+
+    for p in &inputs {
+        assert_indexer_agrees(p);
+    }
+
+    let dir = Dir::new("real");
+    let before = snapshot(&data);
+    let shards = 6;
+    for np in [1, 3] {
+        let out = format!("out-np{np}");
+        run(&dir, Some(np), &specs, &out, shards, 17, &[]);
+        let v = verify(
+            &Expected::new(dir.path(), &inputs, shards, 17, np),
+            &dir.join(&out),
+        );
+        assert_eq!(v.skipped.directories, 1);
+        assert_eq!(v.index["reshard"]["skipped"]["directories"], 1);
+        assert_eq!(v.order.len(), counts.iter().sum::<usize>());
+    }
+    assert_same_output(&dir.join("out-np1"), &dir.join("out-np3"), &["ranks"]);
+
+    // The directory as the spec: its *.tar files sorted by name (sample.tgz is not one of them).
+    let mut sorted = inputs.clone();
+    sorted.sort();
+    run(
+        &dir,
+        Some(2),
+        &[data.to_str().unwrap()],
+        "out-dir",
+        shards,
+        17,
+        &[],
+    );
+    verify(
+        &Expected::new(dir.path(), &sorted, shards, 17, 2),
+        &dir.join("out-dir"),
+    );
+    assert!(snapshot(&data) == before, "the test data changed");
+}
+
+#[test]
+fn gzip_compressed_shard_is_a_clear_error() {
+    let Some(data) = testdata() else { return };
+    let tgz = data.join("sample.tgz");
+    let dir = Dir::new("gzip");
+    for np in [1, 3] {
+        let out = format!("out-np{np}");
+        let res = dir
+            .mpi(np)
+            .args(["run", "--input"])
+            .arg(data.join("tendata.tar"))
+            .arg("--input")
+            .arg(&tgz)
+            .args(["--output", &out, "--shards", "2", "--seed", "1"])
+            .assert_code(1);
+        res.stderr_has("reshard: error:");
+        res.stderr_has("sample.tgz");
+        res.stderr_has("gzip");
+        res.stderr_has("byte offset 0");
+        res.check(res.elapsed < FAIL_FAST, "took too long to fail");
+        res.check(!dir.join(&out).exists(), "output published after a failure");
+        res.check(
+            !dir.join(format!(".{out}.reshard-tmp")).exists(),
+            "staging directory left behind",
+        );
+    }
+}

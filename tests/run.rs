@@ -1,0 +1,484 @@
+//! `reshard run` on generated data: correctness under every rank count, byte-identical output
+//! across rank counts, memory budgets and rounds, seeds and epochs, readers, input specs.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::util::{have_python, Dir, RunOutput, NPS};
+use crate::verify::{
+    assert_indexer_agrees, assert_same_output, input_samples, verify, Expected, Verified,
+};
+
+/// A small, uneven dataset: skewed shard sizes, lognormal payloads, long names, three members per
+/// sample.
+fn generate(dir: &Dir, rel: &str, format: &str, samples: u64, seed: u64) -> Vec<PathBuf> {
+    let inputs = dir.generate(
+        rel,
+        &[
+            "--shards",
+            "6",
+            "--samples",
+            &samples.to_string(),
+            "--mean-size",
+            "1KiB",
+            "--sigma",
+            "1",
+            "--skew",
+            "3",
+            "--long-names-every",
+            "5",
+            "--format",
+            format,
+            "--seed",
+            &seed.to_string(),
+        ],
+    );
+    assert_eq!(inputs.len(), 6, "generate wrote {inputs:?}");
+    inputs
+}
+
+/// `reshard run` with the given specs, `--output out --shards N --seed S` and `extra`, under
+/// `mpirun -np N` (or no launcher); requires success.
+pub fn run(
+    dir: &Dir,
+    np: Option<usize>,
+    specs: &[&str],
+    out: &str,
+    shards: usize,
+    seed: u64,
+    extra: &[&str],
+) -> RunOutput {
+    let mut cmd = dir.reshard(np);
+    cmd.arg("run");
+    for s in specs {
+        cmd.args(["--input", s]);
+    }
+    cmd.args(["--output", out, "--shards", &shards.to_string()])
+        .args(["--seed", &seed.to_string()])
+        .args(extra);
+    let output = cmd.assert_success();
+    output.check(
+        output.stdout.contains("samples"),
+        "expected a summary on stdout",
+    );
+    output
+}
+
+fn label(np: Option<usize>) -> String {
+    np.map_or_else(|| "plain".to_string(), |n| format!("np{n}"))
+}
+
+/// Every record type letter used by the records of some input shard.
+fn record_types(inputs: &[PathBuf]) -> Vec<u8> {
+    let mut types: Vec<u8> = inputs
+        .iter()
+        .flat_map(|p| input_samples(p).walk.records)
+        .flat_map(|r| r.types)
+        .collect();
+    types.sort_unstable();
+    types.dedup();
+    types
+}
+
+fn longest_path(inputs: &[PathBuf]) -> usize {
+    inputs
+        .iter()
+        .flat_map(|p| input_samples(p).walk.records)
+        .map(|r| r.path.len())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The generated inputs exercise what the tests claim: uneven shards, long names carried by the
+/// format's extension records, several members per sample.
+fn check_generated(inputs: &[PathBuf], ext: u8) {
+    let sizes: Vec<u64> = inputs
+        .iter()
+        .map(|p| fs::metadata(p).unwrap().len())
+        .collect();
+    assert!(
+        sizes[0] > 3 * sizes[sizes.len() - 1],
+        "input shards are not uneven: {sizes:?}"
+    );
+    assert!(
+        longest_path(inputs) > 100,
+        "no member path longer than 100 bytes"
+    );
+    assert!(
+        record_types(inputs).contains(&ext),
+        "no {:?} extension records in the input",
+        ext as char
+    );
+    for p in inputs {
+        assert_indexer_agrees(p);
+    }
+    let shard = input_samples(&inputs[0]);
+    assert!(
+        shard.samples.iter().all(|s| s.members.len() == 3),
+        "expected three members per generated sample"
+    );
+}
+
+/// Verifies outputs for every rank count (and no launcher), and that they are byte-identical.
+fn same_bytes_for_every_rank_count(format: &str, ext: u8) {
+    let dir = Dir::new(&format!("np-{format}"));
+    let inputs = generate(&dir, "in", format, 240, 11);
+    check_generated(&inputs, ext);
+
+    let shards = 7;
+    let mut first: Option<(PathBuf, Verified)> = None;
+    for np in NPS.iter().copied().map(Some).chain([None]) {
+        let out = format!("out-{}", label(np));
+        run(&dir, np, &["in"], &out, shards, 5, &[]);
+        let exp = Expected::new(dir.path(), &inputs, shards, 5, np.unwrap_or(1));
+        let v = verify(&exp, &dir.join(&out));
+        assert_eq!(v.order.len(), 240);
+        assert_ne!(v.order, v.input_order, "the output is in input order");
+        match &first {
+            None => first = Some((dir.join(&out), v)),
+            Some((path, v0)) => {
+                assert_eq!(
+                    v0.order,
+                    v.order,
+                    "{out}: another order than {}",
+                    path.display()
+                );
+                assert_same_output(path, &dir.join(&out), &["ranks"]);
+            }
+        }
+    }
+}
+
+#[test]
+fn gnu_long_names_same_bytes_for_every_rank_count() {
+    same_bytes_for_every_rank_count("gnu", b'L');
+}
+
+#[test]
+fn pax_long_names_same_bytes_for_every_rank_count() {
+    same_bytes_for_every_rank_count("pax", b'x');
+}
+
+/// Reads the "exchange rounds: N" line of the summary, when the summary has one.
+fn rounds(out: &RunOutput) -> Option<u64> {
+    out.stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("exchange rounds:"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+#[test]
+fn tiny_memory_budget_and_rounds_give_the_same_bytes() {
+    let dir = Dir::new("rounds");
+    // Samples of hundreds of KiB: larger than what one destination may receive per round under
+    // a 1 MiB budget, and far larger than a 4 KiB MPI exchange.
+    let inputs = dir.generate(
+        "in",
+        &[
+            "--shards",
+            "3",
+            "--samples",
+            "30",
+            "--mean-size",
+            "96KiB",
+            "--sigma",
+            "1",
+            "--skew",
+            "2",
+            "--seed",
+            "5",
+        ],
+    );
+    // Larger than a quarter of the budget: more than any one destination's share of a round
+    // once send and receive buffers are split among two or more ranks.
+    let big = inputs
+        .iter()
+        .flat_map(|p| {
+            let s = input_samples(p);
+            s.samples
+                .iter()
+                .map(|x| x.end - x.start)
+                .collect::<Vec<_>>()
+        })
+        .filter(|&len| len > 256 << 10)
+        .count();
+    assert!(
+        big >= 2,
+        "only {big} samples over 256 KiB: the test would not prove chunking"
+    );
+
+    let shards = 4;
+    let reference = run(&dir, Some(2), &["in"], "out-default", shards, 9, &[]);
+    let default_rounds = rounds(&reference);
+    verify(
+        &Expected::new(dir.path(), &inputs, shards, 9, 2),
+        &dir.join("out-default"),
+    );
+    let cases: [(usize, &[&str]); 4] = [
+        (3, &["--mem-limit", "1MiB"]),
+        (1, &["--mem-limit", "1MiB", "--max-round-bytes", "4KiB"]),
+        (2, &["--max-round-bytes", "4KiB"]),
+        (4, &["--mem-limit", "1MiB", "--max-round-bytes", "4KiB"]),
+    ];
+    for (i, (np, extra)) in cases.iter().enumerate() {
+        let out = format!("out-{i}-np{np}");
+        let res = run(&dir, Some(*np), &["in"], &out, shards, 9, extra);
+        verify(
+            &Expected::new(dir.path(), &inputs, shards, 9, *np),
+            &dir.join(&out),
+        );
+        assert_same_output(&dir.join("out-default"), &dir.join(&out), &["ranks"]);
+        if extra.contains(&"--mem-limit") {
+            if let (Some(d), Some(r)) = (default_rounds, rounds(&res)) {
+                res.check(
+                    r > d && r > 1,
+                    &format!("a 1MiB budget took {r} exchange rounds, the default {d}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn seed_and_epoch_choose_the_order() {
+    let dir = Dir::new("seed");
+    let inputs = generate(&dir, "in", "gnu", 200, 4);
+    let shards = 5;
+    let check = |out: &str, seed: u64, epoch: u64| {
+        let mut exp = Expected::new(dir.path(), &inputs, shards, seed, 2);
+        exp.epoch = epoch;
+        verify(&exp, &dir.join(out))
+    };
+    run(&dir, Some(2), &["in"], "a", shards, 1, &[]);
+    run(&dir, Some(2), &["in"], "b", shards, 1, &[]);
+    run(&dir, Some(2), &["in"], "c", shards, 2, &[]);
+    run(&dir, Some(2), &["in"], "d", shards, 1, &["--epoch", "1"]);
+    run(
+        &dir,
+        Some(3),
+        &["in"],
+        "e",
+        shards,
+        1,
+        &["--prefix", "part"],
+    );
+    let a = check("a", 1, 0);
+    let b = check("b", 1, 0);
+    let c = check("c", 2, 0);
+    let d = check("d", 1, 1);
+    assert_same_output(&dir.join("a"), &dir.join("b"), &[]);
+    // --prefix names the files, nothing else.
+    let mut exp = Expected::new(dir.path(), &inputs, shards, 1, 3);
+    exp.prefix = "part".into();
+    let e = verify(&exp, &dir.join("e"));
+    assert_eq!(a.order, e.order);
+    for i in 0..shards {
+        let name = |p: &str| format!("{p}-{i:06}.tar");
+        assert_eq!(
+            fs::read(dir.join("a").join(name("shard"))).unwrap(),
+            fs::read(dir.join("e").join(name("part"))).unwrap(),
+            "shard {i} differs with --prefix part"
+        );
+    }
+    assert_eq!(a.order, b.order);
+    assert_ne!(a.order, c.order, "seed 2 gives the order of seed 1");
+    assert_ne!(a.order, d.order, "epoch 1 gives the order of epoch 0");
+    assert_ne!(c.order, d.order, "seed 2 and epoch 1 give the same order");
+    // Not merely rotated or reversed: most samples change position.
+    let moved = a.order.iter().zip(&c.order).filter(|(x, y)| x != y).count();
+    assert!(
+        moved > 150,
+        "only {moved} of 200 samples moved between seeds"
+    );
+}
+
+/// The member names of every output shard, as `tar -tf` lists them.
+fn gnu_tar_list(dir: &Dir, shard: &Path) -> Vec<String> {
+    let out = dir.program("tar").arg("-tf").arg(shard).assert_success();
+    out.stdout.lines().map(str::to_string).collect()
+}
+
+const PY_LIST: &str = r#"
+import sys, tarfile
+for path in sys.argv[1:]:
+    with tarfile.open(path, "r:") as tf:
+        n = 0
+        for m in tf:
+            data = tf.extractfile(m).read()
+            assert len(data) == m.size, (path, m.name, len(data), m.size)
+            n += 1
+            print(m.name)
+    print("--", n)
+"#;
+
+#[test]
+fn gnu_tar_and_python_read_every_shard() {
+    let dir = Dir::new("readers");
+    let gnu = generate(&dir, "gnu", "gnu", 90, 21);
+    // Another seed: the keys overlap the gnu set's, so both sets share key names; samples stay
+    // distinct by content.
+    let pax = generate(&dir, "pax", "pax", 90, 22);
+    let inputs: Vec<PathBuf> = gnu.iter().chain(&pax).cloned().collect();
+    let shards = 4;
+    run(&dir, Some(3), &["gnu", "pax"], "out", shards, 8, &[]);
+    let v = verify(
+        &Expected::new(dir.path(), &inputs, shards, 8, 3),
+        &dir.join("out"),
+    );
+    let files: Vec<PathBuf> = (0..shards)
+        .map(|i| dir.join(format!("out/shard-{i:06}.tar")))
+        .collect();
+    for (i, f) in files.iter().enumerate() {
+        let listed = gnu_tar_list(&dir, f);
+        assert_eq!(
+            listed,
+            v.members[i],
+            "tar -tf {} lists other members than the verifier found",
+            f.display()
+        );
+    }
+    if have_python("reading the output with Python's tarfile") {
+        let out = dir
+            .program("python3")
+            .args(["-c", PY_LIST])
+            .args(&files)
+            .assert_success();
+        let mut expected = Vec::new();
+        for m in &v.members {
+            expected.extend(m.iter().cloned());
+            expected.push(format!("-- {}", m.len()));
+        }
+        let got: Vec<String> = out.stdout.lines().map(str::to_string).collect();
+        assert_eq!(got, expected, "python tarfile lists other members");
+    }
+}
+
+#[test]
+fn input_spec_forms_give_the_same_output() {
+    let dir = Dir::new("specs");
+    let inputs = dir.generate(
+        "data",
+        &[
+            "--shards",
+            "4",
+            "--samples",
+            "60",
+            "--mean-size",
+            "700",
+            "--skew",
+            "1",
+            "--seed",
+            "5",
+        ],
+    );
+    let names: Vec<String> = inputs
+        .iter()
+        .map(|p| format!("data/{}", p.file_name().unwrap().to_string_lossy()))
+        .collect();
+    dir.create_bytes("list.txt", format!("{}\n", names.join("\n")).as_bytes());
+    dir.create_bytes(
+        "lists/commented.txt",
+        format!(
+            "# the same shards, relative to this list\n\n{}\n",
+            names
+                .iter()
+                .map(|n| format!("../{n}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+        .as_bytes(),
+    );
+    let shards = 3;
+    let forms: Vec<(&str, Vec<String>)> = vec![
+        ("dir", vec!["data".into()]),
+        ("brace", vec!["data/train-{000000..000003}.tar".into()]),
+        (
+            "alternatives",
+            vec![
+                "data/train-00000{0,1}.tar".into(),
+                "data/train-{000002..000003}.tar".into(),
+            ],
+        ),
+        ("list", vec!["@list.txt".into()]),
+        ("list-relative", vec!["@lists/commented.txt".into()]),
+        ("files", names.clone()),
+        (
+            "mixed",
+            vec![
+                names[0].clone(),
+                "data/train-{000001..000002}.tar".into(),
+                names[3].clone(),
+            ],
+        ),
+    ];
+    for (i, (form, specs)) in forms.iter().enumerate() {
+        let specs: Vec<&str> = specs.iter().map(String::as_str).collect();
+        let np = [1, 2, 3][i % 3];
+        run(&dir, Some(np), &specs, form, shards, 3, &[]);
+        verify(
+            &Expected::new(dir.path(), &inputs, shards, 3, np),
+            &dir.join(form),
+        );
+        if i > 0 {
+            assert_same_output(&dir.join("dir"), &dir.join(form), &["ranks", "inputs"]);
+        }
+    }
+
+    // The canonical order is the spec's order: listing the shards backwards renumbers every
+    // sample, which changes the output.
+    let reversed: Vec<&str> = names.iter().rev().map(String::as_str).collect();
+    run(&dir, Some(2), &reversed, "reversed", shards, 3, &[]);
+    let rev_inputs: Vec<PathBuf> = inputs.iter().rev().cloned().collect();
+    let v = verify(
+        &Expected::new(dir.path(), &rev_inputs, shards, 3, 2),
+        &dir.join("reversed"),
+    );
+    let v0 = verify(
+        &Expected::new(dir.path(), &inputs, shards, 3, 1),
+        &dir.join("dir"),
+    );
+    assert_ne!(v.order, v0.order, "the input order does not matter");
+}
+
+#[test]
+fn more_ranks_than_input_shards_or_output_shards() {
+    let dir = Dir::new("few");
+    let inputs = dir.generate(
+        "in",
+        &[
+            "--shards",
+            "1",
+            "--samples",
+            "50",
+            "--mean-size",
+            "800",
+            "--long-names-every",
+            "3",
+            "--seed",
+            "8",
+        ],
+    );
+    // One input shard: ranks other than its reader index nothing. One or two output shards:
+    // most ranks write nothing. A trailing slash on --output names the same directory.
+    for shards in [1, 2, 5] {
+        let reference = format!("ref-{shards}");
+        run(&dir, Some(1), &["in"], &reference, shards, 6, &[]);
+        for np in [2, 4] {
+            let out = format!("out-{shards}-np{np}");
+            run(
+                &dir,
+                Some(np),
+                &["in/train-000000.tar"],
+                &format!("{out}/"),
+                shards,
+                6,
+                &[],
+            );
+            verify(
+                &Expected::new(dir.path(), &inputs, shards, 6, np),
+                &dir.join(&out),
+            );
+            assert_same_output(&dir.join(&reference), &dir.join(&out), &["ranks", "inputs"]);
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! Test harness: a temporary directory per test, and a builder for commands that run the built
+//! `reshard` binary, directly or under `mpirun -np N`, with a timeout. A failed expectation
+//! panics with the command, its exit status, stdout, stderr and the directory listing.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt::Write as _;
+use std::fs;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long any launched command may run before it is killed and the test fails.
+pub const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long a failing run may take: bad input must stop every rank within seconds.
+pub const FAIL_FAST: Duration = Duration::from_secs(30);
+
+/// The rank counts the distributed tests run with.
+pub const NPS: [usize; 4] = [1, 2, 3, 4];
+
+/// The built binary under test.
+pub fn reshard_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_reshard"))
+}
+
+/// The `mpirun` on `PATH`. The integration tests are about the distributed job, so a missing
+/// launcher is a failure of the environment, reported as such.
+pub fn mpirun() -> PathBuf {
+    find_on_path("mpirun").unwrap_or_else(|| {
+        panic!(
+            "mpirun not found on PATH: these tests run reshard under MPI \
+             (on Debian/Ubuntu: apt-get install mpich libmpich-dev)"
+        )
+    })
+}
+
+/// Looks `name` up on `PATH`.
+pub fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// A temporary directory for one test, removed when dropped.
+pub struct Dir {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Dir {
+    /// A fresh, empty directory whose name contains `name`.
+    pub fn new(name: &str) -> Dir {
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("reshard-test-{name}-"))
+            .tempdir()
+            .expect("create a temporary directory");
+        // Canonical, so that paths the binary prints compare equal to ours.
+        let root = fs::canonicalize(tmp.path()).expect("canonicalize the temporary directory");
+        Dir { _tmp: tmp, root }
+    }
+
+    /// The directory itself.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// A path inside the directory.
+    pub fn join(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// Creates a directory (and its parents) inside this one.
+    pub fn create_dir(&self, rel: impl AsRef<Path>) -> PathBuf {
+        let p = self.join(rel);
+        fs::create_dir_all(&p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
+        p
+    }
+
+    /// Writes a file inside the directory, creating its parents.
+    pub fn create_bytes(&self, rel: impl AsRef<Path>, bytes: &[u8]) -> PathBuf {
+        let p = self.join(rel);
+        if let Some(parent) = p.parent() {
+            fs::create_dir_all(parent).unwrap();
+        }
+        fs::write(&p, bytes).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+        p
+    }
+
+    /// `reshard ARGS` with no launcher, run in this directory.
+    pub fn command(&self) -> TestCommand {
+        TestCommand {
+            root: self.root.clone(),
+            launcher: None,
+            program: reshard_exe().into_os_string(),
+            args: Vec::new(),
+            timeout: TIMEOUT,
+        }
+    }
+
+    /// `mpirun -np N reshard ARGS`, run in this directory.
+    pub fn mpi(&self, np: usize) -> TestCommand {
+        let mut cmd = self.command();
+        cmd.launcher = Some(np);
+        cmd
+    }
+
+    /// `reshard` under `mpirun -np N`, or with no launcher at all when `np` is `None`.
+    pub fn reshard(&self, np: Option<usize>) -> TestCommand {
+        match np {
+            Some(n) => self.mpi(n),
+            None => self.command(),
+        }
+    }
+
+    /// Any other program (tar, python3), run in this directory with the same timeout.
+    pub fn program(&self, program: impl AsRef<OsStr>) -> TestCommand {
+        TestCommand {
+            root: self.root.clone(),
+            launcher: None,
+            program: program.as_ref().to_os_string(),
+            args: Vec::new(),
+            timeout: TIMEOUT,
+        }
+    }
+
+    /// Runs `reshard generate --output REL ARGS` and returns the shard files it wrote, sorted.
+    pub fn generate(&self, rel: &str, args: &[&str]) -> Vec<PathBuf> {
+        self.command()
+            .args(["generate", "--output", rel])
+            .args(args)
+            .assert_success();
+        tar_files(&self.join(rel))
+    }
+}
+
+/// The `*.tar` files of a directory, sorted by name.
+pub fn tar_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("list {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "tar"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// A recursive listing of `root` for failure reports.
+pub fn listing(root: &Path) -> String {
+    fn walk(root: &Path, dir: &Path, out: &mut String) {
+        let Ok(rd) = fs::read_dir(dir) else {
+            let _ = writeln!(out, "  (cannot list {})", dir.display());
+            return;
+        };
+        let mut entries: Vec<_> = rd.filter_map(Result::ok).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap_or(&p).display().to_string();
+            match fs::symlink_metadata(&p) {
+                Ok(m) if m.is_dir() => {
+                    let _ = writeln!(out, "  {rel}/");
+                    walk(root, &p, out);
+                }
+                Ok(m) => {
+                    let _ = writeln!(out, "  {rel} ({} bytes)", m.len());
+                }
+                Err(err) => {
+                    let _ = writeln!(out, "  {rel} ({err})");
+                }
+            }
+        }
+    }
+    let mut out = format!("{}:\n", root.display());
+    walk(root, root, &mut out);
+    out
+}
+
+/// A command to run the binary (or another program) with a timeout.
+#[derive(Clone, Debug)]
+pub struct TestCommand {
+    root: PathBuf,
+    launcher: Option<usize>,
+    program: OsString,
+    args: Vec<OsString>,
+    timeout: Duration,
+}
+
+impl TestCommand {
+    pub fn arg(&mut self, arg: impl AsRef<OsStr>) -> &mut Self {
+        self.args.push(arg.as_ref().to_os_string());
+        self
+    }
+
+    pub fn args<I, A>(&mut self, args: I) -> &mut Self
+    where
+        I: IntoIterator<Item = A>,
+        A: AsRef<OsStr>,
+    {
+        for a in args {
+            self.arg(a);
+        }
+        self
+    }
+
+    /// Overrides the default [`TIMEOUT`].
+    pub fn timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The command line as a shell would show it.
+    pub fn describe(&self) -> String {
+        let mut words: Vec<String> = Vec::new();
+        if let Some(np) = self.launcher {
+            words.extend([mpirun().display().to_string(), "-np".into(), np.to_string()]);
+        }
+        words.push(self.program.to_string_lossy().into_owned());
+        words.extend(self.args.iter().map(|a| a.to_string_lossy().into_owned()));
+        words
+            .iter()
+            .map(|w| {
+                if w.is_empty() || w.contains(|c: char| c.is_whitespace() || "'\"{}*@$".contains(c))
+                {
+                    format!("'{w}'")
+                } else {
+                    w.clone()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn build(&self) -> Command {
+        let mut cmd = match self.launcher {
+            Some(np) => {
+                let mut c = Command::new(mpirun());
+                c.arg("-np").arg(np.to_string()).arg(&self.program);
+                c
+            }
+            None => Command::new(&self.program),
+        };
+        cmd.args(&self.args)
+            .current_dir(&self.root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Harmless for MPICH; lets OpenMPI's mpirun run as root and oversubscribe.
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+            // Its own process group, so that a timeout kills the launcher and every rank.
+            .process_group(0);
+        cmd
+    }
+
+    /// Runs the command to completion, or kills it (and its whole process group) when it
+    /// exceeds its timeout, which fails the test: a hang is a failure.
+    pub fn output(&self) -> RunOutput {
+        let started = Instant::now();
+        let mut child = self
+            .build()
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.describe()));
+        let stdout = drain(child.stdout.take().unwrap());
+        let stderr = drain(child.stderr.take().unwrap());
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait for the child") {
+                break Some(status);
+            }
+            if started.elapsed() > self.timeout {
+                let pgid = i32::try_from(child.id()).expect("pid fits i32");
+                // SAFETY: kill(2) on the process group this test created for the child.
+                unsafe {
+                    libc::kill(-pgid, libc::SIGKILL);
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        let elapsed = started.elapsed();
+        let grace = Duration::from_secs(5);
+        let out = RunOutput {
+            command: self.describe(),
+            root: self.root.clone(),
+            status,
+            stdout: stdout.recv_timeout(grace).unwrap_or_default(),
+            stderr: stderr.recv_timeout(grace).unwrap_or_default(),
+            elapsed,
+        };
+        if out.status.is_none() {
+            out.fail(&format!(
+                "timed out after {:.1} s (limit {} s): a hang is a failure",
+                elapsed.as_secs_f64(),
+                self.timeout.as_secs()
+            ));
+        }
+        out
+    }
+
+    /// Runs the command and requires exit code 0.
+    pub fn assert_success(&self) -> RunOutput {
+        let out = self.output();
+        if out.code() != Some(0) {
+            out.fail("expected success");
+        }
+        out
+    }
+
+    /// Runs the command and requires the exit code `code`.
+    pub fn assert_code(&self, code: i32) -> RunOutput {
+        let out = self.output();
+        if out.code() != Some(code) {
+            out.fail(&format!("expected exit code {code}"));
+        }
+        out
+    }
+}
+
+/// Reads a pipe to its end on a helper thread, so that neither pipe can fill up and block the
+/// child; the text arrives on the returned channel.
+fn drain(mut pipe: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = pipe.read_to_end(&mut buf);
+        let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
+    });
+    rx
+}
+
+/// What a finished command did.
+#[derive(Debug)]
+pub struct RunOutput {
+    pub command: String,
+    root: PathBuf,
+    /// `None` when the command was killed for exceeding its timeout.
+    pub status: Option<ExitStatus>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl RunOutput {
+    /// The exit code (`None` when killed by a signal or the timeout).
+    pub fn code(&self) -> Option<i32> {
+        self.status.and_then(|s| s.code())
+    }
+
+    /// A report of the run, for failure messages.
+    pub fn report(&self) -> String {
+        format!(
+            "command: {}\ncwd: {}\nstatus: {}\nelapsed: {:.2} s\n--- stdout ---\n{}\n--- stderr ---\n{}\n--- directory ---\n{}",
+            self.command,
+            self.root.display(),
+            match self.status {
+                Some(s) => s.to_string(),
+                None => "killed (timeout)".to_string(),
+            },
+            self.elapsed.as_secs_f64(),
+            self.stdout,
+            self.stderr,
+            listing(&self.root)
+        )
+    }
+
+    /// Fails the test with `why` and the full report.
+    #[track_caller]
+    pub fn fail(&self, why: &str) -> ! {
+        panic!("\n{why}\n{}", self.report())
+    }
+
+    /// Requires `cond`, failing with `why` and the report otherwise.
+    #[track_caller]
+    pub fn check(&self, cond: bool, why: &str) {
+        if !cond {
+            self.fail(why);
+        }
+    }
+
+    /// Requires stderr to contain `needle`.
+    #[track_caller]
+    pub fn stderr_has(&self, needle: &str) {
+        self.check(
+            self.stderr.contains(needle),
+            &format!("expected stderr to contain {needle:?}"),
+        );
+    }
+}
+
+/// A snapshot of every file below a directory (relative path → bytes), to prove that a run left
+/// it untouched.
+pub fn snapshot(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().to_path_buf();
+            if p.is_dir() {
+                out.push((rel.join(""), Vec::new()));
+                walk(root, &p, out);
+            } else {
+                out.push((rel, fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if root.is_dir() {
+        walk(root, root, &mut out);
+    } else {
+        out.push((PathBuf::new(), fs::read(root).unwrap()));
+    }
+    out.sort();
+    out
+}
+
+/// Deterministic pseudo-random bytes (xorshift), for payloads and garbage inputs.
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Whether python3 is available; prints why a check is skipped when it is not.
+pub fn have_python(what: &str) -> bool {
+    let ok = find_on_path("python3").is_some();
+    if !ok {
+        eprintln!("SKIP {what}: python3 not found on PATH");
+    }
+    ok
+}

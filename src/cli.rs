@@ -63,6 +63,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub force: bool,
 
+    /// Also write the run summary as JSON to FILE (phases with seconds, per-rank bytes and peak
+    /// memory), for benchmarks and monitoring.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+
     /// Largest single MPI exchange per rank, in bytes (exchanges are split into rounds below it).
     /// Only useful for testing the round logic.
     #[arg(long, value_name = "SIZE", hide = true)]
@@ -130,6 +135,7 @@ pub struct RunConfig {
     pub prefix: String,
     pub mem_limit: u64,
     pub force: bool,
+    pub report: Option<PathBuf>,
     pub max_round_bytes: u64,
 }
 
@@ -176,6 +182,7 @@ impl RunArgs {
             prefix: self.prefix.clone(),
             mem_limit,
             force: self.force,
+            report: self.report.clone(),
             max_round_bytes,
         })
     }

@@ -7,10 +7,13 @@
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
+use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::comm::{Comm, PeerFailed};
+use crate::comm::{agree, Comm, PeerFailed};
 use crate::input::InputShard;
 use crate::permute::Permutation;
 use crate::plan::{ShardLayout, ShardPlan};
@@ -38,13 +41,13 @@ pub struct Buffers {
 }
 
 impl Buffers {
-    /// Splits `budget` bytes: a read window of at most 8 MiB, then half of the rest for the send
-    /// buffer and half for the receive buffer.
+    /// Splits `budget` bytes: a read window of at most 8 MiB, then equal shares for the send and
+    /// receive buffers in flight (each holds `per_destination` bytes for every rank).
     pub fn for_budget(budget: u64, ranks: usize) -> Self {
         let budget = usize::try_from(budget).unwrap_or(usize::MAX);
         let read_window = (budget / 16).clamp(64 << 10, 8 << 20);
-        let send = budget.saturating_sub(read_window) / 2;
-        let per_destination = (send / ranks).max(CHUNK_HEADER + 512);
+        let buffer = budget.saturating_sub(read_window) / (SEND_BUFFERS + RECV_BUFFERS);
+        let per_destination = (buffer / ranks).max(CHUNK_HEADER + 512);
         Buffers {
             per_destination,
             read_window,
@@ -75,8 +78,36 @@ pub struct Job<'a> {
     pub output: &'a OutputShards,
 }
 
+/// Buffers in flight: the reader fills one send buffer while the main thread exchanges another
+/// and the writer places this rank's own share of a third; the main thread receives into one
+/// receive buffer while the writer places the other. Reading, exchanging and writing overlap.
+const SEND_BUFFERS: usize = 3;
+const RECV_BUFFERS: usize = 2;
+
+/// One round's packed send buffer, as the reader hands it over.
+struct Packed {
+    buf: Vec<u8>,
+    /// Bytes used in each destination's segment.
+    used: Vec<usize>,
+    /// Sample bytes packed.
+    payload: u64,
+    error: Option<anyhow::Error>,
+}
+
+/// What the writer places: the chunks received from other ranks, and this rank's own segment of
+/// its send buffer (which never goes through MPI).
+struct Delivery {
+    recv: Vec<u8>,
+    from: Vec<Range<usize>>,
+    send: Vec<u8>,
+    own: Range<usize>,
+}
+
 /// Runs the exchange to completion on every rank. `progress` is called after each round with the
 /// sample bytes moved so far by all ranks together.
+///
+/// Three stages overlap: a reader thread packs rounds, the calling thread (the only one that
+/// calls MPI) exchanges them, and a writer thread places what arrives.
 ///
 /// # Errors
 /// A read or write fails on this rank (the message names file and offset), or another rank
@@ -89,46 +120,58 @@ pub fn run(
 ) -> Result<ExchangeStats> {
     let ranks = comm.size();
     let cap = buffers.per_destination;
-    let mut send = vec![0u8; cap * ranks];
-    let mut used = vec![0usize; ranks];
-    let mut recv = Vec::new();
-    let mut reader = InputReader::new(job.inputs, buffers.read_window);
-    let mut cursor = Cursor::default();
-    let mut stats = ExchangeStats::default();
-    let mut failure: Option<anyhow::Error> = None;
-    let mut moved = 0u64;
-    loop {
-        used.fill(0);
-        let mut payload = 0u64;
-        if failure.is_none() {
-            match fill(job, &mut cursor, &mut reader, &mut send, cap, &mut used) {
-                Ok(n) => payload = n,
-                Err(e) => failure = Some(e),
-            }
-        }
-        // One small collective per round: did anyone fail, and is anything left to move?
-        let status = comm.all_sum(&[u64::from(failure.is_some()), payload]);
-        if status[0] > 0 {
-            return Err(failure.unwrap_or_else(|| anyhow!(PeerFailed { ranks: Vec::new() })));
-        }
-        if status[1] == 0 {
-            break;
-        }
-        stats.rounds += 1;
-        stats.bytes_sent += payload;
-        let ranges: Vec<Range<usize>> = (0..ranks).map(|d| d * cap..d * cap + used[d]).collect();
-        let from = comm.all_to_all(&send, &ranges, &mut recv);
-        for r in from {
-            match place(job, &recv[r]) {
-                Ok(n) => stats.bytes_written += n,
-                Err(e) => {
-                    failure.get_or_insert(e);
-                }
-            }
-        }
-        moved += status[1];
-        progress(moved);
+    let (packed_tx, packed_rx) = sync_channel::<Packed>(1);
+    let (free_send_tx, free_send_rx) = channel::<Vec<u8>>();
+    let (deliver_tx, deliver_rx) = sync_channel::<Delivery>(1);
+    let (free_recv_tx, free_recv_rx) = channel::<Vec<u8>>();
+    for _ in 0..SEND_BUFFERS {
+        free_send_tx
+            .send(vec![0u8; cap * ranks])
+            .expect("receiver alive");
     }
+    for _ in 0..RECV_BUFFERS {
+        free_recv_tx.send(Vec::new()).expect("receiver alive");
+    }
+    let write_failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    let written = AtomicU64::new(0);
+    let (outcome, mut stats) = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            pack_rounds(
+                job,
+                cap,
+                ranks,
+                buffers.read_window,
+                free_send_rx,
+                packed_tx,
+            )
+        });
+        scope.spawn(|| {
+            write_rounds(
+                job,
+                deliver_rx,
+                free_send_tx,
+                free_recv_tx,
+                &write_failure,
+                &written,
+            )
+        });
+        exchange_rounds(
+            comm,
+            cap,
+            packed_rx,
+            deliver_tx,
+            free_recv_rx,
+            &write_failure,
+            progress,
+        )
+    });
+    outcome?;
+    // The writer may have failed on the last round, after the last status exchange.
+    let write_failure = write_failure
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner());
+    agree(comm, write_failure.map_or(Ok(()), Err))?;
+    stats.bytes_written = written.into_inner();
     let expected: u64 = job.layout.lens.iter().sum();
     if stats.bytes_written != expected {
         bail!(
@@ -138,6 +181,144 @@ pub fn run(
         );
     }
     Ok(stats)
+}
+
+/// The calling thread's part: one status reduction and one all-to-all per round.
+fn exchange_rounds(
+    comm: &impl Comm,
+    cap: usize,
+    packed: Receiver<Packed>,
+    deliver: SyncSender<Delivery>,
+    free_recv: Receiver<Vec<u8>>,
+    write_failure: &Mutex<Option<anyhow::Error>>,
+    progress: &mut dyn FnMut(u64),
+) -> (Result<()>, ExchangeStats) {
+    let (ranks, me) = (comm.size(), comm.rank());
+    let mut stats = ExchangeStats::default();
+    let mut moved = 0u64;
+    loop {
+        // None once the reader has packed everything.
+        let mut round = packed.recv().ok();
+        let mut failure = round.as_mut().and_then(|r| r.error.take());
+        if failure.is_none() {
+            // A copy: the writer keeps its failure and stops writing.
+            failure = write_failure
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map(|e| anyhow!("{e:#}"));
+        }
+        let payload = round.as_ref().map_or(0, |r| r.payload);
+        // One small collective per round: did anyone fail, and is anything left to move?
+        let status = comm.all_sum(&[u64::from(failure.is_some()), payload]);
+        if status[0] > 0 {
+            let e = failure.unwrap_or_else(|| anyhow!(PeerFailed { ranks: Vec::new() }));
+            return (Err(e), stats);
+        }
+        if status[1] == 0 {
+            return (Ok(()), stats);
+        }
+        stats.rounds += 1;
+        stats.bytes_sent += payload;
+        let (send, used) = round.map_or((Vec::new(), vec![0; ranks]), |r| (r.buf, r.used));
+        // Empty segments as 0..0: a rank whose reader has finished sends from an empty buffer.
+        let segment = |d: usize| {
+            if used[d] == 0 {
+                0..0
+            } else {
+                d * cap..d * cap + used[d]
+            }
+        };
+        let ranges: Vec<Range<usize>> = (0..ranks)
+            .map(|d| if d == me { 0..0 } else { segment(d) })
+            .collect();
+        let mut recv = free_recv
+            .recv()
+            .expect("the writer returns receive buffers");
+        let from = comm.all_to_all(&send, &ranges, &mut recv);
+        let delivery = Delivery {
+            recv,
+            from,
+            own: segment(me),
+            send,
+        };
+        deliver
+            .send(delivery)
+            .expect("the writer runs until the deliveries end");
+        moved += status[1];
+        progress(moved);
+    }
+}
+
+/// The reader thread: packs rounds in input order until the samples run out or a read fails.
+fn pack_rounds(
+    job: &Job<'_>,
+    cap: usize,
+    ranks: usize,
+    read_window: usize,
+    free_send: Receiver<Vec<u8>>,
+    packed: SyncSender<Packed>,
+) {
+    let mut reader = InputReader::new(job.inputs, read_window);
+    let mut cursor = Cursor::default();
+    while cursor.sample < job.local.len() {
+        let Ok(mut buf) = free_send.recv() else {
+            return;
+        };
+        let mut used = vec![0usize; ranks];
+        let (payload, error) = match fill(job, &mut cursor, &mut reader, &mut buf, cap, &mut used) {
+            Ok(n) => (n, None),
+            Err(e) => (0, Some(e)),
+        };
+        let stop = error.is_some();
+        if packed
+            .send(Packed {
+                buf,
+                used,
+                payload,
+                error,
+            })
+            .is_err()
+            || stop
+        {
+            return;
+        }
+    }
+}
+
+/// The writer thread: places every delivery's chunks, then recycles its buffers. After a failure
+/// it keeps recycling (so no stage blocks) but writes nothing more.
+fn write_rounds(
+    job: &Job<'_>,
+    deliveries: Receiver<Delivery>,
+    free_send: Sender<Vec<u8>>,
+    free_recv: Sender<Vec<u8>>,
+    failure: &Mutex<Option<anyhow::Error>>,
+    written: &AtomicU64,
+) {
+    for d in deliveries {
+        if failure.lock().unwrap().is_none() {
+            let segments = d
+                .from
+                .iter()
+                .map(|r| &d.recv[r.clone()])
+                .chain([&d.send[d.own.clone()]]);
+            for segment in segments {
+                match place(job, segment) {
+                    Ok(n) => {
+                        written.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        failure.lock().unwrap().get_or_insert(e);
+                        break;
+                    }
+                }
+            }
+        }
+        // The other ends may be gone after a failure; the buffers are then simply dropped.
+        let _ = free_send.send(d.send);
+        let _ = free_recv.send(d.recv);
+    }
 }
 
 /// Where the sender is in its sample list: sample index and bytes of it already sent.
@@ -318,7 +499,7 @@ mod tests {
             (1 << 30, 1000),
         ] {
             let b = Buffers::for_budget(budget, ranks);
-            let total = b.read_window + 2 * b.per_destination * ranks;
+            let total = b.read_window + (SEND_BUFFERS + RECV_BUFFERS) * b.per_destination * ranks;
             assert!(total as u64 <= budget, "{budget} {ranks}: {b:?}");
         }
     }

@@ -43,6 +43,9 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
                 Ok(summary) => {
                     if comm.rank() == 0 {
                         print!("{}", summary.render());
+                        if let Some(path) = &cfg.report {
+                            summary.write_report(path)?;
+                        }
                     }
                     Ok(Exit::Success)
                 }

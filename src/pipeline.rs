@@ -22,8 +22,19 @@ use crate::size::human_bytes;
 use crate::tar_index::{index_file, Skipped};
 use crate::writer::{shard_file_name, OutputShards};
 
+/// One rank's share of the work.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct RankStats {
+    /// Sample bytes read from the input and sent.
+    pub bytes_read: u64,
+    /// Sample bytes received and written to this rank's shards.
+    pub bytes_written: u64,
+    /// Peak resident memory (VmHWM) in bytes; 0 where unknown.
+    pub peak_rss: u64,
+}
+
 /// What a finished run reports.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub output: PathBuf,
     pub inputs: usize,
@@ -35,11 +46,23 @@ pub struct Summary {
     pub skipped: Skipped,
     pub phases: PhaseTimes,
     pub rounds: u64,
-    /// Peak resident memory of each rank, in bytes (0 where unknown).
-    pub peak_rss: Vec<u64>,
+    /// The memory budget per rank (`--mem-limit`).
+    pub mem_limit: u64,
+    /// Per rank, by rank.
+    pub per_rank: Vec<RankStats>,
 }
 
 impl Summary {
+    /// Writes the summary as JSON to `path`.
+    ///
+    /// # Errors
+    /// The file cannot be written.
+    pub fn write_report(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self).expect("serializable");
+        fs::write(path, text + "\n")
+            .with_context(|| format!("--report {}: cannot write", path.display()))
+    }
+
     /// The human-readable summary rank 0 prints at the end.
     pub fn render(&self) -> String {
         let total = self.phases.total();
@@ -70,7 +93,11 @@ impl Summary {
                 k.directories, k.keyless_files, k.other_entries, k.global_headers
             );
         }
-        let rss: Vec<String> = self.peak_rss.iter().map(|&b| human_bytes(b)).collect();
+        let rss: Vec<String> = self
+            .per_rank
+            .iter()
+            .map(|r| human_bytes(r.peak_rss))
+            .collect();
         s += &format!("  peak RSS per rank: {}\n", rss.join(", "));
         s
     }
@@ -170,6 +197,15 @@ fn run_prepared(
     )?;
 
     times.start("exchange");
+    // Test hook: proves that a panic on one rank aborts every rank instead of leaving them
+    // blocked in a collective.
+    if std::env::var("RESHARD_TEST_PANIC_RANK")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        == Some(rank)
+    {
+        panic!("RESHARD_TEST_PANIC_RANK={rank}: injected panic");
+    }
     let mut progress = Progress::new(lead, sample_bytes);
     let job = Job {
         inputs,
@@ -235,7 +271,16 @@ fn run_prepared(
     });
     broadcast_result(comm, 0, published)?;
     times.stop();
+    let bytes_read = comm.all_gather(stats.bytes_sent);
+    let bytes_written = comm.all_gather(stats.bytes_written);
     let peak_rss = comm.all_gather(peak_rss().unwrap_or(0));
+    let per_rank = (0..ranks)
+        .map(|r| RankStats {
+            bytes_read: bytes_read[r],
+            bytes_written: bytes_written[r],
+            peak_rss: peak_rss[r],
+        })
+        .collect();
     Ok(Summary {
         output: setup.target.clone(),
         inputs: inputs.len(),
@@ -247,7 +292,8 @@ fn run_prepared(
         skipped,
         phases: times.clone(),
         rounds: stats.rounds,
-        peak_rss,
+        mem_limit: cfg.mem_limit,
+        per_rank,
     })
 }
 
@@ -490,4 +536,111 @@ fn sync_dir(dir: &Path) -> Result<()> {
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .with_context(|| format!("{}: cannot sync directory", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::local::LocalComm;
+
+    /// Writes `shards` small tar files with uneven sample counts and sizes.
+    fn write_inputs(dir: &Path, shards: usize) -> Vec<String> {
+        let mut specs = Vec::new();
+        let mut n = 0u32;
+        for s in 0..shards {
+            let path = dir.join(format!("in-{s:02}.tar"));
+            let mut b = tar::Builder::new(fs::File::create(&path).unwrap());
+            for _ in 0..(3 + 7 * s) {
+                for ext in ["jpg", "cls"] {
+                    let data = vec![(n % 251) as u8; (n as usize * 37) % 3000 + 1];
+                    let mut h = tar::Header::new_gnu();
+                    h.set_size(data.len() as u64);
+                    h.set_mode(0o644);
+                    b.append_data(&mut h, format!("k{n:05}.{ext}"), &data[..])
+                        .unwrap();
+                }
+                n += 1;
+            }
+            b.finish().unwrap();
+            specs.push(path.display().to_string());
+        }
+        specs
+    }
+
+    fn config(inputs: Vec<String>, output: PathBuf, mem_limit: u64) -> RunConfig {
+        RunConfig {
+            inputs,
+            output,
+            shards: 5,
+            seed: 3,
+            epoch: 0,
+            prefix: "shard".into(),
+            mem_limit,
+            force: false,
+            report: None,
+            max_round_bytes: i32::MAX as u64,
+        }
+    }
+
+    fn shard_bytes(dir: &Path) -> Vec<Vec<u8>> {
+        (0..5)
+            .map(|s| fs::read(dir.join(shard_file_name("shard", s))).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn in_process_runs_are_identical_for_any_rank_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        let inputs = write_inputs(tmp.path(), 4);
+        let mut outputs = Vec::new();
+        for ranks in 1..=4 {
+            let out = tmp.path().join(format!("out-{ranks}"));
+            // A 1 MiB budget forces many rounds and chunked samples on the larger rank counts.
+            let cfg = config(inputs.clone(), out.clone(), 1 << 20);
+            let results = LocalComm::run(ranks, |c| run(c, &cfg).map(|s| (s.samples, s.shards)));
+            for r in results {
+                assert_eq!(r.unwrap(), (3 + 10 + 17 + 24, 5));
+            }
+            outputs.push(shard_bytes(&out));
+            let manifest: Manifest =
+                serde_json::from_slice(&fs::read(out.join("index.json")).unwrap()).unwrap();
+            let counts: Vec<u64> = manifest.shardlist.iter().map(|e| e.nsamples).collect();
+            assert_eq!(counts, [11, 11, 11, 11, 10]);
+            assert!(!tmp
+                .path()
+                .join(format!(".out-{ranks}.reshard-tmp"))
+                .exists());
+        }
+        for o in &outputs[1..] {
+            assert_eq!(o, &outputs[0]);
+        }
+    }
+
+    #[test]
+    fn a_failure_on_one_rank_stops_all_and_publishes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut inputs = write_inputs(tmp.path(), 3);
+        let bad = tmp.path().join("bad.tar");
+        fs::write(&bad, vec![b'x'; 4096]).unwrap();
+        inputs.push(bad.display().to_string());
+        let out = tmp.path().join("out");
+        let cfg = config(inputs, out.clone(), 1 << 20);
+        let results = LocalComm::run(3, |c| {
+            run(c, &cfg).map(|_| ()).map_err(|e| format!("{e:#}"))
+        });
+        let real: Vec<&String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .filter(|e| !e.contains("stopped because"))
+            .collect();
+        assert_eq!(real.len(), 1, "{results:?}");
+        assert!(
+            real[0].contains("bad.tar") && real[0].contains("byte offset 0"),
+            "{}",
+            real[0]
+        );
+        assert!(results.iter().all(Result::is_err));
+        assert!(!out.exists());
+        assert!(!tmp.path().join(".out.reshard-tmp").exists());
+    }
 }

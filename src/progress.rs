@@ -71,9 +71,11 @@ impl Progress {
 }
 
 /// Wall time of each named phase, in order.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct PhaseTimes {
+    /// (phase, seconds), in order.
     pub phases: Vec<(&'static str, f64)>,
+    #[serde(skip)]
     current: Option<(&'static str, Instant)>,
 }
 

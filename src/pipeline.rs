@@ -6,6 +6,8 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -19,7 +21,7 @@ use crate::permute::Permutation;
 use crate::plan::{assign_inputs, ShardLayout, ShardPlan};
 use crate::progress::{peak_rss, PhaseTimes, Progress};
 use crate::size::human_bytes;
-use crate::tar_index::{index_file, Skipped};
+use crate::tar_index::{index_file, ShardIndex, Skipped};
 use crate::writer::{shard_file_name, OutputShards};
 
 /// One rank's share of the work.
@@ -313,15 +315,37 @@ fn everywhere(lead: bool, e: anyhow::Error) -> anyhow::Error {
     }
 }
 
-/// Indexes this rank's input shards, in order.
+/// Indexes this rank's input shards, in order. Several shards are indexed at once: header reads
+/// are small random reads, and keeping several in flight hides the storage's latency.
 fn index_shards(
     inputs: &[InputShard],
     mine: std::ops::Range<usize>,
 ) -> Result<(Vec<LocalSample>, Skipped)> {
+    const THREADS: usize = 8;
+    let next = AtomicUsize::new(mine.start);
+    let results: Mutex<Vec<Option<Result<ShardIndex>>>> =
+        Mutex::new((0..mine.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS.min(mine.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= mine.end {
+                    break;
+                }
+                let r = index_file(&inputs[i].path);
+                let failed = r.is_err();
+                results.lock().unwrap()[i - mine.start] = Some(r);
+                if failed {
+                    // Stop handing out shards; the first error in shard order is reported.
+                    next.store(mine.end, Ordering::Relaxed);
+                }
+            });
+        }
+    });
     let mut local = Vec::new();
     let mut skipped = [0u64; 4];
-    for i in mine {
-        let idx = index_file(&inputs[i].path)?;
+    for (i, r) in mine.clone().zip(results.into_inner().unwrap()) {
+        let Some(idx) = r.transpose()? else { continue };
         let shard = u32::try_from(i).context("more than 2^32 input shards")?;
         local.extend(idx.samples.iter().map(|s| LocalSample {
             shard,

@@ -3,13 +3,43 @@
 
 use std::any::Any;
 use std::ops::Range;
-use std::sync::{Arc, Barrier, Mutex};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex};
 
 use super::Comm;
 
 struct Shared {
-    barrier: Barrier,
+    barrier: AbortableBarrier,
     slots: Mutex<Vec<Option<Arc<dyn Any + Send + Sync>>>>,
+}
+
+/// A barrier that a panicking rank can break, so that a failing test fails instead of leaving
+/// the other ranks waiting forever (what `MPI_Abort` does for the MPI transport).
+struct AbortableBarrier {
+    size: usize,
+    state: Mutex<(usize, u64, bool)>, // (arrived, generation, aborted)
+    cv: Condvar,
+}
+
+impl AbortableBarrier {
+    fn wait(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let generation = state.1;
+        state.0 += 1;
+        if state.0 == self.size {
+            *state = (0, generation + 1, state.2);
+            self.cv.notify_all();
+        }
+        while state.1 == generation && !state.2 {
+            state = self.cv.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        assert!(!state.2, "another in-process rank panicked");
+    }
+
+    fn abort(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).2 = true;
+        self.cv.notify_all();
+    }
 }
 
 /// One rank of an in-process group.
@@ -27,7 +57,11 @@ impl LocalComm {
         F: Fn(&LocalComm) -> T + Sync,
     {
         let shared = Arc::new(Shared {
-            barrier: Barrier::new(size),
+            barrier: AbortableBarrier {
+                size,
+                state: Mutex::new((0, 0, false)),
+                cv: Condvar::new(),
+            },
             slots: Mutex::new(vec![None; size]),
         });
         std::thread::scope(|scope| {
@@ -39,7 +73,12 @@ impl LocalComm {
                         shared: Arc::clone(&shared),
                     };
                     let f = &f;
-                    scope.spawn(move || f(&comm))
+                    scope.spawn(move || {
+                        catch_unwind(AssertUnwindSafe(|| f(&comm))).unwrap_or_else(|panic| {
+                            comm.shared.barrier.abort();
+                            resume_unwind(panic)
+                        })
+                    })
                 })
                 .collect();
             handles
@@ -51,10 +90,11 @@ impl LocalComm {
 
     /// Every rank's `value`, by rank.
     fn gather_all<T: Clone + Send + Sync + 'static>(&self, value: T) -> Vec<T> {
-        self.shared.slots.lock().unwrap()[self.rank] = Some(Arc::new(value));
+        self.shared.slots.lock().unwrap_or_else(|p| p.into_inner())[self.rank] =
+            Some(Arc::new(value));
         self.shared.barrier.wait();
         let all = {
-            let slots = self.shared.slots.lock().unwrap();
+            let slots = self.shared.slots.lock().unwrap_or_else(|p| p.into_inner());
             slots
                 .iter()
                 .map(|s| {
@@ -123,9 +163,28 @@ impl Comm for LocalComm {
     }
 
     fn abort(&self, code: i32) -> ! {
+        self.shared.barrier.abort();
         panic!(
             "in-process rank {} aborted the job with code {code}",
             self.rank
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_rank_does_not_hang_the_others() {
+        let outcome = catch_unwind(|| {
+            LocalComm::run(3, |c| {
+                if c.rank() == 1 {
+                    panic!("rank 1 fails");
+                }
+                c.all_gather(1)
+            })
+        });
+        assert!(outcome.is_err());
     }
 }

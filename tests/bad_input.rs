@@ -342,3 +342,37 @@ fn empty_input() {
         }
     }
 }
+
+#[test]
+fn a_panic_on_one_rank_aborts_every_rank() {
+    let dir = Dir::new("panic");
+    small_inputs(&dir);
+    let before = snapshot(&dir.join("in"));
+    let run = |panic_rank: Option<&str>| {
+        let mut cmd = dir.mpi(3);
+        cmd.args([
+            "run", "--input", "in", "--output", "out", "--shards", "3", "--seed", "1",
+        ]);
+        if let Some(r) = panic_rank {
+            cmd.env("RESHARD_TEST_PANIC_RANK", r);
+        }
+        cmd.timeout(2 * FAIL_FAST).output()
+    };
+    // Rank 1 panics while the others wait in a collective: MPI_Abort must end them all.
+    let res = run(Some("1"));
+    res.check(res.code().is_some_and(|c| c != 0), "the job must fail");
+    res.check(
+        res.elapsed < FAIL_FAST,
+        "a panic must not leave ranks hanging",
+    );
+    res.stderr_has("injected panic");
+    res.check(!dir.join("out").exists(), "nothing may be published");
+    res.check(snapshot(&dir.join("in")) == before, "the input changed");
+    // The rerun clears the abandoned staging directory and succeeds.
+    let res = run(None);
+    res.check(res.code() == Some(0), "the rerun must succeed");
+    res.check(
+        dir.join("out/index.json").exists(),
+        "the rerun must publish",
+    );
+}

@@ -98,6 +98,7 @@ impl Dir {
             launcher: None,
             program: reshard_exe().into_os_string(),
             args: Vec::new(),
+            envs: Vec::new(),
             timeout: TIMEOUT,
         }
     }
@@ -124,6 +125,7 @@ impl Dir {
             launcher: None,
             program: program.as_ref().to_os_string(),
             args: Vec::new(),
+            envs: Vec::new(),
             timeout: TIMEOUT,
         }
     }
@@ -187,6 +189,7 @@ pub struct TestCommand {
     launcher: Option<usize>,
     program: OsString,
     args: Vec<OsString>,
+    envs: Vec<(OsString, OsString)>,
     timeout: Duration,
 }
 
@@ -204,6 +207,13 @@ impl TestCommand {
         for a in args {
             self.arg(a);
         }
+        self
+    }
+
+    /// Sets an environment variable for the command (and, under mpirun, every rank).
+    pub fn env(&mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> &mut Self {
+        self.envs
+            .push((key.as_ref().to_os_string(), value.as_ref().to_os_string()));
         self
     }
 
@@ -253,6 +263,7 @@ impl TestCommand {
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             // Its own process group, so that a timeout kills the launcher and every rank.
             .process_group(0);
         cmd

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Runs reshard end to end on a fresh Debian/Ubuntu machine:
+#   1. installs MPI and the build dependencies that are missing (apt-get; via sudo when not root),
+#   2. builds reshard in release mode,
+#   3. generates a small synthetic WebDataset (uneven input shards, some names > 100 bytes),
+#   4. reshuffles it with `mpirun -np $NP reshard run`,
+#   5. verifies the output with examples/verify_output.py and GNU tar,
+#   6. prints where the output is.
+#
+# Everything is written under quickstart-data/ at the repository root (wiped first).
+# Environment overrides:
+#   NP=4         MPI ranks
+#   SHARDS=10    output shards
+#   SIZE=64MiB   approximate size of the generated input
+#   INPUT_SHARDS=16, SEED=42, MPIRUN=mpirun
+set -euo pipefail
+
+NP=${NP:-4}
+SHARDS=${SHARDS:-10}
+SIZE=${SIZE:-64MiB}
+INPUT_SHARDS=${INPUT_SHARDS:-16}
+SEED=${SEED:-42}
+MPIRUN=${MPIRUN:-mpirun}
+
+cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
+ROOT=$PWD
+DATA=quickstart-data
+
+STEP=""
+STEP_START=$SECONDS
+step() {
+    finish_step
+    STEP=$1
+    STEP_START=$SECONDS
+    printf '\n==> %s\n' "$STEP"
+}
+finish_step() {
+    if [ -n "$STEP" ]; then
+        printf '    (%s: %ds)\n' "$STEP" $((SECONDS - STEP_START))
+    fi
+}
+on_exit() {
+    local rc=$?
+    if [ "$rc" -ne 0 ]; then
+        printf '\nquickstart FAILED in step "%s" (exit code %d)\n' "$STEP" "$rc" >&2
+    fi
+}
+trap on_exit EXIT
+
+# ---------------------------------------------------------------------------------------------
+step "checking build and MPI dependencies"
+
+installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
+# The version text of the MPI launcher, or nothing (captured, not piped: grep -q under pipefail
+# would turn an early exit into a failure).
+mpi_version() { "$MPIRUN" --version 2>&1 || true; }
+
+missing=()
+command -v cc >/dev/null || missing+=(build-essential)
+command -v make >/dev/null || missing+=(build-essential)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+command -v python3 >/dev/null || missing+=(python3)
+command -v tar >/dev/null || missing+=(tar)
+# bindgen (used by mpi-sys) needs libclang; LIBCLANG_PATH means the user points at their own.
+if [ -z "${LIBCLANG_PATH:-}" ] && command -v dpkg-query >/dev/null && ! installed libclang-dev; then
+    missing+=(libclang-dev clang)
+fi
+if command -v "$MPIRUN" >/dev/null && command -v mpicc >/dev/null; then
+    : # an MPI with its compiler wrapper is already there: use it
+elif command -v "$MPIRUN" >/dev/null && [[ "$(mpi_version)" == *"Open MPI"* ]]; then
+    missing+=(libopenmpi-dev openmpi-bin)
+else
+    installed libmpich-dev || missing+=(libmpich-dev)
+    installed mpich || missing+=(mpich)
+fi
+if ! command -v cargo >/dev/null && [ -f "${HOME:-/root}/.cargo/env" ]; then
+    # shellcheck disable=SC1091
+    . "${HOME:-/root}/.cargo/env"
+fi
+if ! command -v cargo >/dev/null; then
+    command -v curl >/dev/null || missing+=(curl ca-certificates)
+fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+    # Deduplicate while keeping order.
+    mapfile -t missing < <(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++')
+    echo "installing: ${missing[*]}"
+    if ! command -v apt-get >/dev/null; then
+        echo "apt-get not found: install these (or your system's equivalent) and rerun: ${missing[*]}" >&2
+        exit 1
+    fi
+    SUDO=()
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null; then
+            SUDO=(sudo)
+        else
+            echo "not root and no sudo: as root, run: apt-get install ${missing[*]}" >&2
+            exit 1
+        fi
+    fi
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    echo "all present"
+fi
+
+if ! command -v cargo >/dev/null; then
+    echo "cargo not found: installing Rust with rustup (minimal profile)"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+    # shellcheck disable=SC1091
+    . "${HOME:-/root}/.cargo/env"
+fi
+
+if [[ "$(mpi_version)" == *"Open MPI"* ]]; then
+    # Open MPI refuses root and more ranks than cores unless told otherwise.
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export OMPI_MCA_rmaps_base_oversubscribe=1
+fi
+mpi_text=$(mpi_version)
+case "$mpi_text" in
+    *HYDRA*) mpi_desc="MPICH (Hydra $(awk '/Version:/ { print $2; exit }' <<<"$mpi_text"))" ;;
+    *) mpi_desc=$(head -n 1 <<<"$mpi_text") ;;
+esac
+echo "$(cargo --version); $mpi_desc; $(python3 --version)"
+
+# ---------------------------------------------------------------------------------------------
+step "building (cargo build --release)"
+cargo build --release
+RESHARD=target/release/reshard
+
+# ---------------------------------------------------------------------------------------------
+step "generating ~$SIZE of synthetic input in $INPUT_SHARDS uneven shards"
+rm -rf "$DATA"
+mkdir -p "$DATA"
+"$RESHARD" generate --output "$DATA/input" --shards "$INPUT_SHARDS" --total-size "$SIZE" \
+    --mean-size 64KiB --skew 3 --long-names-every 50 --seed 7
+sizes=$(stat -c %s "$DATA"/input/*.tar | sort -n)
+echo "    input shard sizes: $(head -n 1 <<<"$sizes") to $(tail -n 1 <<<"$sizes") bytes"
+
+# ---------------------------------------------------------------------------------------------
+step "reshuffling: $MPIRUN -np $NP reshard run --shards $SHARDS --seed $SEED"
+"$MPIRUN" -np "$NP" "$RESHARD" run --input "$DATA/input" --output "$DATA/output" \
+    --shards "$SHARDS" --seed "$SEED"
+
+# ---------------------------------------------------------------------------------------------
+step "verifying (examples/verify_output.py and tar -tf)"
+python3 examples/verify_output.py "$DATA/input" --output "$DATA/output" --shards "$SHARDS" --seed "$SEED" --epoch 0
+shards=("$DATA"/output/*.tar)
+for f in "${shards[@]}"; do
+    tar -tf "$f" >/dev/null
+done
+echo "GNU tar lists all ${#shards[@]} output shards; the first members of ${shards[0]}:"
+listing=$(tar -tvf "${shards[0]}")
+head -n 6 <<<"$listing"
+
+finish_step
+STEP=""
+echo
+echo "Done. Input:  $ROOT/$DATA/input"
+echo "      Output: $ROOT/$DATA/output ($SHARDS shards + index.json)"

@@ -134,10 +134,13 @@ pub fn run(
     }
     let write_failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
     let written = AtomicU64::new(0);
+    let me = comm.rank();
     let (outcome, mut stats) = std::thread::scope(|scope| {
         scope.spawn(|| {
             pack_rounds(
                 job,
+                me,
+                &written,
                 cap,
                 ranks,
                 buffers.read_window,
@@ -251,8 +254,11 @@ fn exchange_rounds(
 }
 
 /// The reader thread: packs rounds in input order until the samples run out or a read fails.
+#[allow(clippy::too_many_arguments)]
 fn pack_rounds(
     job: &Job<'_>,
+    me: usize,
+    written: &AtomicU64,
     cap: usize,
     ranks: usize,
     read_window: usize,
@@ -266,10 +272,14 @@ fn pack_rounds(
             return;
         };
         let mut used = vec![0usize; ranks];
-        let (payload, error) = match fill(job, &mut cursor, &mut reader, &mut buf, cap, &mut used) {
-            Ok(n) => (n, None),
-            Err(e) => (0, Some(e)),
-        };
+        let (payload, error) =
+            match fill(job, me, &mut cursor, &mut reader, &mut buf, cap, &mut used) {
+                Ok(f) => {
+                    written.fetch_add(f.copied, Ordering::Relaxed);
+                    (f.packed + f.copied, None)
+                }
+                Err(e) => (0, Some(e)),
+            };
         let stop = error.is_some();
         if packed
             .send(Packed {
@@ -328,22 +338,56 @@ struct Cursor {
     offset: u64,
 }
 
+/// What one `fill` did: sample bytes packed for other ranks, and copied straight into this
+/// rank's own shards.
+#[derive(Debug, Default, Clone, Copy)]
+struct Filled {
+    packed: u64,
+    copied: u64,
+}
+
 /// Packs samples, in input order, into the per-destination segments of `send` until the next
-/// chunk's destination is full. Returns the sample bytes packed.
+/// chunk's destination is full. Samples this rank writes itself are copied from input to output
+/// at once, inside the kernel; a round stops after a buffer's worth of them too, so that rounds
+/// (and progress reports) stay regular.
 fn fill(
     job: &Job<'_>,
+    me: usize,
     cursor: &mut Cursor,
     reader: &mut InputReader<'_>,
     send: &mut [u8],
     cap: usize,
     used: &mut [usize],
-) -> Result<u64> {
-    let mut packed = 0u64;
+) -> Result<Filled> {
+    let mut done = Filled::default();
     while let Some(s) = job.local.get(cursor.sample) {
         let position = job
             .permutation
             .apply(job.first_global + cursor.sample as u64);
-        let dest = job.plan.writer_of(job.plan.shard_of(position));
+        let shard = job.plan.shard_of(position);
+        let dest = job.plan.writer_of(shard);
+        if dest == me {
+            if done.copied >= send.len() as u64 {
+                break;
+            }
+            let (at, _) = job.layout.place(position).with_context(|| {
+                format!("internal error: position {position} is not laid out on rank {me}")
+            })?;
+            let n = s.len - cursor.offset;
+            let input = &job.inputs[s.shard as usize];
+            job.output.copy_in(
+                shard,
+                at + cursor.offset,
+                reader.file(s.shard as usize)?,
+                &input.path,
+                s.start + cursor.offset,
+                n,
+            )?;
+            done.copied += n;
+            cursor.sample += 1;
+            cursor.offset = 0;
+            continue;
+        }
         let room = cap - used[dest];
         if room <= CHUNK_HEADER {
             break;
@@ -357,14 +401,14 @@ fn fill(
         let body = &mut send[at + CHUNK_HEADER..at + CHUNK_HEADER + n as usize];
         reader.read(s.shard as usize, s.start + cursor.offset, body)?;
         used[dest] += CHUNK_HEADER + n as usize;
-        packed += n;
+        done.packed += n;
         cursor.offset += n;
         if cursor.offset == s.len {
             cursor.sample += 1;
             cursor.offset = 0;
         }
     }
-    Ok(packed)
+    Ok(done)
 }
 
 /// Writes every chunk of one sender's segment at its place. Returns the sample bytes written.
@@ -410,6 +454,7 @@ impl<'a> InputReader<'a> {
         }
     }
 
+    /// The open input file of `shard` (the last one opened stays open).
     fn file(&mut self, shard: usize) -> Result<&File> {
         if self.file.as_ref().is_none_or(|(s, _)| *s != shard) {
             let path = &self.inputs[shard].path;

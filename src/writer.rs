@@ -2,10 +2,12 @@
 //! positioned writes in whatever order they arrive.
 
 use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 
 use crate::plan::ShardLayout;
 
@@ -18,6 +20,8 @@ pub fn shard_file_name(prefix: &str, index: u64) -> String {
 pub struct OutputShards {
     first: u64,
     files: Vec<(PathBuf, File)>,
+    /// Set once `copy_file_range` turned out unsupported between input and output.
+    no_copy_range: AtomicBool,
 }
 
 impl OutputShards {
@@ -46,6 +50,7 @@ impl OutputShards {
         Ok(OutputShards {
             first: layout.shards.start,
             files,
+            no_copy_range: AtomicBool::new(false),
         })
     }
 
@@ -62,6 +67,101 @@ impl OutputShards {
                 data.len()
             )
         })
+    }
+
+    /// Copies `len` bytes at `src_offset` of the input file `src` to `offset` of shard `shard`,
+    /// inside the kernel (`copy_file_range`) where the filesystems allow it, through a bounce
+    /// buffer where they do not. For samples that stay on this rank: no user-space copy at all.
+    ///
+    /// # Errors
+    /// A read or write fails, or the input ends early (it changed since it was indexed); the
+    /// message names the file and offset.
+    pub fn copy_in(
+        &self,
+        shard: u64,
+        offset: u64,
+        src: &File,
+        src_path: &Path,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        let (path, file) = &self.files[(shard - self.first) as usize];
+        let ended = |at: u64| {
+            anyhow!(
+                "{}: byte offset {at}: expected sample data, found the end of the file (did it change during the run?)",
+                src_path.display()
+            )
+        };
+        let (mut done, mut in_kernel) = (0u64, !self.no_copy_range.load(Ordering::Relaxed));
+        while done < len {
+            if in_kernel {
+                let mut off_in = i64::try_from(src_offset + done).context("offset overflow")?;
+                let mut off_out = i64::try_from(offset + done).context("offset overflow")?;
+                let want = usize::try_from(len - done)
+                    .unwrap_or(usize::MAX)
+                    .min(1 << 30);
+                // SAFETY: valid descriptors and offset pointers that live across the call.
+                let n = unsafe {
+                    libc::copy_file_range(
+                        src.as_raw_fd(),
+                        &mut off_in,
+                        file.as_raw_fd(),
+                        &mut off_out,
+                        want,
+                        0,
+                    )
+                };
+                match n {
+                    0 => return Err(ended(src_offset + done)),
+                    n if n > 0 => {
+                        done += n as u64;
+                        continue;
+                    }
+                    _ => {
+                        let e = std::io::Error::last_os_error();
+                        match e.raw_os_error() {
+                            Some(libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {
+                                self.no_copy_range.store(true, Ordering::Relaxed);
+                                in_kernel = false;
+                                continue;
+                            }
+                            Some(libc::EINTR) => continue,
+                            _ => {
+                                return Err(e).with_context(|| {
+                                    format!(
+                                        "copying {} bytes from {} at byte offset {} to {} at byte offset {}",
+                                        len - done,
+                                        src_path.display(),
+                                        src_offset + done,
+                                        path.display(),
+                                        offset + done
+                                    )
+                                })
+                            }
+                        }
+                    }
+                }
+            }
+            let mut buf = vec![
+                0u8;
+                usize::try_from(len - done)
+                    .unwrap_or(usize::MAX)
+                    .min(1 << 20)
+            ];
+            let n = src.read_at(&mut buf, src_offset + done).with_context(|| {
+                format!(
+                    "{}: cannot read at byte offset {}",
+                    src_path.display(),
+                    src_offset + done
+                )
+            })?;
+            if n == 0 {
+                return Err(ended(src_offset + done));
+            }
+            self.write_at(shard, offset + done, &buf[..n])?;
+            done += n as u64;
+        }
+        Ok(())
     }
 
     /// Flushes every shard to stable storage.

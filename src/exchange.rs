@@ -175,7 +175,7 @@ pub fn run(
         .unwrap_or_else(|p| p.into_inner());
     agree(comm, write_failure.map_or(Ok(()), Err))?;
     stats.bytes_written = written.into_inner();
-    let expected: u64 = job.layout.lens.iter().sum();
+    let expected = job.layout.sample_bytes();
     if stats.bytes_written != expected {
         bail!(
             "internal error: rank {} wrote {} sample bytes but its shards hold {expected}",

@@ -368,20 +368,30 @@ fn plan_layout(
     permutation: &Permutation,
     plan: &ShardPlan,
 ) -> Result<ShardLayout> {
+    // Two passes (count, then fill) build the send buffer in place: 16 bytes per sample.
     let ranks = comm.size();
-    let mut per_dest: Vec<Vec<u8>> = vec![Vec::new(); ranks];
-    for (i, s) in local.iter().enumerate() {
+    let dest_of = |i: usize| {
         let p = permutation.apply(first_global + i as u64);
-        let buf = &mut per_dest[plan.writer_of(plan.shard_of(p))];
-        buf.extend_from_slice(&p.to_le_bytes());
-        buf.extend_from_slice(&s.len.to_le_bytes());
+        (p, plan.writer_of(plan.shard_of(p)))
+    };
+    let mut counts = vec![0usize; ranks];
+    for i in 0..local.len() {
+        counts[dest_of(i).1] += 16;
     }
-    let mut send = Vec::with_capacity(per_dest.iter().map(Vec::len).sum());
     let mut ranges = Vec::with_capacity(ranks);
-    for buf in per_dest {
-        let start = send.len();
-        send.extend_from_slice(&buf);
-        ranges.push(start..send.len());
+    let mut fill_at = Vec::with_capacity(ranks);
+    let mut at = 0;
+    for c in counts {
+        ranges.push(at..at + c);
+        fill_at.push(at);
+        at += c;
+    }
+    let mut send = vec![0u8; at];
+    for (i, s) in local.iter().enumerate() {
+        let (p, d) = dest_of(i);
+        send[fill_at[d]..fill_at[d] + 8].copy_from_slice(&p.to_le_bytes());
+        send[fill_at[d] + 8..fill_at[d] + 16].copy_from_slice(&s.len.to_le_bytes());
+        fill_at[d] += 16;
     }
     let mut recv = Vec::new();
     comm.all_to_all(&send, &ranges, &mut recv);

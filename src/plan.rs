@@ -118,15 +118,15 @@ impl ShardPlan {
 }
 
 /// Where every sample of one writer's shards lands: the byte offset of each position inside its
-/// shard, and each shard's file size (samples plus the two zero blocks that end a tar).
+/// shard, and each shard's file size (samples plus the two zero blocks that end a tar). Eight
+/// bytes per position: a sample's length is the distance to the next offset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardLayout {
+    plan: ShardPlan,
     /// First position covered.
     pub first: u64,
     /// `offsets[p - first]`: byte offset of position p inside its shard.
-    pub offsets: Vec<u64>,
-    /// `lens[p - first]`: length of the sample at position p.
-    pub lens: Vec<u64>,
+    offsets: Vec<u64>,
     /// The shards covered and their file sizes, in order.
     pub shards: Range<u64>,
     pub shard_bytes: Vec<u64>,
@@ -137,25 +137,26 @@ pub const TAR_TRAILER: u64 = 1024;
 
 impl ShardLayout {
     /// Lays out `writer`'s shards from the length of the sample at each of its positions
-    /// (`lens[p - first]`), in position order.
-    pub fn new(plan: &ShardPlan, writer: usize, lens: Vec<u64>) -> Self {
+    /// (`lens[p - first]`, in position order), turning the lengths into offsets in place.
+    pub fn new(plan: &ShardPlan, writer: usize, mut lens: Vec<u64>) -> Self {
         let positions = plan.writer_positions(writer);
         assert_eq!(lens.len() as u64, positions.end - positions.start);
         let shards = plan.writer_shards(writer);
-        let mut offsets = Vec::with_capacity(lens.len());
         let mut shard_bytes = Vec::with_capacity((shards.end - shards.start) as usize);
         for s in shards.clone() {
             let mut at = 0u64;
             for p in plan.shard_positions(s) {
-                offsets.push(at);
-                at += lens[(p - positions.start) as usize];
+                let slot = &mut lens[(p - positions.start) as usize];
+                let len = *slot;
+                *slot = at;
+                at += len;
             }
             shard_bytes.push(at + TAR_TRAILER);
         }
         ShardLayout {
+            plan: *plan,
             first: positions.start,
-            offsets,
-            lens,
+            offsets: lens,
             shards,
             shard_bytes,
         }
@@ -164,7 +165,19 @@ impl ShardLayout {
     /// Byte offset of position `p` inside its shard, and the sample's length.
     pub fn place(&self, p: u64) -> Option<(u64, u64)> {
         let i = usize::try_from(p.checked_sub(self.first)?).ok()?;
-        Some((*self.offsets.get(i)?, self.lens[i]))
+        let at = *self.offsets.get(i)?;
+        let shard = self.plan.shard_of(p);
+        let end = if p + 1 < self.plan.shard_positions(shard).end {
+            self.offsets[i + 1]
+        } else {
+            self.shard_bytes[(shard - self.shards.start) as usize] - TAR_TRAILER
+        };
+        Some((at, end - at))
+    }
+
+    /// Sample bytes in all of these shards.
+    pub fn sample_bytes(&self) -> u64 {
+        self.shard_bytes.iter().map(|b| b - TAR_TRAILER).sum()
     }
 }
 
@@ -250,5 +263,6 @@ mod tests {
         assert_eq!(layout.place(7), None);
         assert_eq!(layout.place(2), None);
         assert_eq!(layout.shard_bytes, vec![1536 + 1024, 2560 + 1024]);
+        assert_eq!(layout.sample_bytes(), 1536 + 2560);
     }
 }

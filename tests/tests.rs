@@ -8,6 +8,7 @@ mod verify;
 
 mod bad_input;
 mod harness;
+mod memory;
 mod odd_inputs;
 mod real_data;
 mod run;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
 
+use crate::plan::{Equalize, Sizing};
 use crate::size::parse_size;
 
 /// Reorganize WebDataset tar shards over MPI: a global, seeded reshuffle into a new, balanced
@@ -23,6 +24,9 @@ pub struct Cli {
 pub enum Command {
     /// Reshuffle the input shards into a new set of balanced shards.
     Run(RunArgs),
+    /// Print what `run` would do with the same flags (reads tar headers only, writes nothing).
+    /// Same as `run --dry-run`.
+    Plan(RunArgs),
     /// Write a synthetic WebDataset (deterministic from a seed) for tests, examples and benchmarks.
     Generate(GenerateArgs),
 }
@@ -36,12 +40,48 @@ pub struct RunArgs {
     pub inputs: Vec<String>,
 
     /// Output directory. Created atomically: it appears only once every shard is complete.
+    /// Required unless planning (`reshard plan`, `--dry-run`).
     #[arg(long, short = 'o', value_name = "DIR")]
-    pub output: PathBuf,
+    pub output: Option<PathBuf>,
 
-    /// Number of output shards.
-    #[arg(long, value_name = "N")]
-    pub shards: u64,
+    /// Number of output shards. Exactly one of --shards, --shard-size and --gpus chooses it.
+    #[arg(long, value_name = "N", conflicts_with_all = ["shard_size", "gpus"])]
+    pub shards: Option<u64>,
+
+    /// Target mean shard size, e.g. 512MiB: the shard count whose mean size is nearest. With
+    /// --gpus, the multiple of GPUs x workers nearest it (default 512MiB).
+    #[arg(long, value_name = "SIZE")]
+    pub shard_size: Option<String>,
+
+    /// Number of GPUs (training ranks): the shard count is a multiple of GPUs x --workers.
+    #[arg(long, value_name = "G")]
+    pub gpus: Option<u64>,
+
+    /// Data loader workers per GPU (with --gpus).
+    #[arg(long, value_name = "W", requires = "gpus")]
+    pub workers: Option<u64>,
+
+    /// Batch size per GPU (with --gpus): the manifest reports full batches per GPU.
+    #[arg(long, value_name = "B", requires = "gpus")]
+    pub batch_size: Option<u64>,
+
+    /// When samples do not divide evenly: none (shard counts differ by at most one), drop (the
+    /// N mod S samples at the end of the permutation are left out), pad (samples from the start
+    /// of the permutation are repeated). Dropped and repeated keys are listed in index.json.
+    #[arg(long, value_enum, default_value_t = EqualizeArg::None)]
+    pub equalize: EqualizeArg,
+
+    /// Cut shards by equal sample counts, or by near-equal bytes (counts then vary).
+    #[arg(long, value_enum, default_value_t = Balance::Count)]
+    pub balance: Balance,
+
+    /// Plan only: index, print the plan, write nothing (same as `reshard plan`).
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Print the plan as JSON (with --dry-run or `reshard plan`).
+    #[arg(long)]
+    pub json: bool,
 
     /// Seed of the global shuffle.
     #[arg(long, value_name = "S")]
@@ -123,13 +163,56 @@ pub struct GenerateArgs {
     pub prefix: String,
 }
 
+/// `--equalize` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EqualizeArg {
+    None,
+    Drop,
+    Pad,
+}
+
+/// `--balance` values.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Balance {
+    /// Equal sample counts per shard (within one).
+    #[default]
+    Count,
+    /// Near-equal bytes per shard.
+    Bytes,
+}
+
+/// GPU layout the shards are sized for (`--gpus`), for reporting per-GPU samples and batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct GpuLayout {
+    pub gpus: u64,
+    pub workers: u64,
+    pub batch_size: Option<u64>,
+}
+
 /// A `run` request after validation: every field is resolved and checked, nothing touched the
 /// filesystem yet.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub inputs: Vec<String>,
-    pub output: PathBuf,
-    pub shards: u64,
+    /// `None` when only planning.
+    pub output: Option<PathBuf>,
+    pub sizing: Sizing,
+    pub equalize: Equalize,
+    pub balance: Balance,
+    pub gpus: Option<GpuLayout>,
+    pub dry_run: bool,
+    pub json: bool,
     pub seed: u64,
     pub epoch: u64,
     pub prefix: String,
@@ -147,10 +230,61 @@ impl RunArgs {
     ///
     /// # Errors
     /// A message naming the flag and what it accepts.
-    pub fn resolve(&self) -> Result<RunConfig> {
-        if self.shards == 0 {
-            bail!("--shards must be at least 1");
+    pub fn resolve(&self, plan_only: bool) -> Result<RunConfig> {
+        let dry_run = plan_only || self.dry_run;
+        let size = |s: &String| -> Result<u64> {
+            let v = parse_size(s).map_err(|e| anyhow::anyhow!("--shard-size {s:?}: {e}"))?;
+            if v == 0 {
+                bail!("--shard-size must be more than 0 bytes");
+            }
+            Ok(v)
+        };
+        let nonzero = |flag: &str, v: u64| -> Result<u64> {
+            if v == 0 {
+                bail!("{flag} must be at least 1");
+            }
+            Ok(v)
+        };
+        // clap's `requires` yields to `conflicts_with` (--workers 2 --shards 3 passed it).
+        if self.gpus.is_none() && (self.workers.is_some() || self.batch_size.is_some()) {
+            bail!("--workers and --batch-size describe the GPU layout: use them with --gpus");
         }
+        let sizing = match (self.shards, &self.shard_size, self.gpus) {
+            (Some(n), _, _) => Sizing::Count(nonzero("--shards", n)?),
+            (None, size_arg, Some(g)) => Sizing::Gpus {
+                gpus: nonzero("--gpus", g)?,
+                workers: nonzero("--workers", self.workers.unwrap_or(1))?,
+                size: size_arg
+                    .as_ref()
+                    .map(size)
+                    .transpose()?
+                    .unwrap_or(512 << 20),
+            },
+            (None, Some(s), None) => Sizing::Size(size(s)?),
+            (None, None, None) => {
+                bail!("choose the shard count: --shards N, --shard-size SIZE or --gpus G")
+            }
+        };
+        let gpus = match sizing {
+            Sizing::Gpus { gpus, workers, .. } => Some(GpuLayout {
+                gpus,
+                workers,
+                batch_size: self
+                    .batch_size
+                    .map(|b| nonzero("--batch-size", b))
+                    .transpose()?,
+            }),
+            _ => None,
+        };
+        if self.json && !dry_run {
+            bail!("--json prints a plan: use it with --dry-run or `reshard plan`");
+        }
+        let output = match (&self.output, dry_run) {
+            (Some(o), _) if o.as_os_str().is_empty() => bail!("--output must not be empty"),
+            (Some(o), _) => Some(o.clone()),
+            (None, true) => None,
+            (None, false) => bail!("--output DIR is required (or plan only with --dry-run)"),
+        };
         if self.prefix.is_empty() || self.prefix.contains('/') || self.prefix.starts_with('.') {
             bail!(
                 "--prefix {:?}: expected a non-empty file name prefix without '/' that does not start with '.'",
@@ -170,13 +304,19 @@ impl RunArgs {
                 v.clamp(1, i32::MAX as u64)
             }
         };
-        if self.output.as_os_str().is_empty() {
-            bail!("--output must not be empty");
-        }
         Ok(RunConfig {
             inputs: self.inputs.clone(),
-            output: self.output.clone(),
-            shards: self.shards,
+            output,
+            sizing,
+            equalize: match self.equalize {
+                EqualizeArg::None => Equalize::None,
+                EqualizeArg::Drop => Equalize::Drop,
+                EqualizeArg::Pad => Equalize::Pad,
+            },
+            balance: self.balance,
+            gpus,
+            dry_run,
+            json: self.json,
             seed: self.seed,
             epoch: self.epoch,
             prefix: self.prefix.clone(),

@@ -16,7 +16,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use crate::comm::{agree, Comm, PeerFailed};
 use crate::input::InputShard;
 use crate::permute::Permutation;
-use crate::plan::{ShardLayout, ShardPlan};
+use crate::plan::{ShardLayout, ShardPlan, Targets};
 use crate::writer::OutputShards;
 
 /// A sample this rank reads: which input shard, and its byte range there.
@@ -72,6 +72,8 @@ pub struct Job<'a> {
     pub local: &'a [LocalSample],
     pub first_global: u64,
     pub permutation: &'a Permutation,
+    /// Where each permuted sample goes (none when dropped, twice when repeated).
+    pub targets: &'a Targets,
     pub plan: &'a ShardPlan,
     /// This rank's own shards.
     pub layout: &'a ShardLayout,
@@ -331,11 +333,28 @@ fn write_rounds(
     }
 }
 
-/// Where the sender is in its sample list: sample index and bytes of it already sent.
+/// Where the sender is in its sample list: sample index, which of its output positions, and
+/// bytes of that copy already sent.
 #[derive(Debug, Default)]
 struct Cursor {
     sample: usize,
+    copy: usize,
     offset: u64,
+}
+
+impl Cursor {
+    fn next_copy(&mut self) {
+        self.copy += 1;
+        self.offset = 0;
+    }
+
+    fn next_sample(&mut self) {
+        *self = Cursor {
+            sample: self.sample + 1,
+            copy: 0,
+            offset: 0,
+        };
+    }
 }
 
 /// What one `fill` did: sample bytes packed for other ranks, and copied straight into this
@@ -361,9 +380,13 @@ fn fill(
 ) -> Result<Filled> {
     let mut done = Filled::default();
     while let Some(s) = job.local.get(cursor.sample) {
-        let position = job
+        let q = job
             .permutation
             .apply(job.first_global + cursor.sample as u64);
+        let Some(position) = job.targets.of(q).nth(cursor.copy) else {
+            cursor.next_sample();
+            continue;
+        };
         let shard = job.plan.shard_of(position);
         let dest = job.plan.writer_of(shard);
         if dest == me {
@@ -384,8 +407,7 @@ fn fill(
                 n,
             )?;
             done.copied += n;
-            cursor.sample += 1;
-            cursor.offset = 0;
+            cursor.next_copy();
             continue;
         }
         let room = cap - used[dest];
@@ -404,8 +426,7 @@ fn fill(
         done.packed += n;
         cursor.offset += n;
         if cursor.offset == s.len {
-            cursor.sample += 1;
-            cursor.offset = 0;
+            cursor.next_copy();
         }
     }
     Ok(done)

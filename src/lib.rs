@@ -14,6 +14,7 @@ pub mod permute;
 pub mod pipeline;
 pub mod plan;
 pub mod progress;
+pub mod report;
 pub mod size;
 pub mod tar_index;
 pub mod writer;

@@ -5,10 +5,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use reshard::cli::{Cli, Command};
+use reshard::cli::{Cli, Command, RunArgs};
 use reshard::comm::mpi::MpiRuntime;
 use reshard::comm::{Comm, PeerFailed};
 use reshard::error::Exit;
+use reshard::pipeline::Outcome;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -29,29 +30,41 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             reshard::generate::generate(&args)?;
             Ok(Exit::Success)
         }
-        Command::Run(args) => {
-            let cfg = match args.resolve() {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("reshard: error: {e:#}");
-                    return Ok(Exit::Usage);
-                }
-            };
-            let mpi = MpiRuntime::init(cfg.max_round_bytes)?;
-            let comm = &mpi.comm;
-            match reshard::pipeline::run(comm, &cfg) {
-                Ok(summary) => {
-                    if comm.rank() == 0 {
-                        print!("{}", summary.render());
-                        if let Some(path) = &cfg.report {
-                            summary.write_report(path)?;
-                        }
-                    }
-                    Ok(Exit::Success)
-                }
-                Err(e) if e.downcast_ref::<PeerFailed>().is_some() => Err(e),
-                Err(e) => Err(e.context(format!("rank {} of {}", comm.rank(), comm.size()))),
+        Command::Run(args) => run_job(&args, false),
+        Command::Plan(args) => run_job(&args, true),
+    }
+}
+
+fn run_job(args: &RunArgs, plan_only: bool) -> anyhow::Result<Exit> {
+    let cfg = match args.resolve(plan_only) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("reshard: error: {e:#}");
+            return Ok(Exit::Usage);
+        }
+    };
+    let mpi = MpiRuntime::init(cfg.max_round_bytes)?;
+    let comm = &mpi.comm;
+    let outcome = match reshard::pipeline::run(comm, &cfg) {
+        Ok(o) => o,
+        Err(e) if e.downcast_ref::<PeerFailed>().is_some() => return Err(e),
+        Err(e) => return Err(e.context(format!("rank {} of {}", comm.rank(), comm.size()))),
+    };
+    match outcome {
+        Outcome::Ran(summary) if comm.rank() == 0 => {
+            print!("{}", summary.render());
+            if let Some(path) = &cfg.report {
+                summary.write_report(path)?;
             }
         }
+        Outcome::Planned(Some(plan)) if cfg.json => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&plan).expect("serializable")
+            );
+        }
+        Outcome::Planned(Some(plan)) => print!("{}", plan.render()),
+        _ => {}
     }
+    Ok(Exit::Success)
 }

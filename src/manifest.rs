@@ -7,6 +7,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::cli::Balance;
+use crate::plan::Equalize;
+use crate::report::{GpuShare, Stats};
 use crate::tar_index::Skipped;
 
 /// The manifest written as `DIR/index.json`. wids reads `__kind__`, `wids_version` and
@@ -49,6 +52,20 @@ pub struct RunInfo {
     pub skipped: Skipped,
     /// How many MPI ranks ran the job (the output does not depend on it).
     pub ranks: usize,
+    /// Why this shard count (the sizing flag and the resulting mean).
+    pub sizing: String,
+    pub equalize: Equalize,
+    pub balance: Balance,
+    /// Samples written, repeats included and dropped samples excluded.
+    pub output_samples: u64,
+    /// Keys of the samples left out by `--equalize drop`, in permuted order.
+    pub dropped: Vec<String>,
+    /// Keys of the samples written twice by `--equalize pad`, in permuted order.
+    pub repeated: Vec<String>,
+    pub shard_samples: Stats,
+    pub shard_bytes: Stats,
+    /// Samples (and batches) per GPU, with `--gpus`.
+    pub gpus: Option<GpuShare>,
 }
 
 impl Manifest {

@@ -12,16 +12,19 @@ use std::sync::Mutex;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::RunConfig;
-use crate::comm::{agree, broadcast_result, exclusive_sum, Comm, PeerFailed};
+use crate::cli::{Balance, RunConfig};
+use crate::comm::{agree, broadcast_result, exclusive_sum, gather, Comm, PeerFailed};
 use crate::exchange::{self, Buffers, ExchangeStats, Job, LocalSample};
 use crate::input::{expand_specs, InputShard};
 use crate::manifest::{Manifest, RunInfo, ShardEntry};
 use crate::permute::Permutation;
-use crate::plan::{assign_inputs, ShardLayout, ShardPlan};
+use crate::plan::{
+    assign_inputs, bounds_from_starts, byte_shard_of, ShardLayout, ShardPlan, Targets,
+};
 use crate::progress::{peak_rss, PhaseTimes, Progress};
+use crate::report::{GpuShare, PlanReport, Stats};
 use crate::size::human_bytes;
-use crate::tar_index::{index_file, ShardIndex, Skipped};
+use crate::tar_index::{index_file, key_at, ShardIndex, Skipped};
 use crate::writer::{shard_file_name, OutputShards};
 
 /// One rank's share of the work.
@@ -44,6 +47,11 @@ pub struct Summary {
     pub samples: u64,
     pub sample_bytes: u64,
     pub shards: u64,
+    /// Samples written (repeats included, dropped excluded).
+    pub output_samples: u64,
+    /// Bytes per output shard (only on rank 0).
+    pub shard_bytes: Stats,
+    pub gpus: Option<GpuShare>,
     pub ranks: usize,
     pub skipped: Skipped,
     pub phases: PhaseTimes,
@@ -84,6 +92,13 @@ impl Summary {
             self.inputs,
             human_bytes(self.input_bytes)
         );
+        if self.output_samples != self.samples {
+            s += &format!("  samples written: {} (equalized)\n", self.output_samples);
+        }
+        s += &format!("  shard bytes: {}\n", self.shard_bytes.bytes());
+        if let Some(g) = &self.gpus {
+            s += &format!("  {}\n", g.render());
+        }
         for (name, secs) in &self.phases.phases {
             s += &format!("  {name:<9} {secs:>9.3} s\n");
         }
@@ -109,9 +124,18 @@ impl Summary {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Setup {
     inputs: Vec<InputShard>,
-    /// Where the output is assembled; renamed to `target` at the end.
-    staging: PathBuf,
-    target: PathBuf,
+    /// Where the output is assembled and where it goes (none when only planning).
+    staging: Option<PathBuf>,
+    target: Option<PathBuf>,
+}
+
+/// What a job ends with.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The output was written and published.
+    Ran(Box<Summary>),
+    /// Only planned (`--dry-run`, `reshard plan`); the report is on rank 0.
+    Planned(Option<Box<PlanReport>>),
 }
 
 /// Runs the whole job on this rank.
@@ -120,15 +144,15 @@ struct Setup {
 /// Bad input, I/O failure or invalid request, on this rank (the message names file and offset)
 /// or on another ([`PeerFailed`]). On error nothing is published and the staging directory is
 /// removed.
-pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Summary> {
+pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
     let lead = comm.rank() == 0;
     let mut times = PhaseTimes::default();
     times.start("expand");
     let setup: Setup = broadcast_result(comm, 0, lead.then(|| prepare(cfg)))?;
     let result = run_prepared(comm, cfg, &setup, &mut times);
-    if result.is_err() && lead {
+    if let (true, Err(_), Some(staging)) = (lead, &result, &setup.staging) {
         // Every rank has left the failed phase (failures are agreed collectively).
-        let _ = fs::remove_dir_all(&setup.staging);
+        let _ = fs::remove_dir_all(staging);
     }
     result
 }
@@ -138,7 +162,7 @@ fn run_prepared(
     cfg: &RunConfig,
     setup: &Setup,
     times: &mut PhaseTimes,
-) -> Result<Summary> {
+) -> Result<Outcome> {
     let (rank, ranks, lead) = (comm.rank(), comm.size(), comm.rank() == 0);
     let inputs = &setup.inputs;
     let input_bytes: u64 = inputs.iter().map(|s| s.size).sum();
@@ -155,7 +179,7 @@ fn run_prepared(
     times.start("index");
     let sizes: Vec<u64> = inputs.iter().map(|s| s.size).collect();
     let mine = assign_inputs(&sizes, ranks)[rank].clone();
-    let (local, skipped) = agree(comm, index_shards(inputs, mine))?;
+    let (local, skipped, shard_counts) = agree(comm, index_shards(inputs, mine))?;
     let (first_global, samples) = exclusive_sum(comm, local.len() as u64);
     let mut totals = vec![local.iter().map(|s| s.len).sum::<u64>()];
     totals.extend(skipped.to_array());
@@ -172,31 +196,82 @@ fn run_prepared(
             ),
         ));
     }
-    if cfg.shards > samples {
-        return Err(everywhere(lead, anyhow!(
-            "--shards {} is more than the {samples} samples in the input: every shard needs at least one sample",
-            cfg.shards
-        )));
-    }
+    let (shards, sizing) = cfg
+        .sizing
+        .shards(samples, sample_bytes)
+        .map_err(|e| everywhere(lead, e))?;
     narrate(
         lead,
         format_args!(
-            "{samples} samples, {} of sample data",
+            "{samples} samples, {} of sample data -> {shards} shards ({sizing})",
             human_bytes(sample_bytes)
         ),
     );
 
     times.start("plan");
     let permutation = Permutation::new(cfg.seed, cfg.epoch, samples);
-    let plan = ShardPlan::new(samples, cfg.shards, ranks);
-    let layout = agree(
+    let targets = Targets::new(samples, shards, cfg.equalize);
+    let records = |f: &mut dyn FnMut(u64, u64)| {
+        for (i, s) in local.iter().enumerate() {
+            for p in targets.of(permutation.apply(first_global + i as u64)) {
+                f(p, s.len);
+            }
+        }
+    };
+    let planned = match cfg.balance {
+        Balance::Count => count_plan(comm, &records, targets.positions(), shards),
+        Balance::Bytes => byte_plan(comm, &records, targets.positions(), shards),
+    };
+    let (plan, lens) = agree(comm, planned)?;
+    let layout = ShardLayout::new(&plan, rank, lens);
+    let keys = agree(
         comm,
-        plan_layout(comm, &local, first_global, &permutation, &plan),
+        equalized_keys(comm, inputs, &local, first_global, &permutation, &targets),
     )?;
-    let output = agree(
-        comm,
-        OutputShards::create(&setup.staging, &cfg.prefix, &layout),
-    )?;
+    // Rank 0 needs every shard's size: writers own contiguous shard ranges in rank order.
+    let shard_bytes = gather_u64s(comm, &layout.shard_bytes);
+    let input_counts = gather_u64s(comm, &shard_counts);
+    let shard_samples: Vec<u64> = (0..shards)
+        .map(|s| plan.shard_positions(s).end - plan.shard_positions(s).start)
+        .collect();
+    let shardlist: Vec<ShardEntry> = shard_bytes
+        .iter()
+        .enumerate()
+        .map(|(s, &filesize)| ShardEntry {
+            url: shard_file_name(&cfg.prefix, s as u64),
+            nsamples: shard_samples[s],
+            filesize,
+        })
+        .collect();
+    let gpus = cfg.gpus.map(|g| GpuShare::new(g, &shard_samples));
+    if cfg.dry_run {
+        times.stop();
+        return Ok(Outcome::Planned(lead.then(|| {
+            Box::new(PlanReport {
+                samples,
+                sample_bytes,
+                input_shards: inputs.len(),
+                input_shard_bytes: Stats::of(&sizes),
+                input_shard_samples: Stats::of(&input_counts),
+                shards,
+                sizing: sizing.clone(),
+                equalize: cfg.equalize,
+                balance: cfg.balance,
+                output_samples: targets.positions(),
+                dropped: targets.dropped(),
+                repeated: targets.repeated(),
+                shard_samples: Stats::of(&shard_samples),
+                shard_bytes: Stats::of(&shard_bytes),
+                gpus,
+                per_shard: shardlist.clone(),
+            })
+        })));
+    }
+    let (staging, target) = (
+        setup.staging.as_ref().unwrap(),
+        setup.target.as_ref().unwrap(),
+    );
+    let output = agree(comm, OutputShards::create(staging, &cfg.prefix, &layout))?;
 
     times.start("exchange");
     // Test hook: proves that a panic on one rank aborts every rank instead of leaving them
@@ -208,12 +283,14 @@ fn run_prepared(
     {
         panic!("RESHARD_TEST_PANIC_RANK={rank}: injected panic");
     }
-    let mut progress = Progress::new(lead, sample_bytes);
+    let total_out = comm.all_sum(&[layout.sample_bytes()])[0];
+    let mut progress = Progress::new(lead, total_out);
     let job = Job {
         inputs,
         local: &local,
         first_global,
         permutation: &permutation,
+        targets: &targets,
         plan: &plan,
         layout: &layout,
         output: &output,
@@ -229,33 +306,13 @@ fn run_prepared(
     times.start("finish");
     agree(comm, output.sync())?;
     drop(output);
-    // Rank 0 needs every shard's size for the manifest: writers own contiguous shard ranges in
-    // rank order, so concatenating by source rank gives shard order.
-    let mut to_lead = Vec::new();
-    for b in &layout.shard_bytes {
-        to_lead.extend_from_slice(&b.to_le_bytes());
-    }
-    let mut ranges = vec![0..0; ranks];
-    ranges[0] = 0..to_lead.len();
-    let mut gathered = Vec::new();
-    comm.all_to_all(&to_lead, &ranges, &mut gathered);
     let published = lead.then(|| {
-        let shard_bytes: Vec<u64> = gathered
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        let shardlist = (0..cfg.shards)
-            .map(|s| ShardEntry {
-                url: shard_file_name(&cfg.prefix, s),
-                nsamples: plan.shard_positions(s).end - plan.shard_positions(s).start,
-                filesize: shard_bytes[s as usize],
-            })
-            .collect::<Vec<_>>();
+        let (dropped, repeated) = keys;
         let info = RunInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),
             seed: cfg.seed,
             epoch: cfg.epoch,
-            shards: cfg.shards,
+            shards,
             samples,
             sample_bytes,
             output_bytes: shard_bytes.iter().sum(),
@@ -266,10 +323,19 @@ fn run_prepared(
             input_bytes,
             skipped,
             ranks,
+            sizing: sizing.clone(),
+            equalize: cfg.equalize,
+            balance: cfg.balance,
+            output_samples: targets.positions(),
+            dropped,
+            repeated,
+            shard_samples: Stats::of(&shard_samples),
+            shard_bytes: Stats::of(&shard_bytes),
+            gpus,
         };
         Manifest::new(shardlist, info)
-            .write(&setup.staging.join("index.json"))
-            .and_then(|()| publish(&setup.staging, &setup.target))
+            .write(&staging.join("index.json"))
+            .and_then(|()| publish(staging, target))
     });
     broadcast_result(comm, 0, published)?;
     times.stop();
@@ -283,20 +349,23 @@ fn run_prepared(
             peak_rss: peak_rss[r],
         })
         .collect();
-    Ok(Summary {
-        output: setup.target.clone(),
+    Ok(Outcome::Ran(Box::new(Summary {
+        output: target.clone(),
         inputs: inputs.len(),
         input_bytes,
         samples,
         sample_bytes,
-        shards: cfg.shards,
+        shards,
+        output_samples: targets.positions(),
+        shard_bytes: Stats::of(&shard_bytes),
+        gpus,
         ranks,
         skipped,
         phases: times.clone(),
         rounds: stats.rounds,
         mem_limit: cfg.mem_limit,
         per_rank,
-    })
+    })))
 }
 
 /// Prints a progress line on rank 0.
@@ -320,7 +389,7 @@ fn everywhere(lead: bool, e: anyhow::Error) -> anyhow::Error {
 fn index_shards(
     inputs: &[InputShard],
     mine: std::ops::Range<usize>,
-) -> Result<(Vec<LocalSample>, Skipped)> {
+) -> Result<(Vec<LocalSample>, Skipped, Vec<u64>)> {
     const THREADS: usize = 8;
     let next = AtomicUsize::new(mine.start);
     let results: Mutex<Vec<Option<Result<ShardIndex>>>> =
@@ -344,8 +413,10 @@ fn index_shards(
     });
     let mut local = Vec::new();
     let mut skipped = [0u64; 4];
+    let mut counts = Vec::with_capacity(mine.len());
     for (i, r) in mine.clone().zip(results.into_inner().unwrap()) {
         let Some(idx) = r.transpose()? else { continue };
+        counts.push(idx.samples.len() as u64);
         let shard = u32::try_from(i).context("more than 2^32 input shards")?;
         local.extend(idx.samples.iter().map(|s| LocalSample {
             shard,
@@ -356,28 +427,18 @@ fn index_shards(
             *a += b;
         }
     }
-    Ok((local, Skipped::from_array(skipped)))
+    Ok((local, Skipped::from_array(skipped), counts))
 }
 
-/// Sends every local sample's (output position, length) to the rank that writes it, and lays
-/// out this rank's own shards from what it receives.
-fn plan_layout(
-    comm: &impl Comm,
-    local: &[LocalSample],
-    first_global: u64,
-    permutation: &Permutation,
-    plan: &ShardPlan,
-) -> Result<ShardLayout> {
-    // Two passes (count, then fill) build the send buffer in place: 16 bytes per sample.
+/// Calls its argument once for every (output position, sample length) record a rank holds.
+type Records<'a> = &'a dyn Fn(&mut dyn FnMut(u64, u64));
+
+/// Sends every record to the rank `dest` picks for its position; returns the records received.
+/// Two passes (count, then fill) build one send buffer in place: 16 bytes per record.
+fn route(comm: &impl Comm, records: Records<'_>, dest: &dyn Fn(u64) -> usize) -> Vec<u8> {
     let ranks = comm.size();
-    let dest_of = |i: usize| {
-        let p = permutation.apply(first_global + i as u64);
-        (p, plan.writer_of(plan.shard_of(p)))
-    };
     let mut counts = vec![0usize; ranks];
-    for i in 0..local.len() {
-        counts[dest_of(i).1] += 16;
-    }
+    records(&mut |p, _| counts[dest(p)] += 16);
     let mut ranges = Vec::with_capacity(ranks);
     let mut fill_at = Vec::with_capacity(ranks);
     let mut at = 0;
@@ -387,17 +448,19 @@ fn plan_layout(
         at += c;
     }
     let mut send = vec![0u8; at];
-    for (i, s) in local.iter().enumerate() {
-        let (p, d) = dest_of(i);
+    records(&mut |p, len| {
+        let d = dest(p);
         send[fill_at[d]..fill_at[d] + 8].copy_from_slice(&p.to_le_bytes());
-        send[fill_at[d] + 8..fill_at[d] + 16].copy_from_slice(&s.len.to_le_bytes());
+        send[fill_at[d] + 8..fill_at[d] + 16].copy_from_slice(&len.to_le_bytes());
         fill_at[d] += 16;
-    }
+    });
     let mut recv = Vec::new();
     comm.all_to_all(&send, &ranges, &mut recv);
-    drop(send);
+    recv
+}
 
-    let positions = plan.writer_positions(comm.rank());
+/// The length at every position of `positions` from received records, each exactly once.
+fn lens_at(positions: std::ops::Range<u64>, recv: &[u8], rank: usize) -> Result<Vec<u64>> {
     let mut lens = vec![u64::MAX; (positions.end - positions.start) as usize];
     for rec in recv.chunks_exact(16) {
         let p = u64::from_le_bytes(rec[..8].try_into().unwrap());
@@ -406,10 +469,7 @@ fn plan_layout(
             .checked_sub(positions.start)
             .and_then(|i| lens.get_mut(i as usize))
             .with_context(|| {
-                format!(
-                    "internal error: position {p} is not written by rank {}",
-                    comm.rank()
-                )
+                format!("internal error: position {p} does not belong to rank {rank}")
             })?;
         if *slot != u64::MAX {
             bail!("internal error: position {p} received twice");
@@ -422,7 +482,117 @@ fn plan_layout(
             positions.start + i as u64
         );
     }
-    Ok(ShardLayout::new(plan, comm.rank(), lens))
+    Ok(lens)
+}
+
+/// Count-balanced shards: every record goes straight to the writer of its position.
+fn count_plan(
+    comm: &impl Comm,
+    records: Records<'_>,
+    positions: u64,
+    shards: u64,
+) -> Result<(ShardPlan, Vec<u64>)> {
+    let plan = ShardPlan::by_count(positions, shards, comm.size());
+    let recv = route(comm, records, &|p| plan.writer_of(plan.shard_of(p)));
+    let lens = lens_at(plan.writer_positions(comm.rank()), &recv, comm.rank())?;
+    Ok((plan, lens))
+}
+
+/// Byte-balanced shards (`--balance bytes`): records first go to the rank owning a contiguous
+/// block of positions; an exclusive prefix sum over the blocks gives every position its byte
+/// offset in the permuted sequence, hence its shard; one reduction over S shard starts gives every
+/// rank the boundaries; then the records move on to their writers. No rank sees all sizes.
+fn byte_plan(
+    comm: &impl Comm,
+    records: Records<'_>,
+    positions: u64,
+    shards: u64,
+) -> Result<(ShardPlan, Vec<u64>)> {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let blocks = ShardPlan::by_count(positions, ranks.min(positions as usize) as u64, ranks);
+    let owner = |p: u64| blocks.writer_of(blocks.shard_of(p));
+    let recv = route(comm, records, &owner);
+    let mine = blocks.writer_positions(rank);
+    let lens = lens_at(mine.clone(), &recv, rank)?;
+    drop(recv);
+    let (before, total) = exclusive_sum(comm, lens.iter().sum());
+    let mut starts = vec![u64::MAX; shards as usize];
+    let mut at = before;
+    for (i, &len) in lens.iter().enumerate() {
+        let s = byte_shard_of(at, len, total, shards) as usize;
+        starts[s] = starts[s].min(mine.start + i as u64);
+        at += len;
+    }
+    // The minimum over ranks, as a maximum of complements (0 for "no start here"). Values stay
+    // far below 2^63: MPICH's MPI_MAX on rsmpi's u64 compared them as signed (seen here).
+    let flipped: Vec<u64> = starts
+        .iter()
+        .map(|&x| if x == u64::MAX { 0 } else { positions + 1 - x })
+        .collect();
+    let starts: Vec<u64> = comm
+        .all_max(&flipped)
+        .into_iter()
+        .map(|f| if f == 0 { u64::MAX } else { positions + 1 - f })
+        .collect();
+    let plan = ShardPlan::from_bounds(bounds_from_starts(&starts, positions), ranks);
+    let own = |f: &mut dyn FnMut(u64, u64)| {
+        for (i, &len) in lens.iter().enumerate() {
+            f(mine.start + i as u64, len);
+        }
+    };
+    let recv = route(comm, &own, &|p| plan.writer_of(plan.shard_of(p)));
+    let lens = lens_at(plan.writer_positions(rank), &recv, rank)?;
+    Ok((plan, lens))
+}
+
+/// On rank 0: the keys of the samples `--equalize` drops and repeats, each in permuted order.
+/// Fewer than S samples of each, so re-reading their first header is cheap.
+fn equalized_keys(
+    comm: &impl Comm,
+    inputs: &[InputShard],
+    local: &[LocalSample],
+    first_global: u64,
+    permutation: &Permutation,
+    targets: &Targets,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let mut mine: Vec<(u64, bool, String)> = Vec::new();
+    if targets.dropped() + targets.repeated() > 0 {
+        for (i, s) in local.iter().enumerate() {
+            let q = permutation.apply(first_global + i as u64);
+            let dropped = q >= targets.positions();
+            if dropped || q < targets.repeated() {
+                mine.push((
+                    q,
+                    dropped,
+                    key_at(&inputs[s.shard as usize].path, s.start, s.len)?,
+                ));
+            }
+        }
+    }
+    let config = bincode::config::standard();
+    let bytes = bincode::serde::encode_to_vec(&mine, config).expect("encodable");
+    let mut all: Vec<(u64, bool, String)> = Vec::new();
+    for part in gather(comm, 0, &bytes) {
+        let (v, _): (Vec<(u64, bool, String)>, _) =
+            bincode::serde::decode_from_slice(&part, config).context("decoding keys")?;
+        all.extend(v);
+    }
+    all.sort();
+    let (dropped, repeated): (Vec<_>, Vec<_>) = all.into_iter().partition(|k| k.1);
+    Ok((
+        dropped.into_iter().map(|k| k.2).collect(),
+        repeated.into_iter().map(|k| k.2).collect(),
+    ))
+}
+
+/// Every rank's u64s on rank 0, concatenated in rank order.
+fn gather_u64s(comm: &impl Comm, values: &[u64]) -> Vec<u64> {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    gather(comm, 0, &bytes)
+        .concat()
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 /// Rank 0's checks and set-up before any data is read: expand the input, refuse unsafe outputs,
@@ -437,7 +607,14 @@ fn prepare(cfg: &RunConfig) -> Result<Setup> {
         inputs.push(InputShard { path, size });
     }
 
-    let out = &cfg.output;
+    let Some(out) = &cfg.output else {
+        // Only planning: nothing will be written.
+        return Ok(Setup {
+            inputs,
+            staging: None,
+            target: None,
+        });
+    };
     let name = out.file_name().with_context(|| {
         format!(
             "--output {}: expected a directory name (not '.', '..' or '/')",
@@ -501,8 +678,8 @@ fn prepare(cfg: &RunConfig) -> Result<Setup> {
     })?;
     Ok(Setup {
         inputs,
-        staging,
-        target,
+        staging: Some(staging),
+        target: Some(target),
     })
 }
 
@@ -604,8 +781,13 @@ mod tests {
     fn config(inputs: Vec<String>, output: PathBuf, mem_limit: u64) -> RunConfig {
         RunConfig {
             inputs,
-            output,
-            shards: 5,
+            output: Some(output),
+            sizing: crate::plan::Sizing::Count(5),
+            equalize: crate::plan::Equalize::None,
+            balance: Balance::Count,
+            gpus: None,
+            dry_run: false,
+            json: false,
             seed: 3,
             epoch: 0,
             prefix: "shard".into(),
@@ -631,7 +813,11 @@ mod tests {
             let out = tmp.path().join(format!("out-{ranks}"));
             // A 1 MiB budget forces many rounds and chunked samples on the larger rank counts.
             let cfg = config(inputs.clone(), out.clone(), 1 << 20);
-            let results = LocalComm::run(ranks, |c| run(c, &cfg).map(|s| (s.samples, s.shards)));
+            let results = LocalComm::run(ranks, |c| match run(c, &cfg) {
+                Ok(Outcome::Ran(s)) => Ok((s.samples, s.shards)),
+                Ok(Outcome::Planned(_)) => panic!("not a dry run"),
+                Err(e) => Err(e),
+            });
             for r in results {
                 assert_eq!(r.unwrap(), (3 + 10 + 17 + 24, 5));
             }

@@ -97,6 +97,33 @@ pub fn index_file(path: &Path) -> Result<ShardIndex> {
     index_reader(HeaderReader::new(file), len).with_context(|| path.display().to_string())
 }
 
+/// The key of the sample whose records start at `start` of the shard at `path` (its first
+/// member's path, long names and PAX paths included).
+///
+/// # Errors
+/// The file cannot be read there, or holds no keyed member there.
+pub fn key_at(path: &Path, start: u64, len: u64) -> Result<String> {
+    let mut file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    file.seek(SeekFrom::Start(start))
+        .with_context(|| format!("{}: cannot seek to byte offset {start}", path.display()))?;
+    let mut archive = tar::Archive::new(file.take(len));
+    let what = || {
+        format!(
+            "{}: byte offset {start}: expected a sample's first header",
+            path.display()
+        )
+    };
+    let entry = archive
+        .entries()
+        .with_context(what)?
+        .next()
+        .with_context(what)?
+        .with_context(what)?;
+    let path_bytes = entry.path_bytes();
+    let key = sample_key(&path_bytes).with_context(what)?;
+    Ok(String::from_utf8_lossy(key).into_owned())
+}
+
 /// Indexes a tar stream of `file_len` bytes. Errors carry the byte offset but not the name; the
 /// caller adds it.
 ///

@@ -12,3 +12,4 @@ mod memory;
 mod odd_inputs;
 mod real_data;
 mod run;
+mod sizing;

@@ -112,6 +112,18 @@ where
     Ok(v)
 }
 
+/// Every rank's `data` on `root`, by rank (empty vectors elsewhere).
+pub fn gather(comm: &impl Comm, root: usize, data: &[u8]) -> Vec<Vec<u8>> {
+    let mut ranges = vec![0..0; comm.size()];
+    ranges[root] = 0..data.len();
+    let mut recv = Vec::new();
+    let from = comm.all_to_all(data, &ranges, &mut recv);
+    if comm.rank() != root {
+        return Vec::new();
+    }
+    from.into_iter().map(|r| recv[r].to_vec()).collect()
+}
+
 /// Exclusive prefix sum of `value` over ranks, and the total.
 pub fn exclusive_sum(comm: &impl Comm, value: u64) -> (u64, u64) {
     let all = comm.all_gather(value);

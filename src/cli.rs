@@ -103,6 +103,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub force: bool,
 
+    /// Seconds without progress in the data exchange after which a rank ends the whole job (a
+    /// rank died or a node stopped answering); 0 waits forever.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120)]
+    pub stall_timeout: u64,
+
     /// Also write the run summary as JSON to FILE (phases with seconds, per-rank bytes and peak
     /// memory), for benchmarks and monitoring.
     #[arg(long, value_name = "FILE")]
@@ -219,6 +224,7 @@ pub struct RunConfig {
     pub mem_limit: u64,
     pub force: bool,
     pub report: Option<PathBuf>,
+    pub stall_timeout: std::time::Duration,
     pub max_round_bytes: u64,
 }
 
@@ -323,6 +329,7 @@ impl RunArgs {
             mem_limit,
             force: self.force,
             report: self.report.clone(),
+            stall_timeout: std::time::Duration::from_secs(self.stall_timeout),
             max_round_bytes,
         })
     }

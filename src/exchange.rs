@@ -10,6 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -17,6 +18,7 @@ use crate::comm::{agree, Comm, PeerFailed};
 use crate::input::InputShard;
 use crate::permute::Permutation;
 use crate::plan::{ShardLayout, ShardPlan, Targets};
+use crate::watchdog::Watchdog;
 use crate::writer::OutputShards;
 
 /// A sample this rank reads: which input shard, and its byte range there.
@@ -105,6 +107,16 @@ struct Delivery {
     own: Range<usize>,
 }
 
+/// What the three stages share: the job, the writer's first failure, the bytes placed, and the
+/// stall watchdog every stage reports progress to.
+struct Stages<'a, 'j> {
+    job: &'a Job<'j>,
+    me: usize,
+    write_failure: Mutex<Option<anyhow::Error>>,
+    written: AtomicU64,
+    dog: Watchdog,
+}
+
 /// Runs the exchange to completion on every rank. `progress` is called after each round with the
 /// sample bytes moved so far by all ranks together.
 ///
@@ -118,6 +130,7 @@ pub fn run(
     comm: &impl Comm,
     job: &Job<'_>,
     buffers: Buffers,
+    stall_timeout: Duration,
     progress: &mut dyn FnMut(u64),
 ) -> Result<ExchangeStats> {
     let ranks = comm.size();
@@ -134,49 +147,31 @@ pub fn run(
     for _ in 0..RECV_BUFFERS {
         free_recv_tx.send(Vec::new()).expect("receiver alive");
     }
-    let write_failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
-    let written = AtomicU64::new(0);
-    let me = comm.rank();
+    let stages = Stages {
+        job,
+        me: comm.rank(),
+        write_failure: Mutex::new(None),
+        written: AtomicU64::new(0),
+        dog: Watchdog::start(stall_timeout, comm.rank(), comm.aborter()),
+    };
+    fault_injection(stages.me);
     let (outcome, mut stats) = std::thread::scope(|scope| {
-        scope.spawn(|| {
-            pack_rounds(
-                job,
-                me,
-                &written,
-                cap,
-                ranks,
-                buffers.read_window,
-                free_send_rx,
-                packed_tx,
-            )
+        let st = &stages;
+        scope.spawn(move || {
+            pack_rounds(st, cap, ranks, buffers.read_window, free_send_rx, packed_tx)
         });
-        scope.spawn(|| {
-            write_rounds(
-                job,
-                deliver_rx,
-                free_send_tx,
-                free_recv_tx,
-                &write_failure,
-                &written,
-            )
-        });
-        exchange_rounds(
-            comm,
-            cap,
-            packed_rx,
-            deliver_tx,
-            free_recv_rx,
-            &write_failure,
-            progress,
-        )
+        scope.spawn(move || write_rounds(st, deliver_rx, free_send_tx, free_recv_tx));
+        exchange_rounds(comm, st, cap, packed_rx, deliver_tx, free_recv_rx, progress)
     });
+    drop(stages.dog);
     outcome?;
     // The writer may have failed on the last round, after the last status exchange.
-    let write_failure = write_failure
+    let write_failure = stages
+        .write_failure
         .into_inner()
         .unwrap_or_else(|p| p.into_inner());
     agree(comm, write_failure.map_or(Ok(()), Err))?;
-    stats.bytes_written = written.into_inner();
+    stats.bytes_written = stages.written.into_inner();
     let expected = job.layout.sample_bytes();
     if stats.bytes_written != expected {
         bail!(
@@ -188,16 +183,40 @@ pub fn run(
     Ok(stats)
 }
 
+/// Test hooks, read from the environment as the exchange starts (the stall watchdog already
+/// running): RESHARD_TEST_PANIC_RANK=r makes rank r panic (a panic must abort every rank),
+/// RESHARD_TEST_STALL_RANK=r stops rank r (the others' watchdogs must end the job).
+fn fault_injection(rank: usize) {
+    let chosen = |var: &str| {
+        std::env::var(var)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            == Some(rank)
+    };
+    if chosen("RESHARD_TEST_PANIC_RANK") {
+        panic!("RESHARD_TEST_PANIC_RANK={rank}: injected panic");
+    }
+    if chosen("RESHARD_TEST_STALL_RANK") {
+        eprintln!("reshard: RESHARD_TEST_STALL_RANK={rank}: this rank now stops (SIGSTOP)");
+        // The whole process stops, its watchdog included, like a node that froze.
+        // SAFETY: raise(2) on this process.
+        unsafe {
+            libc::raise(libc::SIGSTOP);
+        }
+    }
+}
+
 /// The calling thread's part: one status reduction and one all-to-all per round.
 fn exchange_rounds(
     comm: &impl Comm,
+    st: &Stages<'_, '_>,
     cap: usize,
     packed: Receiver<Packed>,
     deliver: SyncSender<Delivery>,
     free_recv: Receiver<Vec<u8>>,
-    write_failure: &Mutex<Option<anyhow::Error>>,
     progress: &mut dyn FnMut(u64),
 ) -> (Result<()>, ExchangeStats) {
+    let write_failure = &st.write_failure;
     let (ranks, me) = (comm.size(), comm.rank());
     let mut stats = ExchangeStats::default();
     let mut moved = 0u64;
@@ -215,6 +234,9 @@ fn exchange_rounds(
         }
         let payload = round.as_ref().map_or(0, |r| r.payload);
         // One small collective per round: did anyone fail, and is anything left to move?
+        let n = stats.rounds + 1;
+        st.dog
+            .beat(|| format!("waiting for every rank's status before exchange round {n}"));
         let status = comm.all_sum(&[u64::from(failure.is_some()), payload]);
         if status[0] > 0 {
             let e = failure.unwrap_or_else(|| anyhow!(PeerFailed { ranks: Vec::new() }));
@@ -240,7 +262,11 @@ fn exchange_rounds(
         let mut recv = free_recv
             .recv()
             .expect("the writer returns receive buffers");
+        st.dog
+            .beat(|| format!("in the all-to-all of exchange round {n}"));
         let from = comm.all_to_all(&send, &ranges, &mut recv);
+        st.dog
+            .beat(|| format!("handing exchange round {n} to the writer"));
         let delivery = Delivery {
             recv,
             from,
@@ -256,17 +282,15 @@ fn exchange_rounds(
 }
 
 /// The reader thread: packs rounds in input order until the samples run out or a read fails.
-#[allow(clippy::too_many_arguments)]
 fn pack_rounds(
-    job: &Job<'_>,
-    me: usize,
-    written: &AtomicU64,
+    st: &Stages<'_, '_>,
     cap: usize,
     ranks: usize,
     read_window: usize,
     free_send: Receiver<Vec<u8>>,
     packed: SyncSender<Packed>,
 ) {
+    let (job, me, written) = (st.job, st.me, &st.written);
     let mut reader = InputReader::new(job.inputs, read_window);
     let mut cursor = Cursor::default();
     while cursor.sample < job.local.len() {
@@ -301,14 +325,14 @@ fn pack_rounds(
 /// The writer thread: places every delivery's chunks, then recycles its buffers. After a failure
 /// it keeps recycling (so no stage blocks) but writes nothing more.
 fn write_rounds(
-    job: &Job<'_>,
+    st: &Stages<'_, '_>,
     deliveries: Receiver<Delivery>,
     free_send: Sender<Vec<u8>>,
     free_recv: Sender<Vec<u8>>,
-    failure: &Mutex<Option<anyhow::Error>>,
-    written: &AtomicU64,
 ) {
+    let (job, failure, written) = (st.job, &st.write_failure, &st.written);
     for d in deliveries {
+        st.dog.touch();
         if failure.lock().unwrap().is_none() {
             let segments = d
                 .from

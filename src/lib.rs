@@ -17,4 +17,5 @@ pub mod progress;
 pub mod report;
 pub mod size;
 pub mod tar_index;
+pub mod watchdog;
 pub mod writer;

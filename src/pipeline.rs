@@ -274,15 +274,6 @@ fn run_prepared(
     let output = agree(comm, OutputShards::create(staging, &cfg.prefix, &layout))?;
 
     times.start("exchange");
-    // Test hook: proves that a panic on one rank aborts every rank instead of leaving them
-    // blocked in a collective.
-    if std::env::var("RESHARD_TEST_PANIC_RANK")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        == Some(rank)
-    {
-        panic!("RESHARD_TEST_PANIC_RANK={rank}: injected panic");
-    }
     let total_out = comm.all_sum(&[layout.sample_bytes()])[0];
     let mut progress = Progress::new(lead, total_out);
     let job = Job {
@@ -299,6 +290,7 @@ fn run_prepared(
         comm,
         &job,
         Buffers::for_budget(cfg.mem_limit, ranks),
+        cfg.stall_timeout,
         &mut |d| progress.update(d),
     )?;
     progress.finish();
@@ -794,6 +786,7 @@ mod tests {
             mem_limit,
             force: false,
             report: None,
+            stall_timeout: std::time::Duration::from_secs(120),
             max_round_bytes: i32::MAX as u64,
         }
     }

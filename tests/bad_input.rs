@@ -376,3 +376,25 @@ fn a_panic_on_one_rank_aborts_every_rank() {
         "the rerun must publish",
     );
 }
+
+#[test]
+fn a_stalled_rank_is_detected_by_the_watchdog() {
+    let dir = Dir::new("stall");
+    small_inputs(&dir);
+    let mut cmd = dir.mpi(3);
+    cmd.args([
+        "run", "--input", "in", "--output", "out", "--shards", "3", "--seed", "1",
+    ])
+    .args(["--stall-timeout", "2"])
+    // Rank 1 stops (SIGSTOP) as the exchange starts, like a frozen node.
+    .env("RESHARD_TEST_STALL_RANK", "1");
+    let res = cmd.timeout(2 * FAIL_FAST).output();
+    res.check(res.code().is_some_and(|c| c != 0), "the job must fail");
+    res.check(
+        res.elapsed < FAIL_FAST,
+        "the watchdog must end the job in bounded time",
+    );
+    res.stderr_has("no progress for");
+    res.stderr_has("--stall-timeout");
+    res.check(!dir.join("out").exists(), "nothing may be published");
+}

@@ -162,12 +162,11 @@ impl Comm for LocalComm {
         from
     }
 
-    fn abort(&self, code: i32) -> ! {
-        self.shared.barrier.abort();
-        panic!(
-            "in-process rank {} aborted the job with code {code}",
-            self.rank
-        )
+    fn aborter(&self) -> super::Aborter {
+        // In-process ranks cannot exit the test process: break the barrier, so that every rank
+        // waiting in a collective panics.
+        let shared = Arc::clone(&self.shared);
+        Arc::new(move |_code| shared.barrier.abort())
     }
 }
 

@@ -33,9 +33,13 @@ pub trait Comm {
         ranges: &[Range<usize>],
         recv: &mut Vec<u8>,
     ) -> Vec<Range<usize>>;
-    /// Ends the whole job at once with `code`, on every rank.
-    fn abort(&self, code: i32) -> !;
+    /// A handle that ends the whole job with a code, callable from any thread (the stall
+    /// watchdog's, while the main thread is blocked in a collective).
+    fn aborter(&self) -> Aborter;
 }
+
+/// Ends the whole job with the given exit code; see [`Comm::aborter`].
+pub type Aborter = std::sync::Arc<dyn Fn(i32) + Send + Sync>;
 
 /// Raised on the ranks that did not fail when another rank did: they stop quietly, the failing
 /// rank prints the cause.

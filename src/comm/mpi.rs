@@ -214,8 +214,21 @@ impl Comm for MpiComm {
         from
     }
 
-    fn abort(&self, code: i32) -> ! {
-        self.world.abort(code)
+    fn aborter(&self) -> super::Aborter {
+        std::sync::Arc::new(|code| {
+            // MPI_Abort itself may wait on a peer that no longer answers: exit regardless after
+            // a grace period, so the bound on a stalled job holds.
+            std::thread::spawn(|| {
+                std::thread::sleep(std::time::Duration::from_secs(10));
+                // SAFETY: ends the process without running destructors, which may block in MPI.
+                unsafe { libc::_exit(crate::watchdog::STALL_EXIT) }
+            });
+            // SAFETY: MPI is initialized for the life of the run; MPI_Abort may be called from any
+            // thread to end the job.
+            unsafe {
+                mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code);
+            }
+        })
     }
 }
 

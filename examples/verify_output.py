@@ -299,7 +299,7 @@ def check_index(out_dir, input_paths, inputs, outputs, args, problems):
     if len(prefixes) > 1:
         problems.add(f"index.json: shard urls use several prefixes: {sorted(prefixes)}")
     for name in sorted(os.listdir(out_dir)):
-        if name != "index.json" and name not in listed:
+        if name not in ("index.json", ".reshard") and name not in listed:
             problems.add(f"{out_dir}: {name!r} is not listed in index.json")
 
     meta = index.get("reshard")

@@ -103,6 +103,24 @@ pub struct RunArgs {
     #[arg(long)]
     pub force: bool,
 
+    /// A directory of saved indexes (`.idx` files, as reshard leaves in `OUTPUT/.reshard`) for
+    /// the input shards. Without it, an input directory's own `.reshard` is used when present:
+    /// the next epoch's run over an output skips indexing. Saved indexes whose shard changed
+    /// (size or modification time) are ignored with a warning.
+    #[arg(long, value_name = "PATH")]
+    pub index: Option<PathBuf>,
+
+    /// After publishing, atomically point the symbolic link PATH at the new output (readers of
+    /// PATH always see a complete dataset).
+    #[arg(long, value_name = "PATH")]
+    pub link: Option<PathBuf>,
+
+    /// After publishing, remove older outputs made by reshard in the output's parent directory
+    /// beyond the K newest (the new one included; never the --link target, never anything
+    /// without reshard's index.json and .reshard directory).
+    #[arg(long, value_name = "K")]
+    pub keep: Option<usize>,
+
     /// Seconds without progress in the data exchange after which a rank ends the whole job (a
     /// rank died or a node stopped answering); 0 waits forever.
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
@@ -168,6 +186,12 @@ pub struct GenerateArgs {
     pub prefix: String,
 }
 
+/// Replaces `{epoch}` in a path with the epoch number: `--output 'data/epoch-{epoch}'`.
+fn epoch_template(path: &std::path::Path, epoch: u64) -> String {
+    path.to_string_lossy()
+        .replace("{epoch}", &epoch.to_string())
+}
+
 /// `--equalize` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EqualizeArg {
@@ -224,6 +248,9 @@ pub struct RunConfig {
     pub mem_limit: u64,
     pub force: bool,
     pub report: Option<PathBuf>,
+    pub index: Option<PathBuf>,
+    pub link: Option<PathBuf>,
+    pub keep: Option<usize>,
     pub stall_timeout: std::time::Duration,
     pub max_round_bytes: u64,
 }
@@ -287,7 +314,7 @@ impl RunArgs {
         }
         let output = match (&self.output, dry_run) {
             (Some(o), _) if o.as_os_str().is_empty() => bail!("--output must not be empty"),
-            (Some(o), _) => Some(o.clone()),
+            (Some(o), _) => Some(PathBuf::from(epoch_template(o, self.epoch))),
             (None, true) => None,
             (None, false) => bail!("--output DIR is required (or plan only with --dry-run)"),
         };
@@ -329,6 +356,15 @@ impl RunArgs {
             mem_limit,
             force: self.force,
             report: self.report.clone(),
+            index: self.index.clone(),
+            link: self
+                .link
+                .as_ref()
+                .map(|l| PathBuf::from(epoch_template(l, self.epoch))),
+            keep: match self.keep {
+                Some(0) => bail!("--keep must be at least 1 (the new output)"),
+                k => k,
+            },
             stall_timeout: std::time::Duration::from_secs(self.stall_timeout),
             max_round_bytes,
         })

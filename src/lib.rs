@@ -15,6 +15,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod progress;
 pub mod report;
+pub mod saved_index;
 pub mod size;
 pub mod tar_index;
 pub mod watchdog;

@@ -23,8 +23,9 @@ use crate::plan::{
 };
 use crate::progress::{peak_rss, PhaseTimes, Progress};
 use crate::report::{GpuShare, PlanReport, Stats};
+use crate::saved_index::{self, Lookup};
 use crate::size::human_bytes;
-use crate::tar_index::{index_file, key_at, ShardIndex, Skipped};
+use crate::tar_index::{index_file, key_at, Sample, ShardIndex, Skipped};
 use crate::writer::{shard_file_name, OutputShards};
 
 /// One rank's share of the work.
@@ -179,7 +180,19 @@ fn run_prepared(
     times.start("index");
     let sizes: Vec<u64> = inputs.iter().map(|s| s.size).collect();
     let mine = assign_inputs(&sizes, ranks)[rank].clone();
-    let (local, skipped, shard_counts) = agree(comm, index_shards(inputs, mine))?;
+    let reused = AtomicUsize::new(0);
+    let indexed = index_shards(inputs, mine, cfg.index.as_deref(), &reused);
+    let (local, skipped, shard_counts) = agree(comm, indexed)?;
+    let reused = comm.all_sum(&[reused.into_inner() as u64])[0];
+    if reused > 0 {
+        narrate(
+            lead,
+            format_args!(
+                "reused the saved index of {reused} of {} input shards",
+                inputs.len()
+            ),
+        );
+    }
     let (first_global, samples) = exclusive_sum(comm, local.len() as u64);
     let mut totals = vec![local.iter().map(|s| s.len).sum::<u64>()];
     totals.extend(skipped.to_array());
@@ -296,7 +309,22 @@ fn run_prepared(
     progress.finish();
 
     times.start("finish");
-    agree(comm, output.sync())?;
+    let saved = output.sync().and_then(|()| {
+        let dir = staging.join(saved_index::DIR_NAME);
+        for s in layout.shards.clone() {
+            let samples = plan.shard_positions(s).map(|p| {
+                let (start, len) = layout.place(p).expect("laid out");
+                Sample { start, len }
+            });
+            saved_index::save(
+                &dir,
+                &staging.join(shard_file_name(&cfg.prefix, s)),
+                samples,
+            )?;
+        }
+        Ok(())
+    });
+    agree(comm, saved)?;
     drop(output);
     let published = lead.then(|| {
         let (dropped, repeated) = keys;
@@ -328,6 +356,7 @@ fn run_prepared(
         Manifest::new(shardlist, info)
             .write(&staging.join("index.json"))
             .and_then(|()| publish(staging, target))
+            .and_then(|()| after_publish(cfg, target))
     });
     broadcast_result(comm, 0, published)?;
     times.stop();
@@ -376,11 +405,15 @@ fn everywhere(lead: bool, e: anyhow::Error) -> anyhow::Error {
     }
 }
 
-/// Indexes this rank's input shards, in order. Several shards are indexed at once: header reads
-/// are small random reads, and keeping several in flight hides the storage's latency.
+/// Indexes this rank's input shards, in order, from saved indexes where they exist and still
+/// match (`reused` counts those), else from the tar headers. Several shards are indexed at once:
+/// header reads are small random reads, and keeping several in flight hides the storage's
+/// latency.
 fn index_shards(
     inputs: &[InputShard],
     mine: std::ops::Range<usize>,
+    index_dir: Option<&Path>,
+    reused: &AtomicUsize,
 ) -> Result<(Vec<LocalSample>, Skipped, Vec<u64>)> {
     const THREADS: usize = 8;
     let next = AtomicUsize::new(mine.start);
@@ -393,7 +426,18 @@ fn index_shards(
                 if i >= mine.end {
                     break;
                 }
-                let r = index_file(&inputs[i].path);
+                let path = &inputs[i].path;
+                let r = match saved_index::load(path, index_dir) {
+                    Lookup::Found(idx) => {
+                        reused.fetch_add(1, Ordering::Relaxed);
+                        Ok(idx)
+                    }
+                    Lookup::Missing => index_file(path),
+                    Lookup::Stale(why) => {
+                        eprintln!("reshard: warning: re-indexing: {why}");
+                        index_file(path)
+                    }
+                };
                 let failed = r.is_err();
                 results.lock().unwrap()[i - mine.start] = Some(r);
                 if failed {
@@ -654,6 +698,14 @@ fn prepare(cfg: &RunConfig) -> Result<Setup> {
         }
         Err(_) => {}
     }
+    if let Some(link) = &cfg.link {
+        if fs::symlink_metadata(link).is_ok_and(|m| !m.file_type().is_symlink()) {
+            bail!(
+                "--link {}: exists and is not a symbolic link; not replacing it",
+                link.display()
+            );
+        }
+    }
     if staging.exists() {
         eprintln!(
             "reshard: removing {} left by an earlier run that did not finish",
@@ -662,17 +714,101 @@ fn prepare(cfg: &RunConfig) -> Result<Setup> {
         fs::remove_dir_all(&staging)
             .with_context(|| format!("{}: cannot remove", staging.display()))?;
     }
-    fs::create_dir(&staging).with_context(|| {
-        format!(
-            "cannot create the staging directory {} (is the output's parent writable?)",
-            staging.display()
-        )
-    })?;
+    fs::create_dir(&staging)
+        .and_then(|()| fs::create_dir(staging.join(saved_index::DIR_NAME)))
+        .with_context(|| {
+            format!(
+                "cannot create the staging directory {} (is the output's parent writable?)",
+                staging.display()
+            )
+        })?;
     Ok(Setup {
         inputs,
         staging: Some(staging),
         target: Some(target),
     })
+}
+
+/// `--link` and `--keep`, once the output is published.
+fn after_publish(cfg: &RunConfig, target: &Path) -> Result<()> {
+    if let Some(link) = &cfg.link {
+        point_link(link, target)?;
+    }
+    if let Some(keep) = cfg.keep {
+        for old in outputs_beyond(target, keep, cfg.link.as_deref())? {
+            eprintln!(
+                "reshard: --keep {keep}: removing the older output {}",
+                old.display()
+            );
+            fs::remove_dir_all(&old)
+                .with_context(|| format!("--keep: cannot remove {}", old.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Atomically points the symlink `link` at `target`: a new link under a temporary name, renamed
+/// over the old one, so a reader of `link` always sees a complete dataset.
+fn point_link(link: &Path, target: &Path) -> Result<()> {
+    if let Ok(meta) = fs::symlink_metadata(link) {
+        if !meta.file_type().is_symlink() {
+            bail!(
+                "--link {}: exists and is not a symbolic link; not replacing it",
+                link.display()
+            );
+        }
+    }
+    let name = link
+        .file_name()
+        .with_context(|| format!("--link {}: not a file name", link.display()))?;
+    let tmp = link.with_file_name(format!(".{}.reshard-link", name.to_string_lossy()));
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)
+        .with_context(|| format!("--link: cannot create {}", tmp.display()))?;
+    fs::rename(&tmp, link).with_context(|| format!("--link: cannot replace {}", link.display()))?;
+    if let Some(parent) = link.parent().filter(|p| !p.as_os_str().is_empty()) {
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+/// The outputs made by reshard next to `target` (siblings holding both an index.json written by
+/// reshard and a `.reshard` directory), beyond the `keep` newest, oldest last. Never `target`,
+/// never what `link` points at, never anything reshard did not make.
+fn outputs_beyond(target: &Path, keep: usize, link: Option<&Path>) -> Result<Vec<PathBuf>> {
+    let parent = target
+        .parent()
+        .context("the output has no parent directory")?;
+    let linked = link.and_then(|l| fs::canonicalize(l).ok());
+    let mut ours = Vec::new();
+    for entry in
+        fs::read_dir(parent).with_context(|| format!("--keep: cannot list {}", parent.display()))?
+    {
+        let path = entry?.path();
+        let index = path.join("index.json");
+        if !path.join(saved_index::DIR_NAME).is_dir() {
+            continue;
+        }
+        let Ok(text) = fs::read(&index) else { continue };
+        let Ok(m) = serde_json::from_slice::<serde_json::Value>(&text) else {
+            continue;
+        };
+        if m["__kind__"] != Manifest::KIND || !m["reshard"].is_object() {
+            continue;
+        }
+        let modified = fs::metadata(&index).and_then(|m| m.modified()).ok();
+        ours.push((modified, path));
+    }
+    ours.sort_by_key(|o| std::cmp::Reverse(o.0));
+    let target = fs::canonicalize(target).unwrap_or_else(|_| target.to_path_buf());
+    Ok(ours
+        .into_iter()
+        .map(|(_, p)| p)
+        .filter(|p| {
+            fs::canonicalize(p).map_or(true, |c| c != target && Some(&c) != linked.as_ref())
+        })
+        .skip(keep.saturating_sub(1))
+        .collect())
 }
 
 /// Makes the finished staging directory the output, in one rename where the output does not
@@ -786,6 +922,9 @@ mod tests {
             mem_limit,
             force: false,
             report: None,
+            index: None,
+            link: None,
+            keep: None,
             stall_timeout: std::time::Duration::from_secs(120),
             max_round_bytes: i32::MAX as u64,
         }

@@ -37,10 +37,7 @@ fn good_output(dir: &Dir) -> (Vec<PathBuf>, Expected) {
 /// it with a message containing `why`.
 fn rejects(dir: &Dir, exp: &Expected, name: &str, why: &str, damage: impl FnOnce(&Path)) {
     let out = dir.create_dir(name);
-    for e in fs::read_dir(dir.join("good")).unwrap() {
-        let e = e.unwrap();
-        fs::copy(e.path(), out.join(e.file_name())).unwrap();
-    }
+    crate::util::copy_dir(&dir.join("good"), &out);
     damage(&out);
     let result = catch_unwind(AssertUnwindSafe(|| verify(exp, &out)));
     let Err(panic) = result else {

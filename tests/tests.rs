@@ -7,6 +7,7 @@ mod util;
 mod verify;
 
 mod bad_input;
+mod epochs;
 mod harness;
 mod memory;
 mod odd_inputs;

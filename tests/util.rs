@@ -451,3 +451,18 @@ pub fn have_python(what: &str) -> bool {
     }
     ok
 }
+
+/// Copies the directory `from` into `to` (created), subdirectories included.
+pub fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap_or_else(|e| panic!("create {}: {e}", to.display()));
+    for e in fs::read_dir(from).unwrap_or_else(|e| panic!("list {}: {e}", from.display())) {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            fs::copy(e.path(), &target)
+                .unwrap_or_else(|err| panic!("copy {}: {err}", e.path().display()));
+        }
+    }
+}

@@ -403,9 +403,23 @@ pub fn verify(exp: &Expected, out: &Path) -> Verified {
     present.sort();
     let mut wanted: Vec<String> = names.clone();
     wanted.push("index.json".to_string());
+    wanted.push(".reshard".to_string());
     wanted.sort();
     if present != wanted {
         fail(format!("expected files {wanted:?}, found {present:?}"));
+    }
+    // The saved index: one .idx per shard, nothing else.
+    let mut idx: Vec<String> = fs::read_dir(out.join(".reshard"))
+        .unwrap_or_else(|e| fail(format!("cannot list .reshard: {e}")))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    idx.sort();
+    let mut want_idx: Vec<String> = names.iter().map(|n| format!("{n}.idx")).collect();
+    want_idx.sort();
+    if idx != want_idx {
+        fail(format!(
+            "expected saved indexes {want_idx:?}, found {idx:?}"
+        ));
     }
     let staging = out.with_file_name(format!(
         ".{}.reshard-tmp",
@@ -697,6 +711,10 @@ pub fn assert_same_output(a: &Path, b: &Path, ignore: &[&str]) {
         b.display()
     );
     for (name, pa) in &fa {
+        if name == ".reshard" {
+            // Saved indexes record modification times: compared through the shards they index.
+            continue;
+        }
         let (x, y) = (fs::read(pa).unwrap(), fs::read(&fb[name]).unwrap());
         if name == "index.json" {
             let strip = |bytes: &[u8]| {

@@ -1,0 +1,185 @@
+//! Issue 7: epoch reshuffles of a previous output reuse its saved index, `--output` with
+//! `{epoch}`, `--link` switched atomically, `--keep` removing only reshard's own older outputs.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::run::run;
+use crate::util::{tar_files, Dir};
+use crate::verify::{verify, Expected};
+
+fn small(dir: &Dir) -> Vec<PathBuf> {
+    dir.generate(
+        "in",
+        &[
+            "--shards",
+            "3",
+            "--samples",
+            "60",
+            "--mean-size",
+            "2KiB",
+            "--seed",
+            "4",
+        ],
+    )
+}
+
+fn epoch(dir: &Dir, np: usize, input: &str, e: u64, extra: &[&str]) -> crate::util::RunOutput {
+    run(
+        dir,
+        Some(np),
+        &[input],
+        "out/epoch-{epoch}",
+        4,
+        11,
+        &[
+            &[
+                "--epoch",
+                &e.to_string(),
+                "--link",
+                "current",
+                "--keep",
+                "2",
+            ],
+            extra,
+        ]
+        .concat(),
+    )
+}
+
+fn expected(dir: &Dir, inputs: &[PathBuf], np: usize, e: u64) -> Expected {
+    let mut exp = Expected::new(dir.path(), inputs, 4, 11, np);
+    exp.epoch = e;
+    exp
+}
+
+#[test]
+fn epochs_reuse_the_index_switch_the_link_and_keep_the_newest() {
+    let dir = Dir::new("epochs");
+    let inputs = small(&dir);
+    fs::create_dir_all(dir.join("out/notes")).unwrap();
+    // Not made by reshard (no .reshard directory): --keep must never touch it.
+    fs::write(
+        dir.join("out/notes/index.json"),
+        br#"{"__kind__":"wids-shard-index-v1","reshard":{}}"#,
+    )
+    .unwrap();
+
+    let res = epoch(&dir, 2, "in", 0, &[]);
+    res.check(
+        !res.stderr.contains("reused the saved index"),
+        "epoch 0 reads plain shards",
+    );
+    verify(&expected(&dir, &inputs, 2, 0), &dir.join("out/epoch-0"));
+    assert_eq!(
+        fs::read_link(dir.join("current")).unwrap(),
+        dir.join("out/epoch-0")
+    );
+
+    // Epoch 1 reads epoch 0's output through the link and skips indexing entirely.
+    let prev = tar_files(&dir.join("out/epoch-0"));
+    let res = epoch(&dir, 3, "current", 1, &[]);
+    res.stderr_has("reused the saved index of 4 of 4 input shards");
+    let current: Vec<PathBuf> = prev
+        .iter()
+        .map(|p| dir.join("current").join(p.file_name().unwrap()))
+        .collect();
+    verify(&expected(&dir, &current, 3, 1), &dir.join("out/epoch-1"));
+    assert_eq!(
+        fs::read_link(dir.join("current")).unwrap(),
+        dir.join("out/epoch-1")
+    );
+
+    // Epoch 2: --keep 2 removes epoch 0 only.
+    let prev = tar_files(&dir.join("out/epoch-1"));
+    let res = epoch(&dir, 1, "out/epoch-1", 2, &[]);
+    res.stderr_has("reused the saved index of 4 of 4 input shards");
+    let inputs1: Vec<PathBuf> = prev
+        .iter()
+        .map(|p| dir.join("out/epoch-1").join(p.file_name().unwrap()))
+        .collect();
+    verify(&expected(&dir, &inputs1, 1, 2), &dir.join("out/epoch-2"));
+    assert!(
+        !dir.join("out/epoch-0").exists(),
+        "--keep 2 must remove the oldest output"
+    );
+    assert!(dir.join("out/epoch-1").exists() && dir.join("out/epoch-2").exists());
+    assert!(
+        dir.join("out/notes/index.json").exists(),
+        "--keep removed a directory reshard did not make"
+    );
+    assert_eq!(
+        fs::read_link(dir.join("current")).unwrap(),
+        dir.join("out/epoch-2")
+    );
+}
+
+#[test]
+fn a_changed_shard_is_reindexed_and_an_explicit_index_is_used() {
+    let dir = Dir::new("stale-index");
+    let inputs = small(&dir);
+    run(&dir, Some(2), &["in"], "first", 4, 5, &[]);
+    let first = tar_files(&dir.join("first"));
+
+    // A shard touched after the index was saved: re-indexed with a warning, output still right.
+    let touched = &first[1];
+    let f = fs::OpenOptions::new().append(true).open(touched).unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    drop(f);
+    let res = run(&dir, Some(2), &["first"], "second", 4, 6, &[]);
+    res.stderr_has("re-indexing");
+    res.stderr_has("reused the saved index of 3 of 4 input shards");
+    verify(
+        &Expected::new(dir.path(), &first, 4, 6, 2),
+        &dir.join("second"),
+    );
+
+    // Copies of the shards (modification times kept) with the index elsewhere: --index.
+    let copy = dir.create_dir("copy");
+    for p in &tar_files(&dir.join("second")) {
+        let to = copy.join(p.file_name().unwrap());
+        fs::copy(p, &to).unwrap();
+        let mtime = fs::metadata(p).unwrap().modified().unwrap();
+        fs::File::options()
+            .write(true)
+            .open(&to)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+    }
+    let res = run(
+        &dir,
+        Some(2),
+        &["copy"],
+        "third",
+        4,
+        7,
+        &["--index", "second/.reshard"],
+    );
+    res.stderr_has("reused the saved index of 4 of 4 input shards");
+    let copies = tar_files(&copy);
+    verify(
+        &Expected::new(dir.path(), &copies, 4, 7, 2),
+        &dir.join("third"),
+    );
+    let _ = inputs;
+}
+
+#[test]
+fn link_refuses_to_replace_a_real_directory() {
+    let dir = Dir::new("link-dir");
+    small(&dir);
+    fs::create_dir(dir.join("current")).unwrap();
+    let mut cmd = dir.mpi(1);
+    cmd.args([
+        "run", "--input", "in", "--output", "out", "--shards", "2", "--seed", "1", "--link",
+        "current",
+    ]);
+    let res = cmd.assert_code(1);
+    res.stderr_has("not a symbolic link");
+    res.check(
+        Path::new(&dir.join("current")).is_dir(),
+        "the directory must stay",
+    );
+}

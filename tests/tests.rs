@@ -7,6 +7,7 @@ mod util;
 mod verify;
 
 mod bad_input;
+mod cluster;
 mod epochs;
 mod harness;
 mod memory;

@@ -7,6 +7,7 @@
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::sync::Mutex;
@@ -131,6 +132,7 @@ pub fn run(
     job: &Job<'_>,
     buffers: Buffers,
     stall_timeout: Duration,
+    heartbeats: Option<PathBuf>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<ExchangeStats> {
     let ranks = comm.size();
@@ -152,7 +154,12 @@ pub fn run(
         me: comm.rank(),
         write_failure: Mutex::new(None),
         written: AtomicU64::new(0),
-        dog: Watchdog::start(stall_timeout, comm.rank(), comm.aborter()),
+        dog: Watchdog::start(
+            stall_timeout,
+            (comm.rank(), comm.size()),
+            heartbeats,
+            comm.aborter(),
+        ),
     };
     fault_injection(stages.me);
     let (outcome, mut stats) = std::thread::scope(|scope| {
@@ -235,8 +242,9 @@ fn exchange_rounds(
         let payload = round.as_ref().map_or(0, |r| r.payload);
         // One small collective per round: did anyone fail, and is anything left to move?
         let n = stats.rounds + 1;
-        st.dog
-            .beat(|| format!("waiting for every rank's status before exchange round {n}"));
+        st.dog.beat(n, || {
+            format!("waiting for every rank's status before exchange round {n}")
+        });
         let status = comm.all_sum(&[u64::from(failure.is_some()), payload]);
         if status[0] > 0 {
             let e = failure.unwrap_or_else(|| anyhow!(PeerFailed { ranks: Vec::new() }));
@@ -263,10 +271,10 @@ fn exchange_rounds(
             .recv()
             .expect("the writer returns receive buffers");
         st.dog
-            .beat(|| format!("in the all-to-all of exchange round {n}"));
+            .beat(n, || format!("in the all-to-all of exchange round {n}"));
         let from = comm.all_to_all(&send, &ranges, &mut recv);
         st.dog
-            .beat(|| format!("handing exchange round {n} to the writer"));
+            .beat(n, || format!("handing exchange round {n} to the writer"));
         let delivery = Delivery {
             recv,
             from,

@@ -121,6 +121,10 @@ impl Summary {
     }
 }
 
+/// Where the ranks' watchdogs leave heartbeats during the exchange (inside the staging
+/// directory, removed before publishing).
+const HEARTBEATS: &str = ".heartbeats";
+
 /// What rank 0 resolves before any data is read, shared with every rank.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Setup {
@@ -304,6 +308,7 @@ fn run_prepared(
         &job,
         Buffers::for_budget(cfg.mem_limit, ranks),
         cfg.stall_timeout,
+        Some(staging.join(HEARTBEATS)),
         &mut |d| progress.update(d),
     )?;
     progress.finish();
@@ -327,6 +332,7 @@ fn run_prepared(
     agree(comm, saved)?;
     drop(output);
     let published = lead.then(|| {
+        let _ = fs::remove_dir_all(staging.join(HEARTBEATS));
         let (dropped, repeated) = keys;
         let info = RunInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -716,6 +722,7 @@ fn prepare(cfg: &RunConfig) -> Result<Setup> {
     }
     fs::create_dir(&staging)
         .and_then(|()| fs::create_dir(staging.join(saved_index::DIR_NAME)))
+        .and_then(|()| fs::create_dir(staging.join(HEARTBEATS)))
         .with_context(|| {
             format!(
                 "cannot create the staging directory {} (is the output's parent writable?)",

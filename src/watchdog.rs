@@ -1,6 +1,13 @@
 //! The stall watchdog: a rank whose exchange makes no progress for `--stall-timeout` (a peer
 //! died, a node's link went down) ends the job instead of waiting in a collective forever.
+//!
+//! To name the rank that stopped answering, every rank's watchdog also writes a heartbeat file
+//! (its round, its host) into a directory on the shared filesystem about once a second. When a
+//! watchdog fires it reads them all: a rank whose heartbeat went stale is frozen or dead, one
+//! that is rounds behind is stuck; if every rank is alive and in step, the network between them
+//! stopped delivering.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -26,31 +33,52 @@ struct Shared {
     last: AtomicU64,
     /// What the rank was doing then, for the message.
     doing: Mutex<String>,
+    /// The exchange round the rank is in.
+    round: AtomicU64,
 }
 
 impl Watchdog {
     /// Starts watching. After `timeout` without [`Watchdog::beat`], prints which rank stalled
     /// where and calls `abort`. A zero timeout watches nothing.
-    pub fn start(timeout: Duration, rank: usize, abort: Aborter) -> Self {
+    pub fn start(
+        timeout: Duration,
+        (rank, ranks): (usize, usize),
+        heartbeats: Option<PathBuf>,
+        abort: Aborter,
+    ) -> Self {
         let shared = Arc::new(Shared {
             start: Instant::now(),
             last: AtomicU64::new(0),
             doing: Mutex::new("starting the exchange".into()),
+            round: AtomicU64::new(0),
         });
         let (stop, stopped) = channel::<()>();
         let thread = (!timeout.is_zero()).then(|| {
             let shared = Arc::clone(&shared);
             std::thread::spawn(move || {
                 let tick = (timeout / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+                let host = hostname();
+                let heartbeat = |round: u64| {
+                    if let Some(dir) = &heartbeats {
+                        // Best effort: a missing heartbeat only makes the message vaguer.
+                        let _ = std::fs::write(dir.join(format!("rank-{rank:06}")), format!("{round} {host}\n"));
+                    }
+                };
+                heartbeat(0);
                 while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
+                    let round = shared.round.load(Ordering::Relaxed);
+                    heartbeat(round);
                     let now = shared.start.elapsed().as_millis() as u64;
                     let idle = Duration::from_millis(now.saturating_sub(shared.last.load(Ordering::Relaxed)));
                     if idle >= timeout {
                         let doing = shared.doing.lock().map(|d| d.clone()).unwrap_or_default();
+                        let culprits = heartbeats
+                            .as_deref()
+                            .map(|d| suspects(d, (rank, ranks), round, timeout))
+                            .unwrap_or_else(|| "another rank or its node stopped answering".into());
                         eprintln!(
-                            "reshard: error: rank {rank} on {}: no progress for {} s (--stall-timeout) while {doing}: \
-                             another rank or its node stopped answering; aborting the job, nothing is published",
-                            hostname(),
+                            "reshard: error: rank {rank} on {host}: no progress for {} s (--stall-timeout) while {doing}: \
+                             {culprits}; aborting the job, nothing is published",
                             idle.as_secs()
                         );
                         abort(STALL_EXIT);
@@ -66,10 +94,11 @@ impl Watchdog {
         }
     }
 
-    /// Records progress, and that the rank is now `doing` something (what a stall message will
-    /// say it was waiting for).
-    pub fn beat(&self, doing: impl FnOnce() -> String) {
+    /// Records progress, and that the rank is now in exchange round `round`, `doing` something
+    /// (what a stall message will say it was waiting for).
+    pub fn beat(&self, round: u64, doing: impl FnOnce() -> String) {
         self.touch();
+        self.shared.round.store(round, Ordering::Relaxed);
         if let Ok(mut d) = self.shared.doing.lock() {
             *d = doing();
         }
@@ -91,6 +120,38 @@ impl Drop for Watchdog {
     }
 }
 
+/// Reads every rank's heartbeat and says which ranks look like the cause.
+fn suspects(dir: &Path, (me, ranks): (usize, usize), my_round: u64, timeout: Duration) -> String {
+    let stale_after = (timeout / 2).max(Duration::from_secs(3));
+    let mut silent = Vec::new();
+    let mut behind = Vec::new();
+    for rank in (0..ranks).filter(|&r| r != me) {
+        let path = dir.join(format!("rank-{rank:06}"));
+        let Ok(meta) = std::fs::metadata(&path) else {
+            silent.push(format!("rank {rank} (never reached the exchange)"));
+            continue;
+        };
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut words = text.split_whitespace();
+        let round: Option<u64> = words.next().and_then(|w| w.parse().ok());
+        let host = words.next().unwrap_or("?").to_string();
+        let age = meta.modified().ok().and_then(|t| t.elapsed().ok());
+        if age.is_none_or(|a| a > stale_after) {
+            let secs = age.map_or("?".into(), |a| a.as_secs().to_string());
+            silent.push(format!("rank {rank} on {host} (silent for {secs} s)"));
+        } else if let Some(r) = round.filter(|&r| r < my_round) {
+            behind.push(format!("rank {rank} on {host} (still in round {r})"));
+        }
+    }
+    if !silent.is_empty() {
+        format!("stopped answering: {}", silent.join(", "))
+    } else if !behind.is_empty() {
+        format!("stuck behind: {}", behind.join(", "))
+    } else {
+        "every rank is alive and in step, so the network between them stopped delivering (a link down?)".into()
+    }
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -108,12 +169,13 @@ mod tests {
         let f = Arc::clone(&fired);
         let dog = Watchdog::start(
             Duration::from_millis(300),
-            0,
+            (0, 1),
+            None,
             Arc::new(move |_| f.store(true, Ordering::SeqCst)),
         );
-        for _ in 0..8 {
+        for round in 0..8 {
             std::thread::sleep(Duration::from_millis(100));
-            dog.beat(|| "moving".into());
+            dog.beat(round, || "moving".into());
         }
         assert!(!fired.load(Ordering::SeqCst), "fired despite progress");
         std::thread::sleep(Duration::from_millis(700));
@@ -122,5 +184,34 @@ mod tests {
             "did not fire after the timeout"
         );
         drop(dog);
+    }
+
+    #[test]
+    fn heartbeats_name_the_silent_rank() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("rank-000001"), "4 node1\n").unwrap();
+        std::fs::write(dir.path().join("rank-000002"), "4 node2\n").unwrap();
+        let alive = suspects(dir.path(), (0, 3), 4, Duration::from_secs(10));
+        assert!(alive.contains("network"), "{alive}");
+        std::fs::write(dir.path().join("rank-000002"), "2 node2\n").unwrap();
+        let behind = suspects(dir.path(), (0, 3), 4, Duration::from_secs(10));
+        assert!(behind.contains("rank 2 on node2"), "{behind}");
+        let old = std::time::SystemTime::now() - Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(dir.path().join("rank-000001"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let silent = suspects(dir.path(), (0, 3), 4, Duration::from_secs(10));
+        assert!(
+            silent.contains("stopped answering: rank 1 on node1"),
+            "{silent}"
+        );
+        let missing = suspects(dir.path(), (0, 4), 4, Duration::from_secs(10));
+        assert!(
+            missing.contains("rank 3 (never reached the exchange)"),
+            "{missing}"
+        );
     }
 }

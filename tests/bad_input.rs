@@ -396,5 +396,7 @@ fn a_stalled_rank_is_detected_by_the_watchdog() {
     );
     res.stderr_has("no progress for");
     res.stderr_has("--stall-timeout");
+    // The heartbeats name the rank that stopped.
+    res.stderr_has("stopped answering: rank 1");
     res.check(!dir.join("out").exists(), "nothing may be published");
 }

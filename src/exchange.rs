@@ -5,6 +5,7 @@
 //! output position and its offset inside the sample, so writers never reassemble anything.
 
 use std::fs::File;
+use std::io::Read;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use crate::comm::{agree, Comm, PeerFailed};
 use crate::input::InputShard;
 use crate::permute::Permutation;
 use crate::plan::{ShardLayout, ShardPlan, Targets};
+use crate::tar_index::Codec;
 use crate::watchdog::Watchdog;
 use crate::writer::OutputShards;
 
@@ -430,14 +432,32 @@ fn fill(
             })?;
             let n = s.len - cursor.offset;
             let input = &job.inputs[s.shard as usize];
-            job.output.copy_in(
-                shard,
-                at + cursor.offset,
-                reader.file(s.shard as usize)?,
-                &input.path,
-                s.start + cursor.offset,
-                n,
-            )?;
+            let (file, codec) = reader.file(s.shard as usize)?;
+            if codec == Codec::Plain {
+                job.output.copy_in(
+                    shard,
+                    at + cursor.offset,
+                    file,
+                    &input.path,
+                    s.start + cursor.offset,
+                    n,
+                )?;
+            } else {
+                // Offsets are in the decompressed stream: through a bounce buffer.
+                let mut buf = vec![0u8; n.min(4 << 20) as usize];
+                let mut done_here = 0;
+                while done_here < n {
+                    let k = (n - done_here).min(buf.len() as u64) as usize;
+                    reader.read(
+                        s.shard as usize,
+                        s.start + cursor.offset + done_here,
+                        &mut buf[..k],
+                    )?;
+                    job.output
+                        .write_at(shard, at + cursor.offset + done_here, &buf[..k])?;
+                    done_here += k as u64;
+                }
+            }
             done.copied += n;
             cursor.next_copy();
             continue;
@@ -489,7 +509,10 @@ fn place(job: &Job<'_>, mut segment: &[u8]) -> Result<u64> {
 /// large ones are read straight into the send buffer.
 struct InputReader<'a> {
     inputs: &'a [InputShard],
-    file: Option<(usize, File)>,
+    /// The open input: shard, file, and how it is stored.
+    file: Option<(usize, File, Codec)>,
+    /// For a compressed shard: the decompressed stream and its position.
+    stream: Option<(usize, u64, Box<dyn Read + Send>)>,
     window: Vec<u8>,
     /// Which shard and byte range the window holds.
     window_shard: usize,
@@ -501,23 +524,85 @@ impl<'a> InputReader<'a> {
         InputReader {
             inputs,
             file: None,
+            stream: None,
             window: vec![0; window],
             window_shard: usize::MAX,
             window_range: 0..0,
         }
     }
 
-    /// The open input file of `shard` (the last one opened stays open).
-    fn file(&mut self, shard: usize) -> Result<&File> {
-        if self.file.as_ref().is_none_or(|(s, _)| *s != shard) {
+    /// The open input file of `shard` and its codec (the last one opened stays open).
+    fn file(&mut self, shard: usize) -> Result<(&File, Codec)> {
+        if self.file.as_ref().is_none_or(|(s, _, _)| *s != shard) {
             let path = &self.inputs[shard].path;
+            let codec = Codec::sniff(path)?;
             let f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-            self.file = Some((shard, f));
+            self.file = Some((shard, f, codec));
         }
-        Ok(&self.file.as_ref().unwrap().1)
+        let (_, f, codec) = self.file.as_ref().unwrap();
+        Ok((f, *codec))
     }
 
-    fn read(&mut self, shard: usize, mut offset: u64, mut out: &mut [u8]) -> Result<()> {
+    /// Reads `out.len()` bytes at `offset` of `shard` (of its decompressed stream, when
+    /// compressed).
+    fn read(&mut self, shard: usize, offset: u64, out: &mut [u8]) -> Result<()> {
+        if self.file(shard)?.1 != Codec::Plain {
+            return self.read_stream(shard, offset, out);
+        }
+        self.read_plain(shard, offset, out)
+    }
+
+    /// A compressed shard is read as one forward stream: samples come in input order, so each
+    /// read starts at or after the previous one's end (a restart from the top otherwise).
+    fn read_stream(&mut self, shard: usize, offset: u64, out: &mut [u8]) -> Result<()> {
+        let path = self.inputs[shard].path.clone();
+        if self
+            .stream
+            .as_ref()
+            .is_none_or(|(s, pos, _)| *s != shard || *pos > offset)
+        {
+            let (file, codec) = self.file(shard)?;
+            let file = file
+                .try_clone()
+                .with_context(|| format!("{}: cannot reopen", path.display()))?;
+            let decoder = codec
+                .decoder(file)
+                .with_context(|| format!("{}: cannot start decompressing", path.display()))?;
+            self.stream = Some((shard, 0, decoder));
+        }
+        let (_, pos, decoder) = self.stream.as_mut().unwrap();
+        let skip = offset - *pos;
+        let skipped =
+            std::io::copy(&mut decoder.take(skip), &mut std::io::sink()).with_context(|| {
+                format!(
+                    "{}: decompressing up to byte offset {offset}",
+                    path.display()
+                )
+            })?;
+        let result = if skipped < skip {
+            Err(anyhow!(
+                "{}: decompressed byte offset {}: expected sample data, found the end of the stream (did the shard change during the run?)",
+                path.display(),
+                *pos + skipped
+            ))
+        } else {
+            decoder.read_exact(out).with_context(|| {
+                format!(
+                    "{}: decompressed byte offset {offset}: cannot read {} bytes of sample data",
+                    path.display(),
+                    out.len()
+                )
+            })
+        };
+        if result.is_err() {
+            self.stream = None;
+            return result;
+        }
+        *pos = offset + out.len() as u64;
+        Ok(())
+    }
+
+    fn read_plain(&mut self, shard: usize, mut offset: u64, mut out: &mut [u8]) -> Result<()> {
         while !out.is_empty() {
             if shard == self.window_shard && self.window_range.contains(&offset) {
                 let from = (offset - self.window_range.start) as usize;
@@ -538,7 +623,7 @@ impl<'a> InputReader<'a> {
                 )
             };
             if out.len() >= self.window.len() / 2 {
-                let file = self.file(shard)?;
+                let file = self.file(shard)?.0;
                 read_full_at(file, out, offset)
                     .with_context(|| {
                         format!("{}: cannot read at byte offset {offset}", path.display())
@@ -555,7 +640,7 @@ impl<'a> InputReader<'a> {
             let want = (self.window.len() as u64).min(size.saturating_sub(offset)) as usize;
             let mut window = std::mem::take(&mut self.window);
             let got =
-                read_full_at(self.file(shard)?, &mut window[..want], offset).with_context(|| {
+                read_full_at(self.file(shard)?.0, &mut window[..want], offset).with_context(|| {
                     format!("{}: cannot read at byte offset {offset}", path.display())
                 });
             self.window = window;

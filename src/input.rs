@@ -101,7 +101,10 @@ fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
     for entry in fs::read_dir(dir).with_context(|| format!("input directory {}", dir.display()))? {
         let entry = entry.with_context(|| format!("input directory {}", dir.display()))?;
         let name = entry.file_name();
-        let is_tar = Path::new(&name).extension().is_some_and(|e| e == "tar");
+        let lower = name.to_string_lossy().to_ascii_lowercase();
+        let is_tar = [".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd"]
+            .iter()
+            .any(|ext| lower.ends_with(ext));
         if is_tar && entry.path().is_file() {
             names.push(name);
         }

@@ -71,6 +71,54 @@ pub struct ShardIndex {
     pub skipped: Skipped,
 }
 
+/// How a shard's bytes are stored, told by its first bytes (never by its name).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Codec {
+    /// A plain tar: samples are byte ranges of the file itself.
+    #[default]
+    Plain,
+    /// gzip (`.tar.gz`, `.tgz`): byte ranges of the decompressed stream.
+    Gzip,
+    /// zstd (`.tar.zst`): byte ranges of the decompressed stream.
+    Zstd,
+}
+
+impl Codec {
+    /// The codec whose magic bytes start `head`.
+    pub fn from_magic(head: &[u8]) -> Codec {
+        match head {
+            [0x1f, 0x8b, ..] => Codec::Gzip,
+            [0x28, 0xb5, 0x2f, 0xfd, ..] => Codec::Zstd,
+            _ => Codec::Plain,
+        }
+    }
+
+    /// Reads the first bytes of the file at `path` to tell its codec.
+    ///
+    /// # Errors
+    /// The file cannot be read.
+    pub fn sniff(path: &Path) -> Result<Codec> {
+        let mut f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+        let mut head = [0u8; 4];
+        let n = read_up_to(&mut f, &mut head)
+            .with_context(|| format!("{}: cannot read", path.display()))?;
+        Ok(Codec::from_magic(&head[..n]))
+    }
+
+    /// A reader of the decompressed stream of `file` (buffered).
+    ///
+    /// # Errors
+    /// The decoder cannot start (zstd's context allocation).
+    pub fn decoder(self, file: File) -> io::Result<Box<dyn Read + Send>> {
+        let buffered = BufReader::with_capacity(1 << 20, file);
+        Ok(match self {
+            Codec::Plain => Box::new(buffered),
+            Codec::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(buffered)),
+            Codec::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(buffered)?),
+        })
+    }
+}
+
 /// The key of a member path: everything up to the first `.` of the last path component, or
 /// `None` when the last component has no `.` or starts with one (webdataset skips those).
 pub fn sample_key(path: &[u8]) -> Option<&[u8]> {
@@ -89,7 +137,28 @@ pub fn sample_key(path: &[u8]) -> Option<&[u8]> {
 /// has a member without a key between two members of one sample. Every message names the file
 /// and the byte offset of the offending record.
 pub fn index_file(path: &Path) -> Result<ShardIndex> {
+    let codec = Codec::sniff(path)?;
     let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    if codec != Codec::Plain {
+        // No seeking in a compressed stream: the whole shard is decompressed once, and offsets
+        // are those of the decompressed stream.
+        let stream = codec
+            .decoder(file)
+            .with_context(|| format!("{}: cannot start decompressing", path.display()))?;
+        let mut archive = tar::Archive::new(stream);
+        let entries = archive.entries().with_context(|| {
+            format!(
+                "{}: byte offset 0: cannot read the tar stream",
+                path.display()
+            )
+        })?;
+        return index_entries(entries, None).with_context(|| {
+            format!(
+                "{} ({codec:?}-compressed; offsets in the decompressed stream)",
+                path.display()
+            )
+        });
+    }
     let len = file
         .metadata()
         .with_context(|| format!("{}: cannot stat", path.display()))?
@@ -140,9 +209,18 @@ pub fn index_reader<R: Read + Seek>(mut reader: R, file_len: u64) -> Result<Shar
         .context("byte offset 0: cannot seek")?;
 
     let mut archive = tar::Archive::new(reader);
-    let mut entries = archive
+    let entries = archive
         .entries_with_seek()
         .context("byte offset 0: cannot read the tar stream")?;
+    index_entries(entries, Some(file_len))
+}
+
+/// Groups a stream of tar entries into samples. `file_len` (when the stream is a file that can
+/// be checked against it) catches members whose data runs past the end.
+fn index_entries<'a, R: Read + 'a>(
+    mut entries: impl Iterator<Item = io::Result<tar::Entry<'a, R>>>,
+    file_len: Option<u64>,
+) -> Result<ShardIndex> {
     let mut grouper = Grouper::default();
     let mut cursor = 0u64; // end of the previous record: where the next record starts
     loop {
@@ -164,7 +242,7 @@ pub fn index_reader<R: Read + Seek>(mut reader: R, file_len: u64) -> Result<Shar
             .checked_add(size.div_ceil(BLOCK) * BLOCK)
             .with_context(|| format!("byte offset {cursor}: member size {size} overflows"))?;
         let path = entry.path_bytes();
-        if end > file_len {
+        if let Some(file_len) = file_len.filter(|&l| end > l) {
             bail!(
                 "byte offset {}: truncated tar: member {:?} needs {} bytes of data but the file ends at byte {}",
                 entry.raw_header_position(),

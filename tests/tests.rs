@@ -8,6 +8,7 @@ mod verify;
 
 mod bad_input;
 mod cluster;
+mod compressed;
 mod epochs;
 mod harness;
 mod memory;

@@ -61,7 +61,12 @@ impl Watchdog {
                 let heartbeat = |round: u64| {
                     if let Some(dir) = &heartbeats {
                         // Best effort: a missing heartbeat only makes the message vaguer.
-                        let _ = std::fs::write(dir.join(format!("rank-{rank:06}")), format!("{round} {host}\n"));
+                        // Written aside and renamed: a rank stopped mid-write leaves the old heartbeat, never
+                        // an empty one.
+                        let path = dir.join(format!("rank-{rank:06}"));
+                        let tmp = dir.join(format!(".rank-{rank:06}"));
+                        let _ = std::fs::write(&tmp, format!("{round} {host}\n"))
+                            .and_then(|()| std::fs::rename(&tmp, &path));
                     }
                 };
                 heartbeat(0);

@@ -29,6 +29,16 @@ pub enum Command {
     Plan(RunArgs),
     /// Write a synthetic WebDataset (deterministic from a seed) for tests, examples and benchmarks.
     Generate(GenerateArgs),
+    /// Check an output against its input: exactly the input's samples (by digest), every shard a
+    /// sound tar matching index.json; report the shuffle quality. Exit 0 only if all holds.
+    Verify(VerifyArgs),
+    /// Print a shell completion script to stdout, e.g. `reshard completions bash >
+    /// ~/.local/share/bash-completion/completions/reshard`.
+    Completions {
+        /// The shell to complete for: bash, zsh, fish (also elvish, powershell).
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -103,6 +113,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub force: bool,
 
+    /// After publishing, check the output against the input as `reshard verify` does (reads
+    /// both once more); exit 1 if anything does not hold.
+    #[arg(long)]
+    pub verify: bool,
+
     /// A directory of saved indexes (`.idx` files, as reshard leaves in `OUTPUT/.reshard`) for
     /// the input shards. Without it, an input directory's own `.reshard` is used when present:
     /// the next epoch's run over an output skips indexing. Saved indexes whose shard changed
@@ -135,6 +150,22 @@ pub struct RunArgs {
     /// Only useful for testing the round logic.
     #[arg(long, value_name = "SIZE", hide = true)]
     pub max_round_bytes: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The input shards the output was made from, as given to `reshard run` (same specs, same
+    /// order).
+    #[arg(long = "input", short = 'i', value_name = "SPEC", required = true)]
+    pub inputs: Vec<String>,
+
+    /// The output directory to check: its shards and index.json.
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub output: PathBuf,
+
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -309,6 +340,9 @@ impl RunArgs {
             }),
             _ => None,
         };
+        if self.verify && dry_run {
+            bail!("--verify checks a written output: not with --dry-run or `reshard plan`");
+        }
         if self.json && !dry_run {
             bail!("--json prints a plan: use it with --dry-run or `reshard plan`");
         }

@@ -18,5 +18,6 @@ pub mod report;
 pub mod saved_index;
 pub mod size;
 pub mod tar_index;
+pub mod verify;
 pub mod watchdog;
 pub mod writer;

@@ -32,6 +32,23 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         }
         Command::Run(args) => run_job(&args, false),
         Command::Plan(args) => run_job(&args, true),
+        Command::Verify(args) => {
+            let mpi = MpiRuntime::init(i32::MAX as u64)?;
+            verify_job(&mpi.comm, &reshard::verify::VerifyConfig::from(&args))
+        }
+        Command::Completions { shell } => {
+            // No MPI here: completions must work on a login node without a launcher.
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "reshard", &mut script);
+            // Into a buffer first: `reshard completions bash | head` must not panic on EPIPE.
+            match std::io::Write::write_all(&mut std::io::stdout().lock(), &script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    Err(anyhow::Error::new(e).context("cannot write the completion script"))
+                }
+                _ => Ok(Exit::Success),
+            }
+        }
     }
 }
 
@@ -66,5 +83,44 @@ fn run_job(args: &RunArgs, plan_only: bool) -> anyhow::Result<Exit> {
         Outcome::Planned(Some(plan)) => print!("{}", plan.render()),
         _ => {}
     }
+    if let (true, Some(output)) = (args.verify, &cfg.output) {
+        let check = reshard::verify::VerifyConfig {
+            inputs: cfg.inputs.clone(),
+            output: output.clone(),
+            json: false,
+        };
+        return verify_job(comm, &check);
+    }
     Ok(Exit::Success)
+}
+
+/// `reshard verify` (and `run --verify`) on every rank: the report on rank 0, exit 1 on every
+/// rank when anything does not hold.
+fn verify_job(comm: &impl Comm, cfg: &reshard::verify::VerifyConfig) -> anyhow::Result<Exit> {
+    let verdict = match reshard::verify::verify(comm, cfg) {
+        Ok(v) => v,
+        Err(e) if e.downcast_ref::<PeerFailed>().is_some() => return Err(e),
+        Err(e) => return Err(e.context(format!("rank {} of {}", comm.rank(), comm.size()))),
+    };
+    if let Some(report) = &verdict.report {
+        if cfg.json {
+            let text = serde_json::to_string_pretty(report).expect("serializable");
+            println!("{text}");
+        } else {
+            print!("{}", report.render());
+        }
+        if !report.ok {
+            eprintln!(
+                "reshard: error: verification of {} failed: {} problem{} (listed in the report)",
+                cfg.output.display(),
+                report.problems.len(),
+                if report.problems.len() == 1 { "" } else { "s" }
+            );
+        }
+    }
+    Ok(if verdict.ok {
+        Exit::Success
+    } else {
+        Exit::Failure
+    })
 }

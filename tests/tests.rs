@@ -16,3 +16,4 @@ mod odd_inputs;
 mod real_data;
 mod run;
 mod sizing;
+mod verify_cmd;

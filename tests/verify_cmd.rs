@@ -1,0 +1,427 @@
+//! `reshard verify` and `run --verify`: a real run passes under every rank count with a
+//! shuffle-like Spearman correlation; each kind of damage to the output fails with exit 1 and a
+//! message naming the problem and the file.
+
+use std::fs;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::run::run;
+use crate::util::{Dir, RunOutput, NPS};
+use crate::verify::{input_samples, walk_file};
+
+/// A generated input (`in`, 6 uneven shards, 240 samples with long names) and a good output
+/// (`good`, 7 shards, written by 2 ranks).
+fn good_output(dir: &Dir) {
+    dir.generate(
+        "in",
+        &[
+            "--shards",
+            "6",
+            "--samples",
+            "240",
+            "--mean-size",
+            "700",
+            "--skew",
+            "2",
+            "--long-names-every",
+            "7",
+            "--seed",
+            "5",
+        ],
+    );
+    run(dir, Some(2), &["in"], "good", 7, 11, &[]);
+}
+
+/// `reshard verify --input in --output OUT [extra]` under `mpirun -np N` (or no launcher).
+fn verify_cmd(dir: &Dir, np: Option<usize>, out: &str, extra: &[&str]) -> RunOutput {
+    let mut cmd = dir.reshard(np);
+    cmd.args(["verify", "--input", "in", "--output", out])
+        .args(extra);
+    cmd.output()
+}
+
+/// Copies the output `from` to `name` and damages the copy.
+fn damaged<T>(dir: &Dir, from: &str, name: &str, damage: impl FnOnce(&Path) -> T) -> T {
+    let out = dir.create_dir(name);
+    crate::util::copy_dir(&dir.join(from), &out);
+    damage(&out)
+}
+
+/// Requires verify to fail on `out` with exit 1 on every rank count tried, naming every needle
+/// in its report (stdout) and saying on stderr that verification failed.
+fn assert_fails(dir: &Dir, out: &str, needles: &[&str]) {
+    for np in [Some(1), Some(3)] {
+        let got = verify_cmd(dir, np, out, &[]);
+        if got.code() != Some(1) {
+            got.fail("expected verify to fail with exit code 1");
+        }
+        got.check(
+            got.stdout.contains("reshard verify: FAILED"),
+            "expected a FAILED report on stdout",
+        );
+        for needle in needles {
+            got.check(
+                got.stdout.contains(needle),
+                &format!("expected the report to name {needle:?}"),
+            );
+        }
+        got.stderr_has("verification of");
+    }
+}
+
+fn report_json(out: &RunOutput) -> Value {
+    serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| out.fail(&format!("stdout is not a JSON report: {e}")))
+}
+
+fn edit_index(out: &Path, f: impl FnOnce(&mut Value)) {
+    let path = out.join("index.json");
+    let mut v: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    f(&mut v);
+    fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn verify_passes_on_a_real_run_under_every_rank_count() {
+    let dir = Dir::new("verify-ok");
+    good_output(&dir);
+    for np in NPS.iter().copied().map(Some).chain([None]) {
+        let got = verify_cmd(&dir, np, "good", &[]);
+        if got.code() != Some(0) {
+            got.fail("expected verify to pass on a good output");
+        }
+        got.check(
+            got.stdout.contains("reshard verify: OK")
+                && got
+                    .stdout
+                    .contains("0 missing, 0 not in the input, 0 duplicated"),
+            "expected an OK report",
+        );
+        let json = report_json(&verify_cmd(&dir, np, "good", &["--json"]));
+        assert_eq!(json["ok"], true, "{json:#}");
+        assert_eq!(json["input_samples"], 240);
+        assert_eq!(json["output_samples"], 240);
+        assert_eq!(json["shuffle"]["pairs"], 240);
+        let rho = json["shuffle"]["spearman"].as_f64().unwrap();
+        let bound = json["shuffle"]["random_bound"].as_f64().unwrap();
+        // 3 / sqrt(239) ≈ 0.19: a shuffled order correlates no more than chance.
+        assert!(rho.abs() < bound, "spearman {rho} (bound {bound})");
+        let per_shard = &json["shuffle"]["input_shards_per_output_shard"];
+        assert!(
+            per_shard["min"].as_u64().unwrap() >= 4 && per_shard["max"].as_u64().unwrap() <= 6,
+            "{per_shard}"
+        );
+    }
+}
+
+#[test]
+fn an_unshuffled_copy_has_spearman_one() {
+    // The input itself, listed by a plain wids index (no reshard section), is a valid "output"
+    // in the input's own order.
+    let dir = Dir::new("verify-identity");
+    let inputs = dir.generate("in", &["--shards", "3", "--samples", "50", "--seed", "2"]);
+    let out = dir.create_dir("copy");
+    let mut shardlist = Vec::new();
+    for p in &inputs {
+        let name = p.file_name().unwrap().to_str().unwrap();
+        fs::copy(p, out.join(name)).unwrap();
+        shardlist.push(serde_json::json!({
+            "url": name,
+            "nsamples": input_samples(p).samples.len(),
+            "filesize": fs::metadata(p).unwrap().len(),
+        }));
+    }
+    let index = serde_json::json!({
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "shardlist": shardlist,
+    });
+    fs::write(out.join("index.json"), index.to_string()).unwrap();
+    let got = verify_cmd(&dir, Some(2), "copy", &["--json"]);
+    let json = report_json(&got);
+    got.check(json["ok"] == true, "expected verify to pass");
+    let rho = json["shuffle"]["spearman"].as_f64().unwrap();
+    assert!((rho - 1.0).abs() < 1e-9, "spearman {rho}");
+    assert_eq!(json["shuffle"]["input_shards_per_output_shard"]["max"], 1);
+}
+
+#[test]
+fn verify_fails_on_a_flipped_payload_byte() {
+    let dir = Dir::new("verify-flip");
+    good_output(&dir);
+    damaged(&dir, "good", "flip", |out| {
+        let shard = out.join("shard-000002.tar");
+        let walk = walk_file(&shard);
+        // A plain member (one header block): its data starts one block after the record.
+        let r = walk
+            .records
+            .iter()
+            .find(|r| r.types == b"0" && r.end - r.start > 1024)
+            .expect("a member with data");
+        let mut bytes = walk.bytes.clone();
+        bytes[r.start + 512 + 3] ^= 0x20;
+        fs::write(&shard, bytes).unwrap();
+    });
+    assert_fails(
+        &dir,
+        "flip",
+        &[
+            "1 input sample is missing from the output",
+            "1 output sample is not in the input",
+            "shard-000002.tar at byte offset",
+        ],
+    );
+}
+
+#[test]
+fn verify_fails_on_a_missing_shard() {
+    let dir = Dir::new("verify-missing");
+    good_output(&dir);
+    damaged(&dir, "good", "missing", |out| {
+        fs::remove_file(out.join("shard-000004.tar")).unwrap();
+    });
+    assert_fails(
+        &dir,
+        "missing",
+        &[
+            "shard-000004.tar: listed in index.json but missing",
+            "input samples are missing from the output",
+        ],
+    );
+}
+
+#[test]
+fn verify_fails_on_a_truncated_shard() {
+    let dir = Dir::new("verify-truncated");
+    good_output(&dir);
+    damaged(&dir, "good", "cut", |out| {
+        let shard = out.join("shard-000001.tar");
+        let len = fs::metadata(&shard).unwrap().len();
+        let f = fs::OpenOptions::new().write(true).open(&shard).unwrap();
+        f.set_len(len / 2 + 100).unwrap();
+    });
+    assert_fails(
+        &dir,
+        "cut",
+        &[
+            "shard-000001.tar: index.json says filesize",
+            "shard-000001.tar: byte offset",
+            "input samples are missing from the output",
+        ],
+    );
+    // Cut exactly after a sample: a tar reader sees no error, only no end-of-archive marker.
+    damaged(&dir, "good", "cut-clean", |out| {
+        let shard = out.join("shard-000001.tar");
+        let samples = input_samples(&shard).samples;
+        let f = fs::OpenOptions::new().write(true).open(&shard).unwrap();
+        f.set_len(samples[samples.len() - 2].end as u64).unwrap();
+    });
+    assert_fails(&dir, "cut-clean", &["no end-of-archive marker"]);
+}
+
+#[test]
+fn verify_fails_on_a_wrong_sample_count_in_the_index() {
+    let dir = Dir::new("verify-nsamples");
+    good_output(&dir);
+    damaged(&dir, "good", "count", |out| {
+        edit_index(out, |v| {
+            let n = v["shardlist"][3]["nsamples"].as_u64().unwrap();
+            v["shardlist"][3]["nsamples"] = (n + 1).into();
+        });
+    });
+    assert_fails(
+        &dir,
+        "count",
+        &[
+            "shard-000003.tar: index.json says nsamples",
+            "output_samples",
+        ],
+    );
+}
+
+#[test]
+fn verify_fails_on_a_duplicated_sample() {
+    let dir = Dir::new("verify-dup");
+    good_output(&dir);
+    let key = damaged(&dir, "good", "dup", |out| {
+        // Another shard's sample, inserted before shard 0's end-of-archive blocks, with
+        // index.json made to agree: only the sample multiset can tell.
+        let donor = input_samples(&out.join("shard-000005.tar"));
+        let sample = &donor.samples[1];
+        let copy = donor.sample_bytes(sample).to_vec();
+        let target = out.join("shard-000000.tar");
+        let mut bytes = fs::read(&target).unwrap();
+        let end = bytes.len() - 1024;
+        bytes.splice(end..end, copy.iter().copied());
+        fs::write(&target, &bytes).unwrap();
+        edit_index(out, |v| {
+            let e = &mut v["shardlist"][0];
+            e["nsamples"] = (e["nsamples"].as_u64().unwrap() + 1).into();
+            e["filesize"] = (bytes.len() as u64).into();
+            let r = &mut v["reshard"];
+            r["output_samples"] = (r["output_samples"].as_u64().unwrap() + 1).into();
+        });
+        sample.key.clone()
+    });
+    assert_fails(
+        &dir,
+        "dup",
+        &[
+            "1 duplicated sample in the output",
+            &format!("sample {key:?} is in the output 2 times but in the input 1 time"),
+        ],
+    );
+}
+
+#[test]
+fn verify_fails_on_data_after_the_end_and_on_unlisted_shards() {
+    let dir = Dir::new("verify-extra");
+    good_output(&dir);
+    damaged(&dir, "good", "extra", |out| {
+        let shard = out.join("shard-000006.tar");
+        let mut bytes = fs::read(&shard).unwrap();
+        bytes.extend_from_slice(&[7u8; 512]);
+        fs::write(&shard, bytes).unwrap();
+        fs::copy(out.join("shard-000000.tar"), out.join("shard-000007.tar")).unwrap();
+    });
+    assert_fails(
+        &dir,
+        "extra",
+        &[
+            "shard-000006.tar: byte offset",
+            "data after the end-of-archive marker",
+            "shard-000007.tar: a shard file that index.json does not list",
+        ],
+    );
+}
+
+#[test]
+fn verify_fails_against_another_input() {
+    let dir = Dir::new("verify-other");
+    good_output(&dir);
+    dir.generate(
+        "other",
+        &["--shards", "2", "--samples", "20", "--seed", "9"],
+    );
+    let got = dir
+        .mpi(2)
+        .args(["verify", "--input", "other", "--output", "good"])
+        .assert_code(1);
+    got.check(
+        got.stdout.contains("not in the input")
+            && got
+                .stdout
+                .contains("index.json says the input held 240 samples"),
+        "expected the report to say the samples are not from this input",
+    );
+}
+
+#[test]
+fn equalized_outputs_verify() {
+    let dir = Dir::new("verify-equalize");
+    good_output(&dir);
+    for mode in ["drop", "pad"] {
+        let out = format!("eq-{mode}");
+        run(&dir, Some(3), &["in"], &out, 7, 4, &["--equalize", mode]);
+        let json = report_json(&verify_cmd(&dir, Some(2), &out, &["--json"]));
+        assert_eq!(json["ok"], true, "{json:#}");
+        // 240 = 7 * 34 + 2: drop leaves out 2, pad repeats 5.
+        let (field, n) = if mode == "drop" {
+            ("left_out", 2)
+        } else {
+            ("repeated", 5)
+        };
+        assert_eq!(json["mismatches"][field], n, "{json:#}");
+    }
+    // A padded output whose index lists other repeated keys is caught.
+    damaged(&dir, "eq-pad", "pad-wrong", |out| {
+        edit_index(out, |v| {
+            v["reshard"]["repeated"][0] = "no/such-key".into();
+        });
+    });
+    assert_fails(
+        &dir,
+        "pad-wrong",
+        &["the repeated samples are not the ones"],
+    );
+}
+
+#[test]
+fn run_with_verify_checks_what_it_published() {
+    let dir = Dir::new("run-verify");
+    dir.generate("in", &["--shards", "3", "--samples", "60", "--seed", "3"]);
+    for np in [1, 3] {
+        let out = format!("out-{np}");
+        let got = run(&dir, Some(np), &["in"], &out, 4, 1, &["--verify"]);
+        got.check(
+            got.stdout.contains("reshard: wrote 4 shards")
+                && got.stdout.contains("reshard verify: OK"),
+            "expected the run summary and an OK verify report",
+        );
+    }
+    let got = dir
+        .command()
+        .args(["run", "--input", "in", "--shards", "2", "--seed", "1"])
+        .args(["--dry-run", "--verify"])
+        .assert_code(2);
+    got.stderr_has("--verify");
+}
+
+#[test]
+fn gzip_compressed_inputs_and_outputs_verify() {
+    // Samples are byte ranges of the decompressed stream: compressing either side keeps them.
+    let dir = Dir::new("verify-gzip");
+    good_output(&dir);
+    damaged(&dir, "in", "in-gz", |d| {
+        dir.program("gzip")
+            .arg("-n")
+            .args(crate::util::tar_files(d))
+            .assert_success();
+    });
+    damaged(&dir, "good", "good-gz", |d| {
+        dir.program("gzip")
+            .arg("-n")
+            .args(crate::util::tar_files(d))
+            .assert_success();
+        edit_index(d, |v| {
+            for e in v["shardlist"].as_array_mut().unwrap() {
+                let url = format!("{}.gz", e["url"].as_str().unwrap());
+                e["filesize"] = fs::metadata(d.join(&url)).unwrap().len().into();
+                e["url"] = url.into();
+            }
+        });
+    });
+    let gz_inputs = "in-gz/train-{000000..000005}.tar.gz";
+    for (input, output) in [
+        (gz_inputs, "good"),
+        ("in", "good-gz"),
+        (gz_inputs, "good-gz"),
+    ] {
+        let got = dir
+            .mpi(2)
+            .args(["verify", "--input", input, "--output", output])
+            .assert_success();
+        got.check(
+            got.stdout.contains("reshard verify: OK"),
+            "expected an OK report",
+        );
+    }
+    // A damaged compressed shard fails, named.
+    damaged(&dir, "good-gz", "bad-gz", |d| {
+        let shard = d.join("shard-000003.tar.gz");
+        let mut bytes = fs::read(&shard).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xFF;
+        fs::write(&shard, bytes).unwrap();
+    });
+    let got = dir
+        .mpi(2)
+        .args(["verify", "--input", "in", "--output", "bad-gz"])
+        .assert_code(1);
+    got.check(
+        got.stdout.contains("shard-000003.tar.gz"),
+        "expected the report to name the damaged shard",
+    );
+}

@@ -16,4 +16,5 @@ mod odd_inputs;
 mod real_data;
 mod run;
 mod sizing;
+mod slurm;
 mod verify_cmd;

@@ -184,6 +184,7 @@ fn run_prepared(
     times.start("index");
     let sizes: Vec<u64> = inputs.iter().map(|s| s.size).collect();
     let mine = assign_inputs(&sizes, ranks)[rank].clone();
+    let mine_range = mine.clone();
     let reused = AtomicUsize::new(0);
     let indexed = index_shards(inputs, mine, cfg.index.as_deref(), &reused);
     let (local, skipped, shard_counts) = agree(comm, indexed)?;
@@ -314,6 +315,18 @@ fn run_prepared(
     progress.finish();
 
     times.start("finish");
+    // Test hook: a window in which a test changes an input, marked by a file in the staging
+    // directory (RESHARD_TEST_PAUSE_FINISH=seconds).
+    if let Some(secs) = std::env::var("RESHARD_TEST_PAUSE_FINISH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        let _ = fs::write(staging.join(format!(".paused-{rank}")), b"");
+        std::thread::sleep(std::time::Duration::from_secs(secs));
+        let _ = fs::remove_file(staging.join(format!(".paused-{rank}")));
+    }
+    // An input that changed while it was read may have fed stale or torn samples: refuse.
+    agree(comm, check_unchanged(inputs, mine_range.clone()))?;
     let saved = output.sync().and_then(|()| {
         let dir = staging.join(saved_index::DIR_NAME);
         for s in layout.shards.clone() {
@@ -393,6 +406,23 @@ fn run_prepared(
         mem_limit: cfg.mem_limit,
         per_rank,
     })))
+}
+
+/// Checks that this rank's input shards still have the size they had when the run started.
+fn check_unchanged(inputs: &[InputShard], mine: std::ops::Range<usize>) -> Result<()> {
+    for input in &inputs[mine] {
+        let now = fs::metadata(&input.path)
+            .with_context(|| format!("input {} disappeared during the run", input.path.display()))?
+            .len();
+        if now != input.size {
+            bail!(
+                "input {} changed size during the run ({} bytes when the run started, {now} now): its samples cannot be trusted; nothing is published",
+                input.path.display(),
+                input.size
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Prints a progress line on rank 0.

@@ -405,3 +405,100 @@ fn a_stalled_rank_is_detected_by_the_watchdog() {
     );
     res.check(!dir.join("out").exists(), "nothing may be published");
 }
+
+#[test]
+fn an_input_that_changes_during_the_run_is_refused() {
+    let dir = Dir::new("changing-input");
+    let inputs = small_inputs(&dir);
+    let grown = inputs[0].clone();
+    let marker = dir.join(".out.reshard-tmp/.paused-0");
+    let watcher = std::thread::spawn(move || {
+        // Once the data has moved (the run pauses before finishing), an input grows.
+        let start = std::time::Instant::now();
+        while !marker.exists() {
+            assert!(start.elapsed() < FAIL_FAST, "the run never paused");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let mut f = fs::OpenOptions::new().append(true).open(&grown).unwrap();
+        std::io::Write::write_all(&mut f, &[0u8; 512]).unwrap();
+    });
+    let mut cmd = dir.mpi(2);
+    cmd.args([
+        "run", "--input", "in", "--output", "out", "--shards", "3", "--seed", "1",
+    ])
+    .env("RESHARD_TEST_PAUSE_FINISH", "2");
+    let res = cmd.assert_code(1);
+    watcher.join().unwrap();
+    res.stderr_has("changed size during the run");
+    res.stderr_has(inputs[0].file_name().unwrap().to_str().unwrap());
+    res.check(!dir.join("out").exists(), "nothing may be published");
+    res.check(
+        !dir.join(".out.reshard-tmp").exists(),
+        "the staging directory must be removed",
+    );
+}
+
+/// Runs `f` with a fresh tmpfs of `size` mounted at `at` (root only; `None` where mounting is
+/// not possible here), unmounting it afterwards.
+fn with_tmpfs<T>(at: &Path, size: &str, ro: bool, f: impl FnOnce() -> T) -> Option<T> {
+    fs::create_dir_all(at).unwrap();
+    let opts = format!("size={size}{}", if ro { ",ro" } else { "" });
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &opts, "tmpfs"])
+        .arg(at)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIP: cannot mount a tmpfs here (needs root)");
+        return None;
+    }
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    let _ = std::process::Command::new("umount").arg(at).status();
+    Some(out.unwrap_or_else(|p| std::panic::resume_unwind(p)))
+}
+
+#[test]
+fn a_full_disk_is_a_clear_error_and_nothing_is_published() {
+    let dir = Dir::new("disk-full");
+    small_inputs(&dir);
+    let small = dir.join("small");
+    with_tmpfs(&small, "64k", false, || {
+        let mut cmd = dir.mpi(2);
+        cmd.args([
+            "run",
+            "--input",
+            "in",
+            "--output",
+            "small/out",
+            "--shards",
+            "3",
+            "--seed",
+            "1",
+        ]);
+        let res = cmd.timeout(2 * FAIL_FAST).assert_code(1);
+        res.stderr_has("No space left on device");
+        res.stderr_has("byte offset");
+        res.check(res.elapsed < FAIL_FAST, "must fail promptly");
+        res.check(!small.join("out").exists(), "nothing may be published");
+        res.check(
+            !small.join(".out.reshard-tmp").exists(),
+            "the staging directory must be removed",
+        );
+    });
+}
+
+#[test]
+fn an_unwritable_output_fails_before_any_data_moves() {
+    let dir = Dir::new("read-only");
+    small_inputs(&dir);
+    let ro = dir.join("ro");
+    with_tmpfs(&ro, "1m", true, || {
+        let mut cmd = dir.mpi(2);
+        cmd.args([
+            "run", "--input", "in", "--output", "ro/out", "--shards", "3", "--seed", "1",
+        ]);
+        let res = cmd.assert_code(1);
+        res.stderr_has("cannot create the staging directory");
+        res.check(!res.stderr.contains("indexing"), "refused before indexing");
+    });
+}

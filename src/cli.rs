@@ -118,6 +118,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub verify: bool,
 
+    /// Add each shard's MD5 (`md5sum`) to index.json; wids checks it after a download. Costs a
+    /// read-back of the output.
+    #[arg(long)]
+    pub checksum: bool,
+
     /// A directory of saved indexes (`.idx` files, as reshard leaves in `OUTPUT/.reshard`) for
     /// the input shards. Without it, an input directory's own `.reshard` is used when present:
     /// the next epoch's run over an output skips indexing. Saved indexes whose shard changed
@@ -279,6 +284,7 @@ pub struct RunConfig {
     pub mem_limit: u64,
     pub force: bool,
     pub report: Option<PathBuf>,
+    pub checksum: bool,
     pub index: Option<PathBuf>,
     pub link: Option<PathBuf>,
     pub keep: Option<usize>,
@@ -390,6 +396,7 @@ impl RunArgs {
             mem_limit,
             force: self.force,
             report: self.report.clone(),
+            checksum: self.checksum,
             index: self.index.clone(),
             link: self
                 .link

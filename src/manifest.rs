@@ -30,6 +30,9 @@ pub struct ShardEntry {
     pub url: String,
     pub nsamples: u64,
     pub filesize: u64,
+    /// MD5 of the shard file, hex (with `--checksum`); wids checks it after a download.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub md5sum: Option<String>,
 }
 
 /// reshard's own record of the run.

@@ -259,6 +259,7 @@ fn run_prepared(
             url: shard_file_name(&cfg.prefix, s as u64),
             nsamples: shard_samples[s],
             filesize,
+            md5sum: None,
         })
         .collect();
     let gpus = cfg.gpus.map(|g| GpuShare::new(g, &shard_samples));
@@ -343,6 +344,13 @@ fn run_prepared(
         Ok(())
     });
     agree(comm, saved)?;
+    let md5 = if cfg.checksum {
+        let sums = agree(comm, output.md5sums())?;
+        let flat: Vec<u8> = sums.concat();
+        gather(comm, 0, &flat).concat()
+    } else {
+        Vec::new()
+    };
     drop(output);
     let published = lead.then(|| {
         let _ = fs::remove_dir_all(staging.join(HEARTBEATS));
@@ -372,6 +380,10 @@ fn run_prepared(
             shard_bytes: Stats::of(&shard_bytes),
             gpus,
         };
+        let mut shardlist = shardlist;
+        for (entry, sum) in shardlist.iter_mut().zip(md5.chunks_exact(16)) {
+            entry.md5sum = Some(sum.iter().map(|b| format!("{b:02x}")).collect());
+        }
         Manifest::new(shardlist, info)
             .write(&staging.join("index.json"))
             .and_then(|()| publish(staging, target))
@@ -959,6 +971,7 @@ mod tests {
             mem_limit,
             force: false,
             report: None,
+            checksum: false,
             index: None,
             link: None,
             keep: None,

@@ -35,6 +35,7 @@ impl OutputShards {
         for (shard, &bytes) in layout.shards.clone().zip(&layout.shard_bytes) {
             let path = dir.join(shard_file_name(prefix, shard));
             let file = OpenOptions::new()
+                .read(true)
                 .write(true)
                 .create_new(true)
                 .open(&path)
@@ -162,6 +163,33 @@ impl OutputShards {
             done += n as u64;
         }
         Ok(())
+    }
+
+    /// The MD5 digest of each of these shards, in order, read back from the files (positioned
+    /// writes arrive out of order, so the digest cannot be taken on the way in).
+    ///
+    /// # Errors
+    /// A shard cannot be read.
+    pub fn md5sums(&self) -> Result<Vec<[u8; 16]>> {
+        use md5::Digest;
+        let mut buf = vec![0u8; 4 << 20];
+        let mut sums = Vec::with_capacity(self.files.len());
+        for (path, file) in &self.files {
+            let mut hasher = md5::Md5::new();
+            let mut at = 0u64;
+            loop {
+                let n = file.read_at(&mut buf, at).with_context(|| {
+                    format!("{}: cannot read back at byte offset {at}", path.display())
+                })?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+                at += n as u64;
+            }
+            sums.push(hasher.finalize().into());
+        }
+        Ok(sums)
     }
 
     /// Flushes every shard to stable storage.

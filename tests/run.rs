@@ -482,3 +482,32 @@ fn more_ranks_than_input_shards_or_output_shards() {
         }
     }
 }
+
+#[test]
+fn checksum_adds_the_md5_of_every_shard() {
+    let dir = Dir::new("checksum");
+    let inputs = generate(&dir, "in", "gnu", 60, 3);
+    for np in [1, 3] {
+        let out = format!("out-np{np}");
+        run(&dir, Some(np), &["in"], &out, 4, 1, &["--checksum"]);
+        verify(
+            &Expected::new(dir.path(), &inputs, 4, 1, np),
+            &dir.join(&out),
+        );
+        let index: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.join(&out).join("index.json")).unwrap()).unwrap();
+        for entry in index["shardlist"].as_array().unwrap() {
+            let url = entry["url"].as_str().unwrap();
+            let res = dir
+                .program("md5sum")
+                .arg(Path::new(&out).join(url))
+                .assert_success();
+            let want = res.stdout.split_whitespace().next().unwrap().to_string();
+            assert_eq!(entry["md5sum"].as_str(), Some(want.as_str()), "{url}");
+        }
+    }
+    // Without the flag, no md5sum key at all.
+    run(&dir, Some(2), &["in"], "plain", 4, 1, &[]);
+    let index = fs::read_to_string(dir.join("plain/index.json")).unwrap();
+    assert!(!index.contains("md5sum"));
+}

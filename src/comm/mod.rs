@@ -87,13 +87,14 @@ pub fn broadcast_result<T>(comm: &impl Comm, root: usize, local: Option<Result<T
 where
     T: serde::Serialize + serde::de::DeserializeOwned,
 {
-    let config = bincode::config::standard();
     let mut error = None;
     let payload = if comm.rank() == root {
         match local.expect("root must pass its result") {
             Ok(v) => {
                 let mut bytes = vec![1u8];
-                bytes.extend(bincode::serde::encode_to_vec(&v, config).expect("encodable"));
+                // JSON, not bincode: broadcast values are small, and a self-describing format
+                // keeps `skip_serializing_if` fields (index.json's optional md5sum) decodable.
+                bytes.extend(serde_json::to_vec(&v).expect("encodable"));
                 bytes
             }
             Err(e) => {
@@ -111,7 +112,7 @@ where
     if got.first() != Some(&1) {
         return Err(anyhow!(PeerFailed { ranks: vec![root] }));
     }
-    let (v, _) = bincode::serde::decode_from_slice(&got[1..], config)
+    let v = serde_json::from_slice(&got[1..])
         .map_err(|e| anyhow!("decoding a broadcast from rank {root}: {e}"))?;
     Ok(v)
 }

@@ -187,7 +187,9 @@ fn run_prepared(
     let mine_range = mine.clone();
     let reused = AtomicUsize::new(0);
     let indexed = index_shards(inputs, mine, cfg.index.as_deref(), &reused);
-    let (local, skipped, shard_counts) = agree(comm, indexed)?;
+    let (local, skipped, shard_counts, edges) = agree(comm, indexed)?;
+    let gathered = gather(comm, 0, &serde_json::to_vec(&edges).expect("encodable"));
+    broadcast_result(comm, 0, lead.then(|| split_sample_check(inputs, &gathered)))?;
     let reused = comm.all_sum(&[reused.into_inner() as u64])[0];
     if reused > 0 {
         narrate(
@@ -420,6 +422,31 @@ fn run_prepared(
     })))
 }
 
+/// (input shard, (first key, last key)) of the shards a rank indexed from their headers.
+type EdgeKeys = Vec<(usize, (String, String))>;
+
+/// On rank 0: a sample split across two consecutive input shards (the last key of one is the
+/// first key of the next) would be moved as two samples: an error naming both files.
+fn split_sample_check(inputs: &[InputShard], gathered: &[Vec<u8>]) -> Result<()> {
+    let mut all: EdgeKeys = Vec::new();
+    for part in gathered {
+        let mut v: EdgeKeys = serde_json::from_slice(part).context("decoding shard edge keys")?;
+        all.append(&mut v);
+    }
+    all.sort_by_key(|e| e.0);
+    for pair in all.windows(2) {
+        let ((a, (_, last)), (b, (first, _))) = (&pair[0], &pair[1]);
+        if b - a == 1 && last == first {
+            bail!(
+                "sample {last:?} is split across two input shards: it ends {} and starts {}; a sample must lie within one shard",
+                inputs[*a].path.display(),
+                inputs[*b].path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Checks that this rank's input shards still have the size they had when the run started.
 fn check_unchanged(inputs: &[InputShard], mine: std::ops::Range<usize>) -> Result<()> {
     for input in &inputs[mine] {
@@ -462,7 +489,7 @@ fn index_shards(
     mine: std::ops::Range<usize>,
     index_dir: Option<&Path>,
     reused: &AtomicUsize,
-) -> Result<(Vec<LocalSample>, Skipped, Vec<u64>)> {
+) -> Result<(Vec<LocalSample>, Skipped, Vec<u64>, EdgeKeys)> {
     const THREADS: usize = 8;
     let next = AtomicUsize::new(mine.start);
     let results: Mutex<Vec<Option<Result<ShardIndex>>>> =
@@ -498,9 +525,13 @@ fn index_shards(
     let mut local = Vec::new();
     let mut skipped = [0u64; 4];
     let mut counts = Vec::with_capacity(mine.len());
+    let mut edges = Vec::new();
     for (i, r) in mine.clone().zip(results.into_inner().unwrap()) {
         let Some(idx) = r.transpose()? else { continue };
         counts.push(idx.samples.len() as u64);
+        if let Some(keys) = idx.edge_keys {
+            edges.push((i, keys));
+        }
         let shard = u32::try_from(i).context("more than 2^32 input shards")?;
         local.extend(idx.samples.iter().map(|s| LocalSample {
             shard,
@@ -511,7 +542,7 @@ fn index_shards(
             *a += b;
         }
     }
-    Ok((local, Skipped::from_array(skipped), counts))
+    Ok((local, Skipped::from_array(skipped), counts, edges))
 }
 
 /// Calls its argument once for every (output position, sample length) record a rank holds.

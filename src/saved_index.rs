@@ -121,6 +121,7 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
         ));
     }
     Lookup::Found(ShardIndex {
+        edge_keys: None,
         samples: saved
             .samples
             .into_iter()

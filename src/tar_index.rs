@@ -69,6 +69,9 @@ impl Skipped {
 pub struct ShardIndex {
     pub samples: Vec<Sample>,
     pub skipped: Skipped,
+    /// The keys of the first and last samples (to catch a sample split across two shards);
+    /// `None` when unknown (an index saved without keys) or when the shard has no samples.
+    pub edge_keys: Option<(String, String)>,
 }
 
 /// How a shard's bytes are stored, told by its first bytes (never by its name).
@@ -333,6 +336,11 @@ impl Grouper {
             start,
             len: self.open_end - start,
         });
+        let text = String::from_utf8_lossy(&key).into_owned();
+        match &mut self.index.edge_keys {
+            None => self.index.edge_keys = Some((text.clone(), text)),
+            Some((_, last)) => *last = text,
+        }
         Some(key)
     }
 

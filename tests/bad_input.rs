@@ -502,3 +502,20 @@ fn an_unwritable_output_fails_before_any_data_moves() {
         res.check(!res.stderr.contains("indexing"), "refused before indexing");
     });
 }
+
+#[test]
+fn a_sample_split_across_two_shards_names_both_files() {
+    let dir = Dir::new("split-sample");
+    dir.create_dir("in");
+    dir.create_bytes(
+        "in/a.tar",
+        &tar_of(&[("k1.jpg", b"1"), ("k2.jpg", b"2"), ("k3.jpg", b"3")]),
+    );
+    dir.create_bytes("in/b.tar", &tar_of(&[("k3.cls", b"3"), ("k4.jpg", b"4")]));
+    for np in [1, 2] {
+        let res = fails_cleanly(&dir, np, &["in"], &format!("out-np{np}"));
+        res.stderr_has("\"k3\" is split across two input shards");
+        res.stderr_has("a.tar");
+        res.stderr_has("b.tar");
+    }
+}

@@ -170,15 +170,39 @@ pub fn index_file(path: &Path) -> Result<ShardIndex> {
 }
 
 /// The key of the sample whose records start at `start` of the shard at `path` (its first
-/// member's path, long names and PAX paths included).
+/// member's path, long names and PAX paths included); for a compressed shard, `start` is an
+/// offset of the decompressed stream.
 ///
 /// # Errors
 /// The file cannot be read there, or holds no keyed member there.
 pub fn key_at(path: &Path, start: u64, len: u64) -> Result<String> {
+    let codec = Codec::sniff(path)?;
     let mut file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-    file.seek(SeekFrom::Start(start))
-        .with_context(|| format!("{}: cannot seek to byte offset {start}", path.display()))?;
-    let mut archive = tar::Archive::new(file.take(len));
+    let reader: Box<dyn Read> = if codec == Codec::Plain {
+        file.seek(SeekFrom::Start(start))
+            .with_context(|| format!("{}: cannot seek to byte offset {start}", path.display()))?;
+        Box::new(file.take(len))
+    } else {
+        // Offsets are in the decompressed stream: decompress up to the sample.
+        let mut stream = codec
+            .decoder(file)
+            .with_context(|| format!("{}: cannot start decompressing", path.display()))?;
+        let skipped =
+            io::copy(&mut (&mut stream).take(start), &mut io::sink()).with_context(|| {
+                format!(
+                    "{}: decompressing up to byte offset {start}",
+                    path.display()
+                )
+            })?;
+        if skipped < start {
+            bail!(
+                "{}: the decompressed stream ends at byte {skipped}, before byte offset {start}",
+                path.display()
+            );
+        }
+        Box::new(stream.take(len))
+    };
+    let mut archive = tar::Archive::new(reader);
     let what = || {
         format!(
             "{}: byte offset {start}: expected a sample's first header",
@@ -548,6 +572,32 @@ mod tests {
 
         let err = format!("{:#}", index(&[0x1f, 0x8b, 8, 0, 0, 0]).unwrap_err());
         assert!(err.contains("gzip"), "{err}");
+    }
+
+    #[test]
+    fn key_at_reads_plain_and_compressed_shards() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = format!("{}/long.jpg", "d".repeat(120));
+        let bytes = tar_of(&[("a.jpg", b"1"), (&long, b"2")]);
+        let plain = dir.path().join("s.tar");
+        std::fs::write(&plain, &bytes).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        io::Write::write_all(&mut gz, &bytes).unwrap();
+        let packed = dir.path().join("s.tgz");
+        std::fs::write(&packed, gz.finish().unwrap()).unwrap();
+        for path in [&plain, &packed] {
+            let idx = index_file(path).unwrap();
+            assert_eq!(
+                key_at(path, idx.samples[0].start, idx.samples[0].len).unwrap(),
+                "a"
+            );
+            let want = format!("{}/long", "d".repeat(120));
+            assert_eq!(
+                key_at(path, idx.samples[1].start, idx.samples[1].len).unwrap(),
+                want
+            );
+            assert_eq!(idx.edge_keys, Some(("a".to_string(), want)));
+        }
     }
 
     #[test]

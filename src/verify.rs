@@ -36,7 +36,7 @@ use crate::manifest::ShardEntry;
 use crate::plan::{assign_inputs, Equalize};
 use crate::report::Stats;
 use crate::size::human_bytes;
-use crate::tar_index::{index_file, key_at, sample_key, Codec, Sample, ShardIndex};
+use crate::tar_index::{index_file, key_at, Codec, Sample, ShardIndex};
 
 /// How many example samples each kind of mismatch lists.
 const EXAMPLES: usize = 5;
@@ -877,26 +877,9 @@ fn digest_samples(
     Ok(bytes)
 }
 
-/// The key of the sample at `offset` of a shard: its first member's path up to the key.
-/// Plain files are read right there; compressed ones are decompressed up to it.
+/// The key of the sample at `offset` of a shard (of its decompressed stream when compressed).
 fn key_of_sample(path: &Path, offset: u64) -> Result<String> {
-    if Codec::sniff(path)? == Codec::Plain {
-        return key_at(path, offset, u64::MAX);
-    }
-    let mut stream = TarStream::open(path)?;
-    stream.skip_to(offset)?;
-    let name = stream.name.clone();
-    let what = || format!("{name}: byte offset {offset}: expected a sample's first header");
-    let mut archive = tar::Archive::new(stream.reader);
-    let entry = archive
-        .entries()
-        .with_context(what)?
-        .next()
-        .with_context(what)?
-        .with_context(what)?;
-    let member = entry.path_bytes();
-    let key = sample_key(&member).with_context(what)?;
-    Ok(String::from_utf8_lossy(key).into_owned())
+    key_at(path, offset, u64::MAX)
 }
 
 /// Sends every record to the rank that owns its digest; returns the records this rank owns.

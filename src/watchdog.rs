@@ -86,6 +86,9 @@ impl Watchdog {
                              {culprits}; aborting the job, nothing is published",
                             idle.as_secs()
                         );
+                        // Give the launcher a moment to forward the message: an abort kills its
+                        // stdio relays too, and the message is the point.
+                        std::thread::sleep(Duration::from_millis(300));
                         abort(STALL_EXIT);
                         return;
                     }

@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{Balance, RunConfig};
-use crate::comm::{agree, broadcast_result, exclusive_sum, gather, Comm, PeerFailed};
+use crate::comm::{self, agree, broadcast_result, exclusive_sum, gather, Comm, PeerFailed};
 use crate::exchange::{self, Buffers, ExchangeStats, Job, LocalSample};
 use crate::input::{expand_specs, InputShard};
 use crate::manifest::{Manifest, RunInfo, ShardEntry};
@@ -548,30 +548,17 @@ fn index_shards(
 /// Calls its argument once for every (output position, sample length) record a rank holds.
 type Records<'a> = &'a dyn Fn(&mut dyn FnMut(u64, u64));
 
-/// Sends every record to the rank `dest` picks for its position; returns the records received.
-/// Two passes (count, then fill) build one send buffer in place: 16 bytes per record.
+/// Sends every (position, length) record to the rank `dest` picks for its position; returns the
+/// records received (16 bytes each).
 fn route(comm: &impl Comm, records: Records<'_>, dest: &dyn Fn(u64) -> usize) -> Vec<u8> {
-    let ranks = comm.size();
-    let mut counts = vec![0usize; ranks];
-    records(&mut |p, _| counts[dest(p)] += 16);
-    let mut ranges = Vec::with_capacity(ranks);
-    let mut fill_at = Vec::with_capacity(ranks);
-    let mut at = 0;
-    for c in counts {
-        ranges.push(at..at + c);
-        fill_at.push(at);
-        at += c;
-    }
-    let mut send = vec![0u8; at];
-    records(&mut |p, len| {
-        let d = dest(p);
-        send[fill_at[d]..fill_at[d] + 8].copy_from_slice(&p.to_le_bytes());
-        send[fill_at[d] + 8..fill_at[d] + 16].copy_from_slice(&len.to_le_bytes());
-        fill_at[d] += 16;
-    });
-    let mut recv = Vec::new();
-    comm.all_to_all(&send, &ranges, &mut recv);
-    recv
+    comm::route(comm, 16, &|sink| {
+        records(&mut |p, len| {
+            let mut rec = [0u8; 16];
+            rec[..8].copy_from_slice(&p.to_le_bytes());
+            rec[8..].copy_from_slice(&len.to_le_bytes());
+            sink(dest(p), &rec);
+        })
+    })
 }
 
 /// The length at every position of `positions` from received records, each exactly once.

@@ -30,7 +30,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::VerifyArgs;
-use crate::comm::{agree, broadcast_result, exclusive_sum, gather, Comm};
+use crate::comm::{agree, broadcast_result, exclusive_sum, gather, route, Comm};
 use crate::input::{expand_specs, InputShard};
 use crate::manifest::ShardEntry;
 use crate::plan::{assign_inputs, Equalize};
@@ -885,27 +885,13 @@ fn key_of_sample(path: &Path, offset: u64) -> Result<String> {
 /// Sends every record to the rank that owns its digest; returns the records this rank owns.
 fn route_records(comm: &impl Comm, records: &[Record]) -> Vec<Record> {
     let ranks = comm.size();
-    let mut counts = vec![0usize; ranks];
-    for r in records {
-        counts[r.owner(ranks)] += RECORD_BYTES;
-    }
-    let mut ranges = Vec::with_capacity(ranks);
-    let mut fill_at = Vec::with_capacity(ranks);
-    let mut at = 0;
-    for c in counts {
-        ranges.push(at..at + c);
-        fill_at.push(at);
-        at += c;
-    }
-    let mut send = vec![0u8; at];
-    for r in records {
-        let d = r.owner(ranks);
-        r.encode(&mut send[fill_at[d]..fill_at[d] + RECORD_BYTES]);
-        fill_at[d] += RECORD_BYTES;
-    }
-    let mut recv = Vec::new();
-    comm.all_to_all(&send, &ranges, &mut recv);
-    drop(send);
+    let recv = route(comm, RECORD_BYTES, &|sink| {
+        for r in records {
+            let mut bytes = [0u8; RECORD_BYTES];
+            r.encode(&mut bytes);
+            sink(r.owner(ranks), &bytes);
+        }
+    });
     recv.chunks_exact(RECORD_BYTES)
         .map(Record::decode)
         .collect()
@@ -1120,28 +1106,14 @@ fn compare(mut records: Vec<Record>, equalize: Equalize, shards: usize) -> Tally
 fn distinct_inputs_per_output(comm: &impl Comm, pairs: &[(u32, u32)], shards: usize) -> Vec<u64> {
     let ranks = comm.size();
     let owner = |s: u32| s as usize % ranks;
-    let mut counts = vec![0usize; ranks];
-    for &(s, _) in pairs {
-        counts[owner(s)] += 8;
-    }
-    let mut ranges = Vec::with_capacity(ranks);
-    let mut fill_at = Vec::with_capacity(ranks);
-    let mut at = 0;
-    for c in counts {
-        ranges.push(at..at + c);
-        fill_at.push(at);
-        at += c;
-    }
-    let mut send = vec![0u8; at];
-    for &(s, i) in pairs {
-        let d = owner(s);
-        send[fill_at[d]..fill_at[d] + 4].copy_from_slice(&s.to_le_bytes());
-        send[fill_at[d] + 4..fill_at[d] + 8].copy_from_slice(&i.to_le_bytes());
-        fill_at[d] += 8;
-    }
-    let mut recv = Vec::new();
-    comm.all_to_all(&send, &ranges, &mut recv);
-    drop(send);
+    let recv = route(comm, 8, &|sink| {
+        for &(s, i) in pairs {
+            let mut bytes = [0u8; 8];
+            bytes[..4].copy_from_slice(&s.to_le_bytes());
+            bytes[4..].copy_from_slice(&i.to_le_bytes());
+            sink(owner(s), &bytes);
+        }
+    });
     let mut got: Vec<(u32, u32)> = recv
         .chunks_exact(8)
         .map(|c| {

@@ -117,6 +117,38 @@ where
     Ok(v)
 }
 
+/// Where [`route`]'s caller emits each record: (destination rank, record bytes).
+pub type RecordSink<'a> = &'a mut dyn FnMut(usize, &[u8]);
+
+/// Sends fixed-width records each to the rank it names, in one all-to-all, and returns the
+/// records received (whole `width`-byte records, by source rank). `each` is called twice — to
+/// count, then to fill one send buffer in place — and must emit the same records both times, as
+/// (destination rank, record bytes).
+pub fn route(comm: &impl Comm, width: usize, each: &dyn Fn(RecordSink<'_>)) -> Vec<u8> {
+    let ranks = comm.size();
+    let mut counts = vec![0usize; ranks];
+    each(&mut |d, rec| {
+        debug_assert_eq!(rec.len(), width);
+        counts[d] += width;
+    });
+    let mut ranges = Vec::with_capacity(ranks);
+    let mut fill_at = Vec::with_capacity(ranks);
+    let mut at = 0;
+    for c in counts {
+        ranges.push(at..at + c);
+        fill_at.push(at);
+        at += c;
+    }
+    let mut send = vec![0u8; at];
+    each(&mut |d, rec| {
+        send[fill_at[d]..fill_at[d] + width].copy_from_slice(rec);
+        fill_at[d] += width;
+    });
+    let mut recv = Vec::new();
+    comm.all_to_all(&send, &ranges, &mut recv);
+    recv
+}
+
 /// Every rank's `data` on `root`, by rank (empty vectors elsewhere).
 pub fn gather(comm: &impl Comm, root: usize, data: &[u8]) -> Vec<Vec<u8>> {
     let mut ranges = vec![0..0; comm.size()];

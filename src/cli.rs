@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::plan::{Equalize, Sizing};
 use crate::size::parse_size;
+use crate::tar_index::Codec;
 
 /// Reorganize WebDataset tar shards over MPI: a global, seeded reshuffle into a new, balanced
 /// set of shards with a wids index.
@@ -117,6 +118,11 @@ pub struct RunArgs {
     /// both once more); exit 1 if anything does not hold.
     #[arg(long)]
     pub verify: bool,
+
+    /// Compress the output shards: none (plain .tar, the default), gz (.tar.gz) or zst
+    /// (.tar.zst). Each writer compresses its shards once they are complete, streaming.
+    #[arg(long, value_enum, default_value_t = CompressArg::None)]
+    pub compress: CompressArg,
 
     /// Add each shard's MD5 (`md5sum`) to index.json; wids checks it after a download. Costs a
     /// read-back of the output.
@@ -228,6 +234,14 @@ fn epoch_template(path: &std::path::Path, epoch: u64) -> String {
         .replace("{epoch}", &epoch.to_string())
 }
 
+/// `--compress` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompressArg {
+    None,
+    Gz,
+    Zst,
+}
+
 /// `--equalize` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EqualizeArg {
@@ -284,6 +298,7 @@ pub struct RunConfig {
     pub mem_limit: u64,
     pub force: bool,
     pub report: Option<PathBuf>,
+    pub compress: Codec,
     pub checksum: bool,
     pub index: Option<PathBuf>,
     pub link: Option<PathBuf>,
@@ -396,6 +411,11 @@ impl RunArgs {
             mem_limit,
             force: self.force,
             report: self.report.clone(),
+            compress: match self.compress {
+                CompressArg::None => Codec::Plain,
+                CompressArg::Gz => Codec::Gzip,
+                CompressArg::Zst => Codec::Zstd,
+            },
             checksum: self.checksum,
             index: self.index.clone(),
             link: self

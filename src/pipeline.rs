@@ -25,8 +25,8 @@ use crate::progress::{peak_rss, PhaseTimes, Progress};
 use crate::report::{GpuShare, PlanReport, Stats};
 use crate::saved_index::{self, Lookup};
 use crate::size::human_bytes;
-use crate::tar_index::{index_file, key_at, Sample, ShardIndex, Skipped};
-use crate::writer::{shard_file_name, OutputShards};
+use crate::tar_index::{index_file, key_at, Codec, Sample, ShardIndex, Skipped};
+use crate::writer::{compress_shard, md5_file, published_name, shard_file_name, OutputShards};
 
 /// One rank's share of the work.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -330,29 +330,35 @@ fn run_prepared(
     }
     // An input that changed while it was read may have fed stale or torn samples: refuse.
     agree(comm, check_unchanged(inputs, mine_range.clone()))?;
-    let saved = output.sync().and_then(|()| {
+    // Sync; compress (--compress); save each shard's index; digest (--checksum): per shard, on
+    // its writer, then the sizes and digests go to rank 0 for the manifest.
+    let finished = output.sync().and_then(|()| {
         let dir = staging.join(saved_index::DIR_NAME);
-        for s in layout.shards.clone() {
+        let mut sizes = Vec::new();
+        let mut sums = Vec::new();
+        for (k, s) in layout.shards.clone().enumerate() {
+            let plain = staging.join(shard_file_name(&cfg.prefix, s));
+            let published = staging.join(published_name(&cfg.prefix, s, cfg.compress));
+            let size = if cfg.compress == Codec::Plain {
+                layout.shard_bytes[k]
+            } else {
+                compress_shard(&plain, &published, cfg.compress)?
+            };
+            sizes.push(size);
             let samples = plan.shard_positions(s).map(|p| {
                 let (start, len) = layout.place(p).expect("laid out");
                 Sample { start, len }
             });
-            saved_index::save(
-                &dir,
-                &staging.join(shard_file_name(&cfg.prefix, s)),
-                samples,
-            )?;
+            saved_index::save(&dir, &published, samples)?;
+            if cfg.checksum {
+                sums.extend(md5_file(&published)?);
+            }
         }
-        Ok(())
+        Ok((sizes, sums))
     });
-    agree(comm, saved)?;
-    let md5 = if cfg.checksum {
-        let sums = agree(comm, output.md5sums())?;
-        let flat: Vec<u8> = sums.concat();
-        gather(comm, 0, &flat).concat()
-    } else {
-        Vec::new()
-    };
+    let (sizes, sums) = agree(comm, finished)?;
+    let file_bytes = gather_u64s(comm, &sizes);
+    let md5 = gather(comm, 0, &sums).concat();
     drop(output);
     let published = lead.then(|| {
         let _ = fs::remove_dir_all(staging.join(HEARTBEATS));
@@ -364,7 +370,7 @@ fn run_prepared(
             shards,
             samples,
             sample_bytes,
-            output_bytes: shard_bytes.iter().sum(),
+            output_bytes: file_bytes.iter().sum(),
             inputs: inputs
                 .iter()
                 .map(|s| s.path.display().to_string())
@@ -383,6 +389,10 @@ fn run_prepared(
             gpus,
         };
         let mut shardlist = shardlist;
+        for (s, entry) in shardlist.iter_mut().enumerate() {
+            entry.url = published_name(&cfg.prefix, s as u64, cfg.compress);
+            entry.filesize = file_bytes[s];
+        }
         for (entry, sum) in shardlist.iter_mut().zip(md5.chunks_exact(16)) {
             entry.md5sum = Some(sum.iter().map(|b| format!("{b:02x}")).collect());
         }
@@ -990,6 +1000,7 @@ mod tests {
             force: false,
             report: None,
             checksum: false,
+            compress: Codec::Plain,
             index: None,
             link: None,
             keep: None,

@@ -9,11 +9,78 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{anyhow, Context, Result};
 
+use crate::tar_index::Codec;
+
 use crate::plan::ShardLayout;
 
-/// The file name of output shard `index`.
+/// The file name of output shard `index` (while it is written: always a plain tar).
 pub fn shard_file_name(prefix: &str, index: u64) -> String {
     format!("{prefix}-{index:06}.tar")
+}
+
+/// The published file name of output shard `index` with `--compress codec`.
+pub fn published_name(prefix: &str, index: u64, codec: Codec) -> String {
+    let base = shard_file_name(prefix, index);
+    match codec {
+        Codec::Plain => base,
+        Codec::Gzip => base + ".gz",
+        Codec::Zstd => base + ".zst",
+    }
+}
+
+/// Compresses the finished plain shard at `plain` into the file `to` with `codec`, streaming
+/// (bounded memory), syncs it and removes the plain shard. Returns the compressed size.
+///
+/// # Errors
+/// Reading, writing or syncing fails (the message names the file).
+pub fn compress_shard(plain: &Path, to: &Path, codec: Codec) -> Result<u64> {
+    let mut src =
+        File::open(plain).with_context(|| format!("{}: cannot reopen", plain.display()))?;
+    let dst = File::create(to).with_context(|| format!("{}: cannot create", to.display()))?;
+    let out = std::io::BufWriter::with_capacity(1 << 20, dst);
+    let ctx = || format!("compressing {} into {}", plain.display(), to.display());
+    let file = match codec {
+        Codec::Plain => unreachable!("only compressed shards are compressed"),
+        Codec::Gzip => {
+            let mut e = flate2::write::GzEncoder::new(out, flate2::Compression::default());
+            std::io::copy(&mut src, &mut e).with_context(ctx)?;
+            e.finish()
+                .with_context(ctx)?
+                .into_inner()
+                .map_err(|e| e.into_error())
+                .with_context(ctx)?
+        }
+        Codec::Zstd => {
+            let mut e = zstd::stream::write::Encoder::new(out, 3).with_context(ctx)?;
+            std::io::copy(&mut src, &mut e).with_context(ctx)?;
+            e.finish()
+                .with_context(ctx)?
+                .into_inner()
+                .map_err(|e| e.into_error())
+                .with_context(ctx)?
+        }
+    };
+    file.sync_all()
+        .with_context(|| format!("{}: cannot sync", to.display()))?;
+    let size = file
+        .metadata()
+        .with_context(|| format!("{}: cannot stat", to.display()))?
+        .len();
+    std::fs::remove_file(plain).with_context(|| format!("{}: cannot remove", plain.display()))?;
+    Ok(size)
+}
+
+/// The MD5 digest of the file at `path`, read sequentially.
+///
+/// # Errors
+/// The file cannot be read.
+pub fn md5_file(path: &Path) -> Result<[u8; 16]> {
+    use md5::Digest;
+    let mut file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    let mut hasher = md5::Md5::new();
+    std::io::copy(&mut file, &mut hasher)
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    Ok(hasher.finalize().into())
 }
 
 /// The shards one rank writes, open for positioned writes.
@@ -35,7 +102,6 @@ impl OutputShards {
         for (shard, &bytes) in layout.shards.clone().zip(&layout.shard_bytes) {
             let path = dir.join(shard_file_name(prefix, shard));
             let file = OpenOptions::new()
-                .read(true)
                 .write(true)
                 .create_new(true)
                 .open(&path)
@@ -163,33 +229,6 @@ impl OutputShards {
             done += n as u64;
         }
         Ok(())
-    }
-
-    /// The MD5 digest of each of these shards, in order, read back from the files (positioned
-    /// writes arrive out of order, so the digest cannot be taken on the way in).
-    ///
-    /// # Errors
-    /// A shard cannot be read.
-    pub fn md5sums(&self) -> Result<Vec<[u8; 16]>> {
-        use md5::Digest;
-        let mut buf = vec![0u8; 4 << 20];
-        let mut sums = Vec::with_capacity(self.files.len());
-        for (path, file) in &self.files {
-            let mut hasher = md5::Md5::new();
-            let mut at = 0u64;
-            loop {
-                let n = file.read_at(&mut buf, at).with_context(|| {
-                    format!("{}: cannot read back at byte offset {at}", path.display())
-                })?;
-                if n == 0 {
-                    break;
-                }
-                hasher.update(&buf[..n]);
-                at += n as u64;
-            }
-            sums.push(hasher.finalize().into());
-        }
-        Ok(sums)
     }
 
     /// Flushes every shard to stable storage.

@@ -100,3 +100,83 @@ fn a_truncated_compressed_shard_is_a_clear_error() {
         res.check(!dir.join("out").exists(), "nothing may be published");
     }
 }
+
+fn decompress(path: &Path) -> Vec<u8> {
+    let raw = fs::read(path).unwrap();
+    if path.extension().is_some_and(|e| e == "gz") {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&raw[..]), &mut out).unwrap();
+        out
+    } else {
+        zstd::decode_all(&raw[..]).unwrap()
+    }
+}
+
+#[test]
+fn compressed_outputs_hold_the_plain_shards_and_feed_the_next_epoch() {
+    let dir = Dir::new("compress-out");
+    dir.generate(
+        "in",
+        &[
+            "--shards",
+            "3",
+            "--samples",
+            "50",
+            "--mean-size",
+            "3KiB",
+            "--seed",
+            "9",
+        ],
+    );
+    run(&dir, Some(2), &["in"], "plain", 4, 5, &[]);
+    for (codec, ext) in [("gz", "tar.gz"), ("zst", "tar.zst")] {
+        for np in [1, 3] {
+            let out = dir.join(format!("{codec}-np{np}"));
+            run(
+                &dir,
+                Some(np),
+                &["in"],
+                out.to_str().unwrap(),
+                4,
+                5,
+                &["--compress", codec, "--checksum"],
+            );
+            let index: serde_json::Value =
+                serde_json::from_slice(&fs::read(out.join("index.json")).unwrap()).unwrap();
+            for (i, entry) in index["shardlist"].as_array().unwrap().iter().enumerate() {
+                let name = format!("shard-{i:06}.{ext}");
+                assert_eq!(entry["url"], name.as_str());
+                let path = out.join(&name);
+                assert_eq!(
+                    entry["filesize"].as_u64().unwrap(),
+                    fs::metadata(&path).unwrap().len()
+                );
+                let plain = fs::read(dir.join(format!("plain/shard-{i:06}.tar"))).unwrap();
+                assert!(
+                    decompress(&path) == plain,
+                    "{name}: not the plain shard's bytes"
+                );
+            }
+            assert!(
+                !out.join("shard-000000.tar").exists(),
+                "the plain shard must be gone"
+            );
+            // reshard verify reads compressed outputs.
+            let mut v = dir.mpi(np);
+            v.args(["verify", "--input", "in", "--output", out.to_str().unwrap()]);
+            v.assert_success();
+        }
+        // The next epoch reads the compressed output through its saved index.
+        let prev = format!("{codec}-np1");
+        let res = run(
+            &dir,
+            Some(2),
+            &[prev.as_str()],
+            &format!("{codec}-next"),
+            4,
+            6,
+            &[],
+        );
+        res.stderr_has("reused the saved index of 4 of 4 input shards");
+    }
+}

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::plan::{Equalize, Sizing};
 use crate::size::parse_size;
-use crate::tar_index::Codec;
+use crate::tar_index::{Codec, OnDuplicate, OnIncomplete, Rules};
 
 /// Reorganize WebDataset tar shards over MPI: a global, seeded reshuffle into a new, balanced
 /// set of shards with a wids index.
@@ -118,6 +118,21 @@ pub struct RunArgs {
     /// both once more); exit 1 if anything does not hold.
     #[arg(long)]
     pub verify: bool,
+
+    /// Extensions every sample must have, e.g. jpg,cls (see --on-incomplete).
+    #[arg(long, value_name = "EXT,...", value_delimiter = ',')]
+    pub require_ext: Vec<String>,
+
+    /// A sample lacking a --require-ext member: abort (naming file, key and what is missing),
+    /// warn (keep it), or exclude (leave it out, counted in index.json).
+    #[arg(long, value_enum, default_value_t = OnIncomplete::Abort)]
+    pub on_incomplete: OnIncomplete,
+
+    /// A repeated extension within a sample, a sample whose members are not adjacent, or the
+    /// same key in two samples: abort (naming where), warn, or keep. Checked while indexing
+    /// tar headers (not for inputs read through a saved index: reshard's own outputs).
+    #[arg(long, value_enum, default_value_t = OnDuplicate::Abort)]
+    pub on_duplicate: OnDuplicate,
 
     /// Compress the output shards: none (plain .tar, the default), gz (.tar.gz) or zst
     /// (.tar.zst). Each writer compresses its shards once they are complete, streaming.
@@ -298,6 +313,7 @@ pub struct RunConfig {
     pub mem_limit: u64,
     pub force: bool,
     pub report: Option<PathBuf>,
+    pub rules: Rules,
     pub compress: Codec,
     pub checksum: bool,
     pub index: Option<PathBuf>,
@@ -411,6 +427,16 @@ impl RunArgs {
             mem_limit,
             force: self.force,
             report: self.report.clone(),
+            rules: Rules {
+                require_ext: self
+                    .require_ext
+                    .iter()
+                    .map(|e| e.trim().trim_start_matches('.').to_string())
+                    .filter(|e| !e.is_empty())
+                    .collect(),
+                on_incomplete: self.on_incomplete,
+                on_duplicate: self.on_duplicate,
+            },
             compress: match self.compress {
                 CompressArg::None => Codec::Plain,
                 CompressArg::Gz => Codec::Gzip,

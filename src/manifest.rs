@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::cli::Balance;
 use crate::plan::Equalize;
 use crate::report::{GpuShare, Stats};
-use crate::tar_index::Skipped;
+use crate::tar_index::{Hygiene, Skipped};
 
 /// The manifest written as `DIR/index.json`. wids reads `__kind__`, `wids_version` and
 /// `shardlist`; everything reshard adds lives under `reshard`.
@@ -69,6 +69,9 @@ pub struct RunInfo {
     pub shard_bytes: Stats,
     /// Samples (and batches) per GPU, with `--gpus`.
     pub gpus: Option<GpuShare>,
+    /// What the sample hygiene rules found: incomplete samples kept or excluded, duplicates kept.
+    #[serde(default)]
+    pub hygiene: Hygiene,
 }
 
 impl Manifest {

@@ -25,7 +25,9 @@ use crate::progress::{peak_rss, PhaseTimes, Progress};
 use crate::report::{GpuShare, PlanReport, Stats};
 use crate::saved_index::{self, Lookup};
 use crate::size::human_bytes;
-use crate::tar_index::{index_file, key_at, Codec, Sample, ShardIndex, Skipped};
+use crate::tar_index::{
+    index_file_with, key_at, Codec, Hygiene, OnDuplicate, Rules, Sample, ShardIndex, Skipped,
+};
 use crate::writer::{compress_shard, md5_file, published_name, shard_file_name, OutputShards};
 
 /// One rank's share of the work.
@@ -55,6 +57,7 @@ pub struct Summary {
     pub gpus: Option<GpuShare>,
     pub ranks: usize,
     pub skipped: Skipped,
+    pub hygiene: Hygiene,
     pub phases: PhaseTimes,
     pub rounds: u64,
     /// The memory budget per rank (`--mem-limit`).
@@ -109,6 +112,13 @@ impl Summary {
             s += &format!(
                 "  skipped entries (not part of any sample): {} directories, {} files without a key, {} links/special files, {} PAX global headers\n",
                 k.directories, k.keyless_files, k.other_entries, k.global_headers
+            );
+        }
+        let h = self.hygiene;
+        if h.incomplete + h.excluded + h.duplicates > 0 {
+            s += &format!(
+                "  sample hygiene: {} incomplete kept, {} incomplete excluded, {} duplicates kept\n",
+                h.incomplete, h.excluded, h.duplicates
             );
         }
         let rss: Vec<String> = self
@@ -186,10 +196,29 @@ fn run_prepared(
     let mine = assign_inputs(&sizes, ranks)[rank].clone();
     let mine_range = mine.clone();
     let reused = AtomicUsize::new(0);
-    let indexed = index_shards(inputs, mine, cfg.index.as_deref(), &reused);
-    let (local, skipped, shard_counts, edges) = agree(comm, indexed)?;
+    let indexed = index_shards(inputs, mine, cfg.index.as_deref(), &cfg.rules, &reused);
+    let Indexed {
+        local,
+        skipped,
+        hygiene,
+        counts: shard_counts,
+        edges,
+        key_hashes,
+    } = agree(comm, indexed)?;
     let gathered = gather(comm, 0, &serde_json::to_vec(&edges).expect("encodable"));
     broadcast_result(comm, 0, lead.then(|| split_sample_check(inputs, &gathered)))?;
+    // After the split check: a split sample is also a key in two shards, and the more
+    // specific message wins.
+    let cross = if cfg.rules.on_duplicate == OnDuplicate::Keep {
+        0
+    } else {
+        let found = cross_shard_duplicates(comm, inputs, &key_hashes, cfg.rules.on_duplicate);
+        agree(comm, found)?
+    };
+    drop(key_hashes);
+    let mut hygiene_totals = hygiene.to_array().to_vec();
+    hygiene_totals[2] += cross;
+    let hygiene = Hygiene::from_array(comm.all_sum(&hygiene_totals).try_into().unwrap());
     let reused = comm.all_sum(&[reused.into_inner() as u64])[0];
     if reused > 0 {
         narrate(
@@ -387,6 +416,7 @@ fn run_prepared(
             shard_samples: Stats::of(&shard_samples),
             shard_bytes: Stats::of(&shard_bytes),
             gpus,
+            hygiene,
         };
         let mut shardlist = shardlist;
         for (s, entry) in shardlist.iter_mut().enumerate() {
@@ -425,6 +455,7 @@ fn run_prepared(
         gpus,
         ranks,
         skipped,
+        hygiene,
         phases: times.clone(),
         rounds: stats.rounds,
         mem_limit: cfg.mem_limit,
@@ -498,8 +529,9 @@ fn index_shards(
     inputs: &[InputShard],
     mine: std::ops::Range<usize>,
     index_dir: Option<&Path>,
+    rules: &Rules,
     reused: &AtomicUsize,
-) -> Result<(Vec<LocalSample>, Skipped, Vec<u64>, EdgeKeys)> {
+) -> Result<Indexed> {
     const THREADS: usize = 8;
     let next = AtomicUsize::new(mine.start);
     let results: Mutex<Vec<Option<Result<ShardIndex>>>> =
@@ -517,10 +549,10 @@ fn index_shards(
                         reused.fetch_add(1, Ordering::Relaxed);
                         Ok(idx)
                     }
-                    Lookup::Missing => index_file(path),
+                    Lookup::Missing => index_file_with(path, rules),
                     Lookup::Stale(why) => {
                         eprintln!("reshard: warning: re-indexing: {why}");
-                        index_file(path)
+                        index_file_with(path, rules)
                     }
                 };
                 let failed = r.is_err();
@@ -532,18 +564,23 @@ fn index_shards(
             });
         }
     });
-    let mut local = Vec::new();
+    let mut out = Indexed::default();
     let mut skipped = [0u64; 4];
-    let mut counts = Vec::with_capacity(mine.len());
-    let mut edges = Vec::new();
+    let mut hygiene = [0u64; 3];
     for (i, r) in mine.clone().zip(results.into_inner().unwrap()) {
         let Some(idx) = r.transpose()? else { continue };
-        counts.push(idx.samples.len() as u64);
+        out.counts.push(idx.samples.len() as u64);
         if let Some(keys) = idx.edge_keys {
-            edges.push((i, keys));
+            out.edges.push((i, keys));
         }
         let shard = u32::try_from(i).context("more than 2^32 input shards")?;
-        local.extend(idx.samples.iter().map(|s| LocalSample {
+        for (s, &h) in idx.samples.iter().zip(&idx.key_hashes) {
+            out.key_hashes.push((h, shard, s.start));
+        }
+        for (a, b) in hygiene.iter_mut().zip(idx.hygiene.to_array()) {
+            *a += b;
+        }
+        out.local.extend(idx.samples.iter().map(|s| LocalSample {
             shard,
             start: s.start,
             len: s.len,
@@ -552,7 +589,92 @@ fn index_shards(
             *a += b;
         }
     }
-    Ok((local, Skipped::from_array(skipped), counts, edges))
+    out.skipped = Skipped::from_array(skipped);
+    out.hygiene = Hygiene::from_array(hygiene);
+    Ok(out)
+}
+
+/// What a rank's indexing found.
+#[derive(Debug, Default)]
+struct Indexed {
+    /// This rank's samples, in input order.
+    local: Vec<LocalSample>,
+    skipped: Skipped,
+    hygiene: Hygiene,
+    /// Samples per input shard of this rank.
+    counts: Vec<u64>,
+    edges: EdgeKeys,
+    /// (key hash, input shard, sample start) when duplicate keys are looked for.
+    key_hashes: Vec<(u64, u32, u64)>,
+}
+
+/// The same key in samples of different input shards: key hashes go to the rank `hash mod P`,
+/// which confirms equal hashes by reading the keys (a hash collision is not a duplicate) and
+/// counts, warns or fails per `--on-duplicate`. Returns the duplicates this rank found.
+fn cross_shard_duplicates(
+    comm: &impl Comm,
+    inputs: &[InputShard],
+    hashes: &[(u64, u32, u64)],
+    policy: OnDuplicate,
+) -> Result<u64> {
+    let ranks = comm.size() as u64;
+    let recv = comm::route(comm, 20, &|sink| {
+        for &(h, shard, start) in hashes {
+            let mut rec = [0u8; 20];
+            rec[..8].copy_from_slice(&h.to_le_bytes());
+            rec[8..12].copy_from_slice(&shard.to_le_bytes());
+            rec[12..].copy_from_slice(&start.to_le_bytes());
+            sink((h % ranks) as usize, &rec);
+        }
+    });
+    let mut mine: Vec<(u64, u32, u64)> = recv
+        .chunks_exact(20)
+        .map(|r| {
+            (
+                u64::from_le_bytes(r[..8].try_into().unwrap()),
+                u32::from_le_bytes(r[8..12].try_into().unwrap()),
+                u64::from_le_bytes(r[12..].try_into().unwrap()),
+            )
+        })
+        .collect();
+    mine.sort_unstable();
+    let mut found = 0u64;
+    for run in mine
+        .chunk_by(|a, b| a.0 == b.0)
+        .filter(|r| r.len() > 1 && r.iter().any(|e| e.1 != r[0].1))
+    {
+        let mut keyed: Vec<(String, u32, u64)> = Vec::with_capacity(run.len());
+        for &(_, shard, start) in run {
+            keyed.push((
+                key_at(&inputs[shard as usize].path, start, u64::MAX)?,
+                shard,
+                start,
+            ));
+        }
+        keyed.sort();
+        for same in keyed.chunk_by(|a, b| a.0 == b.0) {
+            let first = &same[0];
+            for other in same.iter().filter(|e| e.1 != first.1) {
+                let what = format!(
+                    "sample key {:?} occurs in two samples: {} at byte offset {} and {} at byte offset {}",
+                    first.0,
+                    inputs[first.1 as usize].path.display(),
+                    first.2,
+                    inputs[other.1 as usize].path.display(),
+                    other.2
+                );
+                match policy {
+                    OnDuplicate::Abort => {
+                        bail!("{what} (--on-duplicate abort; warn or keep accept it)")
+                    }
+                    OnDuplicate::Warn if found < 5 => eprintln!("reshard: warning: {what}"),
+                    _ => {}
+                }
+                found += 1;
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// Calls its argument once for every (output position, sample length) record a rank holds.
@@ -999,6 +1121,7 @@ mod tests {
             mem_limit,
             force: false,
             report: None,
+            rules: Rules::default(),
             checksum: false,
             compress: Codec::Plain,
             index: None,

@@ -120,8 +120,11 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
             meta.len()
         ));
     }
+    // Reshard's own output was checked when it was written: no keys, no hygiene checks here.
     Lookup::Found(ShardIndex {
         edge_keys: None,
+        hygiene: Default::default(),
+        key_hashes: Vec::new(),
         samples: saved
             .samples
             .into_iter()

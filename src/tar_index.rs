@@ -64,6 +64,67 @@ impl Skipped {
     }
 }
 
+/// `--on-incomplete`: what to do with a sample that lacks a `--require-ext` member.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnIncomplete {
+    /// Fail, naming the file, the key and what is missing.
+    #[default]
+    Abort,
+    /// Keep the sample, with a warning.
+    Warn,
+    /// Leave the sample out (counted).
+    Exclude,
+}
+
+/// `--on-duplicate`: what to do with a repeated extension in one sample, a sample whose members
+/// are not adjacent, or one key in two samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDuplicate {
+    /// Fail, naming the key and where it occurs.
+    Abort,
+    /// Keep everything, with a warning.
+    Warn,
+    /// Keep everything silently (the default of the library API; the CLI defaults to abort).
+    #[default]
+    Keep,
+}
+
+/// Sample hygiene rules applied while indexing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rules {
+    /// Extensions every sample must have (`--require-ext jpg,cls`).
+    pub require_ext: Vec<String>,
+    pub on_incomplete: OnIncomplete,
+    pub on_duplicate: OnDuplicate,
+}
+
+/// What the hygiene rules found (and kept or left out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hygiene {
+    /// Samples missing a required extension (kept with --on-incomplete warn).
+    pub incomplete: u64,
+    /// Samples left out by --on-incomplete exclude.
+    pub excluded: u64,
+    /// Repeated extensions, non-adjacent members and keys in two samples (kept with warn/keep).
+    pub duplicates: u64,
+}
+
+impl Hygiene {
+    pub fn to_array(self) -> [u64; 3] {
+        [self.incomplete, self.excluded, self.duplicates]
+    }
+
+    pub fn from_array(a: [u64; 3]) -> Self {
+        Hygiene {
+            incomplete: a[0],
+            excluded: a[1],
+            duplicates: a[2],
+        }
+    }
+}
+
 /// The samples of one shard, in file order, and what was skipped.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShardIndex {
@@ -72,6 +133,30 @@ pub struct ShardIndex {
     /// The keys of the first and last samples (to catch a sample split across two shards);
     /// `None` when unknown (an index saved without keys) or when the shard has no samples.
     pub edge_keys: Option<(String, String)>,
+    pub hygiene: Hygiene,
+    /// A 64-bit hash of each sample's key (only when duplicate keys are looked for across
+    /// shards), for [`key_hash`] comparisons; equal hashes are confirmed by reading the keys.
+    pub key_hashes: Vec<u64>,
+}
+
+/// A 64-bit hash of a sample key (FNV-1a, then a finalizer).
+pub fn key_hash(key: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+/// The extension of a member path: what follows the first `.` of its last component.
+fn extension(path: &[u8]) -> &[u8] {
+    let base_start = path.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
+    let base = &path[base_start..];
+    base.iter()
+        .position(|&b| b == b'.')
+        .map_or(&[][..], |d| &base[d + 1..])
 }
 
 /// How a shard's bytes are stored, told by its first bytes (never by its name).
@@ -140,6 +225,14 @@ pub fn sample_key(path: &[u8]) -> Option<&[u8]> {
 /// has a member without a key between two members of one sample. Every message names the file
 /// and the byte offset of the offending record.
 pub fn index_file(path: &Path) -> Result<ShardIndex> {
+    index_file_with(path, &Rules::default())
+}
+
+/// [`index_file`] with sample hygiene rules.
+///
+/// # Errors
+/// As [`index_file`], plus the violations the rules say to abort on.
+pub fn index_file_with(path: &Path, rules: &Rules) -> Result<ShardIndex> {
     let codec = Codec::sniff(path)?;
     let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     if codec != Codec::Plain {
@@ -155,7 +248,7 @@ pub fn index_file(path: &Path) -> Result<ShardIndex> {
                 path.display()
             )
         })?;
-        return index_entries(entries, None).with_context(|| {
+        return index_entries(entries, None, rules).with_context(|| {
             format!(
                 "{} ({codec:?}-compressed; offsets in the decompressed stream)",
                 path.display()
@@ -166,7 +259,8 @@ pub fn index_file(path: &Path) -> Result<ShardIndex> {
         .metadata()
         .with_context(|| format!("{}: cannot stat", path.display()))?
         .len();
-    index_reader(HeaderReader::new(file), len).with_context(|| path.display().to_string())
+    index_reader_with(HeaderReader::new(file), len, rules)
+        .with_context(|| path.display().to_string())
 }
 
 /// The key of the sample whose records start at `start` of the shard at `path` (its first
@@ -225,7 +319,19 @@ pub fn key_at(path: &Path, start: u64, len: u64) -> Result<String> {
 ///
 /// # Errors
 /// See [`index_file`].
-pub fn index_reader<R: Read + Seek>(mut reader: R, file_len: u64) -> Result<ShardIndex> {
+pub fn index_reader<R: Read + Seek>(reader: R, file_len: u64) -> Result<ShardIndex> {
+    index_reader_with(reader, file_len, &Rules::default())
+}
+
+/// [`index_reader`] with sample hygiene rules.
+///
+/// # Errors
+/// See [`index_file_with`].
+pub fn index_reader_with<R: Read + Seek>(
+    mut reader: R,
+    file_len: u64,
+    rules: &Rules,
+) -> Result<ShardIndex> {
     let mut magic = [0u8; 2];
     let got = read_up_to(&mut reader, &mut magic).context("byte offset 0: cannot read")?;
     if got == 2 && magic == [0x1f, 0x8b] {
@@ -239,7 +345,7 @@ pub fn index_reader<R: Read + Seek>(mut reader: R, file_len: u64) -> Result<Shar
     let entries = archive
         .entries_with_seek()
         .context("byte offset 0: cannot read the tar stream")?;
-    index_entries(entries, Some(file_len))
+    index_entries(entries, Some(file_len), rules)
 }
 
 /// Groups a stream of tar entries into samples. `file_len` (when the stream is a file that can
@@ -247,8 +353,9 @@ pub fn index_reader<R: Read + Seek>(mut reader: R, file_len: u64) -> Result<Shar
 fn index_entries<'a, R: Read + 'a>(
     mut entries: impl Iterator<Item = io::Result<tar::Entry<'a, R>>>,
     file_len: Option<u64>,
+    rules: &Rules,
 ) -> Result<ShardIndex> {
-    let mut grouper = Grouper::default();
+    let mut grouper = Grouper::new(rules);
     let mut cursor = 0u64; // end of the previous record: where the next record starts
     loop {
         let entry = match entries.next() {
@@ -282,7 +389,7 @@ fn index_entries<'a, R: Read + 'a>(
         grouper.push(kind, &path, cursor, end)?;
         cursor = end;
     }
-    Ok(grouper.finish())
+    grouper.finish()
 }
 
 enum Kind<'a> {
@@ -307,23 +414,73 @@ fn classify(t: tar::EntryType, path: &[u8]) -> Kind<'_> {
 }
 
 /// Groups consecutive members by key into samples.
-#[derive(Default)]
-struct Grouper {
+struct Grouper<'r> {
+    rules: &'r Rules,
     index: ShardIndex,
-    /// The open sample: its key and start.
+    /// The open sample: its key, start, and the extensions of its members so far.
     open: Option<(Vec<u8>, u64)>,
     open_end: u64,
+    open_exts: Vec<Vec<u8>>,
+    /// Keys of this shard's closed samples (only when looking for duplicates): a key seen again
+    /// is a sample whose members are not adjacent.
+    seen: std::collections::HashMap<Vec<u8>, u64>,
     /// A skipped entry that closed a sample, with that sample's key: a member with the same key
     /// after it would split the sample.
     after_skip: Option<(Vec<u8>, u64, String)>,
+    warnings: u32,
 }
 
-impl Grouper {
+impl<'r> Grouper<'r> {
+    fn new(rules: &'r Rules) -> Self {
+        Grouper {
+            rules,
+            index: ShardIndex::default(),
+            open: None,
+            open_end: 0,
+            open_exts: Vec::new(),
+            seen: std::collections::HashMap::new(),
+            after_skip: None,
+            warnings: 0,
+        }
+    }
+
+    fn checks_duplicates(&self) -> bool {
+        self.rules.on_duplicate != OnDuplicate::Keep
+    }
+
+    /// A duplicate: abort, or count (and warn).
+    fn duplicate(&mut self, what: String) -> Result<()> {
+        match self.rules.on_duplicate {
+            OnDuplicate::Abort => bail!("{what} (--on-duplicate abort; warn or keep accept it)"),
+            OnDuplicate::Warn => self.warn(&what),
+            OnDuplicate::Keep => {}
+        }
+        self.index.hygiene.duplicates += 1;
+        Ok(())
+    }
+
+    fn warn(&mut self, what: &str) {
+        self.warnings += 1;
+        if self.warnings <= 5 {
+            eprintln!("reshard: warning: {what}");
+        }
+    }
+
     fn push(&mut self, kind: Kind<'_>, path: &[u8], start: u64, end: u64) -> Result<()> {
         if let Kind::Member(key) = kind {
+            let ext = extension(path).to_vec();
             if let Some((open_key, _)) = &self.open {
                 if open_key.as_slice() == key {
                     self.open_end = end;
+                    if self.open_exts.contains(&ext) && self.checks_duplicates() {
+                        let what = format!(
+                            "byte offset {start}: sample {:?} has a second .{} member",
+                            String::from_utf8_lossy(key),
+                            String::from_utf8_lossy(&ext)
+                        );
+                        self.duplicate(what)?;
+                    }
+                    self.open_exts.push(ext);
                     return Ok(());
                 }
             }
@@ -335,9 +492,19 @@ impl Grouper {
                     );
                 }
             }
-            self.close();
+            self.close()?;
+            if self.checks_duplicates() {
+                if let Some(&first) = self.seen.get(key) {
+                    let what = format!(
+                        "byte offset {start}: sample {:?} appears again (first at byte offset {first}): its members are not adjacent",
+                        String::from_utf8_lossy(key)
+                    );
+                    self.duplicate(what)?;
+                }
+            }
             self.open = Some((key.to_vec(), start));
             self.open_end = end;
+            self.open_exts = vec![ext];
             return Ok(());
         }
         let skipped = &mut self.index.skipped;
@@ -347,30 +514,77 @@ impl Grouper {
             Kind::GlobalHeader => skipped.global_headers += 1,
             Kind::Other | Kind::Member(_) => skipped.other_entries += 1,
         }
-        if let Some(key) = self.close() {
+        if let Some(key) = self.close()? {
             self.after_skip = Some((key, start, String::from_utf8_lossy(path).into_owned()));
         }
         Ok(())
     }
 
-    /// Ends the open sample, returning its key.
-    fn close(&mut self) -> Option<Vec<u8>> {
-        let (key, start) = self.open.take()?;
-        self.index.samples.push(Sample {
-            start,
-            len: self.open_end - start,
-        });
-        let text = String::from_utf8_lossy(&key).into_owned();
-        match &mut self.index.edge_keys {
-            None => self.index.edge_keys = Some((text.clone(), text)),
-            Some((_, last)) => *last = text,
+    /// Ends the open sample (checking its required extensions), returning its key.
+    fn close(&mut self) -> Result<Option<Vec<u8>>> {
+        let Some((key, start)) = self.open.take() else {
+            return Ok(None);
+        };
+        let missing: Vec<&String> = self
+            .rules
+            .require_ext
+            .iter()
+            .filter(|e| !self.open_exts.iter().any(|x| x == e.as_bytes()))
+            .collect();
+        let mut keep = true;
+        if !missing.is_empty() {
+            let has: Vec<String> = self
+                .open_exts
+                .iter()
+                .map(|e| format!(".{}", String::from_utf8_lossy(e)))
+                .collect();
+            let what = format!(
+                "byte offset {start}: sample {:?} lacks {} (has {})",
+                String::from_utf8_lossy(&key),
+                missing
+                    .iter()
+                    .map(|e| format!(".{e}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                has.join(", ")
+            );
+            match self.rules.on_incomplete {
+                OnIncomplete::Abort => {
+                    bail!("{what} (--require-ext; --on-incomplete warn or exclude accept it)")
+                }
+                OnIncomplete::Warn => {
+                    self.warn(&what);
+                    self.index.hygiene.incomplete += 1;
+                }
+                OnIncomplete::Exclude => {
+                    self.index.hygiene.excluded += 1;
+                    keep = false;
+                }
+            }
         }
-        Some(key)
+        if self.checks_duplicates() {
+            self.seen.insert(key.clone(), start);
+        }
+        if keep {
+            self.index.samples.push(Sample {
+                start,
+                len: self.open_end - start,
+            });
+            if self.checks_duplicates() {
+                self.index.key_hashes.push(key_hash(&key));
+            }
+            let text = String::from_utf8_lossy(&key).into_owned();
+            match &mut self.index.edge_keys {
+                None => self.index.edge_keys = Some((text.clone(), text)),
+                Some((_, last)) => *last = text,
+            }
+        }
+        Ok(Some(key))
     }
 
-    fn finish(mut self) -> ShardIndex {
-        self.close();
-        self.index
+    fn finish(mut self) -> Result<ShardIndex> {
+        self.close()?;
+        Ok(self.index)
     }
 }
 

@@ -61,7 +61,16 @@ fn real_webdataset_shards() {
     let shards = 6;
     for np in [1, 3] {
         let out = format!("out-np{np}");
-        run(&dir, Some(np), &specs, &out, shards, 17, &[]);
+        // tendata and mpdata both number their samples 000000..000099.
+        run(
+            &dir,
+            Some(np),
+            &specs,
+            &out,
+            shards,
+            17,
+            &["--on-duplicate", "keep"],
+        );
         let v = verify(
             &Expected::new(dir.path(), &inputs, shards, 17, np),
             &dir.join(&out),
@@ -79,7 +88,15 @@ fn real_webdataset_shards() {
     sorted.sort();
     let sorted: Vec<String> = sorted.iter().map(|p| p.display().to_string()).collect();
     let sorted: Vec<&str> = sorted.iter().map(String::as_str).collect();
-    run(&dir, Some(2), &sorted, "out-list", shards, 17, &[]);
+    run(
+        &dir,
+        Some(2),
+        &sorted,
+        "out-list",
+        shards,
+        17,
+        &["--on-duplicate", "keep"],
+    );
     run(
         &dir,
         Some(3),
@@ -87,7 +104,7 @@ fn real_webdataset_shards() {
         "out-dir",
         shards,
         17,
-        &[],
+        &["--on-duplicate", "keep"],
     );
     assert_same_output(&dir.join("out-list"), &dir.join("out-dir"), &["ranks"]);
     let index: serde_json::Value =

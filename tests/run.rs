@@ -320,7 +320,16 @@ fn gnu_tar_and_python_read_every_shard() {
     let pax = generate(&dir, "pax", "pax", 90, 22);
     let inputs: Vec<PathBuf> = gnu.iter().chain(&pax).cloned().collect();
     let shards = 4;
-    run(&dir, Some(3), &["gnu", "pax"], "out", shards, 8, &[]);
+    // The same dataset in two formats: every key twice, on purpose.
+    run(
+        &dir,
+        Some(3),
+        &["gnu", "pax"],
+        "out",
+        shards,
+        8,
+        &["--on-duplicate", "keep"],
+    );
     let v = verify(
         &Expected::new(dir.path(), &inputs, shards, 8, 3),
         &dir.join("out"),

@@ -11,6 +11,7 @@ mod cluster;
 mod compressed;
 mod epochs;
 mod harness;
+mod hygiene;
 mod memory;
 mod odd_inputs;
 mod real_data;

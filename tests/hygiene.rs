@@ -1,0 +1,125 @@
+//! Sample hygiene: required extensions (--require-ext, --on-incomplete) and duplicates
+//! (--on-duplicate), with webdataset's sample rules as the reference.
+
+use std::fs;
+
+use serde_json::Value;
+
+use crate::util::{Dir, RunOutput};
+
+fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, name, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn reshard(dir: &Dir, np: usize, out: &str, extra: &[&str], code: i32) -> RunOutput {
+    let mut c = dir.mpi(np);
+    c.args([
+        "run", "--input", "in", "--output", out, "--shards", "2", "--seed", "1",
+    ])
+    .args(extra);
+    c.assert_code(code)
+}
+
+fn index(dir: &Dir, out: &str) -> Value {
+    serde_json::from_slice(&fs::read(dir.join(out).join("index.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn required_extensions_abort_warn_or_exclude() {
+    let dir = Dir::new("require-ext");
+    dir.create_dir("in");
+    let members: [(&str, &[u8]); 5] = [
+        ("a.jpg", b"1"),
+        ("a.cls", b"1"),
+        ("b.jpg", b"2"),
+        ("c.jpg", b"3"),
+        ("c.cls", b"3"),
+    ];
+    dir.create_bytes("in/x.tar", &tar_of(&members));
+    for np in [1, 2] {
+        let res = reshard(&dir, np, "out", &["--require-ext", "jpg,cls"], 1);
+        res.stderr_has("x.tar");
+        res.stderr_has("sample \"b\" lacks .cls (has .jpg)");
+        res.stderr_has("byte offset 2048");
+        res.check(!dir.join("out").exists(), "nothing may be published");
+    }
+    let res = reshard(
+        &dir,
+        2,
+        "warned",
+        &["--require-ext", "jpg,cls", "--on-incomplete", "warn"],
+        0,
+    );
+    res.stderr_has("warning");
+    let idx = index(&dir, "warned");
+    assert_eq!(idx["reshard"]["samples"], 3);
+    assert_eq!(idx["reshard"]["hygiene"]["incomplete"], 1);
+    reshard(
+        &dir,
+        2,
+        "excluded",
+        &["--require-ext", ".jpg, cls", "--on-incomplete", "exclude"],
+        0,
+    );
+    let idx = index(&dir, "excluded");
+    assert_eq!(idx["reshard"]["samples"], 2, "b is left out");
+    assert_eq!(idx["reshard"]["hygiene"]["excluded"], 1);
+}
+
+#[test]
+fn duplicates_abort_by_default_and_can_be_kept() {
+    let cases: [(&str, Vec<(&str, Vec<u8>)>, &str); 3] = [
+        (
+            "repeated-ext",
+            vec![(
+                "in/x.tar",
+                tar_of(&[("a.jpg", b"1"), ("a.jpg", b"2"), ("b.jpg", b"3")]),
+            )],
+            "sample \"a\" has a second .jpg member",
+        ),
+        (
+            "not-adjacent",
+            vec![(
+                "in/x.tar",
+                tar_of(&[("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"3")]),
+            )],
+            "sample \"a\" appears again (first at byte offset 0)",
+        ),
+        (
+            "two-shards",
+            vec![
+                ("in/x.tar", tar_of(&[("a.jpg", b"1"), ("b.jpg", b"2")])),
+                ("in/y.tar", tar_of(&[("c.jpg", b"3"), ("a.jpg", b"4")])),
+            ],
+            "sample key \"a\" occurs in two samples",
+        ),
+    ];
+    for (name, files, needle) in cases {
+        let dir = Dir::new(name);
+        dir.create_dir("in");
+        for (path, bytes) in &files {
+            dir.create_bytes(path, bytes);
+        }
+        for np in [1, 3] {
+            let res = reshard(&dir, np, "out", &[], 1);
+            res.stderr_has(needle);
+            res.stderr_has("x.tar");
+            res.check(!dir.join("out").exists(), "nothing may be published");
+        }
+        reshard(&dir, 2, "kept", &["--on-duplicate", "keep"], 0);
+        let res = reshard(&dir, 2, "warned", &["--on-duplicate", "warn"], 0);
+        res.stderr_has(needle);
+        assert_eq!(
+            index(&dir, "warned")["reshard"]["hygiene"]["duplicates"],
+            1,
+            "{name}"
+        );
+    }
+}

@@ -73,9 +73,12 @@ fn required_extensions_abort_warn_or_exclude() {
     assert_eq!(idx["reshard"]["hygiene"]["excluded"], 1);
 }
 
+/// A case: its name, the files to write, and what the error must say.
+type Case = (&'static str, Vec<(&'static str, Vec<u8>)>, &'static str);
+
 #[test]
 fn duplicates_abort_by_default_and_can_be_kept() {
-    let cases: [(&str, Vec<(&str, Vec<u8>)>, &str); 3] = [
+    let cases: [Case; 3] = [
         (
             "repeated-ext",
             vec![(

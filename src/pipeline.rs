@@ -190,6 +190,16 @@ fn run_prepared(
             if ranks == 1 { "" } else { "s" }
         ),
     );
+    if let Some(staging) = &setup.staging {
+        // Named up front: if the job is killed, no rank may live to say where it was writing.
+        narrate(
+            lead,
+            format_args!(
+                "assembling the output in {} (renamed at the end)",
+                staging.display()
+            ),
+        );
+    }
 
     times.start("index");
     let sizes: Vec<u64> = inputs.iter().map(|s| s.size).collect();

@@ -81,9 +81,14 @@ impl Watchdog {
                             .as_deref()
                             .map(|d| suspects(d, (rank, ranks), round, timeout))
                             .unwrap_or_else(|| "another rank or its node stopped answering".into());
+                        let staging = heartbeats
+                            .as_deref()
+                            .and_then(Path::parent)
+                            .map(|d| format!(" (the staging directory {} is left; the next run removes it)", d.display()))
+                            .unwrap_or_default();
                         eprintln!(
                             "reshard: error: rank {rank} on {host}: no progress for {} s (--stall-timeout) while {doing}: \
-                             {culprits}; aborting the job, nothing is published",
+                             {culprits}; aborting the job, nothing is published{staging}",
                             idle.as_secs()
                         );
                         // Give the launcher a moment to forward the message: an abort kills its

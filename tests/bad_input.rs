@@ -395,6 +395,7 @@ fn a_stalled_rank_is_detected_by_the_watchdog() {
         "the watchdog must end the job in bounded time",
     );
     res.stderr_has("no progress for");
+    res.stderr_has(".out.reshard-tmp");
     res.stderr_has("--stall-timeout");
     // The heartbeats name the rank that stopped: silent, or (before its heartbeat goes stale)
     // rounds behind the others. Rank 1 never reports itself: it is stopped.

@@ -391,6 +391,8 @@ fn a_rank_killed_mid_exchange_ends_the_job() {
     // The launcher kills every rank, so none is left to remove the (hidden) staging directory;
     // the next run into the same output replaces it.
     let staging = dir.join(".out.reshard-tmp").exists();
+    // Rank 0 named the staging directory as the job started, so the log says what is left.
+    out.stderr_has(".out.reshard-tmp");
     println!(
         "killed node 2's rank {:.1} s into the job; the job ended {:.2} s later with {} \
          (staging directory left behind: {staging})",

@@ -123,7 +123,8 @@ fn bad_header_checksum() {
     });
 }
 
-fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+/// A GNU-format tar of regular files with fixed metadata.
+pub fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (name, data) in members {
         let mut h = tar::Header::new_gnu();

@@ -5,18 +5,8 @@ use std::fs;
 
 use serde_json::Value;
 
+use crate::bad_input::tar_of;
 use crate::util::{Dir, RunOutput};
-
-fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        b.append_data(&mut h, name, *data).unwrap();
-    }
-    b.into_inner().unwrap()
-}
 
 fn reshard(dir: &Dir, np: usize, out: &str, extra: &[&str], code: i32) -> RunOutput {
     let mut c = dir.mpi(np);

@@ -39,27 +39,23 @@ pub fn compress_shard(plain: &Path, to: &Path, codec: Codec) -> Result<u64> {
     let dst = File::create(to).with_context(|| format!("{}: cannot create", to.display()))?;
     let out = std::io::BufWriter::with_capacity(1 << 20, dst);
     let ctx = || format!("compressing {} into {}", plain.display(), to.display());
-    let file = match codec {
+    let out = match codec {
         Codec::Plain => unreachable!("only compressed shards are compressed"),
         Codec::Gzip => {
             let mut e = flate2::write::GzEncoder::new(out, flate2::Compression::default());
             std::io::copy(&mut src, &mut e).with_context(ctx)?;
-            e.finish()
-                .with_context(ctx)?
-                .into_inner()
-                .map_err(|e| e.into_error())
-                .with_context(ctx)?
+            e.finish().with_context(ctx)?
         }
         Codec::Zstd => {
             let mut e = zstd::stream::write::Encoder::new(out, 3).with_context(ctx)?;
             std::io::copy(&mut src, &mut e).with_context(ctx)?;
-            e.finish()
-                .with_context(ctx)?
-                .into_inner()
-                .map_err(|e| e.into_error())
-                .with_context(ctx)?
+            e.finish().with_context(ctx)?
         }
     };
+    let file = out
+        .into_inner()
+        .map_err(|e| e.into_error())
+        .with_context(ctx)?;
     file.sync_all()
         .with_context(|| format!("{}: cannot sync", to.display()))?;
     let size = file

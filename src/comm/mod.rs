@@ -7,6 +7,7 @@ use anyhow::{anyhow, Result};
 
 pub mod local;
 pub mod mpi;
+pub mod sort;
 
 /// Collective operations over a fixed group of ranks. Every rank must call the same collectives
 /// in the same order.

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
 
+use crate::order::OrderSpec;
 use crate::plan::{Equalize, Sizing};
 use crate::size::parse_size;
 use crate::tar_index::{Codec, OnDuplicate, OnIncomplete, Rules};
@@ -94,9 +95,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Seed of the global shuffle.
+    /// Seed of the global shuffle (required unless --order key or content, which are not random).
     #[arg(long, value_name = "S")]
-    pub seed: u64,
+    pub seed: Option<u64>,
 
     /// Epoch number: the same seed with another epoch gives an unrelated order.
     #[arg(long, value_name = "E", default_value_t = 0)]
@@ -171,6 +172,41 @@ pub struct RunArgs {
     /// memory), for benchmarks and monitoring.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+
+    /// Output order: shuffle (the seeded global permutation), key (sample keys in byte order),
+    /// or content:EXT[:int|float|str] (the content of each sample's .EXT member, e.g.
+    /// content:cls:int; str when the type is left out). Ties go by input order.
+    #[arg(long, value_name = "ORDER", default_value = "shuffle")]
+    pub order: crate::order::OrderBy,
+
+    /// Reverse --order key or content (ties still go by input order).
+    #[arg(long)]
+    pub descending: bool,
+
+    /// A sample without the member --order content or --stratify-by reads, or whose content does
+    /// not parse: error (naming file and key), or last (after all others; its own stratum).
+    #[arg(long, value_enum, value_name = "WHAT", default_value_t = crate::order::Missing::Error)]
+    pub missing: crate::order::Missing,
+
+    /// Representative shards: every shard gets each label's samples (the content of member
+    /// .EXT) in proportion to the label's share of the dataset, within ±1, still shuffled.
+    #[arg(long, value_name = "EXT")]
+    pub stratify_by: Option<String>,
+
+    /// Largest member read as a label or order value (--order content, --stratify-by); a larger
+    /// one is an error, which guards against reading payloads by mistake.
+    #[arg(long, value_name = "SIZE", default_value = "4KiB")]
+    pub label_limit: String,
+
+    /// Route samples into named groups of shards by key (AIStore dsort's external key map): JSON
+    /// {"fish-%06d.tar": ["regex", ...]} or lines `key<TAB>template`. Each group is sized and
+    /// balanced on its own with the sizing flags and ordered by --order.
+    #[arg(long, value_name = "FILE")]
+    pub key_map: Option<PathBuf>,
+
+    /// A sample no key-map group claims: error, skip (left out, counted), or group:TEMPLATE.
+    #[arg(long, value_name = "WHAT", default_value = "error")]
+    pub unmatched: crate::key_map::Unmatched,
 
     /// Largest single MPI exchange per rank, in bytes (exchanges are split into rounds below it).
     /// Only useful for testing the round logic.
@@ -321,6 +357,7 @@ pub struct RunConfig {
     pub keep: Option<usize>,
     pub stall_timeout: std::time::Duration,
     pub max_round_bytes: u64,
+    pub order: OrderSpec,
 }
 
 /// The smallest memory budget that still leaves room for a useful exchange round.
@@ -408,6 +445,30 @@ impl RunArgs {
                 v.clamp(1, i32::MAX as u64)
             }
         };
+        let label_limit = parse_size(&self.label_limit)
+            .map_err(|e| anyhow::anyhow!("--label-limit {:?}: {e}", self.label_limit))?;
+        let order = OrderSpec {
+            by: self.order.clone(),
+            descending: self.descending,
+            missing: self.missing,
+            stratify_by: self
+                .stratify_by
+                .as_ref()
+                .map(|e| e.trim().trim_start_matches('.').to_string())
+                .filter(|e| !e.is_empty()),
+            label_limit,
+            key_map: self.key_map.clone(),
+            unmatched: self.unmatched.clone(),
+        };
+        crate::order::validate(&order, self.balance == Balance::Bytes)?;
+        let random = order.by == crate::order::OrderBy::Shuffle;
+        let seed = match self.seed {
+            Some(s) => s,
+            None if !random => 0,
+            None => bail!(
+                "--seed S is required: it fixes the shuffle, so that a rerun (or another epoch with --epoch) is reproducible"
+            ),
+        };
         Ok(RunConfig {
             inputs: self.inputs.clone(),
             output,
@@ -421,7 +482,7 @@ impl RunArgs {
             gpus,
             dry_run,
             json: self.json,
-            seed: self.seed,
+            seed,
             epoch: self.epoch,
             prefix: self.prefix.clone(),
             mem_limit,
@@ -436,7 +497,10 @@ impl RunArgs {
                     .collect(),
                 on_incomplete: self.on_incomplete,
                 on_duplicate: self.on_duplicate,
+                keep_keys: order.needs_keys(),
+                read_member: order.member().map(|e| (e.to_string(), label_limit)),
             },
+            order,
             compress: match self.compress {
                 CompressArg::None => Codec::Plain,
                 CompressArg::Gz => Codec::Gzip,

@@ -18,8 +18,8 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::comm::{agree, Comm, PeerFailed};
 use crate::input::InputShard;
-use crate::permute::Permutation;
-use crate::plan::{ShardLayout, ShardPlan, Targets};
+use crate::order::Placement;
+use crate::plan::{ShardLayout, ShardPlan};
 use crate::tar_index::Codec;
 use crate::watchdog::Watchdog;
 use crate::writer::OutputShards;
@@ -75,10 +75,8 @@ pub struct Job<'a> {
     pub inputs: &'a [InputShard],
     /// This rank's samples, in input order, with the global index of the first.
     pub local: &'a [LocalSample],
-    pub first_global: u64,
-    pub permutation: &'a Permutation,
-    /// Where each permuted sample goes (none when dropped, twice when repeated).
-    pub targets: &'a Targets,
+    /// Where each sample goes (nowhere when dropped, twice when repeated).
+    pub placement: &'a Placement,
     pub plan: &'a ShardPlan,
     /// This rank's own shards.
     pub layout: &'a ShardLayout,
@@ -414,10 +412,7 @@ fn fill(
 ) -> Result<Filled> {
     let mut done = Filled::default();
     while let Some(s) = job.local.get(cursor.sample) {
-        let q = job
-            .permutation
-            .apply(job.first_global + cursor.sample as u64);
-        let Some(position) = job.targets.of(q).nth(cursor.copy) else {
+        let Some(position) = job.placement.position(cursor.sample, cursor.copy) else {
             cursor.next_sample();
             continue;
         };

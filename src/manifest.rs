@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::Balance;
+use crate::order::{GroupPlan, StratifyReport};
 use crate::plan::Equalize;
 use crate::report::{GpuShare, Stats};
 use crate::tar_index::{Hygiene, Skipped};
@@ -72,6 +73,24 @@ pub struct RunInfo {
     /// What the sample hygiene rules found: incomplete samples kept or excluded, duplicates kept.
     #[serde(default)]
     pub hygiene: Hygiene,
+    /// `--order` (and `descending`).
+    #[serde(default)]
+    pub order: String,
+    /// `--stratify-by`: labels and the worst deviation of any label's count in any shard from
+    /// its ideal share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stratify: Option<StratifyReport>,
+    /// `--key-map`: the groups, each sized on its own, and the unmatched samples left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_map: Option<KeyMapInfo>,
+}
+
+/// The key-map part of the manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyMapInfo {
+    pub file: String,
+    pub unmatched: u64,
+    pub groups: Vec<GroupPlan>,
 }
 
 impl Manifest {

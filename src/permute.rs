@@ -23,11 +23,22 @@ pub struct Permutation {
 impl Permutation {
     /// The permutation of `n` items for this seed and epoch.
     pub fn new(seed: u64, epoch: u64, n: u64) -> Self {
+        Self::with_salt(seed, epoch, n, *b"reshard1")
+    }
+
+    /// One of a family of independent permutations of `n` items for this seed and epoch, told
+    /// apart by `member` (the order inside each output shard of a stratified run, say).
+    pub fn member(seed: u64, epoch: u64, n: u64, member: u64) -> Self {
+        // The main permutation's salt is ASCII text, never a small number.
+        Self::with_salt(seed, epoch, n, member.to_le_bytes())
+    }
+
+    fn with_salt(seed: u64, epoch: u64, n: u64, salt: [u8; 8]) -> Self {
         let mut material = [0u8; 32];
         material[..8].copy_from_slice(&seed.to_le_bytes());
         material[8..16].copy_from_slice(&epoch.to_le_bytes());
         material[16..24].copy_from_slice(&n.to_le_bytes());
-        material[24..].copy_from_slice(b"reshard1");
+        material[24..].copy_from_slice(&salt);
         let mut rng = ChaCha20Rng::from_seed(material);
         let mut keys = [0u64; ROUNDS];
         for k in &mut keys {

@@ -13,14 +13,15 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{Balance, RunConfig};
-use crate::comm::{self, agree, broadcast_result, exclusive_sum, gather, Comm, PeerFailed};
+use crate::comm::{
+    self, agree, agree_once, broadcast_result, everywhere, exclusive_sum, gather, Comm,
+};
 use crate::exchange::{self, Buffers, ExchangeStats, Job, LocalSample};
 use crate::input::{expand_specs, InputShard};
-use crate::manifest::{Manifest, RunInfo, ShardEntry};
-use crate::permute::Permutation;
-use crate::plan::{
-    assign_inputs, bounds_from_starts, byte_shard_of, ShardLayout, ShardPlan, Targets,
-};
+use crate::key_map::KeyMap;
+use crate::manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
+use crate::order::{self, LocalSamples, OrderJob, Ordered, Placement};
+use crate::plan::{assign_inputs, bounds_from_starts, byte_shard_of, ShardLayout, ShardPlan};
 use crate::progress::{peak_rss, PhaseTimes, Progress};
 use crate::report::{GpuShare, PlanReport, Stats};
 use crate::saved_index::{self, Lookup};
@@ -28,7 +29,7 @@ use crate::size::human_bytes;
 use crate::tar_index::{
     index_file_with, key_at, Codec, Hygiene, OnDuplicate, Rules, Sample, ShardIndex, Skipped,
 };
-use crate::writer::{compress_shard, md5_file, published_name, shard_file_name, OutputShards};
+use crate::writer::{compress_shard, md5_file, OutputShards, ShardNames};
 
 /// One rank's share of the work.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -214,6 +215,8 @@ fn run_prepared(
         counts: shard_counts,
         edges,
         key_hashes,
+        keys,
+        contents,
     } = agree(comm, indexed)?;
     let gathered = gather(comm, 0, &serde_json::to_vec(&edges).expect("encodable"));
     broadcast_result(comm, 0, lead.then(|| split_sample_check(inputs, &gathered)))?;
@@ -255,37 +258,131 @@ fn run_prepared(
             ),
         ));
     }
-    let (shards, sizing) = cfg
-        .sizing
-        .shards(samples, sample_bytes)
-        .map_err(|e| everywhere(lead, e))?;
+
+    times.start("plan");
+    let key_map = match &cfg.order.key_map {
+        Some(path) => Some(agree_once(
+            comm,
+            KeyMap::load(path, cfg.order.unmatched.clone()),
+        )?),
+        None => None,
+    };
+    let lens: Vec<u64> = local.iter().map(|s| s.len).collect();
+    let describe = |i: usize| {
+        let s = &local[i];
+        let path = &inputs[s.shard as usize].path;
+        let key = match keys.get(i) {
+            Some(k) => String::from_utf8_lossy(k).into_owned(),
+            None => key_at(path, s.start, s.len).unwrap_or_else(|e| format!("<{e:#}>")),
+        };
+        format!(
+            "{}: sample {key:?} (byte offset {})",
+            path.display(),
+            s.start
+        )
+    };
+    let ordered = order::place(
+        comm,
+        &OrderJob {
+            spec: &cfg.order,
+            key_map: key_map.as_ref(),
+            seed: cfg.seed,
+            epoch: cfg.epoch,
+            equalize: cfg.equalize,
+            sizing: cfg.sizing,
+            samples,
+            sample_bytes,
+        },
+        &LocalSamples {
+            first_global,
+            lens: &lens,
+            keys: &keys,
+            contents: &contents,
+            describe: &describe,
+        },
+    )?;
+    drop((lens, keys, contents));
+    let Ordered {
+        placement,
+        groups,
+        unmatched,
+        stratify,
+    } = ordered;
+    let shards: u64 = groups.iter().map(|g| g.shards).sum();
+    let output_samples: u64 = groups.iter().map(|g| g.output_samples).sum();
+    let (dropped_count, repeated_count) = groups.iter().fold((0, 0), |(d, r), g| {
+        (d + g.targets.dropped(), r + g.targets.repeated())
+    });
+    let sizing = match &key_map {
+        None => groups[0].sizing.clone(),
+        Some(map) => format!(
+            "{} key-map groups, each sized on its own: {}",
+            map.groups.len(),
+            groups
+                .iter()
+                .map(|g| format!("{} ({})", g.template.as_deref().unwrap_or(""), g.sizing))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+    };
     narrate(
         lead,
         format_args!(
-            "{samples} samples, {} of sample data -> {shards} shards ({sizing})",
-            human_bytes(sample_bytes)
+            "{samples} samples, {} of sample data -> {shards} shards ({sizing}), order: {}",
+            human_bytes(sample_bytes),
+            cfg.order.describe()
         ),
     );
-
-    times.start("plan");
-    let permutation = Permutation::new(cfg.seed, cfg.epoch, samples);
-    let targets = Targets::new(samples, shards, cfg.equalize);
+    if unmatched > 0 {
+        narrate(
+            lead,
+            format_args!("{unmatched} samples matched no key-map group and are left out"),
+        );
+    }
+    if let Some(st) = &stratify {
+        narrate(
+            lead,
+            format_args!(
+                "stratified by .{}: {} labels, worst deviation from the ideal share per shard {:.3}",
+                st.ext, st.labels, st.worst_deviation
+            ),
+        );
+    }
+    let names = match &key_map {
+        None => ShardNames::Prefix(cfg.prefix.clone()),
+        Some(map) => ShardNames::Groups(
+            groups
+                .iter()
+                .zip(&map.groups)
+                .filter(|(g, _)| g.shards > 0)
+                .map(|(g, t)| (g.shard_start, t.clone()))
+                .collect(),
+        ),
+    };
     let records = |f: &mut dyn FnMut(u64, u64)| {
-        for (i, s) in local.iter().enumerate() {
-            for p in targets.of(permutation.apply(first_global + i as u64)) {
-                f(p, s.len);
-            }
-        }
+        placement.for_each(local.len(), &mut |i, p| f(p, local[i].len));
     };
     let planned = match cfg.balance {
-        Balance::Count => count_plan(comm, &records, targets.positions(), shards),
-        Balance::Bytes => byte_plan(comm, &records, targets.positions(), shards),
+        Balance::Count => {
+            let sizes: Vec<(u64, u64)> = groups
+                .iter()
+                .map(|g| (g.output_samples, g.shards))
+                .collect();
+            count_plan(comm, &records, ShardPlan::by_groups(&sizes, ranks))
+        }
+        Balance::Bytes => byte_plan(comm, &records, output_samples, shards),
     };
     let (plan, lens) = agree(comm, planned)?;
     let layout = ShardLayout::new(&plan, rank, lens);
     let keys = agree(
         comm,
-        equalized_keys(comm, inputs, &local, first_global, &permutation, &targets),
+        equalized_keys(
+            comm,
+            inputs,
+            &local,
+            &placement,
+            dropped_count + repeated_count,
+        ),
     )?;
     // Rank 0 needs every shard's size: writers own contiguous shard ranges in rank order.
     let shard_bytes = gather_u64s(comm, &layout.shard_bytes);
@@ -297,7 +394,7 @@ fn run_prepared(
         .iter()
         .enumerate()
         .map(|(s, &filesize)| ShardEntry {
-            url: shard_file_name(&cfg.prefix, s as u64),
+            url: names.plain(s as u64),
             nsamples: shard_samples[s],
             filesize,
             md5sum: None,
@@ -317,9 +414,9 @@ fn run_prepared(
                 sizing: sizing.clone(),
                 equalize: cfg.equalize,
                 balance: cfg.balance,
-                output_samples: targets.positions(),
-                dropped: targets.dropped(),
-                repeated: targets.repeated(),
+                output_samples,
+                dropped: dropped_count,
+                repeated: repeated_count,
                 shard_samples: Stats::of(&shard_samples),
                 shard_bytes: Stats::of(&shard_bytes),
                 gpus,
@@ -331,7 +428,7 @@ fn run_prepared(
         setup.staging.as_ref().unwrap(),
         setup.target.as_ref().unwrap(),
     );
-    let output = agree(comm, OutputShards::create(staging, &cfg.prefix, &layout))?;
+    let output = agree(comm, OutputShards::create(staging, &names, &layout))?;
 
     times.start("exchange");
     let total_out = comm.all_sum(&[layout.sample_bytes()])[0];
@@ -339,9 +436,7 @@ fn run_prepared(
     let job = Job {
         inputs,
         local: &local,
-        first_global,
-        permutation: &permutation,
-        targets: &targets,
+        placement: &placement,
         plan: &plan,
         layout: &layout,
         output: &output,
@@ -376,8 +471,8 @@ fn run_prepared(
         let mut sizes = Vec::new();
         let mut sums = Vec::new();
         for (k, s) in layout.shards.clone().enumerate() {
-            let plain = staging.join(shard_file_name(&cfg.prefix, s));
-            let published = staging.join(published_name(&cfg.prefix, s, cfg.compress));
+            let plain = staging.join(names.plain(s));
+            let published = staging.join(names.published(s, cfg.compress));
             let size = if cfg.compress == Codec::Plain {
                 layout.shard_bytes[k]
             } else {
@@ -420,17 +515,24 @@ fn run_prepared(
             sizing: sizing.clone(),
             equalize: cfg.equalize,
             balance: cfg.balance,
-            output_samples: targets.positions(),
+            output_samples,
             dropped,
             repeated,
             shard_samples: Stats::of(&shard_samples),
             shard_bytes: Stats::of(&shard_bytes),
             gpus,
             hygiene,
+            order: cfg.order.describe(),
+            stratify: stratify.clone(),
+            key_map: cfg.order.key_map.as_ref().map(|path| KeyMapInfo {
+                file: path.display().to_string(),
+                unmatched,
+                groups: groups.clone(),
+            }),
         };
         let mut shardlist = shardlist;
         for (s, entry) in shardlist.iter_mut().enumerate() {
-            entry.url = published_name(&cfg.prefix, s as u64, cfg.compress);
+            entry.url = names.published(s as u64, cfg.compress);
             entry.filesize = file_bytes[s];
         }
         for (entry, sum) in shardlist.iter_mut().zip(md5.chunks_exact(16)) {
@@ -460,7 +562,7 @@ fn run_prepared(
         samples,
         sample_bytes,
         shards,
-        output_samples: targets.positions(),
+        output_samples,
         shard_bytes: Stats::of(&shard_bytes),
         gpus,
         ranks,
@@ -522,15 +624,6 @@ fn narrate(lead: bool, msg: std::fmt::Arguments<'_>) {
     }
 }
 
-/// A failure every rank detects identically: reported by rank 0 only, quiet elsewhere.
-fn everywhere(lead: bool, e: anyhow::Error) -> anyhow::Error {
-    if lead {
-        e
-    } else {
-        anyhow!(PeerFailed { ranks: vec![0] })
-    }
-}
-
 /// Indexes this rank's input shards, in order, from saved indexes where they exist and still
 /// match (`reused` counts those), else from the tar headers. Several shards are indexed at once:
 /// header reads are small random reads, and keeping several in flight hides the storage's
@@ -554,7 +647,13 @@ fn index_shards(
                     break;
                 }
                 let path = &inputs[i].path;
-                let r = match saved_index::load(path, index_dir) {
+                // A saved index holds byte ranges only, not keys or labels.
+                let saved = if rules.keep_keys || rules.read_member.is_some() {
+                    Lookup::Missing
+                } else {
+                    saved_index::load(path, index_dir)
+                };
+                let r = match saved {
                     Lookup::Found(idx) => {
                         reused.fetch_add(1, Ordering::Relaxed);
                         Ok(idx)
@@ -590,6 +689,8 @@ fn index_shards(
         for (a, b) in hygiene.iter_mut().zip(idx.hygiene.to_array()) {
             *a += b;
         }
+        out.keys.extend(idx.keys);
+        out.contents.extend(idx.contents);
         out.local.extend(idx.samples.iter().map(|s| LocalSample {
             shard,
             start: s.start,
@@ -616,6 +717,10 @@ struct Indexed {
     edges: EdgeKeys,
     /// (key hash, input shard, sample start) when duplicate keys are looked for.
     key_hashes: Vec<(u64, u32, u64)>,
+    /// Every sample's key, when the rules keep them.
+    keys: Vec<Vec<u8>>,
+    /// Every sample's label member, when the rules read one.
+    contents: Vec<Option<Vec<u8>>>,
 }
 
 /// The same key in samples of different input shards: key hashes go to the rank `hash mod P`,
@@ -733,10 +838,8 @@ fn lens_at(positions: std::ops::Range<u64>, recv: &[u8], rank: usize) -> Result<
 fn count_plan(
     comm: &impl Comm,
     records: Records<'_>,
-    positions: u64,
-    shards: u64,
+    plan: ShardPlan,
 ) -> Result<(ShardPlan, Vec<u64>)> {
-    let plan = ShardPlan::by_count(positions, shards, comm.size());
     let recv = route(comm, records, &|p| plan.writer_of(plan.shard_of(p)));
     let lens = lens_at(plan.writer_positions(comm.rank()), &recv, comm.rank())?;
     Ok((plan, lens))
@@ -795,18 +898,15 @@ fn equalized_keys(
     comm: &impl Comm,
     inputs: &[InputShard],
     local: &[LocalSample],
-    first_global: u64,
-    permutation: &Permutation,
-    targets: &Targets,
+    placement: &Placement,
+    expected: u64,
 ) -> Result<(Vec<String>, Vec<String>)> {
     let mut mine: Vec<(u64, bool, String)> = Vec::new();
-    if targets.dropped() + targets.repeated() > 0 {
+    if expected > 0 {
         for (i, s) in local.iter().enumerate() {
-            let q = permutation.apply(first_global + i as u64);
-            let dropped = q >= targets.positions();
-            if dropped || q < targets.repeated() {
+            if let Some((at, dropped)) = placement.equalized(i) {
                 mine.push((
-                    q,
+                    at,
                     dropped,
                     key_at(&inputs[s.shard as usize].path, s.start, s.len)?,
                 ));
@@ -1090,6 +1190,7 @@ fn sync_dir(dir: &Path) -> Result<()> {
 mod tests {
     use super::*;
     use crate::comm::local::LocalComm;
+    use crate::writer::shard_file_name;
 
     /// Writes `shards` small tar files with uneven sample counts and sizes.
     fn write_inputs(dir: &Path, shards: usize) -> Vec<String> {
@@ -1139,6 +1240,7 @@ mod tests {
             keep: None,
             stall_timeout: std::time::Duration::from_secs(120),
             max_round_bytes: i32::MAX as u64,
+            order: crate::order::OrderSpec::default(),
         }
     }
 

@@ -54,6 +54,21 @@ impl ShardPlan {
         }
     }
 
+    /// Groups of shards one after another, each of `(positions, shards)` cut by count like
+    /// [`ShardPlan::by_count`]; groups with no shards are left out.
+    ///
+    /// # Panics
+    /// As [`ShardPlan::by_count`], for any group with shards, or if no group has any.
+    pub fn by_groups(groups: &[(u64, u64)], ranks: usize) -> Self {
+        let mut bounds = vec![0];
+        for &(positions, shards) in groups.iter().filter(|g| g.1 > 0) {
+            let at = *bounds.last().unwrap();
+            let group = ShardPlan::by_count(positions, shards, ranks);
+            bounds.extend(group.bounds[1..].iter().map(|b| at + b));
+        }
+        ShardPlan::from_bounds(bounds, ranks)
+    }
+
     /// Shards with the given boundaries (`bounds[0] == 0`, strictly increasing).
     ///
     /// # Panics
@@ -130,7 +145,7 @@ pub enum Equalize {
 /// Where each permuted sample goes: sample with permuted index `q` (`q = π(g)`) is written at
 /// position `q`, unless it is dropped, and a padded run also writes the first samples of the
 /// permutation a second time at the end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Targets {
     samples: u64,
     positions: u64,

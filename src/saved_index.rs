@@ -122,6 +122,8 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
     }
     // Reshard's own output was checked when it was written: no keys, no hygiene checks here.
     Lookup::Found(ShardIndex {
+        keys: Vec::new(),
+        contents: Vec::new(),
         edge_keys: None,
         hygiene: Default::default(),
         key_hashes: Vec::new(),

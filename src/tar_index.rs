@@ -98,6 +98,11 @@ pub struct Rules {
     pub require_ext: Vec<String>,
     pub on_incomplete: OnIncomplete,
     pub on_duplicate: OnDuplicate,
+    /// Keep every sample's key ([`ShardIndex::keys`]): for ordering or routing by key.
+    pub keep_keys: bool,
+    /// Read the content of each sample's member with this extension, refusing members larger
+    /// than the limit ([`ShardIndex::contents`]): labels for ordering and stratifying.
+    pub read_member: Option<(String, u64)>,
 }
 
 /// What the hygiene rules found (and kept or left out).
@@ -137,6 +142,10 @@ pub struct ShardIndex {
     /// A 64-bit hash of each sample's key (only when duplicate keys are looked for across
     /// shards), for [`key_hash`] comparisons; equal hashes are confirmed by reading the keys.
     pub key_hashes: Vec<u64>,
+    /// Each sample's key, when [`Rules::keep_keys`].
+    pub keys: Vec<Vec<u8>>,
+    /// Each sample's [`Rules::read_member`] content (`None`: no such member), when asked for.
+    pub contents: Vec<Option<Vec<u8>>>,
 }
 
 /// A 64-bit hash of a sample key (FNV-1a, then a finalizer).
@@ -370,8 +379,10 @@ fn index_entries<'a, R: Read + 'a>(
                 bail!("byte offset {cursor}: {what}: {e}");
             }
         };
+        let mut entry = entry;
         let size = entry.size();
         let data = entry.raw_file_position();
+        let content = read_member(&mut entry, rules, file_len)?;
         let end = data
             .checked_add(size.div_ceil(BLOCK) * BLOCK)
             .with_context(|| format!("byte offset {cursor}: member size {size} overflows"))?;
@@ -386,10 +397,41 @@ fn index_entries<'a, R: Read + 'a>(
             );
         }
         let kind = classify(entry.header().entry_type(), &path);
-        grouper.push(kind, &path, cursor, end)?;
+        grouper.push(kind, &path, cursor, end, content)?;
         cursor = end;
     }
     grouper.finish()
+}
+
+/// The data of `entry` when it is the member [`Rules::read_member`] asks for.
+fn read_member<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    rules: &Rules,
+    file_len: Option<u64>,
+) -> Result<Option<Vec<u8>>> {
+    use tar::EntryType as T;
+    let Some((ext, limit)) = &rules.read_member else {
+        return Ok(None);
+    };
+    let regular = matches!(entry.header().entry_type(), T::Regular | T::Continuous);
+    if !regular || extension(&entry.path_bytes()) != ext.as_bytes() {
+        return Ok(None);
+    }
+    let (size, at) = (entry.size(), entry.raw_file_position());
+    let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+    if size > *limit {
+        bail!(
+            "byte offset {at}: member {name:?} is {size} bytes, more than the --label-limit of {limit} (labels are read from small members only)"
+        );
+    }
+    if let Some(l) = file_len.filter(|&l| at + size > l) {
+        bail!("byte offset {at}: truncated tar: member {name:?} runs past the end of the file at byte {l}");
+    }
+    let mut buf = Vec::with_capacity(size as usize);
+    entry
+        .read_to_end(&mut buf)
+        .with_context(|| format!("byte offset {at}: cannot read member {name:?}"))?;
+    Ok(Some(buf))
 }
 
 enum Kind<'a> {
@@ -421,6 +463,8 @@ struct Grouper<'r> {
     open: Option<(Vec<u8>, u64)>,
     open_end: u64,
     open_exts: Vec<Vec<u8>>,
+    /// The open sample's [`Rules::read_member`] content, if seen yet.
+    open_content: Option<Vec<u8>>,
     /// Keys of this shard's closed samples (only when looking for duplicates): a key seen again
     /// is a sample whose members are not adjacent.
     seen: std::collections::HashMap<Vec<u8>, u64>,
@@ -438,6 +482,7 @@ impl<'r> Grouper<'r> {
             open: None,
             open_end: 0,
             open_exts: Vec::new(),
+            open_content: None,
             seen: std::collections::HashMap::new(),
             after_skip: None,
             warnings: 0,
@@ -466,12 +511,22 @@ impl<'r> Grouper<'r> {
         }
     }
 
-    fn push(&mut self, kind: Kind<'_>, path: &[u8], start: u64, end: u64) -> Result<()> {
+    fn push(
+        &mut self,
+        kind: Kind<'_>,
+        path: &[u8],
+        start: u64,
+        end: u64,
+        content: Option<Vec<u8>>,
+    ) -> Result<()> {
         if let Kind::Member(key) = kind {
             let ext = extension(path).to_vec();
             if let Some((open_key, _)) = &self.open {
                 if open_key.as_slice() == key {
                     self.open_end = end;
+                    if self.open_content.is_none() {
+                        self.open_content = content;
+                    }
                     if self.open_exts.contains(&ext) && self.checks_duplicates() {
                         let what = format!(
                             "byte offset {start}: sample {:?} has a second .{} member",
@@ -505,6 +560,7 @@ impl<'r> Grouper<'r> {
             self.open = Some((key.to_vec(), start));
             self.open_end = end;
             self.open_exts = vec![ext];
+            self.open_content = content;
             return Ok(());
         }
         let skipped = &mut self.index.skipped;
@@ -572,6 +628,12 @@ impl<'r> Grouper<'r> {
             });
             if self.checks_duplicates() {
                 self.index.key_hashes.push(key_hash(&key));
+            }
+            if self.rules.read_member.is_some() {
+                self.index.contents.push(self.open_content.take());
+            }
+            if self.rules.keep_keys {
+                self.index.keys.push(key.clone());
             }
             let text = String::from_utf8_lossy(&key).into_owned();
             match &mut self.index.edge_keys {

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{anyhow, Context, Result};
 
+use crate::key_map::Template;
 use crate::tar_index::Codec;
 
 use crate::plan::ShardLayout;
@@ -18,13 +19,35 @@ pub fn shard_file_name(prefix: &str, index: u64) -> String {
     format!("{prefix}-{index:06}.tar")
 }
 
-/// The published file name of output shard `index` with `--compress codec`.
-pub fn published_name(prefix: &str, index: u64, codec: Codec) -> String {
-    let base = shard_file_name(prefix, index);
-    match codec {
-        Codec::Plain => base,
-        Codec::Gzip => base + ".gz",
-        Codec::Zstd => base + ".zst",
+/// How output shards are named: `PREFIX-NNNNNN.tar`, or (`--key-map`) by the template of
+/// each group, numbered within the group.
+#[derive(Debug, Clone)]
+pub enum ShardNames {
+    Prefix(String),
+    /// (first shard of the group, its template), by first shard.
+    Groups(Vec<(u64, Template)>),
+}
+
+impl ShardNames {
+    /// The file name of output shard `s` while it is written (always a plain tar).
+    pub fn plain(&self, s: u64) -> String {
+        match self {
+            ShardNames::Prefix(prefix) => shard_file_name(prefix, s),
+            ShardNames::Groups(groups) => {
+                let k = groups.partition_point(|g| g.0 <= s) - 1;
+                groups[k].1.name(s - groups[k].0)
+            }
+        }
+    }
+
+    /// The published file name of output shard `s` with `--compress codec`.
+    pub fn published(&self, s: u64, codec: Codec) -> String {
+        let base = self.plain(s);
+        match codec {
+            Codec::Plain => base,
+            Codec::Gzip => base + ".gz",
+            Codec::Zstd => base + ".zst",
+        }
     }
 }
 
@@ -93,10 +116,10 @@ impl OutputShards {
     ///
     /// # Errors
     /// A file cannot be created or sized (the message names it).
-    pub fn create(dir: &Path, prefix: &str, layout: &ShardLayout) -> Result<Self> {
+    pub fn create(dir: &Path, names: &ShardNames, layout: &ShardLayout) -> Result<Self> {
         let mut files = Vec::with_capacity(layout.shard_bytes.len());
         for (shard, &bytes) in layout.shards.clone().zip(&layout.shard_bytes) {
-            let path = dir.join(shard_file_name(prefix, shard));
+            let path = dir.join(names.plain(shard));
             let file = OpenOptions::new()
                 .write(true)
                 .create_new(true)

@@ -64,9 +64,25 @@ impl std::error::Error for PeerFailed {}
 /// # Errors
 /// This rank's error, or [`PeerFailed`] when only other ranks failed.
 pub fn agree<T>(comm: &impl Comm, local: Result<T>) -> Result<T> {
+    settle(comm, local, false)
+}
+
+/// [`agree`], for failures every rank may hit alike (a bad file every rank reads): when every
+/// rank failed, only rank 0 keeps its error, so it is printed once.
+///
+/// # Errors
+/// As [`agree`].
+pub fn agree_once<T>(comm: &impl Comm, local: Result<T>) -> Result<T> {
+    settle(comm, local, true)
+}
+
+fn settle<T>(comm: &impl Comm, local: Result<T>, once: bool) -> Result<T> {
     let failed = comm.all_gather(u64::from(local.is_err()));
     if failed.iter().all(|&f| f == 0) {
         return local;
+    }
+    if once && comm.rank() != 0 && failed.iter().all(|&f| f == 1) {
+        return Err(anyhow!(PeerFailed { ranks: vec![0] }));
     }
     let ranks = failed
         .iter()
@@ -77,6 +93,15 @@ pub fn agree<T>(comm: &impl Comm, local: Result<T>) -> Result<T> {
     match local {
         Err(e) => Err(e),
         Ok(_) => Err(anyhow!(PeerFailed { ranks })),
+    }
+}
+
+/// A failure every rank detects identically: reported by rank 0 only, quiet elsewhere.
+pub fn everywhere(lead: bool, e: anyhow::Error) -> anyhow::Error {
+    if lead {
+        e
+    } else {
+        anyhow!(PeerFailed { ranks: vec![0] })
     }
 }
 

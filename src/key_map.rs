@@ -1,0 +1,403 @@
+//! `--key-map FILE` (AIStore dsort's external key map): which named group of output shards each
+//! sample goes to, by its key.
+//!
+//! Two formats, told apart by the first non-blank byte:
+//! - JSON `{"fish-%06d.tar": ["regex", ...], ...}`: a sample goes to the group one of whose
+//!   patterns matches somewhere in its key (anchor with `^…$` for a whole-key match). A key
+//!   matching patterns of two groups is an error.
+//! - Lines `key<TAB>template`: exact keys. Every rank streams the file and keeps only the lines
+//!   for its own samples, so memory stays O(N/P) however long the map is.
+//!
+//! Groups are ordered by template (byte order), the same on every rank. A template holds one
+//! `%d`, `%Nd` or `%0Nd` for the shard's number within its group (`%%` is a literal `%`), and
+//! names a `.tar` file (`.tar` is appended when missing).
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use regex::bytes::RegexSet;
+
+/// A shard name template: `fish-%06d.tar` names shard 7 of its group `fish-000007.tar`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    /// The template as the key map wrote it.
+    pub text: String,
+    before: String,
+    after: String,
+    width: usize,
+    zero: bool,
+}
+
+impl Template {
+    /// # Errors
+    /// No `%d` directive, more than one, another `%` directive, or a `/` in the name.
+    pub fn parse(text: &str) -> Result<Template> {
+        let bad = |why: &str| anyhow::anyhow!("shard name template {text:?}: {why}");
+        if text.contains('/') || text.starts_with('.') || text.is_empty() {
+            return Err(bad(
+                "names a file in the output directory: not empty, no '/', not starting with '.'",
+            ));
+        }
+        let mut parts: Vec<String> = vec![String::new()];
+        let mut spec = None;
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c != '%' {
+                parts.last_mut().unwrap().push(c);
+                continue;
+            }
+            if chars.peek() == Some(&'%') {
+                chars.next();
+                parts.last_mut().unwrap().push('%');
+                continue;
+            }
+            let mut digits = String::new();
+            while let Some(&d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+                digits.push(d);
+                chars.next();
+            }
+            if chars.next() != Some('d') {
+                return Err(bad("only %d, %Nd and %0Nd are understood (%% for a '%')"));
+            }
+            if spec.is_some() {
+                return Err(bad("more than one %d"));
+            }
+            let zero = digits.starts_with('0');
+            let width = if digits.is_empty() {
+                0
+            } else {
+                digits.parse().map_err(|_| bad("width out of range"))?
+            };
+            if width > 20 {
+                return Err(bad("width over 20"));
+            }
+            spec = Some((width, zero));
+            parts.push(String::new());
+        }
+        let Some((width, zero)) = spec else {
+            return Err(bad("needs a %d (or %06d) for the shard number"));
+        };
+        let mut after = parts.pop().unwrap();
+        if !after.ends_with(".tar") {
+            after.push_str(".tar");
+        }
+        Ok(Template {
+            text: text.to_string(),
+            before: parts.pop().unwrap(),
+            after,
+            width,
+            zero,
+        })
+    }
+
+    /// The file name of shard `k` of this template's group.
+    pub fn name(&self, k: u64) -> String {
+        let (b, a, w) = (&self.before, &self.after, self.width);
+        if self.zero {
+            format!("{b}{k:0w$}{a}")
+        } else {
+            format!("{b}{k:w$}{a}")
+        }
+    }
+}
+
+/// What to do with a sample whose key no group claims (`--unmatched`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Unmatched {
+    /// An error naming the input file and the key.
+    #[default]
+    Error,
+    /// Left out (counted in the manifest).
+    Skip,
+    /// Into the group of this template (added when the map lacks it).
+    Group(String),
+}
+
+impl std::str::FromStr for Unmatched {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "error" => Ok(Unmatched::Error),
+            "skip" => Ok(Unmatched::Skip),
+            _ => match s.strip_prefix("group:") {
+                Some(t) if !t.is_empty() => Ok(Unmatched::Group(t.to_string())),
+                _ => Err(format!(
+                    "expected error, skip or group:TEMPLATE (e.g. group:other-%06d.tar), got {s:?}"
+                )),
+            },
+        }
+    }
+}
+
+/// A loaded key map.
+pub struct KeyMap {
+    /// The groups, in order.
+    pub groups: Vec<Template>,
+    patterns: Option<(RegexSet, Vec<usize>)>,
+    unmatched: Unmatched,
+}
+
+/// Marks a sample in [`KeyMap::assign`]'s result that no group claims and `--unmatched skip`
+/// leaves out.
+pub const SKIPPED: u32 = u32::MAX;
+
+impl KeyMap {
+    /// Reads the JSON form, or only the template set of the lines form (its keys are read by
+    /// [`KeyMap::assign`]).
+    ///
+    /// # Errors
+    /// The file cannot be read, or a line, pattern or template is malformed (named with the file
+    /// and line).
+    pub fn load(path: &Path, unmatched: Unmatched) -> Result<KeyMap> {
+        let shown = path.display();
+        let mut head = Vec::new();
+        File::open(path)
+            .with_context(|| format!("{shown}: cannot open the key map"))?
+            .take(4096)
+            .read_to_end(&mut head)
+            .with_context(|| format!("{shown}: cannot read the key map"))?;
+        let json = head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+        let mut templates: BTreeSet<String> = BTreeSet::new();
+        let mut pattern_list: Vec<(String, String)> = Vec::new();
+        if json {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("{shown}: cannot read the key map"))?;
+            let map: std::collections::BTreeMap<String, Vec<String>> = serde_json::from_str(&text)
+                .with_context(|| {
+                    format!("{shown}: expected JSON {{\"name-%06d.tar\": [\"regex\", ...], ...}}")
+                })?;
+            for (t, pats) in map {
+                for p in pats {
+                    pattern_list.push((t.clone(), p));
+                }
+                templates.insert(t);
+            }
+        } else {
+            for_each_line(path, &mut |_, _, t| {
+                templates.insert(t.to_string());
+                Ok(())
+            })?;
+        }
+        if let Unmatched::Group(t) = &unmatched {
+            templates.insert(t.clone());
+        }
+        if templates.is_empty() {
+            bail!("{shown}: the key map names no groups");
+        }
+        let groups = templates
+            .iter()
+            .map(|t| Template::parse(t).with_context(|| format!("{shown}")))
+            .collect::<Result<Vec<_>>>()?;
+        let patterns = if json {
+            let set = RegexSet::new(pattern_list.iter().map(|(_, p)| p.as_str()))
+                .with_context(|| format!("{shown}: a pattern is not a valid regex"))?;
+            let group_of = pattern_list
+                .iter()
+                .map(|(t, _)| groups.iter().position(|g| &g.text == t).unwrap())
+                .collect();
+            Some((set, group_of))
+        } else {
+            None
+        };
+        Ok(KeyMap {
+            groups,
+            patterns,
+            unmatched,
+        })
+    }
+
+    /// The group of each key (an index into `groups`, or [`SKIPPED`]). `shard_of(i)` names the
+    /// input shard of key `i` for messages.
+    ///
+    /// # Errors
+    /// A key claimed by two groups or (with `--unmatched error`) by none, naming the input file
+    /// and the key; for the lines form, a key mapped twice.
+    pub fn assign(
+        &self,
+        path: &Path,
+        keys: &[Vec<u8>],
+        shard_of: &dyn Fn(usize) -> String,
+    ) -> Result<Vec<u32>> {
+        const NONE: u32 = u32::MAX - 1;
+        let mut out = vec![NONE; keys.len()];
+        if let Some((set, group_of)) = &self.patterns {
+            for (i, key) in keys.iter().enumerate() {
+                let mut hit: Option<usize> = None;
+                for m in set.matches(key).iter() {
+                    let g = group_of[m];
+                    if let Some(h) = hit.filter(|&h| h != g) {
+                        bail!(
+                            "{}: sample {:?} matches patterns of two groups, {:?} and {:?} (key map {})",
+                            shard_of(i),
+                            String::from_utf8_lossy(key),
+                            self.groups[h].text,
+                            self.groups[g].text,
+                            path.display()
+                        );
+                    }
+                    hit = Some(g);
+                }
+                if let Some(g) = hit {
+                    out[i] = g as u32;
+                }
+            }
+        } else {
+            let mut local: HashMap<&[u8], Vec<usize>> = HashMap::with_capacity(keys.len());
+            for (i, k) in keys.iter().enumerate() {
+                local.entry(k.as_slice()).or_default().push(i);
+            }
+            let mut first_line: HashMap<usize, u64> = HashMap::new();
+            for_each_line(path, &mut |line, key, t| {
+                let Some(is) = local.get(key.as_bytes()) else {
+                    return Ok(());
+                };
+                let g = self.groups.iter().position(|g| g.text == t).unwrap() as u32;
+                for &i in is {
+                    if out[i] != NONE && out[i] != g {
+                        bail!(
+                            "{}:{line}: key {key:?} is mapped again (first on line {}) to another group",
+                            path.display(),
+                            first_line[&i]
+                        );
+                    }
+                    out[i] = g;
+                    first_line.entry(i).or_insert(line);
+                }
+                Ok(())
+            })?;
+        }
+        for (i, g) in out.iter_mut().enumerate() {
+            if *g != NONE {
+                continue;
+            }
+            *g = match &self.unmatched {
+                Unmatched::Error => bail!(
+                    "{}: sample {:?} matches no group of the key map {} (--unmatched skip or group:TEMPLATE accept it)",
+                    shard_of(i),
+                    String::from_utf8_lossy(&keys[i]),
+                    path.display()
+                ),
+                Unmatched::Skip => SKIPPED,
+                Unmatched::Group(t) => self.groups.iter().position(|g| &g.text == t).unwrap() as u32,
+            };
+        }
+        Ok(out)
+    }
+}
+
+/// Calls `f(line number, key, template)` for every non-blank line of the lines form.
+fn for_each_line(path: &Path, f: &mut dyn FnMut(u64, &str, &str) -> Result<()>) -> Result<()> {
+    let shown = path.display();
+    let file = File::open(path).with_context(|| format!("{shown}: cannot open the key map"))?;
+    for (n, line) in BufReader::with_capacity(1 << 20, file).lines().enumerate() {
+        let line = line.with_context(|| format!("{shown}:{}: cannot read", n + 1))?;
+        let line = line.trim_end_matches('\r');
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Some((key, template)) = line.split_once('\t') else {
+            bail!(
+                "{shown}:{}: expected `key<TAB>template` (or a JSON object), got {line:?}",
+                n + 1
+            );
+        };
+        f(n as u64 + 1, key, template)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_format_like_printf() {
+        let t = Template::parse("fish-%06d.tar").unwrap();
+        assert_eq!(t.name(7), "fish-000007.tar");
+        assert_eq!(Template::parse("a%d").unwrap().name(12), "a12.tar");
+        assert_eq!(
+            Template::parse("100%%-%3d.tar").unwrap().name(5),
+            "100%-  5.tar"
+        );
+        for bad in ["x.tar", "a-%d-%d.tar", "d/%d.tar", "%s.tar", "", ".h%d"] {
+            assert!(Template::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn keys(ks: &[&str]) -> Vec<Vec<u8>> {
+        ks.iter().map(|k| k.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn json_patterns_route_keys_to_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("map.json");
+        std::fs::write(
+            &path,
+            r#"{"fish-%06d.tar": ["^fish/"], "bird-%d.tar": ["^bird/", "parrot"]}"#,
+        )
+        .unwrap();
+        let map = KeyMap::load(&path, Unmatched::Error).unwrap();
+        let names: Vec<&str> = map.groups.iter().map(|g| g.text.as_str()).collect();
+        assert_eq!(names, ["bird-%d.tar", "fish-%06d.tar"]);
+        let got = map
+            .assign(&path, &keys(&["fish/1", "bird/2", "x/parrot"]), &|_| {
+                "in.tar".into()
+            })
+            .unwrap();
+        assert_eq!(got, [1, 0, 0]);
+        let err = map
+            .assign(&path, &keys(&["cat/1"]), &|_| "in.tar".into())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("in.tar") && err.contains("cat/1"), "{err}");
+        let skip = KeyMap::load(&path, Unmatched::Skip).unwrap();
+        assert_eq!(
+            skip.assign(&path, &keys(&["cat/1"]), &|_| String::new())
+                .unwrap(),
+            [SKIPPED]
+        );
+        let other = KeyMap::load(&path, Unmatched::Group("other-%d".into())).unwrap();
+        assert_eq!(
+            other
+                .assign(&path, &keys(&["cat/1"]), &|_| String::new())
+                .unwrap(),
+            [2]
+        );
+        std::fs::write(&path, r#"{"a-%d": ["1"], "b-%d": ["^x"]}"#).unwrap();
+        let two = KeyMap::load(&path, Unmatched::Error).unwrap();
+        let err = two
+            .assign(&path, &keys(&["x1"]), &|_| "in.tar".into())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("two groups"), "{err}");
+    }
+
+    #[test]
+    fn lines_map_exact_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("map.txt");
+        std::fs::write(&path, "a/1\tx-%d.tar\na/2\ty-%d.tar\n\nzzz\tx-%d.tar\n").unwrap();
+        let map = KeyMap::load(&path, Unmatched::Error).unwrap();
+        let got = map
+            .assign(&path, &keys(&["a/2", "a/1"]), &|_| String::new())
+            .unwrap();
+        assert_eq!(got, [1, 0]);
+        std::fs::write(&path, "a/1\tx-%d.tar\na/1\ty-%d.tar\n").unwrap();
+        let map = KeyMap::load(&path, Unmatched::Error).unwrap();
+        let err = map
+            .assign(&path, &keys(&["a/1"]), &|_| String::new())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(":2:") && err.contains("line 1"), "{err}");
+        std::fs::write(&path, "no tab here\n").unwrap();
+        let err = KeyMap::load(&path, Unmatched::Error)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains(":1:"), "{err}");
+    }
+}

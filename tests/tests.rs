@@ -14,6 +14,7 @@ mod harness;
 mod hygiene;
 mod memory;
 mod odd_inputs;
+mod orders;
 mod real_data;
 mod run;
 mod sizing;

@@ -420,6 +420,8 @@ fn run_prepared(
                 shard_samples: Stats::of(&shard_samples),
                 shard_bytes: Stats::of(&shard_bytes),
                 gpus,
+                order: cfg.order.describe(),
+                stratify: stratify.clone(),
                 per_shard: shardlist.clone(),
             })
         })));

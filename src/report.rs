@@ -135,6 +135,10 @@ pub struct PlanReport {
     pub shard_samples: Stats,
     pub shard_bytes: Stats,
     pub gpus: Option<GpuShare>,
+    /// `--order`, and what stratification achieved.
+    pub order: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stratify: Option<crate::order::StratifyReport>,
     pub per_shard: Vec<ShardEntry>,
 }
 
@@ -155,6 +159,13 @@ impl PlanReport {
             self.input_shard_samples.counts()
         );
         s += &format!("  output: {} shards ({})\n", self.shards, self.sizing);
+        s += &format!("  order: {}\n", self.order);
+        if let Some(st) = &self.stratify {
+            s += &format!(
+                "  stratified by .{}: {} labels, worst deviation from the ideal share {:.3}\n",
+                st.ext, st.labels, st.worst_deviation
+            );
+        }
         s += &match self.equalize {
             Equalize::None => format!("  equalize none: {} samples\n", self.output_samples),
             Equalize::Drop => format!(

@@ -149,3 +149,77 @@ fn gzip_compressed_real_shard_is_read_by_content() {
         );
     }
 }
+
+/// Orders that read a member's content work on the real gzip shard too (labels read while
+/// streaming the decompressed tar), the same at any rank count.
+#[test]
+fn real_labels_order_and_stratify_a_gzip_shard() {
+    let Some(data) = testdata() else { return };
+    let tgz = data.join("sample.tgz");
+    let tgz = tgz.to_str().unwrap();
+    let dir = Dir::new("real_labels");
+    let labels = |out: &str| -> Vec<Vec<i64>> {
+        (0..3)
+            .map(|s| {
+                let shard = input_samples(&dir.join(format!("{out}/shard-{s:06}.tar")));
+                shard
+                    .samples
+                    .iter()
+                    .map(|smp| {
+                        // The .cls member is the sample's first: its data follows the header.
+                        let bytes = shard.sample_bytes(smp);
+                        assert!(smp.members[0].ends_with(".cls"), "{:?}", smp.members);
+                        let size = usize::from_str_radix(
+                            std::str::from_utf8(&bytes[124..135])
+                                .unwrap()
+                                .trim_matches('\0'),
+                            8,
+                        )
+                        .unwrap();
+                        let text = std::str::from_utf8(&bytes[512..512 + size]).unwrap();
+                        text.trim().parse().unwrap()
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    for np in [1, 3] {
+        let out = format!("sorted-{np}");
+        run(
+            &dir,
+            Some(np),
+            &[tgz],
+            &out,
+            3,
+            1,
+            &["--order", "content:cls:int"],
+        );
+        let all: Vec<i64> = labels(&out).concat();
+        assert_eq!(all.len(), 90);
+        assert!(all.windows(2).all(|w| w[0] <= w[1]), "{all:?}");
+        let out = format!("strat-{np}");
+        run(
+            &dir,
+            Some(np),
+            &[tgz],
+            &out,
+            3,
+            1,
+            &["--stratify-by", "cls"],
+        );
+    }
+    assert_same_output(&dir.join("sorted-1"), &dir.join("sorted-3"), &["ranks"]);
+    assert_same_output(&dir.join("strat-1"), &dir.join("strat-3"), &["ranks"]);
+    let shards = labels("strat-1");
+    let all: Vec<i64> = shards.concat();
+    for label in all.iter().collect::<std::collections::BTreeSet<_>>() {
+        let n = all.iter().filter(|l| *l == label).count() as f64;
+        for s in &shards {
+            let count = s.iter().filter(|l| *l == label).count() as f64;
+            assert!(
+                (count - n * s.len() as f64 / 90.0).abs() <= 1.0,
+                "label {label}"
+            );
+        }
+    }
+}

@@ -445,6 +445,11 @@ impl RunArgs {
                 v.clamp(1, i32::MAX as u64)
             }
         };
+        let equalize = match self.equalize {
+            EqualizeArg::None => Equalize::None,
+            EqualizeArg::Drop => Equalize::Drop,
+            EqualizeArg::Pad => Equalize::Pad,
+        };
         let label_limit = parse_size(&self.label_limit)
             .map_err(|e| anyhow::anyhow!("--label-limit {:?}: {e}", self.label_limit))?;
         let order = OrderSpec {
@@ -460,7 +465,14 @@ impl RunArgs {
             key_map: self.key_map.clone(),
             unmatched: self.unmatched.clone(),
         };
-        crate::order::validate(&order, self.balance == Balance::Bytes)?;
+        if self
+            .stratify_by
+            .as_ref()
+            .is_some_and(|e| e.trim().trim_start_matches('.').is_empty())
+        {
+            bail!("--stratify-by needs a member extension, e.g. --stratify-by cls");
+        }
+        crate::order::validate(&order, self.balance == Balance::Bytes, equalize)?;
         let random = order.by == crate::order::OrderBy::Shuffle;
         let seed = match self.seed {
             Some(s) => s,
@@ -473,11 +485,7 @@ impl RunArgs {
             inputs: self.inputs.clone(),
             output,
             sizing,
-            equalize: match self.equalize {
-                EqualizeArg::None => Equalize::None,
-                EqualizeArg::Drop => Equalize::Drop,
-                EqualizeArg::Pad => Equalize::Pad,
-            },
+            equalize,
             balance: self.balance,
             gpus,
             dry_run,

@@ -36,9 +36,13 @@ impl Template {
     /// No `%d` directive, more than one, another `%` directive, or a `/` in the name.
     pub fn parse(text: &str) -> Result<Template> {
         let bad = |why: &str| anyhow::anyhow!("shard name template {text:?}: {why}");
-        if text.contains('/') || text.starts_with('.') || text.is_empty() {
+        if text.contains('/')
+            || text.starts_with('.')
+            || text.trim() != text
+            || text.chars().any(char::is_control)
+        {
             return Err(bad(
-                "names a file in the output directory: not empty, no '/', not starting with '.'",
+                "names a file in the output directory: not empty, no '/', no control characters, not starting with '.' or ending in blanks",
             ));
         }
         let mut parts: Vec<String> = vec![String::new()];
@@ -196,7 +200,7 @@ impl KeyMap {
                 .with_context(|| format!("{shown}: a pattern is not a valid regex"))?;
             let group_of = pattern_list
                 .iter()
-                .map(|(t, _)| groups.iter().position(|g| &g.text == t).unwrap())
+                .map(|(t, _)| groups.binary_search_by(|g| g.text.as_str().cmp(t)).unwrap())
                 .collect();
             Some((set, group_of))
         } else {
@@ -207,6 +211,30 @@ impl KeyMap {
             patterns,
             unmatched,
         })
+    }
+
+    /// A digest of the groups and patterns, for checking that every rank read the same map.
+    pub fn digest(&self) -> u64 {
+        let mut text: Vec<u8> = Vec::new();
+        for g in &self.groups {
+            text.extend(g.text.as_bytes());
+            text.push(0);
+        }
+        if let Some((set, group_of)) = &self.patterns {
+            for (p, g) in set.patterns().iter().zip(group_of) {
+                text.extend(p.as_bytes());
+                text.extend(g.to_le_bytes());
+            }
+        }
+        crate::tar_index::key_hash(&text)
+    }
+
+    /// The index of the group with template `t`.
+    fn group(&self, t: &str) -> Option<u32> {
+        self.groups
+            .binary_search_by(|g| g.text.as_str().cmp(t))
+            .ok()
+            .map(|g| g as u32)
     }
 
     /// The group of each key (an index into `groups`, or [`SKIPPED`]). `shard_of(i)` names the
@@ -254,7 +282,12 @@ impl KeyMap {
                 let Some(is) = local.get(key.as_bytes()) else {
                     return Ok(());
                 };
-                let g = self.groups.iter().position(|g| g.text == t).unwrap() as u32;
+                let Some(g) = self.group(t) else {
+                    bail!(
+                        "{}:{line}: template {t:?} was not in the key map when it was first read (the file changed during the run)",
+                        path.display()
+                    );
+                };
                 for &i in is {
                     if out[i] != NONE && out[i] != g {
                         bail!(
@@ -281,7 +314,7 @@ impl KeyMap {
                     path.display()
                 ),
                 Unmatched::Skip => SKIPPED,
-                Unmatched::Group(t) => self.groups.iter().position(|g| &g.text == t).unwrap() as u32,
+                Unmatched::Group(t) => self.group(t).expect("load adds the --unmatched group"),
             };
         }
         Ok(out)

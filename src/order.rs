@@ -59,11 +59,12 @@ impl std::str::FromStr for OrderBy {
             Some((e, "str")) => (e, ValueKind::Str),
             _ => (rest, ValueKind::Str),
         };
+        let ext = ext.trim_start_matches('.');
         if ext.is_empty() || ext.contains(':') {
             return Err(format!("{usage}, got {s:?}"));
         }
         Ok(OrderBy::Content {
-            ext: ext.trim_start_matches('.').to_string(),
+            ext: ext.to_string(),
             kind,
         })
     }
@@ -709,9 +710,10 @@ impl Runs {
         let bytes = bincode::serde::encode_to_vec(&self.edges, config).expect("encodable");
         let mut worst = self.inner_worst;
         let mut labels = self.inner_labels;
-        if comm.rank() == 0 {
+        let parts = gather(comm, 0, &bytes);
+        let joined = (|| -> Result<Vec<(Vec<u8>, u64, u64)>> {
             let mut joined: Vec<(Vec<u8>, u64, u64)> = Vec::new();
-            for part in gather(comm, 0, &bytes) {
+            for part in parts {
                 let (edges, _): (Vec<(Vec<u8>, u64, u64)>, _) =
                     bincode::serde::decode_from_slice(&part, config)
                         .context("internal error: decoding label runs")?;
@@ -722,12 +724,13 @@ impl Runs {
                     }
                 }
             }
-            labels += joined.len() as u64;
-            for (_, a, n) in joined {
-                worst = worst.max(Deal::new(total, shards).deviation(a, n));
-            }
-        } else {
-            gather(comm, 0, &bytes);
+            Ok(joined)
+        })();
+        // Only rank 0 decodes: agreed before the next collective.
+        let joined = agree(comm, joined)?;
+        labels += joined.len() as u64;
+        for (_, a, n) in joined {
+            worst = worst.max(Deal::new(total, shards).deviation(a, n));
         }
         // Non-negative floats order like their bits, which stay below 2^63.
         let worst = f64::from_bits(comm.all_max(&[worst.to_bits()])[0]);
@@ -744,7 +747,7 @@ impl Runs {
 ///
 /// # Errors
 /// A message naming the conflicting flags.
-pub fn validate(spec: &OrderSpec, bytes_balanced: bool) -> Result<()> {
+pub fn validate(spec: &OrderSpec, bytes_balanced: bool, equalize: Equalize) -> Result<()> {
     if spec.descending && spec.by == OrderBy::Shuffle {
         bail!("--descending needs --order key or --order content:EXT");
     }
@@ -757,6 +760,11 @@ pub fn validate(spec: &OrderSpec, bytes_balanced: bool) -> Result<()> {
         }
         if bytes_balanced {
             bail!("--stratify-by deals samples to shards by count: it cannot be combined with --balance bytes");
+        }
+        if equalize == Equalize::Pad {
+            // A repeated sample could land next to its original in one shard, which readers
+            // that group members by key would merge.
+            bail!("--stratify-by with --equalize pad could put a sample twice in one shard: use --equalize drop (or none) for equal shards");
         }
     }
     if spec.key_map.is_some() && bytes_balanced {

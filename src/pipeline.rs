@@ -261,10 +261,22 @@ fn run_prepared(
 
     times.start("plan");
     let key_map = match &cfg.order.key_map {
-        Some(path) => Some(agree_once(
-            comm,
-            KeyMap::load(path, cfg.order.unmatched.clone()),
-        )?),
+        Some(path) => {
+            let map = agree_once(comm, KeyMap::load(path, cfg.order.unmatched.clone()))?;
+            // Every rank reads the file itself: a map that changed under the job, or differs
+            // between nodes, would make ranks disagree on the groups.
+            let digests = comm.all_gather(map.digest() >> 1);
+            if digests.iter().any(|&d| d != digests[0]) {
+                return Err(everywhere(
+                    lead,
+                    anyhow!(
+                        "{}: the ranks read different key maps (changed during the run, or not the same file on every node)",
+                        path.display()
+                    ),
+                ));
+            }
+            Some(map)
+        }
         None => None,
     };
     let lens: Vec<u64> = local.iter().map(|s| s.len).collect();
@@ -359,6 +371,9 @@ fn run_prepared(
                 .collect(),
         ),
     };
+    names
+        .check_distinct(shards)
+        .map_err(|e| everywhere(lead, e))?;
     let records = |f: &mut dyn FnMut(u64, u64)| {
         placement.for_each(local.len(), &mut |i, p| f(p, local[i].len));
     };
@@ -904,21 +919,27 @@ fn equalized_keys(
     expected: u64,
 ) -> Result<(Vec<String>, Vec<String>)> {
     let mut mine: Vec<(u64, bool, String)> = Vec::new();
+    let mut failed = Ok(());
     if expected > 0 {
         for (i, s) in local.iter().enumerate() {
             if let Some((at, dropped)) = placement.equalized(i) {
-                mine.push((
-                    at,
-                    dropped,
-                    key_at(&inputs[s.shard as usize].path, s.start, s.len)?,
-                ));
+                match key_at(&inputs[s.shard as usize].path, s.start, s.len) {
+                    Ok(key) => mine.push((at, dropped, key)),
+                    Err(e) => {
+                        failed = Err(e);
+                        break;
+                    }
+                }
             }
         }
     }
+    // Every rank takes part in the gather, failed or not; the caller agrees on the outcome.
     let config = bincode::config::standard();
     let bytes = bincode::serde::encode_to_vec(&mine, config).expect("encodable");
+    let parts = gather(comm, 0, &bytes);
+    failed?;
     let mut all: Vec<(u64, bool, String)> = Vec::new();
-    for part in gather(comm, 0, &bytes) {
+    for part in parts {
         let (v, _): (Vec<(u64, bool, String)>, _) =
             bincode::serde::decode_from_slice(&part, config).context("decoding keys")?;
         all.extend(v);

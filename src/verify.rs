@@ -270,6 +270,15 @@ struct RunView {
     dropped: Vec<String>,
     #[serde(default)]
     repeated: Vec<String>,
+    #[serde(default)]
+    key_map: Option<KeyMapView>,
+}
+
+/// What verify needs of a `--key-map` run: how many samples no group claimed.
+#[derive(Debug, Clone, Deserialize)]
+struct KeyMapView {
+    #[serde(default)]
+    unmatched: u64,
 }
 
 /// Rank 0's own knowledge: index.json and the problems found while reading it.
@@ -1154,7 +1163,27 @@ struct Found {
 /// The problems with the samples: mismatches, and index.json's claims about them.
 fn data_problems(setup: &Setup, index: Option<&IndexView>, f: &Found) -> Vec<String> {
     let mut problems = Vec::new();
-    let m = f.mismatches;
+    let mut m = f.mismatches;
+    // Samples no key-map group claimed (`--unmatched skip`) are missing by design: index.json
+    // counts them, and the count must match exactly.
+    let unmatched = index
+        .and_then(|ix| ix.reshard.as_ref())
+        .and_then(|r| r.key_map.as_ref())
+        .map_or(0, |k| k.unmatched);
+    let absent = if setup.equalize == Equalize::Drop {
+        &mut m.left_out
+    } else {
+        &mut m.missing
+    };
+    if unmatched > 0 {
+        if *absent < unmatched {
+            problems.push(format!(
+                "index.json says {unmatched} samples matched no key-map group and were left out, but only {absent} input samples are absent from the output",
+                absent = *absent
+            ));
+        }
+        *absent = absent.saturating_sub(unmatched);
+    }
     let with_examples = |head: String, kind: Kind| {
         let mut s = head;
         for (_, e) in f.examples.iter().filter(|e| e.0 == kind).take(EXAMPLES) {
@@ -1215,7 +1244,10 @@ fn data_problems(setup: &Setup, index: Option<&IndexView>, f: &Found) -> Vec<Str
         Equalize::Pad => ("repeated", m.repeated, &run.repeated),
     };
     let expected = match setup.equalize {
-        Equalize::Drop => f.input_samples.checked_sub(f.output_samples),
+        Equalize::Drop => f
+            .input_samples
+            .checked_sub(f.output_samples)
+            .and_then(|d| d.checked_sub(unmatched)),
         _ => f.output_samples.checked_sub(f.input_samples),
     };
     if found != listed.len() as u64 || expected != Some(found) {
@@ -1227,7 +1259,7 @@ fn data_problems(setup: &Setup, index: Option<&IndexView>, f: &Found) -> Vec<Str
             f.output_samples,
             expected.map_or_else(|| "an impossible count".to_string(), |e| e.to_string())
         ));
-    } else if let Some(keys) = &f.equalized_keys {
+    } else if let Some(keys) = f.equalized_keys.as_ref().filter(|_| unmatched == 0) {
         let (mut got, mut want) = (keys.clone(), listed.clone());
         got.sort();
         want.sort();

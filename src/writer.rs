@@ -40,6 +40,24 @@ impl ShardNames {
         }
     }
 
+    /// Checks that the names of shards `0..shards` are distinct (two key-map templates can name
+    /// the same files: `a-%d.tar` and `a-1%d.tar` both give `a-10.tar`).
+    ///
+    /// # Errors
+    /// The first name given twice, with the shards that share it.
+    pub fn check_distinct(&self, shards: u64) -> Result<()> {
+        let mut seen = std::collections::HashMap::with_capacity(shards as usize);
+        for s in 0..shards {
+            if let Some(first) = seen.insert(self.plain(s), s) {
+                anyhow::bail!(
+                    "output shards {first} and {s} would both be named {:?}: the key map's templates must name distinct files",
+                    self.plain(s)
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// The published file name of output shard `s` with `--compress codec`.
     pub fn published(&self, s: u64, codec: Codec) -> String {
         let base = self.plain(s);

@@ -420,10 +420,11 @@ fn stratified_shards_hold_every_label_in_proportion_and_stay_shuffled() {
     assert_ne!(flat(&other), flat(&shards));
     assert!(worst_deviation(&other, &label_of) <= 1.0);
 
-    // Equal shards with --equalize pad: still within one, every shard the same size.
+    // Equal shards with --equalize drop: still within one, every shard the same size, and the
+    // three samples left out are random ones (by the permutation), not the last label's.
     let out = identical_for_any_np(
         &dir,
-        "pad",
+        "drop",
         &[
             "--shards",
             "7",
@@ -432,15 +433,20 @@ fn stratified_shards_hold_every_label_in_proportion_and_stay_shuffled() {
             "--seed",
             "5",
             "--equalize",
-            "pad",
+            "drop",
         ],
     );
     let shards = output(&out);
-    assert!(
-        shards.iter().all(|s| s.1.len() == 92),
-        "640 padded to 7 x 92"
-    );
+    assert!(shards.iter().all(|s| s.1.len() == 91), "640 cut to 7 x 91");
     assert!(worst_deviation(&shards, &label_of) <= 1.0);
+    let dropped = index(&out)["reshard"]["dropped"].clone();
+    assert_eq!(dropped.as_array().unwrap().len(), 3);
+    for (_, s) in &shards {
+        let mut keys: Vec<&String> = s.iter().map(|g| &g.key).collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), s.len(), "a sample twice in one shard");
+    }
 
     // The plain shuffle of the same data is far off on the rare labels (the point of it).
     run(&dir, 1, "plain", &["--shards", "7", "--seed", "5"]);
@@ -509,7 +515,21 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
     let groups = &index(&out)["reshard"]["key_map"]["groups"];
     assert_eq!(groups.as_array().unwrap().len(), 3);
 
-    // skip: the unmatched samples are left out and counted.
+    // Templates that name the same files are refused before anything is written.
+    dir.create_bytes(
+        "clash.json",
+        br#"{"a-%d.tar": ["^c0[0-4]"], "a-1%d.tar": ["^c0[5-9]"]}"#,
+    );
+    let mut c = dir.mpi(2);
+    c.args([
+        "run", "-i", "in", "-o", "clash", "--shards", "12", "--seed", "1",
+    ]);
+    c.args(["--key-map", "clash.json", "--unmatched", "skip"]);
+    let res = c.assert_code(1);
+    res.stderr_has("would both be named \"a-10.tar\"");
+    res.check(!dir.join("clash").exists(), "nothing is published");
+
+    // skip: the unmatched samples are left out and counted, and `verify` accepts exactly that.
     run(
         &dir,
         3,
@@ -523,6 +543,7 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
             "map.json",
             "--unmatched",
             "skip",
+            "--verify",
         ],
     );
     let kept = flat(&output(&dir.join("skip")));
@@ -573,6 +594,11 @@ fn order_flags_that_do_not_fit_are_refused() {
             "--balance",
         ),
         (vec!["--unmatched", "skip", "--seed", "1"], "--key-map"),
+        (
+            vec!["--stratify-by", "cls", "--seed", "1", "--equalize", "pad"],
+            "--equalize drop",
+        ),
+        (vec!["--stratify-by", ".", "--seed", "1"], "extension"),
         (vec![], "--seed"),
     ] {
         let mut c = dir.reshard(None);

@@ -25,9 +25,10 @@ fn cmp(a: (&[u8], u64), b: (&[u8], u64)) -> Ordering {
     a.0.cmp(b.0).then(a.1.cmp(&b.1))
 }
 
-/// Samples each rank contributes towards the splitters, per rank of the job: enough that
-/// buckets stay within a few percent of N/P, few enough that rank 0 sorts them at once.
-const OVERSAMPLE: usize = 8;
+/// Samples towards the splitters, per rank of the job, over all ranks (each rank contributes in
+/// proportion to its items): enough that buckets stay within a few percent of N/P, and O(P) in
+/// all, so that rank 0 holds them at once whatever P.
+const OVERSAMPLE: u64 = 8;
 
 /// The global rank of every item of `items` in (key, tie) order over all ranks.
 ///
@@ -114,18 +115,21 @@ pub fn global_ranks(
             sink(src as usize, &rec);
         }
     });
-    let mut result = vec![u64::MAX; items.len()];
-    for rec in recv.chunks_exact(16) {
-        let index = u64::from_le_bytes(rec[..8].try_into().unwrap()) as usize;
-        let rank = u64::from_le_bytes(rec[8..].try_into().unwrap());
-        *result
-            .get_mut(index)
-            .context("internal error: sort result for an unknown item")? = rank;
-    }
-    if result.contains(&u64::MAX) {
-        bail!("internal error: an item came back from the sort without a rank");
-    }
-    Ok(result)
+    let result = (|| -> Result<Vec<u64>> {
+        let mut result = vec![u64::MAX; items.len()];
+        for rec in recv.chunks_exact(16) {
+            let index = u64::from_le_bytes(rec[..8].try_into().unwrap()) as usize;
+            let rank = u64::from_le_bytes(rec[8..].try_into().unwrap());
+            *result
+                .get_mut(index)
+                .context("internal error: sort result for an unknown item")? = rank;
+        }
+        if result.contains(&u64::MAX) {
+            bail!("internal error: an item came back from the sort without a rank");
+        }
+        Ok(result)
+    })();
+    agree(comm, result)
 }
 
 fn record_len(item: &Item) -> usize {
@@ -151,7 +155,11 @@ fn splitters(comm: &impl Comm, items: &[Item], order: &[u32]) -> Result<Vec<Item
         return Ok(Vec::new());
     }
     let n = order.len();
-    let k = n.min(OVERSAMPLE * ranks);
+    let (_, total) = exclusive_sum(comm, n as u64);
+    // ⌈8P·n/N⌉: about 8P samples in all, at least one from every rank that has items.
+    let want =
+        (u128::from(OVERSAMPLE * ranks as u64) * n as u128).div_ceil(u128::from(total.max(1)));
+    let k = n.min(want as usize);
     // Sample j stands for the items from its index up to the next sample's.
     let mut picks: Vec<(Item, u64)> = Vec::with_capacity(k);
     for j in 0..k {

@@ -15,7 +15,8 @@
 # overlap) and whose sum is what no overlap would cost. All nodes share this machine's storage,
 # so a node's share of it is B/n and its storage stages take D / B. --cold drops the page cache
 # before each measurement and the run. Needs root, iproute2, MPICH, python3. Figures only: it
-# never fails on a slow result.
+# never fails on a slow result. Per-round timings of every rank (RESHARD_TRACE_ROUNDS=1) are in
+# DIR/run.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,6 +48,11 @@ rate_bytes() {
   echo $((BASH_REMATCH[1] * mult / 8))
 }
 RATE_BYTES=$(rate_bytes "$RATE")
+
+# UCX over TCP sends large messages by rendezvous (a handshake, then the data pulled by the
+# receiver): measured here at 250mbit, 4 nodes, the exchange took 26-27 s that way and 18-20 s
+# with eager sends. Set UCX_RNDV_THRESH yourself to compare.
+export UCX_RNDV_THRESH=${UCX_RNDV_THRESH:-inf}
 
 cargo build --release --quiet
 BIN=$PWD/target/release/reshard
@@ -98,7 +104,7 @@ rm -rf "$DIR/out" "$DIR/report.json"
 drop
 read -r BUSY0 ALL0 < <(cpu_ticks)
 t0=$(now)
-(cd "$DIR" && "$SIM" run "$PPN" -- "$BIN" run --input "$INPUT" --output "$DIR/out" \
+(cd "$DIR" && RESHARD_TRACE_ROUNDS=1 "$SIM" run "$PPN" -- "$BIN" run --input "$INPUT" --output "$DIR/out" \
   --shards "$OUT_SHARDS" --seed 7 --mem-limit "$MEM" --report "$DIR/report.json") \
   >"$DIR/run.log" 2>&1 || { cat "$DIR/run.log" >&2; exit 1; }
 WALL=$(since "$t0")

@@ -227,9 +227,12 @@ fn exchange_rounds(
     let (ranks, me) = (comm.size(), comm.rank());
     let mut stats = ExchangeStats::default();
     let mut moved = 0u64;
+    let trace = std::env::var_os("RESHARD_TRACE_ROUNDS").is_some();
     loop {
+        let t0 = std::time::Instant::now();
         // None once the reader has packed everything.
         let mut round = packed.recv().ok();
+        let t_read = t0.elapsed();
         let mut failure = round.as_mut().and_then(|r| r.error.take());
         if failure.is_none() {
             // A copy: the writer keeps its failure and stops writing.
@@ -246,6 +249,7 @@ fn exchange_rounds(
             format!("waiting for every rank's status before exchange round {n}")
         });
         let status = comm.all_sum(&[u64::from(failure.is_some()), payload]);
+        let t_status = t0.elapsed();
         if status[0] > 0 {
             let e = failure.unwrap_or_else(|| anyhow!(PeerFailed { ranks: Vec::new() }));
             return (Err(e), stats);
@@ -272,7 +276,20 @@ fn exchange_rounds(
             .expect("the writer returns receive buffers");
         st.dog
             .beat(n, || format!("in the all-to-all of exchange round {n}"));
+        let t_buffer = t0.elapsed();
         let from = comm.all_to_all(&send, &ranges, &mut recv);
+        if trace {
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            eprintln!(
+                "reshard: rank {me} round {n}: reader {:.0} ms, status {:.0} ms, writer {:.0} ms, all-to-all {:.0} ms ({} B out, {} B in)",
+                ms(t_read),
+                ms(t_status - t_read),
+                ms(t_buffer - t_status),
+                ms(t0.elapsed() - t_buffer),
+                ranges.iter().map(Range::len).sum::<usize>(),
+                recv.len()
+            );
+        }
         st.dog
             .beat(n, || format!("handing exchange round {n} to the writer"));
         let delivery = Delivery {

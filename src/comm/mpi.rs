@@ -108,7 +108,33 @@ impl MpiComm {
         let rd: Vec<Count> = recvs.iter().map(|r| count(r.start)).collect();
         let s = Partition::new(send, sc, sd);
         let mut r = PartitionMut::new(recv, rc, rd);
-        self.world.all_to_all_varcount_into(&s, &mut r);
+        mpi::request::scope(|scope| {
+            let request = self
+                .world
+                .immediate_all_to_all_varcount_into(scope, &s, &mut r);
+            wait_politely(request);
+        });
+    }
+}
+
+/// Completes a request without hogging a core: MPI implementations busy-poll inside a blocking
+/// call, which starves this rank's reader and writer threads (and other ranks) wherever ranks
+/// share cores. Polls back to back for a moment (a short exchange ends with no added latency),
+/// then yields the core between polls. Sleeping between polls was tried: it slowed exchanges
+/// between ranks of one node, whose shared-memory copies only advance while this thread polls.
+fn wait_politely<'a, R: ?Sized, S: mpi::request::Scope<'a>>(
+    mut request: mpi::request::Request<'a, R, S>,
+) {
+    for polls in 0u32.. {
+        match request.test() {
+            Ok(_) => return,
+            Err(r) => request = r,
+        }
+        if polls < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
 

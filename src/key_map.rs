@@ -149,13 +149,20 @@ pub struct KeyMap {
 pub const SKIPPED: u32 = u32::MAX;
 
 impl KeyMap {
-    /// Reads the JSON form, or only the template set of the lines form (its keys are read by
-    /// [`KeyMap::assign`]).
+    /// Reads the key map and gives each of `keys` its group (an index into `groups`, or
+    /// [`SKIPPED`]). The lines form is read once, keeping only the lines for `keys`. `shard_of(i)`
+    /// names the input shard of key `i` for messages.
     ///
     /// # Errors
     /// The file cannot be read, or a line, pattern or template is malformed (named with the file
-    /// and line).
-    pub fn load(path: &Path, unmatched: Unmatched) -> Result<KeyMap> {
+    /// and line); a key claimed by two groups or (with `--unmatched error`) by none, naming the
+    /// input file and the key; for the lines form, a key mapped twice.
+    pub fn load(
+        path: &Path,
+        unmatched: Unmatched,
+        keys: &[Vec<u8>],
+        shard_of: &dyn Fn(usize) -> String,
+    ) -> Result<(KeyMap, Vec<u32>)> {
         let shown = path.display();
         let mut head = Vec::new();
         File::open(path)
@@ -166,6 +173,8 @@ impl KeyMap {
         let json = head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
         let mut templates: BTreeSet<String> = BTreeSet::new();
         let mut pattern_list: Vec<(String, String)> = Vec::new();
+        // Lines form: the template (and line) each local key is mapped to.
+        let mut hits: Vec<Option<(String, u64)>> = Vec::new();
         if json {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("{shown}: cannot read the key map"))?;
@@ -180,8 +189,24 @@ impl KeyMap {
                 templates.insert(t);
             }
         } else {
-            for_each_line(path, &mut |_, _, t| {
-                templates.insert(t.to_string());
+            let mut local: HashMap<&[u8], Vec<usize>> = HashMap::with_capacity(keys.len());
+            for (i, k) in keys.iter().enumerate() {
+                local.entry(k.as_slice()).or_default().push(i);
+            }
+            hits = vec![None; keys.len()];
+            for_each_line(path, &mut |line, key, t| {
+                if !templates.contains(t) {
+                    templates.insert(t.to_string());
+                }
+                for &i in local.get(key.as_bytes()).into_iter().flatten() {
+                    match &hits[i] {
+                        Some((first, at)) if first != t => bail!(
+                            "{shown}:{line}: key {key:?} is mapped again (first on line {at}) to another group"
+                        ),
+                        Some(_) => {}
+                        None => hits[i] = Some((t.to_string(), line)),
+                    }
+                }
                 Ok(())
             })?;
         }
@@ -206,11 +231,20 @@ impl KeyMap {
         } else {
             None
         };
-        Ok(KeyMap {
+        let map = KeyMap {
             groups,
             patterns,
             unmatched,
-        })
+        };
+        let found = match &map.patterns {
+            Some(_) => map.matches(path, keys, shard_of)?,
+            None => hits
+                .into_iter()
+                .map(|h| h.and_then(|(t, _)| map.group(&t)))
+                .collect(),
+        };
+        let groups = map.resolve_unmatched(path, keys, found, shard_of)?;
+        Ok((map, groups))
     }
 
     /// A digest of the groups and patterns, for checking that every rank read the same map.
@@ -237,87 +271,61 @@ impl KeyMap {
             .map(|g| g as u32)
     }
 
-    /// The group of each key (an index into `groups`, or [`SKIPPED`]). `shard_of(i)` names the
-    /// input shard of key `i` for messages.
-    ///
-    /// # Errors
-    /// A key claimed by two groups or (with `--unmatched error`) by none, naming the input file
-    /// and the key; for the lines form, a key mapped twice.
-    pub fn assign(
+    /// The JSON form: the group whose patterns match each key, if any.
+    fn matches(
         &self,
         path: &Path,
         keys: &[Vec<u8>],
         shard_of: &dyn Fn(usize) -> String,
-    ) -> Result<Vec<u32>> {
-        const NONE: u32 = u32::MAX - 1;
-        let mut out = vec![NONE; keys.len()];
-        if let Some((set, group_of)) = &self.patterns {
-            for (i, key) in keys.iter().enumerate() {
-                let mut hit: Option<usize> = None;
-                for m in set.matches(key).iter() {
-                    let g = group_of[m];
-                    if let Some(h) = hit.filter(|&h| h != g) {
-                        bail!(
-                            "{}: sample {:?} matches patterns of two groups, {:?} and {:?} (key map {})",
-                            shard_of(i),
-                            String::from_utf8_lossy(key),
-                            self.groups[h].text,
-                            self.groups[g].text,
-                            path.display()
-                        );
-                    }
-                    hit = Some(g);
-                }
-                if let Some(g) = hit {
-                    out[i] = g as u32;
-                }
-            }
-        } else {
-            let mut local: HashMap<&[u8], Vec<usize>> = HashMap::with_capacity(keys.len());
-            for (i, k) in keys.iter().enumerate() {
-                local.entry(k.as_slice()).or_default().push(i);
-            }
-            let mut first_line: HashMap<usize, u64> = HashMap::new();
-            for_each_line(path, &mut |line, key, t| {
-                let Some(is) = local.get(key.as_bytes()) else {
-                    return Ok(());
-                };
-                let Some(g) = self.group(t) else {
+    ) -> Result<Vec<Option<u32>>> {
+        let (set, group_of) = self.patterns.as_ref().expect("the JSON form");
+        let mut out = vec![None; keys.len()];
+        for (i, key) in keys.iter().enumerate() {
+            let mut hit: Option<usize> = None;
+            for m in set.matches(key).iter() {
+                let g = group_of[m];
+                if let Some(h) = hit.filter(|&h| h != g) {
                     bail!(
-                        "{}:{line}: template {t:?} was not in the key map when it was first read (the file changed during the run)",
+                        "{}: sample {:?} matches patterns of two groups, {:?} and {:?} (key map {})",
+                        shard_of(i),
+                        String::from_utf8_lossy(key),
+                        self.groups[h].text,
+                        self.groups[g].text,
                         path.display()
                     );
-                };
-                for &i in is {
-                    if out[i] != NONE && out[i] != g {
-                        bail!(
-                            "{}:{line}: key {key:?} is mapped again (first on line {}) to another group",
-                            path.display(),
-                            first_line[&i]
-                        );
-                    }
-                    out[i] = g;
-                    first_line.entry(i).or_insert(line);
                 }
-                Ok(())
-            })?;
-        }
-        for (i, g) in out.iter_mut().enumerate() {
-            if *g != NONE {
-                continue;
+                hit = Some(g);
             }
-            *g = match &self.unmatched {
-                Unmatched::Error => bail!(
+            out[i] = hit.map(|g| g as u32);
+        }
+        Ok(out)
+    }
+
+    /// Groups for every key: the one found, or what `--unmatched` says.
+    fn resolve_unmatched(
+        &self,
+        path: &Path,
+        keys: &[Vec<u8>],
+        found: Vec<Option<u32>>,
+        shard_of: &dyn Fn(usize) -> String,
+    ) -> Result<Vec<u32>> {
+        found
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| match (g, &self.unmatched) {
+                (Some(g), _) => Ok(g),
+                (None, Unmatched::Error) => bail!(
                     "{}: sample {:?} matches no group of the key map {} (--unmatched skip or group:TEMPLATE accept it)",
                     shard_of(i),
                     String::from_utf8_lossy(&keys[i]),
                     path.display()
                 ),
-                Unmatched::Skip => SKIPPED,
-                Unmatched::Group(t) => self.group(t).expect("load adds the --unmatched group"),
-            };
-        }
-        Ok(out)
+                (None, Unmatched::Skip) => Ok(SKIPPED),
+                (None, Unmatched::Group(t)) => {
+                    Ok(self.group(t).expect("load adds the --unmatched group"))
+                }
+            })
+            .collect()
     }
 }
 
@@ -360,8 +368,17 @@ mod tests {
         }
     }
 
-    fn keys(ks: &[&str]) -> Vec<Vec<u8>> {
-        ks.iter().map(|k| k.as_bytes().to_vec()).collect()
+    /// Loads the map at `path` for `ks`: the groups' templates and each key's group, or the
+    /// error's text.
+    fn load(
+        path: &Path,
+        unmatched: Unmatched,
+        ks: &[&str],
+    ) -> Result<(Vec<String>, Vec<u32>), String> {
+        let keys: Vec<Vec<u8>> = ks.iter().map(|k| k.as_bytes().to_vec()).collect();
+        KeyMap::load(path, unmatched, &keys, &|_| "in.tar".into())
+            .map(|(map, got)| (map.groups.into_iter().map(|g| g.text).collect(), got))
+            .map_err(|e| format!("{e:#}"))
     }
 
     #[test]
@@ -373,39 +390,20 @@ mod tests {
             r#"{"fish-%06d.tar": ["^fish/"], "bird-%d.tar": ["^bird/", "parrot"]}"#,
         )
         .unwrap();
-        let map = KeyMap::load(&path, Unmatched::Error).unwrap();
-        let names: Vec<&str> = map.groups.iter().map(|g| g.text.as_str()).collect();
+        let (names, got) =
+            load(&path, Unmatched::Error, &["fish/1", "bird/2", "x/parrot"]).unwrap();
         assert_eq!(names, ["bird-%d.tar", "fish-%06d.tar"]);
-        let got = map
-            .assign(&path, &keys(&["fish/1", "bird/2", "x/parrot"]), &|_| {
-                "in.tar".into()
-            })
-            .unwrap();
         assert_eq!(got, [1, 0, 0]);
-        let err = map
-            .assign(&path, &keys(&["cat/1"]), &|_| "in.tar".into())
-            .unwrap_err()
-            .to_string();
+        let err = load(&path, Unmatched::Error, &["cat/1"]).unwrap_err();
         assert!(err.contains("in.tar") && err.contains("cat/1"), "{err}");
-        let skip = KeyMap::load(&path, Unmatched::Skip).unwrap();
         assert_eq!(
-            skip.assign(&path, &keys(&["cat/1"]), &|_| String::new())
-                .unwrap(),
+            load(&path, Unmatched::Skip, &["cat/1"]).unwrap().1,
             [SKIPPED]
         );
-        let other = KeyMap::load(&path, Unmatched::Group("other-%d".into())).unwrap();
-        assert_eq!(
-            other
-                .assign(&path, &keys(&["cat/1"]), &|_| String::new())
-                .unwrap(),
-            [2]
-        );
+        let other = load(&path, Unmatched::Group("other-%d".into()), &["cat/1"]).unwrap();
+        assert_eq!(other.1, [2]);
         std::fs::write(&path, r#"{"a-%d": ["1"], "b-%d": ["^x"]}"#).unwrap();
-        let two = KeyMap::load(&path, Unmatched::Error).unwrap();
-        let err = two
-            .assign(&path, &keys(&["x1"]), &|_| "in.tar".into())
-            .unwrap_err()
-            .to_string();
+        let err = load(&path, Unmatched::Error, &["x1"]).unwrap_err();
         assert!(err.contains("two groups"), "{err}");
     }
 
@@ -414,23 +412,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("map.txt");
         std::fs::write(&path, "a/1\tx-%d.tar\na/2\ty-%d.tar\n\nzzz\tx-%d.tar\n").unwrap();
-        let map = KeyMap::load(&path, Unmatched::Error).unwrap();
-        let got = map
-            .assign(&path, &keys(&["a/2", "a/1"]), &|_| String::new())
-            .unwrap();
+        let (names, got) = load(&path, Unmatched::Error, &["a/2", "a/1"]).unwrap();
+        assert_eq!(names, ["x-%d.tar", "y-%d.tar"]);
         assert_eq!(got, [1, 0]);
         std::fs::write(&path, "a/1\tx-%d.tar\na/1\ty-%d.tar\n").unwrap();
-        let map = KeyMap::load(&path, Unmatched::Error).unwrap();
-        let err = map
-            .assign(&path, &keys(&["a/1"]), &|_| String::new())
-            .unwrap_err()
-            .to_string();
+        let err = load(&path, Unmatched::Error, &["a/1"]).unwrap_err();
         assert!(err.contains(":2:") && err.contains("line 1"), "{err}");
         std::fs::write(&path, "no tab here\n").unwrap();
-        let err = KeyMap::load(&path, Unmatched::Error)
-            .err()
-            .unwrap()
-            .to_string();
+        let err = load(&path, Unmatched::Error, &[]).unwrap_err();
         assert!(err.contains(":1:"), "{err}");
     }
 }

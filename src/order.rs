@@ -14,6 +14,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::comm::sort::{global_ranks, Item};
 use crate::comm::{agree, everywhere, gather, Comm};
+use crate::exchange::LocalSample;
 use crate::key_map::{KeyMap, Unmatched, SKIPPED as KEY_MAP_SKIPPED};
 use crate::permute::Permutation;
 use crate::plan::{Equalize, ShardPlan, Sizing, Targets};
@@ -410,7 +411,8 @@ pub struct Ordered {
 /// What `place` needs to know about the job.
 pub struct OrderJob<'a> {
     pub spec: &'a OrderSpec,
-    pub key_map: Option<&'a KeyMap>,
+    /// The key map, and the group of each local sample.
+    pub key_map: Option<(&'a KeyMap, &'a [u32])>,
     pub seed: u64,
     pub epoch: u64,
     pub equalize: Equalize,
@@ -423,7 +425,7 @@ pub struct OrderJob<'a> {
 /// What `place` needs to know about this rank's samples (in input order).
 pub struct LocalSamples<'a> {
     pub first_global: u64,
-    pub lens: &'a [u64],
+    pub samples: &'a [LocalSample],
     /// Keys, when [`OrderSpec::needs_keys`].
     pub keys: &'a [Vec<u8>],
     /// Member contents, when [`OrderSpec::member`].
@@ -441,26 +443,19 @@ pub struct LocalSamples<'a> {
 pub fn place(comm: &impl Comm, job: &OrderJob<'_>, local: &LocalSamples<'_>) -> Result<Ordered> {
     let lead = comm.rank() == 0;
     let spec = job.spec;
-    let count = local.lens.len();
+    let count = local.samples.len();
     let global = |i: usize| local.first_global + i as u64;
 
-    let group_of: Option<Vec<u32>> = match job.key_map {
-        Some(map) => {
-            let path = spec.key_map.as_deref().expect("a key map has a path");
-            let assigned = map.assign(path, local.keys, &|i| (local.describe)(i));
-            Some(agree(comm, assigned)?)
-        }
-        None => None,
-    };
-    let ngroups = job.key_map.map_or(1, |m| m.groups.len());
+    let group_of = job.key_map.map(|(_, groups)| groups);
+    let ngroups = job.key_map.map_or(1, |(m, _)| m.groups.len());
     let mut sums = vec![0u64; 2 * ngroups + 1];
-    for (i, &len) in local.lens.iter().enumerate() {
+    for (i, sample) in local.samples.iter().enumerate() {
         match group_of.as_ref().map(|g| g[i]) {
             Some(KEY_MAP_SKIPPED) => sums[2 * ngroups] += 1,
             g => {
                 let g = g.unwrap_or(0) as usize;
                 sums[g] += 1;
-                sums[ngroups + g] += len;
+                sums[ngroups + g] += sample.len;
             }
         }
     }
@@ -470,7 +465,7 @@ pub fn place(comm: &impl Comm, job: &OrderJob<'_>, local: &LocalSamples<'_>) -> 
     let (mut rank_start, mut out_start, mut shard_start) = (0, 0, 0);
     for g in 0..ngroups {
         let (n, bytes) = (sums[g], sums[ngroups + g]);
-        let template = job.key_map.map(|m| m.groups[g].text.clone());
+        let template = job.key_map.map(|(m, _)| m.groups[g].text.clone());
         let (shards, sizing) = if n == 0 {
             (0, "no samples".to_string())
         } else {
@@ -584,22 +579,24 @@ pub fn place(comm: &impl Comm, job: &OrderJob<'_>, local: &LocalSamples<'_>) -> 
     })();
     agree(comm, built)?;
 
-    let stratify_shards = groups[0].shards;
-    let stratify_total = groups[0].output_samples;
+    // Stratified runs have one group, sized with at least one shard.
+    let deal = spec
+        .stratify_by
+        .is_some()
+        .then(|| Deal::new(groups[0].output_samples, groups[0].shards));
     let mut runs = Runs::default();
     let ranks = global_ranks(comm, &items, &mut |start, bucket| {
-        if spec.stratify_by.is_some() {
-            runs = Runs::of(start, bucket, stratify_shards, stratify_total);
+        if let Some(deal) = &deal {
+            runs = Runs::of(start, bucket, deal);
         }
     })?;
     drop(items);
 
     let mut again = Vec::new();
-    if spec.stratify_by.is_some() {
+    if let Some(deal) = &deal {
         // Deal the label-sorted order to shards, and shuffle each shard's slots with a
         // permutation of its own.
-        let plan = ShardPlan::by_count(stratify_total, stratify_shards, 1);
-        let deal = Deal::new(stratify_total, stratify_shards);
+        let plan = ShardPlan::by_count(groups[0].output_samples, groups[0].shards, 1);
         let mut by_shard: Vec<(u64, u64, usize)> = ranks
             .iter()
             .enumerate()
@@ -639,9 +636,9 @@ pub fn place(comm: &impl Comm, job: &OrderJob<'_>, local: &LocalSamples<'_>) -> 
         }
     }
     again.sort_unstable();
-    let stratify = match &spec.stratify_by {
-        Some(ext) => Some(runs.report(comm, ext.clone(), stratify_shards, stratify_total)?),
-        None => None,
+    let stratify = match (&spec.stratify_by, &deal) {
+        (Some(ext), Some(deal)) => Some(runs.report(comm, ext.clone(), deal)?),
+        _ => None,
     };
     Ok(Ordered {
         placement: Placement::Listed { first, again },
@@ -680,7 +677,7 @@ struct Runs {
 }
 
 impl Runs {
-    fn of(start: u64, bucket: &[Item], shards: u64, total: u64) -> Runs {
+    fn of(start: u64, bucket: &[Item], deal: &Deal) -> Runs {
         let mut runs = Runs::default();
         let mut k = 0;
         while k < bucket.len() {
@@ -690,22 +687,14 @@ impl Runs {
                 runs.edges.push((bucket[k].key.clone(), a, n));
             } else {
                 runs.inner_labels += 1;
-                runs.inner_worst = runs
-                    .inner_worst
-                    .max(Deal::new(total, shards).deviation(a, n));
+                runs.inner_worst = runs.inner_worst.max(deal.deviation(a, n));
             }
             k = end;
         }
         runs
     }
 
-    fn report(
-        self,
-        comm: &impl Comm,
-        ext: String,
-        shards: u64,
-        total: u64,
-    ) -> Result<StratifyReport> {
+    fn report(self, comm: &impl Comm, ext: String, deal: &Deal) -> Result<StratifyReport> {
         let config = bincode::config::standard();
         let bytes = bincode::serde::encode_to_vec(&self.edges, config).expect("encodable");
         let mut worst = self.inner_worst;
@@ -730,7 +719,7 @@ impl Runs {
         let joined = agree(comm, joined)?;
         labels += joined.len() as u64;
         for (_, a, n) in joined {
-            worst = worst.max(Deal::new(total, shards).deviation(a, n));
+            worst = worst.max(deal.deviation(a, n));
         }
         // Non-negative floats order like their bits, which stay below 2^63.
         let worst = f64::from_bits(comm.all_max(&[worst.to_bits()])[0]);

@@ -260,26 +260,6 @@ fn run_prepared(
     }
 
     times.start("plan");
-    let key_map = match &cfg.order.key_map {
-        Some(path) => {
-            let map = agree_once(comm, KeyMap::load(path, cfg.order.unmatched.clone()))?;
-            // Every rank reads the file itself: a map that changed under the job, or differs
-            // between nodes, would make ranks disagree on the groups.
-            let digests = comm.all_gather(map.digest() >> 1);
-            if digests.iter().any(|&d| d != digests[0]) {
-                return Err(everywhere(
-                    lead,
-                    anyhow!(
-                        "{}: the ranks read different key maps (changed during the run, or not the same file on every node)",
-                        path.display()
-                    ),
-                ));
-            }
-            Some(map)
-        }
-        None => None,
-    };
-    let lens: Vec<u64> = local.iter().map(|s| s.len).collect();
     let describe = |i: usize| {
         let s = &local[i];
         let path = &inputs[s.shard as usize].path;
@@ -293,11 +273,33 @@ fn run_prepared(
             s.start
         )
     };
+    let key_map = match &cfg.order.key_map {
+        Some(path) => {
+            let loaded = KeyMap::load(path, cfg.order.unmatched.clone(), &keys, &describe);
+            let (map, group_of) = agree_once(comm, loaded)?;
+            // Every rank reads the file itself: a map that changed under the job, or differs
+            // between nodes, would make ranks disagree on the groups.
+            let digests = comm.all_gather(map.digest() >> 1);
+            if digests.iter().any(|&d| d != digests[0]) {
+                return Err(everywhere(
+                    lead,
+                    anyhow!(
+                        "{}: the ranks read different key maps (changed during the run, or not the same file on every node)",
+                        path.display()
+                    ),
+                ));
+            }
+            Some((map, group_of))
+        }
+        None => None,
+    };
     let ordered = order::place(
         comm,
         &OrderJob {
             spec: &cfg.order,
-            key_map: key_map.as_ref(),
+            key_map: key_map
+                .as_ref()
+                .map(|(map, group_of)| (map, group_of.as_slice())),
             seed: cfg.seed,
             epoch: cfg.epoch,
             equalize: cfg.equalize,
@@ -307,13 +309,13 @@ fn run_prepared(
         },
         &LocalSamples {
             first_global,
-            lens: &lens,
+            samples: &local,
             keys: &keys,
             contents: &contents,
             describe: &describe,
         },
     )?;
-    drop((lens, keys, contents));
+    drop((keys, contents));
     let Ordered {
         placement,
         groups,
@@ -325,6 +327,7 @@ fn run_prepared(
     let (dropped_count, repeated_count) = groups.iter().fold((0, 0), |(d, r), g| {
         (d + g.targets.dropped(), r + g.targets.repeated())
     });
+    let key_map = key_map.map(|(map, _)| map);
     let sizing = match &key_map {
         None => groups[0].sizing.clone(),
         Some(map) => format!(

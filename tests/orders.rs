@@ -120,6 +120,11 @@ fn flat(shards: &[(String, Vec<Got>)]) -> Vec<Got> {
     shards.iter().flat_map(|s| s.1.clone()).collect()
 }
 
+/// The keys of an output directory's samples, shard by shard.
+fn keys_in(out: &Path) -> Vec<String> {
+    flat(&output(out)).into_iter().map(|g| g.key).collect()
+}
+
 fn cls(g: &Got) -> i64 {
     String::from_utf8_lossy(&g.members["cls"])
         .trim()
@@ -173,7 +178,7 @@ fn key_order_sorts_keys_and_is_the_same_for_any_rank_count() {
         "desc",
         &["--shards", "3", "--order", "key", "--descending"],
     );
-    let got: Vec<String> = flat(&output(&out)).into_iter().map(|g| g.key).collect();
+    let got = keys_in(&out);
     let mut reversed = got.clone();
     reversed.sort();
     reversed.reverse();
@@ -276,10 +281,7 @@ fn missing_or_unparsable_content_names_file_and_key_unless_placed_last() {
             "last",
         ],
     );
-    let keys: Vec<String> = flat(&output(&dir.join("last")))
-        .into_iter()
-        .map(|g| g.key)
-        .collect();
+    let keys = keys_in(&dir.join("last"));
     assert_eq!(keys, ["s004", "s001", "s005", "s003", "s000", "s002"]);
     // Descending too: the missing sample stays last.
     run(
@@ -296,10 +298,7 @@ fn missing_or_unparsable_content_names_file_and_key_unless_placed_last() {
             "--descending",
         ],
     );
-    let keys: Vec<String> = flat(&output(&dir.join("last-desc")))
-        .into_iter()
-        .map(|g| g.key)
-        .collect();
+    let keys = keys_in(&dir.join("last-desc"));
     assert_eq!(keys, ["s000", "s003", "s001", "s005", "s004", "s002"]);
 
     let dir = Dir::new("order_unparsable");
@@ -317,10 +316,7 @@ fn missing_or_unparsable_content_names_file_and_key_unless_placed_last() {
         "text",
         &["--shards", "1", "--order", "content:cls"],
     );
-    let keys: Vec<String> = flat(&output(&dir.join("text")))
-        .into_iter()
-        .map(|g| g.key)
-        .collect();
+    let keys = keys_in(&dir.join("text"));
     assert_eq!(keys, ["s002", "s000", "s001"]);
 
     // A label member larger than --label-limit is refused before anything is read into memory.

@@ -645,9 +645,10 @@ fn narrate(lead: bool, msg: std::fmt::Arguments<'_>) {
 }
 
 /// Indexes this rank's input shards, in order, from saved indexes where they exist and still
-/// match (`reused` counts those), else from the tar headers. Several shards are indexed at once:
-/// header reads are small random reads, and keeping several in flight hides the storage's
-/// latency.
+/// match (`reused` counts those), else from the tar headers. Many shards are indexed at once:
+/// each shard's headers form a chain of small dependent reads, so one shard keeps one read in
+/// flight; storage serves many at once (a virtio disk here: 10k reads/s at one in flight,
+/// 49k/s at 32).
 fn index_shards(
     inputs: &[InputShard],
     mine: std::ops::Range<usize>,
@@ -655,7 +656,7 @@ fn index_shards(
     rules: &Rules,
     reused: &AtomicUsize,
 ) -> Result<Indexed> {
-    const THREADS: usize = 8;
+    const THREADS: usize = 32;
     let next = AtomicUsize::new(mine.start);
     let results: Mutex<Vec<Option<Result<ShardIndex>>>> =
         Mutex::new((0..mine.len()).map(|_| None).collect());

@@ -376,6 +376,9 @@ fn write_rounds(
                 }
             }
         }
+        // Once per round: what this round wrote (here, or copied by the reader) starts on its way
+        // to the disk.
+        job.output.start_writeback();
         // The other ends may be gone after a failure; the buffers are then simply dropped.
         let _ = free_send.send(d.send);
         let _ = free_recv.send(d.recv);

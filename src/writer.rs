@@ -124,6 +124,8 @@ pub fn md5_file(path: &Path) -> Result<[u8; 16]> {
 pub struct OutputShards {
     first: u64,
     files: Vec<(PathBuf, File)>,
+    /// Per file: written since the last [`OutputShards::start_writeback`].
+    dirty: Vec<AtomicBool>,
     /// Set once `copy_file_range` turned out unsupported between input and output.
     no_copy_range: AtomicBool,
 }
@@ -153,6 +155,7 @@ impl OutputShards {
         }
         Ok(OutputShards {
             first: layout.shards.start,
+            dirty: files.iter().map(|_| AtomicBool::new(false)).collect(),
             files,
             no_copy_range: AtomicBool::new(false),
         })
@@ -163,7 +166,9 @@ impl OutputShards {
     /// # Errors
     /// The write fails (disk full, I/O error); the message names the file and offset.
     pub fn write_at(&self, shard: u64, offset: u64, data: &[u8]) -> Result<()> {
-        let (path, file) = &self.files[(shard - self.first) as usize];
+        let i = (shard - self.first) as usize;
+        let (path, file) = &self.files[i];
+        self.dirty[i].store(true, Ordering::Relaxed);
         file.write_all_at(data, offset).with_context(|| {
             format!(
                 "{}: cannot write {} bytes at byte offset {offset}",
@@ -189,7 +194,9 @@ impl OutputShards {
         src_offset: u64,
         len: u64,
     ) -> Result<()> {
-        let (path, file) = &self.files[(shard - self.first) as usize];
+        let i = (shard - self.first) as usize;
+        let (path, file) = &self.files[i];
+        self.dirty[i].store(true, Ordering::Relaxed);
         let ended = |at: u64| {
             anyhow!(
                 "{}: byte offset {at}: expected sample data, found the end of the file (did it change during the run?)",
@@ -266,6 +273,21 @@ impl OutputShards {
             done += n as u64;
         }
         Ok(())
+    }
+
+    /// Starts writing back, without waiting, what was written to each shard since the last call.
+    /// The disk then writes while the exchange still runs instead of after it: a warm np=1 run's
+    /// final sync took 1.35-1.6 s of its 3.0 s with the disk idle until then.
+    pub fn start_writeback(&self) {
+        for ((_, file), dirty) in self.files.iter().zip(&self.dirty) {
+            if dirty.swap(false, Ordering::Relaxed) {
+                // SAFETY: a valid open descriptor. Only a hint: where the filesystem does not
+                // support it, the final sync does all the work, as before.
+                unsafe {
+                    libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+                }
+            }
+        }
     }
 
     /// Flushes every shard to stable storage.

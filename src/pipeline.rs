@@ -464,7 +464,7 @@ fn run_prepared(
     let stats: ExchangeStats = exchange::run(
         comm,
         &job,
-        Buffers::for_budget(cfg.mem_limit, ranks),
+        Buffers::for_job(cfg.mem_limit, ranks, total_out / ranks as u64),
         cfg.stall_timeout,
         Some(staging.join(HEARTBEATS)),
         &mut |d| progress.update(d),

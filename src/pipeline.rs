@@ -225,7 +225,7 @@ fn run_prepared(
     let cross = if cfg.rules.on_duplicate == OnDuplicate::Keep {
         0
     } else {
-        let found = cross_shard_duplicates(comm, inputs, &key_hashes, cfg.rules.on_duplicate);
+        let found = duplicate_keys(comm, inputs, &local, &key_hashes, cfg.rules.on_duplicate);
         agree(comm, found)?
     };
     drop(key_hashes);
@@ -694,18 +694,37 @@ fn index_shards(
             });
         }
     });
+    // Sized exactly, and each shard's index dropped once copied: the peak is the shard indexes
+    // plus these, about 56 bytes per sample.
+    let results = results.into_inner().unwrap();
+    let total: usize = results
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|i| i.samples.len())
+        .sum();
     let mut out = Indexed::default();
+    out.local.reserve_exact(total);
+    if rules.on_duplicate != OnDuplicate::Keep {
+        out.key_hashes.reserve_exact(total);
+    }
     let mut skipped = [0u64; 4];
     let mut hygiene = [0u64; 3];
-    for (i, r) in mine.clone().zip(results.into_inner().unwrap()) {
+    for (i, r) in mine.clone().zip(results) {
         let Some(idx) = r.transpose()? else { continue };
         out.counts.push(idx.samples.len() as u64);
         if let Some(keys) = idx.edge_keys {
             out.edges.push((i, keys));
         }
         let shard = u32::try_from(i).context("more than 2^32 input shards")?;
-        for (s, &h) in idx.samples.iter().zip(&idx.key_hashes) {
-            out.key_hashes.push((h, shard, s.start));
+        if rules.on_duplicate != OnDuplicate::Keep {
+            if idx.key_hashes.len() == idx.samples.len() {
+                out.key_hashes.extend(&idx.key_hashes);
+            } else {
+                // A saved index holds no keys: its samples are not checked.
+                out.key_hashes
+                    .extend(std::iter::repeat_n(0, idx.samples.len()));
+            }
         }
         for (a, b) in hygiene.iter_mut().zip(idx.hygiene.to_array()) {
             *a += b;
@@ -736,38 +755,77 @@ struct Indexed {
     /// Samples per input shard of this rank.
     counts: Vec<u64>,
     edges: EdgeKeys,
-    /// (key hash, input shard, sample start) when duplicate keys are looked for.
-    key_hashes: Vec<(u64, u32, u64)>,
+    /// Each sample's key hash when duplicate keys are looked for (0: not checked), else empty.
+    key_hashes: Vec<u64>,
     /// Every sample's key, when the rules keep them.
     keys: Vec<Vec<u8>>,
     /// Every sample's label member, when the rules read one.
     contents: Vec<Option<Vec<u8>>>,
 }
 
-/// The same key in samples of different input shards: key hashes go to the rank `hash mod P`,
-/// which confirms equal hashes by reading the keys (a hash collision is not a duplicate) and
-/// counts, warns or fails per `--on-duplicate`. Returns the duplicates this rank found.
-fn cross_shard_duplicates(
+/// One key in two samples, of one input shard (its members are not adjacent) or of two. Key
+/// hashes (8 bytes per sample) go to the rank `hash mod P`, which sends the hashes it saw more
+/// than once back to the ranks that sent them; those send (hash, shard, start) of just these
+/// samples, and the owner confirms equal hashes by reading the keys (a hash collision is not a
+/// duplicate), then counts, warns or fails per `--on-duplicate`. Nothing is held per sample
+/// beyond the hashes. Returns the duplicates this rank found.
+fn duplicate_keys(
     comm: &impl Comm,
     inputs: &[InputShard],
-    hashes: &[(u64, u32, u64)],
+    local: &[LocalSample],
+    hashes: &[u64],
     policy: OnDuplicate,
 ) -> Result<u64> {
     let ranks = comm.size() as u64;
-    let recv = comm::route(comm, 20, &|sink| {
-        for &(h, shard, start) in hashes {
-            let mut rec = [0u8; 20];
-            rec[..8].copy_from_slice(&h.to_le_bytes());
-            rec[8..12].copy_from_slice(&shard.to_le_bytes());
-            rec[12..].copy_from_slice(&start.to_le_bytes());
-            sink((h % ranks) as usize, &rec);
+    let owner = |h: u64| (h % ranks) as usize;
+    let word = |r: &[u8]| u64::from_le_bytes(r[..8].try_into().unwrap());
+    let checked = || hashes.iter().copied().filter(|&h| h != 0);
+    let (recv, from) = comm::route_from(comm, 8, &|sink| {
+        for h in checked() {
+            sink(owner(h), &h.to_le_bytes());
         }
     });
-    let mut mine: Vec<(u64, u32, u64)> = recv
+    let mut seen: Vec<u64> = recv.chunks_exact(8).map(word).collect();
+    seen.sort_unstable();
+    let repeated: Vec<u64> = seen
+        .chunk_by(|a, b| a == b)
+        .filter(|run| run.len() > 1)
+        .map(|run| run[0])
+        .collect();
+    drop(seen);
+    let back = comm::route(comm, 8, &|sink| {
+        for (source, range) in from.iter().enumerate() {
+            let mut sent: Vec<u64> = recv[range.clone()]
+                .chunks_exact(8)
+                .map(word)
+                .filter(|h| repeated.binary_search(h).is_ok())
+                .collect();
+            sent.sort_unstable();
+            sent.dedup();
+            for h in sent {
+                sink(source, &h.to_le_bytes());
+            }
+        }
+    });
+    drop(recv);
+    let mut wanted: Vec<u64> = back.chunks_exact(8).map(word).collect();
+    wanted.sort_unstable();
+    let candidates = comm::route(comm, 20, &|sink| {
+        for (s, &h) in local.iter().zip(hashes) {
+            if h != 0 && wanted.binary_search(&h).is_ok() {
+                let mut rec = [0u8; 20];
+                rec[..8].copy_from_slice(&h.to_le_bytes());
+                rec[8..12].copy_from_slice(&s.shard.to_le_bytes());
+                rec[12..].copy_from_slice(&s.start.to_le_bytes());
+                sink(owner(h), &rec);
+            }
+        }
+    });
+    let mut mine: Vec<(u64, u32, u64)> = candidates
         .chunks_exact(20)
         .map(|r| {
             (
-                u64::from_le_bytes(r[..8].try_into().unwrap()),
+                word(r),
                 u32::from_le_bytes(r[8..12].try_into().unwrap()),
                 u64::from_le_bytes(r[12..].try_into().unwrap()),
             )
@@ -775,10 +833,7 @@ fn cross_shard_duplicates(
         .collect();
     mine.sort_unstable();
     let mut found = 0u64;
-    for run in mine
-        .chunk_by(|a, b| a.0 == b.0)
-        .filter(|r| r.len() > 1 && r.iter().any(|e| e.1 != r[0].1))
-    {
+    for run in mine.chunk_by(|a, b| a.0 == b.0) {
         let mut keyed: Vec<(String, u32, u64)> = Vec::with_capacity(run.len());
         for &(_, shard, start) in run {
             keyed.push((
@@ -787,18 +842,22 @@ fn cross_shard_duplicates(
                 start,
             ));
         }
+        // By key, then in input order: the first sample of a key is the one others repeat.
         keyed.sort();
         for same in keyed.chunk_by(|a, b| a.0 == b.0) {
-            let first = &same[0];
-            for other in same.iter().filter(|e| e.1 != first.1) {
-                let what = format!(
-                    "sample key {:?} occurs in two samples: {} at byte offset {} and {} at byte offset {}",
-                    first.0,
-                    inputs[first.1 as usize].path.display(),
-                    first.2,
-                    inputs[other.1 as usize].path.display(),
-                    other.2
-                );
+            let (key, shard, first) = &same[0];
+            for (_, other_shard, other) in &same[1..] {
+                let path = inputs[*shard as usize].path.display();
+                let what = if other_shard == shard {
+                    format!(
+                        "{path}: byte offset {other}: sample {key:?} appears again (first at byte offset {first}): its members are not adjacent"
+                    )
+                } else {
+                    format!(
+                        "sample key {key:?} occurs in two samples: {path} at byte offset {first} and {} at byte offset {other}",
+                        inputs[*other_shard as usize].path.display(),
+                    )
+                };
                 match policy {
                     OnDuplicate::Abort => {
                         bail!("{what} (--on-duplicate abort; warn or keep accept it)")

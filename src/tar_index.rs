@@ -156,7 +156,8 @@ pub fn key_hash(key: &[u8]) -> u64 {
     }
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^ (h >> 33)
+    // Never 0: that stands for "no hash" (a shard read through its saved index).
+    (h ^ (h >> 33)).max(1)
 }
 
 /// The extension of a member path: what follows the first `.` of its last component.
@@ -478,9 +479,6 @@ struct Grouper<'r> {
     open_exts: Vec<Vec<u8>>,
     /// The open sample's [`Rules::read_member`] content, if seen yet.
     open_content: Option<Vec<u8>>,
-    /// Keys of this shard's closed samples (only when looking for duplicates): a key seen again
-    /// is a sample whose members are not adjacent.
-    seen: std::collections::HashMap<Vec<u8>, u64>,
     /// A skipped entry that closed a sample, with that sample's key: a member with the same key
     /// after it would split the sample.
     after_skip: Option<(Vec<u8>, u64, String)>,
@@ -496,7 +494,6 @@ impl<'r> Grouper<'r> {
             open_end: 0,
             open_exts: Vec::new(),
             open_content: None,
-            seen: std::collections::HashMap::new(),
             after_skip: None,
             warnings: 0,
         }
@@ -560,16 +557,9 @@ impl<'r> Grouper<'r> {
                     );
                 }
             }
+            // A key seen again in a later sample (of this shard or another) is found after
+            // indexing, from the key hashes: see `key_hashes`.
             self.close()?;
-            if self.checks_duplicates() {
-                if let Some(&first) = self.seen.get(key) {
-                    let what = format!(
-                        "byte offset {start}: sample {:?} appears again (first at byte offset {first}): its members are not adjacent",
-                        String::from_utf8_lossy(key)
-                    );
-                    self.duplicate(what)?;
-                }
-            }
             self.open = Some((key.to_vec(), start));
             self.open_end = end;
             self.open_exts = vec![ext];
@@ -630,9 +620,6 @@ impl<'r> Grouper<'r> {
                     keep = false;
                 }
             }
-        }
-        if self.checks_duplicates() {
-            self.seen.insert(key.clone(), start);
         }
         if keep {
             self.index.samples.push(Sample {

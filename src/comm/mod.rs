@@ -151,6 +151,15 @@ pub type RecordSink<'a> = &'a mut dyn FnMut(usize, &[u8]);
 /// count, then to fill one send buffer in place — and must emit the same records both times, as
 /// (destination rank, record bytes).
 pub fn route(comm: &impl Comm, width: usize, each: &dyn Fn(RecordSink<'_>)) -> Vec<u8> {
+    route_from(comm, width, each).0
+}
+
+/// [`route`], also returning which bytes of the result came from each rank.
+pub fn route_from(
+    comm: &impl Comm,
+    width: usize,
+    each: &dyn Fn(RecordSink<'_>),
+) -> (Vec<u8>, Vec<Range<usize>>) {
     let ranks = comm.size();
     let mut counts = vec![0usize; ranks];
     each(&mut |d, rec| {
@@ -171,8 +180,8 @@ pub fn route(comm: &impl Comm, width: usize, each: &dyn Fn(RecordSink<'_>)) -> V
         fill_at[d] += width;
     });
     let mut recv = Vec::new();
-    comm.all_to_all(&send, &ranges, &mut recv);
-    recv
+    let from = comm.all_to_all(&send, &ranges, &mut recv);
+    (recv, from)
 }
 
 /// Every rank's `data` on `root`, by rank (empty vectors elsewhere).

@@ -27,7 +27,8 @@ use crate::report::{GpuShare, PlanReport, Stats};
 use crate::saved_index::{self, Lookup};
 use crate::size::human_bytes;
 use crate::tar_index::{
-    index_file_with, key_at, Codec, Hygiene, OnDuplicate, Rules, Sample, ShardIndex, Skipped,
+    index_file_with, key_at, keys_at, Codec, Hygiene, OnDuplicate, Rules, Sample, ShardIndex,
+    Skipped,
 };
 use crate::writer::{compress_shard, md5_file, OutputShards, ShardNames};
 
@@ -832,16 +833,27 @@ fn duplicate_keys(
         })
         .collect();
     mine.sort_unstable();
+    // The candidates' keys, read shard by shard in one pass each (a compressed shard is
+    // decompressed once, however many candidates it holds).
+    let mut places: Vec<(u32, u64)> = mine
+        .iter()
+        .map(|&(_, shard, start)| (shard, start))
+        .collect();
+    places.sort_unstable();
+    places.dedup();
+    let mut keys: Vec<String> = Vec::with_capacity(places.len());
+    for same_shard in places.chunk_by(|a, b| a.0 == b.0) {
+        let starts: Vec<(u64, u64)> = same_shard.iter().map(|&(_, at)| (at, u64::MAX)).collect();
+        keys.extend(keys_at(&inputs[same_shard[0].0 as usize].path, &starts)?);
+    }
+    let key_of =
+        |place: (u32, u64)| keys[places.binary_search(&place).expect("read above")].clone();
     let mut found = 0u64;
     for run in mine.chunk_by(|a, b| a.0 == b.0) {
-        let mut keyed: Vec<(String, u32, u64)> = Vec::with_capacity(run.len());
-        for &(_, shard, start) in run {
-            keyed.push((
-                key_at(&inputs[shard as usize].path, start, u64::MAX)?,
-                shard,
-                start,
-            ));
-        }
+        let mut keyed: Vec<(String, u32, u64)> = run
+            .iter()
+            .map(|&(_, shard, start)| (key_of((shard, start)), shard, start))
+            .collect();
         // By key, then in input order: the first sample of a key is the one others repeat.
         keyed.sort();
         for same in keyed.chunk_by(|a, b| a.0 == b.0) {

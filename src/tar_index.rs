@@ -293,48 +293,100 @@ fn advise_random(file: &File) {
 /// # Errors
 /// The file cannot be read there, or holds no keyed member there.
 pub fn key_at(path: &Path, start: u64, len: u64) -> Result<String> {
+    Ok(keys_at(path, &[(start, len)])?.remove(0))
+}
+
+/// [`key_at`] for several samples `(start, len)` of one shard, in ascending order of `start`:
+/// the file is opened once, and a compressed shard is decompressed once, not once per sample.
+///
+/// # Errors
+/// As [`key_at`], for the first sample that fails; `samples` out of order.
+pub fn keys_at(path: &Path, samples: &[(u64, u64)]) -> Result<Vec<String>> {
     let codec = Codec::sniff(path)?;
     let mut file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-    let reader: Box<dyn Read> = if codec == Codec::Plain {
-        file.seek(SeekFrom::Start(start))
-            .with_context(|| format!("{}: cannot seek to byte offset {start}", path.display()))?;
-        Box::new(file.take(len))
+    let mut stream = if codec == Codec::Plain {
+        None
     } else {
-        // Offsets are in the decompressed stream: decompress up to the sample.
-        let mut stream = codec
-            .decoder(file)
-            .with_context(|| format!("{}: cannot start decompressing", path.display()))?;
-        let skipped =
-            io::copy(&mut (&mut stream).take(start), &mut io::sink()).with_context(|| {
-                format!(
-                    "{}: decompressing up to byte offset {start}",
-                    path.display()
-                )
+        let reopened = file
+            .try_clone()
+            .with_context(|| format!("{}: cannot reopen", path.display()))?;
+        Some(
+            codec
+                .decoder(reopened)
+                .with_context(|| format!("{}: cannot start decompressing", path.display()))?,
+        )
+    };
+    // Where the decompressed stream is.
+    let mut pos = 0u64;
+    let mut keys = Vec::with_capacity(samples.len());
+    for &(start, len) in samples {
+        let what = || {
+            format!(
+                "{}: byte offset {start}: expected a sample's first header",
+                path.display()
+            )
+        };
+        let Some(stream) = stream.as_mut() else {
+            file.seek(SeekFrom::Start(start)).with_context(|| {
+                format!("{}: cannot seek to byte offset {start}", path.display())
             })?;
-        if skipped < start {
+            keys.push(first_key(Read::take(&mut file, len)).with_context(what)?);
+            continue;
+        };
+        if start < pos {
             bail!(
-                "{}: the decompressed stream ends at byte {skipped}, before byte offset {start}",
+                "internal error: keys_at({}): offsets out of order",
                 path.display()
             );
         }
-        Box::new(stream.take(len))
-    };
+        let skip = start - pos;
+        let skipped = io::copy(&mut stream.take(skip), &mut io::sink()).with_context(|| {
+            format!(
+                "{}: decompressing up to byte offset {start}",
+                path.display()
+            )
+        })?;
+        if skipped < skip {
+            bail!(
+                "{}: the decompressed stream ends at byte {}, before byte offset {start}",
+                path.display(),
+                pos + skipped
+            );
+        }
+        let mut counted = Counted {
+            inner: stream.take(len),
+            read: 0,
+        };
+        keys.push(first_key(&mut counted).with_context(what)?);
+        pos = start + counted.read;
+    }
+    Ok(keys)
+}
+
+/// The sample key of the first member of a tar stream.
+fn first_key(reader: impl Read) -> Result<String> {
     let mut archive = tar::Archive::new(reader);
-    let what = || {
-        format!(
-            "{}: byte offset {start}: expected a sample's first header",
-            path.display()
-        )
-    };
     let entry = archive
-        .entries()
-        .with_context(what)?
+        .entries()?
         .next()
-        .with_context(what)?
-        .with_context(what)?;
+        .context("the archive ends here")??;
     let path_bytes = entry.path_bytes();
-    let key = sample_key(&path_bytes).with_context(what)?;
+    let key = sample_key(&path_bytes).context("the member has no sample key")?;
     Ok(String::from_utf8_lossy(key).into_owned())
+}
+
+/// A reader that counts the bytes it returned.
+struct Counted<R> {
+    inner: R,
+    read: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
 }
 
 /// Indexes a tar stream of `file_len` bytes. Errors carry the byte offset but not the name; the
@@ -694,6 +746,7 @@ pub struct HeaderReader<R> {
 }
 
 impl<R: Read + Seek> HeaderReader<R> {
+    /// Reads `inner` from offset 0, where it must be positioned.
     pub fn new(inner: R) -> Self {
         HeaderReader {
             inner,
@@ -725,6 +778,8 @@ impl<R: Read + Seek> Read for HeaderReader<R> {
                 self.pos += n as u64;
                 return Ok(n);
             }
+            // Invalid until the read succeeds: a failed read may have written into it.
+            self.filled = 0;
             let n = self.inner.read(&mut self.buf[..want])?;
             self.inner_pos += n as u64;
             (self.start, self.filled) = (self.pos, n);
@@ -1040,7 +1095,9 @@ mod tests {
                 key_at(path, idx.samples[1].start, idx.samples[1].len).unwrap(),
                 want
             );
-            assert_eq!(idx.edge_keys, Some(("a".to_string(), want)));
+            assert_eq!(idx.edge_keys, Some(("a".to_string(), want.clone())));
+            let both: Vec<(u64, u64)> = idx.samples.iter().map(|s| (s.start, s.len)).collect();
+            assert_eq!(keys_at(path, &both).unwrap(), ["a".to_string(), want]);
         }
     }
 

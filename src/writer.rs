@@ -168,14 +168,16 @@ impl OutputShards {
     pub fn write_at(&self, shard: u64, offset: u64, data: &[u8]) -> Result<()> {
         let i = (shard - self.first) as usize;
         let (path, file) = &self.files[i];
-        self.dirty[i].store(true, Ordering::Relaxed);
         file.write_all_at(data, offset).with_context(|| {
             format!(
                 "{}: cannot write {} bytes at byte offset {offset}",
                 path.display(),
                 data.len()
             )
-        })
+        })?;
+        // After the write: the writer thread may start writeback at any moment.
+        self.dirty[i].store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Copies `len` bytes at `src_offset` of the input file `src` to `offset` of shard `shard`,
@@ -196,7 +198,6 @@ impl OutputShards {
     ) -> Result<()> {
         let i = (shard - self.first) as usize;
         let (path, file) = &self.files[i];
-        self.dirty[i].store(true, Ordering::Relaxed);
         let ended = |at: u64| {
             anyhow!(
                 "{}: byte offset {at}: expected sample data, found the end of the file (did it change during the run?)",
@@ -272,6 +273,7 @@ impl OutputShards {
             self.write_at(shard, offset + done, &buf[..n])?;
             done += n as u64;
         }
+        self.dirty[i].store(true, Ordering::Relaxed);
         Ok(())
     }
 

@@ -116,3 +116,30 @@ fn duplicates_abort_by_default_and_can_be_kept() {
         );
     }
 }
+
+/// Many samples whose members are not adjacent, in a gzip shard and a plain one: each is found
+/// once and counted (`--on-duplicate warn`), at any rank count; the keys to confirm are read in
+/// one pass per shard.
+#[test]
+fn many_non_adjacent_samples_in_a_compressed_shard_are_each_counted() {
+    let dir = Dir::new("many-dups");
+    dir.create_dir("in");
+    // a0.jpg a1.jpg ... a49.jpg a0.cls a1.cls ... a49.cls: 50 samples seen twice each.
+    let names: Vec<String> = (0..50)
+        .map(|i| format!("a{i}.jpg"))
+        .chain((0..50).map(|i| format!("a{i}.cls")))
+        .collect();
+    let members: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), &b"x"[..])).collect();
+    let bytes = tar_of(&members);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &bytes).unwrap();
+    dir.create_bytes("in/x.tar.gz", &gz.finish().unwrap());
+    // And one more copy of a7 in a plain shard: a third sample with that key.
+    dir.create_bytes("in/y.tar", &tar_of(&[("a7.txt", b"y"), ("b.txt", b"z")]));
+    for np in [1, 2, 3] {
+        let out = format!("warned-{np}");
+        let res = reshard(&dir, np, &out, &["--on-duplicate", "warn"], 0);
+        res.stderr_has("appears again");
+        assert_eq!(index(&dir, &out)["reshard"]["hygiene"]["duplicates"], 51);
+    }
+}

@@ -223,7 +223,7 @@ fn run_prepared(
     broadcast_result(comm, 0, lead.then(|| split_sample_check(inputs, &gathered)))?;
     // After the split check: a split sample is also a key in two shards, and the more
     // specific message wins.
-    let cross = if cfg.rules.on_duplicate == OnDuplicate::Keep {
+    let cross = if !cfg.rules.checks_duplicates() {
         0
     } else {
         let found = duplicate_keys(comm, inputs, &local, &key_hashes, cfg.rules.on_duplicate);
@@ -706,7 +706,7 @@ fn index_shards(
         .sum();
     let mut out = Indexed::default();
     out.local.reserve_exact(total);
-    if rules.on_duplicate != OnDuplicate::Keep {
+    if rules.checks_duplicates() {
         out.key_hashes.reserve_exact(total);
     }
     let mut skipped = [0u64; 4];
@@ -718,7 +718,7 @@ fn index_shards(
             out.edges.push((i, keys));
         }
         let shard = u32::try_from(i).context("more than 2^32 input shards")?;
-        if rules.on_duplicate != OnDuplicate::Keep {
+        if rules.checks_duplicates() {
             if idx.key_hashes.len() == idx.samples.len() {
                 out.key_hashes.extend(&idx.key_hashes);
             } else {
@@ -780,9 +780,8 @@ fn duplicate_keys(
     let ranks = comm.size() as u64;
     let owner = |h: u64| (h % ranks) as usize;
     let word = |r: &[u8]| u64::from_le_bytes(r[..8].try_into().unwrap());
-    let checked = || hashes.iter().copied().filter(|&h| h != 0);
     let (recv, from) = comm::route_from(comm, 8, &|sink| {
-        for h in checked() {
+        for &h in hashes.iter().filter(|&&h| h != 0) {
             sink(owner(h), &h.to_le_bytes());
         }
     });
@@ -813,7 +812,8 @@ fn duplicate_keys(
     wanted.sort_unstable();
     let candidates = comm::route(comm, 20, &|sink| {
         for (s, &h) in local.iter().zip(hashes) {
-            if h != 0 && wanted.binary_search(&h).is_ok() {
+            // Never 0: only hashes that were sent come back.
+            if wanted.binary_search(&h).is_ok() {
                 let mut rec = [0u8; 20];
                 rec[..8].copy_from_slice(&h.to_le_bytes());
                 rec[8..12].copy_from_slice(&s.shard.to_le_bytes());
@@ -996,14 +996,26 @@ fn equalized_keys(
     let mut mine: Vec<(u64, bool, String)> = Vec::new();
     let mut failed = Ok(());
     if expected > 0 {
-        for (i, s) in local.iter().enumerate() {
-            if let Some((at, dropped)) = placement.equalized(i) {
-                match key_at(&inputs[s.shard as usize].path, s.start, s.len) {
-                    Ok(key) => mine.push((at, dropped, key)),
-                    Err(e) => {
-                        failed = Err(e);
-                        break;
-                    }
+        // In input order, so each shard's keys are read in one pass (one decompression).
+        let picked: Vec<(usize, (u64, bool))> = (0..local.len())
+            .filter_map(|i| placement.equalized(i).map(|e| (i, e)))
+            .collect();
+        for same_shard in picked.chunk_by(|a, b| local[a.0].shard == local[b.0].shard) {
+            let shard = local[same_shard[0].0].shard as usize;
+            let samples: Vec<(u64, u64)> = same_shard
+                .iter()
+                .map(|&(i, _)| (local[i].start, local[i].len))
+                .collect();
+            match keys_at(&inputs[shard].path, &samples) {
+                Ok(keys) => mine.extend(
+                    same_shard
+                        .iter()
+                        .zip(keys)
+                        .map(|(&(_, (at, dropped)), key)| (at, dropped, key)),
+                ),
+                Err(e) => {
+                    failed = Err(e);
+                    break;
                 }
             }
         }

@@ -105,6 +105,13 @@ pub struct Rules {
     pub read_member: Option<(String, u64)>,
 }
 
+impl Rules {
+    /// Whether duplicate keys are looked for (and so key hashes kept).
+    pub fn checks_duplicates(&self) -> bool {
+        self.on_duplicate != OnDuplicate::Keep
+    }
+}
+
 /// What the hygiene rules found (and kept or left out).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hygiene {
@@ -303,18 +310,15 @@ pub fn key_at(path: &Path, start: u64, len: u64) -> Result<String> {
 /// As [`key_at`], for the first sample that fails; `samples` out of order.
 pub fn keys_at(path: &Path, samples: &[(u64, u64)]) -> Result<Vec<String>> {
     let codec = Codec::sniff(path)?;
-    let mut file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-    let mut stream = if codec == Codec::Plain {
-        None
+    let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    // A plain shard seeks to each sample; a compressed one is one forward stream.
+    let (mut plain, mut stream) = if codec == Codec::Plain {
+        (Some(file), None)
     } else {
-        let reopened = file
-            .try_clone()
-            .with_context(|| format!("{}: cannot reopen", path.display()))?;
-        Some(
-            codec
-                .decoder(reopened)
-                .with_context(|| format!("{}: cannot start decompressing", path.display()))?,
-        )
+        let decoder = codec
+            .decoder(file)
+            .with_context(|| format!("{}: cannot start decompressing", path.display()))?;
+        (None, Some(decoder))
     };
     // Where the decompressed stream is.
     let mut pos = 0u64;
@@ -326,13 +330,14 @@ pub fn keys_at(path: &Path, samples: &[(u64, u64)]) -> Result<Vec<String>> {
                 path.display()
             )
         };
-        let Some(stream) = stream.as_mut() else {
+        if let Some(file) = plain.as_mut() {
             file.seek(SeekFrom::Start(start)).with_context(|| {
                 format!("{}: cannot seek to byte offset {start}", path.display())
             })?;
-            keys.push(first_key(Read::take(&mut file, len)).with_context(what)?);
+            keys.push(first_key(Read::take(file, len)).with_context(what)?);
             continue;
-        };
+        }
+        let stream = stream.as_mut().expect("plain or compressed");
         if start < pos {
             bail!(
                 "internal error: keys_at({}): offsets out of order",
@@ -551,10 +556,6 @@ impl<'r> Grouper<'r> {
         }
     }
 
-    fn checks_duplicates(&self) -> bool {
-        self.rules.on_duplicate != OnDuplicate::Keep
-    }
-
     /// A duplicate: abort, or count (and warn).
     fn duplicate(&mut self, what: String) -> Result<()> {
         match self.rules.on_duplicate {
@@ -589,7 +590,7 @@ impl<'r> Grouper<'r> {
                     if self.open_content.is_none() {
                         self.open_content = content;
                     }
-                    if self.open_exts.contains(&ext) && self.checks_duplicates() {
+                    if self.open_exts.contains(&ext) && self.rules.checks_duplicates() {
                         let what = format!(
                             "byte offset {start}: sample {:?} has a second .{} member",
                             String::from_utf8_lossy(key),
@@ -678,7 +679,7 @@ impl<'r> Grouper<'r> {
                 start,
                 len: self.open_end - start,
             });
-            if self.checks_duplicates() {
+            if self.rules.checks_duplicates() {
                 self.index.key_hashes.push(key_hash(&key));
             }
             if self.rules.read_member.is_some() {

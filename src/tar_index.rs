@@ -8,12 +8,13 @@
 
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
+
+pub use crate::tar_headers::read_up_to;
+use crate::tar_headers::{EntryKind, Forward, Member, Seekable, Source, Walk};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-
-const BLOCK: u64 = 512;
 
 /// One sample of a shard: a contiguous byte range of the shard file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,7 +32,8 @@ pub struct Skipped {
     pub directories: u64,
     /// Regular files with no key: no `.` in the last path component, or only a leading one.
     pub keyless_files: u64,
-    /// Symlinks, hard links, devices, FIFOs and other non-regular entries.
+    /// Symlinks and hard links (outside any sample), devices, FIFOs, GNU volume labels and other
+    /// non-regular entries.
     pub other_entries: u64,
     /// PAX global extended headers (`g` records); their attributes are not carried over.
     pub global_headers: u64,
@@ -258,14 +260,7 @@ pub fn index_file_with(path: &Path, rules: &Rules) -> Result<ShardIndex> {
         let stream = codec
             .decoder(file)
             .with_context(|| format!("{}: cannot start decompressing", path.display()))?;
-        let mut archive = tar::Archive::new(stream);
-        let entries = archive.entries().with_context(|| {
-            format!(
-                "{}: byte offset 0: cannot read the tar stream",
-                path.display()
-            )
-        })?;
-        return index_entries(entries, None, rules).with_context(|| {
+        return index_walk(Walk::new(Forward(stream), None), rules).with_context(|| {
             format!(
                 "{} ({codec:?}-compressed; offsets in the decompressed stream)",
                 path.display()
@@ -368,15 +363,19 @@ pub fn keys_at(path: &Path, samples: &[(u64, u64)]) -> Result<Vec<String>> {
     Ok(keys)
 }
 
-/// The sample key of the first member of a tar stream.
+/// The sample key of the first member of a tar stream (its real name: PAX and GNU sparse names
+/// included).
 fn first_key(reader: impl Read) -> Result<String> {
-    let mut archive = tar::Archive::new(reader);
-    let entry = archive
-        .entries()?
-        .next()
-        .context("the archive ends here")??;
-    let path_bytes = entry.path_bytes();
-    let key = sample_key(&path_bytes).context("the member has no sample key")?;
+    let member = Walk::new(Forward(reader), None)
+        .next_member()?
+        .context("the archive ends here")?;
+    let key = sample_key(&member.path).with_context(|| {
+        format!(
+            "the member {:?} ({}) has no sample key",
+            member.name(),
+            member.kind.describe()
+        )
+    })?;
     Ok(String::from_utf8_lossy(key).into_owned())
 }
 
@@ -408,101 +407,45 @@ pub fn index_reader<R: Read + Seek>(reader: R, file_len: u64) -> Result<ShardInd
 /// # Errors
 /// See [`index_file_with`].
 pub fn index_reader_with<R: Read + Seek>(
-    mut reader: R,
+    reader: R,
     file_len: u64,
     rules: &Rules,
 ) -> Result<ShardIndex> {
-    let mut magic = [0u8; 2];
-    let got = read_up_to(&mut reader, &mut magic).context("byte offset 0: cannot read")?;
-    if got == 2 && magic == [0x1f, 0x8b] {
-        bail!("byte offset 0: expected a tar header, found gzip-compressed data (decompress the shard first)");
-    }
-    reader
-        .seek(SeekFrom::Start(0))
-        .context("byte offset 0: cannot seek")?;
-
-    let mut archive = tar::Archive::new(reader);
-    let entries = archive
-        .entries_with_seek()
-        .context("byte offset 0: cannot read the tar stream")?;
-    index_entries(entries, Some(file_len), rules)
+    index_walk(Walk::new(Seekable(reader), Some(file_len)), rules)
 }
 
-/// Groups a stream of tar entries into samples. `file_len` (when the stream is a file that can
-/// be checked against it) catches members whose data runs past the end.
-fn index_entries<'a, R: Read + 'a>(
-    mut entries: impl Iterator<Item = io::Result<tar::Entry<'a, R>>>,
-    file_len: Option<u64>,
-    rules: &Rules,
-) -> Result<ShardIndex> {
+/// Groups the members of a header walk into samples.
+fn index_walk<S: Source>(mut walk: Walk<S>, rules: &Rules) -> Result<ShardIndex> {
     let mut grouper = Grouper::new(rules);
-    let mut cursor = 0u64; // end of the previous record: where the next record starts
-    loop {
-        let entry = match entries.next() {
-            None => break,
-            Some(Ok(e)) => e,
-            Some(Err(e)) => {
-                let what = if cursor == 0 {
-                    "expected a tar archive"
-                } else {
-                    "expected a tar header"
-                };
-                bail!("byte offset {cursor}: {what}: {e}");
-            }
-        };
-        let mut entry = entry;
-        let size = entry.size();
-        let data = entry.raw_file_position();
-        let content = read_member(&mut entry, rules, file_len)?;
-        let end = data
-            .checked_add(size.div_ceil(BLOCK) * BLOCK)
-            .with_context(|| format!("byte offset {cursor}: member size {size} overflows"))?;
-        let path = entry.path_bytes();
-        if let Some(file_len) = file_len.filter(|&l| end > l) {
-            bail!(
-                "byte offset {}: truncated tar: member {:?} needs {} bytes of data but the file ends at byte {}",
-                entry.raw_header_position(),
-                String::from_utf8_lossy(&path),
-                size,
-                file_len
-            );
-        }
-        let kind = classify(entry.header().entry_type(), &path);
-        grouper.push(kind, &path, cursor, end, content)?;
-        cursor = end;
+    while let Some(member) = walk.next_member()? {
+        let content = read_member(&mut walk, &member, rules)?;
+        grouper.push(&member, content)?;
     }
     grouper.finish()
 }
 
-/// The data of `entry` when it is the member [`Rules::read_member`] asks for.
-fn read_member<R: Read>(
-    entry: &mut tar::Entry<'_, R>,
+/// The data of `member` when it is the member [`Rules::read_member`] asks for.
+fn read_member<S: Source>(
+    walk: &mut Walk<S>,
+    member: &Member,
     rules: &Rules,
-    file_len: Option<u64>,
 ) -> Result<Option<Vec<u8>>> {
-    use tar::EntryType as T;
     let Some((ext, limit)) = &rules.read_member else {
         return Ok(None);
     };
-    let regular = matches!(entry.header().entry_type(), T::Regular | T::Continuous);
-    if !regular || extension(&entry.path_bytes()) != ext.as_bytes() {
+    if !member.kind.is_file() || extension(&member.path) != ext.as_bytes() {
         return Ok(None);
     }
-    let (size, at) = (entry.size(), entry.raw_file_position());
-    let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+    let (name, at, size) = (member.name(), member.header, member.stored);
+    if member.sparse {
+        bail!("byte offset {at}: member {name:?} is stored sparse (with holes); labels are read from plain members only");
+    }
     if size > *limit {
         bail!(
             "byte offset {at}: member {name:?} is {size} bytes, more than the --label-limit of {limit} (labels are read from small members only)"
         );
     }
-    if let Some(l) = file_len.filter(|&l| at + size > l) {
-        bail!("byte offset {at}: truncated tar: member {name:?} runs past the end of the file at byte {l}");
-    }
-    let mut buf = Vec::with_capacity(size as usize);
-    entry
-        .read_to_end(&mut buf)
-        .with_context(|| format!("byte offset {at}: cannot read member {name:?}"))?;
-    Ok(Some(buf))
+    walk.read_data(member).map(Some)
 }
 
 enum Kind<'a> {
@@ -513,17 +456,31 @@ enum Kind<'a> {
     GlobalHeader,
 }
 
-fn classify(t: tar::EntryType, path: &[u8]) -> Kind<'_> {
-    use tar::EntryType as T;
-    match t {
-        T::Regular | T::Continuous | T::GNUSparse => match sample_key(path) {
+fn classify(member: &Member) -> Kind<'_> {
+    match member.kind {
+        EntryKind::Regular | EntryKind::Sparse => match sample_key(&member.path) {
             Some(k) => Kind::Member(k),
             None => Kind::Keyless,
         },
-        T::Directory => Kind::Directory,
-        T::XGlobalHeader => Kind::GlobalHeader,
+        EntryKind::Directory => Kind::Directory,
+        EntryKind::GlobalHeader => Kind::GlobalHeader,
         _ => Kind::Other,
     }
+}
+
+/// What a user can do about a link inside a sample.
+const LINK_ADVICE: &str = ": a sample's members must be regular files; create the shards with links dereferenced (GNU tar --dereference --hard-dereference, bsdtar -L)";
+
+/// A skipped entry that ended a sample, or a link named like a sample: a member with that key
+/// after it would split the sample.
+struct AfterSkip {
+    /// The key of the sample it closed.
+    closed: Option<Vec<u8>>,
+    /// The key its own name carries (links only).
+    own: Option<Vec<u8>>,
+    /// What it is, for the message.
+    what: String,
+    advice: &'static str,
 }
 
 /// Groups consecutive members by key into samples.
@@ -538,7 +495,7 @@ struct Grouper<'r> {
     open_content: Option<Vec<u8>>,
     /// A skipped entry that closed a sample, with that sample's key: a member with the same key
     /// after it would split the sample.
-    after_skip: Option<(Vec<u8>, u64, String)>,
+    after_skip: Option<AfterSkip>,
     warnings: u32,
 }
 
@@ -574,16 +531,11 @@ impl<'r> Grouper<'r> {
         }
     }
 
-    fn push(
-        &mut self,
-        kind: Kind<'_>,
-        path: &[u8],
-        start: u64,
-        end: u64,
-        content: Option<Vec<u8>>,
-    ) -> Result<()> {
+    fn push(&mut self, member: &Member, content: Option<Vec<u8>>) -> Result<()> {
+        let (start, end) = (member.start, member.end);
+        let kind = classify(member);
         if let Kind::Member(key) = kind {
-            let ext = extension(path).to_vec();
+            let ext = extension(&member.path).to_vec();
             if let Some((open_key, _)) = &self.open {
                 if open_key.as_slice() == key {
                     self.open_end = end;
@@ -602,11 +554,13 @@ impl<'r> Grouper<'r> {
                     return Ok(());
                 }
             }
-            if let Some((closed_key, off, name)) = self.after_skip.take() {
-                if closed_key == key {
+            if let Some(skip) = self.after_skip.take() {
+                if skip.closed.as_deref() == Some(key) || skip.own.as_deref() == Some(key) {
                     bail!(
-                        "byte offset {off}: member {name:?} has no sample key (expected a '.' in its last path component) but sits between members of sample {:?}",
-                        String::from_utf8_lossy(key)
+                        "{} but sits between members of sample {:?}{}",
+                        skip.what,
+                        String::from_utf8_lossy(key),
+                        skip.advice
                     );
                 }
             }
@@ -626,8 +580,56 @@ impl<'r> Grouper<'r> {
             Kind::GlobalHeader => skipped.global_headers += 1,
             Kind::Other | Kind::Member(_) => skipped.other_entries += 1,
         }
-        if let Some(key) = self.close()? {
-            self.after_skip = Some((key, start, String::from_utf8_lossy(path).into_owned()));
+        let name = member.name();
+        let link = matches!(member.kind, EntryKind::HardLink | EntryKind::Symlink);
+        let (what, advice) = if link {
+            (
+                format!(
+                    "byte offset {}: member {name:?} is {} (to {:?})",
+                    member.header,
+                    member.kind.describe(),
+                    String::from_utf8_lossy(&member.link)
+                ),
+                LINK_ADVICE,
+            )
+        } else if matches!(kind, Kind::Keyless) {
+            (
+                format!("byte offset {start}: member {name:?} has no sample key (expected a '.' in its last path component)"),
+                "",
+            )
+        } else {
+            (
+                format!(
+                    "byte offset {start}: member {name:?} is {}",
+                    member.kind.describe()
+                ),
+                "",
+            )
+        };
+        // A link named like a sample's members belongs to that sample: leaving it out would
+        // silently change the sample.
+        let own = if link {
+            sample_key(&member.path).map(<[u8]>::to_vec)
+        } else {
+            None
+        };
+        if let (Some(own), Some((open_key, _))) = (&own, &self.open) {
+            if own == open_key {
+                bail!(
+                    "{what} in sample {:?}{advice}",
+                    String::from_utf8_lossy(own)
+                );
+            }
+        }
+        let closed = self.close()?;
+        if closed.is_some() || own.is_some() {
+            let closed = closed.or_else(|| self.after_skip.take().and_then(|s| s.closed));
+            self.after_skip = Some(AfterSkip {
+                closed,
+                own,
+                what,
+                advice,
+            });
         }
         Ok(())
     }
@@ -701,19 +703,6 @@ impl<'r> Grouper<'r> {
         self.close()?;
         Ok(self.index)
     }
-}
-
-fn read_up_to<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// Read size where the walk jumps far: one page holds a sample's small members and the next

@@ -10,6 +10,7 @@ mod bad_input;
 mod cluster;
 mod compressed;
 mod epochs;
+mod golden;
 mod harness;
 mod hygiene;
 mod memory;

@@ -1,5 +1,5 @@
 //! Issue 13: `reshard plan` and `run --dry-run` write nothing at all, `plan` refuses the flags
-//! only `run` acts on.
+//! only `run` acts on, and an unquoted brace pattern gets a hint.
 
 use crate::run::run;
 use crate::util::{tree_state, Dir};
@@ -134,4 +134,47 @@ fn plan_needs_a_seed_only_where_it_changes_the_plan() {
     let mut cmd = dir.command();
     cmd.args(["run", "--input", "in", "--output", "one", "--shards", "1"]);
     cmd.assert_code(2).stderr_has("--seed");
+}
+
+#[test]
+fn an_unquoted_brace_pattern_gets_a_hint() {
+    let dir = Dir::new("brace-hint");
+    setup(&dir);
+    // What the shell makes of --input 'in/train-{000000..000002}.tar' without the quotes.
+    let expanded = [
+        "in/train-000000.tar",
+        "in/train-000001.tar",
+        "in/train-000002.tar",
+    ];
+    for (cmdline, rest) in [
+        (
+            &["run", "--input"][..],
+            &["--output", "o", "--shards", "2", "--seed", "1"][..],
+        ),
+        (&["plan", "-i"][..], &["--shards", "2", "--seed", "1"][..]),
+    ] {
+        let mut cmd = dir.command();
+        cmd.args(cmdline).args(expanded).args(rest);
+        let res = cmd.assert_code(2);
+        res.stderr_has("unexpected argument 'in/train-000001.tar'");
+        res.stderr_has("hint:");
+        res.stderr_has("Quote the pattern");
+        res.stderr_has("repeat --input");
+        res.check(!dir.join("o").exists(), "nothing is written");
+    }
+    let mut cmd = dir.command();
+    cmd.args(["plan", "--input=in/train-000000.tar", "in/train-000001.tar"])
+        .args(["--shards", "2", "--seed", "1"]);
+    cmd.assert_code(2).stderr_has("hint:");
+    // A stray word that is no path gets clap's message alone.
+    let mut cmd = dir.command();
+    cmd.args([
+        "plan", "--input", "in", "banana", "--shards", "2", "--seed", "1",
+    ]);
+    let res = cmd.assert_code(2);
+    res.stderr_has("unexpected argument 'banana'");
+    res.check(
+        !res.stderr.contains("hint:"),
+        "no hint for a word that is no path",
+    );
 }

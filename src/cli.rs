@@ -27,7 +27,8 @@ pub enum Command {
     /// Reshuffle the input shards into a new set of balanced shards.
     Run(RunArgs),
     /// Print what `run` would do with the same flags (reads tar headers only, writes nothing).
-    /// Same as `run --dry-run`.
+    /// Like `run --dry-run`, but takes only the flags that shape the plan (not --force, --link,
+    /// --keep, --verify, --report).
     Plan(RunArgs),
     /// Write a synthetic WebDataset (deterministic from a seed) for tests, examples and benchmarks.
     Generate(GenerateArgs),
@@ -87,7 +88,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = Balance::Count)]
     pub balance: Balance,
 
-    /// Plan only: index, print the plan, write nothing (same as `reshard plan`).
+    /// Plan only: index, print the plan, write nothing; --output, --force, --link and --keep are
+    /// checked as `run` would (what --keep would remove is printed), nothing is changed.
     #[arg(long)]
     pub dry_run: bool,
 
@@ -95,7 +97,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Seed of the global shuffle (required unless --order key or content, which are not random).
+    /// Seed of the global shuffle (required unless --order key or content, which are not random;
+    /// a plan of --shards 1 is the same for any seed and needs none).
     #[arg(long, value_name = "S")]
     pub seed: Option<u64>,
 
@@ -157,9 +160,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub link: Option<PathBuf>,
 
-    /// After publishing, remove older outputs made by reshard in the output's parent directory
-    /// beyond the K newest (the new one included; never the --link target, never anything
-    /// without reshard's index.json and .reshard directory).
+    /// After publishing, remove older epochs of this --output series, keeping the K highest epoch
+    /// numbers (the new output always among them). Needs {epoch} in the last component of
+    /// --output, e.g. --output 'data/epoch-{epoch}'. Removes only directories next to the
+    /// output whose name is that template with another epoch number (digits, as --epoch writes
+    /// them: data/epoch-3, not data/epoch-03 or data/epoch-notes) that hold reshard's own
+    /// index.json and .reshard directory; never the new output, never the --link target,
+    /// nothing else.
     #[arg(long, value_name = "K")]
     pub keep: Option<usize>,
 
@@ -279,10 +286,75 @@ pub struct GenerateArgs {
     pub prefix: String,
 }
 
+/// The placeholder `--output` and `--link` replace with the epoch number.
+const EPOCH: &str = "{epoch}";
+
 /// Replaces `{epoch}` in a path with the epoch number: `--output 'data/epoch-{epoch}'`.
 fn epoch_template(path: &std::path::Path, epoch: u64) -> String {
-    path.to_string_lossy()
-        .replace("{epoch}", &epoch.to_string())
+    path.to_string_lossy().replace(EPOCH, &epoch.to_string())
+}
+
+/// `--keep K`: the series of outputs one `--output` template names, and how many to keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keep {
+    /// Epochs kept, the new output included.
+    pub count: usize,
+    /// The output directory's name with `{epoch}` not replaced, e.g. `epoch-{epoch}`.
+    pub series: String,
+}
+
+impl Keep {
+    /// The epoch whose output the series template names `name`: `epoch-12` is epoch 12 of
+    /// `epoch-{epoch}`. Only names `--epoch` itself produces: decimal digits without leading
+    /// zeros in every place of `{epoch}`, the rest of the name exactly the template's.
+    pub fn epoch_of(&self, name: &str) -> Option<u64> {
+        let (head, _) = self.series.split_once(EPOCH)?;
+        let rest = name.strip_prefix(head)?;
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        // The template may go on with digits after `{epoch}`: try every split of the run.
+        (1..=digits.min(20)).find_map(|len| {
+            let e: u64 = rest[..len].parse().ok()?;
+            (self.series.replace(EPOCH, &e.to_string()) == name).then_some(e)
+        })
+    }
+}
+
+/// Resolves `--keep`: only over a series of outputs, which `{epoch}` in the output directory's
+/// own name makes (without it reshard cannot tell older epochs from unrelated directories).
+fn resolve_keep(keep: Option<usize>, output: Option<&std::path::Path>) -> Result<Option<Keep>> {
+    let Some(count) = keep else { return Ok(None) };
+    if count == 0 {
+        bail!("--keep must be at least 1 (the new output)");
+    }
+    let Some(output) = output else {
+        bail!("--keep removes older epochs next to the output: it needs --output");
+    };
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let parent = output.parent().unwrap_or(std::path::Path::new(""));
+    if parent.to_string_lossy().contains(EPOCH) {
+        bail!(
+            "--keep: --output {} has {EPOCH} in a parent directory; --keep only removes older \
+             epochs that are siblings of the output, so put {EPOCH} in its last component only, \
+             e.g. --output 'data/epoch-{EPOCH}'",
+            output.display()
+        );
+    }
+    if !name.contains(EPOCH) {
+        bail!(
+            "--keep removes older epochs of a series of outputs, and --output {} names no series: \
+             put {EPOCH} in the output directory's name, e.g. --output 'data/epoch-{EPOCH}' \
+             --epoch N; without it reshard cannot tell older epochs from unrelated datasets next \
+             to the output, so it removes nothing",
+            output.display()
+        );
+    }
+    Ok(Some(Keep {
+        count,
+        series: name,
+    }))
 }
 
 /// `--compress` values.
@@ -354,7 +426,7 @@ pub struct RunConfig {
     pub checksum: bool,
     pub index: Option<PathBuf>,
     pub link: Option<PathBuf>,
-    pub keep: Option<usize>,
+    pub keep: Option<Keep>,
     pub stall_timeout: std::time::Duration,
     pub max_round_bytes: u64,
     pub order: OrderSpec,
@@ -414,12 +486,40 @@ impl RunArgs {
             }),
             _ => None,
         };
+        if plan_only {
+            // `plan` takes the flags that shape the plan; these act on a written output.
+            let run_only = [
+                (self.force, "--force", "it replaces an existing output"),
+                (
+                    self.link.is_some(),
+                    "--link",
+                    "it points a link at the new output",
+                ),
+                (self.keep.is_some(), "--keep", "it removes older outputs"),
+                (self.verify, "--verify", "it checks the written output"),
+                (
+                    self.report.is_some(),
+                    "--report",
+                    "it writes the run's summary",
+                ),
+            ];
+            if let Some((_, flag, what)) = run_only.iter().find(|f| f.0) {
+                bail!(
+                    "{flag} is for `reshard run`: {what}, and `reshard plan` writes nothing; \
+                     leave it out here (`reshard run --dry-run` checks the whole run command line)"
+                );
+            }
+        }
         if self.verify && dry_run {
             bail!("--verify checks a written output: not with --dry-run or `reshard plan`");
+        }
+        if self.report.is_some() && dry_run {
+            bail!("--report writes the run's summary: not with --dry-run, which writes nothing");
         }
         if self.json && !dry_run {
             bail!("--json prints a plan: use it with --dry-run or `reshard plan`");
         }
+        let keep = resolve_keep(self.keep, self.output.as_deref())?;
         let output = match (&self.output, dry_run) {
             (Some(o), _) if o.as_os_str().is_empty() => bail!("--output must not be empty"),
             (Some(o), _) => Some(PathBuf::from(epoch_template(o, self.epoch))),
@@ -474,9 +574,16 @@ impl RunArgs {
         }
         crate::order::validate(&order, self.balance == Balance::Bytes, equalize)?;
         let random = order.by == crate::order::OrderBy::Shuffle;
+        // A plan of one shard is the same for every seed (all samples, all bytes, in it); with
+        // more, which samples the shuffle puts in each shard sets the bytes per shard (and with
+        // --balance bytes the samples per shard), so the plan needs the seed `run` will use.
         let seed = match self.seed {
             Some(s) => s,
             None if !random => 0,
+            None if dry_run && sizing == Sizing::Count(1) => 0,
+            None if dry_run => bail!(
+                "--seed S is required: the plan's bytes per shard depend on which samples the seeded shuffle puts in each shard; give the seed `run` will use"
+            ),
             None => bail!(
                 "--seed S is required: it fixes the shuffle, so that a rerun (or another epoch with --epoch) is reproducible"
             ),
@@ -520,12 +627,54 @@ impl RunArgs {
                 .link
                 .as_ref()
                 .map(|l| PathBuf::from(epoch_template(l, self.epoch))),
-            keep: match self.keep {
-                Some(0) => bail!("--keep must be at least 1 (the new output)"),
-                k => k,
-            },
+            keep,
             stall_timeout: std::time::Duration::from_secs(self.stall_timeout),
             max_round_bytes,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_series_holds_only_the_names_its_template_makes() {
+        let keep = |series: &str| Keep {
+            count: 2,
+            series: series.into(),
+        };
+        let k = keep("epoch-{epoch}");
+        assert_eq!(k.epoch_of("epoch-0"), Some(0));
+        assert_eq!(k.epoch_of("epoch-12"), Some(12));
+        for other in [
+            "epoch-",
+            "epoch-03",
+            "epoch-notes",
+            "epoch-1.bak",
+            "other-epoch-1",
+        ] {
+            assert_eq!(k.epoch_of(other), None, "{other}");
+        }
+        assert_eq!(k.epoch_of("epoch-99999999999999999999"), None, "beyond u64");
+        // Digits after the placeholder, and the placeholder twice.
+        assert_eq!(keep("e{epoch}0").epoch_of("e120"), Some(12));
+        assert_eq!(keep("{epoch}-of-{epoch}").epoch_of("7-of-7"), Some(7));
+        assert_eq!(keep("{epoch}-of-{epoch}").epoch_of("7-of-8"), None);
+    }
+
+    #[test]
+    fn keep_needs_epoch_in_the_output_name() {
+        let p = |s: &str| Some(std::path::PathBuf::from(s));
+        let ok = resolve_keep(Some(2), p("data/epoch-{epoch}").as_deref()).unwrap();
+        assert_eq!(ok.unwrap().series, "epoch-{epoch}");
+        assert!(resolve_keep(None, p("data/x").as_deref())
+            .unwrap()
+            .is_none());
+        for bad in ["data/x", "{epoch}/x", "data-{epoch}/e-{epoch}"] {
+            assert!(resolve_keep(Some(2), p(bad).as_deref()).is_err(), "{bad}");
+        }
+        assert!(resolve_keep(Some(0), p("e-{epoch}").as_deref()).is_err());
+        assert!(resolve_keep(Some(1), None).is_err());
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{Balance, RunConfig};
+use crate::cli::{Balance, Keep, RunConfig};
 use crate::comm::{
     self, agree, agree_once, broadcast_result, everywhere, exclusive_sum, gather, Comm,
 };
@@ -1062,7 +1062,7 @@ fn prepare(cfg: &RunConfig) -> Result<Setup> {
     }
 
     let Some(out) = &cfg.output else {
-        // Only planning: nothing will be written.
+        // Only planning, without an output to check.
         return Ok(Setup {
             inputs,
             staging: None,
@@ -1124,6 +1124,24 @@ fn prepare(cfg: &RunConfig) -> Result<Setup> {
             );
         }
     }
+    if cfg.dry_run {
+        // Checked as `run` would, but nothing is created, removed or written.
+        if let Some(keep) = &cfg.keep {
+            // --link would point at the new output by then, so only the output itself is spared.
+            for old in outputs_beyond(&target, keep, cfg.epoch, None)? {
+                eprintln!(
+                    "reshard: --keep {} would remove the older output {}",
+                    keep.count,
+                    old.display()
+                );
+            }
+        }
+        return Ok(Setup {
+            inputs,
+            staging: None,
+            target: None,
+        });
+    }
     if staging.exists() {
         eprintln!(
             "reshard: removing {} left by an earlier run that did not finish",
@@ -1153,10 +1171,11 @@ fn after_publish(cfg: &RunConfig, target: &Path) -> Result<()> {
     if let Some(link) = &cfg.link {
         point_link(link, target)?;
     }
-    if let Some(keep) = cfg.keep {
-        for old in outputs_beyond(target, keep, cfg.link.as_deref())? {
+    if let Some(keep) = &cfg.keep {
+        for old in outputs_beyond(target, keep, cfg.epoch, cfg.link.as_deref())? {
             eprintln!(
-                "reshard: --keep {keep}: removing the older output {}",
+                "reshard: --keep {}: removing the older output {}",
+                keep.count,
                 old.display()
             );
             fs::remove_dir_all(&old)
@@ -1191,43 +1210,62 @@ fn point_link(link: &Path, target: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The outputs made by reshard next to `target` (siblings holding both an index.json written by
-/// reshard and a `.reshard` directory), beyond the `keep` newest, oldest last. Never `target`,
-/// never what `link` points at, never anything reshard did not make.
-fn outputs_beyond(target: &Path, keep: usize, link: Option<&Path>) -> Result<Vec<PathBuf>> {
+/// The older epochs of `target`'s series that `--keep` removes: siblings of `target` whose name
+/// is the series template with another epoch number and that hold reshard's own index.json and
+/// `.reshard` directory. With `target` (epoch `epoch`, whether it exists yet or not) they are
+/// ranked by epoch number, highest first; those beyond the first `keep.count` are returned,
+/// lowest last. Never `target`, never what `link` points at, never a symbolic link, never a
+/// directory of another name.
+fn outputs_beyond(
+    target: &Path,
+    keep: &Keep,
+    epoch: u64,
+    link: Option<&Path>,
+) -> Result<Vec<PathBuf>> {
     let parent = target
         .parent()
         .context("the output has no parent directory")?;
     let linked = link.and_then(|l| fs::canonicalize(l).ok());
-    let mut ours = Vec::new();
+    let canonical_target = fs::canonicalize(target).ok();
+    let mut series: Vec<(u64, Option<PathBuf>)> = vec![(epoch, None)];
     for entry in
         fs::read_dir(parent).with_context(|| format!("--keep: cannot list {}", parent.display()))?
     {
-        let path = entry?.path();
-        let index = path.join("index.json");
-        if !path.join(saved_index::DIR_NAME).is_dir() {
-            continue;
-        }
-        let Ok(text) = fs::read(&index) else { continue };
-        let Ok(m) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        let entry = entry?;
+        let Some(e) = entry.file_name().to_str().and_then(|n| keep.epoch_of(n)) else {
             continue;
         };
-        if m["__kind__"] != Manifest::KIND || !m["reshard"].is_object() {
+        let path = entry.path();
+        if e == epoch || path == target {
             continue;
         }
-        let modified = fs::metadata(&index).and_then(|m| m.modified()).ok();
-        ours.push((modified, path));
+        if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
+            || !path.join(saved_index::DIR_NAME).is_dir()
+            || !made_by_reshard(&path.join("index.json"))
+        {
+            continue;
+        }
+        let canon = fs::canonicalize(&path).ok();
+        if canon.is_none() || canon == canonical_target || canon == linked {
+            continue;
+        }
+        series.push((e, Some(path)));
     }
-    ours.sort_by_key(|o| std::cmp::Reverse(o.0));
-    let target = fs::canonicalize(target).unwrap_or_else(|_| target.to_path_buf());
-    Ok(ours
+    series.sort_by_key(|s| std::cmp::Reverse(s.0));
+    Ok(series
         .into_iter()
-        .map(|(_, p)| p)
-        .filter(|p| {
-            fs::canonicalize(p).map_or(true, |c| c != target && Some(&c) != linked.as_ref())
-        })
-        .skip(keep.saturating_sub(1))
+        .skip(keep.count)
+        .filter_map(|(_, path)| path)
         .collect())
+}
+
+/// Whether `index` is an index.json that reshard wrote (a wids index with a `reshard` object).
+fn made_by_reshard(index: &Path) -> bool {
+    let Ok(text) = fs::read(index) else {
+        return false;
+    };
+    serde_json::from_slice::<serde_json::Value>(&text)
+        .is_ok_and(|m| m["__kind__"] == Manifest::KIND && m["reshard"].is_object())
 }
 
 /// Makes the finished staging directory the output, in one rename where the output does not

@@ -5,7 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::run::run;
-use crate::util::{tar_files, Dir};
+use crate::util::{snapshot, tar_files, tree_state, Dir};
 use crate::verify::{verify, Expected};
 
 fn small(dir: &Dir) -> Vec<PathBuf> {
@@ -182,4 +182,138 @@ fn link_refuses_to_replace_a_real_directory() {
         Path::new(&dir.join("current")).is_dir(),
         "the directory must stay",
     );
+}
+
+/// The README's epoch recipe: `--output 'data/epoch-{epoch}' --link data/current --keep 2`.
+fn recipe(dir: &Dir, np: usize, input: &str, e: u64, extra: &[&str]) -> crate::util::RunOutput {
+    let mut cmd = dir.mpi(np);
+    cmd.args(["run", "--input", input, "--output", "data/epoch-{epoch}"])
+        .args(["--epoch", &e.to_string(), "--shards", "4", "--seed", "7"])
+        .args(["--link", "data/current", "--keep", "2"])
+        .args(extra);
+    cmd.assert_success()
+}
+
+#[test]
+fn keep_removes_only_older_epochs_of_its_own_series() {
+    // Issue 13: --keep 2 removed every reshard output next to the new one.
+    let dir = Dir::new("keep-series");
+    small(&dir);
+    dir.create_dir("data");
+    // Unrelated datasets next to the series, all real reshard outputs (index.json and .reshard).
+    run(
+        &dir,
+        Some(1),
+        &["in"],
+        "data/gz",
+        2,
+        1,
+        &["--compress", "gz"],
+    );
+    run(&dir, None, &["in"], "data/small", 2, 2, &[]);
+    run(&dir, Some(2), &["in"], "data/resharded", 3, 3, &[]);
+    // Another template's series, and names that only look like this one's: a leading zero
+    // (--epoch never writes one) and digits with a suffix.
+    let other = ["--output", "data/other-epoch-{epoch}", "--epoch", "1"];
+    let mut cmd = dir.command();
+    cmd.args(["run", "--input", "in", "--shards", "2", "--seed", "5"])
+        .args(other);
+    cmd.assert_success();
+    run(&dir, None, &["in"], "data/epoch-00", 2, 6, &[]);
+    run(&dir, None, &["in"], "data/epoch-0.bak", 2, 6, &[]);
+    // A plain directory whose name starts like the series.
+    dir.create_bytes("data/epoch-notes/notes.txt", b"not a dataset\n");
+    let unrelated = [
+        "data/gz",
+        "data/small",
+        "data/resharded",
+        "data/other-epoch-1",
+        "data/epoch-00",
+        "data/epoch-0.bak",
+        "data/epoch-notes",
+    ];
+    let before: Vec<_> = unrelated.iter().map(|d| snapshot(&dir.join(d))).collect();
+
+    let res = recipe(&dir, 2, "in", 0, &[]);
+    res.check(
+        !res.stderr.contains("removing"),
+        "epoch 0 has nothing to remove",
+    );
+    let res = recipe(&dir, 1, "data/current", 1, &[]);
+    res.check(!res.stderr.contains("removing"), "epoch 1 keeps epoch 0");
+    // A dry run of epoch 2 says what --keep would remove, and removes nothing.
+    let whole = tree_state(dir.path());
+    let res = recipe(&dir, 2, "data/current", 2, &["--dry-run"]);
+    res.stderr_has(&format!(
+        "--keep 2 would remove the older output {}",
+        dir.join("data/epoch-0").display()
+    ));
+    res.check(
+        res.stderr.matches("would remove").count() == 1,
+        "only epoch 0 is beyond --keep 2",
+    );
+    res.check(tree_state(dir.path()) == whole, "--dry-run changed files");
+
+    let res = recipe(&dir, 2, "data/current", 2, &[]);
+    res.stderr_has(&format!(
+        "--keep 2: removing the older output {}",
+        dir.join("data/epoch-0").display()
+    ));
+    res.check(
+        res.stderr.matches("removing").count() == 1,
+        "--keep 2 must remove epoch 0 and nothing else",
+    );
+    assert!(!dir.join("data/epoch-0").exists());
+    assert!(dir.join("data/epoch-1/index.json").is_file());
+    assert!(dir.join("data/epoch-2/index.json").is_file());
+    assert_eq!(
+        fs::read_link(dir.join("data/current")).unwrap(),
+        dir.join("data/epoch-2")
+    );
+    for (d, was) in unrelated.iter().zip(&before) {
+        assert!(
+            snapshot(&dir.join(d)) == *was,
+            "--keep changed {d}, which is not an older epoch of data/epoch-{{epoch}}"
+        );
+    }
+    let mut left: Vec<String> = fs::read_dir(dir.join("data"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    let mut expected: Vec<String> = unrelated
+        .iter()
+        .map(|d| d.trim_start_matches("data/").to_string())
+        .chain(["current", "epoch-1", "epoch-2"].map(String::from))
+        .collect();
+    expected.sort();
+    assert_eq!(left, expected);
+}
+
+#[test]
+fn keep_without_epoch_in_the_output_is_refused_before_any_work() {
+    let dir = Dir::new("keep-no-epoch");
+    small(&dir);
+    dir.create_dir("data");
+    run(&dir, None, &["in"], "data/old", 2, 1, &[]);
+    let before = tree_state(dir.path());
+    for (output, why) in [
+        ("data/new", "names no series"),
+        ("data/{epoch}/new", "in a parent directory"),
+    ] {
+        let mut cmd = dir.mpi(1);
+        cmd.args(["run", "--input", "in", "--output", output])
+            .args(["--shards", "2", "--seed", "1", "--keep", "1"]);
+        let res = cmd.assert_code(2);
+        res.stderr_has(why);
+        res.stderr_has("{epoch}");
+        res.check(
+            !res.stderr.contains("indexing"),
+            "--keep must be refused before any work",
+        );
+        res.check(
+            tree_state(dir.path()) == before,
+            "a refused run wrote files",
+        );
+    }
 }

@@ -16,6 +16,7 @@ mod hygiene;
 mod memory;
 mod odd_inputs;
 mod orders;
+mod plan;
 mod real_data;
 mod run;
 mod sizing;

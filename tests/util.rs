@@ -430,6 +430,35 @@ pub fn snapshot(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
+/// What a directory tree looks like from outside: every entry below `root` and `root` itself
+/// (relative path, kind, size, modification time), without following symbolic links. Equal
+/// states before and after a command show it created, removed and wrote nothing there (a
+/// directory's modification time changes with any entry created or removed in it).
+pub fn tree_state(root: &Path) -> Vec<(PathBuf, char, u64, std::time::SystemTime)> {
+    fn walk(root: &Path, path: &Path, out: &mut Vec<(PathBuf, char, u64, std::time::SystemTime)>) {
+        let meta =
+            fs::symlink_metadata(path).unwrap_or_else(|e| panic!("stat {}: {e}", path.display()));
+        let kind = if meta.is_dir() {
+            'd'
+        } else if meta.file_type().is_symlink() {
+            'l'
+        } else {
+            'f'
+        };
+        let rel = path.strip_prefix(root).unwrap().to_path_buf();
+        out.push((rel, kind, meta.len(), meta.modified().unwrap()));
+        if kind == 'd' {
+            for e in fs::read_dir(path).unwrap() {
+                walk(root, &e.unwrap().path(), out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
+
 /// Deterministic pseudo-random bytes (xorshift), for payloads and garbage inputs.
 pub fn noise(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

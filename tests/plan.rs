@@ -1,0 +1,180 @@
+//! Issue 13: `reshard plan` and `run --dry-run` write nothing at all, `plan` refuses the flags
+//! only `run` acts on, and an unquoted brace pattern gets a hint.
+
+use crate::run::run;
+use crate::util::{tree_state, Dir};
+
+/// Inputs, and a previous output (with its saved index) to plan from.
+fn setup(dir: &Dir) {
+    dir.generate(
+        "in",
+        &["--shards", "3", "--samples", "40", "--mean-size", "1KiB"],
+    );
+    run(dir, None, &["in"], "prev", 3, 1, &[]);
+    dir.create_dir("data");
+}
+
+#[test]
+fn plan_and_dry_run_write_nothing() {
+    let dir = Dir::new("plan-nothing");
+    setup(&dir);
+    let before = tree_state(dir.path());
+    let cases: [&[&str]; 6] = [
+        &["plan", "--input", "in", "--output", "out"],
+        &["plan", "--input", "prev", "--output", "data/epoch-{epoch}"],
+        &["plan", "--input", "in", "--json"],
+        &["run", "--dry-run", "--input", "in", "--output", "out"],
+        &[
+            "run",
+            "--dry-run",
+            "--input",
+            "prev",
+            "--output",
+            "prev2",
+            "--json",
+        ],
+        &[
+            "run",
+            "--dry-run",
+            "--input",
+            "prev",
+            "--output",
+            "data/epoch-{epoch}",
+            "--epoch",
+            "3",
+            "--link",
+            "current",
+            "--keep",
+            "2",
+            "--force",
+        ],
+    ];
+    for np in [1, 2] {
+        for args in cases {
+            let mut cmd = dir.mpi(np);
+            cmd.args(args).args(["--shards", "2", "--seed", "1"]);
+            let res = cmd.assert_success();
+            res.check(
+                !res.stderr.contains("assembling"),
+                "a plan announced a staging directory",
+            );
+            res.check(
+                tree_state(dir.path()) == before,
+                "a plan created, removed or changed files",
+            );
+        }
+    }
+    // Reading the previous output's saved index is what it was for.
+    let mut cmd = dir.command();
+    cmd.args(["plan", "--input", "prev", "--shards", "2", "--seed", "1"]);
+    cmd.assert_success()
+        .stderr_has("reused the saved index of 3 of 3 input shards");
+}
+
+#[test]
+fn plan_refuses_flags_only_run_acts_on() {
+    let dir = Dir::new("plan-run-only");
+    setup(&dir);
+    let before = tree_state(dir.path());
+    let flags: [&[&str]; 5] = [
+        &["--force"],
+        &["--link", "current"],
+        &["--keep", "1"],
+        &["--verify"],
+        &["--report", "report.json"],
+    ];
+    for flag in flags {
+        let mut cmd = dir.mpi(1);
+        cmd.args(["plan", "--input", "in", "--output", "data/epoch-{epoch}"])
+            .args(["--shards", "2", "--seed", "1"])
+            .args(flag);
+        let res = cmd.assert_code(2);
+        res.stderr_has(&format!("{} is for `reshard run`", flag[0]));
+        res.check(
+            tree_state(dir.path()) == before,
+            "a refused plan wrote files",
+        );
+    }
+    // --report would write a file: not with --dry-run either.
+    let mut cmd = dir.command();
+    cmd.args([
+        "run",
+        "--dry-run",
+        "--input",
+        "in",
+        "--shards",
+        "2",
+        "--seed",
+        "1",
+    ])
+    .args(["--report", "report.json"]);
+    cmd.assert_code(2).stderr_has("--report");
+    assert!(!dir.join("report.json").exists());
+}
+
+#[test]
+fn plan_needs_a_seed_only_where_it_changes_the_plan() {
+    let dir = Dir::new("plan-seed");
+    setup(&dir);
+    // One shard holds everything whatever the seed.
+    let mut cmd = dir.command();
+    cmd.args(["plan", "--input", "in", "--shards", "1", "--json"]);
+    let res = cmd.assert_success();
+    let plan: serde_json::Value = serde_json::from_str(&res.stdout).unwrap();
+    assert_eq!(plan["per_shard"][0]["nsamples"], 40);
+    // With more shards the seed decides the bytes per shard: required, and said why.
+    let mut cmd = dir.command();
+    cmd.args(["plan", "--input", "in", "--shards", "2"]);
+    cmd.assert_code(2).stderr_has("bytes per shard");
+    // Orders that are not random never needed it.
+    let mut cmd = dir.command();
+    cmd.args(["plan", "--input", "in", "--shards", "2", "--order", "key"]);
+    cmd.assert_success();
+    // `run` always does: the seed fixes the order inside the shard too.
+    let mut cmd = dir.command();
+    cmd.args(["run", "--input", "in", "--output", "one", "--shards", "1"]);
+    cmd.assert_code(2).stderr_has("--seed");
+}
+
+#[test]
+fn an_unquoted_brace_pattern_gets_a_hint() {
+    let dir = Dir::new("brace-hint");
+    setup(&dir);
+    // What the shell makes of --input 'in/train-{000000..000002}.tar' without the quotes.
+    let expanded = [
+        "in/train-000000.tar",
+        "in/train-000001.tar",
+        "in/train-000002.tar",
+    ];
+    for (cmdline, rest) in [
+        (
+            &["run", "--input"][..],
+            &["--output", "o", "--shards", "2", "--seed", "1"][..],
+        ),
+        (&["plan", "-i"][..], &["--shards", "2", "--seed", "1"][..]),
+    ] {
+        let mut cmd = dir.command();
+        cmd.args(cmdline).args(expanded).args(rest);
+        let res = cmd.assert_code(2);
+        res.stderr_has("unexpected argument 'in/train-000001.tar'");
+        res.stderr_has("hint:");
+        res.stderr_has("Quote the pattern");
+        res.stderr_has("repeat --input");
+        res.check(!dir.join("o").exists(), "nothing is written");
+    }
+    let mut cmd = dir.command();
+    cmd.args(["plan", "--input=in/train-000000.tar", "in/train-000001.tar"])
+        .args(["--shards", "2", "--seed", "1"]);
+    cmd.assert_code(2).stderr_has("hint:");
+    // A stray word that is no path gets clap's message alone.
+    let mut cmd = dir.command();
+    cmd.args([
+        "plan", "--input", "in", "banana", "--shards", "2", "--seed", "1",
+    ]);
+    let res = cmd.assert_code(2);
+    res.stderr_has("unexpected argument 'banana'");
+    res.check(
+        !res.stderr.contains("hint:"),
+        "no hint for a word that is no path",
+    );
+}

@@ -16,6 +16,7 @@ mod memory;
 mod odd_inputs;
 mod orders;
 mod real_data;
+mod real_tars;
 mod run;
 mod sizing;
 mod slurm;

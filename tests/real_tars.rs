@@ -90,6 +90,25 @@ fn sources(dir: &Dir) -> PathBuf {
     src
 }
 
+/// Whether the filesystem under `src` stored the holes of the sparse sources: GNU tar and bsdtar
+/// write a sparse member only for a file with fewer blocks allocated than its size says. Reports
+/// a skip of `test` when it did not.
+fn holes_stored(src: &Path, test: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(src.join("sp/b.npy")).unwrap();
+    let ok = m.blocks() * 512 < m.len();
+    if !ok {
+        skip(
+            test,
+            &format!(
+                "the filesystem of {} stores no holes, so no tool writes sparse members",
+                src.display()
+            ),
+        );
+    }
+    ok
+}
+
 /// `tar ARGS --sparse -cf NAME -C src MEMBERS` (deterministic owners and times; holes found by
 /// scanning for zeros, so the sparse maps do not depend on the filesystem).
 fn gnu_tar(dir: &Dir, name: &str, args: &[&str], members: &[&str]) -> PathBuf {
@@ -458,7 +477,9 @@ fn assert_pax_sparse(archive: &Path, needle: &str, placeholder: bool) {
 #[test]
 fn gnu_tar_sparse_gnu_format() {
     let dir = Dir::new("sparse-gnu");
-    sources(&dir);
+    if !holes_stored(&sources(&dir), "gnu_tar_sparse_gnu_format") {
+        return;
+    }
     let tar = gnu_tar(&dir, "gnu-sparse.tar", &["--format=gnu"], &MEMBERS);
     assert_old_gnu_sparse(&tar);
     moves_verbatim(&dir, &tar, &MEMBERS, 0, "gnu_tar_sparse_gnu_format");
@@ -467,7 +488,9 @@ fn gnu_tar_sparse_gnu_format() {
 #[test]
 fn gnu_tar_sparse_oldgnu_format() {
     let dir = Dir::new("sparse-oldgnu");
-    sources(&dir);
+    if !holes_stored(&sources(&dir), "gnu_tar_sparse_oldgnu_format") {
+        return;
+    }
     let tar = gnu_tar(&dir, "oldgnu-sparse.tar", &["--format=oldgnu"], &MEMBERS);
     assert_old_gnu_sparse(&tar);
     moves_verbatim(&dir, &tar, &MEMBERS, 0, "gnu_tar_sparse_oldgnu_format");
@@ -478,7 +501,9 @@ fn gnu_tar_sparse_oldgnu_format() {
 #[test]
 fn gnu_tar_sparse_posix_1_0() {
     let dir = Dir::new("sparse-pax10");
-    sources(&dir);
+    if !holes_stored(&sources(&dir), "gnu_tar_sparse_posix_1_0") {
+        return;
+    }
     let tar = gnu_tar(&dir, "posix-sparse-1.0.tar", &["--format=posix"], &MEMBERS);
     assert_pax_sparse(&tar, "GNU.sparse.major=1", true);
     moves_verbatim(&dir, &tar, &MEMBERS, 0, "gnu_tar_sparse_posix_1_0");
@@ -489,7 +514,9 @@ fn gnu_tar_sparse_posix_1_0() {
 #[test]
 fn gnu_tar_sparse_posix_0_0() {
     let dir = Dir::new("sparse-pax00");
-    sources(&dir);
+    if !holes_stored(&sources(&dir), "gnu_tar_sparse_posix_0_0") {
+        return;
+    }
     let tar = gnu_tar(
         &dir,
         "posix-sparse-0.0.tar",
@@ -504,7 +531,9 @@ fn gnu_tar_sparse_posix_0_0() {
 #[test]
 fn gnu_tar_sparse_posix_0_1() {
     let dir = Dir::new("sparse-pax01");
-    sources(&dir);
+    if !holes_stored(&sources(&dir), "gnu_tar_sparse_posix_0_1") {
+        return;
+    }
     let tar = gnu_tar(
         &dir,
         "posix-sparse-0.1.tar",
@@ -528,7 +557,9 @@ fn bsdtar_pax_sparse_from_a_file_with_holes() {
         return;
     }
     let dir = Dir::new("sparse-bsdtar");
-    sources(&dir);
+    if !holes_stored(&sources(&dir), TEST) {
+        return;
+    }
     let tar = dir.join("bsdtar.tar");
     dir.program("bsdtar")
         .arg("-cf")
@@ -537,14 +568,6 @@ fn bsdtar_pax_sparse_from_a_file_with_holes() {
         .arg(dir.join("src"))
         .args(MEMBERS)
         .assert_success();
-    if !contains(&fs::read(&tar).unwrap(), b"GNU.sparse.major=1") {
-        skip(
-            TEST,
-            "bsdtar wrote no sparse member: the temporary directory's filesystem does not \
-             store holes",
-        );
-        return;
-    }
     assert_pax_sparse(&tar, "GNU.sparse.major=1", true);
     moves_verbatim(&dir, &tar, &MEMBERS, 0, TEST);
 }

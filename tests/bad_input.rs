@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::run::run;
-use crate::util::{noise, snapshot, Dir, RunOutput, FAIL_FAST};
+use crate::util::{noise, skip, snapshot, Dir, RunOutput, FAIL_FAST};
 use crate::verify::{input_samples, verify, Expected};
 
 /// Three small GNU-format shards without long names in `in/`, so that every record is one
@@ -451,7 +451,10 @@ fn with_tmpfs<T>(at: &Path, size: &str, ro: bool, f: impl FnOnce() -> T) -> Opti
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("SKIP: cannot mount a tmpfs here (needs root)");
+        skip(
+            &format!("the tmpfs part of a test ({})", at.display()),
+            "cannot mount a tmpfs here (needs root)",
+        );
         return None;
     }
     let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));

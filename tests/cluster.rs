@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::run::run;
-use crate::util::{find_on_path, reshard_exe, Dir, RunOutput, TestCommand};
+use crate::util::{find_on_path, reshard_exe, skip, Dir, RunOutput, TestCommand};
 use crate::verify::{assert_same_output, verify, Expected};
 
 /// The harness script.
@@ -48,7 +48,7 @@ fn cluster_or_skip(test: &str) -> bool {
     match unavailable() {
         None => true,
         Some(why) => {
-            eprintln!("SKIP {test}: needs a simulated cluster, but {why}");
+            skip(test, &format!("needs a simulated cluster, but {why}"));
             false
         }
     }
@@ -415,7 +415,10 @@ fn a_node_whose_link_goes_down_ends_the_job() {
         .assert_success();
     if !help.stdout.contains("--stall-timeout") {
         // Without a watchdog the surviving ranks wait for the lost one forever.
-        eprintln!("SKIP a_node_whose_link_goes_down_ends_the_job: reshard has no --stall-timeout");
+        skip(
+            "a_node_whose_link_goes_down_ends_the_job",
+            "reshard has no --stall-timeout",
+        );
         return;
     }
     let dir = Dir::new("cluster-link");

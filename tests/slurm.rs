@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::util::{find_on_path, have_python, mpirun, reshard_exe, tar_files, Dir, RunOutput};
+use crate::util::{
+    find_on_path, have_python, mpirun, reshard_exe, skip, tar_files, Dir, RunOutput,
+};
 use crate::verify::{verify, Expected};
 
 /// The repository root (where Cargo.toml is).
@@ -85,8 +87,9 @@ fn every_script_parses() {
 #[test]
 fn scripts_pass_shellcheck() {
     if find_on_path("shellcheck").is_none() {
-        eprintln!(
-            "SKIP shellcheck of slurm/ and examples/consumers/: shellcheck not found on PATH"
+        skip(
+            "scripts_pass_shellcheck",
+            "shellcheck not found on PATH (apt-get install shellcheck)",
         );
         return;
     }

@@ -18,6 +18,7 @@ mod odd_inputs;
 mod orders;
 mod plan;
 mod real_data;
+mod real_tars;
 mod run;
 mod sizing;
 mod slurm;

@@ -472,13 +472,52 @@ pub fn noise(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Whether python3 is available; prints why a check is skipped when it is not.
+/// Reports that a test (or a part of it) cannot run here, and why. With `RESHARD_NO_SKIP=1` in
+/// the environment (CI sets it) that is a failure: the test panics with `reason`. Otherwise it
+/// prints one line, `SKIPPED <test>: <reason>`, straight to the process's stderr (the harness
+/// captures `eprintln!`, not this), and the caller returns or leaves the part out.
+#[track_caller]
+pub fn skip(test: &str, reason: &str) {
+    if std::env::var_os("RESHARD_NO_SKIP").is_some_and(|v| v == "1") {
+        panic!("{test} cannot run: {reason} (RESHARD_NO_SKIP=1: skipping is a failure)");
+    }
+    let line = format!("SKIPPED {test}: {reason}\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+}
+
+/// Whether python3 is available; reports a skip of `what` (see [`skip`]) when it is not.
 pub fn have_python(what: &str) -> bool {
     let ok = find_on_path("python3").is_some();
     if !ok {
-        eprintln!("SKIP {what}: python3 not found on PATH");
+        skip(what, "python3 not found on PATH");
     }
     ok
+}
+
+/// A Python interpreter that can import webdataset, for reading outputs back the way a training
+/// job does: `$RESHARD_TEST_PYTHON` when set (it must work), else the venv `.ci/run` makes at
+/// `target/pyenv`; `None` when there is neither.
+pub fn test_python() -> Option<PathBuf> {
+    let works = |py: &Path| {
+        Command::new(py)
+            .args(["-c", "import webdataset"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if let Some(py) = std::env::var_os("RESHARD_TEST_PYTHON") {
+        let py = PathBuf::from(py);
+        assert!(
+            works(&py),
+            "RESHARD_TEST_PYTHON={} cannot import webdataset",
+            py.display()
+        );
+        return Some(py);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pyenv/bin/python");
+    works(&venv).then_some(venv)
 }
 
 /// Copies the directory `from` into `to` (created), subdirectories included.

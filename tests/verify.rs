@@ -1,7 +1,9 @@
 //! An independent verifier of reshard's output. It walks tar files 512-byte block by block
-//! (its own header parsing: checksums, octal and base-256 sizes, ustar prefixes, GNU long names,
-//! PAX records), splits input and output into samples as raw byte ranges, and checks the
-//! output against the input and against `index.json`.
+//! (its own header parsing: checksums summed over unsigned or signed bytes, octal and base-256
+//! sizes, ustar prefixes, GNU long names, PAX records including `size` and the GNU sparse names,
+//! old GNU sparse members with their extension blocks, volume labels), splits input and output
+//! into samples as raw byte ranges, and checks the output against the input and against
+//! `index.json`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -14,12 +16,12 @@ const BLOCK: usize = 512;
 /// What a record is, as far as samples are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// A regular file (type `0`, NUL or `7`).
+    /// A regular file (type `0`, NUL or `7`), or an old GNU sparse file (`S`).
     File,
     Directory,
     /// A PAX global header (`g`): a record of its own.
     GlobalHeader,
-    /// Links, devices, FIFOs and anything else.
+    /// Links, devices, FIFOs, GNU volume labels (`V`) and anything else.
     Other,
 }
 
@@ -28,10 +30,14 @@ pub enum Kind {
 pub struct Record {
     /// Offset of the first block of the record (its first extension header, if any).
     pub start: usize,
+    /// Offset of the member's own header (after its extension headers).
+    pub header: usize,
     /// Offset just past the member's padded data.
     pub end: usize,
     pub kind: Kind,
-    /// The full member path: PAX `path`, else a GNU long name, else ustar prefix + name.
+    /// The full member path: PAX `GNU.sparse.name` (the real name of a PAX sparse file whose
+    /// header holds a `GNUSparseFile.N/...` placeholder), else PAX `path`, else a GNU long name,
+    /// else ustar prefix + name.
     pub path: Vec<u8>,
     /// The type flags of the record's headers, in order (`b"Lx0"`, `b"0"`, ...).
     pub types: Vec<u8>,
@@ -82,9 +88,19 @@ fn cstr(field: &[u8]) -> &[u8] {
     &field[..n]
 }
 
-/// The `path` value of a PAX extended header's records, if any.
-fn pax_path(data: &[u8]) -> Result<Option<Vec<u8>>, String> {
-    let mut path = None;
+/// What a PAX extended header (`x`) says about the member after it.
+#[derive(Debug, Default)]
+struct Pax {
+    path: Option<Vec<u8>>,
+    /// `GNU.sparse.name`: the real name of a sparse file (formats 0.1 and 1.0).
+    sparse_name: Option<Vec<u8>>,
+    /// `size`: the member's stored size, overriding the header's size field.
+    size: Option<u64>,
+}
+
+/// Parses the records of a PAX extended header.
+fn pax_records(data: &[u8]) -> Result<Pax, String> {
+    let mut pax = Pax::default();
     let mut rest = data;
     while !rest.is_empty() && rest[0] != 0 {
         let sp = rest
@@ -103,12 +119,40 @@ fn pax_path(data: &[u8]) -> Result<Option<Vec<u8>>, String> {
             .iter()
             .position(|&b| b == b'=')
             .ok_or("PAX record without '='")?;
-        if &rec[..eq] == b"path" {
-            path = Some(rec[eq + 1..].to_vec());
+        let value = &rec[eq + 1..];
+        match &rec[..eq] {
+            b"path" => pax.path = Some(value.to_vec()),
+            b"GNU.sparse.name" => pax.sparse_name = Some(value.to_vec()),
+            b"size" => {
+                let s = std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| {
+                        format!(
+                            "PAX size {:?} is not a number",
+                            String::from_utf8_lossy(value)
+                        )
+                    })?;
+                pax.size = Some(s);
+            }
+            _ => {}
         }
         rest = &rest[len..];
     }
-    Ok(path)
+    Ok(pax)
+}
+
+/// The checksums a header may carry: its bytes summed as unsigned and as signed values, with
+/// the checksum field counted as spaces (POSIX says unsigned; old writers summed signed chars).
+fn header_sums(h: &[u8]) -> (i64, i64) {
+    let mut unsigned = 0i64;
+    let mut signed = 0i64;
+    for (i, &b) in h.iter().enumerate() {
+        let b = if (148..156).contains(&i) { b' ' } else { b };
+        unsigned += i64::from(b);
+        signed += i64::from(b as i8);
+    }
+    (unsigned, signed)
 }
 
 /// Walks the records of a tar file held in memory.
@@ -122,6 +166,7 @@ pub fn walk(bytes: Vec<u8>) -> Result<Walk, String> {
     let mut record_start = 0usize;
     let mut long_name: Option<Vec<u8>> = None;
     let mut pax_name: Option<Vec<u8>> = None;
+    let mut pax_size: Option<u64> = None;
     let mut types = Vec::new();
     let end = loop {
         if off == bytes.len() {
@@ -141,25 +186,44 @@ pub fn walk(bytes: Vec<u8>) -> Result<Walk, String> {
             break off;
         }
         let stored = octal(&h[148..156]).map_err(|e| format!("byte {off}: checksum: {e}"))?;
-        let unsigned: u64 = h
-            .iter()
-            .enumerate()
-            .map(|(i, &b)| {
-                if (148..156).contains(&i) {
-                    32
-                } else {
-                    u64::from(b)
-                }
-            })
-            .sum();
-        if stored != unsigned {
+        let (unsigned, signed) = header_sums(h);
+        if i64::try_from(stored).ok() != Some(unsigned)
+            && i64::try_from(stored).ok() != Some(signed)
+        {
             return Err(format!(
-                "byte {off}: header checksum {stored} but the header sums to {unsigned}"
+                "byte {off}: header checksum {stored} but the header sums to {unsigned} \
+                 (unsigned bytes) or {signed} (signed bytes)"
             ));
         }
-        let size = numeric(&h[124..136]).map_err(|e| format!("byte {off}: size: {e}"))?;
+        let typeflag = h[156];
+        // The stored size: the header's field, unless a PAX `size` record overrides it (for
+        // the member the PAX header describes, not for other extension headers). For a GNU
+        // sparse member (`S`) it is the size of the data regions as stored, not the file's.
+        let size = match pax_size {
+            Some(s) if !matches!(typeflag, b'x' | b'g' | b'L' | b'K') => {
+                pax_size = None;
+                s
+            }
+            _ => numeric(&h[124..136]).map_err(|e| format!("byte {off}: size: {e}"))?,
+        };
         let size = usize::try_from(size).map_err(|_| format!("byte {off}: size too large"))?;
-        let data = off + BLOCK;
+        // An old GNU sparse header whose `isextended` flag (byte 482) is set is followed by
+        // sparse extension blocks, each with its own flag at byte 504, before the data.
+        let mut data = off + BLOCK;
+        if typeflag == b'S' && h[482] != 0 {
+            loop {
+                if data + BLOCK > bytes.len() {
+                    return Err(format!(
+                        "byte {off}: the file ends inside the sparse extension blocks"
+                    ));
+                }
+                let extended = bytes[data + 504] != 0;
+                data += BLOCK;
+                if !extended {
+                    break;
+                }
+            }
+        }
         let next = data + size.div_ceil(BLOCK) * BLOCK;
         if next > bytes.len() {
             return Err(format!(
@@ -167,15 +231,18 @@ pub fn walk(bytes: Vec<u8>) -> Result<Walk, String> {
                 bytes.len()
             ));
         }
-        let typeflag = h[156];
         types.push(if typeflag == 0 { b'0' } else { typeflag });
         let payload = &bytes[data..data + size];
         match typeflag {
             b'L' => long_name = Some(cstr(payload).to_vec()),
             b'K' => {}
             b'x' => {
-                if let Some(p) = pax_path(payload).map_err(|e| format!("byte {off}: {e}"))? {
+                let pax = pax_records(payload).map_err(|e| format!("byte {off}: {e}"))?;
+                if let Some(p) = pax.sparse_name.or(pax.path) {
                     pax_name = Some(p);
+                }
+                if let Some(s) = pax.size {
+                    pax_size = Some(s);
                 }
             }
             _ => {
@@ -194,13 +261,14 @@ pub fn walk(bytes: Vec<u8>) -> Result<Walk, String> {
                     }
                 };
                 let kind = match typeflag {
-                    0 | b'0' | b'7' => Kind::File,
+                    0 | b'0' | b'7' | b'S' => Kind::File,
                     b'5' => Kind::Directory,
                     b'g' => Kind::GlobalHeader,
                     _ => Kind::Other,
                 };
                 records.push(Record {
                     start: record_start,
+                    header: off,
                     end: next,
                     kind,
                     path,

@@ -19,8 +19,9 @@
 # a failed job cancels what depends on it (Slurm leaves it pending with DependencyNeverSatisfied;
 # add --kill-on-invalid-dep=yes to SBATCH_ARGS to have such jobs removed).
 #
-# Disk: every epoch's output stays until removed. Delete epoch-(e-1) in train(e)'s script, or
-# (once reshard has it) let reshard prune old outputs with --keep K in RESHARD_EXTRA_ARGS.
+# Disk: every epoch's output stays until removed. Delete epoch-(e-1) in train(e)'s script.
+# (reshard's --keep K needs the '{epoch}' template in --output, which this loop does not use: it
+# names each epoch's output itself, so --keep in RESHARD_EXTRA_ARGS is refused.)
 #
 # DRY_RUN=1 prints the sbatch commands with made-up job ids instead of submitting.
 set -euo pipefail

@@ -3,31 +3,24 @@
 use std::path::{Path, PathBuf};
 
 use crate::run::run;
-use crate::util::{skip, snapshot, Dir};
+use crate::util::{snapshot, Dir};
 use crate::verify::{assert_indexer_agrees, assert_same_output, input_samples, verify, Expected};
 
-/// The shared test data, or `None` (a skip of `test`, see [`skip`]) when it is not there.
-fn testdata(test: &str) -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/webdataset");
-    if dir.join("tendata.tar").is_file() {
-        Some(dir.canonicalize().unwrap())
-    } else {
-        skip(
-            test,
-            &format!(
-                "{} is absent; the real-shard tests did not run",
-                dir.display()
-            ),
-        );
-        None
-    }
+/// webdataset's own test shards, committed under `tests/data/webdataset/` (BSD-3-Clause; see
+/// its README.md).
+fn testdata() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/webdataset");
+    assert!(
+        dir.join("tendata.tar").is_file(),
+        "{} is missing from the checkout",
+        dir.display()
+    );
+    dir.canonicalize().unwrap()
 }
 
 #[test]
 fn real_webdataset_shards() {
-    let Some(data) = testdata("real_webdataset_shards") else {
-        return;
-    };
+    let data = testdata();
     let names = ["tendata.tar", "mpdata.tar", "testgz.tar", "compressed.tar"];
     let inputs: Vec<PathBuf> = names.iter().map(|n| data.join(n)).collect();
     let specs: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
@@ -123,9 +116,7 @@ fn real_webdataset_shards() {
 
 #[test]
 fn gzip_compressed_real_shard_is_read_by_content() {
-    let Some(data) = testdata("gzip_compressed_real_shard_is_read_by_content") else {
-        return;
-    };
+    let data = testdata();
     let dir = Dir::new("gzip");
     // The same samples as a plain tar, decompressed by the test itself.
     let mut plain = Vec::new();
@@ -161,9 +152,7 @@ fn gzip_compressed_real_shard_is_read_by_content() {
 /// streaming the decompressed tar), the same at any rank count.
 #[test]
 fn real_labels_order_and_stratify_a_gzip_shard() {
-    let Some(data) = testdata("real_labels_order_and_stratify_a_gzip_shard") else {
-        return;
-    };
+    let data = testdata();
     let tgz = data.join("sample.tgz");
     let tgz = tgz.to_str().unwrap();
     let dir = Dir::new("real_labels");

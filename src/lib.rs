@@ -6,9 +6,10 @@
 pub mod cli;
 pub mod comm;
 pub mod error;
-pub mod exchange;
 pub mod generate;
+pub mod hooks;
 pub mod input;
+pub mod job;
 pub mod key_map;
 pub mod manifest;
 pub mod order;

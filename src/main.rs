@@ -10,7 +10,7 @@ use reshard::cli::{Cli, Command, RunArgs};
 use reshard::comm::mpi::MpiRuntime;
 use reshard::comm::{Comm, PeerFailed};
 use reshard::error::Exit;
-use reshard::pipeline::Outcome;
+use reshard::job::Outcome;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -115,7 +115,7 @@ fn run_job(args: &RunArgs, plan_only: bool) -> anyhow::Result<Exit> {
     };
     let mpi = MpiRuntime::init(cfg.max_round_bytes)?;
     let comm = &mpi.comm;
-    let outcome = match reshard::pipeline::run(comm, &cfg) {
+    let outcome = match reshard::job::run(comm, &cfg) {
         Ok(o) => o,
         Err(e) if e.downcast_ref::<PeerFailed>().is_some() => return Err(e),
         Err(e) => return Err(e.context(format!("rank {} of {}", comm.rank(), comm.size()))),

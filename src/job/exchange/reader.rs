@@ -1,0 +1,180 @@
+//! Sequential reader over a rank's input shards.
+
+use std::fs::File;
+use std::io::Read;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+
+use anyhow::{anyhow, Context, Result};
+
+use crate::input::InputShard;
+use crate::tar_index::Codec;
+
+/// Sequential reader over the input shards: small samples are served from a large read window,
+/// large ones are read straight into the send buffer.
+pub(super) struct InputReader<'a> {
+    inputs: &'a [InputShard],
+    /// The open input: shard, file, and how it is stored.
+    file: Option<(usize, File, Codec)>,
+    /// For a compressed shard: the decompressed stream and its position.
+    stream: Option<(usize, u64, Box<dyn Read + Send>)>,
+    window: Vec<u8>,
+    /// Which shard and byte range the window holds.
+    window_shard: usize,
+    window_range: Range<u64>,
+}
+
+impl<'a> InputReader<'a> {
+    pub(super) fn new(inputs: &'a [InputShard], window: usize) -> Self {
+        InputReader {
+            inputs,
+            file: None,
+            stream: None,
+            window: vec![0; window],
+            window_shard: usize::MAX,
+            window_range: 0..0,
+        }
+    }
+
+    /// The open input file of `shard` and its codec (the last one opened stays open).
+    pub(super) fn file(&mut self, shard: usize) -> Result<(&File, Codec)> {
+        if self.file.as_ref().is_none_or(|(s, _, _)| *s != shard) {
+            let path = &self.inputs[shard].path;
+            let codec = Codec::sniff(path)?;
+            let f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+            self.file = Some((shard, f, codec));
+        }
+        let (_, f, codec) = self.file.as_ref().unwrap();
+        Ok((f, *codec))
+    }
+
+    /// Reads `out.len()` bytes at `offset` of `shard` (of its decompressed stream, when
+    /// compressed).
+    pub(super) fn read(&mut self, shard: usize, offset: u64, out: &mut [u8]) -> Result<()> {
+        if self.file(shard)?.1 != Codec::Plain {
+            return self.read_stream(shard, offset, out);
+        }
+        self.read_plain(shard, offset, out)
+    }
+
+    /// A compressed shard is read as one forward stream: samples come in input order, so each
+    /// read starts at or after the previous one's end (a restart from the top otherwise).
+    pub(super) fn read_stream(&mut self, shard: usize, offset: u64, out: &mut [u8]) -> Result<()> {
+        let path = self.inputs[shard].path.clone();
+        if self
+            .stream
+            .as_ref()
+            .is_none_or(|(s, pos, _)| *s != shard || *pos > offset)
+        {
+            let (file, codec) = self.file(shard)?;
+            let file = file
+                .try_clone()
+                .with_context(|| format!("{}: cannot reopen", path.display()))?;
+            let decoder = codec
+                .decoder(file)
+                .with_context(|| format!("{}: cannot start decompressing", path.display()))?;
+            self.stream = Some((shard, 0, decoder));
+        }
+        let (_, pos, decoder) = self.stream.as_mut().unwrap();
+        let skip = offset - *pos;
+        let skipped =
+            std::io::copy(&mut decoder.take(skip), &mut std::io::sink()).with_context(|| {
+                format!(
+                    "{}: decompressing up to byte offset {offset}",
+                    path.display()
+                )
+            })?;
+        let result = if skipped < skip {
+            Err(anyhow!(
+                "{}: decompressed byte offset {}: expected sample data, found the end of the stream (did the shard change during the run?)",
+                path.display(),
+                *pos + skipped
+            ))
+        } else {
+            decoder.read_exact(out).with_context(|| {
+                format!(
+                    "{}: decompressed byte offset {offset}: cannot read {} bytes of sample data",
+                    path.display(),
+                    out.len()
+                )
+            })
+        };
+        if result.is_err() {
+            self.stream = None;
+            return result;
+        }
+        *pos = offset + out.len() as u64;
+        Ok(())
+    }
+
+    pub(super) fn read_plain(
+        &mut self,
+        shard: usize,
+        mut offset: u64,
+        mut out: &mut [u8],
+    ) -> Result<()> {
+        while !out.is_empty() {
+            if shard == self.window_shard && self.window_range.contains(&offset) {
+                let from = (offset - self.window_range.start) as usize;
+                let n = out.len().min((self.window_range.end - offset) as usize);
+                out[..n].copy_from_slice(&self.window[from..from + n]);
+                out = &mut out[n..];
+                offset += n as u64;
+                continue;
+            }
+            let size = self.inputs[shard].size;
+            let path = self.inputs[shard].path.clone();
+            let short = |got: u64| {
+                anyhow!(
+                    "{}: byte offset {}: expected sample data, found the end of the file (the shard was {} bytes when indexed; did it change during the run?)",
+                    path.display(),
+                    got,
+                    size
+                )
+            };
+            if out.len() >= self.window.len() / 2 {
+                let file = self.file(shard)?.0;
+                read_full_at(file, out, offset)
+                    .with_context(|| {
+                        format!("{}: cannot read at byte offset {offset}", path.display())
+                    })
+                    .and_then(|got| {
+                        if got < out.len() {
+                            Err(short(offset + got as u64))
+                        } else {
+                            Ok(())
+                        }
+                    })?;
+                return Ok(());
+            }
+            let want = (self.window.len() as u64).min(size.saturating_sub(offset)) as usize;
+            let mut window = std::mem::take(&mut self.window);
+            let got =
+                read_full_at(self.file(shard)?.0, &mut window[..want], offset).with_context(|| {
+                    format!("{}: cannot read at byte offset {offset}", path.display())
+                });
+            self.window = window;
+            let got = got?;
+            if got == 0 {
+                return Err(short(offset));
+            }
+            self.window_shard = shard;
+            self.window_range = offset..offset + got as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Reads until `buf` is full or the file ends; returns the bytes read.
+fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}

@@ -1,0 +1,105 @@
+//! The calling thread's part of the exchange, the only one that calls MPI: one status
+//! reduction and one all-to-all per round.
+
+use std::ops::Range;
+use std::sync::mpsc::{Receiver, SyncSender};
+
+use anyhow::{anyhow, Result};
+
+use super::stages::{Delivery, Packed, Stages};
+use super::ExchangeStats;
+use crate::comm::{Comm, PeerFailed};
+use crate::hooks;
+
+/// The calling thread's part: one status reduction and one all-to-all per round.
+pub(super) fn exchange_rounds(
+    comm: &impl Comm,
+    st: &Stages<'_, '_>,
+    cap: usize,
+    packed: Receiver<Packed>,
+    deliver: SyncSender<Delivery>,
+    free_recv: Receiver<Vec<u8>>,
+    progress: &mut dyn FnMut(u64),
+) -> (Result<()>, ExchangeStats) {
+    let write_failure = &st.write_failure;
+    let (ranks, me) = (comm.size(), comm.rank());
+    let mut stats = ExchangeStats::default();
+    let mut moved = 0u64;
+    let trace = hooks::trace_rounds();
+    loop {
+        let t0 = std::time::Instant::now();
+        // None once the reader has packed everything.
+        let mut round = packed.recv().ok();
+        let t_read = t0.elapsed();
+        let mut failure = round.as_mut().and_then(|r| r.error.take());
+        if failure.is_none() {
+            // A copy: the writer keeps its failure and stops writing.
+            failure = write_failure
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map(|e| anyhow!("{e:#}"));
+        }
+        let payload = round.as_ref().map_or(0, |r| r.payload);
+        // One small collective per round: did anyone fail, and is anything left to move?
+        let n = stats.rounds + 1;
+        st.dog.beat(n, || {
+            format!("waiting for every rank's status before exchange round {n}")
+        });
+        let status = comm.all_sum(&[u64::from(failure.is_some()), payload]);
+        let t_status = t0.elapsed();
+        if status[0] > 0 {
+            let e = failure.unwrap_or_else(|| anyhow!(PeerFailed { ranks: Vec::new() }));
+            return (Err(e), stats);
+        }
+        if status[1] == 0 {
+            return (Ok(()), stats);
+        }
+        stats.rounds += 1;
+        stats.bytes_sent += payload;
+        let (send, used) = round.map_or((Vec::new(), vec![0; ranks]), |r| (r.buf, r.used));
+        // Empty segments as 0..0: a rank whose reader has finished sends from an empty buffer.
+        let segment = |d: usize| {
+            if used[d] == 0 {
+                0..0
+            } else {
+                d * cap..d * cap + used[d]
+            }
+        };
+        let ranges: Vec<Range<usize>> = (0..ranks)
+            .map(|d| if d == me { 0..0 } else { segment(d) })
+            .collect();
+        let mut recv = free_recv
+            .recv()
+            .expect("the writer returns receive buffers");
+        st.dog
+            .beat(n, || format!("in the all-to-all of exchange round {n}"));
+        let t_buffer = t0.elapsed();
+        let from = comm.all_to_all(&send, &ranges, &mut recv);
+        if trace {
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            eprintln!(
+                "reshard: rank {me} round {n}: reader {:.0} ms, status {:.0} ms, writer {:.0} ms, all-to-all {:.0} ms ({} B out, {} B in)",
+                ms(t_read),
+                ms(t_status - t_read),
+                ms(t_buffer - t_status),
+                ms(t0.elapsed() - t_buffer),
+                ranges.iter().map(Range::len).sum::<usize>(),
+                recv.len()
+            );
+        }
+        st.dog
+            .beat(n, || format!("handing exchange round {n} to the writer"));
+        let delivery = Delivery {
+            recv,
+            from,
+            own: segment(me),
+            send,
+        };
+        deliver
+            .send(delivery)
+            .expect("the writer runs until the deliveries end");
+        moved += status[1];
+        progress(moved);
+    }
+}

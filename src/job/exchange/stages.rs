@@ -1,0 +1,57 @@
+//! What the exchange's three stages share: the job, the buffers they hand each other, the
+//! writer's first failure, the bytes placed, and the stall watchdog.
+
+use std::ops::Range;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+use crate::input::InputShard;
+use crate::plan::placement::{LocalSample, Placement};
+use crate::plan::{ShardLayout, ShardPlan};
+use crate::watchdog::Watchdog;
+use crate::writer::OutputShards;
+
+/// Chunk header: output position, offset inside the sample, payload length (little-endian u64s).
+pub const CHUNK_HEADER: usize = 24;
+
+/// Everything the exchange needs to know about the job.
+pub struct Job<'a> {
+    pub inputs: &'a [InputShard],
+    /// This rank's samples, in input order, with the global index of the first.
+    pub local: &'a [LocalSample],
+    /// Where each sample goes (nowhere when dropped, twice when repeated).
+    pub placement: &'a Placement,
+    pub plan: &'a ShardPlan,
+    /// This rank's own shards.
+    pub layout: &'a ShardLayout,
+    pub output: &'a OutputShards,
+}
+
+/// One round's packed send buffer, as the reader hands it over.
+pub struct Packed {
+    pub buf: Vec<u8>,
+    /// Bytes used in each destination's segment.
+    pub used: Vec<usize>,
+    /// Sample bytes packed.
+    pub payload: u64,
+    pub error: Option<anyhow::Error>,
+}
+
+/// What the writer places: the chunks received from other ranks, and this rank's own segment of
+/// its send buffer (which never goes through MPI).
+pub struct Delivery {
+    pub recv: Vec<u8>,
+    pub from: Vec<Range<usize>>,
+    pub send: Vec<u8>,
+    pub own: Range<usize>,
+}
+
+/// What the three stages share: the job, the writer's first failure, the bytes placed, and the
+/// stall watchdog every stage reports progress to.
+pub struct Stages<'a, 'j> {
+    pub job: &'a Job<'j>,
+    pub me: usize,
+    pub write_failure: Mutex<Option<anyhow::Error>>,
+    pub written: AtomicU64,
+    pub dog: Watchdog,
+}

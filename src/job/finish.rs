@@ -1,0 +1,104 @@
+//! Phase "finish": the inputs are checked unchanged, each writer syncs its shards, compresses
+//! them (`--compress`), saves their index and digests them (`--checksum`); rank 0 gathers the
+//! sizes and digests for the manifest.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use crate::cli::RunConfig;
+use crate::comm::{agree, gather, Comm};
+use crate::hooks;
+use crate::input::InputShard;
+use crate::job::expand::Setup;
+use crate::job::layout::{gather_u64s, Laid};
+use crate::job::Planned;
+use crate::saved_index;
+use crate::tar_index::{Codec, Sample};
+use crate::writer::{compress_shard, md5_file, OutputShards, ShardNames};
+
+/// On rank 0: every output file's size, and with `--checksum` every shard's MD5 (16 bytes each,
+/// in shard order).
+pub struct Finished {
+    pub file_bytes: Vec<u64>,
+    pub md5: Vec<u8>,
+}
+
+/// Finishes this rank's shards once the exchange is done. Consumes `output`: its files are
+/// closed when this returns.
+///
+/// # Errors
+/// An input changed during the run, or a shard cannot be synced, compressed, indexed or read
+/// back; agreed on every rank.
+pub fn run(
+    comm: &impl Comm,
+    cfg: &RunConfig,
+    setup: &Setup,
+    planned: &Planned,
+    output: OutputShards,
+) -> Result<Finished> {
+    let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
+    let staging = setup.staging()?;
+    hooks::pause_before_finish(staging, comm.rank());
+    // An input that changed while it was read may have fed stale or torn samples: refuse.
+    agree(comm, check_unchanged(&setup.inputs, index.mine.clone()))?;
+    let finished = output
+        .sync()
+        .and_then(|()| finish_shards(cfg, staging, laid, &placed.names));
+    let (sizes, sums) = agree(comm, finished)?;
+    let file_bytes = gather_u64s(comm, &sizes);
+    let md5 = gather(comm, 0, &sums).concat();
+    drop(output);
+    Ok(Finished { file_bytes, md5 })
+}
+
+/// Compresses (`--compress`), saves the index of and digests (`--checksum`) each of this
+/// writer's shards: their file sizes and digests.
+fn finish_shards(
+    cfg: &RunConfig,
+    staging: &Path,
+    laid: &Laid,
+    names: &ShardNames,
+) -> Result<(Vec<u64>, Vec<u8>)> {
+    let dir = staging.join(saved_index::DIR_NAME);
+    let (plan, layout) = (&laid.plan, &laid.layout);
+    let mut sizes = Vec::new();
+    let mut sums = Vec::new();
+    for (k, s) in layout.shards.clone().enumerate() {
+        let plain = staging.join(names.plain(s));
+        let published = staging.join(names.published(s, cfg.compress));
+        let size = if cfg.compress == Codec::Plain {
+            layout.shard_bytes[k]
+        } else {
+            compress_shard(&plain, &published, cfg.compress)?
+        };
+        sizes.push(size);
+        let samples = plan.shard_positions(s).map(|p| {
+            let (start, len) = layout.place(p).expect("laid out");
+            Sample { start, len }
+        });
+        saved_index::save(&dir, &published, samples)?;
+        if cfg.checksum {
+            sums.extend(md5_file(&published)?);
+        }
+    }
+    Ok((sizes, sums))
+}
+
+/// Checks that this rank's input shards still have the size they had when the run started.
+fn check_unchanged(inputs: &[InputShard], mine: std::ops::Range<usize>) -> Result<()> {
+    for input in &inputs[mine] {
+        let now = fs::metadata(&input.path)
+            .with_context(|| format!("input {} disappeared during the run", input.path.display()))?
+            .len();
+        if now != input.size {
+            bail!(
+                "input {} changed size during the run ({} bytes when the run started, {now} now): its samples cannot be trusted; nothing is published",
+                input.path.display(),
+                input.size
+            );
+        }
+    }
+    Ok(())
+}

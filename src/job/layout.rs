@@ -1,0 +1,268 @@
+//! Phase "layout": every (position, length) record goes to the writer of its shard, which lays
+//! out its shards before any data moves; rank 0 learns every shard's size for the manifest.
+
+use anyhow::{bail, Context, Result};
+
+use crate::cli::{Balance, RunConfig};
+use crate::comm::{self, agree, exclusive_sum, gather, Comm};
+use crate::input::InputShard;
+use crate::job::index::Index;
+use crate::job::place::Placed;
+use crate::manifest::ShardEntry;
+use crate::plan::placement::{LocalSample, Placement};
+use crate::plan::{bounds_from_starts, byte_shard_of, ShardLayout, ShardPlan};
+use crate::report::GpuShare;
+use crate::tar_index::keys_at;
+
+/// What the layout phase leaves: every rank's own shards laid out, and on rank 0 what the
+/// manifest and the plan report need.
+pub struct Laid {
+    pub plan: ShardPlan,
+    /// This rank's shards.
+    pub layout: ShardLayout,
+    /// The keys of the samples `--equalize` dropped and repeated (rank 0).
+    pub dropped_keys: Vec<String>,
+    pub repeated_keys: Vec<String>,
+    /// Bytes of every output shard (rank 0), and samples of every output shard.
+    pub shard_bytes: Vec<u64>,
+    pub shard_samples: Vec<u64>,
+    /// Samples of every input shard (rank 0).
+    pub input_counts: Vec<u64>,
+    /// The manifest's shard list, before compression and checksums (rank 0).
+    pub shardlist: Vec<ShardEntry>,
+    pub gpus: Option<GpuShare>,
+}
+
+/// Sends every sample's (position, length) to its writer, which lays out its shards.
+///
+/// # Errors
+/// An internal inconsistency (a position received twice or never), or a key that cannot be
+/// read back for the manifest's lists of dropped and repeated samples.
+pub fn run(
+    comm: &impl Comm,
+    cfg: &RunConfig,
+    inputs: &[InputShard],
+    index: &Index,
+    placed: &Placed,
+) -> Result<Laid> {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let local = &index.local;
+    let placement = &placed.placement;
+    let records = |f: &mut dyn FnMut(u64, u64)| {
+        placement.for_each(local.len(), &mut |i, p| f(p, local[i].len));
+    };
+    let planned = match cfg.balance {
+        Balance::Count => {
+            let sizes: Vec<(u64, u64)> = placed
+                .groups
+                .iter()
+                .map(|g| (g.output_samples, g.shards))
+                .collect();
+            count_plan(comm, &records, ShardPlan::by_groups(&sizes, ranks))
+        }
+        Balance::Bytes => byte_plan(comm, &records, placed.output_samples, placed.shards),
+    };
+    let (plan, lens) = agree(comm, planned)?;
+    let layout = ShardLayout::new(&plan, rank, lens);
+    let equalized = equalized_keys(
+        comm,
+        inputs,
+        local,
+        placement,
+        placed.dropped + placed.repeated,
+    );
+    let (dropped_keys, repeated_keys) = agree(comm, equalized)?;
+    // Rank 0 needs every shard's size: writers own contiguous shard ranges in rank order.
+    let shard_bytes = gather_u64s(comm, &layout.shard_bytes);
+    let input_counts = gather_u64s(comm, &index.counts);
+    let shard_samples: Vec<u64> = (0..placed.shards)
+        .map(|s| plan.shard_positions(s).end - plan.shard_positions(s).start)
+        .collect();
+    let shardlist: Vec<ShardEntry> = shard_bytes
+        .iter()
+        .enumerate()
+        .map(|(s, &filesize)| ShardEntry {
+            url: placed.names.plain(s as u64),
+            nsamples: shard_samples[s],
+            filesize,
+            md5sum: None,
+        })
+        .collect();
+    let gpus = cfg.gpus.map(|g| GpuShare::new(g, &shard_samples));
+    Ok(Laid {
+        plan,
+        layout,
+        dropped_keys,
+        repeated_keys,
+        shard_bytes,
+        shard_samples,
+        input_counts,
+        shardlist,
+        gpus,
+    })
+}
+
+/// Calls its argument once for every (output position, sample length) record a rank holds.
+type Records<'a> = &'a dyn Fn(&mut dyn FnMut(u64, u64));
+
+/// Sends every (position, length) record to the rank `dest` picks for its position; returns the
+/// records received (16 bytes each).
+fn route(comm: &impl Comm, records: Records<'_>, dest: &dyn Fn(u64) -> usize) -> Vec<u8> {
+    comm::route(comm, 16, &|sink| {
+        records(&mut |p, len| {
+            let mut rec = [0u8; 16];
+            rec[..8].copy_from_slice(&p.to_le_bytes());
+            rec[8..].copy_from_slice(&len.to_le_bytes());
+            sink(dest(p), &rec);
+        })
+    })
+}
+
+/// The length at every position of `positions` from received records, each exactly once.
+fn lens_at(positions: std::ops::Range<u64>, recv: &[u8], rank: usize) -> Result<Vec<u64>> {
+    let mut lens = vec![u64::MAX; (positions.end - positions.start) as usize];
+    for rec in recv.chunks_exact(16) {
+        let p = u64::from_le_bytes(rec[..8].try_into().unwrap());
+        let len = u64::from_le_bytes(rec[8..].try_into().unwrap());
+        let slot = p
+            .checked_sub(positions.start)
+            .and_then(|i| lens.get_mut(i as usize))
+            .with_context(|| {
+                format!("internal error: position {p} does not belong to rank {rank}")
+            })?;
+        if *slot != u64::MAX {
+            bail!("internal error: position {p} received twice");
+        }
+        *slot = len;
+    }
+    if let Some(i) = lens.iter().position(|&l| l == u64::MAX) {
+        bail!(
+            "internal error: no sample for position {}",
+            positions.start + i as u64
+        );
+    }
+    Ok(lens)
+}
+
+/// Count-balanced shards: every record goes straight to the writer of its position.
+fn count_plan(
+    comm: &impl Comm,
+    records: Records<'_>,
+    plan: ShardPlan,
+) -> Result<(ShardPlan, Vec<u64>)> {
+    let recv = route(comm, records, &|p| plan.writer_of(plan.shard_of(p)));
+    let lens = lens_at(plan.writer_positions(comm.rank()), &recv, comm.rank())?;
+    Ok((plan, lens))
+}
+
+/// Byte-balanced shards (`--balance bytes`): records first go to the rank owning a contiguous
+/// block of positions; an exclusive prefix sum over the blocks gives every position its byte
+/// offset in the permuted sequence, hence its shard; one reduction over S shard starts gives every
+/// rank the boundaries; then the records move on to their writers. No rank sees all sizes.
+fn byte_plan(
+    comm: &impl Comm,
+    records: Records<'_>,
+    positions: u64,
+    shards: u64,
+) -> Result<(ShardPlan, Vec<u64>)> {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let blocks = ShardPlan::by_count(positions, ranks.min(positions as usize) as u64, ranks);
+    let owner = |p: u64| blocks.writer_of(blocks.shard_of(p));
+    let recv = route(comm, records, &owner);
+    let mine = blocks.writer_positions(rank);
+    let lens = lens_at(mine.clone(), &recv, rank)?;
+    drop(recv);
+    let (before, total) = exclusive_sum(comm, lens.iter().sum());
+    let mut starts = vec![u64::MAX; shards as usize];
+    let mut at = before;
+    for (i, &len) in lens.iter().enumerate() {
+        let s = byte_shard_of(at, len, total, shards) as usize;
+        starts[s] = starts[s].min(mine.start + i as u64);
+        at += len;
+    }
+    // The minimum over ranks, as a maximum of complements (0 for "no start here"). Values stay
+    // far below 2^63: MPICH's MPI_MAX on rsmpi's u64 compared them as signed (seen here).
+    let flipped: Vec<u64> = starts
+        .iter()
+        .map(|&x| if x == u64::MAX { 0 } else { positions + 1 - x })
+        .collect();
+    let starts: Vec<u64> = comm
+        .all_max(&flipped)
+        .into_iter()
+        .map(|f| if f == 0 { u64::MAX } else { positions + 1 - f })
+        .collect();
+    let plan = ShardPlan::from_bounds(bounds_from_starts(&starts, positions), ranks);
+    let own = |f: &mut dyn FnMut(u64, u64)| {
+        for (i, &len) in lens.iter().enumerate() {
+            f(mine.start + i as u64, len);
+        }
+    };
+    let recv = route(comm, &own, &|p| plan.writer_of(plan.shard_of(p)));
+    let lens = lens_at(plan.writer_positions(rank), &recv, rank)?;
+    Ok((plan, lens))
+}
+
+/// On rank 0: the keys of the samples `--equalize` drops and repeats, each in permuted order.
+/// Fewer than S samples of each, so re-reading their first header is cheap.
+fn equalized_keys(
+    comm: &impl Comm,
+    inputs: &[InputShard],
+    local: &[LocalSample],
+    placement: &Placement,
+    expected: u64,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let mut mine: Vec<(u64, bool, String)> = Vec::new();
+    let mut failed = Ok(());
+    if expected > 0 {
+        // In input order, so each shard's keys are read in one pass (one decompression).
+        let picked: Vec<(usize, (u64, bool))> = (0..local.len())
+            .filter_map(|i| placement.equalized(i).map(|e| (i, e)))
+            .collect();
+        for same_shard in picked.chunk_by(|a, b| local[a.0].shard == local[b.0].shard) {
+            let shard = local[same_shard[0].0].shard as usize;
+            let samples: Vec<(u64, u64)> = same_shard
+                .iter()
+                .map(|&(i, _)| (local[i].start, local[i].len))
+                .collect();
+            match keys_at(&inputs[shard].path, &samples) {
+                Ok(keys) => mine.extend(
+                    same_shard
+                        .iter()
+                        .zip(keys)
+                        .map(|(&(_, (at, dropped)), key)| (at, dropped, key)),
+                ),
+                Err(e) => {
+                    failed = Err(e);
+                    break;
+                }
+            }
+        }
+    }
+    // Every rank takes part in the gather, failed or not; the caller agrees on the outcome.
+    let config = bincode::config::standard();
+    let bytes = bincode::serde::encode_to_vec(&mine, config).expect("encodable");
+    let parts = gather(comm, 0, &bytes);
+    failed?;
+    let mut all: Vec<(u64, bool, String)> = Vec::new();
+    for part in parts {
+        let (v, _): (Vec<(u64, bool, String)>, _) =
+            bincode::serde::decode_from_slice(&part, config).context("decoding keys")?;
+        all.extend(v);
+    }
+    all.sort();
+    let (dropped, repeated): (Vec<_>, Vec<_>) = all.into_iter().partition(|k| k.1);
+    Ok((
+        dropped.into_iter().map(|k| k.2).collect(),
+        repeated.into_iter().map(|k| k.2).collect(),
+    ))
+}
+
+/// Every rank's u64s on rank 0, concatenated in rank order.
+pub fn gather_u64s(comm: &impl Comm, values: &[u64]) -> Vec<u64> {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    gather(comm, 0, &bytes)
+        .concat()
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}

@@ -1,0 +1,186 @@
+//! Phase "summary": what a finished run reports, gathered from every rank; and the plan that
+//! `reshard plan` and `--dry-run` print instead.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::cli::RunConfig;
+use crate::comm::Comm;
+use crate::job::exchange::ExchangeStats;
+use crate::job::expand::Setup;
+use crate::job::Planned;
+use crate::progress::{peak_rss, PhaseTimes};
+use crate::report::{GpuShare, PlanReport, Stats};
+use crate::size::human_bytes;
+use crate::tar_index::{Hygiene, Skipped};
+
+/// One rank's share of the work.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct RankStats {
+    /// Sample bytes read from the input and sent.
+    pub bytes_read: u64,
+    /// Sample bytes received and written to this rank's shards.
+    pub bytes_written: u64,
+    /// Peak resident memory (VmHWM) in bytes; 0 where unknown.
+    pub peak_rss: u64,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub output: PathBuf,
+    pub inputs: usize,
+    pub input_bytes: u64,
+    pub samples: u64,
+    pub sample_bytes: u64,
+    pub shards: u64,
+    /// Samples written (repeats included, dropped excluded).
+    pub output_samples: u64,
+    /// Bytes per output shard (only on rank 0).
+    pub shard_bytes: Stats,
+    pub gpus: Option<GpuShare>,
+    pub ranks: usize,
+    pub skipped: Skipped,
+    pub hygiene: Hygiene,
+    pub phases: PhaseTimes,
+    pub rounds: u64,
+    /// The memory budget per rank (`--mem-limit`).
+    pub mem_limit: u64,
+    /// Per rank, by rank.
+    pub per_rank: Vec<RankStats>,
+}
+
+impl Summary {
+    /// Writes the summary as JSON to `path`.
+    ///
+    /// # Errors
+    /// The file cannot be written.
+    pub fn write_report(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self).expect("serializable");
+        fs::write(path, text + "\n")
+            .with_context(|| format!("--report {}: cannot write", path.display()))
+    }
+
+    /// The human-readable summary rank 0 prints at the end.
+    pub fn render(&self) -> String {
+        let total = self.phases.total();
+        let mut s = format!(
+            "reshard: wrote {} shards ({} samples, {}) to {} in {:.2} s ({}/s) with {} rank{}\n",
+            self.shards,
+            self.samples,
+            human_bytes(self.sample_bytes),
+            self.output.display(),
+            total,
+            human_bytes((self.sample_bytes as f64 / total.max(1e-9)) as u64),
+            self.ranks,
+            if self.ranks == 1 { "" } else { "s" }
+        );
+        s += &format!(
+            "  input: {} shards, {}\n",
+            self.inputs,
+            human_bytes(self.input_bytes)
+        );
+        if self.output_samples != self.samples {
+            s += &format!("  samples written: {} (equalized)\n", self.output_samples);
+        }
+        s += &format!("  shard bytes: {}\n", self.shard_bytes.bytes());
+        if let Some(g) = &self.gpus {
+            s += &format!("  {}\n", g.render());
+        }
+        for (name, secs) in &self.phases.phases {
+            s += &format!("  {name:<9} {secs:>9.3} s\n");
+        }
+        s += &format!("  exchange rounds: {}\n", self.rounds);
+        let k = self.skipped;
+        if k.total() > 0 {
+            s += &format!(
+                "  skipped entries (not part of any sample): {} directories, {} files without a key, {} links/special files, {} PAX global headers\n",
+                k.directories, k.keyless_files, k.other_entries, k.global_headers
+            );
+        }
+        let h = self.hygiene;
+        if h.incomplete + h.excluded + h.duplicates > 0 {
+            s += &format!(
+                "  sample hygiene: {} incomplete kept, {} incomplete excluded, {} duplicates kept\n",
+                h.incomplete, h.excluded, h.duplicates
+            );
+        }
+        let rss: Vec<String> = self
+            .per_rank
+            .iter()
+            .map(|r| human_bytes(r.peak_rss))
+            .collect();
+        s += &format!("  peak RSS per rank: {}\n", rss.join(", "));
+        s
+    }
+}
+
+/// Gathers every rank's figures into the summary (complete on rank 0).
+pub fn gather(
+    comm: &impl Comm,
+    cfg: &RunConfig,
+    setup: &Setup,
+    planned: &Planned,
+    stats: &ExchangeStats,
+    times: &PhaseTimes,
+) -> Result<Summary> {
+    let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
+    let ranks = comm.size();
+    let bytes_read = comm.all_gather(stats.bytes_sent);
+    let bytes_written = comm.all_gather(stats.bytes_written);
+    let peak_rss = comm.all_gather(peak_rss().unwrap_or(0));
+    let per_rank = (0..ranks)
+        .map(|r| RankStats {
+            bytes_read: bytes_read[r],
+            bytes_written: bytes_written[r],
+            peak_rss: peak_rss[r],
+        })
+        .collect();
+    Ok(Summary {
+        output: setup.target()?.to_path_buf(),
+        inputs: setup.inputs.len(),
+        input_bytes: setup.inputs.iter().map(|s| s.size).sum(),
+        samples: index.samples,
+        sample_bytes: index.sample_bytes,
+        shards: placed.shards,
+        output_samples: placed.output_samples,
+        shard_bytes: Stats::of(&laid.shard_bytes),
+        gpus: laid.gpus,
+        ranks,
+        skipped: index.skipped,
+        hygiene: index.hygiene,
+        phases: times.clone(),
+        rounds: stats.rounds,
+        mem_limit: cfg.mem_limit,
+        per_rank,
+    })
+}
+
+/// What `reshard plan` and `--dry-run` print (on rank 0).
+pub fn plan_report(cfg: &RunConfig, setup: &Setup, planned: &Planned) -> PlanReport {
+    let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
+    let sizes: Vec<u64> = setup.inputs.iter().map(|s| s.size).collect();
+    PlanReport {
+        samples: index.samples,
+        sample_bytes: index.sample_bytes,
+        input_shards: setup.inputs.len(),
+        input_shard_bytes: Stats::of(&sizes),
+        input_shard_samples: Stats::of(&laid.input_counts),
+        shards: placed.shards,
+        sizing: placed.sizing.clone(),
+        equalize: cfg.equalize,
+        balance: cfg.balance,
+        output_samples: placed.output_samples,
+        dropped: placed.dropped,
+        repeated: placed.repeated,
+        shard_samples: Stats::of(&laid.shard_samples),
+        shard_bytes: Stats::of(&laid.shard_bytes),
+        gpus: laid.gpus,
+        order: cfg.order.describe(),
+        stratify: placed.stratify.clone(),
+        per_shard: laid.shardlist.clone(),
+    }
+}

@@ -1,0 +1,20 @@
+//! Pure planning, unit-tested without MPI: which rank reads which input shards ([`assign`]),
+//! how many shards ([`sizing`]), which output shard each position falls in and which rank writes
+//! it ([`shards`]), where each sample lands inside its shard ([`layout`]), the seeded permutation
+//! ([`permute`]), the orders beyond it ([`order`], [`sort_key`], [`deal`]) and each rank's answer
+//! to where its samples go ([`placement`]).
+
+pub mod assign;
+pub mod deal;
+pub mod layout;
+pub mod order;
+pub mod permute;
+pub mod placement;
+pub mod shards;
+pub mod sizing;
+pub mod sort_key;
+
+pub use assign::assign_inputs;
+pub use layout::{ShardLayout, TAR_TRAILER};
+pub use shards::{bounds_from_starts, byte_shard_of, ShardPlan};
+pub use sizing::{Equalize, Sizing, Targets};

@@ -1,0 +1,129 @@
+//! The output position of every sample a rank reads: its answer to "where does this go?".
+
+use super::permute::Permutation;
+use super::sizing::Targets;
+
+/// A sample this rank reads: which input shard, and its byte range there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalSample {
+    pub shard: u32,
+    pub start: u64,
+    pub len: u64,
+}
+
+/// A sample that is not written: dropped by `--equalize drop` (with its rank in the order, for
+/// listing), or skipped as unmatched by the key map.
+pub const DROPPED: u64 = 1 << 63;
+pub const SKIPPED: u64 = u64::MAX;
+
+/// The output positions of this rank's samples (none, one, or two when repeated by
+/// `--equalize pad`).
+pub enum Placement {
+    /// The plain shuffle: computed on demand from the permutation, O(1) memory.
+    Permuted {
+        permutation: Permutation,
+        targets: Targets,
+        first_global: u64,
+    },
+    /// Computed by a sort: 8 bytes per sample, plus the few repeats.
+    Listed {
+        first: Vec<u64>,
+        /// (local sample, position of its second copy), by sample.
+        again: Vec<(u64, u64)>,
+    },
+}
+
+impl Placement {
+    /// Position of copy `copy` of local sample `i`, if written that many times.
+    pub fn position(&self, i: usize, copy: usize) -> Option<u64> {
+        match self {
+            Placement::Permuted {
+                permutation,
+                targets,
+                first_global,
+            } => targets
+                .of(permutation.apply(first_global + i as u64))
+                .nth(copy),
+            Placement::Listed { first, again } => match copy {
+                0 => Some(first[i]).filter(|&p| p & DROPPED == 0),
+                1 => again
+                    .binary_search_by_key(&(i as u64), |a| a.0)
+                    .ok()
+                    .map(|k| again[k].1),
+                _ => None,
+            },
+        }
+    }
+
+    /// Calls `f(i, position)` for every position a local sample is written at.
+    pub fn for_each(&self, samples: usize, f: &mut dyn FnMut(usize, u64)) {
+        for i in 0..samples {
+            for copy in 0..2 {
+                match self.position(i, copy) {
+                    Some(p) => f(i, p),
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// For the manifest's lists: `Some((rank, true))` when local sample `i` is dropped (its rank
+    /// in the order), `Some((position, false))` when it is written twice (its second position).
+    pub fn equalized(&self, i: usize) -> Option<(u64, bool)> {
+        match self {
+            Placement::Permuted {
+                permutation,
+                targets,
+                first_global,
+            } => {
+                let q = permutation.apply(first_global + i as u64);
+                if q >= targets.positions() {
+                    Some((q, true))
+                } else {
+                    targets.of(q).nth(1).map(|p| (p, false))
+                }
+            }
+            Placement::Listed { first, .. } => {
+                if first[i] != SKIPPED && first[i] & DROPPED != 0 {
+                    Some((first[i] & !DROPPED, true))
+                } else {
+                    self.position(i, 1).map(|p| (p, false))
+                }
+            }
+        }
+    }
+}
+
+/// One group of output shards, sized and balanced on its own: the whole output, or one
+/// template of a key map.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GroupPlan {
+    /// The key map's template (`None` without a key map).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    pub samples: u64,
+    pub sample_bytes: u64,
+    pub shards: u64,
+    pub sizing: String,
+    /// Samples written, after `--equalize`.
+    pub output_samples: u64,
+    /// The group's first rank in the sorted order, first output position and first shard.
+    #[serde(skip)]
+    pub rank_start: u64,
+    #[serde(skip)]
+    pub out_start: u64,
+    #[serde(skip)]
+    pub shard_start: u64,
+    #[serde(skip)]
+    pub targets: Targets,
+}
+
+/// `--stratify-by`: what the manifest reports.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct StratifyReport {
+    pub ext: String,
+    pub labels: u64,
+    /// The largest |count − ideal| of any label in any shard, where the ideal is the label's
+    /// share of the dataset times the shard's size.
+    pub worst_deviation: f64,
+}

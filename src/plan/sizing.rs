@@ -1,0 +1,222 @@
+//! How many shards, and how many output positions once `--equalize` has dropped or padded.
+
+/// `--equalize`: what to do when the samples do not divide evenly into the shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Equalize {
+    /// Shard counts differ by at most one.
+    #[default]
+    None,
+    /// The `N mod S` samples at the end of the permutation are left out.
+    Drop,
+    /// Samples from the start of the permutation are repeated to fill every shard.
+    Pad,
+}
+
+/// Where each permuted sample goes: sample with permuted index `q` (`q = π(g)`) is written at
+/// position `q`, unless it is dropped, and a padded run also writes the first samples of the
+/// permutation a second time at the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Targets {
+    samples: u64,
+    positions: u64,
+}
+
+impl Targets {
+    /// # Errors
+    /// Never for valid input; `shards` must be in `1..=samples`.
+    pub fn new(samples: u64, shards: u64, equalize: Equalize) -> Self {
+        let positions = match equalize {
+            Equalize::None => samples,
+            Equalize::Drop => samples / shards * shards,
+            Equalize::Pad => samples.div_ceil(shards) * shards,
+        };
+        Targets { samples, positions }
+    }
+
+    /// Output positions in all: N, N − (N mod S) or S·⌈N/S⌉.
+    pub fn positions(&self) -> u64 {
+        self.positions
+    }
+
+    /// Samples left out (at the end of the permutation).
+    pub fn dropped(&self) -> u64 {
+        self.samples.saturating_sub(self.positions)
+    }
+
+    /// Samples written twice (from the start of the permutation).
+    pub fn repeated(&self) -> u64 {
+        self.positions.saturating_sub(self.samples)
+    }
+
+    /// The output positions of the sample with permuted index `q`: none, one or two.
+    pub fn of(&self, q: u64) -> impl Iterator<Item = u64> {
+        let first = (q < self.positions).then_some(q);
+        let again = (q < self.repeated()).then_some(self.samples + q);
+        first.into_iter().chain(again)
+    }
+}
+
+/// How the shard count is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sizing {
+    /// `--shards N`.
+    Count(u64),
+    /// `--shard-size SIZE`: the count whose mean shard size is nearest SIZE.
+    Size(u64),
+    /// `--gpus G --workers W [--shard-size SIZE]`: a multiple of G×W, the one whose mean shard size
+    /// is nearest SIZE.
+    Gpus { gpus: u64, workers: u64, size: u64 },
+}
+
+impl Sizing {
+    /// The shard count for `samples` samples of `bytes` bytes, and why.
+    ///
+    /// # Errors
+    /// More shards than samples, or G×W larger than the sample count.
+    pub fn shards(&self, samples: u64, bytes: u64) -> anyhow::Result<(u64, String)> {
+        use crate::size::human_bytes;
+        match *self {
+            Sizing::Count(n) => {
+                if n > samples {
+                    anyhow::bail!(
+                        "--shards {n} is more than the {samples} samples in the input: every shard needs at least one sample"
+                    );
+                }
+                Ok((n, format!("--shards {n}")))
+            }
+            Sizing::Size(size) => {
+                let n = nearest_multiple(bytes, size, 1);
+                if n > samples {
+                    return Ok((samples, format!(
+                        "--shard-size {}: {n} shards would be nearest, but there are only {samples} samples: one sample per shard",
+                        human_bytes(size)
+                    )));
+                }
+                Ok((
+                    n,
+                    format!(
+                        "--shard-size {}: {n} shards of {} on average",
+                        human_bytes(size),
+                        human_bytes(bytes / n)
+                    ),
+                ))
+            }
+            Sizing::Gpus {
+                gpus,
+                workers,
+                size,
+            } => {
+                let unit = gpus * workers;
+                if unit > samples {
+                    anyhow::bail!(
+                        "--gpus {gpus} x --workers {workers} = {unit} shards at least, more than the {samples} samples in the input"
+                    );
+                }
+                let nearest = nearest_multiple(bytes, size, unit);
+                let n = nearest.min(samples / unit * unit);
+                let why = if n < nearest {
+                    " (fewer: limited by the sample count)"
+                } else {
+                    ""
+                };
+                Ok((n, format!(
+                    "--gpus {gpus} --workers {workers}: {} x {unit} shards, mean {} nearest --shard-size {}{why}",
+                    n / unit,
+                    human_bytes(bytes / n),
+                    human_bytes(size)
+                )))
+            }
+        }
+    }
+}
+
+/// The positive multiple of `unit` whose mean share of `total` is nearest `target`.
+fn nearest_multiple(total: u64, target: u64, unit: u64) -> u64 {
+    let ideal = total as f64 / (target.max(1) as f64 * unit as f64);
+    let lo = (ideal.floor() as u64).max(1);
+    let hi = lo + 1;
+    let miss = |k: u64| (total as f64 / (k * unit) as f64 - target as f64).abs();
+    (if miss(hi) < miss(lo) { hi } else { lo }) * unit
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equalize_targets() {
+        let t = Targets::new(10, 4, Equalize::None);
+        assert_eq!((t.positions(), t.dropped(), t.repeated()), (10, 0, 0));
+        assert_eq!(t.of(9).collect::<Vec<_>>(), [9]);
+        let t = Targets::new(10, 4, Equalize::Drop);
+        assert_eq!((t.positions(), t.dropped(), t.repeated()), (8, 2, 0));
+        assert_eq!(t.of(7).collect::<Vec<_>>(), [7]);
+        assert_eq!(t.of(8).count(), 0);
+        let t = Targets::new(10, 4, Equalize::Pad);
+        assert_eq!((t.positions(), t.dropped(), t.repeated()), (12, 0, 2));
+        assert_eq!(t.of(0).collect::<Vec<_>>(), [0, 10]);
+        assert_eq!(t.of(1).collect::<Vec<_>>(), [1, 11]);
+        assert_eq!(t.of(2).collect::<Vec<_>>(), [2]);
+        // Every position is written exactly once.
+        let mut seen = [0; 12];
+        for q in 0..10 {
+            for p in t.of(q) {
+                seen[p as usize] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&c| c == 1));
+        let t = Targets::new(12, 4, Equalize::Pad);
+        assert_eq!(t.repeated(), 0);
+    }
+
+    #[test]
+    fn sizing_modes() {
+        let mib = 1u64 << 20;
+        assert_eq!(Sizing::Count(5).shards(10, 0).unwrap().0, 5);
+        assert!(Sizing::Count(11)
+            .shards(10, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("more than the 10 samples"));
+        // 1000 MiB at 300 MiB: 3 shards (333) beat 4 (250).
+        assert_eq!(
+            Sizing::Size(300 * mib).shards(1000, 1000 * mib).unwrap().0,
+            3
+        );
+        assert_eq!(
+            Sizing::Size(10 * mib).shards(1000, 1000 * mib).unwrap().0,
+            100
+        );
+        assert_eq!(
+            Sizing::Size(1).shards(7, 1000).unwrap().0,
+            7,
+            "capped at one sample per shard"
+        );
+        assert_eq!(Sizing::Size(u64::MAX / 4).shards(7, 1000).unwrap().0, 1);
+        let gpus = |g, w, size| Sizing::Gpus {
+            gpus: g,
+            workers: w,
+            size,
+        };
+        // 8x2 = 16 per unit; 10 GiB at 512 MiB is 20 shards: 16 is nearer than 32.
+        assert_eq!(
+            gpus(8, 2, 512 * mib).shards(100_000, 10 << 30).unwrap().0,
+            16
+        );
+        assert_eq!(
+            gpus(8, 2, 64 * mib).shards(100_000, 10 << 30).unwrap().0,
+            160
+        );
+        assert_eq!(
+            gpus(4, 1, mib).shards(10, 1 << 30).unwrap().0,
+            8,
+            "multiple limited by samples"
+        );
+        assert!(gpus(8, 2, mib)
+            .shards(15, 1 << 30)
+            .unwrap_err()
+            .to_string()
+            .contains("16"));
+    }
+}

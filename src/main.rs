@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use reshard::cli::{Cli, Command, RunArgs};
-use reshard::comm::mpi::MpiRuntime;
-use reshard::comm::{Comm, PeerFailed};
+use reshard::cli::{Cli, Command, RunArgs, RunConfig};
+use reshard::comm::mpi::{MpiComm, MpiRuntime};
+use reshard::comm::{agree, Comm, PeerFailed};
 use reshard::error::Exit;
 use reshard::job::Outcome;
 
@@ -25,15 +25,27 @@ fn main() -> ExitCode {
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
-    match run(cli) {
-        Ok(code) => code.into(),
-        Err(e) => {
-            if e.downcast_ref::<PeerFailed>().is_none() {
-                eprintln!("reshard: error: {e:#}");
-            }
-            Exit::Failure.into()
-        }
+    run(cli).unwrap_or_else(failed).into()
+}
+
+/// Prints a failure (once: ranks stopped by another rank's failure stay quiet).
+fn failed(e: anyhow::Error) -> Exit {
+    if e.downcast_ref::<PeerFailed>().is_none() {
+        eprintln!("reshard: error: {e:#}");
     }
+    Exit::Failure
+}
+
+/// Runs `job` on every rank under MPI, prints its failure, then ends the job: every rank agrees on
+/// the exit status and MPI is finalized under a deadline (see [`MpiRuntime::finish`]), so that a
+/// finished job ends even where MPI_Finalize hangs.
+fn under_mpi(
+    max_round_bytes: u64,
+    job: impl FnOnce(&MpiComm) -> anyhow::Result<Exit>,
+) -> anyhow::Result<Exit> {
+    let mpi = MpiRuntime::init(max_round_bytes)?;
+    let code = job(&mpi.comm).unwrap_or_else(failed);
+    Ok(mpi.finish(code))
 }
 
 /// A hint for clap's "unexpected argument" when the stray word is one of several paths after
@@ -85,10 +97,9 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         }
         Command::Run(args) => run_job(&args, false),
         Command::Plan(args) => run_job(&args, true),
-        Command::Verify(args) => {
-            let mpi = MpiRuntime::init(i32::MAX as u64)?;
-            verify_job(&mpi.comm, &reshard::verify::VerifyConfig::from(&args))
-        }
+        Command::Verify(args) => under_mpi(i32::MAX as u64, |comm| {
+            verify_job(comm, &reshard::verify::VerifyConfig::from(&args))
+        }),
         Command::Completions { shell } => {
             // No MPI here: completions must work on a login node without a launcher.
             let mut cmd = <Cli as clap::CommandFactory>::command();
@@ -113,30 +124,40 @@ fn run_job(args: &RunArgs, plan_only: bool) -> anyhow::Result<Exit> {
             return Ok(Exit::Usage);
         }
     };
-    let mpi = MpiRuntime::init(cfg.max_round_bytes)?;
-    let comm = &mpi.comm;
-    let outcome = match reshard::job::run(comm, &cfg) {
+    under_mpi(cfg.max_round_bytes, |comm| job(comm, &cfg, args.verify))
+}
+
+/// `reshard run` / `plan` on every rank, once MPI is up.
+fn job(comm: &MpiComm, cfg: &RunConfig, verify: bool) -> anyhow::Result<Exit> {
+    let outcome = match reshard::job::run(comm, cfg) {
         Ok(o) => o,
         Err(e) if e.downcast_ref::<PeerFailed>().is_some() => return Err(e),
         Err(e) => return Err(e.context(format!("rank {} of {}", comm.rank(), comm.size()))),
     };
-    match outcome {
+    let reported = match outcome {
         Outcome::Ran(summary) if comm.rank() == 0 => {
             print!("{}", summary.render());
-            if let Some(path) = &cfg.report {
-                summary.write_report(path)?;
-            }
+            cfg.report
+                .as_ref()
+                .map_or(Ok(()), |path| summary.write_report(path))
         }
         Outcome::Planned(Some(plan)) if cfg.json => {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&plan).expect("serializable")
             );
+            Ok(())
         }
-        Outcome::Planned(Some(plan)) => print!("{}", plan.render()),
-        _ => {}
-    }
-    if let (true, Some(output)) = (args.verify, &cfg.output) {
+        Outcome::Planned(Some(plan)) => {
+            print!("{}", plan.render());
+            Ok(())
+        }
+        _ => Ok(()),
+    };
+    // Rank 0 alone writes the report: every rank learns whether it could, before --verify's
+    // collectives and the final agreement on the exit status.
+    agree(comm, reported)?;
+    if let (true, Some(output)) = (verify, &cfg.output) {
         let check = reshard::verify::VerifyConfig {
             inputs: cfg.inputs.clone(),
             output: output.clone(),

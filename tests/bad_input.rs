@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::run::run;
 use crate::util::{noise, skip, snapshot, Dir, RunOutput, FAIL_FAST};
@@ -523,4 +524,91 @@ fn a_sample_split_across_two_shards_names_both_files() {
         res.stderr_has("a.tar");
         res.stderr_has("b.tar");
     }
+}
+
+/// Where MPI_Finalize never returns (RESHARD_TEST_HANG_FINALIZE blocks there, as MPICH 4.0 over
+/// UCX TCP does in about half of all runs), the finished job still ends within the finalize
+/// deadline, with status 0 and its output published: on every rank, or on one rank while the
+/// others wait for it in their own MPI_Finalize.
+#[test]
+fn a_finalize_that_never_returns_still_ends_the_job() {
+    for (np, hang) in [(2, "all"), (3, "1")] {
+        let dir = Dir::new(&format!("hang-finalize-{np}"));
+        let inputs = small_inputs(&dir);
+        let mut cmd = dir.mpi(np);
+        cmd.args([
+            "run", "--input", "in", "--output", "out", "--shards", "3", "--seed", "1",
+        ])
+        .args(["--report", "report.json"])
+        .env("RESHARD_TEST_HANG_FINALIZE", hang)
+        .env("RESHARD_FINALIZE_TIMEOUT", "1");
+        let res = cmd.timeout(2 * FAIL_FAST).output();
+        res.check(res.status.is_some(), "the job hung");
+        res.check(
+            res.code() == Some(0),
+            "a finished job must exit 0 when MPI_Finalize hangs",
+        );
+        // The deadline (1 s), the pause before leaving (0.25 s) and the job itself.
+        res.check(
+            res.elapsed < Duration::from_secs(15),
+            &format!("took {:.1} s to end", res.elapsed.as_secs_f64()),
+        );
+        res.stderr_has("MPI_Finalize did not return within 1 s");
+        res.stderr_has("exiting with status 0");
+        res.check(
+            res.stdout.contains("samples"),
+            "rank 0's summary must be printed before finalizing",
+        );
+        res.check(
+            dir.join("report.json").exists(),
+            "the report must be written",
+        );
+        verify(
+            &Expected::new(dir.path(), &inputs, 3, 1, np),
+            &dir.join("out"),
+        );
+        println!(
+            "np {np}, RESHARD_TEST_HANG_FINALIZE={hang}: ended in {:.2} s with {}",
+            res.elapsed.as_secs_f64(),
+            res.status.unwrap()
+        );
+    }
+}
+
+/// A failed job whose MPI_Finalize hangs still ends within the deadline, and still fails.
+#[test]
+fn a_failed_job_whose_finalize_hangs_still_fails() {
+    let dir = Dir::new("hang-finalize-failed");
+    // An empty archive: the job fails with "no samples" on every rank.
+    dir.create_bytes("in/zeros.tar", &[0u8; 10240]);
+    let mut cmd = dir.mpi(2);
+    cmd.args([
+        "run", "--input", "in", "--output", "out", "--shards", "3", "--seed", "1",
+    ])
+    .env("RESHARD_TEST_HANG_FINALIZE", "all")
+    .env("RESHARD_FINALIZE_TIMEOUT", "1");
+    let res = cmd.timeout(2 * FAIL_FAST).assert_code(1);
+    res.check(
+        res.elapsed < Duration::from_secs(15),
+        &format!("took {:.1} s to end", res.elapsed.as_secs_f64()),
+    );
+    res.stderr_has("no samples");
+    res.stderr_has("exiting with status 1");
+    res.check(!dir.join("out").exists(), "nothing may be published");
+}
+
+/// Rank 0 alone writes the report: when it cannot, every rank fails (and none waits in --verify's
+/// collectives for it).
+#[test]
+fn a_report_that_cannot_be_written_fails_every_rank() {
+    let dir = Dir::new("report-unwritable");
+    small_inputs(&dir);
+    let mut cmd = dir.mpi(3);
+    cmd.args([
+        "run", "--input", "in", "--output", "out", "--shards", "3", "--seed", "1",
+    ])
+    .args(["--report", "missing/report.json", "--verify"]);
+    let res = cmd.timeout(2 * FAIL_FAST).assert_code(1);
+    res.check(res.elapsed < FAIL_FAST, "took too long to fail");
+    res.stderr_has("--report");
 }

@@ -449,3 +449,63 @@ fn a_node_whose_link_goes_down_ends_the_job() {
             .join("\n")
     );
 }
+
+/// 3 nodes x 1 rank, without the preloaded finalize shim: MPICH 4.0 over UCX TCP then hangs in
+/// MPI_Finalize in a good part of the runs, after the output is published. Every run must still
+/// end by itself within seconds of publishing, with status 0 and a valid output.
+#[test]
+fn jobs_end_although_mpi_finalize_hangs() {
+    if !cluster_or_skip("jobs_end_although_mpi_finalize_hangs") {
+        return;
+    }
+    let dir = Dir::new("cluster-finalize");
+    let inputs = dataset(&dir, "in", "4MiB", "32KiB", 6);
+    let (nodes, runs, deadline) = (3, 8, 3);
+    let cluster = Cluster::up(&dir, nodes, None);
+    let mut hung = 0;
+    let mut after_publish = Vec::new();
+    for run in 0..runs {
+        let out = format!("out{run}");
+        let mut job = cluster.reshard(
+            1,
+            &[
+                "run", "--input", "in", "--output", &out, "--shards", "4", "--seed", "5",
+            ],
+        );
+        job.env("SIMCLUSTER_SHIM", "0")
+            .env("RESHARD_FINALIZE_TIMEOUT", deadline.to_string())
+            .timeout(Duration::from_secs(60));
+        let handle = thread::spawn(move || job.output());
+        let target = dir.join(&out);
+        let mut published = None;
+        while !handle.is_finished() {
+            if published.is_none() && target.exists() {
+                published = Some(Instant::now());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        let res = handle.join().expect("the job thread");
+        let ended = Instant::now();
+        res.check(res.status.is_some(), "the job hung after publishing");
+        res.check(res.code() == Some(0), "a finished job must exit 0");
+        let took = ended - published.unwrap_or(ended);
+        res.check(
+            took < Duration::from_secs(deadline + 10),
+            &format!(
+                "the job ended {:.1} s after publishing its output",
+                took.as_secs_f64()
+            ),
+        );
+        if res.stderr.contains("MPI_Finalize did not return") {
+            hung += 1;
+            res.stderr_has("exiting with status 0");
+        }
+        verify(&Expected::new(dir.path(), &inputs, 4, 5, nodes), &target);
+        after_publish.push(format!("{:.1}", took.as_secs_f64()));
+    }
+    println!(
+        "{runs} runs on {nodes} nodes without the shim: MPI_Finalize hung in {hung}; each job ended \
+         this many seconds after publishing (deadline {deadline} s): {}",
+        after_publish.join(", ")
+    );
+}

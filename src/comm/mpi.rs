@@ -1,6 +1,9 @@
 //! The MPI transport: the only module that touches MPI.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use mpi::collective::SystemOperation;
@@ -11,6 +14,7 @@ use mpi::traits::*;
 use mpi::Count;
 
 use super::Comm;
+use crate::error::Exit;
 
 /// MPI for the length of the run: dropping it finalizes MPI.
 pub struct MpiRuntime {
@@ -44,6 +48,201 @@ impl MpiRuntime {
             _universe: universe,
         })
     }
+}
+
+/// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
+/// unless `RESHARD_FINALIZE_TIMEOUT` (seconds) says otherwise.
+pub const FINALIZE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl MpiRuntime {
+    /// Ends the job on this rank: agrees with every rank on the exit status (the worst of all
+    /// ranks' `code`s), then finalizes MPI. Call it on every rank once the job's output is
+    /// published and its messages printed.
+    ///
+    /// MPI_Finalize can hang after all the work is done (MPICH 4.0 over UCX TCP: a rank waits
+    /// for a disconnect acknowledgement from a peer that already sits in the closing barrier).
+    /// So it runs under a deadline: if this rank has not exited `RESHARD_FINALIZE_TIMEOUT`
+    /// seconds after the agreement, it says so on stderr and exits with the agreed status (see
+    /// [`leave`]). Nothing is lost then: every rank had finished its part and agreed on the result.
+    pub fn finish(self, code: Exit) -> Exit {
+        flush_stdio();
+        let worst = self.comm.all_max(&[code as u64])[0];
+        let code = match worst {
+            0 => Exit::Success,
+            2 => Exit::Usage,
+            _ => Exit::Failure,
+        };
+        let rank = self.comm.rank();
+        let timeout = finalize_timeout(|k| std::env::var(k).ok());
+        let finalized = Arc::new(AtomicBool::new(false));
+        let done = Arc::clone(&finalized);
+        // SAFETY: pthread_self has no preconditions.
+        let main_thread = unsafe { libc::pthread_self() };
+        std::thread::Builder::new()
+            .name("finalize-deadline".into())
+            .spawn(move || {
+                std::thread::sleep(timeout);
+                leave(
+                    rank,
+                    code,
+                    timeout,
+                    done.load(Ordering::SeqCst),
+                    main_thread,
+                )
+            })
+            .expect("cannot start the finalize deadline thread");
+        if hang_finalize(rank, |k| std::env::var(k).ok()) {
+            // Test hook: a finalize that never returns.
+            loop {
+                std::thread::park();
+            }
+        }
+        // Dropping the universe calls MPI_Finalize.
+        drop(self);
+        finalized.store(true, Ordering::SeqCst);
+        code
+    }
+}
+
+/// The finalize deadline passed: says so, and ends this rank with `code`.
+///
+/// If MPI_Finalize has not returned, the main thread is stopped where it stands first, and the
+/// rank waits a moment before it exits: every rank's deadline passes within a moment of this
+/// one's, and a rank's exit must not let a peer's finalize move on alone (a peer waiting for this
+/// rank would then enter the launcher's closing barrier, and hydra fails the job when that
+/// barrier completes after a rank's node has gone). Then, under hydra, the rank tells the
+/// launcher it finalized (see [`hydra_finalize`]).
+fn leave(
+    rank: usize,
+    code: Exit,
+    timeout: Duration,
+    finalized: bool,
+    main_thread: libc::pthread_t,
+) -> ! {
+    let what = if finalized {
+        "the process did not exit"
+    } else {
+        "MPI_Finalize did not return"
+    };
+    eprintln!(
+        "reshard: rank {rank}: {what} within {} s after the job ended; exiting with status {} \
+         anyway (every rank had finished and agreed on the result)",
+        timeout.as_secs_f64(),
+        code as i32
+    );
+    if !finalized && park(main_thread) {
+        std::thread::sleep((timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(2)));
+        hydra_finalize();
+    }
+    // SAFETY: ends the process without running destructors or atexit handlers, any of which may
+    // wait in MPI; stdout and stderr were flushed before the agreement.
+    unsafe { libc::_exit(code as i32) }
+}
+
+/// Stops `thread` for good: it waits in a signal handler until the process exits. Returns
+/// whether it did within a second.
+fn park(thread: libc::pthread_t) -> bool {
+    static PARKED: AtomicBool = AtomicBool::new(false);
+    extern "C" fn wait_forever(_: libc::c_int) {
+        PARKED.store(true, Ordering::SeqCst);
+        loop {
+            // SAFETY: pause(2) is async-signal-safe.
+            unsafe {
+                libc::pause();
+            }
+        }
+    }
+    let signal = libc::SIGRTMIN() + 3;
+    // SAFETY: installs a handler that only stores an atomic and pauses (async-signal-safe), then
+    // signals a thread of this process that is alive (the process has not begun to exit).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = wait_forever as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::sigemptyset(&mut action.sa_mask);
+        if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0
+            || libc::pthread_kill(thread, signal) != 0
+        {
+            return false;
+        }
+    }
+    let asked = Instant::now();
+    while !PARKED.load(Ordering::SeqCst) {
+        if asked.elapsed() > Duration::from_secs(1) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// Under MPICH's hydra launcher (`mpiexec`), tells the launcher that this rank finalized, as
+/// MPI_Finalize would have, before the rank exits without it: hydra takes a rank whose PMI
+/// connection closes without PMI's `finalize` for a failed one. It records exit status 1 for it
+/// (kept or not depending on which of two events it handles first) and kills the other ranks of
+/// its node, so a finished job would end with status 1 or 9 (one time in five here). The main
+/// thread must be parked: it may be waiting on the same connection. Elsewhere (Slurm's srun,
+/// another MPI's launcher) this does nothing.
+fn hydra_finalize() {
+    let var = |k: &str| std::env::var(k).ok();
+    let (Some(fd), Some(_)) = (
+        var("PMI_FD").and_then(|v| v.trim().parse::<libc::c_int>().ok()),
+        var("HYDI_CONTROL_FD"),
+    ) else {
+        return;
+    };
+    // PMI-1's wire format, which hydra's proxy accepts whichever version the client spoke.
+    let request = b"cmd=finalize\n";
+    // SAFETY: writes a buffer of the given length to the launcher's PMI socket.
+    let sent = unsafe { libc::write(fd, request.as_ptr().cast(), request.len()) };
+    if usize::try_from(sent).ok() != Some(request.len()) {
+        return;
+    }
+    // Until the acknowledgement (one line): the launcher must have taken the finalize before the
+    // connection closes.
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let mut poll = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut byte = 0u8;
+        // SAFETY: polls one valid pollfd, then reads one byte into a local.
+        let read = unsafe {
+            libc::poll(&mut poll, 1, left.as_millis() as libc::c_int) == 1
+                && libc::read(fd, (&mut byte as *mut u8).cast(), 1) == 1
+        };
+        if !read || byte == b'\n' {
+            return;
+        }
+    }
+}
+
+fn flush_stdio() {
+    use std::io::Write;
+    // Nothing useful to do if they fail: the status still says how the job went.
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+}
+
+/// The finalize deadline: `RESHARD_FINALIZE_TIMEOUT` seconds (fractions allowed) if it is a
+/// positive number, else [`FINALIZE_TIMEOUT`].
+pub fn finalize_timeout(env: impl Fn(&str) -> Option<String>) -> Duration {
+    env("RESHARD_FINALIZE_TIMEOUT")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .unwrap_or(FINALIZE_TIMEOUT)
+}
+
+/// Test hook: `RESHARD_TEST_HANG_FINALIZE=r` makes rank r block forever where it would call
+/// MPI_Finalize (`all`: every rank), as MPI_Finalize does when it hangs.
+fn hang_finalize(rank: usize, env: impl Fn(&str) -> Option<String>) -> bool {
+    env("RESHARD_TEST_HANG_FINALIZE").is_some_and(|v| {
+        let v = v.trim();
+        v == "all" || v.parse::<usize>().ok() == Some(rank)
+    })
 }
 
 /// Installs a panic hook that prints the panic and then aborts every rank: a panicking rank
@@ -268,5 +467,27 @@ mod tests {
         assert!(launcher_mismatch(1, env).unwrap().contains("different MPI"));
         assert!(launcher_mismatch(4, env).is_none());
         assert!(launcher_mismatch(1, |_| None).is_none());
+    }
+
+    #[test]
+    fn finalize_timeout_from_the_environment() {
+        let with =
+            |v: &'static str| move |k: &str| (k == "RESHARD_FINALIZE_TIMEOUT").then(|| v.into());
+        assert_eq!(finalize_timeout(with("3")), Duration::from_secs(3));
+        assert_eq!(finalize_timeout(with(" 0.5 ")), Duration::from_millis(500));
+        for bad in ["0", "-1", "soon", "inf", "NaN", ""] {
+            assert_eq!(finalize_timeout(with(bad)), FINALIZE_TIMEOUT, "{bad:?}");
+        }
+        assert_eq!(finalize_timeout(|_| None), FINALIZE_TIMEOUT);
+    }
+
+    #[test]
+    fn hang_finalize_chooses_ranks() {
+        let with =
+            |v: &'static str| move |k: &str| (k == "RESHARD_TEST_HANG_FINALIZE").then(|| v.into());
+        assert!(hang_finalize(1, with("1")));
+        assert!(!hang_finalize(0, with("1")));
+        assert!(hang_finalize(0, with("all")) && hang_finalize(5, with("all")));
+        assert!(!hang_finalize(0, |_| None));
     }
 }

@@ -24,7 +24,8 @@
 #
 # Transport: MPICH built for ch4:ucx uses UCX, told to use TCP (UCX_TLS=tcp,self) on the node's
 # link only (UCX_NET_DEVICES=eth0: every node's link is called eth0 inside its namespace), with
-# ucx_close_at_destroy.c preloaded against a finalize deadlock of MPICH 4.0 over UCX tcp;
+# ucx_close_at_destroy.c preloaded against a finalize deadlock of MPICH 4.0 over UCX tcp
+# (SIMCLUSTER_SHIM=0 leaves it out, to see reshard end a job whose MPI_Finalize hangs);
 # ch4:ofi builds get FI_PROVIDER=tcp. Ranks on one node still share memory, as on a real node.
 # Hydra starts one proxy per node through this script (-launcher-exec), which stands in for ssh.
 set -euo pipefail
@@ -163,7 +164,7 @@ cmd_run() {
   for ((i = 0; i < n; i++)); do hosts+="$(addr_of "$i"):$ppn,"; done
   export SIMCLUSTER_ID=$ID
   local shim=()
-  if mpich_over_ucx; then
+  if [[ ${SIMCLUSTER_SHIM:-1} != 0 ]] && mpich_over_ucx; then
     local so
     so=$(finalize_shim) && shim=(-genv LD_PRELOAD "$so")
   fi
@@ -184,7 +185,8 @@ mpich_over_ucx() {
 
 # Builds (once per source version, shared by parallel runs) the preload library that works
 # around MPICH 4.0's finalize deadlock over UCX tcp (see ucx_close_at_destroy.c) and prints its
-# path. Without a C compiler it warns and prints nothing: runs may then hang in MPI_Finalize.
+# path. Without a C compiler it warns and prints nothing: runs may then hang in MPI_Finalize
+# (reshard still ends them, after its finalize deadline: RESHARD_FINALIZE_TIMEOUT, 10 s).
 finalize_shim() {
   local src sum so
   src=$(dirname "$SELF")/ucx_close_at_destroy.c

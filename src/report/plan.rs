@@ -7,6 +7,7 @@ use super::gpu::GpuShare;
 use super::stats::Stats;
 use crate::cli::Balance;
 use crate::manifest::ShardEntry;
+use crate::order::StratifyReport;
 use crate::plan::Equalize;
 use crate::size::human_bytes;
 
@@ -34,7 +35,7 @@ pub struct PlanReport {
     /// `--order`, and what stratification achieved.
     pub order: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stratify: Option<crate::order::StratifyReport>,
+    pub stratify: Option<StratifyReport>,
     pub per_shard: Vec<ShardEntry>,
 }
 

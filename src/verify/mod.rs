@@ -19,7 +19,6 @@
 //! Shuffle quality is reported, never judged: Spearman's ρ between the input position (global
 //! canonical index) and the output position (global index in shard-list order) of each sample,
 //! and how many distinct input shards each output shard draws from.
-
 //!
 //! The files follow the run of `verify`: `setup` (index.json and the inputs, on rank 0), `stream`
 //! and `records` (each shard read once, each sample digested with `digest` into a record routed to

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::cli::Balance;
 use crate::order::{GroupPlan, StratifyReport};
 use crate::plan::Equalize;
-use crate::report::{GpuShare, Stats};
+use crate::report::{gpu::GpuShare, stats::Stats};
 use crate::tar_index::{Hygiene, Skipped};
 
 /// The manifest written as `DIR/index.json`. wids reads `__kind__`, `wids_version` and

@@ -1,0 +1,102 @@
+//! [`PlanReport`]: what `reshard plan` prints, and its rendering. The only file of `report/` that
+//! knows the manifest (its per-shard rows are the manifest's shard entries).
+
+use serde::Serialize;
+
+use super::gpu::GpuShare;
+use super::stats::Stats;
+use crate::cli::Balance;
+use crate::manifest::ShardEntry;
+use crate::order::StratifyReport;
+use crate::plan::Equalize;
+use crate::size::human_bytes;
+
+/// The plan `reshard plan` prints: everything `run` would do, before any data moves.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanReport {
+    pub samples: u64,
+    pub sample_bytes: u64,
+    pub input_shards: usize,
+    /// The input shards' own balance: bytes and samples per input shard.
+    pub input_shard_bytes: Stats,
+    pub input_shard_samples: Stats,
+    pub shards: u64,
+    /// Why this shard count.
+    pub sizing: String,
+    pub equalize: Equalize,
+    pub balance: Balance,
+    /// Samples written (repeats included, dropped excluded).
+    pub output_samples: u64,
+    pub dropped: u64,
+    pub repeated: u64,
+    pub shard_samples: Stats,
+    pub shard_bytes: Stats,
+    pub gpus: Option<GpuShare>,
+    /// `--order`, and what stratification achieved.
+    pub order: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stratify: Option<StratifyReport>,
+    pub per_shard: Vec<ShardEntry>,
+}
+
+impl PlanReport {
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "reshard plan: {} samples, {} in {} input shards\n",
+            self.samples,
+            human_bytes(self.sample_bytes),
+            self.input_shards
+        );
+        s += &format!(
+            "  input shard bytes:   {}\n",
+            self.input_shard_bytes.bytes()
+        );
+        s += &format!(
+            "  input shard samples: {}\n",
+            self.input_shard_samples.counts()
+        );
+        s += &format!("  output: {} shards ({})\n", self.shards, self.sizing);
+        s += &format!("  order: {}\n", self.order);
+        if let Some(st) = &self.stratify {
+            s += &format!(
+                "  stratified by .{}: {} labels, worst deviation from the ideal share {:.3}\n",
+                st.ext, st.labels, st.worst_deviation
+            );
+        }
+        s += &match self.equalize {
+            Equalize::None => format!("  equalize none: {} samples\n", self.output_samples),
+            Equalize::Drop => format!(
+                "  equalize drop: {} samples left out, {} written\n",
+                self.dropped, self.output_samples
+            ),
+            Equalize::Pad => format!(
+                "  equalize pad: {} samples repeated, {} written\n",
+                self.repeated, self.output_samples
+            ),
+        };
+        s += &format!(
+            "  shard samples: {} (balance by {:?})\n",
+            self.shard_samples.counts(),
+            self.balance
+        );
+        s += &format!("  shard bytes:   {}\n", self.shard_bytes.bytes());
+        if let Some(g) = &self.gpus {
+            s += &format!("  {}\n", g.render());
+        }
+        let n = self.per_shard.len();
+        let shown: Vec<usize> = if n <= 12 {
+            (0..n).collect()
+        } else {
+            (0..6).chain(n - 6..n).collect()
+        };
+        s += "  shard                      samples        bytes\n";
+        for (k, &i) in shown.iter().enumerate() {
+            if k > 0 && i != shown[k - 1] + 1 {
+                s += &format!("  ... {} more\n", i - shown[k - 1] - 1);
+            }
+            let e = &self.per_shard[i];
+            s += &format!("  {:<24} {:>9} {:>12}\n", e.url, e.nsamples, e.filesize);
+        }
+        s
+    }
+}

@@ -1,0 +1,168 @@
+//! What `verify` reports: [`VerifyReport`] with its [`Mismatches`] and [`Shuffle`], and its
+//! rendering.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::plan::Equalize;
+use crate::report::Stats;
+use crate::size::human_bytes;
+
+/// Counts of samples whose digests do not balance between input and output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Mismatches {
+    /// Input samples with no copy in the output (beyond what `--equalize drop` explains).
+    pub missing: u64,
+    /// Output samples whose bytes occur nowhere in the input: corrupted, or foreign.
+    pub not_in_input: u64,
+    /// Extra copies of input samples in the output (beyond what `--equalize pad` explains).
+    pub duplicated: u64,
+    /// Input samples not in the output, with `--equalize drop`.
+    pub left_out: u64,
+    /// Second copies of input samples, with `--equalize pad`.
+    pub repeated: u64,
+}
+
+impl Mismatches {
+    pub(super) fn to_array(self) -> [u64; 5] {
+        [
+            self.missing,
+            self.not_in_input,
+            self.duplicated,
+            self.left_out,
+            self.repeated,
+        ]
+    }
+
+    pub(super) fn from_array(a: &[u64]) -> Self {
+        Mismatches {
+            missing: a[0],
+            not_in_input: a[1],
+            duplicated: a[2],
+            left_out: a[3],
+            repeated: a[4],
+        }
+    }
+}
+
+/// How well the output order is shuffled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Shuffle {
+    /// Samples found on both sides (each output copy paired with one input copy).
+    pub pairs: u64,
+    /// Spearman's rank correlation between input and output positions of the pairs (Pearson's
+    /// correlation of the positions, which are ranks; exact when every sample is paired once).
+    /// `None` with fewer than two pairs.
+    pub spearman: Option<f64>,
+    /// `3 / sqrt(pairs - 1)`: a random order gives |ρ| below this with probability ≈ 99.7%.
+    pub random_bound: Option<f64>,
+    /// Distinct input shards each output shard draws samples from.
+    pub input_shards_per_output_shard: Stats,
+}
+
+/// The outcome of `verify`, as rank 0 reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    /// Every check held.
+    pub ok: bool,
+    pub output: PathBuf,
+    pub ranks: usize,
+    pub input_shards: usize,
+    pub input_samples: u64,
+    pub output_shards: usize,
+    /// Samples found in the output shards.
+    pub output_samples: u64,
+    /// The `--equalize` mode index.json names (`none` without one).
+    pub equalize: Equalize,
+    pub mismatches: Mismatches,
+    pub shuffle: Shuffle,
+    /// Bytes read and digested, input and output together.
+    pub bytes_read: u64,
+    pub seconds: f64,
+    /// Everything that does not hold, each naming the file (and byte offset where there is one).
+    pub problems: Vec<String>,
+}
+
+impl VerifyReport {
+    /// The human-readable report.
+    pub fn render(&self) -> String {
+        let mut s = if self.ok {
+            format!(
+                "reshard verify: OK: {} holds exactly the input's samples\n",
+                self.output.display()
+            )
+        } else {
+            format!(
+                "reshard verify: FAILED: {} problem{} in {}\n",
+                self.problems.len(),
+                plural(self.problems.len() as u64),
+                self.output.display()
+            )
+        };
+        s += &format!(
+            "  input:    {} shards, {} samples\n",
+            self.input_shards, self.input_samples
+        );
+        s += &format!(
+            "  output:   {} shards, {} samples (equalize {})\n",
+            self.output_shards,
+            self.output_samples,
+            equalize_name(self.equalize)
+        );
+        let m = self.mismatches;
+        s += &format!(
+            "  samples:  {} missing, {} not in the input, {} duplicated",
+            m.missing, m.not_in_input, m.duplicated
+        );
+        if m.left_out > 0 {
+            s += &format!(", {} left out (drop)", m.left_out);
+        }
+        if m.repeated > 0 {
+            s += &format!(", {} repeated (pad)", m.repeated);
+        }
+        s += "\n";
+        let sh = &self.shuffle;
+        match (sh.spearman, sh.random_bound) {
+            (Some(rho), Some(bound)) => {
+                s += &format!(
+                    "  shuffle:  Spearman rho(input position, output position) = {rho:.4} over {} samples (a random order: |rho| < {bound:.4})\n",
+                    sh.pairs
+                );
+            }
+            _ => s += &format!("  shuffle:  too few samples ({}) to correlate\n", sh.pairs),
+        }
+        s += &format!(
+            "  input shards per output shard: {} (of {})\n",
+            sh.input_shards_per_output_shard.counts(),
+            self.input_shards
+        );
+        s += &format!(
+            "  read {} in {:.2} s on {} rank{}\n",
+            human_bytes(self.bytes_read),
+            self.seconds,
+            self.ranks,
+            plural(self.ranks as u64)
+        );
+        for p in &self.problems {
+            s += &format!("  problem: {p}\n");
+        }
+        s
+    }
+}
+
+pub(super) fn plural(n: u64) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+pub(super) fn equalize_name(e: Equalize) -> &'static str {
+    match e {
+        Equalize::None => "none",
+        Equalize::Drop => "drop",
+        Equalize::Pad => "pad",
+    }
+}

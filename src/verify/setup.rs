@@ -1,0 +1,320 @@
+//! What `verify` works from: rank 0 expands the input, reads `index.json` and finds the output
+//! shards ([`prepare`]); every rank receives the result ([`share`]). Problems with the output are
+//! collected for the report, never raised.
+
+use std::collections::HashSet;
+use std::fs;
+use std::path::{Component, Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::config::VerifyConfig;
+use crate::comm::{broadcast_result, Comm};
+use crate::input::{expand_specs, InputShard};
+use crate::manifest::ShardEntry;
+use crate::plan::Equalize;
+
+/// One output shard, as the verifier expects to find it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct OutputShard {
+    /// The name index.json gives it (or the file name when there is no index.json).
+    pub(super) name: String,
+    pub(super) path: PathBuf,
+    /// Its size, `None` when it does not exist.
+    pub(super) size: Option<u64>,
+    /// Its index.json entry.
+    pub(super) listed: Option<ShardEntry>,
+}
+
+/// What rank 0 resolves first and every rank works from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct Setup {
+    pub(super) inputs: Vec<InputShard>,
+    pub(super) outputs: Vec<OutputShard>,
+    pub(super) equalize: Equalize,
+}
+
+/// The parts of index.json the verifier reads. Lenient on purpose: a wids index written by
+/// another tool (no `reshard` section) is still checked against its shard list.
+#[derive(Debug, Clone, Deserialize)]
+pub(super) struct IndexView {
+    shardlist: Vec<ShardEntry>,
+    #[serde(default)]
+    pub(super) reshard: Option<RunView>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub(super) struct RunView {
+    shards: Option<u64>,
+    pub(super) samples: Option<u64>,
+    output_samples: Option<u64>,
+    #[serde(default)]
+    equalize: Equalize,
+    #[serde(default)]
+    pub(super) dropped: Vec<String>,
+    #[serde(default)]
+    pub(super) repeated: Vec<String>,
+    #[serde(default)]
+    pub(super) key_map: Option<KeyMapView>,
+}
+
+/// What verify needs of a `--key-map` run: how many samples no group claimed.
+#[derive(Debug, Clone, Deserialize)]
+pub(super) struct KeyMapView {
+    #[serde(default)]
+    pub(super) unmatched: u64,
+}
+
+/// Rank 0's own knowledge: index.json and the problems found while reading it.
+pub(super) struct Lead {
+    pub(super) index: Option<IndexView>,
+    pub(super) problems: Vec<String>,
+}
+
+/// Rank 0 prepares, every rank receives the [`Setup`]; rank 0 also keeps its [`Lead`].
+///
+/// # Errors
+/// As [`prepare`], on every rank.
+pub(super) fn share(comm: &impl Comm, cfg: &VerifyConfig) -> Result<(Setup, Option<Lead>)> {
+    let mut lead = None;
+    let prepared = (comm.rank() == 0).then(|| {
+        prepare(cfg).map(|(setup, state)| {
+            lead = Some(state);
+            setup
+        })
+    });
+    let setup = broadcast_result(comm, 0, prepared)?;
+    Ok((setup, lead))
+}
+
+/// Rank 0's set-up: expand the input, read index.json, find the output shards. Problems with
+/// the output are collected, not raised.
+///
+/// # Errors
+/// The input cannot be expanded or a shard's size read, or the output directory is not one.
+fn prepare(cfg: &VerifyConfig) -> Result<(Setup, Lead)> {
+    let inputs = input_shards(&cfg.inputs)?;
+    let dir = &cfg.output;
+    let meta = fs::metadata(dir).with_context(|| format!("--output {}", dir.display()))?;
+    if !meta.is_dir() {
+        bail!("--output {}: not a directory", dir.display());
+    }
+
+    let mut problems = Vec::new();
+    let index_path = dir.join("index.json");
+    let index = read_index(&index_path, &mut problems);
+    let outputs = match &index {
+        Some(ix) => {
+            let outputs = listed_outputs(dir, &index_path, ix, &mut problems);
+            problems.extend(run_total_problems(&index_path, ix));
+            outputs
+        }
+        // No usable index: check what is there, in name order.
+        None => found_outputs(dir)?,
+    };
+    problems.extend(unlisted_shard_problems(dir, &outputs)?);
+    let equalize = index
+        .as_ref()
+        .and_then(|ix| ix.reshard.as_ref())
+        .map_or(Equalize::None, |r| r.equalize);
+    Ok((
+        Setup {
+            inputs,
+            outputs,
+            equalize,
+        },
+        Lead { index, problems },
+    ))
+}
+
+/// The input shards the specs expand to, in canonical order, with their sizes.
+fn input_shards(specs: &[String]) -> Result<Vec<InputShard>> {
+    let mut inputs = Vec::new();
+    for path in expand_specs(specs)? {
+        let size = fs::metadata(&path)
+            .with_context(|| format!("input {}", path.display()))?
+            .len();
+        inputs.push(InputShard { path, size });
+    }
+    Ok(inputs)
+}
+
+/// index.json, or `None` (and a problem) when it cannot be read or is not a wids index.
+fn read_index(index_path: &Path, problems: &mut Vec<String>) -> Option<IndexView> {
+    match fs::read(index_path) {
+        Ok(bytes) => match serde_json::from_slice::<IndexView>(&bytes) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                problems.push(format!(
+                    "{}: not a wids shard index: {e}",
+                    index_path.display()
+                ));
+                None
+            }
+        },
+        Err(e) => {
+            problems.push(format!("{}: cannot read: {e}", index_path.display()));
+            None
+        }
+    }
+}
+
+/// The shards index.json lists, in its order, less those that cannot be checked (a url outside
+/// the directory, a second listing), which are problems.
+fn listed_outputs(
+    dir: &Path,
+    index_path: &Path,
+    ix: &IndexView,
+    problems: &mut Vec<String>,
+) -> Vec<OutputShard> {
+    let mut outputs = Vec::new();
+    let mut seen = HashSet::new();
+    for entry in &ix.shardlist {
+        if !is_inside(&entry.url) {
+            problems.push(format!(
+                "{}: shard url {:?} is not a relative path inside the output directory",
+                index_path.display(),
+                entry.url
+            ));
+            continue;
+        }
+        if !seen.insert(entry.url.clone()) {
+            problems.push(format!(
+                "{}: shard {:?} is listed twice",
+                index_path.display(),
+                entry.url
+            ));
+            continue;
+        }
+        outputs.push(listed_output(dir, entry, problems));
+    }
+    outputs
+}
+
+/// One listed shard: its file's size, and whether the file is there and as large as listed.
+fn listed_output(dir: &Path, entry: &ShardEntry, problems: &mut Vec<String>) -> OutputShard {
+    let path = dir.join(&entry.url);
+    let size = match fs::metadata(&path) {
+        Ok(m) if m.is_file() => Some(m.len()),
+        Ok(_) => {
+            problems.push(format!(
+                "{}: listed in index.json but not a regular file",
+                path.display()
+            ));
+            None
+        }
+        Err(e) => {
+            problems.push(format!(
+                "{}: listed in index.json but missing ({e})",
+                path.display()
+            ));
+            None
+        }
+    };
+    if let Some(size) = size.filter(|&s| s != entry.filesize) {
+        problems.push(format!(
+            "{}: index.json says filesize {}, the file has {size} bytes",
+            path.display(),
+            entry.filesize
+        ));
+    }
+    OutputShard {
+        name: entry.url.clone(),
+        path,
+        size,
+        listed: Some(entry.clone()),
+    }
+}
+
+/// Where reshard's own totals in index.json disagree with its shard list.
+fn run_total_problems(index_path: &Path, ix: &IndexView) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Some(run) = &ix.reshard else {
+        return problems;
+    };
+    let listed: u64 = ix.shardlist.iter().map(|e| e.nsamples).sum();
+    if let Some(s) = run.shards.filter(|&s| s != ix.shardlist.len() as u64) {
+        problems.push(format!(
+            "{}: reshard.shards is {s} but the shardlist has {} entries",
+            index_path.display(),
+            ix.shardlist.len()
+        ));
+    }
+    if let Some(o) = run.output_samples.filter(|&o| o != listed) {
+        problems.push(format!(
+            "{}: reshard.output_samples is {o} but the shardlist's nsamples add up to {listed}",
+            index_path.display()
+        ));
+    }
+    problems
+}
+
+/// Without a usable index.json: the shard-like files of `dir`, in name order.
+fn found_outputs(dir: &Path) -> Result<Vec<OutputShard>> {
+    let mut outputs = Vec::new();
+    for name in shard_like_files(dir)? {
+        let path = dir.join(&name);
+        let size = fs::metadata(&path).ok().map(|m| m.len());
+        outputs.push(OutputShard {
+            name,
+            path,
+            size,
+            listed: None,
+        });
+    }
+    Ok(outputs)
+}
+
+/// A problem for every shard-like file of `dir` that is not among `outputs`.
+fn unlisted_shard_problems(dir: &Path, outputs: &[OutputShard]) -> Result<Vec<String>> {
+    let known: HashSet<&Path> = outputs.iter().map(|o| o.path.as_path()).collect();
+    let mut problems = Vec::new();
+    for name in shard_like_files(dir)? {
+        let path = dir.join(&name);
+        if !known.contains(path.as_path()) {
+            problems.push(format!(
+                "{}: a shard file that index.json does not list",
+                path.display()
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+/// A shard url that names a file inside the output directory (no absolute path, no `..`).
+fn is_inside(url: &str) -> bool {
+    let path = Path::new(url);
+    !url.is_empty() && path.components().all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// Regular files of `dir` whose names look like tar shards (`*.tar`, `*.tar.*`), sorted by name
+/// in byte order.
+fn shard_like_files(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).with_context(|| format!("--output {}", dir.display()))? {
+        let entry = entry.with_context(|| format!("--output {}", dir.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let tar_like = name.ends_with(".tar") || name.contains(".tar.");
+        if tar_like && entry.file_type().is_ok_and(|t| t.is_file()) {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_must_stay_inside_the_output() {
+        assert!(is_inside("shard-000000.tar"));
+        assert!(is_inside("sub/shard.tar"));
+        assert!(!is_inside("../x.tar"));
+        assert!(!is_inside("/etc/passwd"));
+        assert!(!is_inside("a/../../x.tar"));
+        assert!(!is_inside(""));
+    }
+}

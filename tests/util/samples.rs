@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::index_json;
-use super::verifier::{input_samples, walk_file, Kind};
+use super::verifier::{input_samples, Kind};
 
 /// One sample as the test reads it: key, bytes, and each member's content by extension.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,34 +17,11 @@ pub struct Got {
     pub members: BTreeMap<String, Vec<u8>>,
 }
 
-/// The samples of a tar file, with member contents read from the headers (the test's own
-/// reader: ustar size field, GNU `L` and PAX `x` records skipped).
+/// The samples of a tar file, each with its member contents by extension, as the verifier's
+/// walk finds them (the stored data of each regular member, extension records skipped).
 pub fn samples_of(path: &Path) -> Vec<Got> {
     let shard = input_samples(path);
-    let walk = walk_file(path);
-    let bytes = &walk.bytes;
-    let mut contents: HashMap<usize, (String, Vec<u8>)> = HashMap::new();
-    for r in walk.records.iter().filter(|r| r.kind == Kind::File) {
-        let mut at = r.start;
-        loop {
-            let h = &bytes[at..at + 512];
-            let size_text: String = h[124..136]
-                .iter()
-                .filter(|b| b.is_ascii_digit())
-                .map(|&b| b as char)
-                .collect();
-            let size = usize::from_str_radix(&size_text, 8).unwrap();
-            if matches!(h[156], b'L' | b'x') {
-                at += 512 + size.div_ceil(512) * 512;
-                continue;
-            }
-            let name = String::from_utf8_lossy(&r.path).into_owned();
-            let base = name.rsplit('/').next().unwrap();
-            let ext = base.split_once('.').map_or("", |(_, e)| e).to_string();
-            contents.insert(r.start, (ext, bytes[at + 512..at + 512 + size].to_vec()));
-            break;
-        }
-    }
+    let walk = &shard.walk;
     shard
         .samples
         .iter()
@@ -52,8 +29,13 @@ pub fn samples_of(path: &Path) -> Vec<Got> {
             let members = walk
                 .records
                 .iter()
-                .filter(|r| r.start >= s.start && r.end <= s.end)
-                .filter_map(|r| contents.get(&r.start).cloned())
+                .filter(|r| r.kind == Kind::File && r.start >= s.start && r.end <= s.end)
+                .map(|r| {
+                    let name = String::from_utf8_lossy(&r.path).into_owned();
+                    let base = name.rsplit('/').next().unwrap();
+                    let ext = base.split_once('.').map_or("", |(_, e)| e).to_string();
+                    (ext, walk.bytes[r.data..r.data + r.size].to_vec())
+                })
                 .collect();
             Got {
                 key: s.key.clone(),

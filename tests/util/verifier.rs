@@ -33,6 +33,10 @@ pub struct Record {
     pub start: usize,
     /// Offset of the member's own header (after its extension headers).
     pub header: usize,
+    /// Offset of the member's data (after any sparse extension blocks).
+    pub data: usize,
+    /// The member's stored size (its data runs from `data` to `data + size`).
+    pub size: usize,
     /// Offset just past the member's padded data.
     pub end: usize,
     pub kind: Kind,
@@ -270,6 +274,8 @@ pub fn walk(bytes: Vec<u8>) -> Result<Walk, String> {
                 records.push(Record {
                     start: record_start,
                     header: off,
+                    data,
+                    size,
                     end: next,
                     kind,
                     path,

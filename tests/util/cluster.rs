@@ -160,6 +160,7 @@ impl Drop for Cluster {
     }
 }
 
+/// Bytes in a MiB, for the traffic report.
 pub const MIB: f64 = 1024.0 * 1024.0;
 
 /// Samples in big enough pieces, on links slow enough, that the exchange of the lost-node tests
@@ -220,6 +221,8 @@ pub fn ended_without_output(
     (out, took)
 }
 
+/// `reshard run` of the lost-node tests (`in` to `out`, 6 shards, a 4 MiB budget, and `extra`)
+/// as one rank per node, with 90 s to end.
 pub fn lost_node_job(cluster: &Cluster, extra: &[&str]) -> TestCommand {
     let mut args = vec![
         "run",

@@ -159,6 +159,7 @@ pub fn files_below(root: &Path, dir: &Path) -> Vec<String> {
     out
 }
 
+/// The MD5 of `bytes` in hex, as Python's `hexdigest` prints it.
 pub fn md5_hex(bytes: &[u8]) -> String {
     format!("{:x}", Md5::digest(bytes))
 }

@@ -85,6 +85,7 @@ pub fn plain_headers(dir: &Dir) -> Vec<PathBuf> {
     )
 }
 
+/// 60 samples of about 2 KiB in 3 shards under `in/`, for the epoch tests.
 pub fn small(dir: &Dir) -> Vec<PathBuf> {
     dir.generate(
         "in",

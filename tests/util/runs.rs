@@ -39,6 +39,7 @@ pub fn run(
     output
 }
 
+/// The name part of an output for `np` ranks: `np3`, or `plain` with no launcher.
 pub fn label(np: Option<usize>) -> String {
     np.map_or_else(|| "plain".to_string(), |n| format!("np{n}"))
 }
@@ -133,6 +134,8 @@ pub fn bad_shard(name: &str, which: usize, make: impl Fn(&[u8]) -> (Vec<u8>, Vec
     }
 }
 
+/// Epoch `e` of the epoch tests: `--output 'out/epoch-{epoch}' --link current --keep 2`, 4
+/// shards, seed 11, from `input` under `mpirun -np NP`; requires success.
 pub fn epoch_run(dir: &Dir, np: usize, input: &str, e: u64, extra: &[&str]) -> RunOutput {
     run(
         dir,
@@ -156,6 +159,7 @@ pub fn epoch_run(dir: &Dir, np: usize, input: &str, e: u64, extra: &[&str]) -> R
     )
 }
 
+/// What [`epoch_run`] promises for epoch `e` of `inputs` at `np` ranks.
 pub fn epoch_expected(dir: &Dir, inputs: &[PathBuf], np: usize, e: u64) -> Expected {
     let mut exp = Expected::new(dir.path(), inputs, 4, 11, np);
     exp.epoch = e;
@@ -222,6 +226,8 @@ pub fn assert_verifier_rejects(
     );
 }
 
+/// `reshard run --input in --output OUT --shards 2 --seed 1 EXTRA` under `mpirun -np NP`;
+/// requires the exit code `code`.
 pub fn run_two_shards(dir: &Dir, np: usize, out: &str, extra: &[&str], code: i32) -> RunOutput {
     let mut c = dir.mpi(np);
     c.args([
@@ -261,6 +267,7 @@ pub fn reshard_both(dir: &Dir, inputs: &[PathBuf], shards: usize) -> Verified {
     result.unwrap()
 }
 
+/// `reshard run --input in --output OUT ARGS` under `mpirun -np NP`; requires success.
 pub fn run_in(dir: &Dir, np: usize, out: &str, args: &[&str]) -> RunOutput {
     let mut c = dir.mpi(np);
     c.args(["run", "--input", "in", "--output", out]).args(args);
@@ -292,12 +299,14 @@ pub fn with_previous_output(dir: &Dir) {
     dir.create_dir("data");
 }
 
+/// `reshard CMD --input in --seed 3 ARGS` under `mpirun -np NP`; requires success.
 pub fn seeded(dir: &Dir, np: usize, cmd: &str, args: &[&str]) -> RunOutput {
     let mut c = dir.mpi(np);
     c.args([cmd, "--input", "in", "--seed", "3"]).args(args);
     c.assert_success()
 }
 
+/// The `reshard plan --json` of `in` (seed 3) with `args`, parsed.
 pub fn plan_json(dir: &Dir, np: usize, args: &[&str]) -> Value {
     let res = seeded(dir, np, "plan", &[args, &["--json"]].concat());
     serde_json::from_str(&res.stdout).unwrap_or_else(|e| res.fail(&format!("plan --json: {e}")))
@@ -356,6 +365,7 @@ pub fn assert_fails(dir: &Dir, out: &str, needles: &[&str]) {
     }
 }
 
+/// The JSON report `reshard verify --json` printed, parsed.
 pub fn report_json(out: &RunOutput) -> Value {
     serde_json::from_str(&out.stdout)
         .unwrap_or_else(|e| out.fail(&format!("stdout is not a JSON report: {e}")))

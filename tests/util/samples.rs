@@ -66,6 +66,7 @@ pub fn output(out: &Path) -> Vec<(String, Vec<Got>)> {
         .collect()
 }
 
+/// The samples of every shard, in shard order.
 pub fn flat(shards: &[(String, Vec<Got>)]) -> Vec<Got> {
     shards.iter().flat_map(|s| s.1.clone()).collect()
 }
@@ -75,6 +76,7 @@ pub fn keys_in(out: &Path) -> Vec<String> {
     flat(&output(out)).into_iter().map(|g| g.key).collect()
 }
 
+/// The integer class in a sample's `.cls` member.
 pub fn cls(g: &Got) -> i64 {
     String::from_utf8_lossy(&g.members["cls"])
         .trim()
@@ -146,6 +148,7 @@ pub fn output_shards(out: &Path) -> Vec<Vec<(String, Vec<u8>)>> {
         .collect()
 }
 
+/// A JSON array of strings (e.g. index.json's `dropped` keys) as strings.
 pub fn strings(v: &Value) -> Vec<String> {
     v.as_array()
         .unwrap()

@@ -105,6 +105,7 @@ pub fn run_script(dir: &Dir, script: &str, bin: &Path, vars: &[(&str, &str)]) ->
     cmd.assert_success()
 }
 
+/// The `nsamples` of every shard an index.json lists.
 pub fn shard_counts(index: &Value) -> Vec<u64> {
     index["shardlist"]
         .as_array()

@@ -29,6 +29,7 @@ pub fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
+/// The bytes of the file at `path` compressed with `codec`: `gz` for gzip, anything else zstd.
 pub fn compress(path: &Path, codec: &str) -> Vec<u8> {
     let raw = fs::read(path).unwrap();
     match codec {
@@ -41,6 +42,7 @@ pub fn compress(path: &Path, codec: &str) -> Vec<u8> {
     }
 }
 
+/// The decompressed bytes of a `.gz` (gzip) or other (zstd) file.
 pub fn decompress(path: &Path) -> Vec<u8> {
     let raw = fs::read(path).unwrap();
     if path.extension().is_some_and(|e| e == "gz") {
@@ -52,6 +54,7 @@ pub fn decompress(path: &Path) -> Vec<u8> {
     }
 }
 
+/// Rewrites the file at `path` as `f` edits its bytes.
 pub fn edit_bytes(path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
     let mut bytes = fs::read(path).unwrap();
     f(&mut bytes);

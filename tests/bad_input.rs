@@ -3,89 +3,14 @@
 //! input untouched.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use crate::run::run;
-use crate::util::{noise, skip, snapshot, Dir, RunOutput, FAIL_FAST};
-use crate::verify::{input_samples, verify, Expected};
-
-/// Three small GNU-format shards without long names in `in/`, so that every record is one
-/// header block followed by data.
-fn small_inputs(dir: &Dir) -> Vec<PathBuf> {
-    dir.generate(
-        "in",
-        &[
-            "--shards",
-            "3",
-            "--samples",
-            "30",
-            "--mean-size",
-            "1500",
-            "--seed",
-            "2",
-        ],
-    )
-}
-
-/// Runs `reshard run --input SPEC... --output OUT --shards 3 --seed 1` under `mpirun -np NP`
-/// and requires a clean failure: exit code 1 within seconds, nothing at OUT, no staging
-/// directory, `in/` unchanged.
-fn fails_cleanly(dir: &Dir, np: usize, specs: &[&str], out: &str) -> RunOutput {
-    let watched = dir.join("in");
-    let before = snapshot(&watched);
-    let mut cmd = dir.mpi(np);
-    cmd.arg("run");
-    for s in specs {
-        cmd.args(["--input", s]);
-    }
-    // A hang is a failure: give it twice the time it may take, then kill it.
-    let res = cmd
-        .args(["--output", out, "--shards", "3", "--seed", "1"])
-        .timeout(2 * FAIL_FAST)
-        .assert_code(1);
-    res.stderr_has("reshard: error:");
-    res.check(
-        res.elapsed < FAIL_FAST,
-        &format!("took {:.1} s to fail", res.elapsed.as_secs_f64()),
-    );
-    let target = dir.join(out);
-    res.check(!target.exists(), "something was published at the output");
-    res.check(
-        !dir.join(format!(".{out}.reshard-tmp")).exists(),
-        "the staging directory was left behind",
-    );
-    res.check(snapshot(&watched) == before, "the input directory changed");
-    res
-}
-
-/// Replaces input shard `which` (of three) with what `make` turns its bytes into, and requires
-/// np 1 and np 3 to fail on it, naming the file, "byte offset" and the needles `make` returns.
-/// Which rank indexes the bad shard varies with `which`, so failures of rank 0 and of the others
-/// are both covered.
-fn bad_shard(name: &str, which: usize, make: impl Fn(&[u8]) -> (Vec<u8>, Vec<String>)) {
-    let dir = Dir::new(name);
-    let inputs = small_inputs(&dir);
-    let bad = &inputs[which];
-    let (bytes, needles) = make(&fs::read(bad).unwrap());
-    fs::write(bad, bytes).unwrap();
-    let file = bad.file_name().unwrap().to_string_lossy().into_owned();
-    for np in [1, 3] {
-        let res = fails_cleanly(&dir, np, &["in"], &format!("out-np{np}"));
-        res.stderr_has(&file);
-        res.stderr_has("byte offset");
-        for n in &needles {
-            res.stderr_has(n);
-        }
-    }
-}
-
-/// Header offsets of the records of a GNU-format shard without extension records.
-fn header_offsets(bytes: &[u8]) -> Vec<usize> {
-    let w = crate::verify::walk(bytes.to_vec()).unwrap();
-    assert!(w.records.iter().all(|r| r.types == b"0"));
-    w.records.iter().map(|r| r.start).collect()
-}
+use crate::util::data::plain_headers;
+use crate::util::runs::{bad_shard, fails_cleanly, run};
+use crate::util::tar::{header_offsets, tar_of};
+use crate::util::verifier::{input_samples, verify, Expected};
+use crate::util::{noise, snapshot, with_tmpfs, Dir, FAIL_FAST};
 
 #[test]
 fn not_a_tar() {
@@ -124,20 +49,6 @@ fn bad_header_checksum() {
     });
 }
 
-/// A GNU-format tar of regular files with fixed metadata.
-pub fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_mtime(1_700_000_000);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, name, *data).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
 #[test]
 fn keyless_member_between_members_of_one_sample() {
     // x.jpg (1 block of data) at 0, a.jpg at 1024, README at 2048, a.cls after it.
@@ -158,7 +69,7 @@ fn keyless_member_between_members_of_one_sample() {
 #[test]
 fn missing_input_file() {
     let dir = Dir::new("missing");
-    small_inputs(&dir);
+    plain_headers(&dir);
     for np in [1, 3] {
         let res = fails_cleanly(&dir, np, &["in", "in/nope.tar"], "out");
         res.stderr_has("nope.tar");
@@ -168,7 +79,7 @@ fn missing_input_file() {
 #[test]
 fn existing_output_needs_force() {
     let dir = Dir::new("force");
-    let inputs = small_inputs(&dir);
+    let inputs = plain_headers(&dir);
     dir.create_bytes("out/keep.txt", b"precious");
     let before = snapshot(&dir.join("out"));
     for np in [1, 3] {
@@ -219,7 +130,7 @@ fn existing_output_needs_force() {
 #[test]
 fn output_over_input_is_refused() {
     let dir = Dir::new("overwrite");
-    small_inputs(&dir);
+    plain_headers(&dir);
     for np in [1, 3] {
         for (spec, out) in [("in", "in"), ("in/train-000000.tar", "in")] {
             let before = snapshot(&dir.join("in"));
@@ -253,7 +164,7 @@ fn output_over_input_is_refused() {
 #[test]
 fn usage_errors_exit_2() {
     let dir = Dir::new("usage");
-    small_inputs(&dir);
+    plain_headers(&dir);
     let base = ["run", "--input", "in", "--output", "out"];
     let cases: [(&[&str], &str); 5] = [
         (&["--shards", "0", "--seed", "1"], "--shards"),
@@ -348,7 +259,7 @@ fn empty_input() {
 #[test]
 fn a_panic_on_one_rank_aborts_every_rank() {
     let dir = Dir::new("panic");
-    small_inputs(&dir);
+    plain_headers(&dir);
     let before = snapshot(&dir.join("in"));
     let run = |panic_rank: Option<&str>| {
         let mut cmd = dir.mpi(3);
@@ -382,7 +293,7 @@ fn a_panic_on_one_rank_aborts_every_rank() {
 #[test]
 fn a_stalled_rank_is_detected_by_the_watchdog() {
     let dir = Dir::new("stall");
-    small_inputs(&dir);
+    plain_headers(&dir);
     let mut cmd = dir.mpi(3);
     cmd.args([
         "run", "--input", "in", "--output", "out", "--shards", "3", "--seed", "1",
@@ -412,7 +323,7 @@ fn a_stalled_rank_is_detected_by_the_watchdog() {
 #[test]
 fn an_input_that_changes_during_the_run_is_refused() {
     let dir = Dir::new("changing-input");
-    let inputs = small_inputs(&dir);
+    let inputs = plain_headers(&dir);
     let grown = inputs[0].clone();
     let marker = dir.join(".out.reshard-tmp/.paused-0");
     let watcher = std::thread::spawn(move || {
@@ -441,32 +352,10 @@ fn an_input_that_changes_during_the_run_is_refused() {
     );
 }
 
-/// Runs `f` with a fresh tmpfs of `size` mounted at `at` (root only; `None` where mounting is
-/// not possible here), unmounting it afterwards.
-fn with_tmpfs<T>(at: &Path, size: &str, ro: bool, f: impl FnOnce() -> T) -> Option<T> {
-    fs::create_dir_all(at).unwrap();
-    let opts = format!("size={size}{}", if ro { ",ro" } else { "" });
-    let ok = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &opts, "tmpfs"])
-        .arg(at)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        skip(
-            &format!("the tmpfs part of a test ({})", at.display()),
-            "cannot mount a tmpfs here (needs root)",
-        );
-        return None;
-    }
-    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    let _ = std::process::Command::new("umount").arg(at).status();
-    Some(out.unwrap_or_else(|p| std::panic::resume_unwind(p)))
-}
-
 #[test]
 fn a_full_disk_is_a_clear_error_and_nothing_is_published() {
     let dir = Dir::new("disk-full");
-    small_inputs(&dir);
+    plain_headers(&dir);
     let small = dir.join("small");
     with_tmpfs(&small, "64k", false, || {
         let mut cmd = dir.mpi(2);
@@ -496,7 +385,7 @@ fn a_full_disk_is_a_clear_error_and_nothing_is_published() {
 #[test]
 fn an_unwritable_output_fails_before_any_data_moves() {
     let dir = Dir::new("read-only");
-    small_inputs(&dir);
+    plain_headers(&dir);
     let ro = dir.join("ro");
     with_tmpfs(&ro, "1m", true, || {
         let mut cmd = dir.mpi(2);
@@ -534,7 +423,7 @@ fn a_sample_split_across_two_shards_names_both_files() {
 fn a_finalize_that_never_returns_still_ends_the_job() {
     for (np, hang) in [(2, "all"), (3, "1")] {
         let dir = Dir::new(&format!("hang-finalize-{np}"));
-        let inputs = small_inputs(&dir);
+        let inputs = plain_headers(&dir);
         let mut cmd = dir.mpi(np);
         cmd.args([
             "run", "--input", "in", "--output", "out", "--shards", "3", "--seed", "1",
@@ -602,7 +491,7 @@ fn a_failed_job_whose_finalize_hangs_still_fails() {
 #[test]
 fn a_report_that_cannot_be_written_fails_every_rank() {
     let dir = Dir::new("report-unwritable");
-    small_inputs(&dir);
+    plain_headers(&dir);
     let mut cmd = dir.mpi(3);
     cmd.args([
         "run", "--input", "in", "--output", "out", "--shards", "3", "--seed", "1",

@@ -2,24 +2,11 @@
 //! output of the same shards uncompressed, on any rank count; a damaged stream is a clear error.
 
 use std::fs;
-use std::io::Write;
-use std::path::Path;
 
-use crate::run::run;
-use crate::util::{Dir, FAIL_FAST, NPS};
-use crate::verify::assert_same_output;
-
-fn compress(path: &Path, codec: &str) -> Vec<u8> {
-    let raw = fs::read(path).unwrap();
-    match codec {
-        "gz" => {
-            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-            e.write_all(&raw).unwrap();
-            e.finish().unwrap()
-        }
-        _ => zstd::encode_all(&raw[..], 3).unwrap(),
-    }
-}
+use crate::util::runs::run;
+use crate::util::tar::{compress, decompress};
+use crate::util::verifier::assert_same_output;
+use crate::util::{index_json, Dir, FAIL_FAST, NPS};
 
 #[test]
 fn gzip_and_zstd_inputs_give_the_same_shards_as_plain_ones() {
@@ -101,17 +88,6 @@ fn a_truncated_compressed_shard_is_a_clear_error() {
     }
 }
 
-fn decompress(path: &Path) -> Vec<u8> {
-    let raw = fs::read(path).unwrap();
-    if path.extension().is_some_and(|e| e == "gz") {
-        let mut out = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&raw[..]), &mut out).unwrap();
-        out
-    } else {
-        zstd::decode_all(&raw[..]).unwrap()
-    }
-}
-
 #[test]
 fn compressed_outputs_hold_the_plain_shards_and_feed_the_next_epoch() {
     let dir = Dir::new("compress-out");
@@ -141,8 +117,7 @@ fn compressed_outputs_hold_the_plain_shards_and_feed_the_next_epoch() {
                 5,
                 &["--compress", codec, "--checksum"],
             );
-            let index: serde_json::Value =
-                serde_json::from_slice(&fs::read(out.join("index.json")).unwrap()).unwrap();
+            let index = index_json(&out);
             for (i, entry) in index["shardlist"].as_array().unwrap().iter().enumerate() {
                 let name = format!("shard-{i:06}.{ext}");
                 assert_eq!(entry["url"], name.as_str());

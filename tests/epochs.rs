@@ -4,54 +4,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::run::run;
+use crate::util::data::small;
+use crate::util::runs::{epoch_expected, epoch_recipe, epoch_run, run};
+use crate::util::verifier::{verify, Expected};
 use crate::util::{snapshot, tar_files, tree_state, Dir};
-use crate::verify::{verify, Expected};
-
-fn small(dir: &Dir) -> Vec<PathBuf> {
-    dir.generate(
-        "in",
-        &[
-            "--shards",
-            "3",
-            "--samples",
-            "60",
-            "--mean-size",
-            "2KiB",
-            "--seed",
-            "4",
-        ],
-    )
-}
-
-fn epoch(dir: &Dir, np: usize, input: &str, e: u64, extra: &[&str]) -> crate::util::RunOutput {
-    run(
-        dir,
-        Some(np),
-        &[input],
-        "out/epoch-{epoch}",
-        4,
-        11,
-        &[
-            &[
-                "--epoch",
-                &e.to_string(),
-                "--link",
-                "current",
-                "--keep",
-                "2",
-            ],
-            extra,
-        ]
-        .concat(),
-    )
-}
-
-fn expected(dir: &Dir, inputs: &[PathBuf], np: usize, e: u64) -> Expected {
-    let mut exp = Expected::new(dir.path(), inputs, 4, 11, np);
-    exp.epoch = e;
-    exp
-}
 
 #[test]
 fn epochs_reuse_the_index_switch_the_link_and_keep_the_newest() {
@@ -65,12 +21,15 @@ fn epochs_reuse_the_index_switch_the_link_and_keep_the_newest() {
     )
     .unwrap();
 
-    let res = epoch(&dir, 2, "in", 0, &[]);
+    let res = epoch_run(&dir, 2, "in", 0, &[]);
     res.check(
         !res.stderr.contains("reused the saved index"),
         "epoch 0 reads plain shards",
     );
-    verify(&expected(&dir, &inputs, 2, 0), &dir.join("out/epoch-0"));
+    verify(
+        &epoch_expected(&dir, &inputs, 2, 0),
+        &dir.join("out/epoch-0"),
+    );
     assert_eq!(
         fs::read_link(dir.join("current")).unwrap(),
         dir.join("out/epoch-0")
@@ -78,13 +37,16 @@ fn epochs_reuse_the_index_switch_the_link_and_keep_the_newest() {
 
     // Epoch 1 reads epoch 0's output through the link and skips indexing entirely.
     let prev = tar_files(&dir.join("out/epoch-0"));
-    let res = epoch(&dir, 3, "current", 1, &[]);
+    let res = epoch_run(&dir, 3, "current", 1, &[]);
     res.stderr_has("reused the saved index of 4 of 4 input shards");
     let current: Vec<PathBuf> = prev
         .iter()
         .map(|p| dir.join("current").join(p.file_name().unwrap()))
         .collect();
-    verify(&expected(&dir, &current, 3, 1), &dir.join("out/epoch-1"));
+    verify(
+        &epoch_expected(&dir, &current, 3, 1),
+        &dir.join("out/epoch-1"),
+    );
     assert_eq!(
         fs::read_link(dir.join("current")).unwrap(),
         dir.join("out/epoch-1")
@@ -92,13 +54,16 @@ fn epochs_reuse_the_index_switch_the_link_and_keep_the_newest() {
 
     // Epoch 2: --keep 2 removes epoch 0 only.
     let prev = tar_files(&dir.join("out/epoch-1"));
-    let res = epoch(&dir, 1, "out/epoch-1", 2, &[]);
+    let res = epoch_run(&dir, 1, "out/epoch-1", 2, &[]);
     res.stderr_has("reused the saved index of 4 of 4 input shards");
     let inputs1: Vec<PathBuf> = prev
         .iter()
         .map(|p| dir.join("out/epoch-1").join(p.file_name().unwrap()))
         .collect();
-    verify(&expected(&dir, &inputs1, 1, 2), &dir.join("out/epoch-2"));
+    verify(
+        &epoch_expected(&dir, &inputs1, 1, 2),
+        &dir.join("out/epoch-2"),
+    );
     assert!(
         !dir.join("out/epoch-0").exists(),
         "--keep 2 must remove the oldest output"
@@ -184,16 +149,6 @@ fn link_refuses_to_replace_a_real_directory() {
     );
 }
 
-/// The README's epoch recipe: `--output 'data/epoch-{epoch}' --link data/current --keep 2`.
-fn recipe(dir: &Dir, np: usize, input: &str, e: u64, extra: &[&str]) -> crate::util::RunOutput {
-    let mut cmd = dir.mpi(np);
-    cmd.args(["run", "--input", input, "--output", "data/epoch-{epoch}"])
-        .args(["--epoch", &e.to_string(), "--shards", "4", "--seed", "7"])
-        .args(["--link", "data/current", "--keep", "2"])
-        .args(extra);
-    cmd.assert_success()
-}
-
 #[test]
 fn keep_removes_only_older_epochs_of_its_own_series() {
     // Issue 13: --keep 2 removed every reshard output next to the new one.
@@ -234,16 +189,16 @@ fn keep_removes_only_older_epochs_of_its_own_series() {
     ];
     let before: Vec<_> = unrelated.iter().map(|d| snapshot(&dir.join(d))).collect();
 
-    let res = recipe(&dir, 2, "in", 0, &[]);
+    let res = epoch_recipe(&dir, 2, "in", 0, &[]);
     res.check(
         !res.stderr.contains("removing"),
         "epoch 0 has nothing to remove",
     );
-    let res = recipe(&dir, 1, "data/current", 1, &[]);
+    let res = epoch_recipe(&dir, 1, "data/current", 1, &[]);
     res.check(!res.stderr.contains("removing"), "epoch 1 keeps epoch 0");
     // A dry run of epoch 2 says what --keep would remove, and removes nothing.
     let whole = tree_state(dir.path());
-    let res = recipe(&dir, 2, "data/current", 2, &["--dry-run"]);
+    let res = epoch_recipe(&dir, 2, "data/current", 2, &["--dry-run"]);
     res.stderr_has(&format!(
         "--keep 2 would remove the older output {}",
         dir.join("data/epoch-0").display()
@@ -254,7 +209,7 @@ fn keep_removes_only_older_epochs_of_its_own_series() {
     );
     res.check(tree_state(dir.path()) == whole, "--dry-run changed files");
 
-    let res = recipe(&dir, 2, "data/current", 2, &[]);
+    let res = epoch_recipe(&dir, 2, "data/current", 2, &[]);
     res.stderr_has(&format!(
         "--keep 2: removing the older output {}",
         dir.join("data/epoch-0").display()

@@ -5,11 +5,7 @@
 //! index.json with its rank count left out. When a change is meant to alter the output, the
 //! failure message prints the new digests.
 
-use std::fs;
-use std::path::Path;
-
-use md5::{Digest, Md5};
-
+use crate::util::verifier::output_digest;
 use crate::util::Dir;
 
 /// (name, arguments after `--input in --output OUT`, digest).
@@ -66,34 +62,6 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ),
 ];
 
-/// MD5 over every file of the output directory (not the saved index under `.reshard/`, which
-/// records input mtimes), by name: its name, its length and its bytes; index.json without its
-/// rank count.
-fn digest(out: &Path) -> String {
-    let mut names: Vec<String> = fs::read_dir(out)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.starts_with('.'))
-        .collect();
-    names.sort();
-    let mut md5 = Md5::new();
-    for name in names {
-        let mut bytes = fs::read(out.join(&name)).unwrap();
-        if name == "index.json" {
-            let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-            v["reshard"]
-                .as_object_mut()
-                .expect("index.json has a reshard object")
-                .remove("ranks");
-            bytes = serde_json::to_vec(&v).unwrap();
-        }
-        md5.update(name.as_bytes());
-        md5.update((bytes.len() as u64).to_le_bytes());
-        md5.update(&bytes);
-    }
-    md5.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[test]
 fn outputs_match_their_golden_digests_at_np_1_and_3() {
     let dir = Dir::new("golden");
@@ -124,7 +92,7 @@ fn outputs_match_their_golden_digests_at_np_1_and_3() {
                 .args(["run", "--input", "in", "--output", &out])
                 .args(*args)
                 .assert_success();
-            let got = digest(&dir.join(&out));
+            let got = output_digest(&dir.join(&out));
             if got != *want {
                 wrong.push(format!("{name} at np {np}: {got} (pinned: {want})"));
             }

@@ -3,74 +3,18 @@
 
 use std::fs;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use crate::run::run;
+use crate::util::runs::{assert_verifier_rejects, good_output_to_damage};
+use crate::util::tar::{edit_bytes, fix_checksum};
+use crate::util::verifier::walk;
 use crate::util::Dir;
-use crate::verify::{verify, walk, Expected};
-
-/// A good output to damage: 40 generated samples in 3 shards.
-fn good_output(dir: &Dir) -> (Vec<PathBuf>, Expected) {
-    let inputs = dir.generate(
-        "in",
-        &[
-            "--shards",
-            "2",
-            "--samples",
-            "40",
-            "--mean-size",
-            "600",
-            "--long-names-every",
-            "4",
-            "--seed",
-            "1",
-        ],
-    );
-    run(dir, None, &["in"], "good", 3, 1, &[]);
-    let exp = Expected::new(dir.path(), &inputs, 3, 1, 1);
-    verify(&exp, &dir.join("good"));
-    (inputs, exp)
-}
-
-/// Copies the good output to `name`, applies `damage` to it and requires the verifier to reject
-/// it with a message containing `why`.
-fn rejects(dir: &Dir, exp: &Expected, name: &str, why: &str, damage: impl FnOnce(&Path)) {
-    let out = dir.create_dir(name);
-    crate::util::copy_dir(&dir.join("good"), &out);
-    damage(&out);
-    let result = catch_unwind(AssertUnwindSafe(|| verify(exp, &out)));
-    let Err(panic) = result else {
-        panic!("the verifier accepted a damaged output ({name})");
-    };
-    let msg = panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default();
-    assert!(
-        msg.contains(why),
-        "{name}: rejected, but for another reason: {msg}"
-    );
-}
-
-fn edit(path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
-    let mut bytes = fs::read(path).unwrap();
-    f(&mut bytes);
-    fs::write(path, bytes).unwrap();
-}
-
-/// Recomputes a header's checksum after an edit, so that only the verbatim check can notice.
-fn fix_checksum(header: &mut [u8]) {
-    header[148..156].fill(b' ');
-    let sum: u32 = header.iter().map(|&b| u32::from(b)).sum();
-    header[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
-}
 
 #[test]
 fn verifier_rejects_damaged_outputs() {
     let dir = Dir::new("verifier");
-    let (_, exp) = good_output(&dir);
+    let (_, exp) = good_output_to_damage(&dir);
     let shard0 = |d: &Path| d.join("shard-000000.tar");
     let records = walk(fs::read(dir.join("good/shard-000000.tar")).unwrap())
         .unwrap()
@@ -78,49 +22,49 @@ fn verifier_rejects_damaged_outputs() {
     // The first record of shard 0 that is a plain header (no extension records in front).
     let plain = records.iter().find(|r| r.types == b"0").unwrap().clone();
 
-    rejects(
+    assert_verifier_rejects(
         &dir,
         &exp,
         "payload",
         "not a sequence of input samples",
-        |d| edit(&shard0(d), |b| b[plain.start + 512] ^= 1),
+        |d| edit_bytes(&shard0(d), |b| b[plain.start + 512] ^= 1),
     );
-    rejects(
+    assert_verifier_rejects(
         &dir,
         &exp,
         "mtime",
         "not a sequence of input samples",
         |d| {
-            edit(&shard0(d), |b| {
+            edit_bytes(&shard0(d), |b| {
                 let h = &mut b[plain.start..plain.start + 512];
                 h[136..147].copy_from_slice(b"00000000001");
                 fix_checksum(h);
             })
         },
     );
-    rejects(&dir, &exp, "checksum", "checksum", |d| {
-        edit(&shard0(d), |b| b[plain.start + 136] ^= 1)
+    assert_verifier_rejects(&dir, &exp, "checksum", "checksum", |d| {
+        edit_bytes(&shard0(d), |b| b[plain.start + 136] ^= 1)
     });
-    rejects(&dir, &exp, "swapped-members", "not a sequence", |d| {
+    assert_verifier_rejects(&dir, &exp, "swapped-members", "not a sequence", |d| {
         // The first two records of the first sample, in the other order.
-        edit(&shard0(d), |b| {
+        edit_bytes(&shard0(d), |b| {
             let (a, m, z) = (records[0].start, records[0].end, records[1].end);
             let mut swapped = b[m..z].to_vec();
             swapped.extend_from_slice(&b[a..m]);
             b[a..z].copy_from_slice(&swapped);
         })
     });
-    rejects(&dir, &exp, "extra-zero-block", "two zero blocks", |d| {
-        edit(&shard0(d), |b| b.extend_from_slice(&[0; 512]))
+    assert_verifier_rejects(&dir, &exp, "extra-zero-block", "two zero blocks", |d| {
+        edit_bytes(&shard0(d), |b| b.extend_from_slice(&[0; 512]))
     });
-    rejects(&dir, &exp, "no-end-blocks", "two zero blocks", |d| {
-        edit(&shard0(d), |b| b.truncate(b.len() - 1024))
+    assert_verifier_rejects(&dir, &exp, "no-end-blocks", "two zero blocks", |d| {
+        edit_bytes(&shard0(d), |b| b.truncate(b.len() - 1024))
     });
-    rejects(&dir, &exp, "dropped-sample", "missing", |d| {
+    assert_verifier_rejects(&dir, &exp, "dropped-sample", "missing", |d| {
         // Move shard 0's first sample (three records) to shard 1: shard 0 no longer holds it, and
         // shard 1 holds it twice...
         let mut moved = Vec::new();
-        edit(&shard0(d), |b| {
+        edit_bytes(&shard0(d), |b| {
             let end = records[2].end;
             moved = b[..end].to_vec();
             b.drain(..end);
@@ -128,12 +72,12 @@ fn verifier_rejects_damaged_outputs() {
         // ...unless it replaces shard 1's own first sample, which is then missing.
         let s1 = d.join("shard-000001.tar");
         let r1 = walk(fs::read(&s1).unwrap()).unwrap().records;
-        edit(&s1, |b| {
+        edit_bytes(&s1, |b| {
             b.splice(..r1[2].end, moved);
         });
     });
-    rejects(&dir, &exp, "nsamples", "nsamples", |d| {
-        edit(&d.join("index.json"), |b| {
+    assert_verifier_rejects(&dir, &exp, "nsamples", "nsamples", |d| {
+        edit_bytes(&d.join("index.json"), |b| {
             let text = String::from_utf8(b.clone()).unwrap();
             let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
             let n = v["shardlist"][1]["nsamples"].as_u64().unwrap();
@@ -141,7 +85,7 @@ fn verifier_rejects_damaged_outputs() {
             *b = serde_json::to_vec(&v).unwrap();
         })
     });
-    rejects(&dir, &exp, "extra-file", "expected files", |d| {
+    assert_verifier_rejects(&dir, &exp, "extra-file", "expected files", |d| {
         fs::write(d.join("stray.txt"), b"x").unwrap();
     });
 }

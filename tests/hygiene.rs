@@ -1,25 +1,9 @@
 //! Sample hygiene: required extensions (--require-ext, --on-incomplete) and duplicates
 //! (--on-duplicate), with webdataset's sample rules as the reference.
 
-use std::fs;
-
-use serde_json::Value;
-
-use crate::bad_input::tar_of;
-use crate::util::{Dir, RunOutput};
-
-fn reshard(dir: &Dir, np: usize, out: &str, extra: &[&str], code: i32) -> RunOutput {
-    let mut c = dir.mpi(np);
-    c.args([
-        "run", "--input", "in", "--output", out, "--shards", "2", "--seed", "1",
-    ])
-    .args(extra);
-    c.assert_code(code)
-}
-
-fn index(dir: &Dir, out: &str) -> Value {
-    serde_json::from_slice(&fs::read(dir.join(out).join("index.json")).unwrap()).unwrap()
-}
+use crate::util::runs::run_two_shards;
+use crate::util::tar::tar_of;
+use crate::util::{index_json, Dir};
 
 #[test]
 fn required_extensions_abort_warn_or_exclude() {
@@ -34,13 +18,13 @@ fn required_extensions_abort_warn_or_exclude() {
     ];
     dir.create_bytes("in/x.tar", &tar_of(&members));
     for np in [1, 2] {
-        let res = reshard(&dir, np, "out", &["--require-ext", "jpg,cls"], 1);
+        let res = run_two_shards(&dir, np, "out", &["--require-ext", "jpg,cls"], 1);
         res.stderr_has("x.tar");
         res.stderr_has("sample \"b\" lacks .cls (has .jpg)");
         res.stderr_has("byte offset 2048");
         res.check(!dir.join("out").exists(), "nothing may be published");
     }
-    let res = reshard(
+    let res = run_two_shards(
         &dir,
         2,
         "warned",
@@ -48,17 +32,17 @@ fn required_extensions_abort_warn_or_exclude() {
         0,
     );
     res.stderr_has("warning");
-    let idx = index(&dir, "warned");
+    let idx = index_json(&dir.join("warned"));
     assert_eq!(idx["reshard"]["samples"], 3);
     assert_eq!(idx["reshard"]["hygiene"]["incomplete"], 1);
-    reshard(
+    run_two_shards(
         &dir,
         2,
         "excluded",
         &["--require-ext", ".jpg, cls", "--on-incomplete", "exclude"],
         0,
     );
-    let idx = index(&dir, "excluded");
+    let idx = index_json(&dir.join("excluded"));
     assert_eq!(idx["reshard"]["samples"], 2, "b is left out");
     assert_eq!(idx["reshard"]["hygiene"]["excluded"], 1);
 }
@@ -101,16 +85,16 @@ fn duplicates_abort_by_default_and_can_be_kept() {
             dir.create_bytes(path, bytes);
         }
         for np in [1, 3] {
-            let res = reshard(&dir, np, "out", &[], 1);
+            let res = run_two_shards(&dir, np, "out", &[], 1);
             res.stderr_has(needle);
             res.stderr_has("x.tar");
             res.check(!dir.join("out").exists(), "nothing may be published");
         }
-        reshard(&dir, 2, "kept", &["--on-duplicate", "keep"], 0);
-        let res = reshard(&dir, 2, "warned", &["--on-duplicate", "warn"], 0);
+        run_two_shards(&dir, 2, "kept", &["--on-duplicate", "keep"], 0);
+        let res = run_two_shards(&dir, 2, "warned", &["--on-duplicate", "warn"], 0);
         res.stderr_has(needle);
         assert_eq!(
-            index(&dir, "warned")["reshard"]["hygiene"]["duplicates"],
+            index_json(&dir.join("warned"))["reshard"]["hygiene"]["duplicates"],
             1,
             "{name}"
         );
@@ -138,8 +122,11 @@ fn many_non_adjacent_samples_in_a_compressed_shard_are_each_counted() {
     dir.create_bytes("in/y.tar", &tar_of(&[("a7.txt", b"y"), ("b.txt", b"z")]));
     for np in [1, 2, 3] {
         let out = format!("warned-{np}");
-        let res = reshard(&dir, np, &out, &["--on-duplicate", "warn"], 0);
+        let res = run_two_shards(&dir, np, &out, &["--on-duplicate", "warn"], 0);
         res.stderr_has("appears again");
-        assert_eq!(index(&dir, &out)["reshard"]["hygiene"]["duplicates"], 51);
+        assert_eq!(
+            index_json(&dir.join(&out))["reshard"]["hygiene"]["duplicates"],
+            51
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! Memory bounds: whatever the dataset size, each rank's peak RSS stays within `--mem-limit`
 //! plus a fixed allowance, read from the ranks' own VmHWM in the `--report` summary.
 
-use crate::run::run;
+use crate::util::runs::run;
 use crate::util::Dir;
 
 const ALLOWANCE: u64 = 64 << 20;

@@ -4,46 +4,9 @@
 
 use std::path::PathBuf;
 
-use crate::run::run;
-use crate::util::{have_python, noise, Dir};
-use crate::verify::{
-    assert_indexer_agrees, assert_same_output, input_samples, verify, Expected, Verified,
-};
-
-/// Runs np 1 and np 3 over `inputs`, verifies both and requires identical bytes.
-fn reshard_both(dir: &Dir, inputs: &[PathBuf], shards: usize) -> Verified {
-    let specs: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
-    let specs: Vec<&str> = specs.iter().map(String::as_str).collect();
-    for p in inputs {
-        assert_indexer_agrees(p);
-    }
-    let mut result = None;
-    for np in [1, 3] {
-        let out = format!("out-np{np}");
-        // The shards repeat each other's keys on purpose (one sample in several formats).
-        run(
-            dir,
-            Some(np),
-            &specs,
-            &out,
-            shards,
-            99,
-            &["--on-duplicate", "keep"],
-        );
-        let v = verify(
-            &Expected::new(dir.path(), inputs, shards, 99, np),
-            &dir.join(&out),
-        );
-        result.get_or_insert(v);
-    }
-    assert_same_output(&dir.join("out-np1"), &dir.join("out-np3"), &["ranks"]);
-    result.unwrap()
-}
-
-fn sorted(mut v: Vec<String>) -> Vec<String> {
-    v.sort();
-    v
-}
+use crate::util::runs::reshard_both;
+use crate::util::verifier::{input_samples, InputShard};
+use crate::util::{have_python, noise, sorted, Dir};
 
 #[test]
 fn gnu_tar_pax_and_gnu_formats() {
@@ -91,7 +54,7 @@ fn gnu_tar_pax_and_gnu_formats() {
 
     let pax = input_samples(&inputs[0]);
     let gnu = input_samples(&inputs[1]);
-    let types = |s: &crate::verify::InputShard| -> Vec<u8> {
+    let types = |s: &InputShard| -> Vec<u8> {
         s.walk
             .records
             .iter()

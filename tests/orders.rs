@@ -1,168 +1,19 @@
 //! Issue 5: orders beyond the shuffle — by key, by member content, stratified by label, routed
 //! by a key map — byte-identical for any rank count, with the error cases.
 
-use std::collections::{BTreeMap, HashMap};
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
 
-use serde_json::Value;
-
-use crate::bad_input::tar_of;
-use crate::util::{Dir, RunOutput, NPS};
-use crate::verify::{assert_same_output, input_samples, walk_file, Kind};
-
-/// 240 samples in 5 uneven shards; the generator's `.cls` members hold class numbers with
-/// many repeats (ties).
-fn dataset(dir: &Dir) -> Vec<PathBuf> {
-    dir.generate(
-        "in",
-        &[
-            "--shards",
-            "5",
-            "--samples",
-            "240",
-            "--mean-size",
-            "1KiB",
-            "--skew",
-            "2",
-            "--seed",
-            "4",
-        ],
-    )
-}
-
-fn run(dir: &Dir, np: usize, out: &str, args: &[&str]) -> RunOutput {
-    let mut c = dir.mpi(np);
-    c.args(["run", "--input", "in", "--output", out]).args(args);
-    c.assert_success()
-}
-
-fn index(out: &Path) -> Value {
-    serde_json::from_slice(&fs::read(out.join("index.json")).unwrap()).unwrap()
-}
-
-/// One sample as the test reads it: key, bytes, and each member's content by extension.
-#[derive(Debug, Clone, PartialEq)]
-struct Got {
-    key: String,
-    bytes: Vec<u8>,
-    members: BTreeMap<String, Vec<u8>>,
-}
-
-/// The samples of a tar file, with member contents read from the headers (the test's own
-/// reader: ustar size field, GNU `L` and PAX `x` records skipped).
-fn samples_of(path: &Path) -> Vec<Got> {
-    let shard = input_samples(path);
-    let walk = walk_file(path);
-    let bytes = &walk.bytes;
-    let mut contents: HashMap<usize, (String, Vec<u8>)> = HashMap::new();
-    for r in walk.records.iter().filter(|r| r.kind == Kind::File) {
-        let mut at = r.start;
-        loop {
-            let h = &bytes[at..at + 512];
-            let size_text: String = h[124..136]
-                .iter()
-                .filter(|b| b.is_ascii_digit())
-                .map(|&b| b as char)
-                .collect();
-            let size = usize::from_str_radix(&size_text, 8).unwrap();
-            if matches!(h[156], b'L' | b'x') {
-                at += 512 + size.div_ceil(512) * 512;
-                continue;
-            }
-            let name = String::from_utf8_lossy(&r.path).into_owned();
-            let base = name.rsplit('/').next().unwrap();
-            let ext = base.split_once('.').map_or("", |(_, e)| e).to_string();
-            contents.insert(r.start, (ext, bytes[at + 512..at + 512 + size].to_vec()));
-            break;
-        }
-    }
-    shard
-        .samples
-        .iter()
-        .map(|s| {
-            let members = walk
-                .records
-                .iter()
-                .filter(|r| r.start >= s.start && r.end <= s.end)
-                .filter_map(|r| contents.get(&r.start).cloned())
-                .collect();
-            Got {
-                key: s.key.clone(),
-                bytes: shard.sample_bytes(s).to_vec(),
-                members,
-            }
-        })
-        .collect()
-}
-
-/// The input's samples in canonical order.
-fn input(inputs: &[PathBuf]) -> Vec<Got> {
-    inputs.iter().flat_map(|p| samples_of(p)).collect()
-}
-
-/// The output's shards in shardlist order, each as its samples.
-fn output(out: &Path) -> Vec<(String, Vec<Got>)> {
-    index(out)["shardlist"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let url = e["url"].as_str().unwrap().to_string();
-            let got = samples_of(&out.join(&url));
-            assert_eq!(got.len() as u64, e["nsamples"].as_u64().unwrap(), "{url}");
-            (url, got)
-        })
-        .collect()
-}
-
-fn flat(shards: &[(String, Vec<Got>)]) -> Vec<Got> {
-    shards.iter().flat_map(|s| s.1.clone()).collect()
-}
-
-/// The keys of an output directory's samples, shard by shard.
-fn keys_in(out: &Path) -> Vec<String> {
-    flat(&output(out)).into_iter().map(|g| g.key).collect()
-}
-
-fn cls(g: &Got) -> i64 {
-    String::from_utf8_lossy(&g.members["cls"])
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-/// Every output sample is an input sample byte for byte, each exactly once.
-fn assert_same_samples(input: &[Got], output: &[Got]) {
-    let mut a: Vec<&Vec<u8>> = input.iter().map(|g| &g.bytes).collect();
-    let mut b: Vec<&Vec<u8>> = output.iter().map(|g| &g.bytes).collect();
-    a.sort();
-    b.sort();
-    assert!(
-        a == b,
-        "the output does not hold exactly the input's samples"
-    );
-}
-
-/// Runs at every np and requires byte-identical outputs; returns the np=1 output's directory.
-fn identical_for_any_np(dir: &Dir, name: &str, args: &[&str]) -> PathBuf {
-    for np in NPS {
-        run(dir, np, &format!("{name}-{np}"), args);
-        if np > 1 {
-            assert_same_output(
-                &dir.join(format!("{name}-1")),
-                &dir.join(format!("{name}-{np}")),
-                &["ranks"],
-            );
-        }
-    }
-    dir.join(format!("{name}-1"))
-}
+use crate::util::data::{labelled, skewed_labels, with_class_ties};
+use crate::util::runs::{identical_for_any_np, run_in};
+use crate::util::samples::{
+    assert_same_samples, cls, flat, input, keys_in, output, worst_deviation, Got,
+};
+use crate::util::{index_json, tar_files, Dir};
 
 #[test]
 fn key_order_sorts_keys_and_is_the_same_for_any_rank_count() {
     let dir = Dir::new("order_key");
-    let inputs = dataset(&dir);
+    let inputs = with_class_ties(&dir);
     let want = input(&inputs);
     let out = identical_for_any_np(&dir, "asc", &["--shards", "3", "--order", "key"]);
     let got = flat(&output(&out));
@@ -171,7 +22,7 @@ fn key_order_sorts_keys_and_is_the_same_for_any_rank_count() {
     let mut sorted = keys.clone();
     sorted.sort();
     assert_eq!(keys, sorted);
-    assert_eq!(index(&out)["reshard"]["order"], "key");
+    assert_eq!(index_json(&out)["reshard"]["order"], "key");
 
     let out = identical_for_any_np(
         &dir,
@@ -188,7 +39,7 @@ fn key_order_sorts_keys_and_is_the_same_for_any_rank_count() {
 #[test]
 fn content_order_sorts_by_value_with_ties_in_input_order() {
     let dir = Dir::new("order_content");
-    let inputs = dataset(&dir);
+    let inputs = with_class_ties(&dir);
     let want = input(&inputs);
     let place: HashMap<String, usize> = want
         .iter()
@@ -224,26 +75,6 @@ fn content_order_sorts_by_value_with_ties_in_input_order() {
     assert!(values.windows(2).all(|w| w[0] <= w[1]) && values.last() > Some(&9));
 }
 
-/// Six samples in one shard; `cls` gives each one's label (None: no .cls member).
-fn labelled(dir: &Dir, cls: &[Option<&str>]) {
-    let names: Vec<(String, Vec<u8>)> = cls
-        .iter()
-        .enumerate()
-        .flat_map(|(i, c)| {
-            let mut m = vec![(format!("s{i:03}.jpg"), vec![b'x'; 100 + i])];
-            if let Some(c) = c {
-                m.push((format!("s{i:03}.cls"), c.as_bytes().to_vec()));
-            }
-            m
-        })
-        .collect();
-    let members: Vec<(&str, &[u8])> = names
-        .iter()
-        .map(|(n, d)| (n.as_str(), d.as_slice()))
-        .collect();
-    dir.create_bytes("in/a.tar", &tar_of(&members));
-}
-
 #[test]
 fn missing_or_unparsable_content_names_file_and_key_unless_placed_last() {
     let dir = Dir::new("order_missing");
@@ -268,7 +99,7 @@ fn missing_or_unparsable_content_names_file_and_key_unless_placed_last() {
     res.stderr_has("--missing last");
     res.check(!dir.join("out").exists(), "nothing is published");
 
-    run(
+    run_in(
         &dir,
         2,
         "last",
@@ -284,7 +115,7 @@ fn missing_or_unparsable_content_names_file_and_key_unless_placed_last() {
     let keys = keys_in(&dir.join("last"));
     assert_eq!(keys, ["s004", "s001", "s005", "s003", "s000", "s002"]);
     // Descending too: the missing sample stays last.
-    run(
+    run_in(
         &dir,
         3,
         "last-desc",
@@ -310,7 +141,7 @@ fn missing_or_unparsable_content_names_file_and_key_unless_placed_last() {
     res.stderr_has("\"s001\"");
     res.stderr_has("\"x7\" is not an integer");
     // As text it sorts fine.
-    run(
+    run_in(
         &dir,
         1,
         "text",
@@ -329,63 +160,11 @@ fn missing_or_unparsable_content_names_file_and_key_unless_placed_last() {
     res.stderr_has("--label-limit");
 }
 
-/// 640 samples over 4 shards with skewed labels: 50%, 25%, 15%, 7%, 3% (rounded).
-fn skewed(dir: &Dir) -> BTreeMap<String, String> {
-    let labels = ["cat", "dog", "emu", "fox", "gnu"];
-    let shares = [0.50, 0.75, 0.90, 0.97, 1.0];
-    let mut label_of = BTreeMap::new();
-    let mut members: Vec<(String, Vec<u8>)> = Vec::new();
-    let mut shard = 0;
-    for i in 0..640u64 {
-        // A fixed pseudo-random draw, so labels are interleaved in the input.
-        let u = ((i * 2_654_435_761) % 1000) as f64 / 1000.0;
-        let l = labels[shares.iter().position(|&s| u < s).unwrap()];
-        let key = format!("k{i:04}");
-        members.push((
-            format!("{key}.bin"),
-            vec![i as u8; 50 + (i as usize * 37) % 400],
-        ));
-        members.push((format!("{key}.cls"), l.as_bytes().to_vec()));
-        label_of.insert(key, l.to_string());
-        if i % 160 == 159 {
-            let m: Vec<(&str, &[u8])> = members
-                .iter()
-                .map(|(n, d)| (n.as_str(), d.as_slice()))
-                .collect();
-            dir.create_bytes(format!("in/part-{shard}.tar"), &tar_of(&m));
-            members.clear();
-            shard += 1;
-        }
-    }
-    label_of
-}
-
-/// The worst |count − ideal| over labels and shards, the ideal being the label's share of all
-/// samples times the shard's size.
-fn worst_deviation(shards: &[(String, Vec<Got>)], label_of: &BTreeMap<String, String>) -> f64 {
-    let total: usize = shards.iter().map(|s| s.1.len()).sum();
-    let mut n: BTreeMap<&str, usize> = BTreeMap::new();
-    for s in shards {
-        for g in &s.1 {
-            *n.entry(&label_of[&g.key]).or_default() += 1;
-        }
-    }
-    let mut worst: f64 = 0.0;
-    for s in shards {
-        for (&l, &nl) in &n {
-            let count = s.1.iter().filter(|g| label_of[&g.key] == l).count();
-            let ideal = nl as f64 * s.1.len() as f64 / total as f64;
-            worst = worst.max((count as f64 - ideal).abs());
-        }
-    }
-    worst
-}
-
 #[test]
 fn stratified_shards_hold_every_label_in_proportion_and_stay_shuffled() {
     let dir = Dir::new("order_stratify");
-    let label_of = skewed(&dir);
-    let inputs = crate::util::tar_files(&dir.join("in"));
+    let label_of = skewed_labels(&dir);
+    let inputs = tar_files(&dir.join("in"));
     let want = input(&inputs);
     let out = identical_for_any_np(
         &dir,
@@ -396,7 +175,7 @@ fn stratified_shards_hold_every_label_in_proportion_and_stay_shuffled() {
     assert_same_samples(&want, &flat(&shards));
     let worst = worst_deviation(&shards, &label_of);
     assert!(worst <= 1.0, "a label is off its share by {worst}");
-    let report = &index(&out)["reshard"]["stratify"];
+    let report = &index_json(&out)["reshard"]["stratify"];
     assert_eq!(report["labels"], 5);
     assert!((report["worst_deviation"].as_f64().unwrap() - worst).abs() < 1e-9);
     // Shuffled within shards: labels are not in runs, and the order follows the seed.
@@ -406,7 +185,7 @@ fn stratified_shards_hold_every_label_in_proportion_and_stay_shuffled() {
         sorted.sort();
         assert_ne!(labels, sorted, "a shard is sorted by label");
     }
-    run(
+    run_in(
         &dir,
         2,
         "other-seed",
@@ -435,7 +214,7 @@ fn stratified_shards_hold_every_label_in_proportion_and_stay_shuffled() {
     let shards = output(&out);
     assert!(shards.iter().all(|s| s.1.len() == 91), "640 cut to 7 x 91");
     assert!(worst_deviation(&shards, &label_of) <= 1.0);
-    let dropped = index(&out)["reshard"]["dropped"].clone();
+    let dropped = index_json(&out)["reshard"]["dropped"].clone();
     assert_eq!(dropped.as_array().unwrap().len(), 3);
     for (_, s) in &shards {
         let mut keys: Vec<&String> = s.iter().map(|g| &g.key).collect();
@@ -445,7 +224,7 @@ fn stratified_shards_hold_every_label_in_proportion_and_stay_shuffled() {
     }
 
     // The plain shuffle of the same data is far off on the rare labels (the point of it).
-    run(&dir, 1, "plain", &["--shards", "7", "--seed", "5"]);
+    run_in(&dir, 1, "plain", &["--shards", "7", "--seed", "5"]);
     let plain = worst_deviation(&output(&dir.join("plain")), &label_of);
     assert!(plain > 1.0, "plain shuffle deviation {plain}");
 }
@@ -453,7 +232,7 @@ fn stratified_shards_hold_every_label_in_proportion_and_stay_shuffled() {
 #[test]
 fn key_map_routes_samples_to_groups_sized_on_their_own() {
     let dir = Dir::new("order_key_map");
-    let inputs = dataset(&dir);
+    let inputs = with_class_ties(&dir);
     let want = input(&inputs);
     // Generated keys are cNNN/NNNNNNNN: classes 000-039 to "low", 040-079 to "mid".
     dir.create_bytes(
@@ -508,7 +287,7 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
     for pair in shards.chunks(2) {
         assert!(pair[0].1.len().abs_diff(pair[1].1.len()) <= 1);
     }
-    let groups = &index(&out)["reshard"]["key_map"]["groups"];
+    let groups = &index_json(&out)["reshard"]["key_map"]["groups"];
     assert_eq!(groups.as_array().unwrap().len(), 3);
 
     // Templates that name the same files are refused before anything is written.
@@ -526,7 +305,7 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
     res.check(!dir.join("clash").exists(), "nothing is published");
 
     // skip: the unmatched samples are left out and counted, and `verify` accepts exactly that.
-    run(
+    run_in(
         &dir,
         3,
         "skip",
@@ -546,7 +325,7 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
     let unmatched = want.iter().filter(|g| class(g) >= 80).count();
     assert_eq!(kept.len() + unmatched, want.len());
     assert_eq!(
-        index(&dir.join("skip"))["reshard"]["key_map"]["unmatched"],
+        index_json(&dir.join("skip"))["reshard"]["key_map"]["unmatched"],
         unmatched as u64
     );
 
@@ -577,7 +356,7 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
 #[test]
 fn order_flags_that_do_not_fit_are_refused() {
     let dir = Dir::new("order_flags");
-    dataset(&dir);
+    with_class_ties(&dir);
     for (args, says) in [
         (
             vec!["--order", "key", "--stratify-by", "cls"],

@@ -1,23 +1,13 @@
 //! Issue 13: `reshard plan` and `run --dry-run` write nothing at all, `plan` refuses the flags
 //! only `run` acts on, and an unquoted brace pattern gets a hint.
 
-use crate::run::run;
+use crate::util::runs::with_previous_output;
 use crate::util::{tree_state, Dir};
-
-/// Inputs, and a previous output (with its saved index) to plan from.
-fn setup(dir: &Dir) {
-    dir.generate(
-        "in",
-        &["--shards", "3", "--samples", "40", "--mean-size", "1KiB"],
-    );
-    run(dir, None, &["in"], "prev", 3, 1, &[]);
-    dir.create_dir("data");
-}
 
 #[test]
 fn plan_and_dry_run_write_nothing() {
     let dir = Dir::new("plan-nothing");
-    setup(&dir);
+    with_previous_output(&dir);
     let before = tree_state(dir.path());
     let cases: [&[&str]; 6] = [
         &["plan", "--input", "in", "--output", "out"],
@@ -74,7 +64,7 @@ fn plan_and_dry_run_write_nothing() {
 #[test]
 fn plan_refuses_flags_only_run_acts_on() {
     let dir = Dir::new("plan-run-only");
-    setup(&dir);
+    with_previous_output(&dir);
     let before = tree_state(dir.path());
     let flags: [&[&str]; 5] = [
         &["--force"],
@@ -115,7 +105,7 @@ fn plan_refuses_flags_only_run_acts_on() {
 #[test]
 fn plan_needs_a_seed_only_where_it_changes_the_plan() {
     let dir = Dir::new("plan-seed");
-    setup(&dir);
+    with_previous_output(&dir);
     // One shard holds everything whatever the seed.
     let mut cmd = dir.command();
     cmd.args(["plan", "--input", "in", "--shards", "1", "--json"]);
@@ -139,7 +129,7 @@ fn plan_needs_a_seed_only_where_it_changes_the_plan() {
 #[test]
 fn an_unquoted_brace_pattern_gets_a_hint() {
     let dir = Dir::new("brace-hint");
-    setup(&dir);
+    with_previous_output(&dir);
     // What the shell makes of --input 'in/train-{000000..000002}.tar' without the quotes.
     let expanded = [
         "in/train-000000.tar",

@@ -1,26 +1,17 @@
 //! Real WebDataset shards from the webdataset project's test data.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use crate::run::run;
-use crate::util::{snapshot, Dir};
-use crate::verify::{assert_indexer_agrees, assert_same_output, input_samples, verify, Expected};
-
-/// webdataset's own test shards, committed under `tests/data/webdataset/` (BSD-3-Clause; see
-/// its README.md).
-fn testdata() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/webdataset");
-    assert!(
-        dir.join("tendata.tar").is_file(),
-        "{} is missing from the checkout",
-        dir.display()
-    );
-    dir.canonicalize().unwrap()
-}
+use crate::util::data::webdataset_testdata;
+use crate::util::runs::run;
+use crate::util::verifier::{
+    assert_indexer_agrees, assert_same_output, input_samples, verify, Expected,
+};
+use crate::util::{index_json, snapshot, Dir};
 
 #[test]
 fn real_webdataset_shards() {
-    let data = testdata();
+    let data = webdataset_testdata();
     let names = ["tendata.tar", "mpdata.tar", "testgz.tar", "compressed.tar"];
     let inputs: Vec<PathBuf> = names.iter().map(|n| data.join(n)).collect();
     let specs: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
@@ -105,8 +96,7 @@ fn real_webdataset_shards() {
         &["--on-duplicate", "keep"],
     );
     assert_same_output(&dir.join("out-list"), &dir.join("out-dir"), &["ranks"]);
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("out-dir/index.json")).unwrap()).unwrap();
+    let index = index_json(&dir.join("out-dir"));
     assert_eq!(
         index["reshard"]["samples"].as_u64().unwrap() as usize,
         counts.iter().sum::<usize>() + 90
@@ -116,7 +106,7 @@ fn real_webdataset_shards() {
 
 #[test]
 fn gzip_compressed_real_shard_is_read_by_content() {
-    let data = testdata();
+    let data = webdataset_testdata();
     let dir = Dir::new("gzip");
     // The same samples as a plain tar, decompressed by the test itself.
     let mut plain = Vec::new();
@@ -152,7 +142,7 @@ fn gzip_compressed_real_shard_is_read_by_content() {
 /// streaming the decompressed tar), the same at any rank count.
 #[test]
 fn real_labels_order_and_stratify_a_gzip_shard() {
-    let data = testdata();
+    let data = webdataset_testdata();
     let tgz = data.join("sample.tgz");
     let tgz = tgz.to_str().unwrap();
     let dir = Dir::new("real_labels");

@@ -4,150 +4,11 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::util::{have_python, Dir, RunOutput, NPS};
-use crate::verify::{
-    assert_indexer_agrees, assert_same_output, input_samples, verify, Expected, Verified,
-};
-
-/// A small, uneven dataset: skewed shard sizes, lognormal payloads, long names, three members per
-/// sample.
-fn generate(dir: &Dir, rel: &str, format: &str, samples: u64, seed: u64) -> Vec<PathBuf> {
-    let inputs = dir.generate(
-        rel,
-        &[
-            "--shards",
-            "6",
-            "--samples",
-            &samples.to_string(),
-            "--mean-size",
-            "1KiB",
-            "--sigma",
-            "1",
-            "--skew",
-            "3",
-            "--long-names-every",
-            "5",
-            "--format",
-            format,
-            "--seed",
-            &seed.to_string(),
-        ],
-    );
-    assert_eq!(inputs.len(), 6, "generate wrote {inputs:?}");
-    inputs
-}
-
-/// `reshard run` with the given specs, `--output out --shards N --seed S` and `extra`, under
-/// `mpirun -np N` (or no launcher); requires success.
-pub fn run(
-    dir: &Dir,
-    np: Option<usize>,
-    specs: &[&str],
-    out: &str,
-    shards: usize,
-    seed: u64,
-    extra: &[&str],
-) -> RunOutput {
-    let mut cmd = dir.reshard(np);
-    cmd.arg("run");
-    for s in specs {
-        cmd.args(["--input", s]);
-    }
-    cmd.args(["--output", out, "--shards", &shards.to_string()])
-        .args(["--seed", &seed.to_string()])
-        .args(extra);
-    let output = cmd.assert_success();
-    output.check(
-        output.stdout.contains("samples"),
-        "expected a summary on stdout",
-    );
-    output
-}
-
-fn label(np: Option<usize>) -> String {
-    np.map_or_else(|| "plain".to_string(), |n| format!("np{n}"))
-}
-
-/// Every record type letter used by the records of some input shard.
-fn record_types(inputs: &[PathBuf]) -> Vec<u8> {
-    let mut types: Vec<u8> = inputs
-        .iter()
-        .flat_map(|p| input_samples(p).walk.records)
-        .flat_map(|r| r.types)
-        .collect();
-    types.sort_unstable();
-    types.dedup();
-    types
-}
-
-fn longest_path(inputs: &[PathBuf]) -> usize {
-    inputs
-        .iter()
-        .flat_map(|p| input_samples(p).walk.records)
-        .map(|r| r.path.len())
-        .max()
-        .unwrap_or(0)
-}
-
-/// The generated inputs exercise what the tests claim: uneven shards, long names carried by the
-/// format's extension records, several members per sample.
-fn check_generated(inputs: &[PathBuf], ext: u8) {
-    let sizes: Vec<u64> = inputs
-        .iter()
-        .map(|p| fs::metadata(p).unwrap().len())
-        .collect();
-    assert!(
-        sizes[0] > 3 * sizes[sizes.len() - 1],
-        "input shards are not uneven: {sizes:?}"
-    );
-    assert!(
-        longest_path(inputs) > 100,
-        "no member path longer than 100 bytes"
-    );
-    assert!(
-        record_types(inputs).contains(&ext),
-        "no {:?} extension records in the input",
-        ext as char
-    );
-    for p in inputs {
-        assert_indexer_agrees(p);
-    }
-    let shard = input_samples(&inputs[0]);
-    assert!(
-        shard.samples.iter().all(|s| s.members.len() == 3),
-        "expected three members per generated sample"
-    );
-}
-
-/// Verifies outputs for every rank count (and no launcher), and that they are byte-identical.
-fn same_bytes_for_every_rank_count(format: &str, ext: u8) {
-    let dir = Dir::new(&format!("np-{format}"));
-    let inputs = generate(&dir, "in", format, 240, 11);
-    check_generated(&inputs, ext);
-
-    let shards = 7;
-    let mut first: Option<(PathBuf, Verified)> = None;
-    for np in NPS.iter().copied().map(Some).chain([None]) {
-        let out = format!("out-{}", label(np));
-        run(&dir, np, &["in"], &out, shards, 5, &[]);
-        let exp = Expected::new(dir.path(), &inputs, shards, 5, np.unwrap_or(1));
-        let v = verify(&exp, &dir.join(&out));
-        assert_eq!(v.order.len(), 240);
-        assert_ne!(v.order, v.input_order, "the output is in input order");
-        match &first {
-            None => first = Some((dir.join(&out), v)),
-            Some((path, v0)) => {
-                assert_eq!(
-                    v0.order,
-                    v.order,
-                    "{out}: another order than {}",
-                    path.display()
-                );
-                assert_same_output(path, &dir.join(&out), &["ranks"]);
-            }
-        }
-    }
-}
+use crate::util::data::uneven;
+use crate::util::runs::{exchange_rounds, run, same_bytes_for_every_rank_count};
+use crate::util::tar::gnu_tar_list;
+use crate::util::verifier::{assert_same_output, input_samples, verify, Expected};
+use crate::util::{have_python, index_json, Dir};
 
 #[test]
 fn gnu_long_names_same_bytes_for_every_rank_count() {
@@ -157,14 +18,6 @@ fn gnu_long_names_same_bytes_for_every_rank_count() {
 #[test]
 fn pax_long_names_same_bytes_for_every_rank_count() {
     same_bytes_for_every_rank_count("pax", b'x');
-}
-
-/// Reads the "exchange rounds: N" line of the summary, when the summary has one.
-fn rounds(out: &RunOutput) -> Option<u64> {
-    out.stdout
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("exchange rounds:"))
-        .and_then(|n| n.trim().parse().ok())
 }
 
 #[test]
@@ -209,7 +62,7 @@ fn tiny_memory_budget_and_rounds_give_the_same_bytes() {
 
     let shards = 4;
     let reference = run(&dir, Some(2), &["in"], "out-default", shards, 9, &[]);
-    let default_rounds = rounds(&reference);
+    let default_rounds = exchange_rounds(&reference);
     verify(
         &Expected::new(dir.path(), &inputs, shards, 9, 2),
         &dir.join("out-default"),
@@ -229,7 +82,7 @@ fn tiny_memory_budget_and_rounds_give_the_same_bytes() {
         );
         assert_same_output(&dir.join("out-default"), &dir.join(&out), &["ranks"]);
         if extra.contains(&"--mem-limit") {
-            if let (Some(d), Some(r)) = (default_rounds, rounds(&res)) {
+            if let (Some(d), Some(r)) = (default_rounds, exchange_rounds(&res)) {
                 res.check(
                     r > d && r > 1,
                     &format!("a 1MiB budget took {r} exchange rounds, the default {d}"),
@@ -242,7 +95,7 @@ fn tiny_memory_budget_and_rounds_give_the_same_bytes() {
 #[test]
 fn seed_and_epoch_choose_the_order() {
     let dir = Dir::new("seed");
-    let inputs = generate(&dir, "in", "gnu", 200, 4);
+    let inputs = uneven(&dir, "in", "gnu", 200, 4);
     let shards = 5;
     let check = |out: &str, seed: u64, epoch: u64| {
         let mut exp = Expected::new(dir.path(), &inputs, shards, seed, 2);
@@ -292,12 +145,6 @@ fn seed_and_epoch_choose_the_order() {
     );
 }
 
-/// The member names of every output shard, as `tar -tf` lists them.
-fn gnu_tar_list(dir: &Dir, shard: &Path) -> Vec<String> {
-    let out = dir.program("tar").arg("-tf").arg(shard).assert_success();
-    out.stdout.lines().map(str::to_string).collect()
-}
-
 const PY_LIST: &str = r#"
 import sys, tarfile
 for path in sys.argv[1:]:
@@ -314,10 +161,10 @@ for path in sys.argv[1:]:
 #[test]
 fn gnu_tar_and_python_read_every_shard() {
     let dir = Dir::new("readers");
-    let gnu = generate(&dir, "gnu", "gnu", 90, 21);
+    let gnu = uneven(&dir, "gnu", "gnu", 90, 21);
     // Another seed: the keys overlap the gnu set's, so both sets share key names; samples stay
     // distinct by content.
-    let pax = generate(&dir, "pax", "pax", 90, 22);
+    let pax = uneven(&dir, "pax", "pax", 90, 22);
     let inputs: Vec<PathBuf> = gnu.iter().chain(&pax).cloned().collect();
     let shards = 4;
     // The same dataset in two formats: every key twice, on purpose.
@@ -495,7 +342,7 @@ fn more_ranks_than_input_shards_or_output_shards() {
 #[test]
 fn checksum_adds_the_md5_of_every_shard() {
     let dir = Dir::new("checksum");
-    let inputs = generate(&dir, "in", "gnu", 60, 3);
+    let inputs = uneven(&dir, "in", "gnu", 60, 3);
     for np in [1, 3] {
         let out = format!("out-np{np}");
         run(&dir, Some(np), &["in"], &out, 4, 1, &["--checksum"]);
@@ -503,8 +350,7 @@ fn checksum_adds_the_md5_of_every_shard() {
             &Expected::new(dir.path(), &inputs, 4, 1, np),
             &dir.join(&out),
         );
-        let index: serde_json::Value =
-            serde_json::from_slice(&fs::read(dir.join(&out).join("index.json")).unwrap()).unwrap();
+        let index = index_json(&dir.join(&out));
         for entry in index["shardlist"].as_array().unwrap() {
             let url = entry["url"].as_str().unwrap();
             let res = dir

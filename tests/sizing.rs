@@ -2,99 +2,26 @@
 //! byte-balanced shards, and `reshard plan` agreeing with what `run` writes.
 
 use std::collections::HashMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::util::{Dir, RunOutput, NPS};
-use crate::verify::{assert_same_output, input_samples};
-
-/// 101 samples (prime: never divides evenly) with very uneven payload sizes.
-fn dataset(dir: &Dir) -> Vec<PathBuf> {
-    dir.generate(
-        "in",
-        &[
-            "--shards",
-            "4",
-            "--samples",
-            "101",
-            "--mean-size",
-            "3KiB",
-            "--sigma",
-            "1.2",
-            "--skew",
-            "2",
-            "--seed",
-            "8",
-        ],
-    )
-}
-
-fn reshard(dir: &Dir, np: usize, cmd: &str, args: &[&str]) -> RunOutput {
-    let mut c = dir.mpi(np);
-    c.args([cmd, "--input", "in", "--seed", "3"]).args(args);
-    c.assert_success()
-}
-
-fn index(out: &Path) -> Value {
-    serde_json::from_slice(&fs::read(out.join("index.json")).unwrap()).unwrap()
-}
-
-fn plan_json(dir: &Dir, np: usize, args: &[&str]) -> Value {
-    let res = reshard(dir, np, "plan", &[args, &["--json"]].concat());
-    serde_json::from_str(&res.stdout).unwrap_or_else(|e| res.fail(&format!("plan --json: {e}")))
-}
-
-/// Every sample of every input shard: key → its bytes.
-fn input_by_key(inputs: &[PathBuf]) -> HashMap<String, Vec<u8>> {
-    let mut all = HashMap::new();
-    for p in inputs {
-        let shard = input_samples(p);
-        for s in &shard.samples {
-            assert!(
-                all.insert(s.key.clone(), shard.sample_bytes(s).to_vec())
-                    .is_none(),
-                "generator keys are unique"
-            );
-        }
-    }
-    all
-}
-
-/// The samples of each output shard, as (key, bytes).
-fn output_shards(out: &Path) -> Vec<Vec<(String, Vec<u8>)>> {
-    let shards = index(out)["shardlist"].as_array().unwrap().len();
-    (0..shards)
-        .map(|i| {
-            let shard = input_samples(&out.join(format!("shard-{i:06}.tar")));
-            shard
-                .samples
-                .iter()
-                .map(|s| (s.key.clone(), shard.sample_bytes(s).to_vec()))
-                .collect()
-        })
-        .collect()
-}
-
-fn keys(v: &Value) -> Vec<String> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k.as_str().unwrap().to_string())
-        .collect()
-}
+use crate::util::data::prime_count;
+use crate::util::runs::{plan_json, seeded};
+use crate::util::samples::{input_by_key, output_shards, strings};
+use crate::util::verifier::assert_same_output;
+use crate::util::{index_json, Dir, NPS};
 
 #[test]
 fn drop_and_pad_give_every_shard_the_same_count_on_any_rank_count() {
     let dir = Dir::new("equalize");
-    let inputs = dataset(&dir);
+    let inputs = prime_count(&dir);
     let input = input_by_key(&inputs);
     for (mode, per_shard) in [("drop", 101 / 8), ("pad", 101usize.div_ceil(8))] {
         let mut first: Option<PathBuf> = None;
         for np in NPS {
             let out = dir.join(format!("{mode}-np{np}"));
-            reshard(
+            seeded(
                 &dir,
                 np,
                 "run",
@@ -108,7 +35,7 @@ fn drop_and_pad_give_every_shard_the_same_count_on_any_rank_count() {
                 ],
             );
             let shards = output_shards(&out);
-            let idx = index(&out);
+            let idx = index_json(&out);
             let r = &idx["reshard"];
             let mut seen: HashMap<String, usize> = HashMap::new();
             for (i, shard) in shards.iter().enumerate() {
@@ -131,7 +58,7 @@ fn drop_and_pad_give_every_shard_the_same_count_on_any_rank_count() {
                     *seen.entry(key.clone()).or_default() += 1;
                 }
             }
-            let (dropped, repeated) = (keys(&r["dropped"]), keys(&r["repeated"]));
+            let (dropped, repeated) = (strings(&r["dropped"]), strings(&r["repeated"]));
             if mode == "drop" {
                 assert_eq!(dropped.len(), 101 % 8);
                 assert!(repeated.is_empty());
@@ -170,10 +97,10 @@ fn drop_and_pad_give_every_shard_the_same_count_on_any_rank_count() {
 #[test]
 fn byte_balance_is_rank_independent_and_evens_shard_bytes() {
     let dir = Dir::new("balance");
-    let inputs = dataset(&dir);
+    let inputs = prime_count(&dir);
     let input = input_by_key(&inputs);
     let count_out = dir.join("count");
-    reshard(
+    seeded(
         &dir,
         2,
         "run",
@@ -182,7 +109,7 @@ fn byte_balance_is_rank_independent_and_evens_shard_bytes() {
     let mut first: Option<PathBuf> = None;
     for np in NPS {
         let out = dir.join(format!("bytes-np{np}"));
-        reshard(
+        seeded(
             &dir,
             np,
             "run",
@@ -210,7 +137,7 @@ fn byte_balance_is_rank_independent_and_evens_shard_bytes() {
         }
     }
     let stddev = |out: &Path| {
-        index(out)["reshard"]["shard_bytes"]["stddev"]
+        index_json(out)["reshard"]["shard_bytes"]["stddev"]
             .as_f64()
             .unwrap()
     };
@@ -224,7 +151,7 @@ fn byte_balance_is_rank_independent_and_evens_shard_bytes() {
 #[test]
 fn sizing_flags_choose_the_count_and_plan_agrees_with_run() {
     let dir = Dir::new("sizing");
-    dataset(&dir);
+    prime_count(&dir);
     let base = plan_json(&dir, 1, &["--shards", "1"]);
     let bytes = base["sample_bytes"].as_u64().unwrap();
     let nearest = |target: u64, unit: u64| -> u64 {
@@ -286,13 +213,13 @@ fn sizing_flags_choose_the_count_and_plan_agrees_with_run() {
     ] {
         let plan = plan_json(&dir, np, &args);
         let out = dir.join(format!("agree-np{np}"));
-        reshard(
+        seeded(
             &dir,
             np,
             "run",
             &[&args[..], &["--output", out.to_str().unwrap()]].concat(),
         );
-        let idx = index(&out);
+        let idx = index_json(&out);
         assert_eq!(
             plan["per_shard"], idx["shardlist"],
             "plan vs run for {args:?}"
@@ -300,7 +227,7 @@ fn sizing_flags_choose_the_count_and_plan_agrees_with_run() {
         assert_eq!(plan["shard_bytes"], idx["reshard"]["shard_bytes"]);
         // --dry-run is the same as plan, and writes nothing.
         let dry = dir.join(format!("dry-np{np}"));
-        let res = reshard(
+        let res = seeded(
             &dir,
             np,
             "run",
@@ -319,7 +246,7 @@ fn sizing_flags_choose_the_count_and_plan_agrees_with_run() {
 #[test]
 fn impossible_or_conflicting_sizing_is_refused() {
     let dir = Dir::new("sizing-errors");
-    dataset(&dir);
+    prime_count(&dir);
     let usage = [
         vec!["--shards", "4", "--shard-size", "1MiB"],
         vec!["--shards", "4", "--gpus", "2"],

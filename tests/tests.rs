@@ -1,10 +1,11 @@
 //! Integration tests: the built binary, run under mpirun on generated data.
 //!
-//! `util` launches the binary (directly or under `mpirun -np N`) in a temporary directory per
-//! test with a timeout; `verify` checks an output against its input with its own tar reader.
+//! One module per area; each holds only `#[test]` functions. `util` holds everything they share:
+//! it launches the binary (directly or under `mpirun -np N`) in a temporary directory per test
+//! with a timeout, and `util::verifier` checks an output against its input with its own tar
+//! reader. Run one area with `cargo test --test integration orders::`.
 
 mod util;
-mod verify;
 
 mod bad_input;
 mod cluster;

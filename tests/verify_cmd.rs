@@ -3,90 +3,15 @@
 //! message naming the problem and the file.
 
 use std::fs;
-use std::path::Path;
 
-use serde_json::Value;
-
-use crate::run::run;
-use crate::util::{Dir, RunOutput, NPS};
-use crate::verify::{input_samples, walk_file};
-
-/// A generated input (`in`, 6 uneven shards, 240 samples with long names) and a good output
-/// (`good`, 7 shards, written by 2 ranks).
-fn good_output(dir: &Dir) {
-    dir.generate(
-        "in",
-        &[
-            "--shards",
-            "6",
-            "--samples",
-            "240",
-            "--mean-size",
-            "700",
-            "--skew",
-            "2",
-            "--long-names-every",
-            "7",
-            "--seed",
-            "5",
-        ],
-    );
-    run(dir, Some(2), &["in"], "good", 7, 11, &[]);
-}
-
-/// `reshard verify --input in --output OUT [extra]` under `mpirun -np N` (or no launcher).
-fn verify_cmd(dir: &Dir, np: Option<usize>, out: &str, extra: &[&str]) -> RunOutput {
-    let mut cmd = dir.reshard(np);
-    cmd.args(["verify", "--input", "in", "--output", out])
-        .args(extra);
-    cmd.output()
-}
-
-/// Copies the output `from` to `name` and damages the copy.
-fn damaged<T>(dir: &Dir, from: &str, name: &str, damage: impl FnOnce(&Path) -> T) -> T {
-    let out = dir.create_dir(name);
-    crate::util::copy_dir(&dir.join(from), &out);
-    damage(&out)
-}
-
-/// Requires verify to fail on `out` with exit 1 on every rank count tried, naming every needle
-/// in its report (stdout) and saying on stderr that verification failed.
-fn assert_fails(dir: &Dir, out: &str, needles: &[&str]) {
-    for np in [Some(1), Some(3)] {
-        let got = verify_cmd(dir, np, out, &[]);
-        if got.code() != Some(1) {
-            got.fail("expected verify to fail with exit code 1");
-        }
-        got.check(
-            got.stdout.contains("reshard verify: FAILED"),
-            "expected a FAILED report on stdout",
-        );
-        for needle in needles {
-            got.check(
-                got.stdout.contains(needle),
-                &format!("expected the report to name {needle:?}"),
-            );
-        }
-        got.stderr_has("verification of");
-    }
-}
-
-fn report_json(out: &RunOutput) -> Value {
-    serde_json::from_str(&out.stdout)
-        .unwrap_or_else(|e| out.fail(&format!("stdout is not a JSON report: {e}")))
-}
-
-fn edit_index(out: &Path, f: impl FnOnce(&mut Value)) {
-    let path = out.join("index.json");
-    let mut v: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
-    f(&mut v);
-    fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
-}
+use crate::util::runs::{assert_fails, good_output_for_verify, report_json, run, verify_cmd};
+use crate::util::verifier::{input_samples, walk_file};
+use crate::util::{damaged, edit_index, tar_files, Dir, NPS};
 
 #[test]
 fn verify_passes_on_a_real_run_under_every_rank_count() {
     let dir = Dir::new("verify-ok");
-    good_output(&dir);
+    good_output_for_verify(&dir);
     for np in NPS.iter().copied().map(Some).chain([None]) {
         let got = verify_cmd(&dir, np, "good", &[]);
         if got.code() != Some(0) {
@@ -150,7 +75,7 @@ fn an_unshuffled_copy_has_spearman_one() {
 #[test]
 fn verify_fails_on_a_flipped_payload_byte() {
     let dir = Dir::new("verify-flip");
-    good_output(&dir);
+    good_output_for_verify(&dir);
     damaged(&dir, "good", "flip", |out| {
         let shard = out.join("shard-000002.tar");
         let walk = walk_file(&shard);
@@ -178,7 +103,7 @@ fn verify_fails_on_a_flipped_payload_byte() {
 #[test]
 fn verify_fails_on_a_missing_shard() {
     let dir = Dir::new("verify-missing");
-    good_output(&dir);
+    good_output_for_verify(&dir);
     damaged(&dir, "good", "missing", |out| {
         fs::remove_file(out.join("shard-000004.tar")).unwrap();
     });
@@ -195,7 +120,7 @@ fn verify_fails_on_a_missing_shard() {
 #[test]
 fn verify_fails_on_a_truncated_shard() {
     let dir = Dir::new("verify-truncated");
-    good_output(&dir);
+    good_output_for_verify(&dir);
     damaged(&dir, "good", "cut", |out| {
         let shard = out.join("shard-000001.tar");
         let len = fs::metadata(&shard).unwrap().len();
@@ -224,7 +149,7 @@ fn verify_fails_on_a_truncated_shard() {
 #[test]
 fn verify_fails_on_a_wrong_sample_count_in_the_index() {
     let dir = Dir::new("verify-nsamples");
-    good_output(&dir);
+    good_output_for_verify(&dir);
     damaged(&dir, "good", "count", |out| {
         edit_index(out, |v| {
             let n = v["shardlist"][3]["nsamples"].as_u64().unwrap();
@@ -244,7 +169,7 @@ fn verify_fails_on_a_wrong_sample_count_in_the_index() {
 #[test]
 fn verify_fails_on_a_duplicated_sample() {
     let dir = Dir::new("verify-dup");
-    good_output(&dir);
+    good_output_for_verify(&dir);
     let key = damaged(&dir, "good", "dup", |out| {
         // Another shard's sample, inserted before shard 0's end-of-archive blocks, with
         // index.json made to agree: only the sample multiset can tell.
@@ -278,7 +203,7 @@ fn verify_fails_on_a_duplicated_sample() {
 #[test]
 fn verify_fails_on_data_after_the_end_and_on_unlisted_shards() {
     let dir = Dir::new("verify-extra");
-    good_output(&dir);
+    good_output_for_verify(&dir);
     damaged(&dir, "good", "extra", |out| {
         let shard = out.join("shard-000006.tar");
         let mut bytes = fs::read(&shard).unwrap();
@@ -300,7 +225,7 @@ fn verify_fails_on_data_after_the_end_and_on_unlisted_shards() {
 #[test]
 fn verify_fails_against_another_input() {
     let dir = Dir::new("verify-other");
-    good_output(&dir);
+    good_output_for_verify(&dir);
     dir.generate(
         "other",
         &["--shards", "2", "--samples", "20", "--seed", "9"],
@@ -321,7 +246,7 @@ fn verify_fails_against_another_input() {
 #[test]
 fn equalized_outputs_verify() {
     let dir = Dir::new("verify-equalize");
-    good_output(&dir);
+    good_output_for_verify(&dir);
     for mode in ["drop", "pad"] {
         let out = format!("eq-{mode}");
         run(&dir, Some(3), &["in"], &out, 7, 4, &["--equalize", mode]);
@@ -373,17 +298,17 @@ fn run_with_verify_checks_what_it_published() {
 fn gzip_compressed_inputs_and_outputs_verify() {
     // Samples are byte ranges of the decompressed stream: compressing either side keeps them.
     let dir = Dir::new("verify-gzip");
-    good_output(&dir);
+    good_output_for_verify(&dir);
     damaged(&dir, "in", "in-gz", |d| {
         dir.program("gzip")
             .arg("-n")
-            .args(crate::util::tar_files(d))
+            .args(tar_files(d))
             .assert_success();
     });
     damaged(&dir, "good", "good-gz", |d| {
         dir.program("gzip")
             .arg("-n")
-            .args(crate::util::tar_files(d))
+            .args(tar_files(d))
             .assert_success();
         edit_index(d, |v| {
             for e in v["shardlist"].as_array_mut().unwrap() {

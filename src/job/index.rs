@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use super::narrate;
+use crate::report::narrate;
 use crate::cli::RunConfig;
 use crate::comm::{agree, broadcast_result, everywhere, exclusive_sum, gather, Comm};
 use crate::input::InputShard;

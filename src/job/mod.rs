@@ -35,7 +35,7 @@ use anyhow::Result;
 use crate::cli::RunConfig;
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::progress::{PhaseTimes, Progress};
-use crate::report::PlanReport;
+use crate::report::{narrate, PlanReport};
 use crate::size::human_bytes;
 use crate::writer::OutputShards;
 use exchange::{Buffers, ExchangeStats};
@@ -61,11 +61,6 @@ pub struct Planned {
     pub laid: Laid,
 }
 
-/// Prints a progress line on rank 0.
-pub fn narrate(lead: bool, msg: std::fmt::Arguments<'_>) {
-    if lead {
-        eprintln!("reshard: {msg}");
-    }
 }
 
 /// Runs the whole job on this rank.

@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use super::narrate;
+use crate::report::narrate;
 use crate::cli::RunConfig;
 use crate::input::InputShard;
 use crate::job::index::Index;

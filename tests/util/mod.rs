@@ -1,6 +1,20 @@
 //! Test harness: a temporary directory per test, and a builder for commands that run the built
 //! `reshard` binary, directly or under `mpirun -np N`, with a timeout. A failed expectation
 //! panics with the command, its exit status, stdout, stderr and the directory listing.
+//!
+//! The submodules hold everything else the feature files share, so that those hold only tests:
+//! `tar` (archive builders and byte surgery), `verifier` (the independent verifier), `samples`
+//! (samples read back through it), `data` (datasets), `runs` (runs of reshard), and the
+//! harnesses of three areas: `corpus` (real writers' archives), `cluster`, `slurm`.
+
+pub mod cluster;
+pub mod corpus;
+pub mod data;
+pub mod runs;
+pub mod samples;
+pub mod slurm;
+pub mod tar;
+pub mod verifier;
 
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
@@ -533,4 +547,58 @@ pub fn copy_dir(from: &Path, to: &Path) {
                 .unwrap_or_else(|err| panic!("copy {}: {err}", e.path().display()));
         }
     }
+}
+
+/// The `index.json` of the output directory `out`, parsed; panics naming the file when it is
+/// missing or not JSON.
+pub fn index_json(out: &Path) -> serde_json::Value {
+    let path = out.join("index.json");
+    let bytes = fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()))
+}
+
+/// Runs `f` with a fresh tmpfs of `size` mounted at `at` (root only; `None` where mounting is
+/// not possible here), unmounting it afterwards.
+pub fn with_tmpfs<T>(at: &Path, size: &str, ro: bool, f: impl FnOnce() -> T) -> Option<T> {
+    fs::create_dir_all(at).unwrap();
+    let opts = format!("size={size}{}", if ro { ",ro" } else { "" });
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &opts, "tmpfs"])
+        .arg(at)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        skip(
+            &format!("the tmpfs part of a test ({})", at.display()),
+            "cannot mount a tmpfs here (needs root)",
+        );
+        return None;
+    }
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    let _ = std::process::Command::new("umount").arg(at).status();
+    Some(out.unwrap_or_else(|p| std::panic::resume_unwind(p)))
+}
+
+/// `v`, sorted.
+pub fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+/// Copies the output `from` to `name` and damages the copy.
+pub fn damaged<T>(dir: &Dir, from: &str, name: &str, damage: impl FnOnce(&Path) -> T) -> T {
+    let out = dir.create_dir(name);
+    copy_dir(&dir.join(from), &out);
+    damage(&out)
+}
+
+/// Rewrites the `index.json` of `out` as `f` edits it.
+pub fn edit_index(out: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v = index_json(out);
+    f(&mut v);
+    fs::write(
+        out.join("index.json"),
+        serde_json::to_vec_pretty(&v).unwrap(),
+    )
+    .unwrap();
 }

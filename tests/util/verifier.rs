@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use md5::{Digest, Md5};
 use serde_json::Value;
 
 const BLOCK: usize = 512;
@@ -32,6 +33,10 @@ pub struct Record {
     pub start: usize,
     /// Offset of the member's own header (after its extension headers).
     pub header: usize,
+    /// Offset of the member's data (after any sparse extension blocks).
+    pub data: usize,
+    /// The member's stored size (its data runs from `data` to `data + size`).
+    pub size: usize,
     /// Offset just past the member's padded data.
     pub end: usize,
     pub kind: Kind,
@@ -269,6 +274,8 @@ pub fn walk(bytes: Vec<u8>) -> Result<Walk, String> {
                 records.push(Record {
                     start: record_start,
                     header: off,
+                    data,
+                    size,
                     end: next,
                     kind,
                     path,
@@ -846,4 +853,54 @@ pub fn assert_indexer_agrees(path: &Path) {
         "{}: skipped entries differ",
         path.display()
     );
+}
+
+/// Every record type letter used by the records of some input shard.
+pub fn record_types(inputs: &[PathBuf]) -> Vec<u8> {
+    let mut types: Vec<u8> = inputs
+        .iter()
+        .flat_map(|p| input_samples(p).walk.records)
+        .flat_map(|r| r.types)
+        .collect();
+    types.sort_unstable();
+    types.dedup();
+    types
+}
+
+/// The length of the longest member path of the input shards.
+pub fn longest_path(inputs: &[PathBuf]) -> usize {
+    inputs
+        .iter()
+        .flat_map(|p| input_samples(p).walk.records)
+        .map(|r| r.path.len())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The golden digest of an output: MD5 over every file of the output directory (not the saved
+/// index under `.reshard/`, which records input mtimes), by name: its name, its length and its
+/// bytes; index.json without its rank count.
+pub fn output_digest(out: &Path) -> String {
+    let mut names: Vec<String> = fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    let mut md5 = Md5::new();
+    for name in names {
+        let mut bytes = fs::read(out.join(&name)).unwrap();
+        if name == "index.json" {
+            let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            v["reshard"]
+                .as_object_mut()
+                .expect("index.json has a reshard object")
+                .remove("ranks");
+            bytes = serde_json::to_vec(&v).unwrap();
+        }
+        md5.update(name.as_bytes());
+        md5.update((bytes.len() as u64).to_le_bytes());
+        md5.update(&bytes);
+    }
+    md5.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -61,8 +61,6 @@ pub struct Planned {
     pub laid: Laid,
 }
 
-}
-
 /// Runs the whole job on this rank.
 ///
 /// # Errors

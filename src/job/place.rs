@@ -4,10 +4,10 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::report::narrate;
 use crate::cli::RunConfig;
 use crate::input::InputShard;
 use crate::job::index::Index;
+use crate::report::narrate;
 use crate::size::human_bytes;
 use crate::tar_index::key_at;
 use crate::writer::ShardNames;

@@ -19,6 +19,7 @@ pub mod progress;
 pub mod report;
 pub mod saved_index;
 pub mod size;
+pub mod sys;
 pub mod tar_headers;
 pub mod tar_index;
 pub mod verify;

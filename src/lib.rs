@@ -20,6 +20,7 @@ pub mod report;
 pub mod saved_index;
 pub mod size;
 pub mod sys;
+pub mod tar;
 pub mod tar_headers;
 pub mod tar_index;
 pub mod verify;

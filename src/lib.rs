@@ -12,6 +12,7 @@ pub mod input;
 pub mod key_map;
 pub mod manifest;
 pub mod order;
+pub mod output;
 pub mod permute;
 pub mod pipeline;
 pub mod plan;

@@ -173,7 +173,7 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
 
 /// File name of shard `index`.
 pub fn shard_name(prefix: &str, index: u64) -> String {
-    format!("{prefix}-{index:06}.tar")
+    crate::output::shard_file_name(prefix, index)
 }
 
 /// Creates `dir` if needed and refuses to mix with shards of an earlier dataset.

@@ -29,10 +29,7 @@ pub fn inject_fault(rank: usize) {
     if names_rank("RESHARD_TEST_STALL_RANK", rank) {
         eprintln!("reshard: RESHARD_TEST_STALL_RANK={rank}: this rank now stops (SIGSTOP)");
         // The whole process stops, its watchdog included, like a node that froze.
-        // SAFETY: raise(2) on this process. (Moves to crate::sys with the other syscalls.)
-        unsafe {
-            libc::raise(libc::SIGSTOP);
-        }
+        crate::sys::stop_process();
     }
 }
 

@@ -260,7 +260,7 @@ impl KeyMap {
                 text.extend(g.to_le_bytes());
             }
         }
-        crate::tar_index::key_hash(&text)
+        crate::tar::key_hash(&text)
     }
 
     /// The index of the group with template `t`.

@@ -6,7 +6,7 @@
 use std::io::Cursor;
 
 use libfuzzer_sys::fuzz_target;
-use reshard::tar_index::{index_reader, HeaderReader};
+use reshard::tar::{index_reader, HeaderReader};
 
 fuzz_target!(|data: &[u8]| {
     let len = data.len() as u64;

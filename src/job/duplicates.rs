@@ -1,12 +1,12 @@
 //! Phase "duplicates": one key in two samples, found across all shards without any rank holding
 //! every key.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 use crate::comm::{self, Comm};
 use crate::input::InputShard;
 use crate::plan::placement::LocalSample;
-use crate::tar_index::{keys_at, OnDuplicate};
+use crate::tar::{keys_at, OnDuplicate, Warnings};
 
 /// One key in two samples, of one input shard (its members are not adjacent) or of two. Key
 /// hashes (8 bytes per sample) go to the rank `hash mod P`, which sends the hashes it saw more
@@ -93,6 +93,7 @@ pub fn find(
     let key_of =
         |place: (u32, u64)| keys[places.binary_search(&place).expect("read above")].clone();
     let mut found = 0u64;
+    let mut warnings = Warnings::default();
     for run in mine.chunk_by(|a, b| a.0 == b.0) {
         let mut keyed: Vec<(String, u32, u64)> = run
             .iter()
@@ -114,13 +115,7 @@ pub fn find(
                         inputs[*other_shard as usize].path.display(),
                     )
                 };
-                match policy {
-                    OnDuplicate::Abort => {
-                        bail!("{what} (--on-duplicate abort; warn or keep accept it)")
-                    }
-                    OnDuplicate::Warn if found < 5 => eprintln!("reshard: warning: {what}"),
-                    _ => {}
-                }
+                policy.apply(&what, &mut warnings)?;
                 found += 1;
             }
         }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::cli::RunConfig;
 use crate::input::{expand_specs, InputShard};
 use crate::job::series::outputs_beyond;
-use crate::saved_index;
+use crate::output::saved_index;
 
 /// Where the ranks' watchdogs leave heartbeats during the exchange (inside the staging
 /// directory, removed before publishing).

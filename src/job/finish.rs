@@ -14,9 +14,9 @@ use crate::input::InputShard;
 use crate::job::expand::Setup;
 use crate::job::layout::{gather_u64s, Laid};
 use crate::job::Planned;
-use crate::saved_index;
-use crate::tar_index::{Codec, Sample};
-use crate::writer::{compress_shard, md5_file, OutputShards, ShardNames};
+use crate::output::saved_index;
+use crate::output::{compress_shard, md5_file, OutputShards, ShardNames};
+use crate::tar::{Codec, Sample};
 
 /// On rank 0: every output file's size, and with `--checksum` every shard's MD5 (16 bytes each,
 /// in shard order).

@@ -11,11 +11,11 @@ use crate::cli::RunConfig;
 use crate::comm::{agree, broadcast_result, everywhere, exclusive_sum, gather, Comm};
 use crate::input::InputShard;
 use crate::job::duplicates;
+use crate::output::saved_index::{self, Lookup};
 use crate::plan::assign_inputs;
 use crate::plan::placement::LocalSample;
 use crate::report::narrate;
-use crate::saved_index::{self, Lookup};
-use crate::tar_index::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
+use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
 
 /// What the index phase leaves on every rank.
 pub struct Index {

@@ -8,11 +8,11 @@ use crate::comm::{self, agree, exclusive_sum, gather, Comm};
 use crate::input::InputShard;
 use crate::job::index::Index;
 use crate::job::place::Placed;
-use crate::manifest::ShardEntry;
+use crate::output::manifest::ShardEntry;
 use crate::plan::placement::{LocalSample, Placement};
 use crate::plan::{bounds_from_starts, byte_shard_of, ShardLayout, ShardPlan};
 use crate::report::GpuShare;
-use crate::tar_index::keys_at;
+use crate::tar::keys_at;
 
 /// What the layout phase leaves: every rank's own shards laid out, and on rank 0 what the
 /// manifest and the plan report need.

@@ -34,10 +34,10 @@ use anyhow::Result;
 
 use crate::cli::RunConfig;
 use crate::comm::{agree, broadcast_result, Comm};
+use crate::output::OutputShards;
 use crate::progress::{PhaseTimes, Progress};
 use crate::report::{narrate, PlanReport};
 use crate::size::human_bytes;
-use crate::writer::OutputShards;
 use exchange::{Buffers, ExchangeStats};
 use expand::{Setup, HEARTBEATS};
 use index::Index;
@@ -187,9 +187,9 @@ mod tests {
     use super::*;
     use crate::cli::Balance;
     use crate::comm::local::LocalComm;
-    use crate::manifest::Manifest;
-    use crate::tar_index::{Codec, Rules};
-    use crate::writer::shard_file_name;
+    use crate::output::manifest::Manifest;
+    use crate::output::shard_file_name;
+    use crate::tar::{Codec, Rules};
 
     /// Writes `shards` small tar files with uneven sample counts and sizes.
     fn write_inputs(dir: &Path, shards: usize) -> Vec<String> {
@@ -239,7 +239,7 @@ mod tests {
             keep: None,
             stall_timeout: std::time::Duration::from_secs(120),
             max_round_bytes: i32::MAX as u64,
-            order: crate::order::OrderSpec::default(),
+            order: crate::plan::order::OrderSpec::default(),
         }
     }
 

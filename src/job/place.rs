@@ -7,10 +7,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use crate::cli::RunConfig;
 use crate::input::InputShard;
 use crate::job::index::Index;
+use crate::output::ShardNames;
 use crate::report::narrate;
 use crate::size::human_bytes;
-use crate::tar_index::key_at;
-use crate::writer::ShardNames;
+use crate::tar::key_at;
 
 use crate::comm::sort::{global_ranks, Item};
 use crate::comm::{agree, agree_once, everywhere, gather, Comm};

@@ -14,7 +14,7 @@ use crate::job::layout::Laid;
 use crate::job::place::Placed;
 use crate::job::series::outputs_beyond;
 use crate::job::Planned;
-use crate::manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
+use crate::output::manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
 use crate::report::Stats;
 
 /// Rank 0 writes the manifest, publishes the output and acts on `--link` and `--keep`; every
@@ -157,7 +157,7 @@ fn publish(staging: &Path, target: &Path) -> Result<()> {
     let replaced = match fs::rename(staging, target) {
         Ok(()) => false,
         Err(_) if target.is_dir() => {
-            exchange_dirs(staging, target).with_context(|| {
+            crate::sys::exchange_paths(staging, target).with_context(|| {
                 format!(
                     "cannot replace {} with {}",
                     target.display(),
@@ -185,29 +185,6 @@ fn publish(staging: &Path, target: &Path) -> Result<()> {
             .with_context(|| format!("{}: cannot remove the replaced output", staging.display()))?;
     }
     Ok(())
-}
-
-/// Atomically swaps two directories (Linux `renameat2(RENAME_EXCHANGE)`).
-fn exchange_dirs(a: &Path, b: &Path) -> std::io::Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let ca = CString::new(a.as_os_str().as_bytes())?;
-    let cb = CString::new(b.as_os_str().as_bytes())?;
-    // SAFETY: both are valid NUL-terminated paths; AT_FDCWD is ignored for absolute paths.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            ca.as_ptr(),
-            libc::AT_FDCWD,
-            cb.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 pub fn sync_dir(dir: &Path) -> Result<()> {

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::cli::Keep;
-use crate::manifest::Manifest;
-use crate::saved_index;
+use crate::output::manifest::Manifest;
+use crate::output::saved_index;
 
 /// The older epochs of `target`'s series that `--keep` removes: siblings of `target` whose name
 /// is the series template with another epoch number and that hold reshard's own index.json and

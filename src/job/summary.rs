@@ -15,7 +15,7 @@ use crate::job::Planned;
 use crate::progress::{peak_rss, PhaseTimes};
 use crate::report::{GpuShare, PlanReport, Stats};
 use crate::size::human_bytes;
-use crate::tar_index::{Hygiene, Skipped};
+use crate::tar::{Hygiene, Skipped};
 
 /// One rank's share of the work.
 #[derive(Debug, Clone, Copy, Default, Serialize)]

@@ -6,8 +6,8 @@ use serde::Serialize;
 use super::gpu::GpuShare;
 use super::stats::Stats;
 use crate::cli::Balance;
-use crate::manifest::ShardEntry;
-use crate::order::StratifyReport;
+use crate::output::manifest::ShardEntry;
+use crate::plan::placement::StratifyReport;
 use crate::plan::Equalize;
 use crate::size::human_bytes;
 

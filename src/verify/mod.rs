@@ -30,7 +30,6 @@ mod problems;
 mod records;
 mod report;
 mod setup;
-mod stream;
 mod tally;
 
 use std::time::Instant;
@@ -300,7 +299,7 @@ mod tests {
             unreachable!()
         };
         let cfg = args.resolve(false).unwrap();
-        for r in LocalComm::run(2, |c| crate::pipeline::run(c, &cfg).map(|_| ())) {
+        for r in LocalComm::run(2, |c| crate::job::run(c, &cfg).map(|_| ())) {
             r.unwrap();
         }
     }

@@ -5,10 +5,10 @@
 use super::records::{digest_samples, Record, Side};
 use super::report::{equalize_name, plural, Mismatches};
 use super::setup::{IndexView, OutputShard, RunView, Setup};
-use super::stream::TarStream;
 use super::tally::{Kind, EXAMPLES};
 use crate::plan::Equalize;
-use crate::tar_index::{index_file, ShardIndex};
+use crate::tar::TarStream;
+use crate::tar::{index_file, ShardIndex};
 
 /// What checking a rank's output shards found.
 #[derive(Default)]

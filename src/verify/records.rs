@@ -6,10 +6,10 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::digest::Digest128;
-use super::stream::TarStream;
 use crate::comm::{route, Comm};
 use crate::input::InputShard;
-use crate::tar_index::{index_file, Sample};
+use crate::tar::TarStream;
+use crate::tar::{index_file, Sample};
 
 /// Which side of the comparison a sample record comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::config::VerifyConfig;
 use crate::comm::{broadcast_result, Comm};
 use crate::input::{expand_specs, InputShard};
-use crate::manifest::ShardEntry;
+use crate::output::manifest::ShardEntry;
 use crate::plan::Equalize;
 
 /// One output shard, as the verifier expects to find it.

@@ -13,7 +13,7 @@ use super::report::{plural, Mismatches};
 use super::setup::Setup;
 use crate::comm::{gather, route, Comm};
 use crate::plan::Equalize;
-use crate::tar_index::key_at;
+use crate::tar::key_at;
 
 /// How many example samples each kind of mismatch lists.
 pub(super) const EXAMPLES: usize = 5;

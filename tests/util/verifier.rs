@@ -827,7 +827,7 @@ pub fn assert_same_output(a: &Path, b: &Path, ignore: &[&str]) {
 /// must find the same sample byte ranges and the same skipped entries.
 pub fn assert_indexer_agrees(path: &Path) {
     let ours = input_samples(path);
-    let theirs = reshard::tar_index::index_file(path)
+    let theirs = reshard::tar::index_file(path)
         .unwrap_or_else(|e| panic!("reshard's indexer rejects {}: {e:#}", path.display()));
     let ours_ranges: Vec<(u64, u64)> = ours
         .samples

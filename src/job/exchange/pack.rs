@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 
 use super::reader::InputReader;
 use super::stages::{Job, Packed, Stages, CHUNK_HEADER};
-use crate::tar_index::Codec;
+use crate::tar::Codec;
 
 /// The reader thread: packs rounds in input order until the samples run out or a read fails.
 pub(super) fn pack_rounds(

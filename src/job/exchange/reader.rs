@@ -3,12 +3,12 @@
 use std::fs::File;
 use std::io::Read;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 
 use anyhow::{anyhow, Context, Result};
 
 use crate::input::InputShard;
-use crate::tar_index::Codec;
+use crate::sys;
+use crate::tar::codec::{self, Codec};
 
 /// Sequential reader over the input shards: small samples are served from a large read window,
 /// large ones are read straight into the send buffer.
@@ -40,8 +40,7 @@ impl<'a> InputReader<'a> {
     pub(super) fn file(&mut self, shard: usize) -> Result<(&File, Codec)> {
         if self.file.as_ref().is_none_or(|(s, _, _)| *s != shard) {
             let path = &self.inputs[shard].path;
-            let codec = Codec::sniff(path)?;
-            let f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+            let (codec, f) = codec::open_file(path)?;
             self.file = Some((shard, f, codec));
         }
         let (_, f, codec) = self.file.as_ref().unwrap();
@@ -70,9 +69,7 @@ impl<'a> InputReader<'a> {
             let file = file
                 .try_clone()
                 .with_context(|| format!("{}: cannot reopen", path.display()))?;
-            let decoder = codec
-                .decoder(file)
-                .with_context(|| format!("{}: cannot start decompressing", path.display()))?;
+            let decoder = codec::decompress(codec, file, &path)?;
             self.stream = Some((shard, 0, decoder));
         }
         let (_, pos, decoder) = self.stream.as_mut().unwrap();
@@ -134,7 +131,7 @@ impl<'a> InputReader<'a> {
             };
             if out.len() >= self.window.len() / 2 {
                 let file = self.file(shard)?.0;
-                read_full_at(file, out, offset)
+                sys::read_up_to_at(file, out, offset)
                     .with_context(|| {
                         format!("{}: cannot read at byte offset {offset}", path.display())
                     })
@@ -149,8 +146,8 @@ impl<'a> InputReader<'a> {
             }
             let want = (self.window.len() as u64).min(size.saturating_sub(offset)) as usize;
             let mut window = std::mem::take(&mut self.window);
-            let got =
-                read_full_at(self.file(shard)?.0, &mut window[..want], offset).with_context(|| {
+            let got = sys::read_up_to_at(self.file(shard)?.0, &mut window[..want], offset)
+                .with_context(|| {
                     format!("{}: cannot read at byte offset {offset}", path.display())
                 });
             self.window = window;
@@ -163,18 +160,4 @@ impl<'a> InputReader<'a> {
         }
         Ok(())
     }
-}
-
-/// Reads until `buf` is full or the file ends; returns the bytes read.
-fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }

@@ -6,10 +6,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
 use crate::input::InputShard;
+use crate::output::OutputShards;
 use crate::plan::placement::{LocalSample, Placement};
 use crate::plan::{ShardLayout, ShardPlan};
 use crate::watchdog::Watchdog;
-use crate::writer::OutputShards;
 
 /// Chunk header: output position, offset inside the sample, payload length (little-endian u64s).
 pub const CHUNK_HEADER: usize = 24;

@@ -1,0 +1,121 @@
+//! `index.json`: a webdataset wids shard index, plus what reshard knows about the run.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::Balance;
+use crate::plan::placement::{GroupPlan, StratifyReport};
+use crate::plan::Equalize;
+use crate::report::{gpu::GpuShare, stats::Stats};
+use crate::tar::{Hygiene, Skipped};
+
+/// The manifest written as `DIR/index.json`. wids reads `__kind__`, `wids_version` and
+/// `shardlist`; everything reshard adds lives under `reshard`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    #[serde(rename = "__kind__")]
+    pub kind: String,
+    pub wids_version: u32,
+    pub shardlist: Vec<ShardEntry>,
+    pub reshard: RunInfo,
+}
+
+/// One output shard, as wids expects it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    /// File name relative to the directory holding index.json.
+    pub url: String,
+    pub nsamples: u64,
+    pub filesize: u64,
+    /// MD5 of the shard file, hex (with `--checksum`); wids checks it after a download.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub md5sum: Option<String>,
+}
+
+/// reshard's own record of the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub version: String,
+    pub seed: u64,
+    pub epoch: u64,
+    pub shards: u64,
+    /// Samples written (every input sample exactly once).
+    pub samples: u64,
+    /// Sample bytes (headers, data and padding of their members).
+    pub sample_bytes: u64,
+    /// Sum of the shard file sizes.
+    pub output_bytes: u64,
+    /// The input shards in canonical order.
+    pub inputs: Vec<String>,
+    pub input_bytes: u64,
+    /// Entries of the input that belong to no sample and were left out.
+    pub skipped: Skipped,
+    /// How many MPI ranks ran the job (the output does not depend on it).
+    pub ranks: usize,
+    /// Why this shard count (the sizing flag and the resulting mean).
+    pub sizing: String,
+    pub equalize: Equalize,
+    pub balance: Balance,
+    /// Samples written, repeats included and dropped samples excluded.
+    pub output_samples: u64,
+    /// Keys of the samples left out by `--equalize drop`, in permuted order.
+    pub dropped: Vec<String>,
+    /// Keys of the samples written twice by `--equalize pad`, in permuted order.
+    pub repeated: Vec<String>,
+    pub shard_samples: Stats,
+    pub shard_bytes: Stats,
+    /// Samples (and batches) per GPU, with `--gpus`.
+    pub gpus: Option<GpuShare>,
+    /// What the sample hygiene rules found: incomplete samples kept or excluded, duplicates kept.
+    #[serde(default)]
+    pub hygiene: Hygiene,
+    /// `--order` (and `descending`).
+    #[serde(default)]
+    pub order: String,
+    /// `--stratify-by`: labels and the worst deviation of any label's count in any shard from
+    /// its ideal share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stratify: Option<StratifyReport>,
+    /// `--key-map`: the groups, each sized on its own, and the unmatched samples left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_map: Option<KeyMapInfo>,
+}
+
+/// The key-map part of the manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyMapInfo {
+    pub file: String,
+    pub unmatched: u64,
+    pub groups: Vec<GroupPlan>,
+}
+
+impl Manifest {
+    pub const KIND: &'static str = "wids-shard-index-v1";
+
+    pub fn new(shardlist: Vec<ShardEntry>, reshard: RunInfo) -> Self {
+        Manifest {
+            kind: Self::KIND.to_string(),
+            wids_version: 1,
+            shardlist,
+            reshard,
+        }
+    }
+
+    /// Writes the manifest to `path` and syncs it.
+    ///
+    /// # Errors
+    /// The file cannot be written.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let mut f =
+            File::create(path).with_context(|| format!("{}: cannot create", path.display()))?;
+        let mut text = serde_json::to_vec_pretty(self).expect("serializable");
+        text.push(b'\n');
+        f.write_all(&text)
+            .and_then(|()| f.sync_all())
+            .with_context(|| format!("{}: cannot write", path.display()))
+    }
+}

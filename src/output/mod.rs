@@ -1,0 +1,16 @@
+//! What a run writes: the output shards and their names, their compression and digests, the
+//! manifest (`index.json`), and the saved indexes that let a later run skip reading headers.
+//!
+//! - [`shards`]: [`OutputShards`] (one writer rank's files) and [`ShardNames`].
+//! - [`compress`]: [`compress_shard`] and [`md5_file`].
+//! - [`manifest`]: [`Manifest`], the wids `index.json`.
+//! - [`saved_index`]: `.reshard/NAME.idx` files.
+
+pub mod compress;
+pub mod manifest;
+pub mod saved_index;
+pub mod shards;
+
+pub use compress::{compress_shard, md5_file};
+pub use manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
+pub use shards::{shard_file_name, OutputShards, ShardNames};

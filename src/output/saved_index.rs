@@ -1,0 +1,172 @@
+//! Index reuse: the layout of every output shard (each sample's offset and length) is saved
+//! next to the output, in `DIR/.reshard/NAME.idx`, by the rank that wrote the shard. A later run
+//! whose input is that output — the next epoch's reshuffle — reads these instead of the tar
+//! headers, after checking that each shard's size and modification time still match.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::tar::{Sample, ShardIndex, Skipped};
+
+/// The directory, inside an output, that holds reshard's own files.
+pub const DIR_NAME: &str = ".reshard";
+const FORMAT: u32 = 1;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Saved {
+    format: u32,
+    /// The shard's file name, size and modification time (ns since the epoch) when saved.
+    name: String,
+    size: u64,
+    mtime_ns: u128,
+    /// (start, length) of every sample, in file order.
+    samples: Vec<(u64, u64)>,
+    skipped: Skipped,
+}
+
+/// What a lookup found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// A saved index that matches the shard as it is now.
+    Found(ShardIndex),
+    /// No saved index.
+    Missing,
+    /// A saved index that no longer matches (why).
+    Stale(String),
+}
+
+/// Where the saved index of `shard` would be: in `index_dir` if given, else in the `.reshard`
+/// directory next to it.
+pub fn path_for(shard: &Path, index_dir: Option<&Path>) -> PathBuf {
+    let name = shard
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    let dir = match index_dir {
+        Some(d) => d.to_path_buf(),
+        None => shard.parent().unwrap_or(Path::new(".")).join(DIR_NAME),
+    };
+    dir.join(format!("{name}.idx"))
+}
+
+fn mtime_ns(meta: &fs::Metadata) -> u128 {
+    meta.modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// Saves the index of the shard file at `shard` (already complete and synced) into `dir`.
+///
+/// # Errors
+/// The shard cannot be stat'ed or the index file cannot be written.
+pub fn save(dir: &Path, shard: &Path, samples: impl Iterator<Item = Sample>) -> Result<()> {
+    let meta = fs::metadata(shard).with_context(|| format!("{}: cannot stat", shard.display()))?;
+    let saved = Saved {
+        format: FORMAT,
+        name: shard
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned(),
+        size: meta.len(),
+        mtime_ns: mtime_ns(&meta),
+        samples: samples.map(|s| (s.start, s.len)).collect(),
+        skipped: Skipped::default(),
+    };
+    let path = path_for(shard, Some(dir));
+    let bytes =
+        bincode::serde::encode_to_vec(&saved, bincode::config::standard()).expect("encodable");
+    let mut f =
+        File::create(&path).with_context(|| format!("{}: cannot create", path.display()))?;
+    f.write_all(&bytes)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("{}: cannot write", path.display()))
+}
+
+/// Looks for a saved index of the shard at `shard` whose size and modification time match.
+pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
+    let path = path_for(shard, index_dir);
+    let Ok(bytes) = fs::read(&path) else {
+        return Lookup::Missing;
+    };
+    let saved: Saved = match bincode::serde::decode_from_slice(&bytes, bincode::config::standard())
+    {
+        Ok((s, _)) => s,
+        Err(e) => return Lookup::Stale(format!("{}: unreadable ({e})", path.display())),
+    };
+    let Ok(meta) = fs::metadata(shard) else {
+        return Lookup::Missing;
+    };
+    if saved.format != FORMAT {
+        return Lookup::Stale(format!(
+            "{}: format {} is not {FORMAT}",
+            path.display(),
+            saved.format
+        ));
+    }
+    if saved.size != meta.len() || saved.mtime_ns != mtime_ns(&meta) {
+        return Lookup::Stale(format!(
+            "{} changed since {} was saved (size {} -> {}, or modification time)",
+            shard.display(),
+            path.display(),
+            saved.size,
+            meta.len()
+        ));
+    }
+    // Reshard's own output was checked when it was written: no keys, no hygiene checks here.
+    Lookup::Found(ShardIndex {
+        keys: Vec::new(),
+        contents: Vec::new(),
+        edge_keys: None,
+        hygiene: Default::default(),
+        key_hashes: Vec::new(),
+        samples: saved
+            .samples
+            .into_iter()
+            .map(|(start, len)| Sample { start, len })
+            .collect(),
+        skipped: saved.skipped,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saved_index_round_trips_and_goes_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = dir.path().join("s.tar");
+        fs::write(&shard, vec![0u8; 4096]).unwrap();
+        let idx = dir.path().join(DIR_NAME);
+        fs::create_dir(&idx).unwrap();
+        assert!(matches!(load(&shard, None), Lookup::Missing));
+        let samples = vec![
+            Sample {
+                start: 0,
+                len: 1024,
+            },
+            Sample {
+                start: 1024,
+                len: 2048,
+            },
+        ];
+        save(&idx, &shard, samples.clone().into_iter()).unwrap();
+        match load(&shard, None) {
+            Lookup::Found(i) => assert_eq!(i.samples, samples),
+            other => panic!("{other:?}"),
+        }
+        // An explicit index directory works the same.
+        assert!(matches!(load(&shard, Some(&idx)), Lookup::Found(_)));
+        // Touching the shard makes the saved index stale.
+        fs::write(&shard, vec![1u8; 4096 + 512]).unwrap();
+        assert!(matches!(load(&shard, None), Lookup::Stale(_)));
+    }
+}

@@ -1,0 +1,188 @@
+//! The system interface below `std`: every `unsafe` call to libc, each behind a small safe
+//! function that says what it guarantees, and the read loops that retry interrupted reads.
+//!
+//! Nothing else in the crate calls libc directly, so a reader auditing `unsafe` looks here only
+//! (MPI's own FFI stays in `comm::mpi`).
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// Tells the kernel that `file` is read at scattered offsets, so that it reads ahead nothing
+/// (`posix_fadvise(POSIX_FADV_RANDOM)` over the whole file).
+///
+/// Only a hint: where it is not supported, nothing changes, and no error is reported.
+pub fn advise_random(file: &File) {
+    // SAFETY: a valid open descriptor; the call reads no memory of ours.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
+    }
+}
+
+/// One `copy_file_range(2)` call: copies up to `len` bytes from `src` at `src_offset` to `dst`
+/// at `dst_offset` inside the kernel, without moving either file's cursor. Offsets are the
+/// kernel's signed `loff_t`.
+///
+/// Returns the bytes copied, which may be fewer than `len`; 0 means `src` ends at `src_offset`.
+///
+/// # Errors
+/// The raw OS error: `EXDEV`, `EINVAL`, `ENOSYS` or `EOPNOTSUPP` where the filesystems cannot
+/// copy in the kernel (the caller falls back to reading and writing), `EINTR` (retry), or a
+/// real I/O error.
+pub fn copy_file_range(
+    src: &File,
+    src_offset: i64,
+    dst: &File,
+    dst_offset: i64,
+    len: usize,
+) -> io::Result<usize> {
+    let (mut off_in, mut off_out) = (src_offset, dst_offset);
+    // SAFETY: valid descriptors and offset pointers that live across the call.
+    let n = unsafe {
+        libc::copy_file_range(
+            src.as_raw_fd(),
+            &mut off_in,
+            dst.as_raw_fd(),
+            &mut off_out,
+            len,
+            0,
+        )
+    };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// Starts writing back the dirty pages of `file`, without waiting for them
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)` over the whole file).
+///
+/// Only a hint, and no durability guarantee: where the filesystem does not support it nothing
+/// happens, no error is reported, and a later `fsync` does all the work.
+pub fn start_writeback(file: &File) {
+    // SAFETY: a valid open descriptor; the call reads no memory of ours.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+/// Atomically swaps the paths `a` and `b` (Linux `renameat2(RENAME_EXCHANGE)`): afterwards `a`
+/// names what `b` named and the other way round, and no observer ever sees either path missing.
+/// Relative paths are taken from the current directory.
+///
+/// # Errors
+/// A path contains a NUL byte, either path does not exist, they are on different filesystems,
+/// or the kernel or filesystem does not support the exchange (`EINVAL`, `ENOSYS`): nothing is
+/// renamed.
+pub fn exchange_paths(a: &Path, b: &Path) -> io::Result<()> {
+    let ca = CString::new(a.as_os_str().as_bytes())?;
+    let cb = CString::new(b.as_os_str().as_bytes())?;
+    // SAFETY: both are valid NUL-terminated paths that live across the call; AT_FDCWD is
+    // ignored for absolute paths.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Stops the whole process, every thread of it, with `SIGSTOP` (as a node that froze would),
+/// returning only if and when something sends it `SIGCONT`. For fault injection in tests.
+pub fn stop_process() {
+    // SAFETY: raise(2) on this process; no memory of ours is involved.
+    unsafe {
+        libc::raise(libc::SIGSTOP);
+    }
+}
+
+/// Ends the process at once with `code` (`_exit(2)`): no destructors, no atexit handlers, no
+/// flushing of stdio buffers, so it cannot block in a library's teardown (MPI's, say).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no memory of ours.
+    unsafe { libc::_exit(code) }
+}
+
+/// Reads until `buf` is full or the input ends; returns the count read. Interrupted reads are
+/// retried.
+///
+/// # Errors
+/// A read fails (other than by an interruption).
+pub fn read_up_to<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// [`read_up_to`] with positioned reads: fills `buf` from `offset` of `file` (fewer bytes where
+/// the file ends) without moving its cursor, so threads may share the file.
+///
+/// # Errors
+/// A read fails (other than by an interruption).
+pub fn read_up_to_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    read_up_to(&mut At { file, offset }, buf)
+}
+
+/// A [`Read`] over positioned reads of a shared file.
+struct At<'f> {
+    file: &'f File,
+    offset: u64,
+}
+
+impl Read for At<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read_at(buf, self.offset)?;
+        self.offset += n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_up_to_the_end_at_any_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = File::open(&path).unwrap();
+        let mut buf = vec![0u8; 3000];
+        assert_eq!(read_up_to_at(&file, &mut buf, 1000).unwrap(), 3000);
+        assert_eq!(buf, data[1000..4000]);
+        assert_eq!(read_up_to_at(&file, &mut buf, 4000).unwrap(), 1000);
+        assert_eq!(buf[..1000], data[4000..]);
+        assert_eq!(read_up_to_at(&file, &mut buf, 9000).unwrap(), 0);
+    }
+
+    #[test]
+    fn exchange_paths_swaps_two_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        std::fs::write(a.join("in_a"), b"").unwrap();
+        match exchange_paths(&a, &b) {
+            Ok(()) => assert!(b.join("in_a").exists() && !a.join("in_a").exists()),
+            // A filesystem without RENAME_EXCHANGE: nothing renamed.
+            Err(_) => assert!(a.join("in_a").exists()),
+        }
+    }
+}

@@ -1,0 +1,461 @@
+//! Grouping a shard's members into samples, and the sample hygiene rules applied on the way:
+//! what a shard's index holds, what is skipped, and the one policy for incomplete samples and
+//! duplicates.
+//!
+//! A sample is a run of consecutive members sharing a key (see [`crate::tar::key`]). The index
+//! types live here, with the grouper that builds them, so that `index` (which feeds the grouper)
+//! depends on this module and not the other way round.
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::tar::headers::{EntryKind, Member};
+use crate::tar::key::{extension, key_hash, sample_key};
+
+/// One sample of a shard: a contiguous byte range of the shard file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Byte offset of the sample's first record (extension records included).
+    pub start: u64,
+    /// Length in bytes: every record of the sample, padding included (a multiple of 512).
+    pub len: u64,
+}
+
+/// Entries that belong to no sample. They are left out of the output and reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// Directory entries (`dir/`).
+    pub directories: u64,
+    /// Regular files with no key: no `.` in the last path component, or only a leading one.
+    pub keyless_files: u64,
+    /// Symlinks and hard links (outside any sample), devices, FIFOs, GNU volume labels and other
+    /// non-regular entries.
+    pub other_entries: u64,
+    /// PAX global extended headers (`g` records); their attributes are not carried over.
+    pub global_headers: u64,
+}
+
+impl Skipped {
+    /// The counts as an array, in field order, for summing across ranks.
+    pub fn to_array(self) -> [u64; 4] {
+        [
+            self.directories,
+            self.keyless_files,
+            self.other_entries,
+            self.global_headers,
+        ]
+    }
+
+    /// Inverse of [`Skipped::to_array`].
+    pub fn from_array(a: [u64; 4]) -> Self {
+        Skipped {
+            directories: a[0],
+            keyless_files: a[1],
+            other_entries: a[2],
+            global_headers: a[3],
+        }
+    }
+
+    /// Total number of skipped entries.
+    pub fn total(self) -> u64 {
+        self.to_array().iter().sum()
+    }
+}
+
+/// `--on-incomplete`: what to do with a sample that lacks a `--require-ext` member.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnIncomplete {
+    /// Fail, naming the file, the key and what is missing.
+    #[default]
+    Abort,
+    /// Keep the sample, with a warning.
+    Warn,
+    /// Leave the sample out (counted).
+    Exclude,
+}
+
+/// `--on-duplicate`: what to do with a repeated extension in one sample, a sample whose members
+/// are not adjacent, or one key in two samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDuplicate {
+    /// Fail, naming the key and where it occurs.
+    Abort,
+    /// Keep everything, with a warning.
+    Warn,
+    /// Keep everything silently (the default of the library API; the CLI defaults to abort).
+    #[default]
+    Keep,
+}
+
+impl OnDuplicate {
+    /// Applies the policy to one duplicate that `what` describes (file, byte offset, key): an
+    /// error with the flag's advice for [`OnDuplicate::Abort`], a warning for
+    /// [`OnDuplicate::Warn`], nothing for [`OnDuplicate::Keep`]. Every duplicate message of the
+    /// tool goes through here, whether found while grouping a shard or across shards; the caller
+    /// counts what is kept.
+    ///
+    /// # Errors
+    /// [`OnDuplicate::Abort`]: `what`, with the flags that would accept it.
+    pub fn apply(self, what: &str, warnings: &mut Warnings) -> Result<()> {
+        match self {
+            OnDuplicate::Abort => bail!("{what} (--on-duplicate abort; warn or keep accept it)"),
+            OnDuplicate::Warn => warnings.warn(what),
+            OnDuplicate::Keep => {}
+        }
+        Ok(())
+    }
+}
+
+/// Warnings about the input: each one counted, only the first [`Warnings::SHOWN`] printed (a
+/// dataset with a systematic problem would otherwise print one line per sample).
+#[derive(Debug, Default)]
+pub struct Warnings {
+    count: u64,
+}
+
+impl Warnings {
+    /// How many warnings are printed.
+    pub const SHOWN: u64 = 5;
+
+    /// Counts a warning, and prints it to stderr while fewer than [`Warnings::SHOWN`] were.
+    pub fn warn(&mut self, what: &str) {
+        self.count += 1;
+        if self.count <= Self::SHOWN {
+            eprintln!("reshard: warning: {what}");
+        }
+    }
+}
+
+/// Sample hygiene rules applied while indexing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rules {
+    /// Extensions every sample must have (`--require-ext jpg,cls`).
+    pub require_ext: Vec<String>,
+    pub on_incomplete: OnIncomplete,
+    pub on_duplicate: OnDuplicate,
+    /// Keep every sample's key ([`ShardIndex::keys`]): for ordering or routing by key.
+    pub keep_keys: bool,
+    /// Read the content of each sample's member with this extension, refusing members larger
+    /// than the limit ([`ShardIndex::contents`]): labels for ordering and stratifying.
+    pub read_member: Option<(String, u64)>,
+}
+
+impl Rules {
+    /// Whether duplicate keys are looked for (and so key hashes kept).
+    pub fn checks_duplicates(&self) -> bool {
+        self.on_duplicate != OnDuplicate::Keep
+    }
+}
+
+/// What the hygiene rules found (and kept or left out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hygiene {
+    /// Samples missing a required extension (kept with --on-incomplete warn).
+    pub incomplete: u64,
+    /// Samples left out by --on-incomplete exclude.
+    pub excluded: u64,
+    /// Repeated extensions, non-adjacent members and keys in two samples (kept with warn/keep).
+    pub duplicates: u64,
+}
+
+impl Hygiene {
+    pub fn to_array(self) -> [u64; 3] {
+        [self.incomplete, self.excluded, self.duplicates]
+    }
+
+    pub fn from_array(a: [u64; 3]) -> Self {
+        Hygiene {
+            incomplete: a[0],
+            excluded: a[1],
+            duplicates: a[2],
+        }
+    }
+}
+
+/// The samples of one shard, in file order, and what was skipped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardIndex {
+    pub samples: Vec<Sample>,
+    pub skipped: Skipped,
+    /// The keys of the first and last samples (to catch a sample split across two shards);
+    /// `None` when unknown (an index saved without keys) or when the shard has no samples.
+    pub edge_keys: Option<(String, String)>,
+    pub hygiene: Hygiene,
+    /// A 64-bit hash of each sample's key (only when duplicate keys are looked for across
+    /// shards), for [`key_hash`] comparisons; equal hashes are confirmed by reading the keys.
+    pub key_hashes: Vec<u64>,
+    /// Each sample's key, when [`Rules::keep_keys`].
+    pub keys: Vec<Vec<u8>>,
+    /// Each sample's [`Rules::read_member`] content (`None`: no such member), when asked for.
+    pub contents: Vec<Option<Vec<u8>>>,
+}
+
+enum Kind<'a> {
+    Member(&'a [u8]),
+    Directory,
+    Keyless,
+    Other,
+    GlobalHeader,
+}
+
+fn classify(member: &Member) -> Kind<'_> {
+    match member.kind {
+        EntryKind::Regular | EntryKind::Sparse => match sample_key(&member.path) {
+            Some(k) => Kind::Member(k),
+            None => Kind::Keyless,
+        },
+        EntryKind::Directory => Kind::Directory,
+        EntryKind::GlobalHeader => Kind::GlobalHeader,
+        _ => Kind::Other,
+    }
+}
+
+/// What a user can do about a link inside a sample.
+const LINK_ADVICE: &str = ": a sample's members must be regular files; create the shards with links dereferenced (GNU tar --dereference --hard-dereference, bsdtar -L)";
+
+/// A skipped entry that ended a sample, or a link named like a sample: a member with that key
+/// after it would split the sample.
+struct AfterSkip {
+    /// The key of the sample it closed.
+    closed: Option<Vec<u8>>,
+    /// The key its own name carries (links only).
+    own: Option<Vec<u8>>,
+    /// What it is, for the message.
+    what: String,
+    advice: &'static str,
+}
+
+/// Groups consecutive members by key into samples, applying the hygiene [`Rules`]. Feed it
+/// every member of a header walk in order ([`Grouper::push`]), then take the index
+/// ([`Grouper::finish`]).
+pub struct Grouper<'r> {
+    rules: &'r Rules,
+    index: ShardIndex,
+    /// The open sample: its key, start, and the extensions of its members so far.
+    open: Option<(Vec<u8>, u64)>,
+    open_end: u64,
+    open_exts: Vec<Vec<u8>>,
+    /// The open sample's [`Rules::read_member`] content, if seen yet.
+    open_content: Option<Vec<u8>>,
+    /// A skipped entry that closed a sample, with that sample's key: a member with the same key
+    /// after it would split the sample.
+    after_skip: Option<AfterSkip>,
+    warnings: Warnings,
+}
+
+impl<'r> Grouper<'r> {
+    pub fn new(rules: &'r Rules) -> Self {
+        Grouper {
+            rules,
+            index: ShardIndex::default(),
+            open: None,
+            open_end: 0,
+            open_exts: Vec::new(),
+            open_content: None,
+            after_skip: None,
+            warnings: Warnings::default(),
+        }
+    }
+
+    /// Adds the next member of the walk; `content` is its data when it is the
+    /// [`Rules::read_member`] member.
+    ///
+    /// # Errors
+    /// A member that would split a sample (after a skipped entry that closed it), a link inside
+    /// a sample, or a hygiene violation the rules say to abort on. Messages start with the byte
+    /// offset; the caller adds the file.
+    pub fn push(&mut self, member: &Member, content: Option<Vec<u8>>) -> Result<()> {
+        match classify(member) {
+            Kind::Member(key) => self.push_keyed(member, key, content),
+            kind => self.push_skipped(member, kind),
+        }
+    }
+
+    /// A member with a sample key: it continues the open sample or starts the next one.
+    fn push_keyed(&mut self, member: &Member, key: &[u8], content: Option<Vec<u8>>) -> Result<()> {
+        let (start, end) = (member.start, member.end);
+        let ext = extension(&member.path).to_vec();
+        if let Some((open_key, _)) = &self.open {
+            if open_key.as_slice() == key {
+                self.open_end = end;
+                if self.open_content.is_none() {
+                    self.open_content = content;
+                }
+                if self.open_exts.contains(&ext) && self.rules.checks_duplicates() {
+                    let what = format!(
+                        "byte offset {start}: sample {:?} has a second .{} member",
+                        String::from_utf8_lossy(key),
+                        String::from_utf8_lossy(&ext)
+                    );
+                    self.rules.on_duplicate.apply(&what, &mut self.warnings)?;
+                    self.index.hygiene.duplicates += 1;
+                }
+                self.open_exts.push(ext);
+                return Ok(());
+            }
+        }
+        if let Some(skip) = self.after_skip.take() {
+            if skip.closed.as_deref() == Some(key) || skip.own.as_deref() == Some(key) {
+                bail!(
+                    "{} but sits between members of sample {:?}{}",
+                    skip.what,
+                    String::from_utf8_lossy(key),
+                    skip.advice
+                );
+            }
+        }
+        // A key seen again in a later sample (of this shard or another) is found after
+        // indexing, from the key hashes: see `key_hashes`.
+        self.close()?;
+        self.open = Some((key.to_vec(), start));
+        self.open_end = end;
+        self.open_exts = vec![ext];
+        self.open_content = content;
+        Ok(())
+    }
+
+    /// An entry that belongs to no sample: counted, and it closes the open sample.
+    fn push_skipped(&mut self, member: &Member, kind: Kind<'_>) -> Result<()> {
+        let skipped = &mut self.index.skipped;
+        match kind {
+            Kind::Directory => skipped.directories += 1,
+            Kind::Keyless => skipped.keyless_files += 1,
+            Kind::GlobalHeader => skipped.global_headers += 1,
+            Kind::Other | Kind::Member(_) => skipped.other_entries += 1,
+        }
+        let link = matches!(member.kind, EntryKind::HardLink | EntryKind::Symlink);
+        let (what, advice) = skip_message(member, &kind, link);
+        // A link named like a sample's members belongs to that sample: leaving it out would
+        // silently change the sample.
+        let own = if link {
+            sample_key(&member.path).map(<[u8]>::to_vec)
+        } else {
+            None
+        };
+        if let (Some(own), Some((open_key, _))) = (&own, &self.open) {
+            if own == open_key {
+                bail!(
+                    "{what} in sample {:?}{advice}",
+                    String::from_utf8_lossy(own)
+                );
+            }
+        }
+        let closed = self.close()?;
+        if closed.is_some() || own.is_some() {
+            let closed = closed.or_else(|| self.after_skip.take().and_then(|s| s.closed));
+            self.after_skip = Some(AfterSkip {
+                closed,
+                own,
+                what,
+                advice,
+            });
+        }
+        Ok(())
+    }
+    /// Ends the open sample (checking its required extensions), returning its key.
+    fn close(&mut self) -> Result<Option<Vec<u8>>> {
+        let Some((key, start)) = self.open.take() else {
+            return Ok(None);
+        };
+        let missing: Vec<&String> = self
+            .rules
+            .require_ext
+            .iter()
+            .filter(|e| !self.open_exts.iter().any(|x| x == e.as_bytes()))
+            .collect();
+        let mut keep = true;
+        if !missing.is_empty() {
+            let has: Vec<String> = self
+                .open_exts
+                .iter()
+                .map(|e| format!(".{}", String::from_utf8_lossy(e)))
+                .collect();
+            let what = format!(
+                "byte offset {start}: sample {:?} lacks {} (has {})",
+                String::from_utf8_lossy(&key),
+                missing
+                    .iter()
+                    .map(|e| format!(".{e}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                has.join(", ")
+            );
+            match self.rules.on_incomplete {
+                OnIncomplete::Abort => {
+                    bail!("{what} (--require-ext; --on-incomplete warn or exclude accept it)")
+                }
+                OnIncomplete::Warn => {
+                    self.warnings.warn(&what);
+                    self.index.hygiene.incomplete += 1;
+                }
+                OnIncomplete::Exclude => {
+                    self.index.hygiene.excluded += 1;
+                    keep = false;
+                }
+            }
+        }
+        if keep {
+            self.index.samples.push(Sample {
+                start,
+                len: self.open_end - start,
+            });
+            if self.rules.checks_duplicates() {
+                self.index.key_hashes.push(key_hash(&key));
+            }
+            if self.rules.read_member.is_some() {
+                self.index.contents.push(self.open_content.take());
+            }
+            if self.rules.keep_keys {
+                self.index.keys.push(key.clone());
+            }
+            let text = String::from_utf8_lossy(&key).into_owned();
+            match &mut self.index.edge_keys {
+                None => self.index.edge_keys = Some((text.clone(), text)),
+                Some((_, last)) => *last = text,
+            }
+        }
+        Ok(Some(key))
+    }
+
+    /// Closes the last sample and returns the shard's index.
+    ///
+    /// # Errors
+    /// The last sample violates a rule the rules say to abort on.
+    pub fn finish(mut self) -> Result<ShardIndex> {
+        self.close()?;
+        Ok(self.index)
+    }
+}
+
+/// How a message names a skipped entry (`link`: a hard or symbolic link), and what a user can
+/// do about it should it sit inside a sample.
+fn skip_message(member: &Member, kind: &Kind<'_>, link: bool) -> (String, &'static str) {
+    let name = member.name();
+    if link {
+        return (
+            format!(
+                "byte offset {}: member {name:?} is {} (to {:?})",
+                member.header,
+                member.kind.describe(),
+                String::from_utf8_lossy(&member.link)
+            ),
+            LINK_ADVICE,
+        );
+    }
+    let start = member.start;
+    if matches!(kind, Kind::Keyless) {
+        return (
+            format!("byte offset {start}: member {name:?} has no sample key (expected a '.' in its last path component)"),
+            "",
+        );
+    }
+    (
+        format!(
+            "byte offset {start}: member {name:?} is {}",
+            member.kind.describe()
+        ),
+        "",
+    )
+}

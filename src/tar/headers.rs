@@ -1,0 +1,739 @@
+//! The header walk: every record of a tar archive, read from its headers alone, with the extent
+//! the archive *stores* for it.
+//!
+//! A member's extent is its extension records (PAX `x`, GNU long names `L`/`K`), its header, any
+//! GNU sparse extension blocks, and its stored data blocks. The stored size is what the header's
+//! size field (or a PAX `size` record) says; for a sparse member that is the size of its data
+//! regions (and, in GNU sparse 1.0, its map), not the file size with its holes, which a tar
+//! library reports as the member's size. A member's path is its real name: `GNU.sparse.name`,
+//! then PAX `path`, then a GNU long name, then the ustar prefix and name.
+//!
+//! The walk reads what every POSIX reader reads: ustar, old GNU, GNU and PAX headers, checksums
+//! over unsigned or signed bytes, octal or base-256 numbers. It stops at the first zero block (the
+//! end-of-archive marker) or at the end of the input.
+
+use std::io::{self, Read, Seek, SeekFrom};
+
+use anyhow::{bail, Context, Result};
+
+use crate::sys::read_up_to;
+
+/// A tar record's size.
+pub const BLOCK: u64 = 512;
+/// Largest PAX extended header or GNU long name accepted: a garbled size field must not make the
+/// walk allocate gigabytes.
+const MAX_EXTENSION: u64 = 16 << 20;
+
+/// What a member is, by its type flag, after its extension records are applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file (`0`, NUL, `7`), GNU sparse 1.0 and 0.x members included (their type flag
+    /// is `0`).
+    Regular,
+    /// An old GNU sparse member (`S`): stored data regions, holes not stored.
+    Sparse,
+    /// A hard link (`1`).
+    HardLink,
+    /// A symbolic link (`2`).
+    Symlink,
+    /// A directory (`5`).
+    Directory,
+    /// A PAX global extended header (`g`).
+    GlobalHeader,
+    /// A GNU volume label (`V`).
+    Label,
+    /// Anything else: devices, FIFOs, GNU multi-volume continuations and dump directories,
+    /// unknown type flags.
+    Other(u8),
+}
+
+impl EntryKind {
+    fn of(typeflag: u8) -> EntryKind {
+        match typeflag {
+            b'0' | 0 | b'7' => EntryKind::Regular,
+            b'S' => EntryKind::Sparse,
+            b'1' => EntryKind::HardLink,
+            b'2' => EntryKind::Symlink,
+            b'5' => EntryKind::Directory,
+            b'g' => EntryKind::GlobalHeader,
+            b'V' => EntryKind::Label,
+            t => EntryKind::Other(t),
+        }
+    }
+
+    /// Whether the member holds file data that belongs in a sample.
+    pub fn is_file(self) -> bool {
+        matches!(self, EntryKind::Regular | EntryKind::Sparse)
+    }
+
+    /// How a message names this kind of entry.
+    pub fn describe(self) -> &'static str {
+        match self {
+            EntryKind::Regular => "a regular file",
+            EntryKind::Sparse => "a sparse file",
+            EntryKind::HardLink => "a hard link",
+            EntryKind::Symlink => "a symbolic link",
+            EntryKind::Directory => "a directory",
+            EntryKind::GlobalHeader => "a PAX global header",
+            EntryKind::Label => "a volume label",
+            EntryKind::Other(_) => "a special file",
+        }
+    }
+}
+
+/// One member of the archive as the walk found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Where its first record starts: the end of the previous member, so that its extension
+    /// records are included.
+    pub start: u64,
+    /// Where its own header is.
+    pub header: u64,
+    /// Where its stored data starts.
+    pub data: u64,
+    /// Stored data bytes (without the padding to a whole block).
+    pub stored: u64,
+    /// The end of its last record, padding included: where the next member starts.
+    pub end: u64,
+    pub kind: EntryKind,
+    /// Its real path (see the module docs).
+    pub path: Vec<u8>,
+    /// A link's target (PAX `linkpath`, a GNU long link name, or the header's link name).
+    pub link: Vec<u8>,
+    /// Whether its data is stored sparse (old GNU `S`, or a GNU sparse PAX member): the stored
+    /// bytes are not the file's bytes.
+    pub sparse: bool,
+}
+
+impl Member {
+    /// The path for messages.
+    pub fn name(&self) -> String {
+        String::from_utf8_lossy(&self.path).into_owned()
+    }
+}
+
+/// Where the walk reads from: a file it can seek in, or a forward-only stream.
+pub trait Source: Read {
+    /// Moves `n` bytes forward, returning how many bytes there were to pass (fewer at the end of
+    /// a stream; a seekable source may not know and return `n`).
+    ///
+    /// # Errors
+    /// The underlying read or seek fails.
+    fn skip(&mut self, n: u64) -> io::Result<u64>;
+}
+
+/// A [`Source`] over a seekable reader: skips are seeks.
+pub struct Seekable<R>(pub R);
+
+impl<R: Read> Read for Seekable<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl<R: Read + Seek> Source for Seekable<R> {
+    fn skip(&mut self, n: u64) -> io::Result<u64> {
+        let d = i64::try_from(n).map_err(|_| io::Error::other("skip too far"))?;
+        self.0.seek(SeekFrom::Current(d))?;
+        Ok(n)
+    }
+}
+
+/// A [`Source`] over a forward-only stream (a decompressor): skips read and discard.
+pub struct Forward<R>(pub R);
+
+impl<R: Read> Read for Forward<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl<R: Read> Source for Forward<R> {
+    fn skip(&mut self, n: u64) -> io::Result<u64> {
+        io::copy(&mut (&mut self.0).take(n), &mut io::sink())
+    }
+}
+
+/// Walks an archive's headers, one [`Member`] at a time.
+pub struct Walk<S> {
+    src: S,
+    /// The length of the input, where it is known (a plain file): data past it is truncation.
+    len: Option<u64>,
+    /// Where the source is.
+    pos: u64,
+    /// Where the next member starts.
+    next: u64,
+    done: bool,
+}
+
+/// Extension records read in front of a member.
+#[derive(Default)]
+struct Pending {
+    /// The first extension record's offset.
+    start: Option<u64>,
+    long_name: Option<Vec<u8>>,
+    long_link: Option<Vec<u8>>,
+    pax_path: Option<Vec<u8>>,
+    pax_link: Option<Vec<u8>>,
+    pax_size: Option<u64>,
+    sparse_name: Option<Vec<u8>>,
+    pax_sparse: bool,
+}
+
+impl<S: Source> Walk<S> {
+    /// A walk over `src`, positioned at the archive's first byte; `len` is the input's length
+    /// when known.
+    pub fn new(src: S, len: Option<u64>) -> Self {
+        Walk {
+            src,
+            len,
+            pos: 0,
+            next: 0,
+            done: false,
+        }
+    }
+
+    /// Where the walk is: the end of the last member returned (where the next record starts).
+    pub fn offset(&self) -> u64 {
+        self.next
+    }
+
+    /// The next member, or `None` at the end of the archive.
+    ///
+    /// # Errors
+    /// A header that is not one (bad checksum, a field that is not a number), an archive that
+    /// ends inside a header or a member's data, an extension record with no member after it.
+    /// Messages start with the byte offset of the record at fault.
+    pub fn next_member(&mut self) -> Result<Option<Member>> {
+        if self.done {
+            return Ok(None);
+        }
+        self.seek_to(self.next)?;
+        let mut pending = Pending::default();
+        loop {
+            let at = self.pos;
+            let Some(block) = self.read_block()? else {
+                if pending.start.is_some() {
+                    bail!("byte offset {at}: the archive ends after an extension header, before its member's header (truncated tar)");
+                }
+                self.done = true;
+                return Ok(None);
+            };
+            if block.iter().all(|&b| b == 0) {
+                if let Some(s) = pending.start {
+                    bail!("byte offset {at}: expected the header of the member whose extension records start at byte {s}, found the end-of-archive marker");
+                }
+                self.done = true;
+                return Ok(None);
+            }
+            check_header(&block, at)?;
+            let typeflag = block[156];
+            let size = numeric(&block[124..136])
+                .with_context(|| format!("byte offset {at}: header field 'size'"))?;
+            match typeflag {
+                b'x' | b'L' | b'K' => {
+                    pending.start.get_or_insert(at);
+                    let data = self.read_extension(at, size)?;
+                    match typeflag {
+                        b'x' => apply_pax(&data, &mut pending, at)?,
+                        b'L' => pending.long_name = Some(until_nul(&data).to_vec()),
+                        _ => pending.long_link = Some(until_nul(&data).to_vec()),
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            return self.member(&block, at, size, pending).map(Some);
+        }
+    }
+
+    /// Reads the stored data of `member`, the member [`Walk::next_member`] just returned.
+    ///
+    /// # Errors
+    /// The input ends before the data does.
+    pub fn read_data(&mut self, member: &Member) -> Result<Vec<u8>> {
+        self.seek_to(member.data)?;
+        let len = usize::try_from(member.stored).context("member too large")?;
+        let mut buf = vec![0; len];
+        let got = read_up_to(&mut self.src, &mut buf)
+            .with_context(|| format!("byte offset {}: cannot read", member.data))?;
+        self.pos += got as u64;
+        if got < len {
+            bail!(
+                "byte offset {}: truncated tar: member {:?} needs {} bytes of data but the input ends at byte {}",
+                member.header,
+                member.name(),
+                member.stored,
+                self.pos
+            );
+        }
+        Ok(buf)
+    }
+
+    /// The member whose header `block` is at `at`, after the extension records in `pending`.
+    fn member(&mut self, block: &[u8; 512], at: u64, size: u64, p: Pending) -> Result<Member> {
+        let kind = EntryKind::of(block[156]);
+        let stored = p.pax_size.unwrap_or(size);
+        let mut data = at + BLOCK;
+        if kind == EntryKind::Sparse {
+            // Old GNU sparse: the header holds four regions, and a flag at byte 482 says that a
+            // 512-byte extension block of 21 more follows, each with its own flag at byte 504.
+            let mut extended = block[482] != 0;
+            while extended {
+                let ext_at = self.pos;
+                let Some(ext) = self.read_block()? else {
+                    bail!("byte offset {ext_at}: truncated tar: the archive ends before the sparse extension block of the member at byte {at}");
+                };
+                extended = ext[504] != 0;
+                data += BLOCK;
+            }
+        }
+        let end = stored
+            .checked_add(BLOCK - 1)
+            .and_then(|s| data.checked_add(s / BLOCK * BLOCK))
+            .with_context(|| format!("byte offset {at}: member size {stored} overflows"))?;
+        let path = p
+            .sparse_name
+            .or(p.pax_path)
+            .or(p.long_name)
+            .unwrap_or_else(|| header_path(block));
+        let link = p
+            .pax_link
+            .or(p.long_link)
+            .unwrap_or_else(|| until_nul(&block[157..257]).to_vec());
+        let member = Member {
+            start: p.start.unwrap_or(at),
+            header: at,
+            data,
+            stored,
+            end,
+            kind,
+            path,
+            link,
+            sparse: kind == EntryKind::Sparse || p.pax_sparse,
+        };
+        if let Some(len) = self.len.filter(|&l| end > l) {
+            bail!(
+                "byte offset {at}: truncated tar: member {:?} needs {stored} bytes of data but the file ends at byte {len}",
+                member.name()
+            );
+        }
+        self.next = end;
+        Ok(member)
+    }
+
+    /// The data of an extension record whose header is at `at`.
+    fn read_extension(&mut self, at: u64, size: u64) -> Result<Vec<u8>> {
+        if size > MAX_EXTENSION {
+            bail!("byte offset {at}: an extension header of {size} bytes (more than {MAX_EXTENSION}); expected a PAX header or GNU long name");
+        }
+        let padded = size.div_ceil(BLOCK) * BLOCK;
+        let mut buf = vec![0; padded as usize];
+        let got = read_up_to(&mut self.src, &mut buf)
+            .with_context(|| format!("byte offset {at}: cannot read"))?;
+        self.pos += got as u64;
+        if (got as u64) < padded {
+            bail!("byte offset {at}: truncated tar: an extension header needs {size} bytes but the input ends at byte {}", self.pos);
+        }
+        buf.truncate(size as usize);
+        Ok(buf)
+    }
+
+    /// One 512-byte block, or `None` at the end of the input.
+    fn read_block(&mut self) -> Result<Option<[u8; 512]>> {
+        let at = self.pos;
+        let mut block = [0u8; 512];
+        let got = read_up_to(&mut self.src, &mut block)
+            .with_context(|| format!("byte offset {at}: cannot read"))?;
+        self.pos += got as u64;
+        match got {
+            0 => Ok(None),
+            512 => Ok(Some(block)),
+            n if at == 0 => bail!(
+                "byte offset 0: not a tar archive (expected a tar archive's first header): the input is only {n} bytes, and {}",
+                describe_start(&block[..n])
+            ),
+            n => bail!("byte offset {at}: expected a tar header, but the input ends {n} bytes into it (truncated tar)"),
+        }
+    }
+
+    fn seek_to(&mut self, to: u64) -> Result<()> {
+        if to == self.pos {
+            return Ok(());
+        }
+        let want = to - self.pos;
+        let got = self
+            .src
+            .skip(want)
+            .with_context(|| format!("cannot move to byte offset {to}"))?;
+        self.pos += got;
+        if got < want {
+            bail!(
+                "truncated tar: the input ends at byte {}, inside the member that ends at byte {to}",
+                self.pos
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Checks a header's checksum: the sum of its bytes with the checksum field taken as spaces,
+/// over unsigned bytes (POSIX) or signed ones (old Sun and other historical writers).
+fn check_header(block: &[u8; 512], at: u64) -> Result<()> {
+    let stored = octal(&block[148..156]);
+    let (mut unsigned, mut signed) = (0i64, 0i64);
+    for (i, &b) in block.iter().enumerate() {
+        let b = if (148..156).contains(&i) { b' ' } else { b };
+        unsigned += i64::from(b);
+        signed += i64::from(b as i8);
+    }
+    if stored.is_some_and(|s| s == unsigned as u64 || s == signed as u64) {
+        return Ok(());
+    }
+    if at == 0 && &block[257..262] != b"ustar" {
+        bail!(
+            "byte offset 0: not a tar archive (expected a tar archive's first header): {}",
+            describe_start(block)
+        );
+    }
+    match stored {
+        Some(s) => bail!(
+            "byte offset {at}: expected a tar header: checksum mismatch (the header says {s}, its bytes sum to {unsigned})"
+        ),
+        None => bail!(
+            "byte offset {at}: expected a tar header: its checksum field {:?} is not an octal number",
+            String::from_utf8_lossy(&block[148..156])
+        ),
+    }
+}
+
+/// What the first bytes of a file that is not a tar look like, for the message.
+pub fn describe_start(head: &[u8]) -> String {
+    let kind = match head {
+        [0xff, 0xd8, 0xff, ..] => Some("a JPEG image"),
+        [0x89, b'P', b'N', b'G', ..] => Some("a PNG image"),
+        [b'G', b'I', b'F', b'8', ..] => Some("a GIF image"),
+        [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => Some("a WebP image"),
+        [b'R', b'I', b'F', b'F', ..] => Some("a RIFF file (WAV or AVI)"),
+        [0x1f, 0x8b, ..] => Some("gzip-compressed data"),
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => Some("zstd-compressed data"),
+        [b'B', b'Z', b'h', ..] => Some("bzip2-compressed data"),
+        [0xfd, b'7', b'z', b'X', b'Z', 0, ..] => Some("xz-compressed data"),
+        [b'P', b'K', 3, 4, ..] => Some("a zip archive"),
+        [b'0', b'7', b'0', b'7', b'0', b'1' | b'2' | b'7', ..] => Some("a cpio archive"),
+        [b'%', b'P', b'D', b'F', ..] => Some("a PDF document"),
+        [0x93, b'N', b'U', b'M', b'P', b'Y', ..] => Some("a NumPy array (.npy)"),
+        [0x7f, b'E', b'L', b'F', ..] => Some("an ELF executable"),
+        _ => None,
+    };
+    let shown: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let text = head
+        .iter()
+        .take(64)
+        .take_while(|&&b| b != 0)
+        .all(|&b| b.is_ascii_graphic() || b.is_ascii_whitespace())
+        && head.first().is_some_and(|&b| b != 0);
+    match (kind, text) {
+        (Some(k), _) => format!("it starts like {k} ({})", shown.join(" ")),
+        (None, true) => format!(
+            "it starts with text ({:?})",
+            String::from_utf8_lossy(&head[..head.len().min(24)])
+        ),
+        (None, false) => format!("its first bytes are {}", shown.join(" ")),
+    }
+}
+
+/// A header's own path: the ustar prefix and name (POSIX ustar magic), or the name alone (old
+/// GNU and v7 headers, whose prefix bytes hold other fields).
+fn header_path(block: &[u8; 512]) -> Vec<u8> {
+    let name = until_nul(&block[0..100]);
+    let prefix = until_nul(&block[345..500]);
+    if &block[257..263] == b"ustar\0" && !prefix.is_empty() {
+        [prefix, b"/", name].concat()
+    } else {
+        name.to_vec()
+    }
+}
+
+fn until_nul(field: &[u8]) -> &[u8] {
+    field
+        .iter()
+        .position(|&b| b == 0)
+        .map_or(field, |n| &field[..n])
+}
+
+/// An octal field (leading spaces, then digits, ended by NUL, space or the field's end), or
+/// `None` when it holds something else.
+fn octal(field: &[u8]) -> Option<u64> {
+    let field = until_nul(field);
+    let digits = field.trim_ascii();
+    if digits.is_empty() {
+        return Some(0);
+    }
+    let mut n = 0u64;
+    for &d in digits {
+        if !(b'0'..=b'7').contains(&d) {
+            return None;
+        }
+        n = n.checked_mul(8)?.checked_add(u64::from(d - b'0'))?;
+    }
+    Some(n)
+}
+
+/// A numeric header field: octal, or GNU base-256 (high bit of the first byte set).
+fn numeric(field: &[u8]) -> Result<u64> {
+    if field[0] & 0x80 != 0 {
+        if field[0] == 0xff {
+            bail!("a negative base-256 number");
+        }
+        let mut n = u64::from(field[0] & 0x7f);
+        for &b in &field[1..] {
+            n = n
+                .checked_mul(256)
+                .and_then(|n| n.checked_add(u64::from(b)))
+                .context("a base-256 number too large")?;
+        }
+        return Ok(n);
+    }
+    octal(field).with_context(|| {
+        format!(
+            "{:?} is not a number (expected octal digits)",
+            String::from_utf8_lossy(field)
+        )
+    })
+}
+
+/// Folds the records of a PAX extended header (`LEN key=value\n` ...) into `p`.
+fn apply_pax(data: &[u8], p: &mut Pending, at: u64) -> Result<()> {
+    let mut rest = data;
+    while !rest.is_empty() {
+        if rest.iter().all(|&b| b == 0) {
+            break; // some writers pad the header's data with NULs
+        }
+        let space = rest.iter().position(|&b| b == b' ').with_context(|| {
+            format!("byte offset {at}: PAX header: expected 'LENGTH key=value', found no length")
+        })?;
+        let len: usize = std::str::from_utf8(&rest[..space])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .filter(|&n: &usize| n > space + 1 && n <= rest.len())
+            .with_context(|| {
+                format!(
+                    "byte offset {at}: PAX header: record length {:?} is not a length inside the header",
+                    String::from_utf8_lossy(&rest[..space])
+                )
+            })?;
+        let record = &rest[space + 1..len];
+        rest = &rest[len..];
+        let record = record.strip_suffix(b"\n").unwrap_or(record);
+        let Some(eq) = record.iter().position(|&b| b == b'=') else {
+            bail!("byte offset {at}: PAX header: a record without '='");
+        };
+        let (key, value) = (&record[..eq], &record[eq + 1..]);
+        match key {
+            b"path" => p.pax_path = Some(value.to_vec()),
+            b"linkpath" => p.pax_link = Some(value.to_vec()),
+            b"size" => {
+                let size = std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .with_context(|| {
+                        format!(
+                            "byte offset {at}: PAX header: size {:?} is not a number",
+                            String::from_utf8_lossy(value)
+                        )
+                    })?;
+                p.pax_size = Some(size);
+            }
+            b"GNU.sparse.name" => p.sparse_name = Some(value.to_vec()),
+            b"GNU.sparse.major"
+            | b"GNU.sparse.size"
+            | b"GNU.sparse.realsize"
+            | b"GNU.sparse.map"
+            | b"GNU.sparse.numblocks" => p.pax_sparse = true,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    fn walk_all(bytes: &[u8]) -> Result<Vec<Member>> {
+        let mut w = Walk::new(Seekable(Cursor::new(bytes)), Some(bytes.len() as u64));
+        let mut out = Vec::new();
+        while let Some(m) = w.next_member()? {
+            out.push(m);
+        }
+        Ok(out)
+    }
+
+    /// A header block with `name`, `typeflag` and `size`, checksummed.
+    fn header(name: &str, typeflag: u8, size: u64, magic: &[u8; 8]) -> [u8; 512] {
+        let mut h = [0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        h[100..107].copy_from_slice(b"0000644");
+        h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+        h[156] = typeflag;
+        h[257..265].copy_from_slice(magic);
+        set_checksum(&mut h, false);
+        h
+    }
+
+    fn set_checksum(h: &mut [u8; 512], signed: bool) {
+        h[148..156].fill(b' ');
+        let sum: i64 = h
+            .iter()
+            .map(|&b| {
+                if signed {
+                    i64::from(b as i8)
+                } else {
+                    i64::from(b)
+                }
+            })
+            .sum();
+        h[148..155].copy_from_slice(format!("{:06o}\0", sum as u64 & 0o777777).as_bytes());
+    }
+
+    /// One PAX record, `LEN key=value\n`, its length counting itself.
+    fn pax_record(key: &str, value: &str) -> String {
+        let body = format!(" {key}={value}\n");
+        let mut len = body.len() + 1;
+        while len.to_string().len() + body.len() != len {
+            len += 1;
+        }
+        format!("{len}{body}")
+    }
+
+    fn padded(data: &[u8]) -> Vec<u8> {
+        let mut v = data.to_vec();
+        v.resize(data.len().div_ceil(512) * 512, 0);
+        v
+    }
+
+    #[test]
+    fn old_gnu_sparse_member_extent_is_its_stored_data_and_extension_blocks() {
+        // 'S' with stored size 1024 and one extension block, then a plain member.
+        let mut s = header("a.npy", b'S', 1024, b"ustar  \0");
+        s[482] = 1;
+        set_checksum(&mut s, false);
+        let ext = [0u8; 512]; // its own flag (byte 504) is 0: the last one
+        let bytes = [
+            s.to_vec(),
+            ext.to_vec(),
+            vec![7u8; 1024],
+            header("a.cls", b'0', 1, b"ustar  \0").to_vec(),
+            padded(b"1"),
+            vec![0; 1024],
+        ]
+        .concat();
+        let m = walk_all(&bytes).unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            (m[0].kind, m[0].data, m[0].stored, m[0].end, m[0].sparse),
+            (EntryKind::Sparse, 1024, 1024, 2048, true)
+        );
+        assert_eq!((m[1].start, m[1].header, m[1].end), (2048, 2048, 3072));
+    }
+
+    #[test]
+    fn pax_sparse_name_and_size_records_are_applied() {
+        let records = [
+            pax_record("GNU.sparse.name", "d/x.npy"),
+            pax_record("GNU.sparse.major", "1"),
+        ]
+        .concat();
+        let records = records.as_bytes();
+        let bytes = [
+            header(
+                "PaxHeader/x.npy",
+                b'x',
+                records.len() as u64,
+                b"ustar\x0000",
+            )
+            .to_vec(),
+            padded(records),
+            header("GNUSparseFile.0/x.npy", b'0', 600, b"ustar\x0000").to_vec(),
+            vec![1u8; 1024],
+            vec![0; 1024],
+        ]
+        .concat();
+        let m = walk_all(&bytes).unwrap();
+        assert_eq!(m[0].path, b"d/x.npy");
+        assert_eq!((m[0].start, m[0].header, m[0].end), (0, 1024, 2560));
+        assert!(m[0].sparse);
+    }
+
+    #[test]
+    fn signed_checksums_labels_and_base256_sizes_are_read() {
+        let mut h = header("\u{e9}t\u{e9}.txt", b'0', 3, b"ustar\x0000");
+        set_checksum(&mut h, true);
+        let mut big = header("b.bin", b'0', 0, b"ustar  \0");
+        big[124..136].fill(0);
+        big[124] = 0x80;
+        big[135] = 5;
+        set_checksum(&mut big, false);
+        let bytes = [
+            header("LABEL", b'V', 0, b"ustar  \0").to_vec(),
+            h.to_vec(),
+            padded(b"abc"),
+            big.to_vec(),
+            padded(b"12345"),
+        ]
+        .concat();
+        let m = walk_all(&bytes).unwrap();
+        assert_eq!(m[0].kind, EntryKind::Label);
+        assert_eq!(m[1].stored, 3);
+        assert_eq!((m[2].stored, m[2].end), (5, 2560));
+    }
+
+    #[test]
+    fn errors_name_the_offset_and_reason() {
+        let mut jpeg = vec![0xff, 0xd8, 0xff, 0xe0, 0, 0x10, b'J', b'F', b'I', b'F'];
+        jpeg.resize(2000, 0x55);
+        let e = format!("{:#}", walk_all(&jpeg).unwrap_err());
+        assert!(
+            e.contains("byte offset 0: not a tar archive") && e.contains("JPEG"),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            walk_all(b"hello world, this is text\n").unwrap_err()
+        );
+        assert!(e.contains("byte offset 0"), "{e}");
+        let mut bytes = [
+            header("a.x", b'0', 1, b"ustar\x0000").to_vec(),
+            padded(b"1"),
+            header("b.x", b'0', 1, b"ustar\x0000").to_vec(),
+        ]
+        .concat();
+        bytes[1024 + 3] ^= 1;
+        let e = format!("{:#}", walk_all(&bytes).unwrap_err());
+        assert!(
+            e.contains("byte offset 1024") && e.contains("checksum"),
+            "{e}"
+        );
+        let bytes = header("a.x", b'x', 100, b"ustar\x0000");
+        let e = format!("{:#}", walk_all(&bytes).unwrap_err());
+        assert!(
+            e.contains("byte offset 0") && e.contains("truncated"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn forward_sources_report_truncated_data() {
+        let bytes = [
+            header("a.x", b'0', 3000, b"ustar\x0000").to_vec(),
+            vec![1u8; 1000],
+        ]
+        .concat();
+        let mut w = Walk::new(Forward(Cursor::new(&bytes)), None);
+        w.next_member().unwrap().unwrap();
+        let e = format!("{:#}", w.next_member().unwrap_err());
+        assert!(e.contains("truncated"), "{e}");
+    }
+}

@@ -13,6 +13,7 @@ mod compressed;
 mod epochs;
 mod golden;
 mod harness;
+mod house;
 mod hygiene;
 mod memory;
 mod odd_inputs;

@@ -8,6 +8,7 @@ use anyhow::{anyhow, Result};
 pub mod local;
 pub mod mpi;
 pub mod sort;
+pub mod wire;
 
 /// Collective operations over a fixed group of ranks. Every rank must call the same collectives
 /// in the same order.
@@ -141,47 +142,6 @@ where
     let v = serde_json::from_slice(&got[1..])
         .map_err(|e| anyhow!("decoding a broadcast from rank {root}: {e}"))?;
     Ok(v)
-}
-
-/// Where [`route`]'s caller emits each record: (destination rank, record bytes).
-pub type RecordSink<'a> = &'a mut dyn FnMut(usize, &[u8]);
-
-/// Sends fixed-width records each to the rank it names, in one all-to-all, and returns the
-/// records received (whole `width`-byte records, by source rank). `each` is called twice — to
-/// count, then to fill one send buffer in place — and must emit the same records both times, as
-/// (destination rank, record bytes).
-pub fn route(comm: &impl Comm, width: usize, each: &dyn Fn(RecordSink<'_>)) -> Vec<u8> {
-    route_from(comm, width, each).0
-}
-
-/// [`route`], also returning which bytes of the result came from each rank.
-pub fn route_from(
-    comm: &impl Comm,
-    width: usize,
-    each: &dyn Fn(RecordSink<'_>),
-) -> (Vec<u8>, Vec<Range<usize>>) {
-    let ranks = comm.size();
-    let mut counts = vec![0usize; ranks];
-    each(&mut |d, rec| {
-        debug_assert_eq!(rec.len(), width);
-        counts[d] += width;
-    });
-    let mut ranges = Vec::with_capacity(ranks);
-    let mut fill_at = Vec::with_capacity(ranks);
-    let mut at = 0;
-    for c in counts {
-        ranges.push(at..at + c);
-        fill_at.push(at);
-        at += c;
-    }
-    let mut send = vec![0u8; at];
-    each(&mut |d, rec| {
-        send[fill_at[d]..fill_at[d] + width].copy_from_slice(rec);
-        fill_at[d] += width;
-    });
-    let mut recv = Vec::new();
-    let from = comm.all_to_all(&send, &ranges, &mut recv);
-    (recv, from)
 }
 
 /// Every rank's `data` on `root`, by rank (empty vectors elsewhere).

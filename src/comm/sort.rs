@@ -12,7 +12,8 @@ use std::cmp::Ordering;
 
 use anyhow::{bail, Context, Result};
 
-use super::{agree, broadcast_result, exclusive_sum, gather, route, Comm};
+use super::wire::{route, Sink};
+use super::{agree, broadcast_result, exclusive_sum, gather, Comm};
 
 /// One item to sort: compared by `key` bytes, then by `tie`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -107,19 +108,15 @@ pub fn global_ranks(
     drop(items_sorted);
 
     // (index at the source, global rank) back to each item's rank.
-    let recv = route(comm, 16, &|sink| {
+    let recv = route(comm, &|sink: Sink<'_, (u64, u64)>| {
         for (k, &(src, index)) in back.iter().enumerate() {
-            let mut rec = [0u8; 16];
-            rec[..8].copy_from_slice(&index.to_le_bytes());
-            rec[8..].copy_from_slice(&(first + k as u64).to_le_bytes());
-            sink(src as usize, &rec);
+            sink(src as usize, &(index, first + k as u64));
         }
     });
     let result = (|| -> Result<Vec<u64>> {
         let mut result = vec![u64::MAX; items.len()];
-        for rec in recv.chunks_exact(16) {
-            let index = u64::from_le_bytes(rec[..8].try_into().unwrap()) as usize;
-            let rank = u64::from_le_bytes(rec[8..].try_into().unwrap());
+        for (index, rank) in recv.iter() {
+            let index = index as usize;
             *result
                 .get_mut(index)
                 .context("internal error: sort result for an unknown item")? = rank;

@@ -4,7 +4,8 @@
 use anyhow::{bail, Context, Result};
 
 use crate::cli::{Balance, RunConfig};
-use crate::comm::{self, agree, exclusive_sum, gather, Comm};
+use crate::comm::wire::{self, Received, Sink};
+use crate::comm::{agree, exclusive_sum, gather, Comm};
 use crate::input::InputShard;
 use crate::job::index::Index;
 use crate::job::place::Placed;
@@ -106,24 +107,25 @@ pub fn run(
 type Records<'a> = &'a dyn Fn(&mut dyn FnMut(u64, u64));
 
 /// Sends every (position, length) record to the rank `dest` picks for its position; returns the
-/// records received (16 bytes each).
-fn route(comm: &impl Comm, records: Records<'_>, dest: &dyn Fn(u64) -> usize) -> Vec<u8> {
-    comm::route(comm, 16, &|sink| {
-        records(&mut |p, len| {
-            let mut rec = [0u8; 16];
-            rec[..8].copy_from_slice(&p.to_le_bytes());
-            rec[8..].copy_from_slice(&len.to_le_bytes());
-            sink(dest(p), &rec);
-        })
+/// records received.
+fn route(
+    comm: &impl Comm,
+    records: Records<'_>,
+    dest: &dyn Fn(u64) -> usize,
+) -> Received<(u64, u64)> {
+    wire::route(comm, &|sink: Sink<'_, (u64, u64)>| {
+        records(&mut |p, len| sink(dest(p), &(p, len)));
     })
 }
 
 /// The length at every position of `positions` from received records, each exactly once.
-fn lens_at(positions: std::ops::Range<u64>, recv: &[u8], rank: usize) -> Result<Vec<u64>> {
+fn lens_at(
+    positions: std::ops::Range<u64>,
+    recv: &Received<(u64, u64)>,
+    rank: usize,
+) -> Result<Vec<u64>> {
     let mut lens = vec![u64::MAX; (positions.end - positions.start) as usize];
-    for rec in recv.chunks_exact(16) {
-        let p = u64::from_le_bytes(rec[..8].try_into().unwrap());
-        let len = u64::from_le_bytes(rec[8..].try_into().unwrap());
+    for (p, len) in recv.iter() {
         let slot = p
             .checked_sub(positions.start)
             .and_then(|i| lens.get_mut(i as usize))

@@ -6,7 +6,8 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::digest::Digest128;
-use crate::comm::{route, Comm};
+use crate::comm::wire::{route, Sink, Wire};
+use crate::comm::Comm;
 use crate::input::InputShard;
 use crate::tar::TarStream;
 use crate::tar::{index_file, Sample};
@@ -34,11 +35,10 @@ pub(super) struct Record {
     pub(super) offset: u64,
 }
 
-impl Record {
-    /// Bytes of an encoded record.
-    pub(super) const WIDTH: usize = 40;
+impl Wire for Record {
+    const WIDTH: usize = 40;
 
-    pub(super) fn encode(&self, out: &mut [u8]) {
+    fn encode(&self, out: &mut [u8]) {
         out[..16].copy_from_slice(&self.digest.to_le_bytes());
         out[16..24].copy_from_slice(&self.index.to_le_bytes());
         out[24..32].copy_from_slice(&self.offset.to_le_bytes());
@@ -46,7 +46,7 @@ impl Record {
         out[36..40].copy_from_slice(&(self.side as u32).to_le_bytes());
     }
 
-    pub(super) fn decode(b: &[u8]) -> Self {
+    fn decode(b: &[u8]) -> Self {
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
         Record {
             digest: u128::from_le_bytes(b[..16].try_into().unwrap()),
@@ -60,7 +60,9 @@ impl Record {
             },
         }
     }
+}
 
+impl Record {
     /// The rank that compares every copy of this record's digest.
     fn owner(&self, ranks: usize) -> usize {
         (self.digest as u64 % ranks as u64) as usize
@@ -70,16 +72,12 @@ impl Record {
 /// Sends every record to the rank that owns its digest; returns the records this rank owns.
 pub(super) fn route_records(comm: &impl Comm, records: &[Record]) -> Vec<Record> {
     let ranks = comm.size();
-    let recv = route(comm, Record::WIDTH, &|sink| {
+    route(comm, &|sink: Sink<'_, Record>| {
         for r in records {
-            let mut bytes = [0u8; Record::WIDTH];
-            r.encode(&mut bytes);
-            sink(r.owner(ranks), &bytes);
+            sink(r.owner(ranks), r);
         }
-    });
-    recv.chunks_exact(Record::WIDTH)
-        .map(Record::decode)
-        .collect()
+    })
+    .to_vec()
 }
 
 /// Indexes and digests this rank's input shards, in order; returns their records (positions

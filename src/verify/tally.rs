@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::records::{decode_concat, encode, Record, Side};
 use super::report::{plural, Mismatches};
 use super::setup::Setup;
-use crate::comm::{gather, route, Comm};
+use crate::comm::wire::{route, Sink};
+use crate::comm::{gather, Comm};
 use crate::plan::Equalize;
 use crate::tar::key_at;
 
@@ -236,23 +237,12 @@ pub(super) fn distinct_inputs_per_output(
 ) -> Vec<u64> {
     let ranks = comm.size();
     let owner = |s: u32| s as usize % ranks;
-    let recv = route(comm, 8, &|sink| {
-        for &(s, i) in pairs {
-            let mut bytes = [0u8; 8];
-            bytes[..4].copy_from_slice(&s.to_le_bytes());
-            bytes[4..].copy_from_slice(&i.to_le_bytes());
-            sink(owner(s), &bytes);
+    let recv = route(comm, &|sink: Sink<'_, (u32, u32)>| {
+        for pair in pairs {
+            sink(owner(pair.0), pair);
         }
     });
-    let mut got: Vec<(u32, u32)> = recv
-        .chunks_exact(8)
-        .map(|c| {
-            (
-                u32::from_le_bytes(c[..4].try_into().unwrap()),
-                u32::from_le_bytes(c[4..].try_into().unwrap()),
-            )
-        })
-        .collect();
+    let mut got = recv.to_vec();
     got.sort_unstable();
     got.dedup();
     let mut mine: BTreeMap<u32, u64> = BTreeMap::new();

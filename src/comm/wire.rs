@@ -1,0 +1,170 @@
+//! Fixed-width records on the wire: one trait for every record a route moves, and the route
+//! itself. A record encodes to exactly [`Wire::WIDTH`] little-endian bytes, so a receiver
+//! decodes any number of them without framing, and a route's buffers are sized by counting.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use super::Comm;
+
+/// A record of fixed width.
+pub trait Wire: Sized {
+    /// Bytes of an encoded record (at most [`MAX_WIDTH`]).
+    const WIDTH: usize;
+    /// Writes the record into `out`, exactly `WIDTH` bytes.
+    fn encode(&self, out: &mut [u8]);
+    /// Reads a record from `bytes`, exactly `WIDTH` bytes.
+    fn decode(bytes: &[u8]) -> Self;
+}
+
+/// The widest record a route carries.
+pub const MAX_WIDTH: usize = 64;
+
+/// The little-endian u64 at `bytes[at..at + 8]`.
+pub fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// The little-endian u32 at `bytes[at..at + 4]`.
+pub fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
+}
+
+impl Wire for u64 {
+    const WIDTH: usize = 8;
+    fn encode(&self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_le_bytes());
+    }
+    fn decode(bytes: &[u8]) -> Self {
+        u64_at(bytes, 0)
+    }
+}
+
+impl Wire for (u64, u64) {
+    const WIDTH: usize = 16;
+    fn encode(&self, out: &mut [u8]) {
+        out[..8].copy_from_slice(&self.0.to_le_bytes());
+        out[8..].copy_from_slice(&self.1.to_le_bytes());
+    }
+    fn decode(bytes: &[u8]) -> Self {
+        (u64_at(bytes, 0), u64_at(bytes, 8))
+    }
+}
+
+impl Wire for (u32, u32) {
+    const WIDTH: usize = 8;
+    fn encode(&self, out: &mut [u8]) {
+        out[..4].copy_from_slice(&self.0.to_le_bytes());
+        out[4..].copy_from_slice(&self.1.to_le_bytes());
+    }
+    fn decode(bytes: &[u8]) -> Self {
+        (u32_at(bytes, 0), u32_at(bytes, 4))
+    }
+}
+
+/// The records a route delivered to this rank, kept encoded (no second copy of them in memory)
+/// and decoded as they are read.
+pub struct Received<T> {
+    bytes: Vec<u8>,
+    /// Which records came from each rank.
+    from: Vec<Range<usize>>,
+    record: PhantomData<T>,
+}
+
+impl<T: Wire> Received<T> {
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / T::WIDTH
+    }
+
+    /// Whether no record arrived.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Every record, by source rank.
+    pub fn iter(&self) -> impl Iterator<Item = T> + '_ {
+        self.bytes.chunks_exact(T::WIDTH).map(T::decode)
+    }
+
+    /// The records rank `source` sent, and each source rank's in turn.
+    pub fn by_source(&self) -> impl Iterator<Item = (usize, impl Iterator<Item = T> + '_)> + '_ {
+        self.from.iter().enumerate().map(|(source, r)| {
+            let bytes = &self.bytes[r.start * T::WIDTH..r.end * T::WIDTH];
+            (source, bytes.chunks_exact(T::WIDTH).map(T::decode))
+        })
+    }
+
+    /// Decodes every record into a vector.
+    pub fn to_vec(&self) -> Vec<T> {
+        self.iter().collect()
+    }
+}
+
+/// Where a route's caller emits each record: (destination rank, record).
+pub type Sink<'a, T> = &'a mut dyn FnMut(usize, &T);
+
+/// Sends records each to the rank it names, in one all-to-all, and returns the records this rank
+/// received. `each` is called twice — to count, then to fill one send buffer in place — and must
+/// emit the same records both times.
+pub fn route<T: Wire>(comm: &impl Comm, each: &dyn Fn(Sink<'_, T>)) -> Received<T> {
+    assert!(T::WIDTH <= MAX_WIDTH && T::WIDTH > 0);
+    let ranks = comm.size();
+    let mut counts = vec![0usize; ranks];
+    each(&mut |d, _| counts[d] += T::WIDTH);
+    let mut ranges = Vec::with_capacity(ranks);
+    let mut fill_at = Vec::with_capacity(ranks);
+    let mut at = 0;
+    for c in counts {
+        ranges.push(at..at + c);
+        fill_at.push(at);
+        at += c;
+    }
+    let mut send = vec![0u8; at];
+    each(&mut |d, rec| {
+        rec.encode(&mut send[fill_at[d]..fill_at[d] + T::WIDTH]);
+        fill_at[d] += T::WIDTH;
+    });
+    let mut bytes = Vec::new();
+    let from = comm
+        .all_to_all(&send, &ranges, &mut bytes)
+        .into_iter()
+        .map(|r| r.start / T::WIDTH..r.end / T::WIDTH)
+        .collect();
+    Received {
+        bytes,
+        from,
+        record: PhantomData,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::local::LocalComm;
+
+    #[test]
+    fn records_reach_the_rank_they_name_with_their_source() {
+        let results = LocalComm::run(3, |c| {
+            let me = c.rank() as u64;
+            let got = route(c, &|sink: Sink<'_, (u64, u64)>| {
+                for d in 0..3 {
+                    for k in 0..=d as u64 {
+                        sink(d, &(me, k));
+                    }
+                }
+            });
+            let by: Vec<(usize, Vec<(u64, u64)>)> =
+                got.by_source().map(|(s, it)| (s, it.collect())).collect();
+            Ok::<_, anyhow::Error>((got.len(), by))
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            let (n, by) = r.unwrap();
+            assert_eq!(n, 3 * (rank + 1));
+            for (source, recs) in by {
+                let want: Vec<(u64, u64)> = (0..=rank as u64).map(|k| (source as u64, k)).collect();
+                assert_eq!(recs, want);
+            }
+        }
+    }
+}

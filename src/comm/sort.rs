@@ -12,8 +12,8 @@ use std::cmp::Ordering;
 
 use anyhow::{bail, Context, Result};
 
-use super::wire::{route, Sink};
-use super::{agree, broadcast_result, exclusive_sum, gather, Comm};
+use super::wire::{gather_concat, route, Sink};
+use super::{agree, broadcast_result, exclusive_sum, Comm};
 
 /// One item to sort: compared by `key` bytes, then by `tie`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -163,24 +163,11 @@ fn splitters(comm: &impl Comm, items: &[Item], order: &[u32]) -> Result<Vec<Item
         let (lo, hi) = (j * n / k, (j + 1) * n / k);
         picks.push((items[order[lo] as usize].clone(), (hi - lo) as u64));
     }
-    let config = bincode::config::standard();
-    let bytes = bincode::serde::encode_to_vec(
-        picks
-            .iter()
-            .map(|(it, w)| (&it.key, it.tie, *w))
-            .collect::<Vec<_>>(),
-        config,
-    )
-    .expect("encodable");
-    let parts = gather(comm, 0, &bytes);
+    let sent: Vec<(&Vec<u8>, u64, u64)> =
+        picks.iter().map(|(it, w)| (&it.key, it.tie, *w)).collect();
+    let gathered = gather_concat::<(Vec<u8>, u64, u64)>(comm, 0, &sent);
     let chosen = (comm.rank() == 0).then(|| -> Result<Vec<(Vec<u8>, u64)>> {
-        let mut all: Vec<(Vec<u8>, u64, u64)> = Vec::new();
-        for part in parts {
-            let (v, _): (Vec<(Vec<u8>, u64, u64)>, _) =
-                bincode::serde::decode_from_slice(&part, config)
-                    .context("internal error: decoding sort samples")?;
-            all.extend(v);
-        }
+        let mut all = gathered?;
         all.sort_unstable_by(|a, b| cmp((&a.0, a.1), (&b.0, b.1)));
         let total: u64 = all.iter().map(|s| s.2).sum();
         let mut out = Vec::with_capacity(ranks - 1);

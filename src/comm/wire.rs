@@ -1,11 +1,18 @@
-//! Fixed-width records on the wire: one trait for every record a route moves, and the route
-//! itself. A record encodes to exactly [`Wire::WIDTH`] little-endian bytes, so a receiver
-//! decodes any number of them without framing, and a route's buffers are sized by counting.
+//! What crosses between ranks, in two forms only. Records routed rank to rank are fixed-width:
+//! one trait, [`Wire`], for every record a route moves, and the route itself; a record encodes
+//! to exactly [`Wire::WIDTH`] little-endian bytes, so a receiver decodes any number of them
+//! without framing, and a route's buffers are sized by counting. Variable-width values gathered
+//! to one rank (keys, label runs, messages) are bincode: [`gather_concat`]. (Broadcasts of
+//! rank 0's set-up use JSON, see [`super::broadcast_result`].)
 
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use super::Comm;
+use anyhow::{Context, Result};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{gather, Comm};
 
 /// A record of fixed width.
 pub trait Wire: Sized {
@@ -136,6 +143,39 @@ pub fn route<T: Wire>(comm: &impl Comm, each: &dyn Fn(Sink<'_, T>)) -> Received<
         from,
         record: PhantomData,
     }
+}
+
+/// Encodes a sequence of values for [`decode_concat`] (bincode).
+pub fn encode_values(values: &impl Serialize) -> Vec<u8> {
+    bincode::serde::encode_to_vec(values, bincode::config::standard()).expect("encodable")
+}
+
+/// Decodes the sequences every rank encoded with [`encode_values`] and concatenates them in
+/// rank order.
+///
+/// # Errors
+/// A part that does not decode (an internal error: peers run the same code).
+pub fn decode_concat<T: DeserializeOwned>(parts: &[Vec<u8>]) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    for part in parts {
+        let (v, _): (Vec<T>, _) =
+            bincode::serde::decode_from_slice(part, bincode::config::standard())
+                .context("internal error: decoding values gathered from a peer")?;
+        out.extend(v);
+    }
+    Ok(out)
+}
+
+/// Every rank's `values` (a sequence) on `root`, concatenated in rank order; empty elsewhere.
+///
+/// # Errors
+/// As [`decode_concat`], on `root` only: agree on the outcome before the next collective.
+pub fn gather_concat<T: DeserializeOwned>(
+    comm: &impl Comm,
+    root: usize,
+    values: &impl Serialize,
+) -> Result<Vec<T>> {
+    decode_concat(&gather(comm, root, &encode_values(values)))
 }
 
 #[cfg(test)]

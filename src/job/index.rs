@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::cli::RunConfig;
-use crate::comm::{agree, broadcast_result, everywhere, exclusive_sum, gather, Comm};
+use crate::comm::wire::gather_concat;
+use crate::comm::{agree, broadcast_result, everywhere, exclusive_sum, Comm};
 use crate::input::InputShard;
 use crate::job::duplicates;
 use crate::output::saved_index::{self, Lookup};
@@ -66,8 +67,12 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
         keys,
         contents,
     } = agree(comm, indexed)?;
-    let gathered = gather(comm, 0, &serde_json::to_vec(&edges).expect("encodable"));
-    broadcast_result(comm, 0, lead.then(|| split_sample_check(inputs, &gathered)))?;
+    let all_edges = gather_concat(comm, 0, &edges);
+    broadcast_result(
+        comm,
+        0,
+        lead.then(|| all_edges.and_then(|e| split_sample_check(inputs, e))),
+    )?;
     // After the split check: a split sample is also a key in two shards, and the more
     // specific message wins.
     let across_shards = if cfg.rules.checks_duplicates() {
@@ -128,12 +133,7 @@ type EdgeKeys = Vec<(usize, (String, String))>;
 
 /// On rank 0: a sample split across two consecutive input shards (the last key of one is the
 /// first key of the next) would be moved as two samples: an error naming both files.
-fn split_sample_check(inputs: &[InputShard], gathered: &[Vec<u8>]) -> Result<()> {
-    let mut all: EdgeKeys = Vec::new();
-    for part in gathered {
-        let mut v: EdgeKeys = serde_json::from_slice(part).context("decoding shard edge keys")?;
-        all.append(&mut v);
-    }
+fn split_sample_check(inputs: &[InputShard], mut all: EdgeKeys) -> Result<()> {
     all.sort_by_key(|e| e.0);
     for pair in all.windows(2) {
         let ((a, (_, last)), (b, (first, _))) = (&pair[0], &pair[1]);

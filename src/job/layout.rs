@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 
 use crate::cli::{Balance, RunConfig};
-use crate::comm::wire::{self, Received, Sink};
+use crate::comm::wire::{self, gather_concat, Received, Sink};
 use crate::comm::{agree, exclusive_sum, gather, Comm};
 use crate::input::InputShard;
 use crate::job::index::Index;
@@ -241,16 +241,9 @@ fn equalized_keys(
         }
     }
     // Every rank takes part in the gather, failed or not; the caller agrees on the outcome.
-    let config = bincode::config::standard();
-    let bytes = bincode::serde::encode_to_vec(&mine, config).expect("encodable");
-    let parts = gather(comm, 0, &bytes);
+    let all = gather_concat::<(u64, bool, String)>(comm, 0, &mine);
     failed?;
-    let mut all: Vec<(u64, bool, String)> = Vec::new();
-    for part in parts {
-        let (v, _): (Vec<(u64, bool, String)>, _) =
-            bincode::serde::decode_from_slice(&part, config).context("decoding keys")?;
-        all.extend(v);
-    }
+    let mut all = all?;
     all.sort();
     let (dropped, repeated): (Vec<_>, Vec<_>) = all.into_iter().partition(|k| k.1);
     Ok((

@@ -2,7 +2,7 @@
 //! plain shuffle needs no communication beyond the group sizes (the permutation answers it);
 //! every other order is a distributed sort ([`crate::comm::sort`]).
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 
 use crate::cli::RunConfig;
 use crate::input::InputShard;
@@ -13,7 +13,8 @@ use crate::size::human_bytes;
 use crate::tar::key_at;
 
 use crate::comm::sort::{global_ranks, Item};
-use crate::comm::{agree, agree_once, everywhere, gather, Comm};
+use crate::comm::wire::gather_concat;
+use crate::comm::{agree, agree_once, everywhere, Comm};
 use crate::key_map::{KeyMap, SKIPPED as KEY_MAP_SKIPPED};
 use crate::plan::deal::Deal;
 use crate::plan::order::{Missing, OrderBy, OrderSpec};
@@ -553,26 +554,19 @@ impl Runs {
     }
 
     fn report(self, comm: &impl Comm, ext: String, deal: &Deal) -> Result<StratifyReport> {
-        let config = bincode::config::standard();
-        let bytes = bincode::serde::encode_to_vec(&self.edges, config).expect("encodable");
         let mut worst = self.inner_worst;
         let mut labels = self.inner_labels;
-        let parts = gather(comm, 0, &bytes);
-        let joined = (|| -> Result<Vec<(Vec<u8>, u64, u64)>> {
+        let edges = gather_concat::<(Vec<u8>, u64, u64)>(comm, 0, &self.edges);
+        let joined = edges.map(|edges| {
             let mut joined: Vec<(Vec<u8>, u64, u64)> = Vec::new();
-            for part in parts {
-                let (edges, _): (Vec<(Vec<u8>, u64, u64)>, _) =
-                    bincode::serde::decode_from_slice(&part, config)
-                        .context("internal error: decoding label runs")?;
-                for (key, a, n) in edges {
-                    match joined.last_mut() {
-                        Some(last) if last.0 == key && last.1 + last.2 == a => last.2 += n,
-                        _ => joined.push((key, a, n)),
-                    }
+            for (key, a, n) in edges {
+                match joined.last_mut() {
+                    Some(last) if last.0 == key && last.1 + last.2 == a => last.2 += n,
+                    _ => joined.push((key, a, n)),
                 }
             }
-            Ok(joined)
-        })();
+            joined
+        });
         // Only rank 0 decodes: agreed before the next collective.
         let joined = agree(comm, joined)?;
         labels += joined.len() as u64;

@@ -40,8 +40,9 @@ pub use config::VerifyConfig;
 pub use digest::Digest128;
 pub use report::{Mismatches, Shuffle, VerifyReport};
 
+use crate::comm::wire::{decode_concat, encode_values as encode};
 use problems::{check_outputs, data_problems, Found};
-use records::{decode_concat, digest_inputs, encode, route_records, Record};
+use records::{digest_inputs, route_records, Record};
 use report::plural;
 use setup::{Lead, Setup};
 use tally::{compare, distinct_inputs_per_output, Sums, Tally};
@@ -208,6 +209,9 @@ fn gather_findings(
     }
 }
 
+/// Values gathered from peers decode: they run the same code.
+const PEERS: &str = "values encoded by a peer";
+
 /// Rank 0's report: its own problems, every rank's, and the measures of the shuffle.
 fn lead_report(
     cfg: &VerifyConfig,
@@ -219,13 +223,16 @@ fn lead_report(
 ) -> VerifyReport {
     let mut problems = lead.problems;
     // Ranks hold contiguous runs of output shards in rank order: shard order.
-    problems.extend(decode_concat::<String>(&findings.shard_problems));
+    problems.extend(decode_concat::<String>(&findings.shard_problems).expect(PEERS));
     let found = Found {
         input_samples,
         output_samples,
         mismatches: findings.mismatches,
-        examples: decode_concat(&findings.examples),
-        equalized_keys: findings.equalized_keys.as_deref().map(decode_concat),
+        examples: decode_concat(&findings.examples).expect(PEERS),
+        equalized_keys: findings
+            .equalized_keys
+            .as_deref()
+            .map(|k| decode_concat(k).expect(PEERS)),
     };
     problems.extend(data_problems(setup, lead.index.as_ref(), &found));
     let sums = findings

@@ -1,9 +1,7 @@
 //! [`Record`]: one sample on its way to the rank that owns its digest — made by digesting a
-//! shard's samples, encoded at a fixed width, routed by digest. Also the bincode helpers for
-//! what is gathered to rank 0 rather than routed.
+//! shard's samples, encoded at a fixed width, routed by digest.
 
 use anyhow::{Context, Result};
-use serde::Serialize;
 
 use super::digest::Digest128;
 use crate::comm::wire::{route, Sink, Wire};
@@ -128,23 +126,6 @@ pub(super) fn digest_samples(
         bytes += s.len;
     }
     Ok(bytes)
-}
-
-/// Encodes a value for [`crate::comm::gather`].
-pub(super) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    bincode::serde::encode_to_vec(value, bincode::config::standard()).expect("encodable")
-}
-
-/// Concatenates the vectors that every rank encoded (our own data: decoding cannot fail).
-pub(super) fn decode_concat<T: serde::de::DeserializeOwned>(parts: &[Vec<u8>]) -> Vec<T> {
-    let mut out = Vec::new();
-    for part in parts {
-        let (v, _): (Vec<T>, _) =
-            bincode::serde::decode_from_slice(part, bincode::config::standard())
-                .expect("a vector encoded by a peer");
-        out.extend(v);
-    }
-    out
 }
 
 #[cfg(test)]

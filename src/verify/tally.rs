@@ -8,9 +8,10 @@ use std::path::Path;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use super::records::{decode_concat, encode, Record, Side};
+use super::records::{Record, Side};
 use super::report::{plural, Mismatches};
 use super::setup::Setup;
+use crate::comm::wire::{decode_concat, encode_values as encode};
 use crate::comm::wire::{route, Sink};
 use crate::comm::{gather, Comm};
 use crate::plan::Equalize;
@@ -255,7 +256,7 @@ pub(super) fn distinct_inputs_per_output(
         return Vec::new();
     }
     let mut per_shard = vec![0u64; shards];
-    for (s, n) in decode_concat::<(u32, u64)>(&parts) {
+    for (s, n) in decode_concat::<(u32, u64)>(&parts).expect("values encoded by a peer") {
         per_shard[s as usize] = n;
     }
     per_shard

@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod comm;
 pub mod error;
+pub mod exit;
 pub mod generate;
 pub mod hooks;
 pub mod input;

@@ -9,7 +9,7 @@ use clap::Parser;
 use reshard::cli::{Cli, Command, RunArgs, RunConfig};
 use reshard::comm::mpi::{MpiComm, MpiRuntime};
 use reshard::comm::{agree, Comm, PeerFailed};
-use reshard::error::Exit;
+use reshard::exit::Exit;
 use reshard::job::Outcome;
 
 fn main() -> ExitCode {

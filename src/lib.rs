@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod comm;
+pub mod config;
 pub mod error;
 pub mod exit;
 pub mod generate;

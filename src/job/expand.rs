@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::RunConfig;
+use crate::config::RunConfig;
 use crate::input::{expand_specs, InputShard};
 use crate::job::series::outputs_beyond;
 use crate::saved_index;

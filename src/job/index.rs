@@ -7,8 +7,8 @@ use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::cli::RunConfig;
 use crate::comm::{agree, broadcast_result, everywhere, exclusive_sum, gather, Comm};
+use crate::config::RunConfig;
 use crate::input::InputShard;
 use crate::job::duplicates;
 use crate::plan::assign_inputs;

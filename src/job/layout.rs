@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 
-use crate::cli::{Balance, RunConfig};
 use crate::comm::{self, agree, exclusive_sum, gather, Comm};
+use crate::config::{Balance, RunConfig};
 use crate::input::InputShard;
 use crate::job::index::Index;
 use crate::job::place::Placed;

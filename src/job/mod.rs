@@ -32,8 +32,8 @@ use std::fs;
 
 use anyhow::Result;
 
-use crate::cli::RunConfig;
 use crate::comm::{agree, broadcast_result, Comm};
+use crate::config::RunConfig;
 use crate::progress::{PhaseTimes, Progress};
 use crate::report::{narrate, PlanReport};
 use crate::size::human_bytes;
@@ -185,8 +185,8 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use super::*;
-    use crate::cli::Balance;
     use crate::comm::local::LocalComm;
+    use crate::config::Balance;
     use crate::manifest::Manifest;
     use crate::tar_index::{Codec, Rules};
     use crate::writer::shard_file_name;

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use crate::cli::RunConfig;
 use crate::comm::{broadcast_result, Comm};
+use crate::config::RunConfig;
 use crate::job::expand::{Setup, HEARTBEATS};
 use crate::job::finish::Finished;
 use crate::job::layout::Laid;

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::gpu::GpuShare;
 use super::stats::Stats;
-use crate::cli::Balance;
+use crate::config::Balance;
 use crate::manifest::ShardEntry;
 use crate::order::StratifyReport;
 use crate::plan::Equalize;

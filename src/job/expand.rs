@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
 use crate::input::{expand_specs, InputShard};
+use crate::job::link::check_link;
 use crate::job::series::outputs_beyond;
 use crate::saved_index;
 
@@ -116,12 +117,7 @@ pub fn prepare(cfg: &RunConfig) -> Result<Setup> {
         Err(_) => {}
     }
     if let Some(link) = &cfg.link {
-        if fs::symlink_metadata(link).is_ok_and(|m| !m.file_type().is_symlink()) {
-            bail!(
-                "--link {}: exists and is not a symbolic link; not replacing it",
-                link.display()
-            );
-        }
+        check_link(link)?;
     }
     if cfg.dry_run {
         // Checked as `run` would, but nothing is created, removed or written.

@@ -23,6 +23,7 @@ pub mod expand;
 pub mod finish;
 pub mod index;
 pub mod layout;
+pub mod link;
 pub mod place;
 pub mod publish;
 pub mod series;

@@ -9,7 +9,7 @@ pub mod resolve;
 pub use args::{Cli, Command, CompressArg, EqualizeArg, GenerateArgs, RunArgs, VerifyArgs};
 
 // Moved to crate::config; shim removed when all callers are updated.
-pub use crate::config::{Balance, GpuLayout, Keep, RunConfig, MIN_MEM_LIMIT};
+pub use crate::config::{Balance, GpuLayout, Keep, RunConfig};
 
 use std::io::Write;
 

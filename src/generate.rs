@@ -17,15 +17,14 @@
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Write};
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tar::{Builder, EntryType, Header};
 
-use crate::cli::GenerateArgs;
-use crate::size::parse_size;
+use crate::config::{GenerateConfig, HeaderFormat};
 
 /// Modification time of every member (2023-11-14T22:13:20Z), fixed so output is reproducible.
 pub const MTIME: u64 = 1_700_000_000;
@@ -50,106 +49,12 @@ const MAX_PAYLOAD: u64 = (1 << 33) - 1;
 /// Write buffer of each shard file.
 const WRITE_BUFFER: usize = 4 << 20;
 
-/// Header format of the members.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// GNU headers; long paths get a GNU long-name (`L`) record.
-    Gnu,
-    /// POSIX ustar headers; long paths get a PAX extended header (`x`) with a `path` record.
-    Pax,
-}
-
-impl Format {
-    fn parse(text: &str) -> Result<Format> {
-        match text.to_ascii_lowercase().as_str() {
-            "gnu" => Ok(Format::Gnu),
-            "pax" | "posix" => Ok(Format::Pax),
-            _ => bail!("--format {text:?}: expected gnu or pax"),
-        }
-    }
-}
-
-/// `generate` arguments after validation.
-#[derive(Debug, Clone)]
-struct Config {
-    output: PathBuf,
-    shards: u64,
-    samples: u64,
-    mean_size: u64,
-    sigma: f64,
-    skew: f64,
-    seed: u64,
-    long_names_every: u64,
-    format: Format,
-    prefix: String,
-}
-
-impl Config {
-    fn resolve(args: &GenerateArgs) -> Result<Config> {
-        if args.shards == 0 {
-            bail!("--shards must be at least 1");
-        }
-        let prefix = &args.prefix;
-        if prefix.is_empty() || prefix.contains('/') || prefix.starts_with('.') {
-            bail!(
-                "--prefix {prefix:?}: expected a non-empty file name prefix without '/' that does not start with '.'"
-            );
-        }
-        if args.output.as_os_str().is_empty() {
-            bail!("--output must not be empty");
-        }
-        let mean_size = parse_size(&args.mean_size)
-            .map_err(|e| anyhow::anyhow!("--mean-size {:?}: {e}", args.mean_size))?;
-        if mean_size == 0 {
-            bail!("--mean-size {:?}: must be at least 1 byte", args.mean_size);
-        }
-        if !(args.sigma.is_finite() && args.sigma >= 0.0) {
-            bail!("--sigma {}: expected a finite number >= 0", args.sigma);
-        }
-        if !args.skew.is_finite() {
-            bail!("--skew {}: expected a finite number", args.skew);
-        }
-        let format = Format::parse(&args.format)?;
-        let samples = match (&args.samples, &args.total_size) {
-            (Some(_), Some(_)) => bail!("--samples and --total-size are mutually exclusive"),
-            (Some(n), None) => *n,
-            (None, Some(total)) => {
-                let total = parse_size(total)
-                    .map_err(|e| anyhow::anyhow!("--total-size {total:?}: {e}"))?;
-                // Round to the nearest count, in u128 so that huge sizes cannot overflow.
-                let n = (u128::from(total) + u128::from(mean_size / 2)) / u128::from(mean_size);
-                u64::try_from(n).unwrap_or(u64::MAX).max(1)
-            }
-            (None, None) => DEFAULT_SAMPLES,
-        };
-        if samples < args.shards {
-            bail!(
-                "{samples} samples for {} shards: each shard needs at least one sample",
-                args.shards
-            );
-        }
-        Ok(Config {
-            output: args.output.clone(),
-            shards: args.shards,
-            samples,
-            mean_size,
-            sigma: args.sigma,
-            skew: args.skew,
-            seed: args.seed,
-            long_names_every: args.long_names_every,
-            format,
-            prefix: prefix.clone(),
-        })
-    }
-}
-
-/// Writes the dataset described by `args`, then prints one summary line to stdout.
+/// Writes the dataset `cfg` describes, then prints one summary line to stdout.
 ///
 /// # Errors
-/// Invalid arguments (naming the flag), an output directory that already holds
-/// `{prefix}-*.tar` shards, and I/O errors naming the file.
-pub fn generate(args: &GenerateArgs) -> Result<()> {
-    let cfg = Config::resolve(args)?;
+/// An output directory that already holds `{prefix}-*.tar` shards, and I/O errors naming the
+/// file.
+pub fn generate(cfg: &GenerateConfig) -> Result<()> {
     prepare_output(&cfg.output, &cfg.prefix)?;
 
     let counts = shard_counts(cfg.samples, cfg.shards, cfg.skew);
@@ -159,7 +64,7 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     for (shard, count) in counts.iter().enumerate() {
         let range = start..start + count;
         start = range.end;
-        bytes += write_shard(&cfg, &base_rng, shard as u64, range)?;
+        bytes += write_shard(cfg, &base_rng, shard as u64, range)?;
     }
     debug_assert_eq!(start, cfg.samples);
     println!(
@@ -255,7 +160,7 @@ struct Sample {
 impl Sample {
     /// Sample `index` of the dataset: drawn from its own ChaCha8 stream of the seed, so it does
     /// not depend on how samples are split over shards.
-    fn new(cfg: &Config, base_rng: &ChaCha8Rng, index: u64) -> Sample {
+    fn new(cfg: &GenerateConfig, base_rng: &ChaCha8Rng, index: u64) -> Sample {
         let mut rng = base_rng.clone();
         rng.set_stream(index);
         let class = rng.next_u64() % CLASSES;
@@ -365,10 +270,10 @@ impl Read for Payload {
 }
 
 /// A member header with the fixed metadata, the size and no path yet.
-fn base_header(format: Format, size: u64) -> io::Result<Header> {
+fn base_header(format: HeaderFormat, size: u64) -> io::Result<Header> {
     let mut header = match format {
-        Format::Gnu => Header::new_gnu(),
-        Format::Pax => Header::new_ustar(),
+        HeaderFormat::Gnu => Header::new_gnu(),
+        HeaderFormat::Pax => Header::new_ustar(),
     };
     header.set_entry_type(EntryType::Regular);
     header.set_mode(0o644);
@@ -384,7 +289,7 @@ fn base_header(format: Format, size: u64) -> io::Result<Header> {
 /// Appends one regular member, with a long-name record first when `path` needs one.
 fn append_member<W: Write>(
     builder: &mut Builder<W>,
-    format: Format,
+    format: HeaderFormat,
     path: &str,
     size: u64,
     data: impl Read,
@@ -392,8 +297,8 @@ fn append_member<W: Write>(
     let mut header = base_header(format, size)?;
     match format {
         // Paths over 100 bytes become a GNU 'L' record (tar's `append_data` does it).
-        Format::Gnu => builder.append_data(&mut header, path, data),
-        Format::Pax => {
+        HeaderFormat::Gnu => builder.append_data(&mut header, path, data),
+        HeaderFormat::Pax => {
             let name_len = header.as_old().name.len();
             if path.len() <= name_len {
                 header.set_path(path)?;
@@ -413,7 +318,12 @@ fn append_member<W: Write>(
 
 /// Writes shard `index` holding samples `range` to a temporary name, then renames it into
 /// place. Returns the shard's size in bytes.
-fn write_shard(cfg: &Config, base_rng: &ChaCha8Rng, index: u64, range: Range<u64>) -> Result<u64> {
+fn write_shard(
+    cfg: &GenerateConfig,
+    base_rng: &ChaCha8Rng,
+    index: u64,
+    range: Range<u64>,
+) -> Result<u64> {
     let name = shard_name(&cfg.prefix, index);
     let path = cfg.output.join(&name);
     let tmp = cfg.output.join(format!(".{name}.tmp"));
@@ -432,7 +342,12 @@ fn write_shard(cfg: &Config, base_rng: &ChaCha8Rng, index: u64, range: Range<u64
     Ok(bytes)
 }
 
-fn write_tar(cfg: &Config, base_rng: &ChaCha8Rng, path: &Path, range: Range<u64>) -> Result<u64> {
+fn write_tar(
+    cfg: &GenerateConfig,
+    base_rng: &ChaCha8Rng,
+    path: &Path,
+    range: Range<u64>,
+) -> Result<u64> {
     let ctx = || format!("writing {}", path.display());
     let file = File::create(path).with_context(ctx)?;
     let mut builder = Builder::new(BufWriter::with_capacity(WRITE_BUFFER, file));
@@ -483,8 +398,16 @@ fn write_tar(cfg: &Config, base_rng: &ChaCha8Rng, path: &Path, range: Range<u64>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::resolve::generate_config;
+    use crate::cli::GenerateArgs;
     use std::collections::BTreeMap;
+    use std::path::PathBuf;
     use std::process::Command;
+
+    /// `reshard generate` as the binary takes it: the arguments resolved, then the dataset written.
+    fn generate(args: &GenerateArgs) -> Result<()> {
+        super::generate(&generate_config(args)?)
+    }
 
     fn args(dir: &Path) -> GenerateArgs {
         GenerateArgs {
@@ -761,12 +684,12 @@ mod tests {
         a.samples = None;
         a.total_size = Some("2KiB".into());
         a.mean_size = "100".into();
-        assert_eq!(Config::resolve(&a).unwrap().samples, 20);
+        assert_eq!(generate_config(&a).unwrap().samples, 20);
         a.total_size = Some("1".into());
         a.shards = 1;
-        assert_eq!(Config::resolve(&a).unwrap().samples, 1);
+        assert_eq!(generate_config(&a).unwrap().samples, 1);
         a.total_size = None;
-        assert_eq!(Config::resolve(&a).unwrap().samples, DEFAULT_SAMPLES);
+        assert_eq!(generate_config(&a).unwrap().samples, DEFAULT_SAMPLES);
     }
 
     #[test]
@@ -845,7 +768,7 @@ mod tests {
     #[test]
     fn lognormal_sizes_have_the_requested_mean() {
         let rng = ChaCha8Rng::seed_from_u64(1);
-        let cfg = Config::resolve(&GenerateArgs {
+        let cfg = generate_config(&GenerateArgs {
             mean_size: "10000".into(),
             sigma: 0.5,
             ..args(Path::new("unused"))

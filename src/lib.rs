@@ -5,7 +5,9 @@
 
 pub mod cli;
 pub mod comm;
+pub mod config;
 pub mod error;
+pub mod exit;
 pub mod generate;
 pub mod hooks;
 pub mod input;

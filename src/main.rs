@@ -1,39 +1,55 @@
-//! `reshard`: parse the command line, start MPI where the command needs it, run, and print the
-//! error (with its context chain) once.
+//! `reshard`: parse the command line, resolve it into a task (a usage error exits 2 here, for
+//! every subcommand), start MPI where the task needs it, run it, and print the error (with its
+//! context chain) once.
 
-use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::Parser;
-
-use reshard::cli::{Cli, Command, RunArgs, RunConfig};
+use reshard::cli::resolve::{self, Task, UsageError};
 use reshard::comm::mpi::{MpiComm, MpiRuntime};
 use reshard::comm::{agree, Comm, PeerFailed};
-use reshard::error::Exit;
+use reshard::config::{RunConfig, VerifyConfig};
+use reshard::exit::Exit;
 use reshard::job::Outcome;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => {
-            // --help and --version end here too, on stdout with exit code 0.
-            let hint = input_hint(&e, &std::env::args_os().collect::<Vec<_>>());
-            let _ = e.print();
-            if let Some(hint) = hint {
-                eprintln!("{hint}");
-            }
-            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
-        }
-    };
-    run(cli).unwrap_or_else(failed).into()
+    match reshard::cli::parse() {
+        Ok(cli) => run(cli.command).unwrap_or_else(failed).into(),
+        Err(exit) => exit.into(),
+    }
 }
 
-/// Prints a failure (once: ranks stopped by another rank's failure stay quiet).
+fn run(command: reshard::cli::Command) -> anyhow::Result<Exit> {
+    match resolve::task(command)? {
+        Task::Generate(cfg) => {
+            reshard::generate::generate(&cfg)?;
+            Ok(Exit::Success)
+        }
+        Task::Run {
+            config,
+            then_verify,
+        } => under_mpi(config.max_round_bytes, |comm| {
+            job(comm, &config, then_verify.as_ref())
+        }),
+        Task::Verify(cfg) => under_mpi(i32::MAX as u64, |comm| verify_job(comm, &cfg)),
+        // No MPI here: completions must work on a login node without a launcher.
+        Task::Completions(shell) => {
+            reshard::cli::write_completions(shell)?;
+            Ok(Exit::Success)
+        }
+    }
+}
+
+/// Prints a failure (once: ranks stopped by another rank's failure stay quiet) and says how to
+/// exit for it.
 fn failed(e: anyhow::Error) -> Exit {
     if e.downcast_ref::<PeerFailed>().is_none() {
         eprintln!("reshard: error: {e:#}");
     }
-    Exit::Failure
+    if e.downcast_ref::<UsageError>().is_some() {
+        Exit::Usage
+    } else {
+        Exit::Failure
+    }
 }
 
 /// Runs `job` on every rank under MPI, prints its failure, then ends the job: every rank agrees on
@@ -48,87 +64,12 @@ fn under_mpi(
     Ok(mpi.finish(code))
 }
 
-/// A hint for clap's "unexpected argument" when the stray word is one of several paths after
-/// `--input`, as the shell leaves an unquoted brace pattern (`--input data/train-{0..3}.tar`
-/// becomes four words): the pattern must be quoted, or `--input` repeated.
-fn input_hint(e: &clap::Error, argv: &[OsString]) -> Option<String> {
-    use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if e.kind() != ErrorKind::UnknownArgument {
-        return None;
-    }
-    let Some(ContextValue::String(stray)) = e.get(ContextKind::InvalidArg) else {
-        return None;
-    };
-    let at = 1 + argv
-        .iter()
-        .skip(1)
-        .position(|a| a.to_str() == Some(stray))?;
-    // Back over the words before it that are not flags, to the flag they follow.
-    let run = (1..at)
-        .rev()
-        .take_while(|&i| !argv[i].to_string_lossy().starts_with('-'))
-        .count();
-    let flag = argv[at - run - 1].to_string_lossy();
-    let separate = run > 0 && (flag == "--input" || flag == "-i");
-    let attached = flag.starts_with("--input=") || (flag.starts_with("-i") && flag.len() > 2);
-    if !(separate || attached) {
-        return None;
-    }
-    let looks_like_shard = [".tar", ".tgz", ".tar.gz", ".tar.zst"]
-        .iter()
-        .any(|ext| stray.ends_with(ext))
-        || std::path::Path::new(stray).is_file();
-    if !looks_like_shard {
-        return None;
-    }
-    Some(format!(
-        "hint: '{stray}' looks like another input path after --input, which takes one SPEC: an \
-         unquoted brace pattern is expanded by the shell into separate words. Quote the pattern \
-         (--input 'data/train-{{000000..000003}}.tar', reshard expands it) or repeat --input \
-         before each path."
-    ))
-}
-
-fn run(cli: Cli) -> anyhow::Result<Exit> {
-    match cli.command {
-        Command::Generate(args) => {
-            reshard::generate::generate(&args)?;
-            Ok(Exit::Success)
-        }
-        Command::Run(args) => run_job(&args, false),
-        Command::Plan(args) => run_job(&args, true),
-        Command::Verify(args) => under_mpi(i32::MAX as u64, |comm| {
-            verify_job(comm, &reshard::verify::VerifyConfig::from(&args))
-        }),
-        Command::Completions { shell } => {
-            // No MPI here: completions must work on a login node without a launcher.
-            let mut cmd = <Cli as clap::CommandFactory>::command();
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut cmd, "reshard", &mut script);
-            // Into a buffer first: `reshard completions bash | head` must not panic on EPIPE.
-            match std::io::Write::write_all(&mut std::io::stdout().lock(), &script) {
-                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-                    Err(anyhow::Error::new(e).context("cannot write the completion script"))
-                }
-                _ => Ok(Exit::Success),
-            }
-        }
-    }
-}
-
-fn run_job(args: &RunArgs, plan_only: bool) -> anyhow::Result<Exit> {
-    let cfg = match args.resolve(plan_only) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("reshard: error: {e:#}");
-            return Ok(Exit::Usage);
-        }
-    };
-    under_mpi(cfg.max_round_bytes, |comm| job(comm, &cfg, args.verify))
-}
-
-/// `reshard run` / `plan` on every rank, once MPI is up.
-fn job(comm: &MpiComm, cfg: &RunConfig, verify: bool) -> anyhow::Result<Exit> {
+/// `reshard run` / `plan` on every rank, once MPI is up, and `verify` after it (`--verify`).
+fn job(
+    comm: &MpiComm,
+    cfg: &RunConfig,
+    then_verify: Option<&VerifyConfig>,
+) -> anyhow::Result<Exit> {
     let outcome = match reshard::job::run(comm, cfg) {
         Ok(o) => o,
         Err(e) if e.downcast_ref::<PeerFailed>().is_some() => return Err(e),
@@ -157,20 +98,15 @@ fn job(comm: &MpiComm, cfg: &RunConfig, verify: bool) -> anyhow::Result<Exit> {
     // Rank 0 alone writes the report: every rank learns whether it could, before --verify's
     // collectives and the final agreement on the exit status.
     agree(comm, reported)?;
-    if let (true, Some(output)) = (verify, &cfg.output) {
-        let check = reshard::verify::VerifyConfig {
-            inputs: cfg.inputs.clone(),
-            output: output.clone(),
-            json: false,
-        };
-        return verify_job(comm, &check);
+    match then_verify {
+        Some(check) => verify_job(comm, check),
+        None => Ok(Exit::Success),
     }
-    Ok(Exit::Success)
 }
 
 /// `reshard verify` (and `run --verify`) on every rank: the report on rank 0, exit 1 on every
 /// rank when anything does not hold.
-fn verify_job(comm: &impl Comm, cfg: &reshard::verify::VerifyConfig) -> anyhow::Result<Exit> {
+fn verify_job(comm: &impl Comm, cfg: &VerifyConfig) -> anyhow::Result<Exit> {
     let verdict = match reshard::verify::verify(comm, cfg) {
         Ok(v) => v,
         Err(e) if e.downcast_ref::<PeerFailed>().is_some() => return Err(e),

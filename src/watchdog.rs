@@ -15,9 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::comm::Aborter;
-
-/// Exit code of a job ended by the watchdog.
-pub const STALL_EXIT: i32 = 75;
+use crate::exit::Exit;
 
 /// Watches for progress; dropping it stops watching.
 pub struct Watchdog {
@@ -94,7 +92,7 @@ impl Watchdog {
                         // Give the launcher a moment to forward the message: an abort kills its
                         // stdio relays too, and the message is the point.
                         std::thread::sleep(Duration::from_millis(300));
-                        abort(STALL_EXIT);
+                        abort(Exit::Stall);
                         return;
                     }
                 }

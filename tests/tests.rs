@@ -24,4 +24,5 @@ mod real_tars;
 mod run;
 mod sizing;
 mod slurm;
+mod usage;
 mod verify_cmd;

@@ -40,8 +40,8 @@ pub trait Comm {
     fn aborter(&self) -> Aborter;
 }
 
-/// Ends the whole job with the given exit code; see [`Comm::aborter`].
-pub type Aborter = std::sync::Arc<dyn Fn(i32) + Send + Sync>;
+/// Ends the whole job with the given exit status; see [`Comm::aborter`].
+pub type Aborter = std::sync::Arc<dyn Fn(crate::exit::Exit) + Send + Sync>;
 
 /// Raised on the ranks that did not fail when another rank did: they stop quietly, the failing
 /// rank prints the cause.

@@ -14,7 +14,7 @@ use mpi::traits::*;
 use mpi::Count;
 
 use super::Comm;
-use crate::error::Exit;
+use crate::exit::Exit;
 
 /// MPI for the length of the run: dropping it finalizes MPI.
 pub struct MpiRuntime {
@@ -66,12 +66,7 @@ impl MpiRuntime {
     /// [`leave`]). Nothing is lost then: every rank had finished its part and agreed on the result.
     pub fn finish(self, code: Exit) -> Exit {
         flush_stdio();
-        let worst = self.comm.all_max(&[code as u64])[0];
-        let code = match worst {
-            0 => Exit::Success,
-            2 => Exit::Usage,
-            _ => Exit::Failure,
-        };
+        let code = Exit::from_worst(self.comm.all_max(&[code as u64])[0]);
         let rank = self.comm.rank();
         let timeout = finalize_timeout(|k| std::env::var(k).ok());
         let finalized = Arc::new(AtomicBool::new(false));
@@ -128,7 +123,7 @@ fn leave(
         "reshard: rank {rank}: {what} within {} s after the job ended; exiting with status {} \
          anyway (every rank had finished and agreed on the result)",
         timeout.as_secs_f64(),
-        code as i32
+        code.code()
     );
     if !finalized && park(main_thread) {
         std::thread::sleep((timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(2)));
@@ -136,7 +131,7 @@ fn leave(
     }
     // SAFETY: ends the process without running destructors or atexit handlers, any of which may
     // wait in MPI; stdout and stderr were flushed before the agreement.
-    unsafe { libc::_exit(code as i32) }
+    unsafe { libc::_exit(code.code()) }
 }
 
 /// Stops `thread` for good: it waits in a signal handler until the process exits. Returns
@@ -255,7 +250,7 @@ fn abort_on_panic() {
         // SAFETY: MPI is initialized (the hook is installed after init) and MPI_Abort on the world
         // communicator may be called from any thread.
         unsafe {
-            mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, 70);
+            mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, Exit::Panic.code());
         }
     }));
 }
@@ -440,18 +435,18 @@ impl Comm for MpiComm {
     }
 
     fn aborter(&self) -> super::Aborter {
-        std::sync::Arc::new(|code| {
+        std::sync::Arc::new(|code: Exit| {
             // MPI_Abort itself may wait on a peer that no longer answers: exit regardless after
             // a grace period, so the bound on a stalled job holds.
-            std::thread::spawn(|| {
+            std::thread::spawn(move || {
                 std::thread::sleep(std::time::Duration::from_secs(10));
                 // SAFETY: ends the process without running destructors, which may block in MPI.
-                unsafe { libc::_exit(crate::watchdog::STALL_EXIT) }
+                unsafe { libc::_exit(code.code()) }
             });
             // SAFETY: MPI is initialized for the life of the run; MPI_Abort may be called from any
             // thread to end the job.
             unsafe {
-                mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code);
+                mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code.code());
             }
         })
     }

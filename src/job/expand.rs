@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::RunConfig;
+use crate::config::RunConfig;
 use crate::input::{expand_specs, InputShard};
+use crate::job::link::check_link;
 use crate::job::series::outputs_beyond;
 use crate::output::saved_index;
 
@@ -167,12 +168,7 @@ fn check_output(
         Err(_) => {}
     }
     if let Some(link) = &cfg.link {
-        if fs::symlink_metadata(link).is_ok_and(|m| !m.file_type().is_symlink()) {
-            bail!(
-                "--link {}: exists and is not a symbolic link; not replacing it",
-                link.display()
-            );
-        }
+        check_link(link)?;
     }
     Ok(())
 }

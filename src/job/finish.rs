@@ -7,8 +7,8 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use crate::cli::RunConfig;
 use crate::comm::{agree, gather, Comm};
+use crate::config::RunConfig;
 use crate::hooks;
 use crate::input::InputShard;
 use crate::job::expand::Setup;

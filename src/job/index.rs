@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::cli::RunConfig;
+use crate::config::RunConfig;
 use crate::comm::wire::gather_concat;
 use crate::comm::{agree, broadcast_result, everywhere, exclusive_sum, Comm};
 use crate::input::InputShard;

@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 
-use crate::cli::{Balance, RunConfig};
+use crate::config::{Balance, RunConfig};
 use crate::comm::wire::{self, gather_concat, Received, Sink};
 use crate::comm::{agree, exclusive_sum, gather, Comm};
 use crate::input::InputShard;

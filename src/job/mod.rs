@@ -23,6 +23,7 @@ pub mod expand;
 pub mod finish;
 pub mod index;
 pub mod layout;
+pub mod link;
 pub mod place;
 pub mod publish;
 pub mod series;
@@ -32,9 +33,9 @@ use std::fs;
 
 use anyhow::Result;
 
-use crate::cli::RunConfig;
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::output::OutputShards;
+use crate::config::RunConfig;
 use crate::progress::{PhaseTimes, Progress};
 use crate::report::{narrate, PlanReport};
 use crate::size::human_bytes;
@@ -185,8 +186,8 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use super::*;
-    use crate::cli::Balance;
     use crate::comm::local::LocalComm;
+    use crate::config::Balance;
     use crate::output::manifest::Manifest;
     use crate::output::shard_file_name;
     use crate::tar::{Codec, Rules};

@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::cli::RunConfig;
+use crate::config::RunConfig;
 use crate::input::InputShard;
 use crate::job::index::Index;
 use crate::output::ShardNames;

@@ -4,13 +4,14 @@
 use std::fs;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
-use crate::cli::RunConfig;
 use crate::comm::{broadcast_result, Comm};
+use crate::config::RunConfig;
 use crate::job::expand::{Setup, HEARTBEATS};
 use crate::job::finish::Finished;
 use crate::job::layout::Laid;
+use crate::job::link::check_link;
 use crate::job::place::Placed;
 use crate::job::series::outputs_beyond;
 use crate::job::Planned;
@@ -128,14 +129,7 @@ fn after_publish(cfg: &RunConfig, target: &Path) -> Result<()> {
 /// Atomically points the symlink `link` at `target`: a new link under a temporary name, renamed
 /// over the old one, so a reader of `link` always sees a complete dataset.
 fn point_link(link: &Path, target: &Path) -> Result<()> {
-    if let Ok(meta) = fs::symlink_metadata(link) {
-        if !meta.file_type().is_symlink() {
-            bail!(
-                "--link {}: exists and is not a symbolic link; not replacing it",
-                link.display()
-            );
-        }
-    }
+    check_link(link)?;
     let name = link
         .file_name()
         .with_context(|| format!("--link {}: not a file name", link.display()))?;

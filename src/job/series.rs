@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::cli::Keep;
+use crate::config::Keep;
 use crate::output::manifest::Manifest;
 use crate::output::saved_index;
 

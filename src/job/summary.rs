@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::cli::RunConfig;
 use crate::comm::Comm;
+use crate::config::RunConfig;
 use crate::job::exchange::ExchangeStats;
 use crate::job::expand::Setup;
 use crate::job::Planned;

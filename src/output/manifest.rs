@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::Balance;
+use crate::config::Balance;
 use crate::plan::placement::{GroupPlan, StratifyReport};
 use crate::plan::Equalize;
 use crate::report::{gpu::GpuShare, stats::Stats};

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cli::GpuLayout;
+use crate::config::GpuLayout;
 
 /// How the shards divide among GPUs: GPU i reads shards i, i+G, i+2G, ... (webdataset's
 /// split by node), each through W workers.

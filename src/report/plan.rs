@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::gpu::GpuShare;
 use super::stats::Stats;
-use crate::cli::Balance;
+use crate::config::Balance;
 use crate::output::manifest::ShardEntry;
 use crate::plan::placement::StratifyReport;
 use crate::plan::Equalize;

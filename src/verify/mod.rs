@@ -24,7 +24,6 @@
 //! and `records` (each shard read once, each sample digested with `digest` into a record routed to
 //! its owner), `tally` (the owners compare), `problems` (what does not hold) and `report`.
 
-mod config;
 mod digest;
 mod problems;
 mod records;
@@ -36,7 +35,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-pub use config::VerifyConfig;
+pub use crate::config::VerifyConfig;
 pub use digest::Digest128;
 pub use report::{Mismatches, Shuffle, VerifyReport};
 
@@ -268,6 +267,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+    use crate::cli::resolve::run_config;
     use crate::cli::{Cli, Command};
     use crate::comm::local::LocalComm;
     use clap::Parser;
@@ -305,7 +305,7 @@ mod tests {
         let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
             unreachable!()
         };
-        let cfg = args.resolve(false).unwrap();
+        let cfg = run_config(&args, false).unwrap();
         for r in LocalComm::run(2, |c| crate::job::run(c, &cfg).map(|_| ())) {
             r.unwrap();
         }

@@ -9,8 +9,8 @@ use std::path::{Component, Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::config::VerifyConfig;
 use crate::comm::{broadcast_result, Comm};
+use crate::config::VerifyConfig;
 use crate::input::{expand_specs, InputShard};
 use crate::output::manifest::ShardEntry;
 use crate::plan::Equalize;

@@ -1,0 +1,301 @@
+//! The command line as clap parses it: these structs and the values only the command line
+//! knows (such as [`CompressArg`]). Their doc comments are the `--help` text. Nothing here checks
+//! more than clap does; [`super::resolve`] turns them into configurations.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Balance;
+use crate::tar_index::{OnDuplicate, OnIncomplete};
+
+/// Reorganize WebDataset tar shards over MPI: a global, seeded reshuffle into a new, balanced
+/// set of shards with a wids index.
+///
+/// Run it as one process, under `mpirun -np N`, or under `srun` across many nodes.
+#[derive(Debug, Parser)]
+#[command(name = "reshard", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Reshuffle the input shards into a new set of balanced shards.
+    Run(RunArgs),
+    /// Print what `run` would do with the same flags (reads tar headers only, writes nothing).
+    /// Like `run --dry-run`, but takes only the flags that shape the plan (not --force, --link,
+    /// --keep, --verify, --report).
+    Plan(RunArgs),
+    /// Write a synthetic WebDataset (deterministic from a seed) for tests, examples and benchmarks.
+    Generate(GenerateArgs),
+    /// Check an output against its input: exactly the input's samples (by digest), every shard a
+    /// sound tar matching index.json; report the shuffle quality. Exit 0 only if all holds.
+    Verify(VerifyArgs),
+    /// Print a shell completion script to stdout, e.g. `reshard completions bash >
+    /// ~/.local/share/bash-completion/completions/reshard`.
+    Completions {
+        /// The shell to complete for: bash, zsh, fish (also elvish, powershell).
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Input shards: a .tar file, a directory (its *.tar files, sorted by name), a brace pattern
+    /// such as 'data/train-{000000..000127}.tar', or @list.txt (one path per line). Repeat to
+    /// concatenate; the expanded order is the canonical sample order.
+    #[arg(long = "input", short = 'i', value_name = "SPEC", required = true)]
+    pub inputs: Vec<String>,
+
+    /// Output directory. Created atomically: it appears only once every shard is complete.
+    /// Required unless planning (`reshard plan`, `--dry-run`).
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub output: Option<PathBuf>,
+
+    /// Number of output shards. Exactly one of --shards, --shard-size and --gpus chooses it.
+    #[arg(long, value_name = "N", conflicts_with_all = ["shard_size", "gpus"])]
+    pub shards: Option<u64>,
+
+    /// Target mean shard size, e.g. 512MiB: the shard count whose mean size is nearest. With
+    /// --gpus, the multiple of GPUs x workers nearest it (default 512MiB).
+    #[arg(long, value_name = "SIZE")]
+    pub shard_size: Option<String>,
+
+    /// Number of GPUs (training ranks): the shard count is a multiple of GPUs x --workers.
+    #[arg(long, value_name = "G")]
+    pub gpus: Option<u64>,
+
+    /// Data loader workers per GPU (with --gpus).
+    #[arg(long, value_name = "W", requires = "gpus")]
+    pub workers: Option<u64>,
+
+    /// Batch size per GPU (with --gpus): the manifest reports full batches per GPU.
+    #[arg(long, value_name = "B", requires = "gpus")]
+    pub batch_size: Option<u64>,
+
+    /// When samples do not divide evenly: none (shard counts differ by at most one), drop (the
+    /// N mod S samples at the end of the permutation are left out), pad (samples from the start
+    /// of the permutation are repeated). Dropped and repeated keys are listed in index.json.
+    #[arg(long, value_enum, default_value_t = EqualizeArg::None)]
+    pub equalize: EqualizeArg,
+
+    /// Cut shards by equal sample counts, or by near-equal bytes (counts then vary).
+    #[arg(long, value_enum, default_value_t = Balance::Count)]
+    pub balance: Balance,
+
+    /// Plan only: index, print the plan, write nothing; --output, --force, --link and --keep are
+    /// checked as `run` would (what --keep would remove is printed), nothing is changed.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Print the plan as JSON (with --dry-run or `reshard plan`).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Seed of the global shuffle (required unless --order key or content, which are not random;
+    /// a plan of --shards 1 is the same for any seed and needs none).
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
+
+    /// Epoch number: the same seed with another epoch gives an unrelated order.
+    #[arg(long, value_name = "E", default_value_t = 0)]
+    pub epoch: u64,
+
+    /// Output file name prefix: shards are named PREFIX-000000.tar, PREFIX-000001.tar, ...
+    #[arg(long, value_name = "NAME", default_value = "shard")]
+    pub prefix: String,
+
+    /// Memory budget per rank for data in flight (send and receive buffers), e.g. 512MiB, 4GiB.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
+    pub mem_limit: String,
+
+    /// Replace an output directory that exists and is not empty.
+    #[arg(long)]
+    pub force: bool,
+
+    /// After publishing, check the output against the input as `reshard verify` does (reads
+    /// both once more); exit 1 if anything does not hold.
+    #[arg(long)]
+    pub verify: bool,
+
+    /// Extensions every sample must have, e.g. jpg,cls (see --on-incomplete).
+    #[arg(long, value_name = "EXT,...", value_delimiter = ',')]
+    pub require_ext: Vec<String>,
+
+    /// A sample lacking a --require-ext member: abort (naming file, key and what is missing),
+    /// warn (keep it), or exclude (leave it out, counted in index.json).
+    #[arg(long, value_enum, default_value_t = OnIncomplete::Abort)]
+    pub on_incomplete: OnIncomplete,
+
+    /// A repeated extension within a sample, a sample whose members are not adjacent, or the
+    /// same key in two samples: abort (naming where), warn, or keep. Checked while indexing
+    /// tar headers (not for inputs read through a saved index: reshard's own outputs).
+    #[arg(long, value_enum, default_value_t = OnDuplicate::Abort)]
+    pub on_duplicate: OnDuplicate,
+
+    /// Compress the output shards: none (plain .tar, the default), gz (.tar.gz) or zst
+    /// (.tar.zst). Each writer compresses its shards once they are complete, streaming.
+    #[arg(long, value_enum, default_value_t = CompressArg::None)]
+    pub compress: CompressArg,
+
+    /// Add each shard's MD5 (`md5sum`) to index.json; wids checks it after a download. Costs a
+    /// read-back of the output.
+    #[arg(long)]
+    pub checksum: bool,
+
+    /// A directory of saved indexes (`.idx` files, as reshard leaves in `OUTPUT/.reshard`) for
+    /// the input shards. Without it, an input directory's own `.reshard` is used when present:
+    /// the next epoch's run over an output skips indexing. Saved indexes whose shard changed
+    /// (size or modification time) are ignored with a warning.
+    #[arg(long, value_name = "PATH")]
+    pub index: Option<PathBuf>,
+
+    /// After publishing, atomically point the symbolic link PATH at the new output (readers of
+    /// PATH always see a complete dataset).
+    #[arg(long, value_name = "PATH")]
+    pub link: Option<PathBuf>,
+
+    /// After publishing, remove older epochs of this --output series, keeping the K highest epoch
+    /// numbers (the new output always among them). Needs {epoch} in the last component of
+    /// --output, e.g. --output 'data/epoch-{epoch}'. Removes only directories next to the
+    /// output whose name is that template with another epoch number (digits, as --epoch writes
+    /// them: data/epoch-3, not data/epoch-03 or data/epoch-notes) that hold reshard's own
+    /// index.json and .reshard directory; never the new output, never the --link target,
+    /// nothing else.
+    #[arg(long, value_name = "K")]
+    pub keep: Option<usize>,
+
+    /// Seconds without progress in the data exchange after which a rank ends the whole job (a
+    /// rank died or a node stopped answering); 0 waits forever.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120)]
+    pub stall_timeout: u64,
+
+    /// Also write the run summary as JSON to FILE (phases with seconds, per-rank bytes and peak
+    /// memory), for benchmarks and monitoring.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+
+    /// Output order: shuffle (the seeded global permutation), key (sample keys in byte order),
+    /// or content:EXT[:int|float|str] (the content of each sample's .EXT member, e.g.
+    /// content:cls:int; str when the type is left out). Ties go by input order.
+    #[arg(long, value_name = "ORDER", default_value = "shuffle")]
+    pub order: crate::order::OrderBy,
+
+    /// Reverse --order key or content (ties still go by input order).
+    #[arg(long)]
+    pub descending: bool,
+
+    /// A sample without the member --order content or --stratify-by reads, or whose content does
+    /// not parse: error (naming file and key), or last (after all others; its own stratum).
+    #[arg(long, value_enum, value_name = "WHAT", default_value_t = crate::order::Missing::Error)]
+    pub missing: crate::order::Missing,
+
+    /// Representative shards: every shard gets each label's samples (the content of member
+    /// .EXT) in proportion to the label's share of the dataset, within ±1, still shuffled.
+    #[arg(long, value_name = "EXT")]
+    pub stratify_by: Option<String>,
+
+    /// Largest member read as a label or order value (--order content, --stratify-by); a larger
+    /// one is an error, which guards against reading payloads by mistake.
+    #[arg(long, value_name = "SIZE", default_value = "4KiB")]
+    pub label_limit: String,
+
+    /// Route samples into named groups of shards by key (AIStore dsort's external key map): JSON
+    /// {"fish-%06d.tar": ["regex", ...]} or lines `key<TAB>template`. Each group is sized and
+    /// balanced on its own with the sizing flags and ordered by --order.
+    #[arg(long, value_name = "FILE")]
+    pub key_map: Option<PathBuf>,
+
+    /// A sample no key-map group claims: error, skip (left out, counted), or group:TEMPLATE.
+    #[arg(long, value_name = "WHAT", default_value = "error")]
+    pub unmatched: crate::key_map::Unmatched,
+
+    /// Largest single MPI exchange per rank, in bytes (exchanges are split into rounds below it).
+    /// Only useful for testing the round logic.
+    #[arg(long, value_name = "SIZE", hide = true)]
+    pub max_round_bytes: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The input shards the output was made from, as given to `reshard run` (same specs, same
+    /// order).
+    #[arg(long = "input", short = 'i', value_name = "SPEC", required = true)]
+    pub inputs: Vec<String>,
+
+    /// The output directory to check: its shards and index.json.
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub output: PathBuf,
+
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Directory to write the shards to (created; must not contain shards already).
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub output: PathBuf,
+
+    /// Number of input shards to write.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub shards: u64,
+
+    /// Total number of samples (alternative to --total-size).
+    #[arg(long, value_name = "N", conflicts_with = "total_size")]
+    pub samples: Option<u64>,
+
+    /// Approximate total payload size, e.g. 2GiB (samples = size / mean sample size).
+    #[arg(long, value_name = "SIZE")]
+    pub total_size: Option<String>,
+
+    /// Mean payload size of a sample's main member (lognormal around it).
+    #[arg(long, value_name = "SIZE", default_value = "100KiB")]
+    pub mean_size: String,
+
+    /// Spread of the lognormal payload sizes (sigma of the underlying normal).
+    #[arg(long, value_name = "SIGMA", default_value_t = 0.5)]
+    pub sigma: f64,
+
+    /// Skew of input shard sizes: 0 gives equal shards; larger values make the first shards
+    /// much larger than the last (shard i gets a weight of exp(-skew * i / shards)).
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    pub skew: f64,
+
+    /// Seed: the same arguments and seed always give byte-identical shards.
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+
+    /// Give every Nth sample a key longer than 100 bytes (0: never), which needs GNU long-name
+    /// or PAX records.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub long_names_every: u64,
+
+    /// Header format of the members: gnu (long names as GNU 'L' records) or pax (PAX 'x' records).
+    #[arg(long, value_name = "FMT", default_value = "gnu")]
+    pub format: String,
+
+    /// Shard file name prefix.
+    #[arg(long, value_name = "NAME", default_value = "train")]
+    pub prefix: String,
+}
+
+/// `--compress` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompressArg {
+    None,
+    Gz,
+    Zst,
+}
+
+/// `--equalize` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EqualizeArg {
+    None,
+    Drop,
+    Pad,
+}

@@ -1,0 +1,54 @@
+//! The command line, in two steps as ripgrep's flags are: [`args`] is what clap parses (no I/O,
+//! no checks beyond clap's), [`resolve`] turns each subcommand's arguments into its
+//! configuration ([`crate::config`]) or a usage error.
+
+pub mod args;
+mod hint;
+pub mod resolve;
+
+pub use args::{Cli, Command, CompressArg, EqualizeArg, GenerateArgs, RunArgs, VerifyArgs};
+
+// Moved to crate::config; shim removed when all callers are updated.
+pub use crate::config::{Balance, GpuLayout, Keep, RunConfig};
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+
+use crate::exit::Exit;
+
+/// Parses the process's arguments. When clap ends the command instead (`--help`, `--version`, or
+/// an argument it rejects), it has printed why (with a hint for a common mistake, see
+/// [`hint::input_hint`]) and this returns the exit status.
+pub fn parse() -> Result<Cli, Exit> {
+    Cli::try_parse().map_err(|e| {
+        let hint = hint::input_hint(&e, &std::env::args_os().collect::<Vec<_>>());
+        let _ = e.print();
+        if let Some(hint) = hint {
+            eprintln!("{hint}");
+        }
+        // --help and --version end here too, on stdout with exit code 0.
+        match e.exit_code() {
+            0 => Exit::Success,
+            _ => Exit::Usage,
+        }
+    })
+}
+
+/// Writes the completion script for `shell` to stdout.
+///
+/// # Errors
+/// stdout cannot be written (a closed pipe is not an error: `reshard completions bash | head`).
+pub fn write_completions(shell: clap_complete::Shell) -> Result<()> {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "reshard", &mut script);
+    // Into a buffer first: `reshard completions bash | head` must not panic on EPIPE.
+    match std::io::stdout().lock().write_all(&script) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(e).context("cannot write the completion script")
+        }
+        _ => Ok(()),
+    }
+}

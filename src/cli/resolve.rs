@@ -1,0 +1,449 @@
+//! Every subcommand's arguments turned into its configuration ([`crate::config`]), checked
+//! without touching the filesystem. Whatever is wrong here is a usage error: [`task`] wraps it in
+//! [`UsageError`], and `reshard` exits with [`crate::exit::Exit::Usage`] for it, whichever
+//! subcommand it was.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+
+use super::args::{Command, CompressArg, EqualizeArg, GenerateArgs, RunArgs, VerifyArgs};
+use crate::config::{
+    Balance, GenerateConfig, GpuLayout, HeaderFormat, Keep, RunConfig, VerifyConfig, EPOCH,
+    MIN_MEM_LIMIT,
+};
+use crate::generate::DEFAULT_SAMPLES;
+use crate::order::{OrderBy, OrderSpec};
+use crate::plan::{Equalize, Sizing};
+use crate::size::parse_size;
+use crate::tar_index::{Codec, Rules};
+
+/// What `reshard` is asked to do, every argument checked.
+#[derive(Debug)]
+pub enum Task {
+    /// `run` (then `verify` when given: `run --verify`), or `plan` (`config.dry_run`).
+    Run {
+        /// Boxed: much larger than the other tasks' configurations.
+        config: Box<RunConfig>,
+        then_verify: Option<VerifyConfig>,
+    },
+    Generate(GenerateConfig),
+    Verify(VerifyConfig),
+    /// Needs neither MPI nor any checking.
+    Completions(clap_complete::Shell),
+}
+
+/// An invalid command line, found after clap parsed it: the message names the flag and what it
+/// accepts.
+#[derive(Debug)]
+pub struct UsageError(anyhow::Error);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Resolves the parsed command line into the task it asks for.
+///
+/// # Errors
+/// [`UsageError`]: an invalid value, or flags that do not go together.
+pub fn task(command: Command) -> Result<Task, UsageError> {
+    Ok(match command {
+        Command::Run(args) => {
+            let config = Box::new(run_config(&args, false).map_err(UsageError)?);
+            let then_verify = match (args.verify, &config.output) {
+                (true, Some(output)) => Some(VerifyConfig {
+                    inputs: config.inputs.clone(),
+                    output: output.clone(),
+                    json: false,
+                }),
+                _ => None,
+            };
+            Task::Run {
+                config,
+                then_verify,
+            }
+        }
+        Command::Plan(args) => Task::Run {
+            config: Box::new(run_config(&args, true).map_err(UsageError)?),
+            then_verify: None,
+        },
+        Command::Generate(args) => Task::Generate(generate_config(&args).map_err(UsageError)?),
+        Command::Verify(args) => Task::Verify(verify_config(&args)),
+        Command::Completions { shell } => Task::Completions(shell),
+    })
+}
+
+/// `run` (or, with `plan_only`, `plan`) arguments as a [`RunConfig`]. The checks run in a fixed
+/// order, so that a command line with several mistakes always names the same one first.
+///
+/// # Errors
+/// A message naming the flag and what it accepts.
+pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
+    let dry_run = plan_only || args.dry_run;
+    let (sizing, gpus) = sizing(args)?;
+    check_flags_fit_the_command(args, plan_only, dry_run)?;
+    let keep = keep_series(args.keep, args.output.as_deref())?;
+    let output = output(args, dry_run)?;
+    check_prefix(&args.prefix)?;
+    let mem_limit = parse_size(&args.mem_limit)
+        .map_err(|e| anyhow!("--mem-limit {:?}: {e}", args.mem_limit))?;
+    if mem_limit < MIN_MEM_LIMIT {
+        bail!("--mem-limit {:?}: must be at least 1MiB", args.mem_limit);
+    }
+    let max_round_bytes = match &args.max_round_bytes {
+        None => i32::MAX as u64,
+        Some(s) => {
+            let v = parse_size(s).map_err(|e| anyhow!("--max-round-bytes {s:?}: {e}"))?;
+            v.clamp(1, i32::MAX as u64)
+        }
+    };
+    let equalize = match args.equalize {
+        EqualizeArg::None => Equalize::None,
+        EqualizeArg::Drop => Equalize::Drop,
+        EqualizeArg::Pad => Equalize::Pad,
+    };
+    let order = order(args, equalize)?;
+    let seed = seed(args, &order, dry_run, sizing)?;
+    Ok(RunConfig {
+        inputs: args.inputs.clone(),
+        output,
+        sizing,
+        equalize,
+        balance: args.balance,
+        gpus,
+        dry_run,
+        json: args.json,
+        seed,
+        epoch: args.epoch,
+        prefix: args.prefix.clone(),
+        mem_limit,
+        force: args.force,
+        report: args.report.clone(),
+        rules: rules(args, &order),
+        order,
+        compress: match args.compress {
+            CompressArg::None => Codec::Plain,
+            CompressArg::Gz => Codec::Gzip,
+            CompressArg::Zst => Codec::Zstd,
+        },
+        checksum: args.checksum,
+        index: args.index.clone(),
+        link: args
+            .link
+            .as_ref()
+            .map(|l| PathBuf::from(epoch_template(l, args.epoch))),
+        keep,
+        stall_timeout: Duration::from_secs(args.stall_timeout),
+        max_round_bytes,
+    })
+}
+
+/// The shard count's rule (exactly one of --shards, --shard-size, --gpus) and the GPU layout.
+fn sizing(args: &RunArgs) -> Result<(Sizing, Option<GpuLayout>)> {
+    let size = |s: &String| -> Result<u64> {
+        let v = parse_size(s).map_err(|e| anyhow!("--shard-size {s:?}: {e}"))?;
+        if v == 0 {
+            bail!("--shard-size must be more than 0 bytes");
+        }
+        Ok(v)
+    };
+    // clap's `requires` yields to `conflicts_with` (--workers 2 --shards 3 passed it).
+    if args.gpus.is_none() && (args.workers.is_some() || args.batch_size.is_some()) {
+        bail!("--workers and --batch-size describe the GPU layout: use them with --gpus");
+    }
+    let sizing = match (args.shards, &args.shard_size, args.gpus) {
+        (Some(n), _, _) => Sizing::Count(at_least_one("--shards", n)?),
+        (None, size_arg, Some(g)) => Sizing::Gpus {
+            gpus: at_least_one("--gpus", g)?,
+            workers: at_least_one("--workers", args.workers.unwrap_or(1))?,
+            size: size_arg
+                .as_ref()
+                .map(size)
+                .transpose()?
+                .unwrap_or(512 << 20),
+        },
+        (None, Some(s), None) => Sizing::Size(size(s)?),
+        (None, None, None) => {
+            bail!("choose the shard count: --shards N, --shard-size SIZE or --gpus G")
+        }
+    };
+    let gpus = match sizing {
+        Sizing::Gpus { gpus, workers, .. } => Some(GpuLayout {
+            gpus,
+            workers,
+            batch_size: args
+                .batch_size
+                .map(|b| at_least_one("--batch-size", b))
+                .transpose()?,
+        }),
+        _ => None,
+    };
+    Ok((sizing, gpus))
+}
+
+fn at_least_one(flag: &str, v: u64) -> Result<u64> {
+    if v == 0 {
+        bail!("{flag} must be at least 1");
+    }
+    Ok(v)
+}
+
+/// Flags that act on a written output are refused where nothing is written (`plan`,
+/// `--dry-run`), and `--json` (a plan's) where a run writes.
+fn check_flags_fit_the_command(args: &RunArgs, plan_only: bool, dry_run: bool) -> Result<()> {
+    if plan_only {
+        // `plan` takes the flags that shape the plan; these act on a written output.
+        let run_only = [
+            (args.force, "--force", "it replaces an existing output"),
+            (
+                args.link.is_some(),
+                "--link",
+                "it points a link at the new output",
+            ),
+            (args.keep.is_some(), "--keep", "it removes older outputs"),
+            (args.verify, "--verify", "it checks the written output"),
+            (
+                args.report.is_some(),
+                "--report",
+                "it writes the run's summary",
+            ),
+        ];
+        if let Some((_, flag, what)) = run_only.iter().find(|f| f.0) {
+            bail!(
+                "{flag} is for `reshard run`: {what}, and `reshard plan` writes nothing; \
+                 leave it out here (`reshard run --dry-run` checks the whole run command line)"
+            );
+        }
+    }
+    if args.verify && dry_run {
+        bail!("--verify checks a written output: not with --dry-run or `reshard plan`");
+    }
+    if args.report.is_some() && dry_run {
+        bail!("--report writes the run's summary: not with --dry-run, which writes nothing");
+    }
+    if args.json && !dry_run {
+        bail!("--json prints a plan: use it with --dry-run or `reshard plan`");
+    }
+    Ok(())
+}
+
+/// `--output` with `{epoch}` replaced; only a plan may go without one.
+fn output(args: &RunArgs, dry_run: bool) -> Result<Option<PathBuf>> {
+    Ok(match (&args.output, dry_run) {
+        (Some(o), _) if o.as_os_str().is_empty() => bail!("--output must not be empty"),
+        (Some(o), _) => Some(PathBuf::from(epoch_template(o, args.epoch))),
+        (None, true) => None,
+        (None, false) => bail!("--output DIR is required (or plan only with --dry-run)"),
+    })
+}
+
+/// Replaces `{epoch}` in a path with the epoch number: `--output 'data/epoch-{epoch}'`.
+fn epoch_template(path: &Path, epoch: u64) -> String {
+    path.to_string_lossy().replace(EPOCH, &epoch.to_string())
+}
+
+/// Resolves `--keep`: only over a series of outputs, which `{epoch}` in the output directory's
+/// own name makes (without it reshard cannot tell older epochs from unrelated directories).
+fn keep_series(keep: Option<usize>, output: Option<&Path>) -> Result<Option<Keep>> {
+    let Some(count) = keep else { return Ok(None) };
+    if count == 0 {
+        bail!("--keep must be at least 1 (the new output)");
+    }
+    let Some(output) = output else {
+        bail!("--keep removes older epochs next to the output: it needs --output");
+    };
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let parent = output.parent().unwrap_or(Path::new(""));
+    if parent.to_string_lossy().contains(EPOCH) {
+        bail!(
+            "--keep: --output {} has {EPOCH} in a parent directory; --keep only removes older \
+             epochs that are siblings of the output, so put {EPOCH} in its last component only, \
+             e.g. --output 'data/epoch-{EPOCH}'",
+            output.display()
+        );
+    }
+    if !name.contains(EPOCH) {
+        bail!(
+            "--keep removes older epochs of a series of outputs, and --output {} names no series: \
+             put {EPOCH} in the output directory's name, e.g. --output 'data/epoch-{EPOCH}' \
+             --epoch N; without it reshard cannot tell older epochs from unrelated datasets next \
+             to the output, so it removes nothing",
+            output.display()
+        );
+    }
+    Ok(Some(Keep {
+        count,
+        series: name,
+    }))
+}
+
+/// Output shards are named PREFIX-000000.tar inside the output directory, never hidden.
+fn check_prefix(prefix: &str) -> Result<()> {
+    if prefix.is_empty() || prefix.contains('/') || prefix.starts_with('.') {
+        bail!(
+            "--prefix {prefix:?}: expected a non-empty file name prefix without '/' that does not start with '.'"
+        );
+    }
+    Ok(())
+}
+
+/// An extension as given (`jpg`, `.jpg`, ` jpg`) as the key map and the indexer compare it.
+fn extension(text: &str) -> &str {
+    text.trim().trim_start_matches('.')
+}
+
+/// --order, --descending, --missing, --stratify-by, --label-limit, --key-map and --unmatched,
+/// checked together (some combinations cannot work).
+fn order(args: &RunArgs, equalize: Equalize) -> Result<OrderSpec> {
+    let label_limit = parse_size(&args.label_limit)
+        .map_err(|e| anyhow!("--label-limit {:?}: {e}", args.label_limit))?;
+    let stratify_by = args.stratify_by.as_deref().map(extension);
+    if stratify_by.is_some_and(str::is_empty) {
+        bail!("--stratify-by needs a member extension, e.g. --stratify-by cls");
+    }
+    let order = OrderSpec {
+        by: args.order.clone(),
+        descending: args.descending,
+        missing: args.missing,
+        stratify_by: stratify_by.map(str::to_string),
+        label_limit,
+        key_map: args.key_map.clone(),
+        unmatched: args.unmatched.clone(),
+    };
+    crate::order::validate(&order, args.balance == Balance::Bytes, equalize)?;
+    Ok(order)
+}
+
+/// `--seed`, which only a random order needs, and only a plan of one shard can do without.
+fn seed(args: &RunArgs, order: &OrderSpec, dry_run: bool, sizing: Sizing) -> Result<u64> {
+    let random = order.by == OrderBy::Shuffle;
+    // A plan of one shard is the same for every seed (all samples, all bytes, in it); with
+    // more, which samples the shuffle puts in each shard sets the bytes per shard (and with
+    // --balance bytes the samples per shard), so the plan needs the seed `run` will use.
+    Ok(match args.seed {
+        Some(s) => s,
+        None if !random => 0,
+        None if dry_run && sizing == Sizing::Count(1) => 0,
+        None if dry_run => bail!(
+            "--seed S is required: the plan's bytes per shard depend on which samples the seeded shuffle puts in each shard; give the seed `run` will use"
+        ),
+        None => bail!(
+            "--seed S is required: it fixes the shuffle, so that a rerun (or another epoch with --epoch) is reproducible"
+        ),
+    })
+}
+
+/// What the indexer checks of each sample, and what it keeps of it for the order.
+fn rules(args: &RunArgs, order: &OrderSpec) -> Rules {
+    Rules {
+        require_ext: args
+            .require_ext
+            .iter()
+            .map(|e| extension(e).to_string())
+            .filter(|e| !e.is_empty())
+            .collect(),
+        on_incomplete: args.on_incomplete,
+        on_duplicate: args.on_duplicate,
+        keep_keys: order.needs_keys(),
+        read_member: order.member().map(|e| (e.to_string(), order.label_limit)),
+    }
+}
+
+/// `verify` arguments: clap has checked all there is to check.
+pub fn verify_config(args: &VerifyArgs) -> VerifyConfig {
+    VerifyConfig {
+        inputs: args.inputs.clone(),
+        output: args.output.clone(),
+        json: args.json,
+    }
+}
+
+/// `generate` arguments as a [`GenerateConfig`].
+///
+/// # Errors
+/// A message naming the flag and what it accepts.
+pub fn generate_config(args: &GenerateArgs) -> Result<GenerateConfig> {
+    if args.shards == 0 {
+        bail!("--shards must be at least 1");
+    }
+    check_prefix(&args.prefix)?;
+    if args.output.as_os_str().is_empty() {
+        bail!("--output must not be empty");
+    }
+    let mean_size = parse_size(&args.mean_size)
+        .map_err(|e| anyhow!("--mean-size {:?}: {e}", args.mean_size))?;
+    if mean_size == 0 {
+        bail!("--mean-size {:?}: must be at least 1 byte", args.mean_size);
+    }
+    if !(args.sigma.is_finite() && args.sigma >= 0.0) {
+        bail!("--sigma {}: expected a finite number >= 0", args.sigma);
+    }
+    if !args.skew.is_finite() {
+        bail!("--skew {}: expected a finite number", args.skew);
+    }
+    let format = header_format(&args.format)?;
+    let samples = match (&args.samples, &args.total_size) {
+        (Some(_), Some(_)) => bail!("--samples and --total-size are mutually exclusive"),
+        (Some(n), None) => *n,
+        (None, Some(total)) => {
+            let total = parse_size(total).map_err(|e| anyhow!("--total-size {total:?}: {e}"))?;
+            // Round to the nearest count, in u128 so that huge sizes cannot overflow.
+            let n = (u128::from(total) + u128::from(mean_size / 2)) / u128::from(mean_size);
+            u64::try_from(n).unwrap_or(u64::MAX).max(1)
+        }
+        (None, None) => DEFAULT_SAMPLES,
+    };
+    if samples < args.shards {
+        bail!(
+            "{samples} samples for {} shards: each shard needs at least one sample",
+            args.shards
+        );
+    }
+    Ok(GenerateConfig {
+        output: args.output.clone(),
+        shards: args.shards,
+        samples,
+        mean_size,
+        sigma: args.sigma,
+        skew: args.skew,
+        seed: args.seed,
+        long_names_every: args.long_names_every,
+        format,
+        prefix: args.prefix.clone(),
+    })
+}
+
+fn header_format(text: &str) -> Result<HeaderFormat> {
+    match text.to_ascii_lowercase().as_str() {
+        "gnu" => Ok(HeaderFormat::Gnu),
+        "pax" | "posix" => Ok(HeaderFormat::Pax),
+        _ => bail!("--format {text:?}: expected gnu or pax"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_needs_epoch_in_the_output_name() {
+        let p = |s: &str| Some(std::path::PathBuf::from(s));
+        let ok = keep_series(Some(2), p("data/epoch-{epoch}").as_deref()).unwrap();
+        assert_eq!(ok.unwrap().series, "epoch-{epoch}");
+        assert!(keep_series(None, p("data/x").as_deref()).unwrap().is_none());
+        for bad in ["data/x", "{epoch}/x", "data-{epoch}/e-{epoch}"] {
+            assert!(keep_series(Some(2), p(bad).as_deref()).is_err(), "{bad}");
+        }
+        assert!(keep_series(Some(0), p("e-{epoch}").as_deref()).is_err());
+        assert!(keep_series(Some(1), None).is_err());
+    }
+}

@@ -1,0 +1,169 @@
+//! What each command is asked to do, after its arguments were checked: [`RunConfig`],
+//! [`VerifyConfig`], [`GenerateConfig`] and the domain policies they carry. The command line
+//! (`crate::cli`) produces them; the rest of the crate consumes them and never sees clap.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::order::OrderSpec;
+use crate::plan::{Equalize, Sizing};
+use crate::tar_index::{Codec, Rules};
+
+/// The placeholder `--output` and `--link` replace with the epoch number.
+pub const EPOCH: &str = "{epoch}";
+
+/// The smallest memory budget that still leaves room for a useful exchange round.
+pub const MIN_MEM_LIMIT: u64 = 1 << 20;
+
+/// A `run` request after validation: every field is resolved and checked, nothing touched the
+/// filesystem yet.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub inputs: Vec<String>,
+    /// `None` when only planning.
+    pub output: Option<PathBuf>,
+    pub sizing: Sizing,
+    pub equalize: Equalize,
+    pub balance: Balance,
+    pub gpus: Option<GpuLayout>,
+    pub dry_run: bool,
+    pub json: bool,
+    pub seed: u64,
+    pub epoch: u64,
+    pub prefix: String,
+    pub mem_limit: u64,
+    pub force: bool,
+    pub report: Option<PathBuf>,
+    pub rules: Rules,
+    pub compress: Codec,
+    pub checksum: bool,
+    pub index: Option<PathBuf>,
+    pub link: Option<PathBuf>,
+    pub keep: Option<Keep>,
+    pub stall_timeout: Duration,
+    pub max_round_bytes: u64,
+    pub order: OrderSpec,
+}
+
+/// How shards are cut (`--balance`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Balance {
+    /// Equal sample counts per shard (within one).
+    #[default]
+    Count,
+    /// Near-equal bytes per shard.
+    Bytes,
+}
+
+/// GPU layout the shards are sized for (`--gpus`), for reporting per-GPU samples and batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct GpuLayout {
+    pub gpus: u64,
+    pub workers: u64,
+    pub batch_size: Option<u64>,
+}
+
+/// `--keep K`: the series of outputs one `--output` template names, and how many to keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keep {
+    /// Epochs kept, the new output included.
+    pub count: usize,
+    /// The output directory's name with `{epoch}` not replaced, e.g. `epoch-{epoch}`.
+    pub series: String,
+}
+
+impl Keep {
+    /// The epoch whose output the series template names `name`: `epoch-12` is epoch 12 of
+    /// `epoch-{epoch}`. Only names `--epoch` itself produces: decimal digits without leading
+    /// zeros in every place of `{epoch}`, the rest of the name exactly the template's.
+    pub fn epoch_of(&self, name: &str) -> Option<u64> {
+        let (head, _) = self.series.split_once(EPOCH)?;
+        let rest = name.strip_prefix(head)?;
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        // The template may go on with digits after `{epoch}`: try every split of the run.
+        (1..=digits.min(20)).find_map(|len| {
+            let e: u64 = rest[..len].parse().ok()?;
+            (self.series.replace(EPOCH, &e.to_string()) == name).then_some(e)
+        })
+    }
+}
+
+/// A `verify` request (also made by `run --verify`).
+#[derive(Debug, Clone)]
+pub struct VerifyConfig {
+    /// Input specs, as given to `reshard run`.
+    pub inputs: Vec<String>,
+    /// The output directory of a run: its shards and `index.json`.
+    pub output: PathBuf,
+    /// Print the report as JSON.
+    pub json: bool,
+}
+
+/// A `generate` request after validation.
+#[derive(Debug, Clone)]
+pub struct GenerateConfig {
+    pub output: PathBuf,
+    pub shards: u64,
+    /// At least `shards`: every shard gets a sample.
+    pub samples: u64,
+    /// Mean `.jpg` payload size, at least 1 byte.
+    pub mean_size: u64,
+    /// Finite, at least 0.
+    pub sigma: f64,
+    /// Finite.
+    pub skew: f64,
+    pub seed: u64,
+    pub long_names_every: u64,
+    pub format: HeaderFormat,
+    pub prefix: String,
+}
+
+/// Header format of the members `generate` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderFormat {
+    /// GNU headers; long paths get a GNU long-name (`L`) record.
+    Gnu,
+    /// POSIX ustar headers; long paths get a PAX extended header (`x`) with a `path` record.
+    Pax,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_series_holds_only_the_names_its_template_makes() {
+        let keep = |series: &str| Keep {
+            count: 2,
+            series: series.into(),
+        };
+        let k = keep("epoch-{epoch}");
+        assert_eq!(k.epoch_of("epoch-0"), Some(0));
+        assert_eq!(k.epoch_of("epoch-12"), Some(12));
+        for other in [
+            "epoch-",
+            "epoch-03",
+            "epoch-notes",
+            "epoch-1.bak",
+            "other-epoch-1",
+        ] {
+            assert_eq!(k.epoch_of(other), None, "{other}");
+        }
+        assert_eq!(k.epoch_of("epoch-99999999999999999999"), None, "beyond u64");
+        // Digits after the placeholder, and the placeholder twice.
+        assert_eq!(keep("e{epoch}0").epoch_of("e120"), Some(12));
+        assert_eq!(keep("{epoch}-of-{epoch}").epoch_of("7-of-7"), Some(7));
+        assert_eq!(keep("{epoch}-of-{epoch}").epoch_of("7-of-8"), None);
+    }
+}

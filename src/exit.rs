@@ -1,0 +1,44 @@
+//! Every exit code `reshard` ends with, in one enum, so that the codes a script or a scheduler
+//! may see are listed (and kept distinct) in one place.
+
+use std::process::ExitCode;
+
+/// How `reshard` exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// The job completed.
+    Success = 0,
+    /// The job failed: bad input, I/O error, or another rank failed. Nothing was published.
+    Failure = 1,
+    /// The command line was invalid (clap also uses 2).
+    Usage = 2,
+    /// A rank panicked and aborted the whole job (`EX_SOFTWARE`: a bug in reshard).
+    Panic = 70,
+    /// The stall watchdog ended the job: a rank or its node stopped answering (`EX_TEMPFAIL`:
+    /// trying again may work).
+    Stall = 75,
+}
+
+impl Exit {
+    /// The status as the operating system and MPI take it (`_exit`, `MPI_Abort`).
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
+    /// The status of the whole job from the worst (highest) status of its ranks, as
+    /// [`crate::comm::mpi::MpiRuntime::finish`] agrees on it: a rank that returns normally ends
+    /// with success, a usage error, or a failure.
+    pub fn from_worst(worst: u64) -> Exit {
+        match worst {
+            0 => Exit::Success,
+            2 => Exit::Usage,
+            _ => Exit::Failure,
+        }
+    }
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> Self {
+        ExitCode::from(e as u8)
+    }
+}

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::order::OrderSpec;
+use crate::plan::order::OrderSpec;
 use crate::plan::{Equalize, Sizing};
-use crate::tar_index::{Codec, Rules};
+use crate::tar::{Codec, Rules};
 
 /// The placeholder `--output` and `--link` replace with the epoch number.
 pub const EPOCH: &str = "{epoch}";

@@ -8,9 +8,16 @@
 //! - `RESHARD_TEST_PAUSE_FINISH=seconds`: every rank sleeps at the start of the finish phase,
 //!   marked by a file `.paused-RANK` in the staging directory, so that a test can change an input.
 //! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timings on stderr.
+//! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
+//!   MPI_Finalize, as MPI_Finalize does when it hangs (the finalize deadline must end the job).
+//! - `RESHARD_FINALIZE_TIMEOUT=seconds`: the finalize deadline (default 10 s).
 
 use std::path::Path;
 use std::time::Duration;
+
+/// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
+/// unless `RESHARD_FINALIZE_TIMEOUT` (seconds) says otherwise.
+pub const FINALIZE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Whether the variable `var` names this `rank`.
 fn names_rank(var: &str, rank: usize) -> bool {
@@ -50,4 +57,50 @@ pub fn pause_before_finish(staging: &Path, rank: usize) {
 /// `RESHARD_TRACE_ROUNDS`.
 pub fn trace_rounds() -> bool {
     std::env::var_os("RESHARD_TRACE_ROUNDS").is_some()
+}
+
+/// The finalize deadline: `RESHARD_FINALIZE_TIMEOUT` seconds (fractions allowed) if it is a
+/// positive number, else [`FINALIZE_TIMEOUT`].
+pub fn finalize_timeout(env: impl Fn(&str) -> Option<String>) -> Duration {
+    env("RESHARD_FINALIZE_TIMEOUT")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .unwrap_or(FINALIZE_TIMEOUT)
+}
+
+/// Test hook: `RESHARD_TEST_HANG_FINALIZE=r` makes rank r block forever where it would call
+/// MPI_Finalize (`all`: every rank), as MPI_Finalize does when it hangs.
+pub fn hang_finalize(rank: usize, env: impl Fn(&str) -> Option<String>) -> bool {
+    env("RESHARD_TEST_HANG_FINALIZE").is_some_and(|v| {
+        let v = v.trim();
+        v == "all" || v.parse::<usize>().ok() == Some(rank)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finalize_timeout_from_the_environment() {
+        let with =
+            |v: &'static str| move |k: &str| (k == "RESHARD_FINALIZE_TIMEOUT").then(|| v.into());
+        assert_eq!(finalize_timeout(with("3")), Duration::from_secs(3));
+        assert_eq!(finalize_timeout(with(" 0.5 ")), Duration::from_millis(500));
+        for bad in ["0", "-1", "soon", "inf", "NaN", ""] {
+            assert_eq!(finalize_timeout(with(bad)), FINALIZE_TIMEOUT, "{bad:?}");
+        }
+        assert_eq!(finalize_timeout(|_| None), FINALIZE_TIMEOUT);
+    }
+
+    #[test]
+    fn hang_finalize_chooses_ranks() {
+        let with =
+            |v: &'static str| move |k: &str| (k == "RESHARD_TEST_HANG_FINALIZE").then(|| v.into());
+        assert!(hang_finalize(1, with("1")));
+        assert!(!hang_finalize(0, with("1")));
+        assert!(hang_finalize(0, with("all")) && hang_finalize(5, with("all")));
+        assert!(!hang_finalize(0, |_| None));
+    }
 }

@@ -11,6 +11,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// Tells the kernel that `file` is read at scattered offsets, so that it reads ahead nothing
 /// (`posix_fadvise(POSIX_FADV_RANDOM)` over the whole file).
@@ -110,6 +112,51 @@ pub fn stop_process() {
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and touches no memory of ours.
     unsafe { libc::_exit(code) }
+}
+
+/// A thread of this process, as [`park_thread`] names it.
+pub type Thread = libc::pthread_t;
+
+/// The calling thread.
+pub fn current_thread() -> Thread {
+    // SAFETY: pthread_self has no preconditions.
+    unsafe { libc::pthread_self() }
+}
+
+/// Stops `thread` for good: it waits in a signal handler until the process exits. Returns
+/// whether it did within a second.
+pub fn park_thread(thread: Thread) -> bool {
+    static PARKED: AtomicBool = AtomicBool::new(false);
+    extern "C" fn wait_forever(_: libc::c_int) {
+        PARKED.store(true, Ordering::SeqCst);
+        loop {
+            // SAFETY: pause(2) is async-signal-safe.
+            unsafe {
+                libc::pause();
+            }
+        }
+    }
+    let signal = libc::SIGRTMIN() + 3;
+    // SAFETY: installs a handler that only stores an atomic and pauses (async-signal-safe), then
+    // signals a thread of this process that is alive (the process has not begun to exit).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = wait_forever as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::sigemptyset(&mut action.sa_mask);
+        if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0
+            || libc::pthread_kill(thread, signal) != 0
+        {
+            return false;
+        }
+    }
+    let asked = Instant::now();
+    while !PARKED.load(Ordering::SeqCst) {
+        if asked.elapsed() > Duration::from_secs(1) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
 }
 
 /// Reads until `buf` is full or the input ends; returns the count read. Interrupted reads are

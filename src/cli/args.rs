@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::Balance;
-use crate::tar_index::{OnDuplicate, OnIncomplete};
+use crate::tar::{OnDuplicate, OnIncomplete};
 
 /// Reorganize WebDataset tar shards over MPI: a global, seeded reshuffle into a new, balanced
 /// set of shards with a wids index.
@@ -182,7 +182,7 @@ pub struct RunArgs {
     /// or content:EXT[:int|float|str] (the content of each sample's .EXT member, e.g.
     /// content:cls:int; str when the type is left out). Ties go by input order.
     #[arg(long, value_name = "ORDER", default_value = "shuffle")]
-    pub order: crate::order::OrderBy,
+    pub order: crate::plan::order::OrderBy,
 
     /// Reverse --order key or content (ties still go by input order).
     #[arg(long)]
@@ -190,8 +190,8 @@ pub struct RunArgs {
 
     /// A sample without the member --order content or --stratify-by reads, or whose content does
     /// not parse: error (naming file and key), or last (after all others; its own stratum).
-    #[arg(long, value_enum, value_name = "WHAT", default_value_t = crate::order::Missing::Error)]
-    pub missing: crate::order::Missing,
+    #[arg(long, value_enum, value_name = "WHAT", default_value_t = crate::plan::order::Missing::Error)]
+    pub missing: crate::plan::order::Missing,
 
     /// Representative shards: every shard gets each label's samples (the content of member
     /// .EXT) in proportion to the label's share of the dataset, within ±1, still shuffled.

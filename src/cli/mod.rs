@@ -8,9 +8,6 @@ pub mod resolve;
 
 pub use args::{Cli, Command, CompressArg, EqualizeArg, GenerateArgs, RunArgs, VerifyArgs};
 
-// Moved to crate::config; shim removed when all callers are updated.
-pub use crate::config::{Balance, GpuLayout, Keep, RunConfig};
-
 use std::io::Write;
 
 use anyhow::{Context, Result};

@@ -15,10 +15,10 @@ use crate::config::{
     MIN_MEM_LIMIT,
 };
 use crate::generate::DEFAULT_SAMPLES;
-use crate::order::{OrderBy, OrderSpec};
+use crate::plan::order::{OrderBy, OrderSpec};
 use crate::plan::{Equalize, Sizing};
 use crate::size::parse_size;
-use crate::tar_index::{Codec, Rules};
+use crate::tar::{Codec, Rules};
 
 /// What `reshard` is asked to do, every argument checked.
 #[derive(Debug)]
@@ -319,7 +319,7 @@ fn order(args: &RunArgs, equalize: Equalize) -> Result<OrderSpec> {
         key_map: args.key_map.clone(),
         unmatched: args.unmatched.clone(),
     };
-    crate::order::validate(&order, args.balance == Balance::Bytes, equalize)?;
+    crate::plan::order::validate(&order, args.balance == Balance::Bytes, equalize)?;
     Ok(order)
 }
 

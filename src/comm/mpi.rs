@@ -13,6 +13,9 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use mpi::Count;
 
+use crate::hooks;
+use crate::sys;
+
 use super::Comm;
 use crate::exit::Exit;
 
@@ -50,10 +53,6 @@ impl MpiRuntime {
     }
 }
 
-/// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
-/// unless `RESHARD_FINALIZE_TIMEOUT` (seconds) says otherwise.
-pub const FINALIZE_TIMEOUT: Duration = Duration::from_secs(10);
-
 impl MpiRuntime {
     /// Ends the job on this rank: agrees with every rank on the exit status (the worst of all
     /// ranks' `code`s), then finalizes MPI. Call it on every rank once the job's output is
@@ -68,11 +67,10 @@ impl MpiRuntime {
         flush_stdio();
         let code = Exit::from_worst(self.comm.all_max(&[code as u64])[0]);
         let rank = self.comm.rank();
-        let timeout = finalize_timeout(|k| std::env::var(k).ok());
+        let timeout = hooks::finalize_timeout(|k| std::env::var(k).ok());
         let finalized = Arc::new(AtomicBool::new(false));
         let done = Arc::clone(&finalized);
-        // SAFETY: pthread_self has no preconditions.
-        let main_thread = unsafe { libc::pthread_self() };
+        let main_thread = sys::current_thread();
         std::thread::Builder::new()
             .name("finalize-deadline".into())
             .spawn(move || {
@@ -86,7 +84,7 @@ impl MpiRuntime {
                 )
             })
             .expect("cannot start the finalize deadline thread");
-        if hang_finalize(rank, |k| std::env::var(k).ok()) {
+        if hooks::hang_finalize(rank, |k| std::env::var(k).ok()) {
             // Test hook: a finalize that never returns.
             loop {
                 std::thread::park();
@@ -112,7 +110,7 @@ fn leave(
     code: Exit,
     timeout: Duration,
     finalized: bool,
-    main_thread: libc::pthread_t,
+    main_thread: sys::Thread,
 ) -> ! {
     let what = if finalized {
         "the process did not exit"
@@ -125,49 +123,13 @@ fn leave(
         timeout.as_secs_f64(),
         code.code()
     );
-    if !finalized && park(main_thread) {
+    if !finalized && sys::park_thread(main_thread) {
         std::thread::sleep((timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(2)));
         hydra_finalize();
     }
-    // SAFETY: ends the process without running destructors or atexit handlers, any of which may
-    // wait in MPI; stdout and stderr were flushed before the agreement.
-    unsafe { libc::_exit(code.code()) }
-}
-
-/// Stops `thread` for good: it waits in a signal handler until the process exits. Returns
-/// whether it did within a second.
-fn park(thread: libc::pthread_t) -> bool {
-    static PARKED: AtomicBool = AtomicBool::new(false);
-    extern "C" fn wait_forever(_: libc::c_int) {
-        PARKED.store(true, Ordering::SeqCst);
-        loop {
-            // SAFETY: pause(2) is async-signal-safe.
-            unsafe {
-                libc::pause();
-            }
-        }
-    }
-    let signal = libc::SIGRTMIN() + 3;
-    // SAFETY: installs a handler that only stores an atomic and pauses (async-signal-safe), then
-    // signals a thread of this process that is alive (the process has not begun to exit).
-    unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = wait_forever as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        libc::sigemptyset(&mut action.sa_mask);
-        if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0
-            || libc::pthread_kill(thread, signal) != 0
-        {
-            return false;
-        }
-    }
-    let asked = Instant::now();
-    while !PARKED.load(Ordering::SeqCst) {
-        if asked.elapsed() > Duration::from_secs(1) {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
+    // No destructors or atexit handlers, any of which may wait in MPI; stdout and stderr were
+    // flushed before the agreement.
+    sys::exit_now(code.code())
 }
 
 /// Under MPICH's hydra launcher (`mpiexec`), tells the launcher that this rank finalized, as
@@ -219,25 +181,6 @@ fn flush_stdio() {
     // Nothing useful to do if they fail: the status still says how the job went.
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
-}
-
-/// The finalize deadline: `RESHARD_FINALIZE_TIMEOUT` seconds (fractions allowed) if it is a
-/// positive number, else [`FINALIZE_TIMEOUT`].
-pub fn finalize_timeout(env: impl Fn(&str) -> Option<String>) -> Duration {
-    env("RESHARD_FINALIZE_TIMEOUT")
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .and_then(|s| Duration::try_from_secs_f64(s).ok())
-        .unwrap_or(FINALIZE_TIMEOUT)
-}
-
-/// Test hook: `RESHARD_TEST_HANG_FINALIZE=r` makes rank r block forever where it would call
-/// MPI_Finalize (`all`: every rank), as MPI_Finalize does when it hangs.
-fn hang_finalize(rank: usize, env: impl Fn(&str) -> Option<String>) -> bool {
-    env("RESHARD_TEST_HANG_FINALIZE").is_some_and(|v| {
-        let v = v.trim();
-        v == "all" || v.parse::<usize>().ok() == Some(rank)
-    })
 }
 
 /// Installs a panic hook that prints the panic and then aborts every rank: a panicking rank
@@ -440,8 +383,8 @@ impl Comm for MpiComm {
             // a grace period, so the bound on a stalled job holds.
             std::thread::spawn(move || {
                 std::thread::sleep(std::time::Duration::from_secs(10));
-                // SAFETY: ends the process without running destructors, which may block in MPI.
-                unsafe { libc::_exit(code.code()) }
+                // No destructors: they may block in MPI.
+                sys::exit_now(code.code())
             });
             // SAFETY: MPI is initialized for the life of the run; MPI_Abort may be called from any
             // thread to end the job.
@@ -462,27 +405,5 @@ mod tests {
         assert!(launcher_mismatch(1, env).unwrap().contains("different MPI"));
         assert!(launcher_mismatch(4, env).is_none());
         assert!(launcher_mismatch(1, |_| None).is_none());
-    }
-
-    #[test]
-    fn finalize_timeout_from_the_environment() {
-        let with =
-            |v: &'static str| move |k: &str| (k == "RESHARD_FINALIZE_TIMEOUT").then(|| v.into());
-        assert_eq!(finalize_timeout(with("3")), Duration::from_secs(3));
-        assert_eq!(finalize_timeout(with(" 0.5 ")), Duration::from_millis(500));
-        for bad in ["0", "-1", "soon", "inf", "NaN", ""] {
-            assert_eq!(finalize_timeout(with(bad)), FINALIZE_TIMEOUT, "{bad:?}");
-        }
-        assert_eq!(finalize_timeout(|_| None), FINALIZE_TIMEOUT);
-    }
-
-    #[test]
-    fn hang_finalize_chooses_ranks() {
-        let with =
-            |v: &'static str| move |k: &str| (k == "RESHARD_TEST_HANG_FINALIZE").then(|| v.into());
-        assert!(hang_finalize(1, with("1")));
-        assert!(!hang_finalize(0, with("1")));
-        assert!(hang_finalize(0, with("all")) && hang_finalize(5, with("all")));
-        assert!(!hang_finalize(0, |_| None));
     }
 }

@@ -7,9 +7,9 @@ use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::config::RunConfig;
 use crate::comm::wire::gather_concat;
 use crate::comm::{agree, broadcast_result, everywhere, exclusive_sum, Comm};
+use crate::config::RunConfig;
 use crate::input::InputShard;
 use crate::job::duplicates;
 use crate::output::saved_index::{self, Lookup};

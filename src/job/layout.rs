@@ -3,9 +3,9 @@
 
 use anyhow::{bail, Context, Result};
 
-use crate::config::{Balance, RunConfig};
 use crate::comm::wire::{self, gather_concat, Received, Sink};
 use crate::comm::{agree, exclusive_sum, gather, Comm};
+use crate::config::{Balance, RunConfig};
 use crate::input::InputShard;
 use crate::job::index::Index;
 use crate::job::place::Placed;

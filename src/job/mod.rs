@@ -34,8 +34,8 @@ use std::fs;
 use anyhow::Result;
 
 use crate::comm::{agree, broadcast_result, Comm};
-use crate::output::OutputShards;
 use crate::config::RunConfig;
+use crate::output::OutputShards;
 use crate::progress::{PhaseTimes, Progress};
 use crate::report::{narrate, PlanReport};
 use crate::size::human_bytes;

@@ -1,3 +1,0 @@
-//! Moved to crate::exit; shim removed when all callers are updated.
-
-pub use crate::exit::Exit;

@@ -297,10 +297,14 @@ impl<S: Source> Walk<S> {
             .or(p.pax_path)
             .or(p.long_name)
             .unwrap_or_else(|| header_path(block));
-        let link = p
-            .pax_link
-            .or(p.long_link)
-            .unwrap_or_else(|| until_nul(&block[157..257]).to_vec());
+        // Only links have a target worth a copy (the walk runs once per member).
+        let link = match kind {
+            EntryKind::HardLink | EntryKind::Symlink => p
+                .pax_link
+                .or(p.long_link)
+                .unwrap_or_else(|| until_nul(&block[157..257]).to_vec()),
+            _ => Vec::new(),
+        };
         let member = Member {
             start: p.start.unwrap_or(at),
             header: at,
@@ -381,13 +385,22 @@ impl<S: Source> Walk<S> {
 /// over unsigned bytes (POSIX) or signed ones (old Sun and other historical writers).
 fn check_header(block: &[u8; 512], at: u64) -> Result<()> {
     let stored = octal(&block[148..156]);
-    let (mut unsigned, mut signed) = (0i64, 0i64);
-    for (i, &b) in block.iter().enumerate() {
-        let b = if (148..156).contains(&i) { b' ' } else { b };
-        unsigned += i64::from(b);
-        signed += i64::from(b as i8);
+    // The checksum field counts as eight spaces.
+    let field = 8 * i64::from(b' ');
+    let outside = |sum: fn(u8) -> i64| -> i64 {
+        block[..148]
+            .iter()
+            .chain(&block[156..])
+            .map(|&b| sum(b))
+            .sum::<i64>()
+            + field
+    };
+    let unsigned = outside(i64::from);
+    if stored == Some(unsigned as u64) {
+        return Ok(());
     }
-    if stored.is_some_and(|s| s == unsigned as u64 || s == signed as u64) {
+    let signed = outside(|b| i64::from(b as i8));
+    if stored == Some(signed as u64) {
         return Ok(());
     }
     if at == 0 && &block[257..262] != b"ustar" {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs reshard end to end on a fresh Debian/Ubuntu machine:
 #   1. installs MPI and the build dependencies that are missing (apt-get; via sudo when not root),
-#   2. builds reshard in release mode,
+#   2. builds reshard in release mode (Rust via rustup if missing, with rustfmt and clippy for the
+#      README's test command),
 #   3. generates a small synthetic WebDataset (uneven input shards, some names > 100 bytes),
 #   4. reshuffles it with `mpirun -np $NP reshard run`,
 #   5. verifies the output with examples/verify_output.py and GNU tar,
@@ -73,6 +74,13 @@ else
     installed libmpich-dev || missing+=(libmpich-dev)
     installed mpich || missing+=(mpich)
 fi
+# What the README's test command uses beyond the build: the other writers of the tests' tar
+# corpus (bsdtar, cpio, pax), shellcheck, ip netns for the simulated cluster, and a venv.
+if command -v dpkg-query >/dev/null; then
+    for p in libarchive-tools cpio pax shellcheck iproute2 python3-venv; do
+        installed "$p" || missing+=("$p")
+    done
+fi
 if ! command -v cargo >/dev/null && [ -f "${HOME:-/root}/.cargo/env" ]; then
     # shellcheck disable=SC1091
     . "${HOME:-/root}/.cargo/env"
@@ -104,11 +112,18 @@ else
     echo "all present"
 fi
 
+# rustfmt and clippy are not in rustup's minimal profile, and the README's test command needs
+# both (cargo fmt --check, cargo clippy), so they are installed with Rust or added to it.
 if ! command -v cargo >/dev/null; then
-    echo "cargo not found: installing Rust with rustup (minimal profile)"
-    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+    echo "cargo not found: installing Rust with rustup (minimal profile, rustfmt, clippy)"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
+        | sh -s -- -y --profile minimal --component rustfmt,clippy
     # shellcheck disable=SC1091
     . "${HOME:-/root}/.cargo/env"
+fi
+if command -v rustup >/dev/null; then
+    rustup component add rustfmt clippy </dev/null \
+        || echo "warning: could not add rustfmt/clippy with rustup; the test command needs them" >&2
 fi
 
 if [[ "$(mpi_version)" == *"Open MPI"* ]]; then
@@ -152,6 +167,18 @@ done
 echo "GNU tar lists all ${#shards[@]} output shards; the first members of ${shards[0]}:"
 listing=$(tar -tvf "${shards[0]}")
 head -n 6 <<<"$listing"
+
+# ---------------------------------------------------------------------------------------------
+step "test venv: target/pyenv with webdataset (the tests read outputs back with it)"
+VENV=target/pyenv
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import webdataset' 2>/dev/null; then
+    echo "webdataset already in $VENV"
+elif python3 -m venv "$VENV" && "$VENV/bin/python" -m pip --disable-pip-version-check -q install \
+    "$(grep -m 1 '^webdataset' examples/consumers/requirements.txt)"; then
+    echo "webdataset installed in $VENV"
+else
+    echo "warning: could not make $VENV with webdataset; the tests that need it will print SKIPPED" >&2
+fi
 
 finish_step
 STEP=""

@@ -24,8 +24,8 @@ use crate::hooks;
 use crate::watchdog::Watchdog;
 use pack::pack_rounds;
 use rounds::exchange_rounds;
-pub use stages::Job;
 use stages::{Delivery, Packed, Stages, CHUNK_HEADER};
+pub use stages::{ExchangeStats, Job};
 use writer::write_rounds;
 
 /// How a memory budget is split among the exchange's buffers.
@@ -76,16 +76,6 @@ impl Buffers {
             .min(usize::try_from(share).unwrap_or(usize::MAX));
         b
     }
-}
-
-/// What the exchange moved, as seen by this rank.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ExchangeStats {
-    pub rounds: u64,
-    /// Sample bytes this rank read and sent.
-    pub bytes_sent: u64,
-    /// Sample bytes this rank received and wrote.
-    pub bytes_written: u64,
 }
 
 /// Buffers in flight: the reader fills one send buffer while the main thread exchanges another

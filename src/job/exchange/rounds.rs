@@ -6,8 +6,7 @@ use std::sync::mpsc::{Receiver, SyncSender};
 
 use anyhow::{anyhow, Result};
 
-use super::stages::{Delivery, Packed, Stages};
-use super::ExchangeStats;
+use super::stages::{Delivery, ExchangeStats, Packed, Stages};
 use crate::comm::{Comm, PeerFailed};
 use crate::hooks;
 

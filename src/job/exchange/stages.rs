@@ -55,3 +55,13 @@ pub struct Stages<'a, 'j> {
     pub written: AtomicU64,
     pub dog: Watchdog,
 }
+
+/// What the exchange moved, as seen by this rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExchangeStats {
+    pub rounds: u64,
+    /// Sample bytes this rank read and sent.
+    pub bytes_sent: u64,
+    /// Sample bytes this rank received and wrote.
+    pub bytes_written: u64,
+}

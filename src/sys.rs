@@ -57,16 +57,26 @@ pub fn copy_file_range(
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
-/// Starts writing back the dirty pages of `file`, without waiting for them
-/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)` over the whole file).
+/// Starts writing back the dirty pages of `len` bytes of `file` at `offset`, without waiting
+/// for them (`sync_file_range(SYNC_FILE_RANGE_WRITE)`).
 ///
 /// Only a hint, and no durability guarantee: where the filesystem does not support it nothing
 /// happens, no error is reported, and a later `fsync` does all the work.
-pub fn start_writeback(file: &File) {
+pub fn start_writeback(file: &File, offset: u64, len: u64) {
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
     // SAFETY: a valid open descriptor; the call reads no memory of ours.
     unsafe {
-        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
     }
+}
+
+/// The size of a page of the page cache.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
 }
 
 /// Atomically swaps the paths `a` and `b` (Linux `renameat2(RENAME_EXCHANGE)`): afterwards `a`

@@ -326,7 +326,6 @@ impl<'r> Grouper<'r> {
             Kind::Other | Kind::Member(_) => skipped.other_entries += 1,
         }
         let link = matches!(member.kind, EntryKind::HardLink | EntryKind::Symlink);
-        let (what, advice) = skip_message(member, &kind, link);
         // A link named like a sample's members belongs to that sample: leaving it out would
         // silently change the sample.
         let own = if link {
@@ -336,6 +335,7 @@ impl<'r> Grouper<'r> {
         };
         if let (Some(own), Some((open_key, _))) = (&own, &self.open) {
             if own == open_key {
+                let (what, advice) = skip_message(member, &kind, link);
                 bail!(
                     "{what} in sample {:?}{advice}",
                     String::from_utf8_lossy(own)
@@ -344,6 +344,8 @@ impl<'r> Grouper<'r> {
         }
         let closed = self.close()?;
         if closed.is_some() || own.is_some() {
+            // Only kept while a member of the closed sample (or the link's) may still follow.
+            let (what, advice) = skip_message(member, &kind, link);
             let closed = closed.or_else(|| self.after_skip.take().and_then(|s| s.closed));
             self.after_skip = Some(AfterSkip {
                 closed,

@@ -287,39 +287,20 @@ fn signed_header_checksums_are_accepted() {
 /// sample: reshard cannot move the sample without its target's data.
 #[test]
 fn hard_link_inside_a_sample_is_refused() {
-    let dir = Dir::new("real-hardlink");
-    sources(&dir);
-    let good = gnu_tar(
-        &dir,
-        "good.tar",
-        &["--format=gnu"],
-        &["sp/c.jpg", "sp/c.cls"],
-    );
-    let tar = gnu_tar(
-        &dir,
-        "hardlink.tar",
-        &["--format=gnu"],
-        &["lk/a.jpg", "lk/a.png", "lk/a.cls"],
-    );
-    let (_, r) = record(&tar, "lk/a.png");
-    assert_eq!(r.types, b"1", "GNU tar wrote no hard link");
-    refused(
-        &dir,
-        &[&good, &tar],
-        &[
-            "link".into(),
-            "lk/a.png".into(),
-            format!("byte offset {}", r.start),
-            "hardlink.tar".into(),
-            "dereference".into(),
-        ],
-    );
+    link_inside_a_sample_is_refused("hardlink", ["lk/a.jpg", "lk/a.png", "lk/a.cls"], b"1");
 }
 
 /// A symlink between members of one sample.
 #[test]
 fn symlink_inside_a_sample_is_refused() {
-    let dir = Dir::new("real-symlink");
+    link_inside_a_sample_is_refused("symlink", ["lk/b.jpg", "lk/b.txt", "lk/b.cls"], b"2");
+}
+
+/// Archives `members` (the second a link of type `typeflag` in the sources) with GNU tar as
+/// `NAME.tar` and requires the job to refuse it, naming the link, its offset, the file and the
+/// way out.
+fn link_inside_a_sample_is_refused(name: &str, members: [&str; 3], typeflag: &[u8]) {
+    let dir = Dir::new(&format!("real-{name}"));
     sources(&dir);
     let good = gnu_tar(
         &dir,
@@ -327,22 +308,18 @@ fn symlink_inside_a_sample_is_refused() {
         &["--format=gnu"],
         &["sp/c.jpg", "sp/c.cls"],
     );
-    let tar = gnu_tar(
-        &dir,
-        "symlink.tar",
-        &["--format=gnu"],
-        &["lk/b.jpg", "lk/b.txt", "lk/b.cls"],
-    );
-    let (_, r) = record(&tar, "lk/b.txt");
-    assert_eq!(r.types, b"2", "GNU tar wrote no symlink");
+    let file = format!("{name}.tar");
+    let tar = gnu_tar(&dir, &file, &["--format=gnu"], &members);
+    let (_, r) = record(&tar, members[1]);
+    assert_eq!(r.types, typeflag, "GNU tar wrote no {name}");
     refused(
         &dir,
         &[&good, &tar],
         &[
             "link".into(),
-            "lk/b.txt".into(),
+            members[1].into(),
             format!("byte offset {}", r.start),
-            "symlink.tar".into(),
+            file,
             "dereference".into(),
         ],
     );

@@ -46,48 +46,47 @@ fn gnu_tar_sparse_oldgnu_format() {
 /// one in `GNU.sparse.name`, the map at the start of the member's data.
 #[test]
 fn gnu_tar_sparse_posix_1_0() {
-    let dir = Dir::new("sparse-pax10");
-    if !holes_stored(&sources(&dir), "gnu_tar_sparse_posix_1_0") {
-        return;
-    }
-    let tar = gnu_tar(&dir, "posix-sparse-1.0.tar", &["--format=posix"], &MEMBERS);
-    assert_pax_sparse(&tar, "GNU.sparse.major=1", true);
-    moves_verbatim(&dir, &tar, &MEMBERS, 0, "gnu_tar_sparse_posix_1_0");
+    pax_sparse(
+        "1.0",
+        "GNU.sparse.major=1",
+        true,
+        "gnu_tar_sparse_posix_1_0",
+    );
 }
 
 /// PAX sparse 0.0: the map as repeated `GNU.sparse.offset`/`numbytes` records, the real name
 /// in the header.
 #[test]
 fn gnu_tar_sparse_posix_0_0() {
-    let dir = Dir::new("sparse-pax00");
-    if !holes_stored(&sources(&dir), "gnu_tar_sparse_posix_0_0") {
-        return;
-    }
-    let tar = gnu_tar(
-        &dir,
-        "posix-sparse-0.0.tar",
-        &["--format=posix", "--sparse-version=0.0"],
-        &MEMBERS,
+    pax_sparse(
+        "0.0",
+        "GNU.sparse.numbytes=",
+        false,
+        "gnu_tar_sparse_posix_0_0",
     );
-    assert_pax_sparse(&tar, "GNU.sparse.numbytes=", false);
-    moves_verbatim(&dir, &tar, &MEMBERS, 0, "gnu_tar_sparse_posix_0_0");
 }
 
 /// PAX sparse 0.1: the map in one `GNU.sparse.map` record, the real name in `GNU.sparse.name`.
 #[test]
 fn gnu_tar_sparse_posix_0_1() {
-    let dir = Dir::new("sparse-pax01");
-    if !holes_stored(&sources(&dir), "gnu_tar_sparse_posix_0_1") {
+    pax_sparse("0.1", "GNU.sparse.map=", true, "gnu_tar_sparse_posix_0_1");
+}
+
+/// GNU tar's posix format with `--sparse-version=VERSION`: its PAX records hold `record` (and a
+/// placeholder name when `placeholder`), and the archive moves verbatim.
+fn pax_sparse(version: &str, record: &str, placeholder: bool, test: &str) {
+    let dir = Dir::new(&format!("sparse-pax{}", version.replace('.', "")));
+    if !holes_stored(&sources(&dir), test) {
         return;
     }
     let tar = gnu_tar(
         &dir,
-        "posix-sparse-0.1.tar",
-        &["--format=posix", "--sparse-version=0.1"],
+        &format!("posix-sparse-{version}.tar"),
+        &["--format=posix", &format!("--sparse-version={version}")],
         &MEMBERS,
     );
-    assert_pax_sparse(&tar, "GNU.sparse.map=", true);
-    moves_verbatim(&dir, &tar, &MEMBERS, 0, "gnu_tar_sparse_posix_0_1");
+    assert_pax_sparse(&tar, record, placeholder);
+    moves_verbatim(&dir, &tar, &MEMBERS, 0, test);
 }
 
 /// bsdtar writes PAX sparse 1.0 on its own for a file with holes (found with SEEK_HOLE, so only

@@ -76,11 +76,6 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
     Ok(())
 }
 
-/// File name of shard `index`.
-pub fn shard_name(prefix: &str, index: u64) -> String {
-    crate::output::shard_file_name(prefix, index)
-}
-
 /// Creates `dir` if needed and refuses to mix with shards of an earlier dataset.
 fn prepare_output(dir: &Path, prefix: &str) -> Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -324,7 +319,7 @@ fn write_shard(
     index: u64,
     range: Range<u64>,
 ) -> Result<u64> {
-    let name = shard_name(&cfg.prefix, index);
+    let name = crate::output::shard_file_name(&cfg.prefix, index);
     let path = cfg.output.join(&name);
     let tmp = cfg.output.join(format!(".{name}.tmp"));
     let result = write_tar(cfg, base_rng, &tmp, range);

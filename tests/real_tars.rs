@@ -22,24 +22,29 @@ use crate::util::{find_on_path, have_python, noise, skip, test_python, Dir};
 
 #[test]
 fn gnu_tar_sparse_gnu_format() {
-    let dir = Dir::new("sparse-gnu");
-    if !holes_stored(&sources(&dir), "gnu_tar_sparse_gnu_format") {
-        return;
-    }
-    let tar = gnu_tar(&dir, "gnu-sparse.tar", &["--format=gnu"], &MEMBERS);
-    assert_old_gnu_sparse(&tar);
-    moves_verbatim(&dir, &tar, &MEMBERS, 0, "gnu_tar_sparse_gnu_format");
+    old_gnu_sparse("gnu", "gnu_tar_sparse_gnu_format");
 }
 
 #[test]
 fn gnu_tar_sparse_oldgnu_format() {
-    let dir = Dir::new("sparse-oldgnu");
-    if !holes_stored(&sources(&dir), "gnu_tar_sparse_oldgnu_format") {
+    old_gnu_sparse("oldgnu", "gnu_tar_sparse_oldgnu_format");
+}
+
+/// GNU tar's `FORMAT` (gnu or oldgnu) with `--sparse`: old GNU sparse members (type `S`), and
+/// the archive moves verbatim.
+fn old_gnu_sparse(format: &str, test: &str) {
+    let dir = Dir::new(&format!("sparse-{format}"));
+    if !holes_stored(&sources(&dir), test) {
         return;
     }
-    let tar = gnu_tar(&dir, "oldgnu-sparse.tar", &["--format=oldgnu"], &MEMBERS);
+    let tar = gnu_tar(
+        &dir,
+        &format!("{format}-sparse.tar"),
+        &[&format!("--format={format}")],
+        &MEMBERS,
+    );
     assert_old_gnu_sparse(&tar);
-    moves_verbatim(&dir, &tar, &MEMBERS, 0, "gnu_tar_sparse_oldgnu_format");
+    moves_verbatim(&dir, &tar, &MEMBERS, 0, test);
 }
 
 /// PAX sparse 1.0 (GNU tar's posix default): a placeholder name in the ustar header, the real

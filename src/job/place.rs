@@ -30,7 +30,6 @@ pub struct Placed {
     /// Samples no key-map group claimed (left out by `--unmatched skip`).
     pub unmatched: u64,
     pub stratify: Option<StratifyReport>,
-    pub key_map: Option<KeyMap>,
     /// Over all groups: shards, samples written, samples dropped and repeated by `--equalize`.
     pub shards: u64,
     pub output_samples: u64,
@@ -94,7 +93,7 @@ pub fn run(
         },
     )?;
     drop((keys, contents));
-    let placed = Placed::new(cfg, ordered, key_map.map(|(map, _)| map));
+    let placed = Placed::new(cfg, ordered, key_map.as_ref().map(|(map, _)| map));
     narrate_placed(lead, cfg, index, &placed);
     placed
         .names
@@ -131,7 +130,7 @@ fn load_key_map(
 }
 
 impl Placed {
-    fn new(cfg: &RunConfig, ordered: Ordered, key_map: Option<KeyMap>) -> Placed {
+    fn new(cfg: &RunConfig, ordered: Ordered, key_map: Option<&KeyMap>) -> Placed {
         let Ordered {
             placement,
             groups,
@@ -142,7 +141,7 @@ impl Placed {
         let output_samples: u64 = groups.iter().map(|g| g.output_samples).sum();
         let dropped = groups.iter().map(|g| g.targets.dropped()).sum();
         let repeated = groups.iter().map(|g| g.targets.repeated()).sum();
-        let sizing = match &key_map {
+        let sizing = match key_map {
             None => groups[0].sizing.clone(),
             Some(map) => format!(
                 "{} key-map groups, each sized on its own: {}",
@@ -154,7 +153,7 @@ impl Placed {
                     .join("; ")
             ),
         };
-        let names = match &key_map {
+        let names = match key_map {
             None => ShardNames::Prefix(cfg.prefix.clone()),
             Some(map) => ShardNames::Groups(
                 groups
@@ -170,7 +169,6 @@ impl Placed {
             groups,
             unmatched,
             stratify,
-            key_map,
             shards,
             output_samples,
             dropped,

@@ -11,6 +11,7 @@
 //! | index      | [`index`]     | tar headers of each rank's share -> samples, global numbering  |
 //! |            | [`duplicates`]| one key in two samples, across all shards                      |
 //! | plan       | [`place`]     | every sample's output position: permutation, order, key map    |
+//! |            | [`split`]     | `--split`: every sample's split, by the seed alone             |
 //! |            | [`layout`]    | every shard laid out by its writer before any data moves       |
 //! | exchange   | [`exchange`]  | bounded all-to-all rounds; writers place samples as they come  |
 //! | finish     | [`finish`]    | inputs unchanged; shards synced, compressed, indexed, digested |
@@ -26,7 +27,9 @@ pub mod layout;
 pub mod link;
 pub mod place;
 pub mod publish;
+pub mod runs;
 pub mod series;
+pub mod split;
 pub mod summary;
 
 use std::fs;
@@ -241,6 +244,7 @@ mod tests {
             stall_timeout: std::time::Duration::from_secs(120),
             max_round_bytes: i32::MAX as u64,
             order: crate::plan::order::OrderSpec::default(),
+            split: None,
         }
     }
 

@@ -87,6 +87,8 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
     assert_eq!(per_shard("train"), [38; 5], "192 cut to 5 x 38");
     assert_eq!(per_shard("val"), [8; 3]);
     assert_eq!(per_shard("test"), [12; 2]);
+    let val = index_json(&out.join("val"));
+    assert_eq!(val["reshard"]["sizing"], "--split-shards 3");
     let dropped = index_json(&out)["reshard"]["dropped"]
         .as_array()
         .unwrap()
@@ -94,6 +96,34 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
     assert_eq!(dropped, 2);
     let train_dropped = &index_json(&out.join("train"))["reshard"]["dropped"];
     assert_eq!(train_dropped.as_array().unwrap().len(), 2);
+    // Too many shards for a split names the flag that asked for them.
+    let mut c = dir.mpi(2);
+    c.args([
+        "run", "--input", "in", "--output", "many", "--shards", "2", "--seed", "3",
+    ])
+    .args(["--split", SPLIT, "--split-shards", "30"]);
+    c.assert_code(1)
+        .stderr_has("split \"val\": --split-shards 30 is more than the 24 samples");
+    // Sorted orders sort each split on its own.
+    let out = identical_for_any_np(
+        &dir,
+        "by-key",
+        &[
+            "--shards", "2", "--split", SPLIT, "--order", "key", "--seed", "3",
+        ],
+    );
+    for (name, got) in splits_of(&out) {
+        let keys: Vec<&String> = got.iter().map(|g| &g.key).collect();
+        assert!(
+            keys.windows(2).all(|w| w[0] < w[1]),
+            "{name} is not in key order"
+        );
+    }
+    assert_eq!(
+        key_sets(&splits_of(&out)),
+        sets,
+        "--order changed the splits"
+    );
     // A split is reported and sized on its own; counts work too.
     let res = run_in(
         &dir,

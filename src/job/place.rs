@@ -496,10 +496,20 @@ fn size_groups(
         let (n, bytes) = (sums[g], sums[ngroups + g]);
         let name = job.groups.map(|gr| gr.names[g].clone());
         let (sizing, default) = group_sizing(job, g, &groups);
+        let split_shards = job.split().is_some() && g > 0 && matches!(sizing, Sizing::Count(_));
         let (shards, sizing) = if n == 0 {
             (0, "no samples".to_string())
         } else {
+            // `--split-shards N` is sized as `--shards N` is, and named as given.
+            let flag = |text: String| {
+                if split_shards {
+                    text.replacen("--shards", "--split-shards", 1)
+                } else {
+                    text
+                }
+            };
             let (shards, why) = sizing.shards(n, bytes).map_err(|e| {
+                let e = anyhow!(flag(format!("{e:#}")));
                 let e = match (&name, job.split()) {
                     (Some(t), None) => e.context(format!("key-map group {t:?}")),
                     (Some(t), Some(_)) => e.context(format!("split {t:?}")),
@@ -507,7 +517,7 @@ fn size_groups(
                 };
                 everywhere(lead, e)
             })?;
-            (shards, format!("{default}{why}"))
+            (shards, format!("{default}{}", flag(why)))
         };
         let targets = Targets::new(n, shards.max(1), job.equalize);
         let (template, split) = match job.split() {
@@ -548,7 +558,7 @@ fn size_groups(
 fn group_sizing(job: &OrderJob<'_>, g: usize, sized: &[GroupPlan]) -> (Sizing, String) {
     match job.split() {
         Some(split) if g > 0 => match split.shards[g] {
-            Some(n) => (Sizing::Count(n), "--split-shards: ".to_string()),
+            Some(n) => (Sizing::Count(n), String::new()),
             None => {
                 let first = &sized[0];
                 let mean = (first.sample_bytes / first.shards.max(1)).max(1);

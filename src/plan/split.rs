@@ -221,10 +221,10 @@ impl SplitSpec {
             .collect();
         let mut counts: Vec<u64> = ideal.iter().map(|x| (x.floor() as u64).min(n)).collect();
         let mut order: Vec<usize> = (0..ideal.len()).collect();
-        // Largest remainder first; the sort is stable, so ties go to the earlier split.
-        order.sort_by(|&a, &b| {
-            let (fa, fb) = (ideal[a] - ideal[a].floor(), ideal[b] - ideal[b].floor());
-            fb.total_cmp(&fa)
+        // Largest remainder first; the sort is stable, so ties go to the earlier split. Rounded
+        // to 1e-9, so that `rest` (1 − the others, inexact in floating point) ties as it should.
+        order.sort_by_key(|&k| {
+            std::cmp::Reverse(((ideal[k] - ideal[k].floor()) * 1e9).round() as u64)
         });
         let mut k = 0;
         while counts.iter().sum::<u64>() < n {
@@ -322,6 +322,9 @@ mod tests {
         let c = spec("val=3,test=2,train=rest").unwrap();
         assert_eq!(c.counts(10).unwrap(), [3, 2, 5]);
         assert_eq!(spec("a=0.5,b=rest").unwrap().counts(3).unwrap(), [2, 1]);
+        // Equal remainders (0.4 each, one of them computed as 1 − 0.9): the earlier split.
+        let tie = spec("a=0.8,b=rest,c=0.1").unwrap();
+        assert_eq!(tie.counts(54).unwrap(), [43, 6, 5]);
         for bad in [
             "train=0.9,val=0.05",
             "train=1",

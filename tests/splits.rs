@@ -363,7 +363,10 @@ fn verify_checks_a_split_output_and_catches_a_sample_in_two_splits() {
     let train = flat(&output(&leak.join("train")));
     append_sample(&leak, "val", "shard-000000.tar", &train[0].bytes);
     let res = verify_cmd(&dir, Some(2), "leak", &[]);
-    if res.code() != Some(1) || !res.stdout.contains("1 duplicated sample") {
+    if res.code() != Some(1)
+        || !res.stdout.contains("1 duplicated sample")
+        || !res.stdout.contains("the splits are not disjoint")
+    {
         res.fail("expected verify to fail on a sample in two splits");
     }
     // A split's own index.json that disagrees with the output's.

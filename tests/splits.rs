@@ -124,6 +124,40 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
         sets,
         "--order changed the splits"
     );
+    // With --gpus, the splits after the first default to a multiple of the GPU count, and the
+    // GPU figures describe the first split.
+    let out = identical_for_any_np(
+        &dir,
+        "gpus",
+        &[
+            "--gpus",
+            "2",
+            "--workers",
+            "2",
+            "--split",
+            SPLIT,
+            "--seed",
+            "3",
+        ],
+    );
+    let shards: Vec<u64> = ["train", "val", "test"]
+        .iter()
+        .map(|s| {
+            index_json(&out.join(s))["reshard"]["shards"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        shards[0] % 4 == 0 && shards[1] % 2 == 0 && shards[2] % 2 == 0,
+        "{shards:?}"
+    );
+    let gpus = &index_json(&out)["reshard"]["gpus"];
+    assert_eq!(
+        gpus["shards_per_gpu"].as_u64(),
+        Some(shards[0] / 2),
+        "{gpus}"
+    );
     // A split is reported and sized on its own; counts work too.
     let res = run_in(
         &dir,

@@ -222,7 +222,8 @@ pub struct RunArgs {
     pub split: Option<crate::plan::split::SplitSpec>,
 
     /// Shard count of the splits after the first: N for each, or NAME=N,... per split. A split
-    /// left out gets the shard count whose mean size is nearest the first split's mean shard size.
+    /// left out gets the shard count whose mean size is nearest the first split's mean shard size
+    /// (with --gpus, the multiple of the GPU count nearest it, so every GPU gets shards).
     #[arg(long, value_name = "N|NAME=N,...", requires = "split")]
     pub split_shards: Option<String>,
 

@@ -495,7 +495,7 @@ fn size_groups(
     for g in 0..ngroups {
         let (n, bytes) = (sums[g], sums[ngroups + g]);
         let name = job.groups.map(|gr| gr.names[g].clone());
-        let (sizing, default) = group_sizing(job, g, &groups);
+        let (sizing, default) = group_sizing(job, g, n, &groups);
         let split_shards = job.split().is_some() && g > 0 && matches!(sizing, Sizing::Count(_));
         let (shards, sizing) = if n == 0 {
             (0, "no samples".to_string())
@@ -552,26 +552,33 @@ fn size_groups(
     Ok((groups, unmatched))
 }
 
-/// How group `g` is sized, and what to say about a default: the sizing flags, except for the
-/// splits after the first, which `--split-shards` sizes or else the first split's mean shard
-/// size.
-fn group_sizing(job: &OrderJob<'_>, g: usize, sized: &[GroupPlan]) -> (Sizing, String) {
-    match job.split() {
-        Some(split) if g > 0 => match split.shards[g] {
-            Some(n) => (Sizing::Count(n), String::new()),
-            None => {
-                let first = &sized[0];
-                let mean = (first.sample_bytes / first.shards.max(1)).max(1);
-                (
-                    Sizing::Size(mean),
-                    format!(
-                        "no --split-shards, so the mean shard size of {}: ",
-                        first.split.as_deref().unwrap_or("the first split")
-                    ),
-                )
-            }
-        },
-        _ => (job.sizing, String::new()),
+/// How group `g` (of `n` samples) is sized, and what to say about a default: the sizing flags,
+/// except for the splits after the first, which `--split-shards` sizes, or else the first
+/// split's mean shard size; with `--gpus`, a multiple of the GPU count near that size (one
+/// loader worker each), so that every GPU gets evaluation shards.
+fn group_sizing(job: &OrderJob<'_>, g: usize, n: u64, sized: &[GroupPlan]) -> (Sizing, String) {
+    let Some(split) = job.split().filter(|_| g > 0) else {
+        return (job.sizing, String::new());
+    };
+    if let Some(count) = split.shards[g] {
+        return (Sizing::Count(count), String::new());
+    }
+    let first = &sized[0];
+    let size = (first.sample_bytes / first.shards.max(1)).max(1);
+    let name = first.split.as_deref().unwrap_or("the first split");
+    match job.sizing {
+        Sizing::Gpus { gpus, .. } if gpus <= n => (
+            Sizing::Gpus {
+                gpus,
+                workers: 1,
+                size,
+            },
+            format!("no --split-shards, so a multiple of the GPUs near {name}'s mean shard size: "),
+        ),
+        _ => (
+            Sizing::Size(size),
+            format!("no --split-shards, so {name}'s mean shard size: "),
+        ),
     }
 }
 

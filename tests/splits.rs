@@ -4,12 +4,13 @@
 //! indexes, `--link` and `--keep` on split outputs.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 use crate::util::data::{skewed_labels, with_class_ties};
 use crate::util::runs::{identical_for_any_np, run_in, verify_cmd};
 use crate::util::samples::{assert_same_samples, flat, input, output, worst_deviation};
 use crate::util::splits::{append_sample, key_sets, splits_of};
-use crate::util::{copy_dir, index_json, tar_files, Dir};
+use crate::util::{copy_dir, index_json, skip, tar_files, test_python, Dir};
 
 const SPLIT: &str = "train=0.8,val=0.1,test=0.1";
 
@@ -389,6 +390,29 @@ fn verify_checks_a_split_output_and_catches_a_sample_in_two_splits() {
         let res = verify_cmd(&dir, np, "out", &[]);
         if res.code() != Some(0) {
             res.fail("expected verify to pass on a split output");
+        }
+    }
+    // Each split reads as a dataset of its own with webdataset, from its own index.json.
+    match test_python() {
+        None => skip(
+            "split_verify (webdataset part)",
+            "no Python with webdataset (RESHARD_TEST_PYTHON or target/pyenv)",
+        ),
+        Some(py) => {
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/consumers/read_webdataset.py");
+            for (split, n) in [("train", 192), ("val", 24), ("test", 24)] {
+                let res = dir
+                    .program(&py)
+                    .arg(&script)
+                    .arg(dir.join("out").join(split))
+                    .assert_success();
+                res.check(
+                    res.stdout
+                        .contains(&format!("iterated {n} samples, {n} distinct keys")),
+                    "expected webdataset to read every sample of the split once",
+                );
+            }
         }
     }
     // A training sample copied into val: every size and count fixed, only the sample wrong.

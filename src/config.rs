@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::plan::order::OrderSpec;
+use crate::plan::split::SplitSpec;
 use crate::plan::{Equalize, Sizing};
 use crate::tar::{Codec, Rules};
 
@@ -43,6 +44,18 @@ pub struct RunConfig {
     pub stall_timeout: Duration,
     pub max_round_bytes: u64,
     pub order: OrderSpec,
+    /// `--split` and `--split-shards`.
+    pub split: Option<Splits>,
+}
+
+/// `--split`: the splits, and how the ones after the first (the training split, which the
+/// sizing flags size) are sized.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Splits {
+    pub spec: SplitSpec,
+    /// Per split: its shard count from `--split-shards`, `None` for the first split and for those
+    /// `--split-shards` leaves to the default (the training split's mean shard size).
+    pub shards: Vec<Option<u64>>,
 }
 
 /// How shards are cut (`--balance`).

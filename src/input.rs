@@ -110,11 +110,34 @@ fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
         }
     }
     if names.is_empty() {
+        // A `--split` output: its splits' shards, split by split.
+        if let Some(splits) = split_names(dir) {
+            let mut all = Vec::new();
+            for name in splits {
+                all.extend(list_dir(&dir.join(name))?);
+            }
+            return Ok(all);
+        }
         bail!("input directory {} holds no .tar files", dir.display());
     }
     // Byte order of names, the same on every rank and every locale.
     names.sort_by(|a, b| a.as_encoded_bytes().cmp(b.as_encoded_bytes()));
     Ok(names.into_iter().map(|n| dir.join(n)).collect())
+}
+
+/// The split names of `dir`, when it is the output of a `reshard run --split` (its index.json's
+/// `reshard.splits`), in their order.
+pub fn split_names(dir: &Path) -> Option<Vec<String>> {
+    let text = fs::read(dir.join("index.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    let names: Vec<String> = v["reshard"]["splits"]
+        .as_array()?
+        .iter()
+        .map(|s| s["split"].as_str().map(str::to_string))
+        .collect::<Option<_>>()?;
+    // A name is a directory inside `dir`, never a way out of it.
+    let plain = |n: &String| !n.is_empty() && !n.starts_with('.') && !n.contains('/');
+    (!names.is_empty() && names.iter().all(plain)).then_some(names)
 }
 
 /// Expands webdataset-style brace patterns: `{000..127}` is a numeric range whose zero padding is

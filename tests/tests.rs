@@ -24,5 +24,6 @@ mod real_tars;
 mod run;
 mod sizing;
 mod slurm;
+mod splits;
 mod usage;
 mod verify_cmd;

@@ -213,6 +213,20 @@ pub struct RunArgs {
     #[arg(long, value_name = "WHAT", default_value = "error")]
     pub unmatched: crate::key_map::Unmatched,
 
+    /// Train/validation/test splits, e.g. train=0.98,val=0.01,test=0.01 (ratios adding up to 1;
+    /// percentages such as 1%; or sample counts, one split may be `rest`). Samples are dealt to
+    /// splits by the seed alone (the same at any --epoch); each split is written to
+    /// OUTPUT/NAME/ with its own index.json. The first split is sized by --shards, --shard-size
+    /// or --gpus, the others by --split-shards.
+    #[arg(long, value_name = "NAME=SHARE,...")]
+    pub split: Option<crate::plan::split::SplitSpec>,
+
+    /// Shard count of the splits after the first: N for each, or NAME=N,... per split. A split
+    /// left out gets the shard count whose mean size is nearest the first split's mean shard size
+    /// (with --gpus, the multiple of the GPU count nearest it, so every GPU gets shards).
+    #[arg(long, value_name = "N|NAME=N,...", requires = "split")]
+    pub split_shards: Option<String>,
+
     /// Largest single MPI exchange per rank, in bytes (exchanges are split into rounds below it).
     /// Only useful for testing the round logic.
     #[arg(long, value_name = "SIZE", hide = true)]

@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Result};
 
 use super::args::{Command, CompressArg, EqualizeArg, GenerateArgs, RunArgs, VerifyArgs};
 use crate::config::{
-    Balance, GenerateConfig, GpuLayout, HeaderFormat, Keep, RunConfig, VerifyConfig, EPOCH,
+    Balance, GenerateConfig, GpuLayout, HeaderFormat, Keep, RunConfig, Splits, VerifyConfig, EPOCH,
     MIN_MEM_LIMIT,
 };
 use crate::generate::DEFAULT_SAMPLES;
@@ -110,6 +110,7 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     };
     let order = order(args, equalize)?;
     let seed = seed(args, &order, dry_run, sizing)?;
+    let split = splits(args)?;
     Ok(RunConfig {
         inputs: args.inputs.clone(),
         output,
@@ -141,7 +142,61 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
         keep,
         stall_timeout: Duration::from_secs(args.stall_timeout),
         max_round_bytes,
+        split,
     })
+}
+
+/// `--split` and `--split-shards`: every split named in --split-shards exists and is not the
+/// first (which the sizing flags size); splits group samples by count.
+fn splits(args: &RunArgs) -> Result<Option<Splits>> {
+    let Some(spec) = &args.split else {
+        return Ok(None);
+    };
+    if args.key_map.is_some() {
+        bail!("--split and --key-map both choose the groups of output shards: use one of them");
+    }
+    if args.balance == Balance::Bytes {
+        bail!("--split sizes each split by count: it cannot be combined with --balance bytes");
+    }
+    let names = spec.names();
+    let mut shards = vec![None; names.len()];
+    let Some(text) = &args.split_shards else {
+        return Ok(Some(Splits {
+            spec: spec.clone(),
+            shards,
+        }));
+    };
+    let count = |v: &str| -> Result<u64> {
+        match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => bail!("--split-shards {text:?}: expected a shard count of at least 1, got {v:?}"),
+        }
+    };
+    if !text.contains('=') {
+        let n = count(text)?;
+        shards[1..].iter_mut().for_each(|s| *s = Some(n));
+    } else {
+        for item in text.split(',') {
+            let Some((name, v)) = item.split_once('=') else {
+                bail!("--split-shards {text:?}: expected N, or NAME=N,... (e.g. val=2,test=2)");
+            };
+            let name = name.trim();
+            match names.iter().position(|n| n == name) {
+                Some(0) => bail!(
+                    "--split-shards {name}=…: the first split, {name}, is sized by --shards, --shard-size or --gpus"
+                ),
+                Some(k) => shards[k] = Some(count(v)?),
+                None => bail!(
+                    "--split-shards: no split is named {name:?} (--split names {})",
+                    names.join(", ")
+                ),
+            }
+        }
+    }
+    Ok(Some(Splits {
+        spec: spec.clone(),
+        shards,
+    }))
 }
 
 /// The shard count's rule (exactly one of --shards, --shard-size, --gpus) and the GPU layout.

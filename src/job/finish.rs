@@ -61,7 +61,6 @@ fn finish_shards(
     laid: &Laid,
     names: &ShardNames,
 ) -> Result<(Vec<u64>, Vec<u8>)> {
-    let dir = staging.join(saved_index::DIR_NAME);
     let (plan, layout) = (&laid.plan, &laid.layout);
     let mut sizes = Vec::new();
     let mut sums = Vec::new();
@@ -78,6 +77,16 @@ fn finish_shards(
             let (start, len) = layout.place(p).expect("laid out");
             Sample { start, len }
         });
+        // Next to the shard: `OUTPUT/.reshard`, or `OUTPUT/SPLIT/.reshard` with `--split`, so
+        // that a split read as an input finds its saved index.
+        let dir = published
+            .parent()
+            .unwrap_or(staging)
+            .join(saved_index::DIR_NAME);
+        if !dir.is_dir() {
+            fs::create_dir_all(&dir)
+                .with_context(|| format!("{}: cannot create", dir.display()))?;
+        }
         saved_index::save(&dir, &published, samples)?;
         if cfg.checksum {
             sums.extend(md5_file(&published)?);

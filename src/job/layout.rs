@@ -89,7 +89,14 @@ pub fn run(
             md5sum: None,
         })
         .collect();
-    let gpus = cfg.gpus.map(|g| GpuShare::new(g, &shard_samples));
+    // With `--split`, the GPUs train on the first split.
+    let gpu_shards = match cfg.split {
+        Some(_) => placed.groups[0].shards as usize,
+        None => shard_samples.len(),
+    };
+    let gpus = cfg
+        .gpus
+        .map(|g| GpuShare::new(g, &shard_samples[..gpu_shards]));
     Ok(Laid {
         plan,
         layout,

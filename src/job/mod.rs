@@ -11,6 +11,7 @@
 //! | index      | [`index`]     | tar headers of each rank's share -> samples, global numbering  |
 //! |            | [`duplicates`]| one key in two samples, across all shards                      |
 //! | plan       | [`place`]     | every sample's output position: permutation, order, key map    |
+//! |            | [`split`]     | `--split`: every sample's split, by the seed alone             |
 //! |            | [`layout`]    | every shard laid out by its writer before any data moves       |
 //! | exchange   | [`exchange`]  | bounded all-to-all rounds; writers place samples as they come  |
 //! | finish     | [`finish`]    | inputs unchanged; shards synced, compressed, indexed, digested |
@@ -26,7 +27,9 @@ pub mod layout;
 pub mod link;
 pub mod place;
 pub mod publish;
+pub mod runs;
 pub mod series;
+pub mod split;
 pub mod summary;
 
 use std::fs;
@@ -241,6 +244,7 @@ mod tests {
             stall_timeout: std::time::Duration::from_secs(120),
             max_round_bytes: i32::MAX as u64,
             order: crate::plan::order::OrderSpec::default(),
+            split: None,
         }
     }
 
@@ -280,6 +284,68 @@ mod tests {
         for o in &outputs[1..] {
             assert_eq!(o, &outputs[0]);
         }
+    }
+
+    /// Every file below `root` but the manifests and saved indexes (they record the rank count
+    /// and modification times), by path relative to `root`.
+    fn files_below(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut files = Vec::new();
+        let mut dirs = vec![root.to_path_buf()];
+        while let Some(dir) = dirs.pop() {
+            for entry in fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.ends_with(crate::output::saved_index::DIR_NAME) {
+                    continue;
+                }
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if !path.ends_with("index.json") {
+                    let bytes = fs::read(&path).unwrap();
+                    files.push((path.strip_prefix(root).unwrap().to_path_buf(), bytes));
+                }
+            }
+        }
+        files.sort();
+        files
+    }
+
+    #[test]
+    fn in_process_split_runs_are_identical_for_any_rank_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        let inputs = write_inputs(tmp.path(), 4);
+        let mut outputs = Vec::new();
+        for ranks in 1..=4 {
+            let out = tmp.path().join(format!("split-{ranks}"));
+            let mut cfg = config(inputs.clone(), out.clone(), 1 << 20);
+            cfg.split = Some(crate::config::Splits {
+                spec: "train=0.8,val=0.1,test=rest".parse().unwrap(),
+                shards: vec![None, Some(2), None],
+            });
+            let results = LocalComm::run(ranks, |c| run(c, &cfg).map(|_| ()));
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+            let counts: Vec<u64> = ["train", "val", "test"]
+                .iter()
+                .map(|split| {
+                    let m: Manifest = serde_json::from_slice(
+                        &fs::read(out.join(split).join("index.json")).unwrap(),
+                    )
+                    .unwrap();
+                    m.shardlist.iter().map(|e| e.nsamples).sum()
+                })
+                .collect();
+            // 54 samples: 43.2, 5.4 and 5.4; the earlier of the equal remainders gets the one.
+            assert_eq!(counts, [43, 6, 5]);
+            outputs.push(files_below(&out));
+        }
+        for o in &outputs[1..] {
+            assert_eq!(o, &outputs[0]);
+        }
+        let names: Vec<String> = outputs[0]
+            .iter()
+            .map(|f| f.0.display().to_string())
+            .collect();
+        assert_eq!(names.len(), 5 + 2 + 1, "{names:?}");
+        assert!(names.contains(&"val/shard-000001.tar".to_string()));
     }
 
     #[test]

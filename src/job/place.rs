@@ -13,8 +13,10 @@ use crate::size::human_bytes;
 use crate::tar::key_at;
 
 use crate::comm::sort::{global_ranks, Item};
-use crate::comm::wire::gather_concat;
 use crate::comm::{agree, agree_once, everywhere, Comm};
+use crate::config::Splits;
+use crate::job::runs::Runs;
+use crate::job::split::{self, Assigned, Labels, Own};
 use crate::key_map::{KeyMap, SKIPPED as KEY_MAP_SKIPPED};
 use crate::plan::deal::Deal;
 use crate::plan::order::{Missing, OrderBy, OrderSpec};
@@ -41,7 +43,8 @@ pub struct Placed {
 }
 
 /// Gives every sample its output position, by the seeded permutation or the order the flags ask
-/// for, in the groups of a key map. Consumes the keys and labels the index phase kept.
+/// for, in the groups of a key map or of `--split`. Consumes the keys and labels the index phase
+/// kept.
 ///
 /// # Errors
 /// As [`positions`], a key map that fails to load or differs between ranks, or two shards that
@@ -70,13 +73,31 @@ pub fn run(
         )
     };
     let key_map = load_key_map(comm, cfg, &keys, &describe)?;
-    let ordered = positions(
+    let assigned = match &cfg.split {
+        Some(splits) => Some(split::assign(
+            comm,
+            splits,
+            cfg.seed,
+            &Own {
+                inputs,
+                samples: local,
+                first_global: index.first_global,
+                total: index.samples,
+            },
+            &Labels {
+                spec: &cfg.order,
+                contents: &contents,
+                describe: &describe,
+            },
+        )?),
+        None => None,
+    };
+    let grouping = Grouping::of(key_map.as_ref(), cfg.split.as_ref().zip(assigned.as_ref()));
+    let mut ordered = positions(
         comm,
         &OrderJob {
             spec: &cfg.order,
-            key_map: key_map
-                .as_ref()
-                .map(|(map, group_of)| (map, group_of.as_slice())),
+            groups: grouping.as_ref(),
             seed: cfg.seed,
             epoch: cfg.epoch,
             equalize: cfg.equalize,
@@ -93,6 +114,14 @@ pub fn run(
         },
     )?;
     drop((keys, contents));
+    if let (Some(st), Some((labels, worst))) = (
+        &mut ordered.stratify,
+        assigned.as_ref().and_then(|a| a.stratified),
+    ) {
+        // The shard-level runs are (split, label) pairs; the assignment saw the labels.
+        st.labels = labels;
+        st.split_deviation = Some(worst);
+    }
     let placed = Placed::new(cfg, ordered, key_map.as_ref().map(|(map, _)| map));
     narrate_placed(lead, cfg, index, &placed);
     placed
@@ -142,6 +171,15 @@ impl Placed {
         let dropped = groups.iter().map(|g| g.targets.dropped()).sum();
         let repeated = groups.iter().map(|g| g.targets.repeated()).sum();
         let sizing = match key_map {
+            None if cfg.split.is_some() => format!(
+                "{} splits, each sized on its own: {}",
+                groups.len(),
+                groups
+                    .iter()
+                    .map(|g| format!("{} ({})", g.split.as_deref().unwrap_or(""), g.sizing))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
             None => groups[0].sizing.clone(),
             Some(map) => format!(
                 "{} key-map groups, each sized on its own: {}",
@@ -154,6 +192,13 @@ impl Placed {
             ),
         };
         let names = match key_map {
+            None if cfg.split.is_some() => ShardNames::Splits {
+                prefix: cfg.prefix.clone(),
+                splits: groups
+                    .iter()
+                    .map(|g| (g.shard_start, g.split.clone().unwrap_or_default()))
+                    .collect(),
+            },
             None => ShardNames::Prefix(cfg.prefix.clone()),
             Some(map) => ShardNames::Groups(
                 groups
@@ -221,11 +266,54 @@ pub struct Ordered {
     pub stratify: Option<StratifyReport>,
 }
 
+/// The groups of output shards, each sized on its own: a key map's templates or `--split`'s
+/// splits, and the group of every local sample.
+pub struct Grouping<'a> {
+    /// The key map's templates, or the split names.
+    pub names: Vec<String>,
+    /// Per local sample: its group, or [`KEY_MAP_SKIPPED`].
+    pub group_of: &'a [u32],
+    /// `Some` for `--split`.
+    pub split: Option<SplitGroups<'a>>,
+}
+
+/// What `--split` adds to its groups.
+pub struct SplitGroups<'a> {
+    /// Per split: `--split-shards` (`None`: the sizing flags for the first split, the first
+    /// split's mean shard size for the others).
+    pub shards: &'a [Option<u64>],
+    /// Per local sample: its rank inside its split.
+    pub rank: &'a [u64],
+}
+
+impl<'a> Grouping<'a> {
+    fn of(
+        key_map: Option<&'a (KeyMap, Vec<u32>)>,
+        split: Option<(&'a Splits, &'a Assigned)>,
+    ) -> Option<Grouping<'a>> {
+        if let Some((map, group_of)) = key_map {
+            return Some(Grouping {
+                names: map.groups.iter().map(|t| t.text.clone()).collect(),
+                group_of,
+                split: None,
+            });
+        }
+        split.map(|(splits, assigned)| Grouping {
+            names: splits.spec.names(),
+            group_of: &assigned.split_of,
+            split: Some(SplitGroups {
+                shards: &splits.shards,
+                rank: &assigned.rank,
+            }),
+        })
+    }
+}
+
 /// What `place` needs to know about the job.
 pub struct OrderJob<'a> {
     pub spec: &'a OrderSpec,
-    /// The key map, and the group of each local sample.
-    pub key_map: Option<(&'a KeyMap, &'a [u32])>,
+    /// The key map's or the splits' groups.
+    pub groups: Option<&'a Grouping<'a>>,
     pub seed: u64,
     pub epoch: u64,
     pub equalize: Equalize,
@@ -233,6 +321,16 @@ pub struct OrderJob<'a> {
     /// Samples and sample bytes over all ranks.
     pub samples: u64,
     pub sample_bytes: u64,
+}
+
+impl OrderJob<'_> {
+    fn group_of(&self) -> Option<&[u32]> {
+        self.groups.map(|g| g.group_of)
+    }
+
+    fn split(&self) -> Option<&SplitGroups<'_>> {
+        self.groups.and_then(|g| g.split.as_ref())
+    }
 }
 
 /// What `place` needs to know about this rank's samples (in input order).
@@ -260,7 +358,7 @@ pub fn positions(
 ) -> Result<Ordered> {
     let (groups, unmatched) = size_groups(comm, job, local)?;
     let permutation = Permutation::new(job.seed, job.epoch, job.samples);
-    if job.spec.is_shuffle() {
+    if job.spec.is_shuffle() && job.groups.is_none() {
         return Ok(Ordered {
             placement: Placement::Permuted {
                 permutation,
@@ -272,32 +370,65 @@ pub fn positions(
             stratify: None,
         });
     }
-    let sortable = agree(comm, sort_items(job, local, &groups, &permutation))?;
+    // Inside each split, its own permutation of the split's ranks, for this epoch.
+    let in_split: Vec<Permutation> = match job.split() {
+        Some(_) => (0..groups.len())
+            .map(|k| Permutation::in_split(job.seed, job.epoch, groups[k].samples, k as u16))
+            .collect(),
+        None => Vec::new(),
+    };
+    let plain_split = job.spec.by == OrderBy::Shuffle && job.spec.stratify_by.is_none();
+    if let (Some(split), true) = (job.split(), plain_split) {
+        return Ok(Ordered {
+            placement: split_positions(job, split, &groups, &in_split),
+            groups,
+            unmatched,
+            stratify: None,
+        });
+    }
+    let sortable = agree(
+        comm,
+        sort_items(job, local, &groups, &permutation, &in_split),
+    )?;
     let SortItems {
         items,
         owners,
         mut first,
     } = sortable;
-    // Stratified runs have one group, sized with at least one shard.
-    let deal = job
-        .spec
-        .stratify_by
-        .is_some()
-        .then(|| Deal::new(groups[0].output_samples, groups[0].shards));
+    // Stratified: each group (one, or one per split) is dealt on its own.
+    let deals: Option<Vec<Deal>> = job.spec.stratify_by.is_some().then(|| {
+        groups
+            .iter()
+            .map(|g| Deal::new(g.output_samples, g.shards))
+            .collect()
+    });
+    let deviation = |a: u64, n: u64| {
+        let deals = deals.as_ref().expect("stratified");
+        let k = groups.partition_point(|g| g.out_start <= a) - 1;
+        deals[k].deviation(a - groups[k].out_start, n)
+    };
     let mut runs = Runs::default();
     let ranks = global_ranks(comm, &items, &mut |start, bucket| {
-        if let Some(deal) = &deal {
-            runs = Runs::of(start, bucket, deal);
+        if deals.is_some() {
+            runs = Runs::of(start, bucket, &deviation);
         }
     })?;
     drop(items);
-    let mut again = match &deal {
-        Some(deal) => deal_positions(job, &groups[0], deal, &ranks, &owners, &mut first),
+    let mut again = match &deals {
+        Some(deals) => deal_positions(job, &groups, deals, &ranks, &owners, &mut first),
         None => rank_positions(job, &groups, &ranks, &owners, &mut first),
     };
     again.sort_unstable();
-    let stratify = match (&job.spec.stratify_by, &deal) {
-        (Some(ext), Some(deal)) => Some(runs.report(comm, ext.clone(), deal)?),
+    let stratify = match &job.spec.stratify_by {
+        Some(ext) if deals.is_some() => {
+            let (labels, worst) = runs.total(comm, &deviation)?;
+            Some(StratifyReport {
+                ext: ext.clone(),
+                labels,
+                worst_deviation: worst,
+                split_deviation: None,
+            })
+        }
         _ => None,
     };
     Ok(Ordered {
@@ -308,6 +439,33 @@ pub fn positions(
     })
 }
 
+/// `--split` with the plain shuffle: sample of rank `r` in split `k` goes to position
+/// π_k(r) of the split, by its own permutation; no communication.
+fn split_positions(
+    job: &OrderJob<'_>,
+    split: &SplitGroups<'_>,
+    groups: &[GroupPlan],
+    in_split: &[Permutation],
+) -> Placement {
+    let group_of = job.group_of().expect("split groups");
+    let mut first = Vec::with_capacity(group_of.len());
+    let mut again = Vec::new();
+    for (i, (&k, &r)) in group_of.iter().zip(split.rank).enumerate() {
+        let k = k as usize;
+        let group = &groups[k];
+        let q = in_split[k].apply(r);
+        let mut at = group.targets.of(q);
+        first.push(match at.next() {
+            Some(p) => group.out_start + p,
+            None => DROPPED | (group.rank_start + q),
+        });
+        if let Some(p) = at.next() {
+            again.push((i as u64, group.out_start + p));
+        }
+    }
+    Placement::Listed { first, again }
+}
+
 /// Every group's samples, bytes and shard count (summed over all ranks), and the samples no
 /// group claimed.
 fn size_groups(
@@ -316,8 +474,8 @@ fn size_groups(
     local: &LocalSamples<'_>,
 ) -> Result<(Vec<GroupPlan>, u64)> {
     let lead = comm.rank() == 0;
-    let group_of = job.key_map.map(|(_, groups)| groups);
-    let ngroups = job.key_map.map_or(1, |(m, _)| m.groups.len());
+    let group_of = job.group_of();
+    let ngroups = job.groups.map_or(1, |g| g.names.len());
     // Per group: samples, then bytes; then the unmatched samples.
     let mut sums = vec![0u64; 2 * ngroups + 1];
     for (i, sample) in local.samples.iter().enumerate() {
@@ -332,25 +490,43 @@ fn size_groups(
     }
     let sums = comm.all_sum(&sums);
     let unmatched = sums[2 * ngroups];
-    let mut groups = Vec::with_capacity(ngroups);
+    let mut groups: Vec<GroupPlan> = Vec::with_capacity(ngroups);
     let (mut rank_start, mut out_start, mut shard_start) = (0, 0, 0);
     for g in 0..ngroups {
         let (n, bytes) = (sums[g], sums[ngroups + g]);
-        let template = job.key_map.map(|(m, _)| m.groups[g].text.clone());
+        let name = job.groups.map(|gr| gr.names[g].clone());
+        let (sizing, default) = group_sizing(job, g, n, &groups);
+        let split_shards = job.split().is_some() && g > 0 && matches!(sizing, Sizing::Count(_));
         let (shards, sizing) = if n == 0 {
             (0, "no samples".to_string())
         } else {
-            job.sizing.shards(n, bytes).map_err(|e| {
-                let e = match &template {
-                    Some(t) => e.context(format!("key-map group {t:?}")),
-                    None => e,
+            // `--split-shards N` is sized as `--shards N` is, and named as given.
+            let flag = |text: String| {
+                if split_shards {
+                    text.replacen("--shards", "--split-shards", 1)
+                } else {
+                    text
+                }
+            };
+            let (shards, why) = sizing.shards(n, bytes).map_err(|e| {
+                let e = anyhow!(flag(format!("{e:#}")));
+                let e = match (&name, job.split()) {
+                    (Some(t), None) => e.context(format!("key-map group {t:?}")),
+                    (Some(t), Some(_)) => e.context(format!("split {t:?}")),
+                    (None, _) => e,
                 };
                 everywhere(lead, e)
-            })?
+            })?;
+            (shards, format!("{default}{}", flag(why)))
         };
         let targets = Targets::new(n, shards.max(1), job.equalize);
+        let (template, split) = match job.split() {
+            Some(_) => (None, name),
+            None => (name, None),
+        };
         groups.push(GroupPlan {
             template,
+            split,
             samples: n,
             sample_bytes: bytes,
             shards,
@@ -376,6 +552,36 @@ fn size_groups(
     Ok((groups, unmatched))
 }
 
+/// How group `g` (of `n` samples) is sized, and what to say about a default: the sizing flags,
+/// except for the splits after the first, which `--split-shards` sizes, or else the first
+/// split's mean shard size; with `--gpus`, a multiple of the GPU count near that size (one
+/// loader worker each), so that every GPU gets evaluation shards.
+fn group_sizing(job: &OrderJob<'_>, g: usize, n: u64, sized: &[GroupPlan]) -> (Sizing, String) {
+    let Some(split) = job.split().filter(|_| g > 0) else {
+        return (job.sizing, String::new());
+    };
+    if let Some(count) = split.shards[g] {
+        return (Sizing::Count(count), String::new());
+    }
+    let first = &sized[0];
+    let size = (first.sample_bytes / first.shards.max(1)).max(1);
+    let name = first.split.as_deref().unwrap_or("the first split");
+    match job.sizing {
+        Sizing::Gpus { gpus, .. } if gpus <= n => (
+            Sizing::Gpus {
+                gpus,
+                workers: 1,
+                size,
+            },
+            format!("no --split-shards, so a multiple of the GPUs near {name}'s mean shard size: "),
+        ),
+        _ => (
+            Sizing::Size(size),
+            format!("no --split-shards, so {name}'s mean shard size: "),
+        ),
+    }
+}
+
 /// What the distributed sort sorts: one item per (local sample, copy) with its sort key, the
 /// owner of each item, and the positions already known (dropped or skipped samples).
 struct SortItems {
@@ -390,39 +596,46 @@ fn sort_items(
     local: &LocalSamples<'_>,
     groups: &[GroupPlan],
     permutation: &Permutation,
+    in_split: &[Permutation],
 ) -> Result<SortItems> {
     let spec = job.spec;
     let count = local.samples.len();
     let global = |i: usize| local.first_global + i as u64;
-    let group_of = job.key_map.map(|(_, groups)| groups);
+    let group_of = job.group_of();
     let mut items: Vec<Item> = Vec::new();
     let mut owners: Vec<(u32, u8)> = Vec::new();
     let mut first = vec![SKIPPED; count];
     for i in 0..count {
-        if let Some(ext) = &spec.stratify_by {
-            let label = label_key(local.contents[i].as_deref(), ext, spec, || {
-                (local.describe)(i)
-            })?;
-            let q = permutation.apply(global(i));
-            let targets = groups[0].targets;
-            if q >= targets.positions() {
-                first[i] = DROPPED | q;
-            }
-            for (copy, tie) in targets.of(q).enumerate() {
-                items.push(Item {
-                    key: label.clone(),
-                    tie,
-                });
-                owners.push((i as u32, copy as u8));
-            }
-            continue;
-        }
         let mut key = Vec::new();
         if let Some(g) = &group_of {
             if g[i] == KEY_MAP_SKIPPED {
                 continue;
             }
             key.extend(g[i].to_be_bytes());
+        }
+        if let Some(ext) = &spec.stratify_by {
+            key.extend(label_key(local.contents[i].as_deref(), ext, spec, || {
+                (local.describe)(i)
+            })?);
+            // Within its group: its split's own permutation, or the global one.
+            let (group, q) = match job.split() {
+                Some(split) => {
+                    let k = group_of.expect("split groups")[i] as usize;
+                    (&groups[k], in_split[k].apply(split.rank[i]))
+                }
+                None => (&groups[0], permutation.apply(global(i))),
+            };
+            if q >= group.targets.positions() {
+                first[i] = DROPPED | (group.rank_start + q);
+            }
+            for (copy, tie) in group.targets.of(q).enumerate() {
+                items.push(Item {
+                    key: key.clone(),
+                    tie,
+                });
+                owners.push((i as u32, copy as u8));
+            }
+            continue;
         }
         match &spec.by {
             OrderBy::Shuffle => key.extend(permutation.apply(global(i)).to_be_bytes()),
@@ -458,35 +671,39 @@ fn sort_items(
     })
 }
 
-/// Stratified: deals the label-sorted order to shards, and shuffles each shard's slots with a
-/// permutation of its own. Returns the second copies' positions.
+/// Stratified: deals each group's label-sorted order to its shards, and shuffles each shard's
+/// slots with a permutation of its own. Returns the second copies' positions.
 fn deal_positions(
     job: &OrderJob<'_>,
-    group: &GroupPlan,
-    deal: &Deal,
+    groups: &[GroupPlan],
+    deals: &[Deal],
     ranks: &[u64],
     owners: &[(u32, u8)],
     first: &mut [u64],
 ) -> Vec<(u64, u64)> {
-    let plan = ShardPlan::by_count(group.output_samples, group.shards, 1);
     let mut by_shard: Vec<(u64, u64, usize)> = ranks
         .iter()
         .enumerate()
         .map(|(k, &j)| {
-            let (s, slot) = deal.place(j);
-            (s, slot, k)
+            let g = groups.partition_point(|g| g.out_start <= j) - 1;
+            let (s, slot) = deals[g].place(j - groups[g].out_start);
+            (groups[g].shard_start + s, slot, k)
         })
         .collect();
     by_shard.sort_unstable();
     let mut again = Vec::new();
-    let mut current: Option<(u64, Permutation)> = None;
+    let mut current: Option<(u64, u64, Permutation)> = None;
     for (s, slot, k) in by_shard {
-        let shard = plan.shard_positions(s);
         if current.as_ref().map(|c| c.0) != Some(s) {
+            let g = &groups[groups.partition_point(|g| g.shard_start <= s) - 1];
+            let plan = ShardPlan::by_count(g.output_samples, g.shards, 1);
+            let shard = plan.shard_positions(s - g.shard_start);
             let size = shard.end - shard.start;
-            current = Some((s, Permutation::member(job.seed, job.epoch, size, s)));
+            let start = g.out_start + shard.start;
+            current = Some((s, start, Permutation::member(job.seed, job.epoch, size, s)));
         }
-        let p = shard.start + current.as_ref().unwrap().1.apply(slot);
+        let (_, start, perm) = current.as_ref().unwrap();
+        let p = start + perm.apply(slot);
         let (i, copy) = owners[k];
         if copy == 0 {
             first[i as usize] = p;
@@ -506,7 +723,7 @@ fn rank_positions(
     owners: &[(u32, u8)],
     first: &mut [u64],
 ) -> Vec<(u64, u64)> {
-    let group_of = job.key_map.map(|(_, groups)| groups);
+    let group_of = job.group_of();
     let mut again = Vec::new();
     for (k, &j) in ranks.iter().enumerate() {
         let (i, _) = owners[k];
@@ -521,63 +738,4 @@ fn rank_positions(
         }
     }
     again
-}
-
-/// Runs of equal labels in one rank's bucket of the stratified order: the worst deviation and
-/// the label count of the runs wholly inside it, and the runs at its edges (which may continue
-/// on a neighbour) for rank 0 to join.
-#[derive(Default)]
-struct Runs {
-    inner_worst: f64,
-    inner_labels: u64,
-    edges: Vec<(Vec<u8>, u64, u64)>,
-}
-
-impl Runs {
-    fn of(start: u64, bucket: &[Item], deal: &Deal) -> Runs {
-        let mut runs = Runs::default();
-        let mut k = 0;
-        while k < bucket.len() {
-            let end = k + bucket[k..].partition_point(|it| it.key == bucket[k].key);
-            let (a, n) = (start + k as u64, (end - k) as u64);
-            if k == 0 || end == bucket.len() {
-                runs.edges.push((bucket[k].key.clone(), a, n));
-            } else {
-                runs.inner_labels += 1;
-                runs.inner_worst = runs.inner_worst.max(deal.deviation(a, n));
-            }
-            k = end;
-        }
-        runs
-    }
-
-    fn report(self, comm: &impl Comm, ext: String, deal: &Deal) -> Result<StratifyReport> {
-        let mut worst = self.inner_worst;
-        let mut labels = self.inner_labels;
-        let edges = gather_concat::<(Vec<u8>, u64, u64)>(comm, 0, &self.edges);
-        let joined = edges.map(|edges| {
-            let mut joined: Vec<(Vec<u8>, u64, u64)> = Vec::new();
-            for (key, a, n) in edges {
-                match joined.last_mut() {
-                    Some(last) if last.0 == key && last.1 + last.2 == a => last.2 += n,
-                    _ => joined.push((key, a, n)),
-                }
-            }
-            joined
-        });
-        // Only rank 0 decodes: agreed before the next collective.
-        let joined = agree(comm, joined)?;
-        labels += joined.len() as u64;
-        for (_, a, n) in joined {
-            worst = worst.max(deal.deviation(a, n));
-        }
-        // Non-negative floats order like their bits, which stay below 2^63.
-        let worst = f64::from_bits(comm.all_max(&[worst.to_bits()])[0]);
-        let labels = comm.all_sum(&[labels])[0];
-        Ok(StratifyReport {
-            ext,
-            labels,
-            worst_deviation: worst,
-        })
-    }
 }

@@ -35,8 +35,7 @@ pub fn run(
         let _ = fs::remove_dir_all(staging.join(HEARTBEATS));
         let info = run_info(comm.size(), cfg, setup, planned, finished);
         let shardlist = shard_list(cfg, &planned.placed, &planned.laid, finished);
-        Manifest::new(shardlist, info)
-            .write(&staging.join("index.json"))
+        write_manifests(staging, &Manifest::new(shardlist, info))
             .and_then(|()| publish(staging, target))
             .and_then(|()| after_publish(cfg, target))
     });
@@ -85,7 +84,23 @@ fn run_info(
             unmatched: placed.unmatched,
             groups: placed.groups.clone(),
         }),
+        splits: cfg.split.as_ref().map(|_| placed.groups.clone()),
+        split: None,
     }
+}
+
+/// `OUTPUT/index.json`, and with `--split` each split's own `OUTPUT/NAME/index.json`.
+fn write_manifests(staging: &Path, manifest: &Manifest) -> Result<()> {
+    if let Some(groups) = &manifest.reshard.splits {
+        for (k, group) in groups.iter().enumerate() {
+            let name = group.split.as_deref().unwrap_or_default();
+            manifest
+                .of_split(groups, k)
+                .write(&staging.join(name).join("index.json"))?;
+            sync_dir(&staging.join(name))?;
+        }
+    }
+    manifest.write(&staging.join("index.json"))
 }
 
 /// The manifest's shard list: the published names and file sizes, and with `--checksum` each

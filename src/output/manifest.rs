@@ -83,6 +83,13 @@ pub struct RunInfo {
     /// `--key-map`: the groups, each sized on its own, and the unmatched samples left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_map: Option<KeyMapInfo>,
+    /// `--split`, in the output's own index.json: every split (its name is its directory, which
+    /// holds the split's shards and its own index.json), sized on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub splits: Option<Vec<GroupPlan>>,
+    /// `--split`, in a split's index.json: the split's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
 }
 
 /// The key-map part of the manifest.
@@ -103,6 +110,51 @@ impl Manifest {
             shardlist,
             reshard,
         }
+    }
+
+    /// The index.json of one split of a `--split` output (`groups[k]`), from the output's own
+    /// manifest: the split's shards, with urls relative to the split's directory, and the
+    /// figures of the split alone. GPU figures stay with the first split, which they describe.
+    pub fn of_split(&self, groups: &[GroupPlan], k: usize) -> Manifest {
+        let group = &groups[k];
+        let name = group.split.clone().unwrap_or_default();
+        let dir = format!("{name}/");
+        let range = group.shard_start as usize..(group.shard_start + group.shards) as usize;
+        let shardlist: Vec<ShardEntry> = self.shardlist[range]
+            .iter()
+            .map(|e| ShardEntry {
+                url: e.url.strip_prefix(&dir).unwrap_or(&e.url).to_string(),
+                ..e.clone()
+            })
+            .collect();
+        // The dropped and repeated lists run split by split, in split order.
+        let before =
+            |f: &dyn Fn(&GroupPlan) -> u64| groups[..k].iter().map(f).sum::<u64>() as usize;
+        let dropped = before(&|g| g.targets.dropped());
+        let repeated = before(&|g| g.targets.repeated());
+        let r = &self.reshard;
+        let of = |list: &[String], at: usize, n: u64| {
+            list.get(at..at + n as usize).unwrap_or_default().to_vec()
+        };
+        let samples: Vec<u64> = shardlist.iter().map(|e| e.nsamples).collect();
+        let bytes: Vec<u64> = shardlist.iter().map(|e| e.filesize).collect();
+        let info = RunInfo {
+            shards: group.shards,
+            samples: group.samples,
+            sample_bytes: group.sample_bytes,
+            output_bytes: bytes.iter().sum(),
+            sizing: group.sizing.clone(),
+            output_samples: group.output_samples,
+            dropped: of(&r.dropped, dropped, group.targets.dropped()),
+            repeated: of(&r.repeated, repeated, group.targets.repeated()),
+            shard_samples: Stats::of(&samples),
+            shard_bytes: Stats::of(&bytes),
+            gpus: if k == 0 { r.gpus } else { None },
+            splits: None,
+            split: Some(name),
+            ..r.clone()
+        };
+        Manifest::new(shardlist, info)
     }
 
     /// Writes the manifest to `path` and syncs it.

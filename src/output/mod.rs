@@ -13,4 +13,4 @@ pub mod shards;
 
 pub use compress::{compress_shard, md5_file};
 pub use manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
-pub use shards::{shard_file_name, OutputShards, ShardNames};
+pub use shards::{shard_file_name, OutputShards, ShardNames, SplitPart};

@@ -27,6 +27,20 @@ pub enum ShardNames {
     Prefix(String),
     /// (first shard of the group, its template), by first shard.
     Groups(Vec<(u64, Template)>),
+    /// `--split`: `NAME/PREFIX-NNNNNN.tar`, numbered within each split; (first shard of the
+    /// split, its name), by first shard.
+    Splits {
+        prefix: String,
+        splits: Vec<(u64, String)>,
+    },
+}
+
+/// One split of a `--split` output: its name (also its directory) and its shards' published
+/// paths relative to the output root, in shard order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitPart {
+    pub name: String,
+    pub shards: Vec<String>,
 }
 
 impl ShardNames {
@@ -38,7 +52,35 @@ impl ShardNames {
                 let k = groups.partition_point(|g| g.0 <= s) - 1;
                 groups[k].1.name(s - groups[k].0)
             }
+            ShardNames::Splits { prefix, splits } => {
+                let k = splits.partition_point(|g| g.0 <= s) - 1;
+                format!(
+                    "{}/{}",
+                    splits[k].1,
+                    shard_file_name(prefix, s - splits[k].0)
+                )
+            }
         }
+    }
+
+    /// With `--split`, every split of an output of `shards` shards: its name and its shards'
+    /// published paths relative to the output root (`train/shard-000000.tar`, …); `None`
+    /// without `--split`. What a loader index naming the splits (energon's split.yaml) lists.
+    pub fn split_parts(&self, shards: u64, codec: Codec) -> Option<Vec<SplitPart>> {
+        let ShardNames::Splits { splits, .. } = self else {
+            return None;
+        };
+        let ends = splits.iter().skip(1).map(|g| g.0).chain([shards]);
+        Some(
+            splits
+                .iter()
+                .zip(ends)
+                .map(|((start, name), end)| SplitPart {
+                    name: name.clone(),
+                    shards: (*start..end).map(|s| self.published(s, codec)).collect(),
+                })
+                .collect(),
+        )
     }
 
     /// Checks that the names of shards `0..shards` are distinct (two key-map templates can name
@@ -94,6 +136,11 @@ impl OutputShards {
         let mut files = Vec::with_capacity(layout.shard_bytes.len());
         for (shard, &bytes) in layout.shards.clone().zip(&layout.shard_bytes) {
             let path = dir.join(names.plain(shard));
+            // `--split` shards live in a directory per split, which any of its writers makes.
+            if let Some(parent) = path.parent().filter(|p| *p != dir) {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("{}: cannot create", parent.display()))?;
+            }
             let file = OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -284,6 +331,27 @@ fn merged(mut ranges: Vec<(usize, u64, u64)>) -> Vec<(usize, u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_shards_are_named_inside_their_split_and_listed_by_split() {
+        let names = ShardNames::Splits {
+            prefix: "shard".into(),
+            splits: vec![(0, "train".into()), (3, "val".into()), (4, "test".into())],
+        };
+        assert_eq!(names.plain(2), "train/shard-000002.tar");
+        assert_eq!(names.plain(3), "val/shard-000000.tar");
+        assert_eq!(names.published(5, Codec::Zstd), "test/shard-000001.tar.zst");
+        let parts = names.split_parts(6, Codec::Plain).unwrap();
+        let got: Vec<(&str, usize)> = parts
+            .iter()
+            .map(|p| (p.name.as_str(), p.shards.len()))
+            .collect();
+        assert_eq!(got, [("train", 3), ("val", 1), ("test", 2)]);
+        assert_eq!(parts[2].shards[1], "test/shard-000001.tar");
+        assert!(ShardNames::Prefix("shard".into())
+            .split_parts(6, Codec::Plain)
+            .is_none());
+    }
 
     #[test]
     fn only_pages_no_other_sample_shares_are_final() {

@@ -2,7 +2,7 @@
 //! how many shards ([`sizing`]), which output shard each position falls in and which rank writes
 //! it ([`shards`]), where each sample lands inside its shard ([`layout`]), the seeded permutation
 //! ([`permute`]), the orders beyond it ([`order`], [`sort_key`], [`deal`]) and each rank's answer
-//! to where its samples go ([`placement`]).
+//! to where its samples go ([`placement`]); `--split` ([`split`]).
 
 pub mod assign;
 pub mod deal;
@@ -13,6 +13,7 @@ pub mod placement;
 pub mod shards;
 pub mod sizing;
 pub mod sort_key;
+pub mod split;
 
 pub use assign::assign_inputs;
 pub use layout::{ShardLayout, TAR_TRAILER};

@@ -33,6 +33,18 @@ impl Permutation {
         Self::with_salt(seed, epoch, n, member.to_le_bytes())
     }
 
+    /// The permutation that deals samples to `--split` splits: it depends on the seed and `n`
+    /// only, never on the epoch, so a sample stays in its split from one epoch to the next.
+    pub fn split_assignment(seed: u64, n: u64) -> Self {
+        Self::with_salt(seed, 0, n, *b"splitset")
+    }
+
+    /// The order of the `n` samples inside split `split` for this seed and epoch.
+    pub fn in_split(seed: u64, epoch: u64, n: u64, split: u16) -> Self {
+        let [a, b] = split.to_le_bytes();
+        Self::with_salt(seed, epoch, n, [b's', b'p', b'l', b'i', b't', b'#', a, b])
+    }
+
     fn with_salt(seed: u64, epoch: u64, n: u64, salt: [u8; 8]) -> Self {
         let mut material = [0u8; 32];
         material[..8].copy_from_slice(&seed.to_le_bytes());

@@ -94,13 +94,16 @@ impl Placement {
     }
 }
 
-/// One group of output shards, sized and balanced on its own: the whole output, or one
-/// template of a key map.
+/// One group of output shards, sized and balanced on its own: the whole output, one template
+/// of a key map, or one split of `--split`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GroupPlan {
     /// The key map's template (`None` without a key map).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
+    /// The split's name (`--split`; `None` otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
     pub samples: u64,
     pub sample_bytes: u64,
     pub shards: u64,
@@ -126,4 +129,8 @@ pub struct StratifyReport {
     /// The largest |count − ideal| of any label in any shard, where the ideal is the label's
     /// share of the dataset times the shard's size.
     pub worst_deviation: f64,
+    /// With `--split`: the largest |count − ideal| of any label in any split, where the ideal is
+    /// the label's count times the split's share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_deviation: Option<f64>,
 }

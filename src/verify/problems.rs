@@ -108,6 +108,18 @@ pub(super) fn data_problems(setup: &Setup, index: Option<&IndexView>, f: &Found)
     let mut problems = Vec::new();
     let m = without_unmatched(f.mismatches, setup.equalize, unmatched, &mut problems);
     problems.extend(mismatch_problems(&m, &f.examples));
+    if run.is_some_and(|r| r.splits.is_some()) {
+        // What the mismatches mean for a `--split` output.
+        if m.duplicated > 0 {
+            problems.push(
+                "the splits are not disjoint: an input sample is in more than one split (or twice in one)"
+                    .into(),
+            );
+        }
+        if m.missing > 0 {
+            problems.push("the splits together are not the input: samples are in no split".into());
+        }
+    }
     if let Some(run) = run {
         problems.extend(claim_problems(setup.equalize, run, f, &m, unmatched));
     }

@@ -57,6 +57,15 @@ pub(super) struct RunView {
     pub(super) repeated: Vec<String>,
     #[serde(default)]
     pub(super) key_map: Option<KeyMapView>,
+    #[serde(default)]
+    pub(super) splits: Option<Vec<SplitView>>,
+}
+
+/// One split of a `--split` output: its name is its directory.
+#[derive(Debug, Clone, Deserialize)]
+pub(super) struct SplitView {
+    #[serde(default)]
+    pub(super) split: Option<String>,
 }
 
 /// What verify needs of a `--key-map` run: how many samples no group claimed.
@@ -114,6 +123,16 @@ fn prepare(cfg: &VerifyConfig) -> Result<(Setup, Lead)> {
         None => found_outputs(dir)?,
     };
     problems.extend(unlisted_shard_problems(dir, &outputs)?);
+    for name in split_names(index.as_ref()) {
+        // The output's index.json lists every split's shards: the multiset check then shows
+        // that the splits together hold the input, each sample in one split only.
+        if dir.join(&name).is_dir() {
+            problems.extend(unlisted_shard_problems(&dir.join(&name), &outputs)?);
+        }
+        if let Some(ix) = &index {
+            problems.extend(split_index_problems(dir, &name, ix));
+        }
+    }
     let equalize = index
         .as_ref()
         .and_then(|ix| ix.reshard.as_ref())
@@ -225,6 +244,46 @@ fn listed_output(dir: &Path, entry: &ShardEntry, problems: &mut Vec<String>) -> 
         size,
         listed: Some(entry.clone()),
     }
+}
+
+/// The split names a `--split` output's index.json gives.
+fn split_names(index: Option<&IndexView>) -> Vec<String> {
+    index
+        .and_then(|ix| ix.reshard.as_ref())
+        .and_then(|r| r.splits.as_ref())
+        .map(|splits| splits.iter().filter_map(|s| s.split.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Where a split's own index.json (what its loaders read) disagrees with the output's list of
+/// that split's shards.
+fn split_index_problems(dir: &Path, name: &str, ix: &IndexView) -> Vec<String> {
+    let path = dir.join(name).join("index.json");
+    let mut problems = Vec::new();
+    let Some(own) = read_index(&path, &mut problems) else {
+        return problems;
+    };
+    let prefix = format!("{name}/");
+    let expected: Vec<ShardEntry> = ix
+        .shardlist
+        .iter()
+        .filter_map(|e| {
+            let url = e.url.strip_prefix(&prefix)?.to_string();
+            Some(ShardEntry { url, ..e.clone() })
+        })
+        .collect();
+    if own.shardlist != expected {
+        problems.push(format!(
+            "{}: lists {} shards ({} samples), but {} lists {} shards ({} samples) under {prefix}",
+            path.display(),
+            own.shardlist.len(),
+            own.shardlist.iter().map(|e| e.nsamples).sum::<u64>(),
+            dir.join("index.json").display(),
+            expected.len(),
+            expected.iter().map(|e| e.nsamples).sum::<u64>(),
+        ));
+    }
+    problems
 }
 
 /// Where reshard's own totals in index.json disagree with its shard list.

@@ -13,6 +13,7 @@ pub mod data;
 pub mod runs;
 pub mod samples;
 pub mod slurm;
+pub mod splits;
 pub mod tar;
 pub mod verifier;
 

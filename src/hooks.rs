@@ -7,6 +7,8 @@
 //!   a node that froze (the others' watchdogs must end the job).
 //! - `RESHARD_TEST_PAUSE_FINISH=seconds`: every rank sleeps at the start of the finish phase,
 //!   marked by a file `.paused-RANK` in the staging directory, so that a test can change an input.
+//! - `RESHARD_TEST_KILL=r:n`: rank r kills itself with SIGKILL as exchange round n starts (before
+//!   its status), like a node that died; for `--resume` tests.
 //! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timings on stderr.
 //! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
 //!   MPI_Finalize, as MPI_Finalize does when it hangs (the finalize deadline must end the job).
@@ -37,6 +39,25 @@ pub fn inject_fault(rank: usize) {
         eprintln!("reshard: RESHARD_TEST_STALL_RANK={rank}: this rank now stops (SIGSTOP)");
         // The whole process stops, its watchdog included, like a node that froze.
         crate::sys::stop_process();
+    }
+}
+
+/// `RESHARD_TEST_KILL=r:n`: rank r dies (SIGKILL) as exchange round n starts.
+pub fn kill_in_round(rank: usize, round: u64) {
+    let Ok(v) = std::env::var("RESHARD_TEST_KILL") else {
+        return;
+    };
+    let parsed = v.split_once(':').and_then(|(r, n)| {
+        Some((
+            r.trim().parse::<usize>().ok()?,
+            n.trim().parse::<u64>().ok()?,
+        ))
+    });
+    if parsed == Some((rank, round)) {
+        eprintln!(
+            "reshard: RESHARD_TEST_KILL={v}: rank {rank} now dies (SIGKILL) in round {round}"
+        );
+        crate::sys::kill_process();
     }
 }
 

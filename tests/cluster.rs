@@ -262,3 +262,43 @@ fn jobs_end_although_mpi_finalize_hangs() {
         after_publish.join(", ")
     );
 }
+
+/// 3 nodes x 1 rank, checkpointing every round; node 2's link goes down mid-exchange and the
+/// watchdog ends the job. The run is then resumed on the two nodes left (a new cluster, so the
+/// lock of the dead run's rank 0 is taken over) and its output is byte-identical to one rank's.
+#[test]
+fn a_run_that_lost_a_node_resumes_on_the_others() {
+    if !cluster_or_skip("a_run_that_lost_a_node_resumes_on_the_others") {
+        return;
+    }
+    let dir = Dir::new("cluster-resume");
+    sized(&dir, "in", "40MiB", "256KiB", 6);
+    run(&dir, None, &["in"], "one", 6, 1, &["--mem-limit", "4MiB"]);
+    let cluster = Cluster::up(&dir, 3, Some(LOST_NODE_RATE));
+    let args = ["--stall-timeout", "5", "--checkpoint-every", "0"];
+    let (handle, _) = start_exchange(&cluster, lost_node_job(&cluster, &args));
+    let checkpoint = dir.join(".out.reshard-tmp/.resume/checkpoint.json");
+    let waiting = Instant::now();
+    while !checkpoint.exists() && !handle.is_finished() {
+        assert!(waiting.elapsed() < Duration::from_secs(60), "no checkpoint");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let cut = Instant::now();
+    cluster.link_down(2);
+    let (out, _) = ended_without_output(&dir, handle, cut, Duration::from_secs(20));
+    out.stderr_has("--stall-timeout");
+    drop(cluster);
+    let two = Cluster::up(&dir, 2, None);
+    let mut resumed = lost_node_job(&two, &["--resume"]);
+    let res = resumed.timeout(Duration::from_secs(90)).assert_success();
+    res.stderr_has("--resume: continuing the run");
+    res.check(res.stdout.contains("resumed: reused"), "nothing was reused");
+    assert_same_output(&dir.join("one"), &dir.join("out"), &["ranks"]);
+    println!(
+        "{}",
+        res.stdout
+            .lines()
+            .find(|l| l.contains("resumed"))
+            .unwrap_or_default()
+    );
+}

@@ -14,7 +14,7 @@ use crate::input::InputShard;
 use crate::job::expand::Setup;
 use crate::job::layout::{gather_u64s, Laid};
 use crate::job::Planned;
-use crate::output::saved_index;
+use crate::output::{checkpoint, saved_index};
 use crate::output::{compress_shard, md5_file, OutputShards, ShardNames};
 use crate::tar::{Codec, Sample};
 
@@ -41,6 +41,11 @@ pub fn run(
     let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
     let staging = setup.staging()?;
     hooks::pause_before_finish(staging, comm.rank());
+    if comm.rank() == 0 && cfg.compress != Codec::Plain {
+        // Compressing replaces the plain staging shards a resumed run would continue: from
+        // here on, a failed run starts over (ordered before any compression by the next agree).
+        checkpoint::forget(staging);
+    }
     // An input that changed while it was read may have fed stale or torn samples: refuse.
     agree(comm, check_unchanged(&setup.inputs, index.mine.clone()))?;
     let finished = output

@@ -15,6 +15,7 @@ use crate::job::link::check_link;
 use crate::job::place::Placed;
 use crate::job::series::outputs_beyond;
 use crate::job::Planned;
+use crate::output::checkpoint;
 use crate::output::manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
 use crate::report::Stats;
 
@@ -33,6 +34,7 @@ pub fn run(
     let published = (comm.rank() == 0).then(|| {
         let (staging, target) = (setup.staging()?, setup.target()?);
         let _ = fs::remove_dir_all(staging.join(HEARTBEATS));
+        let _ = fs::remove_dir_all(checkpoint::dir(staging));
         let info = run_info(comm.size(), cfg, setup, planned, finished);
         let shardlist = shard_list(cfg, &planned.placed, &planned.laid, finished);
         Manifest::new(shardlist, info)

@@ -321,12 +321,16 @@ fn rewrite_beat(path: &Path, owner: &Owner) -> bool {
         .is_ok()
 }
 
-/// The start time of process `pid` (clock ticks since boot), if it exists.
+/// The start time of process `pid` (clock ticks since boot), if it lives. A zombie (exited, not
+/// yet reaped: common in containers whose init does not reap) does not.
 fn process_start(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 22; the command name (field 2) may hold spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    // Fields 3 (state) and 22; the command name (field 2) may hold spaces and parentheses.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 fn hostname() -> String {
@@ -338,6 +342,21 @@ fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_live_process_has_a_start_time_and_a_zombie_none() {
+        assert!(process_start(std::process::id()).is_some_and(|t| t > 0));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Exited but not reaped yet: a zombie, as a dead rank is under an init that never reaps.
+        let stat = format!("/proc/{pid}/stat");
+        while !fs::read_to_string(&stat).unwrap().contains(") Z") {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(process_start(pid), None);
+        child.wait().unwrap();
+        assert_eq!(process_start(pid), None);
+    }
 
     #[test]
     fn the_lock_is_named_after_the_staging_directory() {

@@ -7,7 +7,8 @@
 //!
 //! | phase      | module        | what it does                                                   |
 //! |------------|---------------|----------------------------------------------------------------|
-//! | expand     | [`expand`]    | input spec -> ordered shard list; output checked; staging made |
+//! | expand     | [`expand`]    | input spec -> shard list; output locked and checked; staging   |
+//! |            |               | made, or an earlier attempt's checked for `--resume`           |
 //! | index      | [`index`]     | tar headers of each rank's share -> samples, global numbering  |
 //! |            | [`duplicates`]| one key in two samples, across all shards                      |
 //! | plan       | [`place`]     | every sample's output position: permutation, order, key map    |

@@ -95,6 +95,27 @@ fn a_rank_killed_mid_exchange_resumes_to_identical_output() {
     }
 }
 
+/// Killed once every shard is complete and synced, as publishing starts: the rerun moves no data
+/// at all, and says every shard was complete.
+#[test]
+fn a_run_killed_before_publishing_resumes_without_moving_data() {
+    let dir = Dir::new("resume-publish");
+    inputs(&dir);
+    job(&dir, Some(1), "ref", &[]).assert_success();
+    let res = job(&dir, Some(2), "out", &[])
+        .env("RESHARD_TEST_KILL", "0:publish")
+        .output();
+    res.check(res.code() != Some(0), "the killed job must fail");
+    res.check(!dir.join("out").exists(), "nothing may be published");
+    let res = resumed(&dir, Some(3), "out");
+    res.check(
+        res.stdout.contains("5 of 5 shards were complete")
+            && res.stdout.contains("exchange rounds: 0"),
+        "every shard must be reused, no data moved",
+    );
+    assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
+}
+
 #[test]
 fn resume_refuses_other_arguments_or_inputs() {
     let dir = Dir::new("resume-refuse");

@@ -48,10 +48,14 @@ pub fn run(
     }
     // An input that changed while it was read may have fed stale or torn samples: refuse.
     agree(comm, check_unchanged(&setup.inputs, index.mine.clone()))?;
-    let finished = output
-        .sync()
-        .and_then(|()| finish_shards(cfg, staging, laid, &placed.names));
-    let (sizes, sums) = agree(comm, finished)?;
+    let lead_plain = comm.rank() == 0 && cfg.compress == Codec::Plain;
+    // Every shard complete and synced: a failure from here on resumes without moving data.
+    let synced = output.sync().and_then(|()| {
+        let all = (lead_plain && index.samples > 0).then_some((0, index.samples));
+        all.map_or(Ok(()), |all| checkpoint::record_all(staging, all))
+    });
+    agree(comm, synced)?;
+    let (sizes, sums) = agree(comm, finish_shards(cfg, staging, laid, &placed.names))?;
     let file_bytes = gather_u64s(comm, &sizes);
     let md5 = gather(comm, 0, &sums).concat();
     drop(output);

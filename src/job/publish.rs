@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 
 use crate::comm::{broadcast_result, Comm};
 use crate::config::RunConfig;
+use crate::hooks;
 use crate::job::expand::{Setup, HEARTBEATS};
 use crate::job::finish::Finished;
 use crate::job::layout::Laid;
@@ -31,6 +32,7 @@ pub fn run(
     planned: &Planned,
     finished: &Finished,
 ) -> Result<()> {
+    hooks::kill_before_publish(comm.rank());
     let published = (comm.rank() == 0).then(|| {
         let (staging, target) = (setup.staging()?, setup.target()?);
         let _ = fs::remove_dir_all(staging.join(HEARTBEATS));

@@ -52,6 +52,8 @@ pub struct Summary {
     /// `--resume`: samples and sample bytes an earlier attempt had durably placed, reused.
     pub reused_samples: u64,
     pub reused_bytes: u64,
+    /// Shards the earlier attempt had completed (with a shuffle, rarely any before its end).
+    pub reused_shards: u64,
     /// The memory budget per rank (`--mem-limit`).
     pub mem_limit: u64,
     /// Per rank, by rank.
@@ -104,9 +106,11 @@ impl Summary {
         }
         if self.reused_samples > 0 {
             s += &format!(
-                "  resumed: reused {} samples ({}) an earlier attempt had placed\n",
+                "  resumed: reused {} samples ({}) an earlier attempt had placed; {} of {} shards were complete\n",
                 self.reused_samples,
-                human_bytes(self.reused_bytes)
+                human_bytes(self.reused_bytes),
+                self.reused_shards,
+                self.shards
             );
         }
         let k = self.skipped;
@@ -147,7 +151,11 @@ pub fn gather(
     let bytes_read = comm.all_gather(stats.bytes_sent);
     let bytes_written = comm.all_gather(stats.bytes_written);
     let peak_rss = comm.all_gather(peak_rss().unwrap_or(0));
-    let reused = comm.all_sum(&[stats.samples_reused, stats.bytes_reused]);
+    let reused = comm.all_sum(&[
+        stats.samples_reused,
+        stats.bytes_reused,
+        stats.shards_reused,
+    ]);
     let per_rank = (0..ranks)
         .map(|r| RankStats {
             bytes_read: bytes_read[r],
@@ -173,6 +181,7 @@ pub fn gather(
         checkpoints: stats.checkpoints,
         reused_samples: reused[0],
         reused_bytes: reused[1],
+        reused_shards: reused[2],
         mem_limit: cfg.mem_limit,
         per_rank,
     })

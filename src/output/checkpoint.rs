@@ -135,6 +135,22 @@ pub fn write_checkpoint(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
     write_json(&dir(staging).join(CHECKPOINT), checkpoint)
 }
 
+/// Records that every sample in `all` (every sample of the run) is durably in place, once the
+/// shards are complete and synced, and only if the plan was recorded.
+///
+/// # Errors
+/// It cannot be written.
+pub fn record_all(staging: &Path, all: (u64, u64)) -> Result<()> {
+    if !dir(staging).join(PLAN).exists() {
+        return Ok(());
+    }
+    let mut latest = read_checkpoint(staging)?.unwrap_or_default();
+    latest.done = latest.done.with([all]);
+    latest.samples = latest.done.count();
+    latest.checkpoints += 1;
+    write_checkpoint(staging, &latest)
+}
+
 /// Removes the records: the staging shards can no longer be resumed from.
 pub fn forget(staging: &Path) {
     let _ = fs::remove_file(dir(staging).join(CHECKPOINT));

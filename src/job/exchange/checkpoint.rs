@@ -8,13 +8,14 @@
 //! handed over); rank 0 gathers those ranges and records them. One checkpoint is in flight at a
 //! time.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
 use super::stages::{Job, Stages};
-use crate::comm::wire::gather_concat;
+use crate::comm::wire::{gather_concat, route};
 use crate::comm::{agree, Comm};
 
 /// Records durably, on rank 0, the ranges of global sample indices that became durable.
@@ -94,5 +95,55 @@ impl<'a> Pacer<'a> {
             return Ok(true);
         }
         Ok(false)
+    }
+}
+
+/// What an earlier attempt left in place (`--resume`), as this rank sees it.
+#[derive(Debug, Default)]
+pub(super) struct Reused {
+    /// This rank's input samples it had moved.
+    pub samples: u64,
+    /// Sample bytes in this rank's shards, and in all shards.
+    pub bytes: u64,
+    pub total: u64,
+    /// This rank's shards it had completed.
+    pub shards: u64,
+}
+
+/// What an earlier attempt placed: each rank sums, per shard, the bytes of its done samples and
+/// sends the sums to the shards' writers (records for at most every shard: O(S) per rank). Nothing
+/// (and no collective) on a first attempt: the done set is the same on every rank.
+pub(super) fn reused(comm: &impl Comm, job: &Job<'_>) -> Reused {
+    if job.done.is_empty() {
+        return Reused::default();
+    }
+    let done = |i: usize| job.done.done_until(job.first_global + i as u64).is_some();
+    let mut per_shard: BTreeMap<u64, u64> = BTreeMap::new();
+    job.placement.for_each(job.local.len(), &mut |i, p| {
+        if done(i) {
+            *per_shard.entry(job.plan.shard_of(p)).or_default() += job.local[i].len;
+        }
+    });
+    let got = route::<(u64, u64)>(comm, &|sink| {
+        for (&s, &bytes) in &per_shard {
+            sink(job.plan.writer_of(s), &(s, bytes));
+        }
+    });
+    let mut mine: BTreeMap<u64, u64> = BTreeMap::new();
+    for (s, bytes) in got.iter() {
+        *mine.entry(s).or_default() += bytes;
+    }
+    let shard_bytes = |s: u64| -> u64 {
+        job.plan
+            .shard_positions(s)
+            .map(|p| job.layout.place(p).map_or(0, |(_, len)| len))
+            .sum()
+    };
+    let bytes = mine.values().sum();
+    Reused {
+        samples: (0..job.local.len()).filter(|&i| done(i)).count() as u64,
+        bytes,
+        total: comm.all_sum(&[bytes])[0],
+        shards: mine.iter().filter(|(&s, &b)| b == shard_bytes(s)).count() as u64,
     }
 }

@@ -107,7 +107,7 @@ pub fn run(
     checkpoints: Checkpoints<'_>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<ExchangeStats> {
-    let (samples_reused, reused) = reused_before(comm, job);
+    let reused = checkpoint::reused(comm, job);
     let ranks = comm.size();
     let cap = buffers.per_destination;
     let (packed_tx, packed_rx) = sync_channel::<Packed>(1);
@@ -144,7 +144,7 @@ pub fn run(
         });
         scope.spawn(move || write_rounds(st, deliver_rx, free_send_tx, free_recv_tx));
         let ends = (packed_rx, deliver_tx, free_recv_rx);
-        let moved = reused.iter().sum();
+        let moved = reused.total;
         exchange_rounds(comm, st, cap, ends, (&mut pacer, moved), progress)
     });
     stats.checkpoints = pacer.taken;
@@ -157,8 +157,9 @@ pub fn run(
         .unwrap_or_else(|p| p.into_inner());
     agree(comm, write_failure.map_or(Ok(()), Err))?;
     stats.bytes_written = stages.written.into_inner();
-    stats.bytes_reused = reused.get(comm.rank()).copied().unwrap_or(0);
-    stats.samples_reused = samples_reused;
+    stats.bytes_reused = reused.bytes;
+    stats.samples_reused = reused.samples;
+    stats.shards_reused = reused.shards;
     let expected = job.layout.sample_bytes();
     if stats.bytes_written + stats.bytes_reused != expected {
         bail!(
@@ -169,26 +170,6 @@ pub fn run(
         );
     }
     Ok(stats)
-}
-
-/// `--resume`: how many of this rank's samples an earlier attempt placed, and for every writer
-/// the sample bytes of its shards already in place. Nothing (and no collective) on a first
-/// attempt: the done set is the same on every rank.
-fn reused_before(comm: &impl Comm, job: &Job<'_>) -> (u64, Vec<u64>) {
-    if job.done.is_empty() {
-        return (0, Vec::new());
-    }
-    let mut bytes = vec![0u64; comm.size()];
-    let mut samples = 0;
-    job.placement.for_each(job.local.len(), &mut |i, p| {
-        if job.done.done_until(job.first_global + i as u64).is_some() {
-            bytes[job.plan.writer_of(job.plan.shard_of(p))] += job.local[i].len;
-        }
-    });
-    for i in 0..job.local.len() {
-        samples += u64::from(job.done.done_until(job.first_global + i as u64).is_some());
-    }
-    (samples, comm.all_sum(&bytes))
 }
 
 #[cfg(test)]

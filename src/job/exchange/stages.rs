@@ -79,6 +79,8 @@ pub struct ExchangeStats {
     /// of this rank's input it had moved.
     pub bytes_reused: u64,
     pub samples_reused: u64,
+    /// `--resume`: this rank's shards an earlier attempt had completed.
+    pub shards_reused: u64,
     /// Checkpoints recorded during this exchange.
     pub checkpoints: u64,
 }

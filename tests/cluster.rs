@@ -302,3 +302,53 @@ fn a_run_that_lost_a_node_resumes_on_the_others() {
             .unwrap_or_default()
     );
 }
+
+/// One output, two worlds on two nodes (hosts `node0` and `other`): the second refuses, judging
+/// the first alive by its lock's heartbeat (no pid can be checked across hosts). Once the first
+/// is killed, its lock's heartbeat stops, and a world on the other host takes it over.
+#[test]
+fn a_world_on_another_node_refuses_then_takes_over_a_dead_ones_lock() {
+    if !cluster_or_skip("a_world_on_another_node_refuses_then_takes_over_a_dead_ones_lock") {
+        return;
+    }
+    let dir = Dir::new("cluster-lock");
+    sized(&dir, "in", "4MiB", "32KiB", 4);
+    run(&dir, None, &["in"], "one", 4, 2, &[]);
+    let cluster = Cluster::up(&dir, 2, None);
+    let args = [
+        "run", "--input", "in", "--output", "out", "--shards", "4", "--seed", "2",
+    ];
+    let mut first = cluster.reshard(1, &args);
+    first.env("RESHARD_TEST_PAUSE_FINISH", "30");
+    let first = thread::spawn(move || first.output());
+    let marker = dir.join(".out.reshard-tmp/.paused-0");
+    let waiting = Instant::now();
+    while !marker.exists() {
+        assert!(waiting.elapsed() < Duration::from_secs(60), "never paused");
+        thread::sleep(Duration::from_millis(20));
+    }
+    // A world of one on node 1, under another host name.
+    let elsewhere = || {
+        let script = "hostname other && exec \"$@\"";
+        let mut cmd = cluster.command(&["exec", "1", "--", "unshare", "--uts", "sh", "-c", script]);
+        cmd.arg("sh").arg(crate::util::reshard_exe()).args(args);
+        cmd
+    };
+    let second = elsewhere().assert_code(1);
+    second.stderr_has("another reshard run is writing it");
+    second.stderr_has("on node0");
+    // The first world dies on both nodes; its lock stays, and goes silent.
+    for node in 0..2 {
+        for pid in cluster.pids(node, "reshard") {
+            // SAFETY: kill(2) on a rank this test started, inside its own cluster.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+    let first = first.join().unwrap();
+    first.check(first.code() != Some(0), "the killed world must fail");
+    let third = elsewhere().assert_success();
+    third.stderr_has("taking over");
+    assert_same_output(&dir.join("one"), &dir.join("out"), &["ranks"]);
+}

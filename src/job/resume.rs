@@ -247,3 +247,77 @@ fn hash(words: &[u64]) -> u64 {
         mix(acc ^ w).wrapping_add(w)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(args: &[(&str, &str)], inputs: &[(&str, u64, u128)]) -> PlanRecord {
+        PlanRecord {
+            arguments: args
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            inputs: inputs
+                .iter()
+                .map(|&(path, size, mtime_ns)| InputRecord {
+                    path: path.into(),
+                    size,
+                    mtime_ns,
+                })
+                .collect(),
+            digest: String::new(),
+            ranks: 2,
+            mem_limit: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn a_rerun_must_ask_for_what_the_recorded_run_planned() {
+        let then = record(&[("--seed", "3"), ("--epoch", "0")], &[("a.tar", 10, 1)]);
+        let check = |now: &PlanRecord| {
+            check_same_request(&then, &now.arguments, &now.inputs, Path::new("/s")).map_err(|e| {
+                assert!(e.downcast_ref::<UsageError>().is_some(), "exits 2");
+                format!("{e:#}")
+            })
+        };
+        assert!(check(&then).is_ok());
+        let differs = [
+            (
+                record(&[("--seed", "4"), ("--epoch", "0")], &[("a.tar", 10, 1)]),
+                "--seed was 3, now 4",
+            ),
+            (
+                record(&[("--seed", "3")], &[("a.tar", 10, 1)]),
+                "--epoch was 0, now it is not given",
+            ),
+            (
+                record(
+                    &[("--seed", "3"), ("--epoch", "0"), ("--key-map file", "x")],
+                    &[("a.tar", 10, 1)],
+                ),
+                "--key-map file was not given, now x",
+            ),
+            (
+                record(&[("--seed", "3"), ("--epoch", "0")], &[("b.tar", 10, 1)]),
+                "an input was a.tar, now b.tar",
+            ),
+            (
+                record(&[("--seed", "3"), ("--epoch", "0")], &[("a.tar", 11, 1)]),
+                "the input a.tar changed since",
+            ),
+            (
+                record(&[("--seed", "3"), ("--epoch", "0")], &[("a.tar", 10, 2)]),
+                "the input a.tar changed since",
+            ),
+            (
+                record(&[("--seed", "3"), ("--epoch", "0")], &[]),
+                "that run read 1 input shards, this one 0",
+            ),
+        ];
+        for (now, needle) in differs {
+            let msg = check(&now).unwrap_err();
+            assert!(msg.contains(needle) && msg.contains("/s"), "{msg}");
+        }
+    }
+}

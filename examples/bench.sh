@@ -3,14 +3,16 @@
 #
 #   examples/bench.sh [--size 2GiB] [--mean 100KiB | --mean 4KiB,100KiB,1MiB | --sweep]
 #                     [--in-shards 64] [--out-shards 64] [--skew 3] [--mem-limit 1GiB]
-#                     [--np "1 2 4"] [--dir bench-data] [--warm] [--repeat 1]
+#                     [--np "1 2 4"] [--dir bench-data] [--warm | --warm-only] [--repeat 1]
+#                     [--run-args "--checkpoint-every 0"]
 #
 # Prints one table row per command: wall time, MB/s, ratio to cp, user and system CPU seconds
 # (summed over every process of the command: mpirun, its proxies and all ranks), CPU seconds per
 # GiB of input, the ratio of that CPU to cp's in the same repeat, peak RSS of the largest rank (and
 # every rank's, for up to 4 ranks), and reshard's phase times. Each timed command ends with `sync`
 # inside the timing. As root the page cache is dropped before every timed command (cold); --warm
-# also runs everything on a warm cache. --repeat N runs the whole sequence (cp, then every np) N
+# also runs everything on a warm cache, --warm-only only on a warm cache (never dropping it).
+# --run-args adds flags to every `reshard run`. --repeat N runs the whole sequence (cp, then every np) N
 # times and prints the median of each command, its range, and the phases of its median run: a
 # virtual disk's speed drifts between minutes, so cp and reshard are interleaved. --mean takes a
 # comma- or space-separated list of mean sample sizes: each gets its own dataset of --size bytes,
@@ -20,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SIZE=2GiB MEANS=100KiB IN_SHARDS=64 OUT_SHARDS=64 SKEW=3 MEM=1GiB NPS="1 2 4" DIR=bench-data WARM=0
-REPEAT=1
+REPEAT=1 WARM_ONLY=0 RUN_ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --size) SIZE=$2; shift 2;;
@@ -33,8 +35,10 @@ while [ $# -gt 0 ]; do
     --np) NPS=$2; shift 2;;
     --dir) DIR=$2; shift 2;;
     --warm) WARM=1; shift;;
+    --warm-only) WARM_ONLY=1; shift;;
+    --run-args) RUN_ARGS=$2; shift 2;;
     --repeat) REPEAT=$2; shift 2;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2;;
   esac
 done
@@ -77,6 +81,8 @@ record() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$TIMES"; }
 caches=cold
 [ $can_drop = 1 ] || { echo "(not root: cannot drop the page cache; all runs are warm)" >&2; caches=warm; }
 [ $WARM = 1 ] && [ $can_drop = 1 ] && caches="cold warm"
+[ $WARM_ONLY = 1 ] && caches=warm
+read -r -a EXTRA <<< "$RUN_ARGS"
 
 for MEAN in "${MEAN_LIST[@]}"; do
   INPUT="$DIR/input-$SIZE-$MEAN-$IN_SHARDS-$SKEW"
@@ -110,7 +116,7 @@ for MEAN in "${MEAN_LIST[@]}"; do
         # shellcheck disable=SC2016 # $@ is expanded by sh -c
         timed "$CPU" sh -c '"$@" && sync' sh mpirun -np "$np" "$BIN" run --input "$INPUT" \
           --output "$DIR/out" --shards "$OUT_SHARDS" --seed 7 --mem-limit "$MEM" \
-          --report "$DIR/report.json" > "$DIR/run.log" 2>&1 || { cat "$DIR/run.log" "$CPU" >&2; exit 1; }
+          --report "$DIR/report.json" ${EXTRA[@]+"${EXTRA[@]}"} > "$DIR/run.log" 2>&1 || { cat "$DIR/run.log" "$CPU" >&2; exit 1; }
         t1=$(now_s)
         read -r user sys < <(cpu_of "$CPU")
         IFS='|' read -r rss ranks phases < <(python3 - "$DIR/report.json" <<'PY'

@@ -44,6 +44,10 @@ pub struct RunConfig {
     pub stall_timeout: Duration,
     pub max_round_bytes: u64,
     pub order: OrderSpec,
+    /// `--resume`: continue from what an earlier attempt left in the staging directory.
+    pub resume: bool,
+    /// `--checkpoint-every`: time between checkpoints of the exchange (zero: every round).
+    pub checkpoint_every: Duration,
     /// `--split` and `--split-shards`.
     pub split: Option<Splits>,
 }

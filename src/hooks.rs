@@ -7,6 +7,9 @@
 //!   a node that froze (the others' watchdogs must end the job).
 //! - `RESHARD_TEST_PAUSE_FINISH=seconds`: every rank sleeps at the start of the finish phase,
 //!   marked by a file `.paused-RANK` in the staging directory, so that a test can change an input.
+//! - `RESHARD_TEST_KILL=r:n`: rank r kills itself with SIGKILL as exchange round n starts (before
+//!   its status), like a node that died; `r:publish`: as the publish phase starts. For
+//!   `--resume` tests.
 //! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timings on stderr.
 //! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
 //!   MPI_Finalize, as MPI_Finalize does when it hangs (the finalize deadline must end the job).
@@ -37,6 +40,29 @@ pub fn inject_fault(rank: usize) {
         eprintln!("reshard: RESHARD_TEST_STALL_RANK={rank}: this rank now stops (SIGSTOP)");
         // The whole process stops, its watchdog included, like a node that froze.
         crate::sys::stop_process();
+    }
+}
+
+/// `RESHARD_TEST_KILL=r:n`: rank r dies (SIGKILL) as exchange round n starts.
+pub fn kill_in_round(rank: usize, round: u64) {
+    kill_at(rank, &round.to_string());
+}
+
+/// `RESHARD_TEST_KILL=r:publish`: rank r dies (SIGKILL) as the publish phase starts.
+pub fn kill_before_publish(rank: usize) {
+    kill_at(rank, "publish");
+}
+
+fn kill_at(rank: usize, at: &str) {
+    let Ok(v) = std::env::var("RESHARD_TEST_KILL") else {
+        return;
+    };
+    let named = v
+        .split_once(':')
+        .is_some_and(|(r, n)| r.trim().parse::<usize>().ok() == Some(rank) && n.trim() == at);
+    if named {
+        eprintln!("reshard: RESHARD_TEST_KILL={v}: rank {rank} now dies (SIGKILL) at {at}");
+        crate::sys::kill_process();
     }
 }
 

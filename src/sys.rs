@@ -117,6 +117,16 @@ pub fn stop_process() {
     }
 }
 
+/// Kills the whole process with `SIGKILL`, as the OOM killer or a lost node would: nothing of
+/// it runs again. For fault injection in tests.
+pub fn kill_process() -> ! {
+    // SAFETY: raise(2) on this process; no memory of ours is involved.
+    unsafe {
+        libc::raise(libc::SIGKILL);
+    }
+    unreachable!("SIGKILL cannot be caught")
+}
+
 /// Ends the process at once with `code` (`_exit(2)`): no destructors, no atexit handlers, no
 /// flushing of stdio buffers, so it cannot block in a library's teardown (MPI's, say).
 pub fn exit_now(code: i32) -> ! {

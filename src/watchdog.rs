@@ -82,7 +82,7 @@ impl Watchdog {
                         let staging = heartbeats
                             .as_deref()
                             .and_then(Path::parent)
-                            .map(|d| format!(" (the staging directory {} is left; the next run removes it)", d.display()))
+                            .map(|d| format!(" (the staging directory {} is left: a rerun with --resume continues from its last checkpoint, one without removes it)", d.display()))
                             .unwrap_or_default();
                         eprintln!(
                             "reshard: error: rank {rank} on {host}: no progress for {} s (--stall-timeout) while {doing}: \

@@ -262,3 +262,93 @@ fn jobs_end_although_mpi_finalize_hangs() {
         after_publish.join(", ")
     );
 }
+
+/// 3 nodes x 1 rank, checkpointing every round; node 2's link goes down mid-exchange and the
+/// watchdog ends the job. The run is then resumed on the two nodes left (a new cluster, so the
+/// lock of the dead run's rank 0 is taken over) and its output is byte-identical to one rank's.
+#[test]
+fn a_run_that_lost_a_node_resumes_on_the_others() {
+    if !cluster_or_skip("a_run_that_lost_a_node_resumes_on_the_others") {
+        return;
+    }
+    let dir = Dir::new("cluster-resume");
+    sized(&dir, "in", "40MiB", "256KiB", 6);
+    run(&dir, None, &["in"], "one", 6, 1, &["--mem-limit", "4MiB"]);
+    let cluster = Cluster::up(&dir, 3, Some(LOST_NODE_RATE));
+    let args = ["--stall-timeout", "5", "--checkpoint-every", "0"];
+    let (handle, _) = start_exchange(&cluster, lost_node_job(&cluster, &args));
+    let checkpoint = dir.join(".out.reshard-tmp/.resume/checkpoint.json");
+    let waiting = Instant::now();
+    while !checkpoint.exists() && !handle.is_finished() {
+        assert!(waiting.elapsed() < Duration::from_secs(60), "no checkpoint");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let cut = Instant::now();
+    cluster.link_down(2);
+    let (out, _) = ended_without_output(&dir, handle, cut, Duration::from_secs(20));
+    out.stderr_has("--stall-timeout");
+    drop(cluster);
+    let two = Cluster::up(&dir, 2, None);
+    let mut resumed = lost_node_job(&two, &["--resume"]);
+    let res = resumed.timeout(Duration::from_secs(90)).assert_success();
+    res.stderr_has("--resume: continuing the run");
+    res.check(res.stdout.contains("resumed: reused"), "nothing was reused");
+    assert_same_output(&dir.join("one"), &dir.join("out"), &["ranks"]);
+    println!(
+        "{}",
+        res.stdout
+            .lines()
+            .find(|l| l.contains("resumed"))
+            .unwrap_or_default()
+    );
+}
+
+/// One output, two worlds on two nodes (hosts `node0` and `other`): the second refuses, judging
+/// the first alive by its lock's heartbeat (no pid can be checked across hosts). Once the first
+/// is killed, its lock's heartbeat stops, and a world on the other host takes it over.
+#[test]
+fn a_world_on_another_node_refuses_then_takes_over_a_dead_ones_lock() {
+    if !cluster_or_skip("a_world_on_another_node_refuses_then_takes_over_a_dead_ones_lock") {
+        return;
+    }
+    let dir = Dir::new("cluster-lock");
+    sized(&dir, "in", "4MiB", "32KiB", 4);
+    run(&dir, None, &["in"], "one", 4, 2, &[]);
+    let cluster = Cluster::up(&dir, 2, None);
+    let args = [
+        "run", "--input", "in", "--output", "out", "--shards", "4", "--seed", "2",
+    ];
+    let mut first = cluster.reshard(1, &args);
+    first.env("RESHARD_TEST_PAUSE_FINISH", "30");
+    let first = thread::spawn(move || first.output());
+    let marker = dir.join(".out.reshard-tmp/.paused-0");
+    let waiting = Instant::now();
+    while !marker.exists() {
+        assert!(waiting.elapsed() < Duration::from_secs(60), "never paused");
+        thread::sleep(Duration::from_millis(20));
+    }
+    // A world of one on node 1, under another host name.
+    let elsewhere = || {
+        let script = "hostname other && exec \"$@\"";
+        let mut cmd = cluster.command(&["exec", "1", "--", "unshare", "--uts", "sh", "-c", script]);
+        cmd.arg("sh").arg(crate::util::reshard_exe()).args(args);
+        cmd
+    };
+    let second = elsewhere().assert_code(1);
+    second.stderr_has("another reshard run is writing it");
+    second.stderr_has("on node0");
+    // The first world dies on both nodes; its lock stays, and goes silent.
+    for node in 0..2 {
+        for pid in cluster.pids(node, "reshard") {
+            // SAFETY: kill(2) on a rank this test started, inside its own cluster.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+    let first = first.join().unwrap();
+    first.check(first.code() != Some(0), "the killed world must fail");
+    let third = elsewhere().assert_success();
+    third.stderr_has("taking over");
+    assert_same_output(&dir.join("one"), &dir.join("out"), &["ranks"]);
+}

@@ -21,6 +21,7 @@ mod orders;
 mod plan;
 mod real_data;
 mod real_tars;
+mod resume;
 mod run;
 mod sizing;
 mod slurm;

@@ -226,6 +226,18 @@ pub struct RunArgs {
     /// (with --gpus, the multiple of the GPU count nearest it, so every GPU gets shards).
     #[arg(long, value_name = "N|NAME=N,...", requires = "split")]
     pub split_shards: Option<String>,
+    /// Continue a run that failed (same arguments) from its last checkpoint: samples already
+    /// durably in its staging directory are neither read nor sent again, and the output is
+    /// byte-identical to an uninterrupted run. Refused (exit 2), naming what differs, when the
+    /// inputs or the arguments that shape the output changed. With nothing to continue, starts
+    /// from the beginning.
+    #[arg(long)]
+    pub resume: bool,
+
+    /// Seconds between the exchange's checkpoints (each writer syncs, rank 0 records which samples
+    /// are durable, for --resume); 0 checkpoints after every round.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub checkpoint_every: u64,
 
     /// Largest single MPI exchange per rank, in bytes (exchanges are split into rounds below it).
     /// Only useful for testing the round logic.

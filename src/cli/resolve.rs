@@ -48,6 +48,14 @@ impl fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
+impl UsageError {
+    /// A request that cannot be carried out as given, found once the job looked (`--resume` with
+    /// other arguments than the run it would continue): exits 2 like any usage error.
+    pub fn new(e: anyhow::Error) -> Self {
+        UsageError(e)
+    }
+}
+
 /// Resolves the parsed command line into the task it asks for.
 ///
 /// # Errors
@@ -143,6 +151,8 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
         stall_timeout: Duration::from_secs(args.stall_timeout),
         max_round_bytes,
         split,
+        resume: args.resume,
+        checkpoint_every: Duration::from_secs(args.checkpoint_every),
     })
 }
 
@@ -264,6 +274,11 @@ fn check_flags_fit_the_command(args: &RunArgs, plan_only: bool, dry_run: bool) -
             (args.keep.is_some(), "--keep", "it removes older outputs"),
             (args.verify, "--verify", "it checks the written output"),
             (
+                args.resume,
+                "--resume",
+                "it continues a run that wrote part of its output",
+            ),
+            (
                 args.report.is_some(),
                 "--report",
                 "it writes the run's summary",
@@ -275,6 +290,9 @@ fn check_flags_fit_the_command(args: &RunArgs, plan_only: bool, dry_run: bool) -
                  leave it out here (`reshard run --dry-run` checks the whole run command line)"
             );
         }
+    }
+    if args.resume && dry_run {
+        bail!("--resume continues a run that wrote part of its output: not with --dry-run, which writes nothing");
     }
     if args.verify && dry_run {
         bail!("--verify checks a written output: not with --dry-run or `reshard plan`");

@@ -1,6 +1,8 @@
-//! Phase "expand": rank 0 expands the input spec into the ordered shard list, checks the output
-//! (refusing what would replace an input or a non-empty directory) and creates the staging
-//! directory next to it; every rank receives the result.
+//! Phase "expand": rank 0 expands the input spec into the ordered shard list, takes the output's
+//! lock (one run at a time per output, see [`crate::job::lock`]), checks the output (refusing
+//! what would replace an input or a non-empty directory) and creates the staging directory next
+//! to it, or with `--resume` checks that an earlier attempt's staging directory continues this
+//! request; every rank receives the result.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -11,8 +13,12 @@ use serde::{Deserialize, Serialize};
 use crate::config::RunConfig;
 use crate::input::{expand_specs, InputShard};
 use crate::job::link::check_link;
+use crate::job::lock::{lock_path, StagingLock};
+use crate::job::resume::{self, Resume};
 use crate::job::series::outputs_beyond;
+use crate::output::checkpoint::{self, InputRecord};
 use crate::output::saved_index;
+use crate::size::human_bytes;
 
 /// Where the ranks' watchdogs leave heartbeats during the exchange (inside the staging
 /// directory, removed before publishing).
@@ -25,6 +31,16 @@ pub struct Setup {
     /// Where the output is assembled and where it goes (none when only planning).
     pub staging: Option<PathBuf>,
     pub target: Option<PathBuf>,
+    /// `--resume` with an earlier attempt to continue: its staging shards are kept.
+    pub resume: Option<Resume>,
+}
+
+/// What rank 0 keeps for itself: the output's lock, and every input's size and modification
+/// time as the run started (for the plan record).
+#[derive(Default)]
+pub struct Lead {
+    pub lock: Option<StagingLock>,
+    pub inputs: Vec<InputRecord>,
 }
 
 impl Setup {
@@ -49,25 +65,26 @@ impl Setup {
     }
 }
 
-/// Rank 0's checks and set-up before any data is read: expand the input, refuse unsafe outputs,
-/// create the staging directory next to the output (not when only planning: a plan writes
-/// nothing).
+/// Rank 0's checks and set-up before any data is read: expand the input, take the output's
+/// lock, refuse unsafe outputs, create the staging directory next to the output or find the one
+/// `--resume` continues (not when only planning: a plan writes nothing).
 ///
 /// # Errors
-/// An input that cannot be found or read, an output that would replace an input or a
-/// non-empty directory (without `--force`), a `--link` that is not a symbolic link, or a staging
-/// directory that cannot be created.
-pub fn prepare(cfg: &RunConfig) -> Result<Setup> {
-    let inputs = expand_inputs(cfg)?;
+/// An input that cannot be found or read, another live run on the same output, an output that
+/// would replace an input or a non-empty directory (without `--force`), a `--link` that is not a
+/// symbolic link, a staging directory that cannot be created, or one that `--resume` cannot
+/// continue (a [`crate::cli::resolve::UsageError`]).
+pub fn prepare(cfg: &RunConfig) -> Result<(Setup, Lead)> {
+    let (inputs, records) = expand_inputs(cfg)?;
     let Some(out) = &cfg.output else {
         // Only planning, without an output to check.
-        return Ok(Setup {
-            inputs,
-            staging: None,
-            target: None,
-        });
+        return Ok((Setup::planning(inputs), Lead::default()));
     };
     let (target, staging) = output_paths(out)?;
+    // Before anything is checked or touched: another live run may be writing this output.
+    let lock = (!cfg.dry_run)
+        .then(|| StagingLock::acquire(&lock_path(&staging), out))
+        .transpose()?;
     check_output(cfg, out, &target, &staging, &inputs)?;
     if cfg.dry_run {
         // Checked as `run` would, but nothing is created, removed or written.
@@ -81,31 +98,100 @@ pub fn prepare(cfg: &RunConfig) -> Result<Setup> {
                 );
             }
         }
-        return Ok(Setup {
-            inputs,
-            staging: None,
-            target: None,
-        });
+        return Ok((Setup::planning(inputs), Lead::default()));
     }
-    create_staging(&staging)?;
-    Ok(Setup {
+    let resume = if cfg.resume {
+        continue_staging(cfg, &staging, &records)?
+    } else {
+        None
+    };
+    if resume.is_none() {
+        create_staging(&staging)?;
+    }
+    let setup = Setup {
         inputs,
         staging: Some(staging),
         target: Some(target),
-    })
+        resume,
+    };
+    Ok((
+        setup,
+        Lead {
+            lock,
+            inputs: records,
+        },
+    ))
 }
 
-/// The input spec, expanded, with every shard's size.
-fn expand_inputs(cfg: &RunConfig) -> Result<Vec<InputShard>> {
+impl Setup {
+    fn planning(inputs: Vec<InputShard>) -> Self {
+        Setup {
+            inputs,
+            staging: None,
+            target: None,
+            resume: None,
+        }
+    }
+}
+
+/// `--resume`: what the staging directory an earlier attempt left holds to continue from, once
+/// checked against this request; `None` (and a note) when there is nothing to continue.
+fn continue_staging(
+    cfg: &RunConfig,
+    staging: &Path,
+    inputs: &[InputRecord],
+) -> Result<Option<Resume>> {
+    let plan = if staging.is_dir() {
+        checkpoint::read_plan(staging)?
+    } else {
+        None
+    };
+    let Some(plan) = plan else {
+        eprintln!(
+            "reshard: --resume: no earlier attempt to continue in {} (none ran, or it stopped before moving data): starting from the beginning",
+            staging.display()
+        );
+        return Ok(None);
+    };
+    resume::check_same_request(&plan, &resume::arguments(cfg), inputs, staging)?;
+    let checkpoint = checkpoint::read_checkpoint(staging)?.unwrap_or_default();
+    eprintln!(
+        "reshard: --resume: continuing the run in {}: {} samples durably in place ({} checkpoint{}; that run had {} ranks, {} per rank)",
+        staging.display(),
+        checkpoint.done.count(),
+        checkpoint.checkpoints,
+        if checkpoint.checkpoints == 1 { "" } else { "s" },
+        plan.ranks,
+        human_bytes(plan.mem_limit)
+    );
+    // What the earlier attempt's finish phase may have left is made again.
+    let _ = fs::remove_dir_all(staging.join(saved_index::DIR_NAME));
+    let _ = fs::remove_dir_all(staging.join(HEARTBEATS));
+    let _ = fs::remove_file(staging.join("index.json"));
+    fs::create_dir_all(staging.join(saved_index::DIR_NAME))
+        .and_then(|()| fs::create_dir_all(staging.join(HEARTBEATS)))
+        .with_context(|| format!("{}: cannot prepare to resume", staging.display()))?;
+    Ok(Some(Resume {
+        checkpoint,
+        digest: plan.digest,
+    }))
+}
+
+/// The input spec, expanded, with every shard's size; and rank 0's records of them.
+fn expand_inputs(cfg: &RunConfig) -> Result<(Vec<InputShard>, Vec<InputRecord>)> {
     let paths = expand_specs(&cfg.inputs)?;
     let mut inputs = Vec::with_capacity(paths.len());
+    let mut records = Vec::with_capacity(paths.len());
     for path in paths {
-        let size = fs::metadata(&path)
-            .with_context(|| format!("input {}", path.display()))?
-            .len();
-        inputs.push(InputShard { path, size });
+        let meta = fs::metadata(&path).with_context(|| format!("input {}", path.display()))?;
+        let input = InputShard {
+            path,
+            size: meta.len(),
+        };
+        records.push(resume::input_record(&input, &meta));
+        inputs.push(input);
     }
-    Ok(inputs)
+    Ok((inputs, records))
 }
 
 /// The output's absolute path and its staging directory beside it.
@@ -173,12 +259,22 @@ fn check_output(
     Ok(())
 }
 
-/// Creates the staging directory (removing one an earlier run left), with the saved-index and
-/// heartbeat directories inside.
+/// Creates the staging directory (removing one an earlier run left: this run holds the output's
+/// lock, so no live run uses it), with the saved-index and heartbeat directories inside.
 fn create_staging(staging: &Path) -> Result<()> {
     if staging.exists() {
+        let durable = checkpoint::read_checkpoint(staging)
+            .ok()
+            .flatten()
+            .map(|c| {
+                format!(
+                    " ({} samples of it were durable: --resume would have continued it)",
+                    c.done.count()
+                )
+            })
+            .unwrap_or_default();
         eprintln!(
-            "reshard: removing {} left by an earlier run that did not finish",
+            "reshard: removing {} left by an earlier run that did not finish{durable}",
             staging.display()
         );
         fs::remove_dir_all(staging)

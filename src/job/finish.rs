@@ -14,7 +14,7 @@ use crate::input::InputShard;
 use crate::job::expand::Setup;
 use crate::job::layout::{gather_u64s, Laid};
 use crate::job::Planned;
-use crate::output::saved_index;
+use crate::output::{checkpoint, saved_index};
 use crate::output::{compress_shard, md5_file, OutputShards, ShardNames};
 use crate::tar::{Codec, Sample};
 
@@ -41,12 +41,21 @@ pub fn run(
     let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
     let staging = setup.staging()?;
     hooks::pause_before_finish(staging, comm.rank());
+    if comm.rank() == 0 && cfg.compress != Codec::Plain {
+        // Compressing replaces the plain staging shards a resumed run would continue: from
+        // here on, a failed run starts over (ordered before any compression by the next agree).
+        checkpoint::forget(staging);
+    }
     // An input that changed while it was read may have fed stale or torn samples: refuse.
     agree(comm, check_unchanged(&setup.inputs, index.mine.clone()))?;
-    let finished = output
-        .sync()
-        .and_then(|()| finish_shards(cfg, staging, laid, &placed.names));
-    let (sizes, sums) = agree(comm, finished)?;
+    let lead_plain = comm.rank() == 0 && cfg.compress == Codec::Plain;
+    // Every shard complete and synced: a failure from here on resumes without moving data.
+    let synced = output.sync().and_then(|()| {
+        let all = (lead_plain && index.samples > 0).then_some((0, index.samples));
+        all.map_or(Ok(()), |all| checkpoint::record_all(staging, all))
+    });
+    agree(comm, synced)?;
+    let (sizes, sums) = agree(comm, finish_shards(cfg, staging, laid, &placed.names))?;
     let file_bytes = gather_u64s(comm, &sizes);
     let md5 = gather(comm, 0, &sums).concat();
     drop(output);

@@ -7,7 +7,8 @@
 //!
 //! | phase      | module        | what it does                                                   |
 //! |------------|---------------|----------------------------------------------------------------|
-//! | expand     | [`expand`]    | input spec -> ordered shard list; output checked; staging made |
+//! | expand     | [`expand`]    | input spec -> shard list; output locked and checked; staging   |
+//! |            |               | made, or an earlier attempt's checked for `--resume`           |
 //! | index      | [`index`]     | tar headers of each rank's share -> samples, global numbering  |
 //! |            | [`duplicates`]| one key in two samples, across all shards                      |
 //! | plan       | [`place`]     | every sample's output position: permutation, order, key map    |
@@ -25,8 +26,10 @@ pub mod finish;
 pub mod index;
 pub mod layout;
 pub mod link;
+pub mod lock;
 pub mod place;
 pub mod publish;
+pub mod resume;
 pub mod runs;
 pub mod series;
 pub mod split;
@@ -38,12 +41,13 @@ use anyhow::Result;
 
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::RunConfig;
+use crate::output::checkpoint::{self, Done, InputRecord};
 use crate::output::OutputShards;
 use crate::progress::{PhaseTimes, Progress};
 use crate::report::{narrate, PlanReport};
 use crate::size::human_bytes;
 use exchange::{Buffers, ExchangeStats};
-use expand::{Setup, HEARTBEATS};
+use expand::{Lead, Setup, HEARTBEATS};
 use index::Index;
 use layout::Laid;
 use place::Placed;
@@ -69,26 +73,52 @@ pub struct Planned {
 ///
 /// # Errors
 /// Bad input, I/O failure or invalid request, on this rank (the message names file and offset)
-/// or on another ([`crate::comm::PeerFailed`]). On error nothing is published and the staging
-/// directory is removed.
+/// or on another ([`crate::comm::PeerFailed`]). On error nothing is published, and the staging
+/// directory is removed unless a checkpoint makes it worth a `--resume`.
 pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
     let lead = comm.rank() == 0;
     let mut times = PhaseTimes::default();
     times.start("expand");
-    let setup: Setup = broadcast_result(comm, 0, lead.then(|| expand::prepare(cfg)))?;
-    let result = run_phases(comm, cfg, &setup, &mut times);
+    // Rank 0 holds the output's lock until the job has published or given up.
+    let mut mine = Lead::default();
+    let prepared = lead.then(|| {
+        expand::prepare(cfg).map(|(setup, held)| {
+            mine = held;
+            setup
+        })
+    });
+    let setup: Setup = broadcast_result(comm, 0, prepared)?;
+    let inputs = lead.then_some(&mine.inputs[..]);
+    let result = run_phases(comm, cfg, &setup, inputs, &mut times);
     if let (true, Err(_), Some(staging)) = (lead, &result, &setup.staging) {
         // Every rank has left the failed phase (failures are agreed collectively).
-        let _ = fs::remove_dir_all(staging);
+        abandon(staging);
     }
+    drop(mine);
     result
 }
 
-/// The phases after expand.
+/// After a failure: the staging directory goes, unless a checkpoint recorded samples a rerun
+/// with `--resume` need not move again.
+fn abandon(staging: &std::path::Path) {
+    match checkpoint::read_checkpoint(staging) {
+        Ok(Some(c)) if !c.done.is_empty() => eprintln!(
+            "reshard: kept {}: {} samples are durably in place there; rerun with the same              arguments and --resume to continue, or without it to start over",
+            staging.display(),
+            c.done.count()
+        ),
+        _ => {
+            let _ = fs::remove_dir_all(staging);
+        }
+    }
+}
+
+/// The phases after expand. `inputs`: rank 0's records of the inputs.
 fn run_phases(
     comm: &impl Comm,
     cfg: &RunConfig,
     setup: &Setup,
+    inputs: Option<&[InputRecord]>,
     times: &mut PhaseTimes,
 ) -> Result<Outcome> {
     let lead = comm.rank() == 0;
@@ -108,14 +138,7 @@ fn run_phases(
         let report = lead.then(|| Box::new(summary::plan_report(cfg, setup, &planned)));
         return Ok(Outcome::Planned(report));
     }
-    let output = agree(
-        comm,
-        OutputShards::create(
-            setup.staging()?,
-            &planned.placed.names,
-            &planned.laid.layout,
-        ),
-    )?;
+    let output = staging_shards(comm, cfg, setup, inputs, &planned)?;
     times.start("exchange");
     let stats = exchange_phase(comm, cfg, setup, &planned, &output)?;
     times.start("finish");
@@ -124,6 +147,27 @@ fn run_phases(
     times.stop();
     let summary = summary::gather(comm, cfg, setup, &planned, &stats, times)?;
     Ok(Outcome::Ran(Box::new(summary)))
+}
+
+/// This rank's staging shards, created and the plan recorded (a first attempt), or the plan
+/// checked and the shards an earlier attempt left reopened (`--resume`).
+fn staging_shards(
+    comm: &impl Comm,
+    cfg: &RunConfig,
+    setup: &Setup,
+    inputs: Option<&[InputRecord]>,
+    planned: &Planned,
+) -> Result<OutputShards> {
+    let (staging, resume) = (setup.staging()?, setup.resume.as_ref());
+    let (names, layout) = (&planned.placed.names, &planned.laid.layout);
+    if resume.is_some() {
+        resume::record_plan(comm, cfg, staging, resume, inputs, planned)?;
+        return agree(comm, OutputShards::reopen(staging, names, layout));
+    }
+    let output = agree(comm, OutputShards::create(staging, names, layout))?;
+    // Recorded once every shard exists: a plan record promises them to a resumed run.
+    resume::record_plan(comm, cfg, staging, None, inputs, planned)?;
+    Ok(output)
 }
 
 /// Rank 0 says what the job reads and where it writes.
@@ -163,20 +207,25 @@ fn exchange_phase(
     let layout = &planned.laid.layout;
     let total_out = comm.all_sum(&[layout.sample_bytes()])[0];
     let mut progress = Progress::new(comm.rank() == 0, total_out);
+    let nothing = Done::default();
+    let resume = setup.resume.as_ref();
     let job = exchange::Job {
         inputs: &setup.inputs,
         local: &planned.index.local,
+        first_global: planned.index.first_global,
+        done: resume.map_or(&nothing, |r| &r.checkpoint.done),
         placement: &planned.placed.placement,
         plan: &planned.laid.plan,
         layout,
         output,
     };
+    let staging = setup.staging()?;
     let stats = exchange::run(
         comm,
         &job,
         Buffers::for_job(cfg.mem_limit, ranks, total_out / ranks as u64),
-        cfg.stall_timeout,
-        Some(setup.staging()?.join(HEARTBEATS)),
+        (cfg.stall_timeout, Some(staging.join(HEARTBEATS))),
+        resume::checkpoints(cfg, staging, resume),
         &mut |d| progress.update(d),
     )?;
     progress.finish();
@@ -245,6 +294,8 @@ mod tests {
             max_round_bytes: i32::MAX as u64,
             order: crate::plan::order::OrderSpec::default(),
             split: None,
+            resume: false,
+            checkpoint_every: std::time::Duration::ZERO,
         }
     }
 

@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 
 use crate::comm::{broadcast_result, Comm};
 use crate::config::RunConfig;
+use crate::hooks;
 use crate::job::expand::{Setup, HEARTBEATS};
 use crate::job::finish::Finished;
 use crate::job::layout::Laid;
@@ -15,6 +16,7 @@ use crate::job::link::check_link;
 use crate::job::place::Placed;
 use crate::job::series::outputs_beyond;
 use crate::job::Planned;
+use crate::output::checkpoint;
 use crate::output::manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
 use crate::report::Stats;
 
@@ -30,9 +32,11 @@ pub fn run(
     planned: &Planned,
     finished: &Finished,
 ) -> Result<()> {
+    hooks::kill_before_publish(comm.rank());
     let published = (comm.rank() == 0).then(|| {
         let (staging, target) = (setup.staging()?, setup.target()?);
         let _ = fs::remove_dir_all(staging.join(HEARTBEATS));
+        let _ = fs::remove_dir_all(checkpoint::dir(staging));
         let info = run_info(comm.size(), cfg, setup, planned, finished);
         let shardlist = shard_list(cfg, &planned.placed, &planned.laid, finished);
         write_manifests(staging, &Manifest::new(shardlist, info))

@@ -47,6 +47,13 @@ pub struct Summary {
     pub hygiene: Hygiene,
     pub phases: PhaseTimes,
     pub rounds: u64,
+    /// Checkpoints recorded during the exchange (for `--resume`).
+    pub checkpoints: u64,
+    /// `--resume`: samples and sample bytes an earlier attempt had durably placed, reused.
+    pub reused_samples: u64,
+    pub reused_bytes: u64,
+    /// Shards the earlier attempt had completed (with a shuffle, rarely any before its end).
+    pub reused_shards: u64,
     /// The memory budget per rank (`--mem-limit`).
     pub mem_limit: u64,
     /// Per rank, by rank.
@@ -94,6 +101,18 @@ impl Summary {
             s += &format!("  {name:<9} {secs:>9.3} s\n");
         }
         s += &format!("  exchange rounds: {}\n", self.rounds);
+        if self.checkpoints > 0 {
+            s += &format!("  checkpoints (for --resume): {}\n", self.checkpoints);
+        }
+        if self.reused_samples > 0 {
+            s += &format!(
+                "  resumed: reused {} samples ({}) an earlier attempt had placed; {} of {} shards were complete\n",
+                self.reused_samples,
+                human_bytes(self.reused_bytes),
+                self.reused_shards,
+                self.shards
+            );
+        }
         let k = self.skipped;
         if k.total() > 0 {
             s += &format!(
@@ -132,6 +151,11 @@ pub fn gather(
     let bytes_read = comm.all_gather(stats.bytes_sent);
     let bytes_written = comm.all_gather(stats.bytes_written);
     let peak_rss = comm.all_gather(peak_rss().unwrap_or(0));
+    let reused = comm.all_sum(&[
+        stats.samples_reused,
+        stats.bytes_reused,
+        stats.shards_reused,
+    ]);
     let per_rank = (0..ranks)
         .map(|r| RankStats {
             bytes_read: bytes_read[r],
@@ -154,6 +178,10 @@ pub fn gather(
         hygiene: index.hygiene,
         phases: times.clone(),
         rounds: stats.rounds,
+        checkpoints: stats.checkpoints,
+        reused_samples: reused[0],
+        reused_bytes: reused[1],
+        reused_shards: reused[2],
         mem_limit: cfg.mem_limit,
         per_rank,
     })

@@ -5,7 +5,9 @@
 //! - [`compress`]: [`compress_shard`] and [`md5_file`].
 //! - [`manifest`]: [`Manifest`], the wids `index.json`.
 //! - [`saved_index`]: `.reshard/NAME.idx` files.
+//! - [`checkpoint`]: what the staging directory records for `--resume`.
 
+pub mod checkpoint;
 pub mod compress;
 pub mod manifest;
 pub mod saved_index;

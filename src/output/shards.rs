@@ -154,13 +154,42 @@ impl OutputShards {
             })?;
             files.push((path, file));
         }
-        Ok(OutputShards {
+        Ok(Self::of(layout, files))
+    }
+
+    /// Opens this rank's shard files that an earlier attempt of the same plan created in `dir`
+    /// (`--resume`): what they hold stays.
+    ///
+    /// # Errors
+    /// A file is missing or does not have the size the layout gives it (the message names it).
+    pub fn reopen(dir: &Path, names: &ShardNames, layout: &ShardLayout) -> Result<Self> {
+        let mut files = Vec::with_capacity(layout.shard_bytes.len());
+        for (shard, &bytes) in layout.shards.clone().zip(&layout.shard_bytes) {
+            let path = dir.join(names.plain(shard));
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .with_context(|| format!("{}: cannot reopen output shard", path.display()))?;
+            let len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+            if len != bytes {
+                anyhow::bail!(
+                    "{}: the earlier run left it {len} bytes long, but the plan lays it out in {bytes}: cannot resume",
+                    path.display()
+                );
+            }
+            files.push((path, file));
+        }
+        Ok(Self::of(layout, files))
+    }
+
+    fn of(layout: &ShardLayout, files: Vec<(PathBuf, File)>) -> Self {
+        OutputShards {
             first: layout.shards.start,
             complete: Mutex::new(Vec::new()),
             page: sys::page_size(),
             files,
             no_copy_range: AtomicBool::new(false),
-        })
+        }
     }
 
     /// Writes `data` at `offset` of shard `shard`.
@@ -293,6 +322,19 @@ impl OutputShards {
                 sys::start_writeback(&self.files[file].1, start, end - start);
             }
         }
+    }
+
+    /// Flushes the data written to every shard to stable storage (a checkpoint: the files'
+    /// sizes do not change, so `fdatasync` suffices).
+    ///
+    /// # Errors
+    /// An fdatasync fails.
+    pub fn sync_data(&self) -> Result<()> {
+        for (path, file) in &self.files {
+            file.sync_data()
+                .with_context(|| format!("{}: cannot sync", path.display()))?;
+        }
+        Ok(())
     }
 
     /// Flushes every shard to stable storage.

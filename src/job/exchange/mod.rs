@@ -5,6 +5,7 @@
 //! A sample larger than a round's share moves as several chunks: every chunk carries the sample's
 //! output position and its offset inside the sample, so writers never reassemble anything.
 
+mod checkpoint;
 mod pack;
 mod reader;
 mod rounds;
@@ -22,6 +23,8 @@ use anyhow::{bail, Result};
 use crate::comm::{agree, Comm};
 use crate::hooks;
 use crate::watchdog::Watchdog;
+pub use checkpoint::Checkpoints;
+use checkpoint::Pacer;
 use pack::pack_rounds;
 use rounds::exchange_rounds;
 use stages::{Delivery, Packed, Stages, CHUNK_HEADER};
@@ -86,22 +89,25 @@ const SEND_BUFFERS: usize = 3;
 const RECV_BUFFERS: usize = 2;
 
 /// Runs the exchange to completion on every rank. `progress` is called after each round with the
-/// sample bytes moved so far by all ranks together.
+/// sample bytes moved so far by all ranks together (and those an earlier attempt had placed).
 ///
 /// Three stages overlap: a reader thread packs rounds, the calling thread (the only one that
-/// calls MPI) exchanges them, and a writer thread places what arrives.
+/// calls MPI) exchanges them, and a writer thread places what arrives. Now and then the writers
+/// sync and rank 0 records which samples are durable ([`Checkpoints`]).
 ///
 /// # Errors
-/// A read or write fails on this rank (the message names file and offset), or another rank
-/// failed ([`PeerFailed`]); either way every rank leaves at the same round.
+/// A read or write fails on this rank (the message names file and offset), a checkpoint cannot
+/// be recorded, or another rank failed ([`PeerFailed`]); either way every rank leaves at the
+/// same round.
 pub fn run(
     comm: &impl Comm,
     job: &Job<'_>,
     buffers: Buffers,
-    stall_timeout: Duration,
-    heartbeats: Option<PathBuf>,
+    (stall_timeout, heartbeats): (Duration, Option<PathBuf>),
+    checkpoints: Checkpoints<'_>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<ExchangeStats> {
+    let reused = checkpoint::reused(comm, job);
     let ranks = comm.size();
     let cap = buffers.per_destination;
     let (packed_tx, packed_rx) = sync_channel::<Packed>(1);
@@ -121,6 +127,7 @@ pub fn run(
         me: comm.rank(),
         write_failure: Mutex::new(None),
         written: AtomicU64::new(0),
+        synced: AtomicU64::new(0),
         dog: Watchdog::start(
             stall_timeout,
             (comm.rank(), comm.size()),
@@ -129,14 +136,18 @@ pub fn run(
         ),
     };
     hooks::inject_fault(stages.me);
+    let mut pacer = Pacer::new(checkpoints);
     let (outcome, mut stats) = std::thread::scope(|scope| {
         let st = &stages;
         scope.spawn(move || {
             pack_rounds(st, cap, ranks, buffers.read_window, free_send_rx, packed_tx)
         });
         scope.spawn(move || write_rounds(st, deliver_rx, free_send_tx, free_recv_tx));
-        exchange_rounds(comm, st, cap, packed_rx, deliver_tx, free_recv_rx, progress)
+        let ends = (packed_rx, deliver_tx, free_recv_rx);
+        let moved = reused.total;
+        exchange_rounds(comm, st, cap, ends, (&mut pacer, moved), progress)
     });
+    stats.checkpoints = pacer.taken;
     drop(stages.dog);
     outcome?;
     // The writer may have failed on the last round, after the last status exchange.
@@ -146,12 +157,16 @@ pub fn run(
         .unwrap_or_else(|p| p.into_inner());
     agree(comm, write_failure.map_or(Ok(()), Err))?;
     stats.bytes_written = stages.written.into_inner();
+    stats.bytes_reused = reused.bytes;
+    stats.samples_reused = reused.samples;
+    stats.shards_reused = reused.shards;
     let expected = job.layout.sample_bytes();
-    if stats.bytes_written != expected {
+    if stats.bytes_written + stats.bytes_reused != expected {
         bail!(
-            "internal error: rank {} wrote {} sample bytes but its shards hold {expected}",
+            "internal error: rank {} wrote {} sample bytes (and found {} in place) but its shards hold {expected}",
             comm.rank(),
-            stats.bytes_written
+            stats.bytes_written,
+            stats.bytes_reused
         );
     }
     Ok(stats)

@@ -40,6 +40,7 @@ pub(super) fn pack_rounds(
                 buf,
                 used,
                 payload,
+                through: cursor.sample,
                 error,
             })
             .is_err()
@@ -97,6 +98,18 @@ fn fill(
 ) -> Result<Filled> {
     let mut done = Filled::default();
     while let Some(s) = job.local.get(cursor.sample) {
+        if cursor.copy == 0 && cursor.offset == 0 {
+            // Placed by an earlier attempt (`--resume`): skip the whole run, unread.
+            if let Some(end) = job.done.done_until(job.first_global + cursor.sample as u64) {
+                let end = usize::try_from(end - job.first_global).unwrap_or(usize::MAX);
+                *cursor = Cursor {
+                    sample: end.min(job.local.len()),
+                    copy: 0,
+                    offset: 0,
+                };
+                continue;
+            }
+        }
         let Some(position) = job.placement.position(cursor.sample, cursor.copy) else {
             cursor.next_sample();
             continue;

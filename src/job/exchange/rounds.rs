@@ -6,24 +6,24 @@ use std::sync::mpsc::{Receiver, SyncSender};
 
 use anyhow::{anyhow, Result};
 
+use super::checkpoint::Pacer;
 use super::stages::{Delivery, ExchangeStats, Packed, Stages};
 use crate::comm::{Comm, PeerFailed};
 use crate::hooks;
 
-/// The calling thread's part: one status reduction and one all-to-all per round.
+/// The calling thread's part: one status reduction and one all-to-all per round. `moved` is what
+/// an earlier attempt placed (`--resume`), where progress starts.
 pub(super) fn exchange_rounds(
     comm: &impl Comm,
     st: &Stages<'_, '_>,
     cap: usize,
-    packed: Receiver<Packed>,
-    deliver: SyncSender<Delivery>,
-    free_recv: Receiver<Vec<u8>>,
+    (packed, deliver, free_recv): (Receiver<Packed>, SyncSender<Delivery>, Receiver<Vec<u8>>),
+    (pacer, mut moved): (&mut Pacer<'_>, u64),
     progress: &mut dyn FnMut(u64),
 ) -> (Result<()>, ExchangeStats) {
     let write_failure = &st.write_failure;
     let (ranks, me) = (comm.size(), comm.rank());
     let mut stats = ExchangeStats::default();
-    let mut moved = 0u64;
     let trace = hooks::trace_rounds();
     loop {
         let t0 = std::time::Instant::now();
@@ -40,12 +40,16 @@ pub(super) fn exchange_rounds(
                 .map(|e| anyhow!("{e:#}"));
         }
         let payload = round.as_ref().map_or(0, |r| r.payload);
-        // One small collective per round: did anyone fail, and is anything left to move?
+        let through = round.as_ref().map_or(st.job.local.len(), |r| r.through);
+        // One small collective per round: did anyone fail, is anything left to move, and how
+        // far is the checkpoint?
         let n = stats.rounds + 1;
+        hooks::kill_in_round(me, n);
         st.dog.beat(n, || {
             format!("waiting for every rank's status before exchange round {n}")
         });
-        let status = comm.all_sum(&[u64::from(failure.is_some()), payload]);
+        let [ask, synced] = pacer.status(comm, st);
+        let status = comm.all_sum(&[u64::from(failure.is_some()), payload, ask, synced]);
         let t_status = t0.elapsed();
         if status[0] > 0 {
             let e = failure.unwrap_or_else(|| anyhow!(PeerFailed { ranks: Vec::new() }));
@@ -54,6 +58,10 @@ pub(super) fn exchange_rounds(
         if status[1] == 0 {
             return (Ok(()), stats);
         }
+        let sync = match pacer.after_status(comm, st.job, &status[2..], n, through) {
+            Ok(sync) => sync,
+            Err(e) => return (Err(e), stats),
+        };
         stats.rounds += 1;
         stats.bytes_sent += payload;
         let (send, used) = round.map_or((Vec::new(), vec![0; ranks]), |r| (r.buf, r.used));
@@ -76,16 +84,9 @@ pub(super) fn exchange_rounds(
         let t_buffer = t0.elapsed();
         let from = comm.all_to_all(&send, &ranges, &mut recv);
         if trace {
-            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-            eprintln!(
-                "reshard: rank {me} round {n}: reader {:.0} ms, status {:.0} ms, writer {:.0} ms, all-to-all {:.0} ms ({} B out, {} B in)",
-                ms(t_read),
-                ms(t_status - t_read),
-                ms(t_buffer - t_status),
-                ms(t0.elapsed() - t_buffer),
-                ranges.iter().map(Range::len).sum::<usize>(),
-                recv.len()
-            );
+            let out = ranges.iter().map(Range::len).sum::<usize>();
+            let times = [t_read, t_status, t_buffer, t0.elapsed()];
+            trace_round(me, n, times, (out, recv.len()));
         }
         st.dog
             .beat(n, || format!("handing exchange round {n} to the writer"));
@@ -94,6 +95,8 @@ pub(super) fn exchange_rounds(
             from,
             own: segment(me),
             send,
+            round: n,
+            sync,
         };
         deliver
             .send(delivery)
@@ -101,4 +104,17 @@ pub(super) fn exchange_rounds(
         moved += status[1];
         progress(moved);
     }
+}
+
+/// `RESHARD_TRACE_ROUNDS`: one round's timings, from the times since its start at which the
+/// reader delivered, the status returned, the writer freed a buffer and the all-to-all ended.
+fn trace_round(me: usize, n: u64, t: [std::time::Duration; 4], (out, into): (usize, usize)) {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    eprintln!(
+        "reshard: rank {me} round {n}: reader {:.0} ms, status {:.0} ms, writer {:.0} ms, all-to-all {:.0} ms ({out} B out, {into} B in)",
+        ms(t[0]),
+        ms(t[1] - t[0]),
+        ms(t[2] - t[1]),
+        ms(t[3] - t[2]),
+    );
 }

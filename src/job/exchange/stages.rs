@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
 use crate::input::InputShard;
+use crate::output::checkpoint::Done;
 use crate::output::OutputShards;
 use crate::plan::placement::{LocalSample, Placement};
 use crate::plan::{ShardLayout, ShardPlan};
@@ -17,8 +18,11 @@ pub const CHUNK_HEADER: usize = 24;
 /// Everything the exchange needs to know about the job.
 pub struct Job<'a> {
     pub inputs: &'a [InputShard],
-    /// This rank's samples, in input order, with the global index of the first.
+    /// This rank's samples, in input order, and the global index of the first.
     pub local: &'a [LocalSample],
+    pub first_global: u64,
+    /// Samples an earlier attempt already placed durably (`--resume`): not read, not sent.
+    pub done: &'a Done,
     /// Where each sample goes (nowhere when dropped, twice when repeated).
     pub placement: &'a Placement,
     pub plan: &'a ShardPlan,
@@ -34,6 +38,8 @@ pub struct Packed {
     pub used: Vec<usize>,
     /// Sample bytes packed.
     pub payload: u64,
+    /// Local samples before this one are all packed or copied (or were done before).
+    pub through: usize,
     pub error: Option<anyhow::Error>,
 }
 
@@ -44,6 +50,9 @@ pub struct Delivery {
     pub from: Vec<Range<usize>>,
     pub send: Vec<u8>,
     pub own: Range<usize>,
+    /// The round, and whether the writer syncs its shards once it placed it (a checkpoint).
+    pub round: u64,
+    pub sync: bool,
 }
 
 /// What the three stages share: the job, the writer's first failure, the bytes placed, and the
@@ -53,6 +62,8 @@ pub struct Stages<'a, 'j> {
     pub me: usize,
     pub write_failure: Mutex<Option<anyhow::Error>>,
     pub written: AtomicU64,
+    /// The last round after which the writer synced its shards.
+    pub synced: AtomicU64,
     pub dog: Watchdog,
 }
 
@@ -64,4 +75,12 @@ pub struct ExchangeStats {
     pub bytes_sent: u64,
     /// Sample bytes this rank received and wrote.
     pub bytes_written: u64,
+    /// `--resume`: sample bytes of this rank's shards an earlier attempt had placed, and samples
+    /// of this rank's input it had moved.
+    pub bytes_reused: u64,
+    pub samples_reused: u64,
+    /// `--resume`: this rank's shards an earlier attempt had completed.
+    pub shards_reused: u64,
+    /// Checkpoints recorded during this exchange.
+    pub checkpoints: u64,
 }

@@ -39,6 +39,16 @@ pub(super) fn write_rounds(
         // Once per round: what this round wrote (here, or copied by the reader) starts on its way
         // to the disk.
         job.output.start_writeback();
+        if d.sync && failure.lock().unwrap().is_none() {
+            // A checkpoint: everything placed so far, by this thread or the reader's copies
+            // (which happened before their round was handed over), reaches the disk.
+            match job.output.sync_data() {
+                Ok(()) => st.synced.store(d.round, Ordering::Release),
+                Err(e) => {
+                    failure.lock().unwrap().get_or_insert(e);
+                }
+            }
+        }
         // The other ends may be gone after a failure; the buffers are then simply dropped.
         let _ = free_send.send(d.send);
         let _ = free_recv.send(d.recv);

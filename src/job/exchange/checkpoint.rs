@@ -1,0 +1,149 @@
+//! Checkpoints during the exchange, for `--resume`, without a round trip of their own.
+//!
+//! Rank 0 asks for one through the per-round status reduction when `every` has passed since the
+//! last. The round in which every rank sees the request becomes the checkpoint's round `n`: each
+//! writer syncs its shards once it has placed round `n` (in its own thread, while the exchange
+//! goes on), and says so in a later status. Once every rank has, the samples each rank had packed
+//! by round `n` are durable wherever they went (own samples were copied before their round was
+//! handed over); rank 0 gathers those ranges and records them. One checkpoint is in flight at a
+//! time.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use super::stages::{Job, Stages};
+use crate::comm::wire::{gather_concat, route};
+use crate::comm::{agree, Comm};
+
+/// Records durably, on rank 0, the ranges of global sample indices that became durable.
+pub type Record<'a> = Box<dyn FnMut(Vec<(u64, u64)>) -> Result<()> + 'a>;
+
+/// How often, and where, checkpoints are recorded.
+pub struct Checkpoints<'a> {
+    /// Time between checkpoints (zero: after every round).
+    pub every: Duration,
+    /// Called on rank 0 with every rank's range of global sample indices that became durable
+    /// (empty ranges included): records them.
+    pub record: Record<'a>,
+}
+
+/// The status words a rank adds to each round's reduction.
+pub(super) const STATUS_WORDS: usize = 2;
+
+/// The exchange's checkpoint state on one rank.
+pub(super) struct Pacer<'a> {
+    checkpoints: Checkpoints<'a>,
+    last: Instant,
+    /// The round being synced, and this rank's samples up to it.
+    pending: Option<(u64, (u64, u64))>,
+    pub taken: u64,
+}
+
+impl<'a> Pacer<'a> {
+    pub(super) fn new(checkpoints: Checkpoints<'a>) -> Self {
+        Pacer {
+            checkpoints,
+            last: Instant::now(),
+            pending: None,
+            taken: 0,
+        }
+    }
+
+    /// This rank's status words: rank 0 asks for a checkpoint; a rank whose writer synced the
+    /// pending one says so.
+    pub(super) fn status(&self, comm: &impl Comm, st: &Stages<'_, '_>) -> [u64; STATUS_WORDS] {
+        let ask = comm.rank() == 0
+            && self.pending.is_none()
+            && self.last.elapsed() >= self.checkpoints.every;
+        let synced = self
+            .pending
+            .is_some_and(|(n, _)| st.synced.load(Ordering::Acquire) >= n);
+        [u64::from(ask), u64::from(synced)]
+    }
+
+    /// Acts on the summed status words of round `n`, in which this rank packed its samples up to
+    /// local index `through`. Returns whether the writer must sync after placing round `n`.
+    ///
+    /// # Errors
+    /// Rank 0 could not record a checkpoint (every rank gets an error).
+    pub(super) fn after_status(
+        &mut self,
+        comm: &impl Comm,
+        job: &Job<'_>,
+        status: &[u64],
+        n: u64,
+        through: usize,
+    ) -> Result<bool> {
+        if self.pending.is_some() && status[1] == comm.size() as u64 {
+            let (_, range) = self.pending.take().expect("pending");
+            let ranges = gather_concat::<(u64, u64)>(comm, 0, &vec![range]);
+            let recorded = match (comm.rank() == 0, ranges) {
+                (true, Ok(r)) => (self.checkpoints.record)(r),
+                (true, Err(e)) => Err(e),
+                (false, _) => Ok(()),
+            };
+            agree(comm, recorded)?;
+            self.taken += 1;
+            self.last = Instant::now();
+        }
+        if self.pending.is_none() && status[0] > 0 {
+            let upto = job.first_global + through as u64;
+            self.pending = Some((n, (job.first_global, upto)));
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}
+
+/// What an earlier attempt left in place (`--resume`), as this rank sees it.
+#[derive(Debug, Default)]
+pub(super) struct Reused {
+    /// This rank's input samples it had moved.
+    pub samples: u64,
+    /// Sample bytes in this rank's shards, and in all shards.
+    pub bytes: u64,
+    pub total: u64,
+    /// This rank's shards it had completed.
+    pub shards: u64,
+}
+
+/// What an earlier attempt placed: each rank sums, per shard, the bytes of its done samples and
+/// sends the sums to the shards' writers (records for at most every shard: O(S) per rank). Nothing
+/// (and no collective) on a first attempt: the done set is the same on every rank.
+pub(super) fn reused(comm: &impl Comm, job: &Job<'_>) -> Reused {
+    if job.done.is_empty() {
+        return Reused::default();
+    }
+    let done = |i: usize| job.done.done_until(job.first_global + i as u64).is_some();
+    let mut per_shard: BTreeMap<u64, u64> = BTreeMap::new();
+    job.placement.for_each(job.local.len(), &mut |i, p| {
+        if done(i) {
+            *per_shard.entry(job.plan.shard_of(p)).or_default() += job.local[i].len;
+        }
+    });
+    let got = route::<(u64, u64)>(comm, &|sink| {
+        for (&s, &bytes) in &per_shard {
+            sink(job.plan.writer_of(s), &(s, bytes));
+        }
+    });
+    let mut mine: BTreeMap<u64, u64> = BTreeMap::new();
+    for (s, bytes) in got.iter() {
+        *mine.entry(s).or_default() += bytes;
+    }
+    let shard_bytes = |s: u64| -> u64 {
+        job.plan
+            .shard_positions(s)
+            .map(|p| job.layout.place(p).map_or(0, |(_, len)| len))
+            .sum()
+    };
+    let bytes = mine.values().sum();
+    Reused {
+        samples: (0..job.local.len()).filter(|&i| done(i)).count() as u64,
+        bytes,
+        total: comm.all_sum(&[bytes])[0],
+        shards: mine.iter().filter(|(&s, &b)| b == shard_bytes(s)).count() as u64,
+    }
+}

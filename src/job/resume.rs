@@ -1,0 +1,324 @@
+//! `--resume`: what a run records so that a rerun can continue it, and the checks that the rerun
+//! continues the same plan.
+//!
+//! Before any data moves, rank 0 records the plan in the staging directory
+//! ([`crate::output::checkpoint::PlanRecord`]): the arguments that shape the staging shards, every
+//! input's name, size and modification time, and a digest of the plan itself (every sample's
+//! input range and output place, every shard's name and layout), which no rank count or memory
+//! budget changes. During the exchange, checkpoints record which samples are durable. A rerun
+//! with `--resume` checks the arguments and inputs before indexing and the digest after planning;
+//! any difference is refused, named, with exit 2.
+
+use std::path::Path;
+use std::time::UNIX_EPOCH;
+
+use anyhow::{anyhow, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::resolve::UsageError;
+use crate::comm::{agree, Comm};
+use crate::config::RunConfig;
+use crate::input::InputShard;
+use crate::job::exchange::Checkpoints;
+use crate::job::Planned;
+use crate::output::checkpoint::{self, Checkpoint, InputRecord, PlanRecord};
+
+/// What an earlier attempt left to continue from, as rank 0 found it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Resume {
+    pub checkpoint: Checkpoint,
+    /// The recorded plan's digest.
+    pub digest: String,
+}
+
+/// Every argument that shapes the staging shards, as (flag, value). Not the rank count or the
+/// memory budget: a resumed run may use others. Not what only the finish phase uses
+/// (`--compress`, `--checksum`): the staging shards are plain either way.
+pub fn arguments(cfg: &RunConfig) -> Vec<(String, String)> {
+    let mut args = vec![
+        ("reshard version", env!("CARGO_PKG_VERSION").to_string()),
+        ("--shards/--shard-size/--gpus", format!("{:?}", cfg.sizing)),
+        ("--equalize", format!("{:?}", cfg.equalize)),
+        ("--balance", format!("{:?}", cfg.balance)),
+        ("--seed", cfg.seed.to_string()),
+        ("--epoch", cfg.epoch.to_string()),
+        ("--prefix", cfg.prefix.clone()),
+        ("--order and its options", format!("{:?}", cfg.order)),
+        ("--split/--split-shards", format!("{:?}", cfg.split)),
+        (
+            "--require-ext/--on-incomplete/--on-duplicate",
+            format!("{:?}", cfg.rules),
+        ),
+    ];
+    if let Some(map) = &cfg.order.key_map {
+        let stamp = std::fs::metadata(map).map_or_else(
+            |_| "missing".to_string(),
+            |m| format!("{} bytes, modified {}", m.len(), mtime_ns(&m)),
+        );
+        args.push(("--key-map file", stamp));
+    }
+    args.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+fn mtime_ns(m: &std::fs::Metadata) -> u128 {
+    m.modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// An input shard as a plan record names it, from its metadata.
+pub fn input_record(input: &InputShard, meta: &std::fs::Metadata) -> InputRecord {
+    InputRecord {
+        path: input.path.display().to_string(),
+        size: meta.len(),
+        mtime_ns: mtime_ns(meta),
+    }
+}
+
+/// Checks that a rerun asks for what the recorded run planned: the same arguments and inputs.
+///
+/// # Errors
+/// A [`UsageError`] naming the first difference.
+pub fn check_same_request(
+    recorded: &PlanRecord,
+    args: &[(String, String)],
+    inputs: &[InputRecord],
+    staging: &Path,
+) -> Result<()> {
+    let differs = |what: String| {
+        anyhow::Error::new(UsageError::new(anyhow!(
+            "cannot --resume the run whose staging directory is {}: {what}. Rerun with the \
+             arguments and inputs of that run, or without --resume to start over (its staging \
+             directory is then removed)",
+            staging.display()
+        )))
+    };
+    for (flag, now) in args {
+        let then = recorded.arguments.iter().find(|(f, _)| f == flag);
+        match then {
+            Some((_, then)) if then == now => {}
+            Some((_, then)) => return Err(differs(format!("{flag} was {then}, now {now}"))),
+            None => return Err(differs(format!("{flag} was not given, now {now}"))),
+        }
+    }
+    if let Some((flag, then)) = recorded
+        .arguments
+        .iter()
+        .find(|(f, _)| !args.iter().any(|(g, _)| g == f))
+    {
+        return Err(differs(format!("{flag} was {then}, now it is not given")));
+    }
+    if recorded.inputs.len() != inputs.len() {
+        return Err(differs(format!(
+            "that run read {} input shards, this one {}",
+            recorded.inputs.len(),
+            inputs.len()
+        )));
+    }
+    for (then, now) in recorded.inputs.iter().zip(inputs) {
+        if then.path != now.path {
+            return Err(differs(format!(
+                "an input was {}, now {}",
+                then.path, now.path
+            )));
+        }
+        if (then.size, then.mtime_ns) != (now.size, now.mtime_ns) {
+            return Err(differs(format!(
+                "the input {} changed since (then {} bytes, modified at {} ns; now {} bytes, modified at {} ns)",
+                now.path, then.size, then.mtime_ns, now.size, now.mtime_ns
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// After planning, before any data moves: rank 0 records the plan (a first attempt) or checks
+/// that it is the plan of the run being continued (`--resume`). `inputs`: rank 0's records of
+/// the inputs, taken as the run started.
+///
+/// # Errors
+/// The record cannot be written, or the plan differs from the recorded one (a [`UsageError`]);
+/// agreed on every rank.
+pub fn record_plan(
+    comm: &impl Comm,
+    cfg: &RunConfig,
+    staging: &Path,
+    resume: Option<&Resume>,
+    inputs: Option<&[InputRecord]>,
+    planned: &Planned,
+) -> Result<()> {
+    let digest = digest(comm, planned);
+    let outcome = match (comm.rank(), resume) {
+        (0, Some(r)) if r.digest != digest => Err(anyhow::Error::new(UsageError::new(anyhow!(
+            "cannot --resume the run whose staging directory is {}: the plan differs from that \
+             run's although the arguments and inputs match (a changed file the plan reads?); \
+             rerun without --resume to start over",
+            staging.display()
+        )))),
+        (0, None) => checkpoint::write_plan(
+            staging,
+            &PlanRecord {
+                arguments: arguments(cfg),
+                inputs: inputs.map(<[InputRecord]>::to_vec).unwrap_or_default(),
+                digest,
+                ranks: comm.size(),
+                mem_limit: cfg.mem_limit,
+            },
+        ),
+        _ => Ok(()),
+    };
+    agree(comm, outcome)
+}
+
+/// The checkpoints of this run's exchange: rank 0 adds the ranges that became durable to those
+/// an earlier attempt recorded, and replaces the checkpoint file.
+pub fn checkpoints<'a>(
+    cfg: &RunConfig,
+    staging: &'a Path,
+    resume: Option<&Resume>,
+) -> Checkpoints<'a> {
+    let mut latest = resume.map(|r| r.checkpoint.clone()).unwrap_or_default();
+    Checkpoints {
+        every: cfg.checkpoint_every,
+        record: Box::new(move |ranges| {
+            latest.done = latest.done.with(ranges);
+            latest.samples = latest.done.count();
+            latest.checkpoints += 1;
+            checkpoint::write_checkpoint(staging, &latest)
+                .context("recording a checkpoint of the exchange")
+        }),
+    }
+}
+
+/// A digest of the plan, the same for every rank count: sums (over all ranks, in 32-bit halves so
+/// that nothing overflows) of hashes of every sample's input range and output positions, and
+/// of every shard's name, size and layout.
+pub fn digest(comm: &impl Comm, planned: &Planned) -> String {
+    let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
+    let mut sums = [0u64; 4];
+    let mut add = |words: &[u64]| {
+        let h = hash(words);
+        let g = mix(h ^ 0x5851_f42d_4c95_7f2d);
+        for (k, v) in [h, g].into_iter().enumerate() {
+            sums[2 * k] += v & 0xffff_ffff;
+            sums[2 * k + 1] += v >> 32;
+        }
+    };
+    placed.placement.for_each(index.local.len(), &mut |i, p| {
+        let s = index.local[i];
+        add(&[
+            1,
+            index.first_global + i as u64,
+            u64::from(s.shard),
+            s.start,
+            s.len,
+            p,
+        ]);
+    });
+    let (plan, layout) = (&laid.plan, &laid.layout);
+    for (k, s) in layout.shards.clone().enumerate() {
+        let name = hash(
+            &placed
+                .names
+                .plain(s)
+                .bytes()
+                .map(u64::from)
+                .collect::<Vec<_>>(),
+        );
+        add(&[2, s, layout.shard_bytes[k], name]);
+        for p in plan.shard_positions(s) {
+            let (at, len) = layout.place(p).unwrap_or((u64::MAX, u64::MAX));
+            add(&[3, p, at, len]);
+        }
+    }
+    let total = comm.all_sum(&sums);
+    total.iter().map(|v| format!("{v:016x}")).collect()
+}
+
+/// splitmix64's finalizer.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn hash(words: &[u64]) -> u64 {
+    words.iter().fold(0x9e37_79b9_7f4a_7c15, |acc, &w| {
+        mix(acc ^ w).wrapping_add(w)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(args: &[(&str, &str)], inputs: &[(&str, u64, u128)]) -> PlanRecord {
+        PlanRecord {
+            arguments: args
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            inputs: inputs
+                .iter()
+                .map(|&(path, size, mtime_ns)| InputRecord {
+                    path: path.into(),
+                    size,
+                    mtime_ns,
+                })
+                .collect(),
+            digest: String::new(),
+            ranks: 2,
+            mem_limit: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn a_rerun_must_ask_for_what_the_recorded_run_planned() {
+        let then = record(&[("--seed", "3"), ("--epoch", "0")], &[("a.tar", 10, 1)]);
+        let check = |now: &PlanRecord| {
+            check_same_request(&then, &now.arguments, &now.inputs, Path::new("/s")).map_err(|e| {
+                assert!(e.downcast_ref::<UsageError>().is_some(), "exits 2");
+                format!("{e:#}")
+            })
+        };
+        assert!(check(&then).is_ok());
+        let differs = [
+            (
+                record(&[("--seed", "4"), ("--epoch", "0")], &[("a.tar", 10, 1)]),
+                "--seed was 3, now 4",
+            ),
+            (
+                record(&[("--seed", "3")], &[("a.tar", 10, 1)]),
+                "--epoch was 0, now it is not given",
+            ),
+            (
+                record(
+                    &[("--seed", "3"), ("--epoch", "0"), ("--key-map file", "x")],
+                    &[("a.tar", 10, 1)],
+                ),
+                "--key-map file was not given, now x",
+            ),
+            (
+                record(&[("--seed", "3"), ("--epoch", "0")], &[("b.tar", 10, 1)]),
+                "an input was a.tar, now b.tar",
+            ),
+            (
+                record(&[("--seed", "3"), ("--epoch", "0")], &[("a.tar", 11, 1)]),
+                "the input a.tar changed since",
+            ),
+            (
+                record(&[("--seed", "3"), ("--epoch", "0")], &[("a.tar", 10, 2)]),
+                "the input a.tar changed since",
+            ),
+            (
+                record(&[("--seed", "3"), ("--epoch", "0")], &[]),
+                "that run read 1 input shards, this one 0",
+            ),
+        ];
+        for (now, needle) in differs {
+            let msg = check(&now).unwrap_err();
+            assert!(msg.contains(needle) && msg.contains("/s"), "{msg}");
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! What the staging directory records so that `--resume` can continue a run that failed: the
+//! plan the run made ([`PlanRecord`], written once before any data moves) and which samples are
+//! durably in the staging shards ([`Checkpoint`], replaced atomically as the exchange goes on).
+//!
+//! A checkpoint is a set of ranges of global sample indices ([`Done`]): every copy of every
+//! sample in them was written at its place and `fdatasync`ed by its writer. Ranges, not shards:
+//! with a shuffle, almost no shard is complete before the exchange's last round, while each
+//! rank's readers finish a prefix of their samples round after round.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// The directory inside the staging directory that holds the records.
+pub const DIR_NAME: &str = ".resume";
+const PLAN: &str = "plan.json";
+const CHECKPOINT: &str = "checkpoint.json";
+
+/// Sorted, disjoint, non-adjacent half-open ranges of global sample indices.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Done(Vec<(u64, u64)>);
+
+impl Done {
+    /// The union of `ranges` (in any order, overlapping or not; empty ones ignored).
+    pub fn of(ranges: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        let mut v: Vec<(u64, u64)> = ranges.into_iter().filter(|r| r.0 < r.1).collect();
+        v.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+        for (a, b) in v {
+            match out.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => out.push((a, b)),
+            }
+        }
+        Done(out)
+    }
+
+    /// This set and `ranges` together.
+    pub fn with(&self, ranges: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        Done::of(self.0.iter().copied().chain(ranges))
+    }
+
+    /// The end of the range holding global index `g`, if any: every index in `g..end` is done.
+    pub fn done_until(&self, g: u64) -> Option<u64> {
+        let k = self.0.partition_point(|r| r.1 <= g);
+        self.0.get(k).filter(|r| r.0 <= g).map(|r| r.1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Number of indices in the set.
+    pub fn count(&self) -> u64 {
+        self.0.iter().map(|r| r.1 - r.0).sum()
+    }
+
+    pub fn ranges(&self) -> &[(u64, u64)] {
+        &self.0
+    }
+}
+
+/// One input shard as the plan saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputRecord {
+    pub path: String,
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch (0 where unknown).
+    pub mtime_ns: u128,
+}
+
+/// What a run planned, recorded before any data moves: what a resumed run must match.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanRecord {
+    /// Every argument that shapes the staging shards, as (flag, value).
+    pub arguments: Vec<(String, String)>,
+    pub inputs: Vec<InputRecord>,
+    /// A digest of every sample's input range and output place, and every shard's name and
+    /// layout, independent of the rank count.
+    pub digest: String,
+    /// For the reader: the run's rank count and memory budget (a resumed run may differ).
+    pub ranks: usize,
+    pub mem_limit: u64,
+}
+
+/// Which samples are durable in the staging shards.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub done: Done,
+    /// Samples the ranges hold, for reporting.
+    pub samples: u64,
+    /// Checkpoints taken so far over all attempts of the run.
+    pub checkpoints: u64,
+}
+
+/// Where the records of the staging directory `staging` are.
+pub fn dir(staging: &Path) -> PathBuf {
+    staging.join(DIR_NAME)
+}
+
+/// Reads the plan record, if there is one.
+///
+/// # Errors
+/// It exists but cannot be read or parsed.
+pub fn read_plan(staging: &Path) -> Result<Option<PlanRecord>> {
+    read_json(&dir(staging).join(PLAN))
+}
+
+/// Reads the latest checkpoint, if there is one.
+///
+/// # Errors
+/// It exists but cannot be read or parsed.
+pub fn read_checkpoint(staging: &Path) -> Result<Option<Checkpoint>> {
+    read_json(&dir(staging).join(CHECKPOINT))
+}
+
+/// Records the plan durably (the directory is created).
+///
+/// # Errors
+/// It cannot be written or synced.
+pub fn write_plan(staging: &Path, plan: &PlanRecord) -> Result<()> {
+    fs::create_dir_all(dir(staging))
+        .with_context(|| format!("{}: cannot create", dir(staging).display()))?;
+    write_json(&dir(staging).join(PLAN), plan)
+}
+
+/// Replaces the checkpoint durably and atomically: a crash leaves the old one or the new one.
+///
+/// # Errors
+/// It cannot be written, synced or renamed.
+pub fn write_checkpoint(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
+    write_json(&dir(staging).join(CHECKPOINT), checkpoint)
+}
+
+/// Records that every sample in `all` (every sample of the run) is durably in place, once the
+/// shards are complete and synced, and only if the plan was recorded.
+///
+/// # Errors
+/// It cannot be written.
+pub fn record_all(staging: &Path, all: (u64, u64)) -> Result<()> {
+    if !dir(staging).join(PLAN).exists() {
+        return Ok(());
+    }
+    let mut latest = read_checkpoint(staging)?.unwrap_or_default();
+    latest.done = latest.done.with([all]);
+    latest.samples = latest.done.count();
+    latest.checkpoints += 1;
+    write_checkpoint(staging, &latest)
+}
+
+/// Removes the records: the staging shards can no longer be resumed from.
+pub fn forget(staging: &Path) {
+    let _ = fs::remove_file(dir(staging).join(CHECKPOINT));
+    let _ = fs::remove_file(dir(staging).join(PLAN));
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .with_context(|| format!("{}: cannot parse", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("{}: cannot read", path.display())),
+    }
+}
+
+/// Written aside, synced, renamed over, and the directory synced.
+fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let text = serde_json::to_vec(value).expect("serializable");
+    let written = fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(&text)?;
+        f.sync_data()
+    });
+    written
+        .and_then(|()| fs::rename(&tmp, path))
+        .and_then(|()| fs::File::open(path.parent().expect("in a directory"))?.sync_all())
+        .with_context(|| format!("{}: cannot write", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn done_ranges_merge_and_answer_membership() {
+        let d = Done::of([(10, 20), (0, 5), (5, 7), (30, 30), (15, 25)]);
+        assert_eq!(d.ranges(), [(0, 7), (10, 25)]);
+        assert_eq!(d.count(), 22);
+        assert_eq!(d.done_until(0), Some(7));
+        assert_eq!(d.done_until(6), Some(7));
+        assert_eq!(d.done_until(7), None);
+        assert_eq!(d.done_until(24), Some(25));
+        assert_eq!(d.done_until(25), None);
+        assert_eq!(d.with([(7, 10)]).ranges(), [(0, 25)]);
+        assert!(Done::default().done_until(0).is_none());
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(read_plan(tmp.path()).unwrap().is_none());
+        let plan = PlanRecord {
+            arguments: vec![("--seed".into(), "3".into())],
+            inputs: vec![InputRecord {
+                path: "a.tar".into(),
+                size: 10,
+                mtime_ns: 5,
+            }],
+            digest: "ab".into(),
+            ranks: 2,
+            mem_limit: 1 << 20,
+        };
+        write_plan(tmp.path(), &plan).unwrap();
+        assert_eq!(read_plan(tmp.path()).unwrap(), Some(plan));
+        let c = Checkpoint {
+            done: Done::of([(0, 3)]),
+            samples: 3,
+            checkpoints: 1,
+        };
+        write_checkpoint(tmp.path(), &c).unwrap();
+        assert_eq!(read_checkpoint(tmp.path()).unwrap(), Some(c));
+        forget(tmp.path());
+        assert!(read_checkpoint(tmp.path()).unwrap().is_none());
+    }
+}

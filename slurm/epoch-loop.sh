@@ -139,6 +139,8 @@ last=$((FIRST_EPOCH + EPOCHS - 1))
 echo "epoch-loop: epochs $FIRST_EPOCH..$last, data in $DATA_ROOT/epoch-N, training $TRAIN_SCRIPT" >&2
 [ "$DRY_RUN" = 1 ] && echo "epoch-loop: DRY_RUN=1, nothing is submitted" >&2
 
+# reshard writes each epoch's output next to its final place: the parent must exist.
+[ "$DRY_RUN" = 1 ] || mkdir -p "$DATA_ROOT"
 shuffle_job=""   # the reshuffle that writes the current epoch's data ("" if it exists)
 if [ -f "$DATA_ROOT/epoch-$FIRST_EPOCH/index.json" ]; then
     echo "epoch-loop: $DATA_ROOT/epoch-$FIRST_EPOCH exists, not reshuffling it" >&2

@@ -10,7 +10,9 @@ pub enum Exit {
     Success = 0,
     /// The job failed: bad input, I/O error, or another rank failed. Nothing was published.
     Failure = 1,
-    /// The command line was invalid (clap also uses 2).
+    /// The command line was invalid (clap also uses 2), or the launcher's: srun started more
+    /// tasks than the MPI world holds (no matching `--mpi` plugin), or another MPI's launcher
+    /// started the binary. Nothing was written.
     Usage = 2,
     /// A rank panicked and aborted the whole job (`EX_SOFTWARE`: a bug in reshard).
     Panic = 70,

@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 use reshard::cli::resolve::{self, Task, UsageError};
+use reshard::comm::launcher::LauncherMismatch;
 use reshard::comm::mpi::{MpiComm, MpiRuntime};
 use reshard::comm::{agree, Comm, PeerFailed};
 use reshard::config::{RunConfig, VerifyConfig};
@@ -45,7 +46,9 @@ fn failed(e: anyhow::Error) -> Exit {
     if e.downcast_ref::<PeerFailed>().is_none() {
         eprintln!("reshard: error: {e:#}");
     }
-    if e.downcast_ref::<UsageError>().is_some() {
+    // Started the wrong way (srun without a matching --mpi plugin, another MPI's launcher): as
+    // wrong as a bad flag, and as useless to retry unchanged.
+    if e.downcast_ref::<UsageError>().is_some() || e.downcast_ref::<LauncherMismatch>().is_some() {
         Exit::Usage
     } else {
         Exit::Failure

@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use anyhow::{anyhow, Result};
 
+pub mod launcher;
 pub mod local;
 pub mod mpi;
 pub mod sort;

@@ -16,7 +16,7 @@ use mpi::Count;
 use crate::hooks;
 use crate::sys;
 
-use super::Comm;
+use super::{launcher, Comm};
 use crate::exit::Exit;
 
 /// MPI for the length of the run: dropping it finalizes MPI.
@@ -32,7 +32,9 @@ impl MpiRuntime {
     /// library agree on the number of ranks.
     ///
     /// # Errors
-    /// MPI cannot be initialized, or the binary was started by another MPI's launcher.
+    /// MPI cannot be initialized, or the launcher started more processes than the MPI world
+    /// holds ([`launcher::LauncherMismatch`]: another MPI's launcher, or srun without a matching
+    /// `--mpi` plugin).
     pub fn init(max_round_bytes: u64) -> Result<Self> {
         let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
             bail!("MPI was already initialized");
@@ -40,10 +42,9 @@ impl MpiRuntime {
         abort_on_panic();
         let world = universe.world();
         let size = world.size() as usize;
-        if let Some(msg) = launcher_mismatch(size, |k| std::env::var(k).ok()) {
-            // Every rank sees the same mismatch, and each is a job of one: no collective needed.
-            bail!(msg);
-        }
+        // Every rank sees the same mismatch, and each is in a world of its own: no collective
+        // needed. Nothing has been written yet.
+        launcher::check(size, |k| std::env::var(k).ok())?;
         let max_round =
             usize::try_from(max_round_bytes.clamp(1, i32::MAX as u64)).unwrap_or(usize::MAX);
         Ok(MpiRuntime {
@@ -196,23 +197,6 @@ fn abort_on_panic() {
             mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, Exit::Panic.code());
         }
     }));
-}
-
-/// A binary linked against one MPI but started by another MPI's launcher runs as N independent
-/// jobs of size 1, each rewriting the whole dataset. The launchers' environment tells.
-pub fn launcher_mismatch(size: usize, env: impl Fn(&str) -> Option<String>) -> Option<String> {
-    for var in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"] {
-        if let Some(n) = env(var).and_then(|v| v.trim().parse::<usize>().ok()) {
-            if n != size {
-                return Some(format!(
-                    "the launcher started {n} ranks ({var}={n}) but MPI reports a world of {size}: \
-                     reshard was built against a different MPI than the mpirun/srun that started it \
-                     (rebuild it after `cargo clean -p mpi-sys`, or use the matching launcher)"
-                ));
-            }
-        }
-    }
-    None
 }
 
 /// The world communicator, with the largest exchange a single MPI call may carry per rank.
@@ -392,18 +376,5 @@ impl Comm for MpiComm {
                 mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code.code());
             }
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn detects_a_foreign_launcher() {
-        let env = |k: &str| (k == "OMPI_COMM_WORLD_SIZE").then(|| "4".to_string());
-        assert!(launcher_mismatch(1, env).unwrap().contains("different MPI"));
-        assert!(launcher_mismatch(4, env).is_none());
-        assert!(launcher_mismatch(1, |_| None).is_none());
     }
 }

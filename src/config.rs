@@ -43,6 +43,41 @@ pub struct RunConfig {
     pub stall_timeout: Duration,
     pub max_round_bytes: u64,
     pub order: OrderSpec,
+    pub progress: ProgressConfig,
+    /// `--plot FILE` (a plan only): the picture of the plan, SVG or PNG.
+    pub plot: Option<PathBuf>,
+}
+
+/// How rank 0 reports progress while indexing and exchanging (`--progress`,
+/// `--progress-interval`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProgressConfig {
+    pub mode: ProgressMode,
+    /// Between two progress lines.
+    pub interval: Duration,
+}
+
+impl Default for ProgressConfig {
+    fn default() -> Self {
+        ProgressConfig {
+            mode: ProgressMode::Auto,
+            interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `--progress` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ProgressMode {
+    /// A bar when rank 0's stderr is a terminal (`srun --pty`, no launcher), lines otherwise.
+    #[default]
+    Auto,
+    /// A bar, even through a launcher's pipes (`mpirun` run from a terminal).
+    Bar,
+    /// A line per interval.
+    Lines,
+    /// Nothing (no progress reductions either).
+    None,
 }
 
 /// How shards are cut (`--balance`).
@@ -108,6 +143,8 @@ pub struct VerifyConfig {
     pub output: PathBuf,
     /// Print the report as JSON.
     pub json: bool,
+    /// `--plot FILE`: the picture of the output, SVG or PNG.
+    pub plot: Option<PathBuf>,
 }
 
 /// A `generate` request after validation.

@@ -37,6 +37,8 @@ use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::RunConfig;
 use crate::output::OutputShards;
 use crate::progress::{PhaseTimes, Progress};
+use crate::report::mixing::Mixing;
+use crate::report::picture::{self, Picture};
 use crate::report::{narrate, PlanReport};
 use crate::size::human_bytes;
 use exchange::{Buffers, ExchangeStats};
@@ -103,6 +105,9 @@ fn run_phases(
     if cfg.dry_run {
         times.stop();
         let report = lead.then(|| Box::new(summary::plan_report(cfg, setup, &planned)));
+        if let Some(path) = &cfg.plot {
+            plot_plan(comm, path, setup, &planned, report.as_deref())?;
+        }
         return Ok(Outcome::Planned(report));
     }
     let output = agree(
@@ -121,6 +126,44 @@ fn run_phases(
     times.stop();
     let summary = summary::gather(comm, cfg, setup, &planned, &stats, times)?;
     Ok(Outcome::Ran(Box::new(summary)))
+}
+
+/// `--plot` of a plan: every rank counts where its samples go, rank 0 draws the picture (the
+/// one file a plan writes, because it was asked for).
+fn plot_plan(
+    comm: &impl Comm,
+    path: &std::path::Path,
+    setup: &Setup,
+    planned: &Planned,
+    report: Option<&PlanReport>,
+) -> Result<()> {
+    let local = &planned.index.local;
+    let plan = &planned.laid.plan;
+    let mut mixing = Mixing::new(planned.placed.shards, setup.inputs.len() as u64);
+    planned.placed.placement.for_each(local.len(), &mut |i, p| {
+        mixing.add(plan.shard_of(p), u64::from(local[i].shard));
+    });
+    let mixing = mixing.with_counts(comm.all_sum(&mixing.counts));
+    let drawn = report.map_or(Ok(()), |r| {
+        let bytes: Vec<u64> = r.per_shard.iter().map(|e| e.filesize).collect();
+        let samples: Vec<u64> = r.per_shard.iter().map(|e| e.nsamples).collect();
+        let picture = Picture {
+            title: format!(
+                "reshard plan: {} samples, {} input shards -> {} output shards",
+                r.samples, r.input_shards, r.shards
+            ),
+            shard_bytes: &bytes,
+            shard_samples: &samples,
+            mixing: &mixing,
+        };
+        let warning = picture::draw(path, &picture)?;
+        if let Some(w) = warning {
+            eprintln!("reshard: warning: {w}");
+        }
+        narrate(true, format_args!("drew the plan to {}", path.display()));
+        Ok(())
+    });
+    agree(comm, drawn)
 }
 
 /// Rank 0 says what the job reads and where it writes.
@@ -159,7 +202,7 @@ fn exchange_phase(
     let ranks = comm.size();
     let layout = &planned.laid.layout;
     let total_out = comm.all_sum(&[layout.sample_bytes()])[0];
-    let mut progress = Progress::new(comm.rank() == 0, total_out);
+    let mut progress = Progress::new(cfg.progress, comm.rank() == 0, "exchange", total_out, None);
     let job = exchange::Job {
         inputs: &setup.inputs,
         local: &planned.index.local,
@@ -241,6 +284,8 @@ mod tests {
             stall_timeout: std::time::Duration::from_secs(120),
             max_round_bytes: i32::MAX as u64,
             order: crate::plan::order::OrderSpec::default(),
+            progress: crate::config::ProgressConfig::default(),
+            plot: None,
         }
     }
 

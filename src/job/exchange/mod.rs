@@ -121,6 +121,8 @@ pub fn run(
         me: comm.rank(),
         write_failure: Mutex::new(None),
         written: AtomicU64::new(0),
+        read_nanos: AtomicU64::new(0),
+        write_nanos: AtomicU64::new(0),
         dog: Watchdog::start(
             stall_timeout,
             (comm.rank(), comm.size()),
@@ -146,6 +148,8 @@ pub fn run(
         .unwrap_or_else(|p| p.into_inner());
     agree(comm, write_failure.map_or(Ok(()), Err))?;
     stats.bytes_written = stages.written.into_inner();
+    stats.read_nanos = stages.read_nanos.into_inner();
+    stats.write_nanos = stages.write_nanos.into_inner();
     let expected = job.layout.sample_bytes();
     if stats.bytes_written != expected {
         bail!(

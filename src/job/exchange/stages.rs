@@ -53,6 +53,10 @@ pub struct Stages<'a, 'j> {
     pub me: usize,
     pub write_failure: Mutex<Option<anyhow::Error>>,
     pub written: AtomicU64,
+    /// Nanoseconds the reader spent reading and packing, and the writer writing (for the
+    /// summary's slowest reader and writer).
+    pub read_nanos: AtomicU64,
+    pub write_nanos: AtomicU64,
     pub dog: Watchdog,
 }
 
@@ -64,4 +68,8 @@ pub struct ExchangeStats {
     pub bytes_sent: u64,
     /// Sample bytes this rank received and wrote.
     pub bytes_written: u64,
+    /// Time this rank's reader spent reading (and copying its own samples), and its writer
+    /// writing, in nanoseconds: waits for buffers excluded.
+    pub read_nanos: u64,
+    pub write_nanos: u64,
 }

@@ -5,7 +5,7 @@
 use std::fs;
 use std::time::Duration;
 
-use crate::util::ops::{png_size, progress_lines, svg_elements};
+use crate::util::ops::{png_size, progress_lines, spack_package, svg_elements};
 use crate::util::verifier::assert_same_output;
 use crate::util::Dir;
 
@@ -223,4 +223,46 @@ fn plan_and_verify_draw_pictures() {
         ])
         .assert_code(2)
         .stderr_has(".svg or .png");
+}
+
+#[test]
+fn the_spack_package_builds_against_the_site_mpi() {
+    let dir = Dir::new("ops-spack");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = fs::read_to_string(root.join("spack/repo.yaml")).unwrap();
+    assert!(repo.contains("namespace: reshard"), "{repo}");
+    let Some(pkg) = spack_package(&dir, &root.join("spack/packages/reshard/package.py")) else {
+        return;
+    };
+    assert_eq!(
+        pkg["classes"]["Reshard"],
+        serde_json::json!(["CargoPackage"])
+    );
+    let deps: Vec<&str> = pkg["depends_on"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d[0].as_str().unwrap())
+        .collect();
+    // The Rust version Spack asks for is the one Cargo.toml declares.
+    let manifest = fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let rust = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .unwrap()
+        .trim_matches('"');
+    for want in ["mpi", "llvm+clang", "c", &format!("rust@{rust}:")] {
+        assert!(deps.contains(&want), "no depends_on({want:?}) in {deps:?}");
+    }
+    // MPI is linked, the compilers only build.
+    for dep in pkg["depends_on"].as_array().unwrap() {
+        let build_only = dep[1]["type"] == "build";
+        assert_eq!(build_only, dep[0] != "mpi", "{dep}");
+    }
+    assert_eq!(pkg["build_args"], serde_json::json!(["--locked"]));
+    assert!(pkg["versions"].as_array().unwrap().contains(&"main".into()));
+    assert!(pkg["methods"]
+        .as_array()
+        .unwrap()
+        .contains(&"setup_build_environment".into()));
 }

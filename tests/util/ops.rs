@@ -47,3 +47,40 @@ pub fn progress_lines<'a>(stderr: &'a str, phase: &str) -> Vec<&'a str> {
         .filter(|l| l.starts_with(&start) && l.contains("ETA"))
         .collect()
 }
+
+/// What `spack/packages/reshard/package.py` declares, read by Python's `ast` (no Spack needed):
+/// `{"classes": {name: [bases]}, "depends_on": [[spec, {keyword: value}]], "versions": [...],
+/// "build_args": [...], "methods": [...]}`.
+pub fn spack_package(dir: &Dir, package: &Path) -> Option<serde_json::Value> {
+    if !have_python("spack_package") {
+        return None;
+    }
+    let script = r#"
+import ast, json, sys
+tree = ast.parse(open(sys.argv[1]).read(), sys.argv[1])
+out = {"classes": {}, "depends_on": [], "versions": [], "build_args": [], "methods": []}
+def value(node):
+    return ast.literal_eval(node)
+for cls in [n for n in tree.body if isinstance(n, ast.ClassDef)]:
+    out["classes"][cls.name] = [ast.unparse(b) for b in cls.bases]
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id == "depends_on":
+                kw = {k.arg: value(k.value) for k in node.keywords}
+                out["depends_on"].append([value(node.args[0]), kw])
+            elif node.func.id == "version":
+                out["versions"].append(value(node.args[0]))
+        if isinstance(node, ast.FunctionDef):
+            out["methods"].append(node.name)
+            if node.name == "build_args":
+                for ret in [r for r in ast.walk(node) if isinstance(r, ast.Return)]:
+                    out["build_args"] = value(ret.value)
+print(json.dumps(out))
+"#;
+    let out = dir
+        .program("python3")
+        .args(["-c", script])
+        .arg(package)
+        .assert_success();
+    Some(serde_json::from_str(&out.stdout).expect("the script prints JSON"))
+}

@@ -172,7 +172,8 @@ fn bars<DB: DrawingBackend>(
     let width = bins.first().map_or(1.0, |b| b.1 - b.0);
     let x0 = bins.first().map_or(0.0, |b| b.0) - width;
     let x1 = bins.last().map_or(1.0, |b| b.1) + width;
-    let top = bins.iter().map(|b| b.2).max().unwrap_or(1) as f64 * 1.1;
+    // Counts on an integer axis: whole-number ticks only.
+    let top = bins.iter().map(|b| b.2).max().unwrap_or(1) * 11 / 10 + 1;
     let mut builder = ChartBuilder::on(area);
     builder.margin(12);
     if text {
@@ -181,7 +182,7 @@ fn bars<DB: DrawingBackend>(
             .x_label_area_size(32)
             .y_label_area_size(48);
     }
-    let mut chart = builder.build_cartesian_2d(x0..x1, 0.0..top).map_err(err)?;
+    let mut chart = builder.build_cartesian_2d(x0..x1, 0u64..top).map_err(err)?;
     if text {
         chart
             .configure_mesh()
@@ -189,7 +190,6 @@ fn bars<DB: DrawingBackend>(
             .light_line_style(WHITE)
             .x_labels(5)
             .x_label_formatter(&|v| show(*v))
-            .y_label_formatter(&|v| format!("{v:.0}"))
             .y_desc("shards")
             .draw()
             .map_err(err)?;
@@ -198,7 +198,11 @@ fn bars<DB: DrawingBackend>(
     chart
         .draw_series(
             bins.iter()
-                .map(|&(a, b, n)| Rectangle::new([(a, 0.0), (b, n as f64)], fill)),
+                // A gap between neighbouring bars.
+                .map(|&(a, b, n)| {
+                    let gap = (b - a) * 0.04;
+                    Rectangle::new([(a + gap, 0), (b - gap, n)], fill)
+                }),
         )
         .map_err(err)?;
     Ok(())

@@ -50,6 +50,9 @@ pub struct RunConfig {
     pub checkpoint_every: Duration,
     /// `--split` and `--split-shards`.
     pub split: Option<Splits>,
+    pub progress: ProgressConfig,
+    /// `--plot FILE` (a plan only): the picture of the plan, SVG or PNG.
+    pub plot: Option<PathBuf>,
 }
 
 /// `--split`: the splits, and how the ones after the first (the training split, which the
@@ -60,6 +63,38 @@ pub struct Splits {
     /// Per split: its shard count from `--split-shards`, `None` for the first split and for those
     /// `--split-shards` leaves to the default (the training split's mean shard size).
     pub shards: Vec<Option<u64>>,
+}
+
+/// How rank 0 reports progress while indexing and exchanging (`--progress`,
+/// `--progress-interval`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProgressConfig {
+    pub mode: ProgressMode,
+    /// Between two progress lines.
+    pub interval: Duration,
+}
+
+impl Default for ProgressConfig {
+    fn default() -> Self {
+        ProgressConfig {
+            mode: ProgressMode::Auto,
+            interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `--progress` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ProgressMode {
+    /// A bar when rank 0's stderr is a terminal (`srun --pty`, no launcher), lines otherwise.
+    #[default]
+    Auto,
+    /// A bar, even through a launcher's pipes (`mpirun` run from a terminal).
+    Bar,
+    /// A line per interval.
+    Lines,
+    /// Nothing (no progress reductions either).
+    None,
 }
 
 /// How shards are cut (`--balance`).
@@ -125,6 +160,8 @@ pub struct VerifyConfig {
     pub output: PathBuf,
     /// Print the report as JSON.
     pub json: bool,
+    /// `--plot FILE`: the picture of the output, SVG or PNG.
+    pub plot: Option<PathBuf>,
 }
 
 /// A `generate` request after validation.

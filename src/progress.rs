@@ -1,72 +1,163 @@
-//! Rank 0's narration: a progress bar on a terminal, plain periodic lines otherwise, and the
-//! timing of each phase for the summary.
+//! Rank 0's narration: a progress bar on a terminal (or when asked for), plain periodic lines
+//! otherwise, and the timing of each phase for the summary.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 
+use crate::config::{ProgressConfig, ProgressMode};
 use crate::size::human_bytes;
 
-/// Progress of the data exchange, in bytes moved by all ranks. Silent on ranks other than 0.
+/// Rank 0's progress display for one phase: `index` (shards and bytes) or `exchange` (bytes).
+/// Silent on ranks other than 0.
 pub struct Progress {
-    bar: Option<ProgressBar>,
-    lines: bool,
+    display: Display,
+    what: &'static str,
+    /// Bytes, and for the index the number of shards, of the whole phase.
     total: u64,
+    items: Option<u64>,
     start: Instant,
-    last_line: Instant,
 }
 
-const LINE_EVERY: Duration = Duration::from_secs(5);
+/// How the progress is shown, decided on rank 0.
+enum Display {
+    Bar(ProgressBar),
+    Lines { every: Duration, last: Instant },
+    Quiet,
+}
 
 impl Progress {
-    pub fn new(enabled: bool, total: u64) -> Self {
-        let tty = std::io::stderr().is_terminal();
-        let bar = (enabled && tty).then(|| {
-            let bar = ProgressBar::new(total);
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "exchange [{bar:40}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
-            );
-            bar
-        });
+    /// A display for `what` on rank 0 (`lead`): bytes out of `total`, and for a phase that counts
+    /// shards too, `items` of them.
+    pub fn new(
+        cfg: ProgressConfig,
+        lead: bool,
+        what: &'static str,
+        total: u64,
+        items: Option<u64>,
+    ) -> Self {
         let now = Instant::now();
+        let tty = std::io::stderr().is_terminal();
+        let display = match (lead, cfg.mode) {
+            (false, _) | (_, ProgressMode::None) => Display::Quiet,
+            (_, ProgressMode::Bar) | (_, ProgressMode::Auto) if tty => bar(what, total, true),
+            // Forced through a launcher's pipe, which passes the carriage returns on.
+            (_, ProgressMode::Bar) => bar(what, total, false),
+            (_, ProgressMode::Auto | ProgressMode::Lines) => Display::Lines {
+                every: cfg.interval,
+                last: now,
+            },
+        };
         Progress {
-            bar,
-            lines: enabled && !tty,
+            display,
+            what,
             total,
+            items,
             start: now,
-            last_line: now,
         }
     }
 
     /// Records that `done` bytes of the total have moved.
     pub fn update(&mut self, done: u64) {
-        if let Some(bar) = &self.bar {
-            bar.set_position(done);
-        } else if self.lines && self.last_line.elapsed() >= LINE_EVERY {
-            self.last_line = Instant::now();
-            let secs = self.start.elapsed().as_secs_f64();
-            let rate = done as f64 / secs.max(1e-9);
-            let eta = (self.total.saturating_sub(done)) as f64 / rate.max(1.0);
-            eprintln!(
-                "reshard: exchange {} / {} ({:.0}%), {}/s, ETA {:.0} s",
-                human_bytes(done),
-                human_bytes(self.total),
-                100.0 * done as f64 / self.total.max(1) as f64,
-                human_bytes(rate as u64),
-                eta
-            );
+        self.update_items(done, None);
+    }
+
+    /// Records `done` bytes and `items` shards done.
+    pub fn update_items(&mut self, done: u64, items: Option<u64>) {
+        let of_items = match (items, self.items) {
+            (Some(n), Some(total)) => format!("{n} / {total} shards, "),
+            _ => String::new(),
+        };
+        match &mut self.display {
+            Display::Bar(bar) => {
+                bar.set_position(done);
+                bar.set_message(of_items.trim_end_matches(", ").to_string());
+            }
+            Display::Lines { every, last } if last.elapsed() >= *every => {
+                *last = Instant::now();
+                let secs = self.start.elapsed().as_secs_f64();
+                let rate = done as f64 / secs.max(1e-9);
+                let eta = (self.total.saturating_sub(done)) as f64 / rate.max(1.0);
+                eprintln!(
+                    "reshard: {} {of_items}{} / {} ({:.0}%), {}/s, ETA {:.0} s",
+                    self.what,
+                    human_bytes(done),
+                    human_bytes(self.total),
+                    100.0 * done as f64 / self.total.max(1) as f64,
+                    human_bytes(rate as u64),
+                    eta
+                );
+            }
+            _ => {}
         }
     }
 
     pub fn finish(&mut self) {
-        if let Some(bar) = self.bar.take() {
+        if let Display::Bar(bar) = std::mem::replace(&mut self.display, Display::Quiet) {
             bar.finish_and_clear();
         }
+    }
+}
+
+/// A bar on stderr: through the terminal's own handling when it is one, else written as is.
+fn bar(what: &str, total: u64, tty: bool) -> Display {
+    let target = if tty {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::term_like(Box::new(PipedTerm))
+    };
+    let bar = ProgressBar::with_draw_target(Some(total), target);
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "{what:<8} [{{bar:40}}] {{binary_bytes}}/{{binary_total_bytes}} {{msg}} {{binary_bytes_per_sec}} ETA {{eta}}"
+        ))
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    Display::Bar(bar)
+}
+
+/// Stderr when it is a pipe that ends at a terminal (a launcher's): a one-line bar needs only a
+/// carriage return and "erase line".
+#[derive(Debug)]
+struct PipedTerm;
+
+impl TermLike for PipedTerm {
+    fn width(&self) -> u16 {
+        100
+    }
+
+    fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        writeln!(std::io::stderr(), "{s}")
+    }
+
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        write!(std::io::stderr(), "{s}")
+    }
+
+    fn clear_line(&self) -> std::io::Result<()> {
+        write!(std::io::stderr(), "\r\x1b[2K")
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        std::io::stderr().flush()
     }
 }
 

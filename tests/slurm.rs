@@ -507,15 +507,25 @@ fn epoch_loop_without_overlap_waits_for_training() {
 /// `scancel` of a reshard step that is in its finish phase (held there by
 /// RESHARD_TEST_PAUSE_FINISH) ends it with nothing published; the rerun succeeds.
 #[test]
-fn scancel_of_a_running_step_publishes_nothing() {
-    let Some(slurm) = slurm_or_skip("scancel_of_a_running_step_publishes_nothing") else {
+fn scancel_of_a_running_step_publishes_nothing_and_resume_continues() {
+    let Some(slurm) = slurm_or_skip("scancel_of_a_running_step_publishes_nothing_and_resume_continues") else {
         return;
     };
     let dir = Dir::new("slurm-scancel");
     dataset(&dir);
     run(&dir, None, &["input"], "one", 5, 3, &[]);
     let args = [
-        "run", "--input", "input", "--output", "out", "--shards", "5", "--seed", "3",
+        "run",
+        "--input",
+        "input",
+        "--output",
+        "out",
+        "--shards",
+        "5",
+        "--seed",
+        "3",
+        "--checkpoint-every",
+        "0",
     ];
     let mut step = slurm.srun(&dir, "pmi2", 2, &args);
     step.env("RESHARD_TEST_PAUSE_FINISH", "60");
@@ -551,7 +561,15 @@ fn scancel_of_a_running_step_publishes_nothing() {
         "the job ended"
     );
 
-    let rerun = slurm.srun(&dir, "pmi2", 2, &args).assert_success();
+    // The cancelled step checkpointed every round, so the rerun continues from its staging
+    // directory instead of starting over.
+    let resumed: Vec<&str> = args.iter().copied().chain(["--resume"]).collect();
+    let rerun = slurm.srun(&dir, "pmi2", 2, &resumed).assert_success();
+    let said = format!("{}{}", rerun.stdout, rerun.stderr);
+    rerun.check(
+        said.contains("resumed: reused") && !said.contains("reused 0 samples"),
+        "the rerun reused what the cancelled step had placed",
+    );
     rerun.check(
         !dir.join(".out.reshard-tmp").exists(),
         "no staging directory left",

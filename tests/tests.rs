@@ -17,6 +17,7 @@ mod house;
 mod hygiene;
 mod memory;
 mod odd_inputs;
+mod ops;
 mod orders;
 mod plan;
 mod real_data;

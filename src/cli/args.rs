@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::Balance;
+use crate::config::{Balance, ProgressMode};
 use crate::tar::{OnDuplicate, OnIncomplete};
 
 /// Reorganize WebDataset tar shards over MPI: a global, seeded reshuffle into a new, balanced
@@ -239,6 +239,22 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub checkpoint_every: u64,
 
+    /// Progress on rank 0's stderr while indexing and exchanging: auto (a bar when rank 0's
+    /// stderr is a terminal, as under `srun --pty`; lines otherwise, as under `mpirun`), bar,
+    /// lines, or none.
+    #[arg(long, value_enum, value_name = "HOW", default_value_t = ProgressMode::Auto)]
+    pub progress: ProgressMode,
+
+    /// Seconds between two progress lines.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub progress_interval: f64,
+
+    /// Plan only: also draw the plan to FILE (.svg or .png): histograms of the output shards'
+    /// bytes and samples, and which input shards each output shard draws from next to what a
+    /// uniform random permutation gives.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+
     /// Largest single MPI exchange per rank, in bytes (exchanges are split into rounds below it).
     /// Only useful for testing the round logic.
     #[arg(long, value_name = "SIZE", hide = true)]
@@ -259,6 +275,12 @@ pub struct VerifyArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+
+    /// Also draw the output to FILE (.svg or .png): histograms of its shards' bytes and samples,
+    /// and which input shards each output shard draws from next to what a uniform random
+    /// permutation gives.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -11,12 +11,13 @@ use anyhow::{anyhow, bail, Result};
 
 use super::args::{Command, CompressArg, EqualizeArg, GenerateArgs, RunArgs, VerifyArgs};
 use crate::config::{
-    Balance, GenerateConfig, GpuLayout, HeaderFormat, Keep, RunConfig, Splits, VerifyConfig, EPOCH,
-    MIN_MEM_LIMIT,
+    Balance, GenerateConfig, GpuLayout, HeaderFormat, Keep, ProgressConfig, RunConfig, Splits,
+    VerifyConfig, EPOCH, MIN_MEM_LIMIT,
 };
 use crate::generate::DEFAULT_SAMPLES;
 use crate::plan::order::{OrderBy, OrderSpec};
 use crate::plan::{Equalize, Sizing};
+use crate::report::picture::format_of;
 use crate::size::parse_size;
 use crate::tar::{Codec, Rules};
 
@@ -69,6 +70,7 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
                     inputs: config.inputs.clone(),
                     output: output.clone(),
                     json: false,
+                    plot: None,
                 }),
                 _ => None,
             };
@@ -82,7 +84,7 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
             then_verify: None,
         },
         Command::Generate(args) => Task::Generate(generate_config(&args).map_err(UsageError)?),
-        Command::Verify(args) => Task::Verify(verify_config(&args)),
+        Command::Verify(args) => Task::Verify(verify_config(&args).map_err(UsageError)?),
         Command::Completions { shell } => Task::Completions(shell),
     })
 }
@@ -119,6 +121,13 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     let order = order(args, equalize)?;
     let seed = seed(args, &order, dry_run, sizing)?;
     let split = splits(args)?;
+    let progress = progress(args)?;
+    if let Some(plot) = &args.plot {
+        if !dry_run {
+            bail!("--plot draws a plan: use it with --dry-run or `reshard plan` (`reshard verify --plot` draws a written output)");
+        }
+        format_of(plot)?;
+    }
     Ok(RunConfig {
         inputs: args.inputs.clone(),
         output,
@@ -153,6 +162,20 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
         split,
         resume: args.resume,
         checkpoint_every: Duration::from_secs(args.checkpoint_every),
+        progress,
+        plot: args.plot.clone(),
+    })
+}
+
+/// `--progress` and `--progress-interval`.
+fn progress(args: &RunArgs) -> Result<ProgressConfig> {
+    let secs = args.progress_interval;
+    if !(secs.is_finite() && (0.0..=86_400.0).contains(&secs)) {
+        bail!("--progress-interval {secs}: expected seconds from 0 to 86400");
+    }
+    Ok(ProgressConfig {
+        mode: args.progress,
+        interval: Duration::from_secs_f64(secs),
     })
 }
 
@@ -431,13 +454,20 @@ fn rules(args: &RunArgs, order: &OrderSpec) -> Rules {
     }
 }
 
-/// `verify` arguments: clap has checked all there is to check.
-pub fn verify_config(args: &VerifyArgs) -> VerifyConfig {
-    VerifyConfig {
+/// `verify` arguments as a [`VerifyConfig`].
+///
+/// # Errors
+/// `--plot` names neither an SVG nor a PNG file.
+pub fn verify_config(args: &VerifyArgs) -> Result<VerifyConfig> {
+    if let Some(plot) = &args.plot {
+        format_of(plot)?;
+    }
+    Ok(VerifyConfig {
         inputs: args.inputs.clone(),
         output: args.output.clone(),
         json: args.json,
-    }
+        plot: args.plot.clone(),
+    })
 }
 
 /// `generate` arguments as a [`GenerateConfig`].

@@ -24,6 +24,13 @@ pub trait Comm {
     fn all_sum(&self, values: &[u64]) -> Vec<u64>;
     /// Element-wise maximum over all ranks.
     fn all_max(&self, values: &[u64]) -> Vec<u64>;
+    /// [`Comm::all_sum`] for progress reports, which ranks make while their worker threads do
+    /// the work: a rank that waits here for slower ones sleeps instead of spinning on a core
+    /// its workers need (under MPI, a non-blocking reduction polled at `poll`).
+    fn all_sum_idle(&self, values: &[u64], poll: std::time::Duration) -> Vec<u64> {
+        let _ = poll;
+        self.all_sum(values)
+    }
     /// `root`'s `data` on every rank (the argument is ignored elsewhere).
     fn broadcast(&self, root: usize, data: Vec<u8>) -> Vec<u8>;
     /// Personalized all-to-all: `send[ranges[d]]` goes to rank `d`. Fills `recv` (reusing its

@@ -282,6 +282,26 @@ impl Comm for MpiComm {
         self.reduce(values, SystemOperation::max())
     }
 
+    fn all_sum_idle(&self, values: &[u64], poll: Duration) -> Vec<u64> {
+        let mut out = vec![0u64; values.len()];
+        mpi::request::scope(|scope| {
+            let mut request = self.world.immediate_all_reduce_into(
+                scope,
+                values,
+                &mut out[..],
+                SystemOperation::sum(),
+            );
+            loop {
+                match request.test() {
+                    Ok(_) => break,
+                    Err(r) => request = r,
+                }
+                std::thread::sleep(poll);
+            }
+        });
+        out
+    }
+
     fn broadcast(&self, root: usize, mut data: Vec<u8>) -> Vec<u8> {
         let root = self.world.process_at_rank(root as i32);
         let mut len = data.len() as u64;

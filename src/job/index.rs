@@ -2,19 +2,21 @@
 //! their saved indexes), then the ranks agree on the global numbering of the samples.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::comm::wire::gather_concat;
 use crate::comm::{agree, broadcast_result, everywhere, exclusive_sum, Comm};
-use crate::config::RunConfig;
+use crate::config::{ProgressConfig, ProgressMode, RunConfig};
 use crate::input::InputShard;
 use crate::job::duplicates;
 use crate::output::saved_index::{self, Lookup};
 use crate::plan::assign_inputs;
 use crate::plan::placement::LocalSample;
+use crate::progress::Progress;
 use crate::report::narrate;
 use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
 
@@ -56,6 +58,7 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
         cfg.index.as_deref(),
         &cfg.rules,
         &reused,
+        &mut |work| report_progress(comm, cfg.progress, inputs, work),
     );
     let Indexed {
         local,
@@ -148,59 +151,152 @@ fn split_sample_check(inputs: &[InputShard], mut all: EdgeKeys) -> Result<()> {
     Ok(())
 }
 
+/// How far this rank's indexing threads are: shards and bytes done, threads still running.
+#[derive(Default)]
+struct Work {
+    shards: AtomicU64,
+    bytes: AtomicU64,
+    running: AtomicUsize,
+}
+
+impl Work {
+    /// Waits until this rank's threads have all ended, or `tick` passed; true when they ended.
+    fn wait(&self, tick: Duration) -> bool {
+        let until = Instant::now() + tick;
+        while self.running.load(Ordering::SeqCst) > 0 {
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+}
+
+/// Ends an indexing thread's count in [`Work::running`], however the thread ends.
+struct Running<'a>(&'a Work);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Rank 0 reports the indexing of every rank, while this rank's threads index: every rank adds
+/// what it has done to a sum each tick, until every rank is done. The sums are non-blocking
+/// reductions ([`Comm::all_sum_idle`]), so a rank that is done sleeps while it waits for the
+/// others. Every rank takes part, or none (`--progress none`).
+fn report_progress(comm: &impl Comm, cfg: ProgressConfig, inputs: &[InputShard], work: &Work) {
+    if cfg.mode == ProgressMode::None {
+        return;
+    }
+    let total = inputs.iter().map(|s| s.size).sum();
+    let shards = inputs.len() as u64;
+    let mut progress = Progress::new(cfg, comm.rank() == 0, "index", total, Some(shards));
+    let tick = cfg
+        .interval
+        .clamp(Duration::from_millis(20), Duration::from_millis(250));
+    loop {
+        // Done first, counts second: a thread counts its shard before it ends.
+        let done = work.wait(tick);
+        let mine = [
+            work.shards.load(Ordering::SeqCst),
+            work.bytes.load(Ordering::SeqCst),
+            u64::from(done),
+        ];
+        let sums = comm.all_sum_idle(&mine, Duration::from_millis(5));
+        progress.update_items(sums[1], Some(sums[0]));
+        if sums[2] == comm.size() as u64 {
+            break;
+        }
+    }
+    progress.finish();
+}
+
 /// Indexes this rank's input shards, in order, from saved indexes where they exist and still
 /// match (`reused` counts those), else from the tar headers. Many shards are indexed at once:
 /// each shard's headers form a chain of small dependent reads, so one shard keeps one read in
 /// flight; storage serves many at once (a virtio disk here: 10k reads/s at one in flight,
-/// 49k/s at 32).
+/// 49k/s at 32). The calling thread runs `watch` meanwhile, which returns once `Work` says every
+/// thread ended.
 fn index_shards(
     inputs: &[InputShard],
     mine: std::ops::Range<usize>,
     index_dir: Option<&Path>,
     rules: &Rules,
     reused: &AtomicUsize,
+    watch: &mut dyn FnMut(&Work),
 ) -> Result<Indexed> {
     const THREADS: usize = 32;
     let next = AtomicUsize::new(mine.start);
     let results: Mutex<Vec<Option<Result<ShardIndex>>>> =
         Mutex::new((0..mine.len()).map(|_| None).collect());
+    let threads = THREADS.min(mine.len());
+    let work = Work {
+        running: AtomicUsize::new(threads),
+        ..Work::default()
+    };
     std::thread::scope(|scope| {
-        for _ in 0..THREADS.min(mine.len()) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= mine.end {
-                    break;
-                }
-                let path = &inputs[i].path;
-                // A saved index holds byte ranges only, not keys or labels.
-                let saved = if rules.keep_keys || rules.read_member.is_some() {
-                    Lookup::Missing
-                } else {
-                    saved_index::load(path, index_dir)
-                };
-                let r = match saved {
-                    Lookup::Found(idx) => {
-                        reused.fetch_add(1, Ordering::Relaxed);
-                        Ok(idx)
+        for _ in 0..threads {
+            scope.spawn(|| {
+                let _running = Running(&work);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= mine.end {
+                        break;
                     }
-                    Lookup::Missing => index_file_with(path, rules),
-                    Lookup::Stale(why) => {
-                        eprintln!("reshard: warning: re-indexing: {why}");
-                        index_file_with(path, rules)
+                    let r = index_one(&inputs[i].path, index_dir, rules, reused);
+                    let failed = r.is_err();
+                    results.lock().unwrap()[i - mine.start] = Some(r);
+                    work.shards.fetch_add(1, Ordering::SeqCst);
+                    work.bytes.fetch_add(inputs[i].size, Ordering::SeqCst);
+                    if failed {
+                        // Stop handing out shards; the first error in shard order is reported.
+                        next.store(mine.end, Ordering::Relaxed);
                     }
-                };
-                let failed = r.is_err();
-                results.lock().unwrap()[i - mine.start] = Some(r);
-                if failed {
-                    // Stop handing out shards; the first error in shard order is reported.
-                    next.store(mine.end, Ordering::Relaxed);
                 }
             });
         }
+        watch(&work);
     });
+    collect(results.into_inner().unwrap(), mine, rules)
+}
+
+/// One input shard's index: its saved index when it still matches, else its tar headers.
+fn index_one(
+    path: &Path,
+    index_dir: Option<&Path>,
+    rules: &Rules,
+    reused: &AtomicUsize,
+) -> Result<ShardIndex> {
+    // A saved index holds byte ranges only, not keys or labels.
+    let saved = if rules.keep_keys || rules.read_member.is_some() {
+        Lookup::Missing
+    } else {
+        saved_index::load(path, index_dir)
+    };
+    match saved {
+        Lookup::Found(idx) => {
+            reused.fetch_add(1, Ordering::Relaxed);
+            Ok(idx)
+        }
+        Lookup::Missing => index_file_with(path, rules),
+        Lookup::Stale(why) => {
+            eprintln!("reshard: warning: re-indexing: {why}");
+            index_file_with(path, rules)
+        }
+    }
+}
+
+/// This rank's shard indexes, in shard order, as one list of samples; the first failure in
+/// shard order is the error.
+fn collect(
+    results: Vec<Option<Result<ShardIndex>>>,
+    mine: std::ops::Range<usize>,
+    rules: &Rules,
+) -> Result<Indexed> {
     // Sized exactly, and each shard's index dropped once copied: the peak is the shard indexes
     // plus these, about 56 bytes per sample.
-    let results = results.into_inner().unwrap();
     let total: usize = results
         .iter()
         .flatten()

@@ -44,6 +44,8 @@ use crate::config::RunConfig;
 use crate::output::checkpoint::{self, Done, InputRecord};
 use crate::output::OutputShards;
 use crate::progress::{PhaseTimes, Progress};
+use crate::report::mixing::Mixing;
+use crate::report::picture::{self, Picture};
 use crate::report::{narrate, PlanReport};
 use crate::size::human_bytes;
 use exchange::{Buffers, ExchangeStats};
@@ -136,6 +138,9 @@ fn run_phases(
     if cfg.dry_run {
         times.stop();
         let report = lead.then(|| Box::new(summary::plan_report(cfg, setup, &planned)));
+        if let Some(path) = &cfg.plot {
+            plot_plan(comm, path, setup, &planned, report.as_deref())?;
+        }
         return Ok(Outcome::Planned(report));
     }
     let output = staging_shards(comm, cfg, setup, inputs, &planned)?;
@@ -168,6 +173,44 @@ fn staging_shards(
     // Recorded once every shard exists: a plan record promises them to a resumed run.
     resume::record_plan(comm, cfg, staging, None, inputs, planned)?;
     Ok(output)
+}
+
+/// `--plot` of a plan: every rank counts where its samples go, rank 0 draws the picture (the
+/// one file a plan writes, because it was asked for).
+fn plot_plan(
+    comm: &impl Comm,
+    path: &std::path::Path,
+    setup: &Setup,
+    planned: &Planned,
+    report: Option<&PlanReport>,
+) -> Result<()> {
+    let local = &planned.index.local;
+    let plan = &planned.laid.plan;
+    let mut mixing = Mixing::new(planned.placed.shards, setup.inputs.len() as u64);
+    planned.placed.placement.for_each(local.len(), &mut |i, p| {
+        mixing.add(plan.shard_of(p), u64::from(local[i].shard));
+    });
+    let mixing = mixing.with_counts(comm.all_sum(&mixing.counts));
+    let drawn = report.map_or(Ok(()), |r| {
+        let bytes: Vec<u64> = r.per_shard.iter().map(|e| e.filesize).collect();
+        let samples: Vec<u64> = r.per_shard.iter().map(|e| e.nsamples).collect();
+        let picture = Picture {
+            title: format!(
+                "reshard plan: {} samples, {} input shards -> {} output shards",
+                r.samples, r.input_shards, r.shards
+            ),
+            shard_bytes: &bytes,
+            shard_samples: &samples,
+            mixing: &mixing,
+        };
+        let warning = picture::draw(path, &picture)?;
+        if let Some(w) = warning {
+            eprintln!("reshard: warning: {w}");
+        }
+        narrate(true, format_args!("drew the plan to {}", path.display()));
+        Ok(())
+    });
+    agree(comm, drawn)
 }
 
 /// Rank 0 says what the job reads and where it writes.
@@ -206,7 +249,7 @@ fn exchange_phase(
     let ranks = comm.size();
     let layout = &planned.laid.layout;
     let total_out = comm.all_sum(&[layout.sample_bytes()])[0];
-    let mut progress = Progress::new(comm.rank() == 0, total_out);
+    let mut progress = Progress::new(cfg.progress, comm.rank() == 0, "exchange", total_out, None);
     let nothing = Done::default();
     let resume = setup.resume.as_ref();
     let job = exchange::Job {
@@ -296,6 +339,8 @@ mod tests {
             split: None,
             resume: false,
             checkpoint_every: std::time::Duration::ZERO,
+            progress: crate::config::ProgressConfig::default(),
+            plot: None,
         }
     }
 

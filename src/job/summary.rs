@@ -13,7 +13,8 @@ use crate::job::exchange::ExchangeStats;
 use crate::job::expand::Setup;
 use crate::job::Planned;
 use crate::progress::{peak_rss, PhaseTimes};
-use crate::report::{GpuShare, PlanReport, Stats};
+use crate::report::ranks::{seconds, Spread};
+use crate::report::{GpuShare, PlanReport, Stats, Storage};
 use crate::size::human_bytes;
 use crate::tar::{Hygiene, Skipped};
 
@@ -26,6 +27,65 @@ pub struct RankStats {
     pub bytes_written: u64,
     /// Peak resident memory (VmHWM) in bytes; 0 where unknown.
     pub peak_rss: u64,
+    /// Seconds this rank's reader spent reading (and copying its own samples), and its writer
+    /// writing: waits for buffers and peers excluded.
+    pub read_seconds: f64,
+    pub write_seconds: f64,
+}
+
+/// Each per-rank figure over the ranks: the summary prints these, `--report` the full table.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct RankSpreads {
+    pub bytes_read: Spread,
+    /// In nanoseconds: the rank at the maximum is the slowest reader.
+    pub read_nanos: Spread,
+    pub bytes_written: Spread,
+    /// In nanoseconds: the rank at the maximum is the slowest writer.
+    pub write_nanos: Spread,
+    pub peak_rss: Spread,
+}
+
+impl RankSpreads {
+    /// Six lines: a header, then min / median / max of each figure and the rank at the maximum.
+    pub fn render(&self) -> String {
+        let bytes = |v: u64| human_bytes(v);
+        let at_max = |s: &Spread, what: &str| format!("{what}: rank {}", s.max_rank);
+        let rows = [
+            (
+                "read",
+                self.bytes_read.render(bytes),
+                at_max(&self.bytes_read, "most"),
+            ),
+            (
+                "read time",
+                self.read_nanos.render(seconds),
+                at_max(&self.read_nanos, "slowest reader"),
+            ),
+            (
+                "written",
+                self.bytes_written.render(bytes),
+                at_max(&self.bytes_written, "most"),
+            ),
+            (
+                "write time",
+                self.write_nanos.render(seconds),
+                at_max(&self.write_nanos, "slowest writer"),
+            ),
+            (
+                "peak RSS",
+                self.peak_rss.render(bytes),
+                at_max(&self.peak_rss, "largest"),
+            ),
+        ];
+        let mut s = format!(
+            "  per rank   {:>10} {:>10} {:>10}   (every rank: --report)\n",
+            "min", "median", "max"
+        );
+        for (name, values, who) in rows {
+            s += &format!("  {name:<10} {values}   {who}\n");
+        }
+        s
+    }
 }
 
 /// What a finished run reports.
@@ -56,6 +116,8 @@ pub struct Summary {
     pub reused_shards: u64,
     /// The memory budget per rank (`--mem-limit`).
     pub mem_limit: u64,
+    /// Each per-rank figure's min / median / max and the ranks at the extremes.
+    pub rank_spread: RankSpreads,
     /// Per rank, by rank.
     pub per_rank: Vec<RankStats>,
 }
@@ -127,12 +189,7 @@ impl Summary {
                 h.incomplete, h.excluded, h.duplicates
             );
         }
-        let rss: Vec<String> = self
-            .per_rank
-            .iter()
-            .map(|r| human_bytes(r.peak_rss))
-            .collect();
-        s += &format!("  peak RSS per rank: {}\n", rss.join(", "));
+        s += &self.rank_spread.render();
         s
     }
 }
@@ -156,13 +213,24 @@ pub fn gather(
         stats.bytes_reused,
         stats.shards_reused,
     ]);
+    let read_nanos = comm.all_gather(stats.read_nanos);
+    let write_nanos = comm.all_gather(stats.write_nanos);
     let per_rank = (0..ranks)
         .map(|r| RankStats {
             bytes_read: bytes_read[r],
             bytes_written: bytes_written[r],
             peak_rss: peak_rss[r],
+            read_seconds: read_nanos[r] as f64 / 1e9,
+            write_seconds: write_nanos[r] as f64 / 1e9,
         })
         .collect();
+    let rank_spread = RankSpreads {
+        bytes_read: Spread::of(&bytes_read),
+        read_nanos: Spread::of(&read_nanos),
+        bytes_written: Spread::of(&bytes_written),
+        write_nanos: Spread::of(&write_nanos),
+        peak_rss: Spread::of(&peak_rss),
+    };
     Ok(Summary {
         output: setup.target()?.to_path_buf(),
         inputs: setup.inputs.len(),
@@ -183,6 +251,7 @@ pub fn gather(
         reused_bytes: reused[1],
         reused_shards: reused[2],
         mem_limit: cfg.mem_limit,
+        rank_spread,
         per_rank,
     })
 }
@@ -191,6 +260,7 @@ pub fn gather(
 pub fn plan_report(cfg: &RunConfig, setup: &Setup, planned: &Planned) -> PlanReport {
     let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
     let sizes: Vec<u64> = setup.inputs.iter().map(|s| s.size).collect();
+    let shard_bytes = Stats::of(&laid.shard_bytes);
     PlanReport {
         samples: index.samples,
         sample_bytes: index.sample_bytes,
@@ -205,8 +275,9 @@ pub fn plan_report(cfg: &RunConfig, setup: &Setup, planned: &Planned) -> PlanRep
         dropped: placed.dropped,
         repeated: placed.repeated,
         shard_samples: Stats::of(&laid.shard_samples),
-        shard_bytes: Stats::of(&laid.shard_bytes),
+        shard_bytes,
         gpus: laid.gpus,
+        storage: Storage::assess(placed.shards, shard_bytes.mean as u64, shard_bytes.max),
         order: cfg.order.describe(),
         stratify: placed.stratify.clone(),
         per_shard: laid.shardlist.clone(),

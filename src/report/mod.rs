@@ -5,11 +5,16 @@
 //! directly, and only `plan` imports the manifest, so the two never import each other.
 
 pub mod gpu;
+pub mod mixing;
 pub mod narrate;
+pub mod picture;
 pub mod plan;
+pub mod ranks;
 pub mod stats;
+pub mod storage;
 
 pub use gpu::GpuShare;
 pub use narrate::narrate;
 pub use plan::PlanReport;
 pub use stats::Stats;
+pub use storage::Storage;

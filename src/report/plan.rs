@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::gpu::GpuShare;
 use super::stats::Stats;
+use super::storage::Storage;
 use crate::config::Balance;
 use crate::output::manifest::ShardEntry;
 use crate::plan::placement::StratifyReport;
@@ -32,6 +33,8 @@ pub struct PlanReport {
     pub shard_samples: Stats,
     pub shard_bytes: Stats,
     pub gpus: Option<GpuShare>,
+    /// Inodes the output takes, and warnings for a parallel filesystem.
+    pub storage: Storage,
     /// `--order`, and what stratification achieved.
     pub order: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,6 +86,7 @@ impl PlanReport {
         if let Some(g) = &self.gpus {
             s += &format!("  {}\n", g.render());
         }
+        s += &self.storage.render();
         let n = self.per_shard.len();
         let shown: Vec<usize> = if n <= 12 {
             (0..n).collect()

@@ -48,6 +48,8 @@ use tally::{compare, distinct_inputs_per_output, Sums, Tally};
 
 use crate::comm::{agree, exclusive_sum, gather, Comm};
 use crate::plan::{assign_inputs, Equalize};
+use crate::report::mixing::Mixing;
+use crate::report::picture::{self, Picture};
 use crate::report::{narrate, Stats};
 
 /// What every rank gets from `verify`: the verdict, and the report on rank 0.
@@ -86,9 +88,56 @@ pub fn verify(comm: &impl Comm, cfg: &VerifyConfig) -> Result<Verdict> {
         let counts = (inputs.samples, outputs.samples);
         lead_report(cfg, &setup, lead, counts, findings, started)
     });
+    if let Some(path) = &cfg.plot {
+        plot(comm, path, &setup, &tally, report.as_ref())?;
+    }
     let ok = report.as_ref().is_none_or(|r| r.ok);
     let ok = comm.broadcast(0, vec![u8::from(ok)]) == [1];
     Ok(Verdict { ok, report })
+}
+
+/// `--plot`: the mixing counts summed over ranks, the picture drawn by rank 0.
+///
+/// # Errors
+/// Rank 0 cannot write the picture (on every rank).
+fn plot(
+    comm: &impl Comm,
+    path: &std::path::Path,
+    setup: &Setup,
+    tally: &Tally,
+    report: Option<&VerifyReport>,
+) -> Result<()> {
+    let mixing = tally.mixing.as_ref().expect("compare counts the mixing");
+    let mixing = mixing.with_counts(comm.all_sum(&mixing.counts));
+    let drawn = report.map_or(Ok(()), |r| {
+        let bytes: Vec<u64> = setup.outputs.iter().map(|o| o.size.unwrap_or(0)).collect();
+        let samples: Vec<u64> = setup
+            .outputs
+            .iter()
+            .map(|o| o.listed.as_ref().map_or(0, |e| e.nsamples))
+            .collect();
+        let picture = Picture {
+            title: format!(
+                "reshard verify {}: {} samples, {} input shards -> {} output shards",
+                r.output.display(),
+                r.output_samples,
+                r.input_shards,
+                r.output_shards
+            ),
+            shard_bytes: &bytes,
+            shard_samples: &samples,
+            mixing: &mixing,
+        };
+        if let Some(w) = picture::draw(path, &picture)? {
+            eprintln!("reshard: warning: {w}");
+        }
+        narrate(
+            true,
+            format_args!("verify: drew the output to {}", path.display()),
+        );
+        Ok(())
+    });
+    agree(comm, drawn)
 }
 
 /// One side's records on this rank, with global positions assigned.
@@ -149,7 +198,8 @@ fn owners_compare(
     records.extend(outputs);
     let received = route_records(comm, &records);
     drop(records);
-    compare(received, setup.equalize, setup.outputs.len())
+    let mixing = Mixing::new(setup.outputs.len() as u64, setup.inputs.len() as u64);
+    compare(received, setup.equalize, setup.outputs.len(), mixing)
 }
 
 /// What the ranks found: totals summed on every rank, the rest gathered (encoded) on rank 0.
@@ -316,6 +366,7 @@ mod tests {
             inputs: inputs.to_vec(),
             output: out.to_path_buf(),
             json: false,
+            plot: None,
         };
         LocalComm::run(ranks, |c| verify(c, &cfg).unwrap())
     }
@@ -366,6 +417,7 @@ mod tests {
             inputs,
             output: out,
             json: false,
+            plot: None,
         };
         let errors = LocalComm::run(2, |c| {
             verify(c, &cfg).map(|_| ()).map_err(|e| format!("{e:#}"))

@@ -15,6 +15,7 @@ use crate::comm::wire::{decode_concat, encode_values as encode};
 use crate::comm::wire::{route, Sink};
 use crate::comm::{gather, Comm};
 use crate::plan::Equalize;
+use crate::report::mixing::Mixing;
 use crate::tar::key_at;
 
 /// How many example samples each kind of mismatch lists.
@@ -106,6 +107,8 @@ pub(super) struct Tally {
     /// The input samples left out (drop) or the output's second copies (pad), up to the shard
     /// count (a valid run has fewer).
     pub(super) equalized: Vec<Record>,
+    /// Matched samples per (output shard, input shard), binned: for `--plot`.
+    pub(super) mixing: Option<Mixing>,
 }
 
 impl Tally {
@@ -178,8 +181,13 @@ fn locate<'a>(setup: &'a Setup, r: &Record) -> (&'a Path, String) {
     (path, key)
 }
 
-/// Compares the copies of each digest this rank owns.
-pub(super) fn compare(mut records: Vec<Record>, equalize: Equalize, shards: usize) -> Tally {
+/// Compares the copies of each digest this rank owns; counts matched pairs into `mixing`.
+pub(super) fn compare(
+    mut records: Vec<Record>,
+    equalize: Equalize,
+    shards: usize,
+    mut mixing: Mixing,
+) -> Tally {
     records.sort_unstable();
     let mut t = Tally::default();
     for group in records.chunk_by(|a, b| a.digest == b.digest) {
@@ -188,6 +196,7 @@ pub(super) fn compare(mut records: Vec<Record>, equalize: Equalize, shards: usiz
         for (i, o) in ins.iter().zip(outs) {
             t.sums.add(i.index, o.index);
             t.shard_pairs.push((o.shard, i.shard));
+            mixing.add(u64::from(o.shard), u64::from(i.shard));
         }
         let (i, o) = (ins.len() as u64, outs.len() as u64);
         let (i_n, o_n) = (ins.len(), outs.len());
@@ -226,6 +235,7 @@ pub(super) fn compare(mut records: Vec<Record>, equalize: Equalize, shards: usiz
     }
     t.shard_pairs.sort_unstable();
     t.shard_pairs.dedup();
+    t.mixing = Some(mixing);
     t
 }
 
@@ -288,7 +298,7 @@ mod tests {
             rec(4, O, 7, 3),
             rec(4, O, 8, 3), // one extra copy
         ];
-        let t = compare(records.clone(), Equalize::None, 4);
+        let t = compare(records.clone(), Equalize::None, 4, Mixing::new(4, 2));
         assert_eq!(
             t.mismatches,
             Mismatches {
@@ -305,10 +315,10 @@ mod tests {
         // The example of a duplicate is the later copy.
         assert_eq!(t.examples[2].1.index, 8);
 
-        let t = compare(records.clone(), Equalize::Drop, 4);
+        let t = compare(records.clone(), Equalize::Drop, 4, Mixing::new(4, 2));
         assert_eq!((t.mismatches.missing, t.mismatches.left_out), (0, 1));
         assert_eq!(t.equalized.len(), 1);
-        let t = compare(records, Equalize::Pad, 4);
+        let t = compare(records, Equalize::Pad, 4, Mixing::new(4, 2));
         assert_eq!(
             (
                 t.mismatches.repeated,

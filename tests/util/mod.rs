@@ -10,6 +10,7 @@
 pub mod cluster;
 pub mod corpus;
 pub mod data;
+pub mod ops;
 pub mod runs;
 pub mod samples;
 pub mod slurm;

@@ -128,6 +128,8 @@ pub fn run(
         write_failure: Mutex::new(None),
         written: AtomicU64::new(0),
         synced: AtomicU64::new(0),
+        read_nanos: AtomicU64::new(0),
+        write_nanos: AtomicU64::new(0),
         dog: Watchdog::start(
             stall_timeout,
             (comm.rank(), comm.size()),
@@ -160,6 +162,8 @@ pub fn run(
     stats.bytes_reused = reused.bytes;
     stats.samples_reused = reused.samples;
     stats.shards_reused = reused.shards;
+    stats.read_nanos = stages.read_nanos.into_inner();
+    stats.write_nanos = stages.write_nanos.into_inner();
     let expected = job.layout.sample_bytes();
     if stats.bytes_written + stats.bytes_reused != expected {
         bail!(

@@ -26,14 +26,17 @@ pub(super) fn pack_rounds(
             return;
         };
         let mut used = vec![0usize; ranks];
-        let (payload, error) =
-            match fill(job, me, &mut cursor, &mut reader, &mut buf, cap, &mut used) {
-                Ok(f) => {
-                    written.fetch_add(f.copied, Ordering::Relaxed);
-                    (f.packed + f.copied, None)
-                }
-                Err(e) => (0, Some(e)),
-            };
+        let busy = std::time::Instant::now();
+        let filled = fill(job, me, &mut cursor, &mut reader, &mut buf, cap, &mut used);
+        st.read_nanos
+            .fetch_add(busy.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let (payload, error) = match filled {
+            Ok(f) => {
+                written.fetch_add(f.copied, Ordering::Relaxed);
+                (f.packed + f.copied, None)
+            }
+            Err(e) => (0, Some(e)),
+        };
         let stop = error.is_some();
         if packed
             .send(Packed {

@@ -64,6 +64,10 @@ pub struct Stages<'a, 'j> {
     pub written: AtomicU64,
     /// The last round after which the writer synced its shards.
     pub synced: AtomicU64,
+    /// Nanoseconds the reader spent reading and packing, and the writer writing (for the
+    /// summary's slowest reader and writer).
+    pub read_nanos: AtomicU64,
+    pub write_nanos: AtomicU64,
     pub dog: Watchdog,
 }
 
@@ -83,4 +87,8 @@ pub struct ExchangeStats {
     pub shards_reused: u64,
     /// Checkpoints recorded during this exchange.
     pub checkpoints: u64,
+    /// Time this rank's reader spent reading (and copying its own samples), and its writer
+    /// writing, in nanoseconds: waits for buffers excluded.
+    pub read_nanos: u64,
+    pub write_nanos: u64,
 }

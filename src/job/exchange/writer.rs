@@ -18,6 +18,7 @@ pub(super) fn write_rounds(
     let (job, failure, written) = (st.job, &st.write_failure, &st.written);
     for d in deliveries {
         st.dog.touch();
+        let busy = std::time::Instant::now();
         if failure.lock().unwrap().is_none() {
             let segments = d
                 .from
@@ -49,6 +50,8 @@ pub(super) fn write_rounds(
                 }
             }
         }
+        st.write_nanos
+            .fetch_add(busy.elapsed().as_nanos() as u64, Ordering::Relaxed);
         // The other ends may be gone after a failure; the buffers are then simply dropped.
         let _ = free_send.send(d.send);
         let _ = free_recv.send(d.recv);

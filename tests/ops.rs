@@ -1,0 +1,268 @@
+//! Issue 17: running on a cluster. A summary that fits a screen at 64 ranks, progress under a
+//! launcher for indexing and the exchange, what a plan costs a parallel filesystem, and the
+//! pictures of `plan --plot` and `verify --plot`.
+
+use std::fs;
+use std::time::Duration;
+
+use crate::util::ops::{png_size, progress_lines, spack_package, svg_elements};
+use crate::util::verifier::assert_same_output;
+use crate::util::Dir;
+
+#[test]
+fn the_summary_of_64_ranks_fits_a_screen() {
+    let dir = Dir::new("ops-64");
+    dir.generate(
+        "in",
+        &["--shards", "64", "--samples", "640", "--mean-size", "1KiB"],
+    );
+    // 64 oversubscribed ranks on a couple of cores: about 30 s here.
+    let out = dir
+        .mpi(64)
+        .args(["run", "--input", "in", "--output", "out", "--shards", "64"])
+        .args(["--seed", "3", "--report", "report.json"])
+        .timeout(Duration::from_secs(300))
+        .assert_success();
+    let lines = out.stdout.lines().count();
+    out.check(lines <= 30, &format!("the summary has {lines} lines"));
+    for needle in [
+        "with 64 ranks",
+        "slowest reader: rank ",
+        "slowest writer: rank ",
+        "largest: rank ",
+        "(every rank: --report)",
+    ] {
+        out.check(out.stdout.contains(needle), &format!("no {needle:?}"));
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let per_rank = report["per_rank"].as_array().unwrap();
+    out.check(per_rank.len() == 64, "the report lists every rank");
+    out.check(
+        per_rank.iter().all(|r| r["read_seconds"].is_f64()),
+        "every rank's read time is in the report",
+    );
+    let spread = &report["rank_spread"]["peak_rss"];
+    out.check(
+        spread["max"].as_u64() >= spread["median"].as_u64()
+            && spread["max_rank"].as_u64() < Some(64),
+        "the report has the spread of peak RSS",
+    );
+}
+
+#[test]
+fn progress_shows_under_mpirun_for_index_and_exchange() {
+    let dir = Dir::new("ops-progress");
+    dir.generate(
+        "in",
+        &["--shards", "6", "--samples", "600", "--mean-size", "4KiB"],
+    );
+    let run = |out: &str, progress: &[&str]| {
+        dir.mpi(2)
+            .args(["run", "--input", "in", "--output", out, "--shards", "5"])
+            // A small budget: many exchange rounds, each reported.
+            .args(["--seed", "4", "--mem-limit", "1MiB"])
+            .args(progress)
+            .assert_success()
+    };
+    let lines = run(
+        "lines",
+        &["--progress", "lines", "--progress-interval", "0"],
+    );
+    let index = progress_lines(&lines.stderr, "index");
+    lines.check(
+        index
+            .last()
+            .is_some_and(|l| l.contains("6 / 6 shards") && l.contains("(100%)")),
+        "index progress ends at every shard",
+    );
+    let exchange = progress_lines(&lines.stderr, "exchange");
+    lines.check(exchange.len() >= 2, "one exchange progress line per round");
+    lines.check(
+        exchange
+            .last()
+            .is_some_and(|l| l.contains("(100%)") && l.contains("/s")),
+        "exchange progress ends at 100 % with a rate",
+    );
+    let none = run("none", &["--progress", "none"]);
+    none.check(
+        progress_lines(&none.stderr, "index").is_empty()
+            && progress_lines(&none.stderr, "exchange").is_empty(),
+        "--progress none printed progress",
+    );
+    // Forced through mpirun's pipe, the bar is drawn with carriage returns.
+    let bar = run("bar", &["--progress", "bar"]);
+    bar.check(
+        bar.stderr.contains("\r\x1b[2Kindex") && bar.stderr.contains("exchange"),
+        "no bar drawn",
+    );
+    assert_same_output(&dir.join("lines"), &dir.join("none"), &[]);
+    assert_same_output(&dir.join("lines"), &dir.join("bar"), &[]);
+    dir.command()
+        .args([
+            "run", "--input", "in", "--output", "x", "--shards", "2", "--seed", "1",
+        ])
+        .arg("--progress-interval=-1")
+        .assert_code(2)
+        .stderr_has("--progress-interval");
+}
+
+#[test]
+fn plan_counts_inodes_and_warns_about_tiny_shards() {
+    let dir = Dir::new("ops-inodes");
+    dir.generate(
+        "in",
+        &["--shards", "4", "--samples", "400", "--mean-size", "1KiB"],
+    );
+    let plan = |shards: &str| {
+        dir.mpi(2)
+            .args(["plan", "--input", "in", "--shards", shards, "--seed", "1"])
+            .assert_success()
+    };
+    let many = plan("40");
+    many.check(
+        many.stdout.contains("inodes: 83"),
+        "40 shards: 2 x 40 + 3 inodes",
+    );
+    many.check(
+        many.stdout.contains("warning: 40 shards of") && many.stdout.contains("--shard-size"),
+        "40 tiny shards were not warned about",
+    );
+    let few = plan("4");
+    few.check(few.stdout.contains("inodes: 11"), "4 shards: 11 inodes");
+    few.check(!few.stdout.contains("warning"), "a warning for 4 shards");
+    let json = dir
+        .command()
+        .args([
+            "plan", "--input", "in", "--shards", "40", "--seed", "1", "--json",
+        ])
+        .assert_success();
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    json.check(
+        v["storage"]["inodes"] == 83 && v["storage"]["warnings"].as_array().unwrap().len() == 1,
+        "the JSON plan has the inodes and the warning",
+    );
+}
+
+#[test]
+fn plan_and_verify_draw_pictures() {
+    let dir = Dir::new("ops-plot");
+    dir.generate(
+        "in",
+        &[
+            "--shards",
+            "7",
+            "--samples",
+            "500",
+            "--mean-size",
+            "2KiB",
+            "--skew",
+            "1",
+        ],
+    );
+    let plan = dir
+        .mpi(2)
+        .args(["plan", "--input", "in", "--shards", "9", "--seed", "2"])
+        .args(["--plot", "plan.svg"])
+        .assert_success();
+    plan.stderr_has("drew the plan to plan.svg");
+    let svg = dir.join("plan.svg");
+    let size = fs::metadata(&svg).unwrap().len();
+    plan.check(
+        (10_000..5_000_000).contains(&size),
+        &format!("an SVG of {size} bytes"),
+    );
+    if let Some((rects, texts)) = svg_elements(&dir, &svg) {
+        // 9 x 7 cells in each of the two matrices, plus the histograms' bars.
+        plan.check(rects >= 2 * 63 + 2, &format!("{rects} rectangles"));
+        plan.check(texts >= 5, &format!("{texts} texts: titles and labels"));
+    }
+
+    dir.mpi(3)
+        .args([
+            "run", "--input", "in", "--output", "out", "--shards", "9", "--seed", "2",
+        ])
+        .assert_success();
+    let verify = dir
+        .mpi(2)
+        .args([
+            "verify",
+            "--input",
+            "in",
+            "--output",
+            "out",
+            "--plot",
+            "check.png",
+        ])
+        .assert_success();
+    verify.stderr_has("drew the output to check.png");
+    let png = dir.join("check.png");
+    verify.check(png_size(&png) == (1200, 900), "a 1200 x 900 PNG");
+    let size = fs::metadata(&png).unwrap().len();
+    verify.check(
+        (10_000..5_000_000).contains(&size),
+        &format!("a PNG of {size} bytes"),
+    );
+
+    // A picture of a run is verify's; a format must be known.
+    let refused: [&[&str]; 2] = [
+        &[
+            "run", "--input", "in", "--output", "o2", "--shards", "2", "--seed", "1", "--plot",
+            "p.svg",
+        ],
+        &[
+            "plan", "--input", "in", "--shards", "2", "--seed", "1", "--plot", "p.pdf",
+        ],
+    ];
+    for args in refused {
+        dir.command().args(args).assert_code(2).stderr_has("--plot");
+    }
+    dir.command()
+        .args([
+            "verify", "--input", "in", "--output", "out", "--plot", "v.jpg",
+        ])
+        .assert_code(2)
+        .stderr_has(".svg or .png");
+}
+
+#[test]
+fn the_spack_package_builds_against_the_site_mpi() {
+    let dir = Dir::new("ops-spack");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = fs::read_to_string(root.join("spack/repo.yaml")).unwrap();
+    assert!(repo.contains("namespace: reshard"), "{repo}");
+    let Some(pkg) = spack_package(&dir, &root.join("spack/packages/reshard/package.py")) else {
+        return;
+    };
+    assert_eq!(
+        pkg["classes"]["Reshard"],
+        serde_json::json!(["CargoPackage"])
+    );
+    let deps: Vec<&str> = pkg["depends_on"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d[0].as_str().unwrap())
+        .collect();
+    // The Rust version Spack asks for is the one Cargo.toml declares.
+    let manifest = fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let rust = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .unwrap()
+        .trim_matches('"');
+    for want in ["mpi", "llvm+clang", "c", &format!("rust@{rust}:")] {
+        assert!(deps.contains(&want), "no depends_on({want:?}) in {deps:?}");
+    }
+    // MPI is linked, the compilers only build.
+    for dep in pkg["depends_on"].as_array().unwrap() {
+        let build_only = dep[1]["type"] == "build";
+        assert_eq!(build_only, dep[0] != "mpi", "{dep}");
+    }
+    assert_eq!(pkg["build_args"], serde_json::json!(["--locked"]));
+    assert!(pkg["versions"].as_array().unwrap().contains(&"main".into()));
+    assert!(pkg["methods"]
+        .as_array()
+        .unwrap()
+        .contains(&"setup_build_environment".into()));
+}

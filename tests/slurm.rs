@@ -508,7 +508,9 @@ fn epoch_loop_without_overlap_waits_for_training() {
 /// RESHARD_TEST_PAUSE_FINISH) ends it with nothing published; the rerun succeeds.
 #[test]
 fn scancel_of_a_running_step_publishes_nothing_and_resume_continues() {
-    let Some(slurm) = slurm_or_skip("scancel_of_a_running_step_publishes_nothing_and_resume_continues") else {
+    let Some(slurm) =
+        slurm_or_skip("scancel_of_a_running_step_publishes_nothing_and_resume_continues")
+    else {
         return;
     };
     let dir = Dir::new("slurm-scancel");

@@ -67,14 +67,17 @@ fn kill_at(rank: usize, at: &str) {
 }
 
 /// `RESHARD_TEST_PAUSE_FINISH`: a window in which a test changes an input.
+/// A marker left by an attempt that was killed while paused is removed in any case: a resumed
+/// run publishes its staging directory.
 pub fn pause_before_finish(staging: &Path, rank: usize) {
+    let marker = staging.join(format!(".paused-{rank}"));
+    let _ = std::fs::remove_file(&marker);
     let Some(secs) = std::env::var("RESHARD_TEST_PAUSE_FINISH")
         .ok()
         .and_then(|v| v.parse().ok())
     else {
         return;
     };
-    let marker = staging.join(format!(".paused-{rank}"));
     let _ = std::fs::write(&marker, b"");
     std::thread::sleep(Duration::from_secs(secs));
     let _ = std::fs::remove_file(&marker);

@@ -514,7 +514,21 @@ fn scancel_of_a_running_step_publishes_nothing_and_resume_continues() {
         return;
     };
     let dir = Dir::new("slurm-scancel");
-    dataset(&dir);
+    // 16 MiB in rounds of a few hundred KiB (--mem-limit 2MiB below): the step checkpoints many
+    // times before its finish phase.
+    dir.generate(
+        "input",
+        &[
+            "--shards",
+            "5",
+            "--samples",
+            "4000",
+            "--mean-size",
+            "4KiB",
+            "--seed",
+            "4",
+        ],
+    );
     run(&dir, None, &["input"], "one", 5, 3, &[]);
     let args = [
         "run",
@@ -528,6 +542,8 @@ fn scancel_of_a_running_step_publishes_nothing_and_resume_continues() {
         "3",
         "--checkpoint-every",
         "0",
+        "--mem-limit",
+        "2MiB",
     ];
     let mut step = slurm.srun(&dir, "pmi2", 2, &args);
     step.env("RESHARD_TEST_PAUSE_FINISH", "60");

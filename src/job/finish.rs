@@ -1,6 +1,7 @@
 //! Phase "finish": the inputs are checked unchanged, each writer syncs its shards, compresses
-//! them (`--compress`), saves their index and digests them (`--checksum`); rank 0 gathers the
-//! sizes and digests for the manifest.
+//! them (`--compress`), saves their index, writes their loader indexes (`--energon`,
+//! `--dali-index`) and digests them (`--checksum`); rank 0 gathers the sizes and digests for the
+//! manifest.
 
 use std::fs;
 use std::path::Path;
@@ -14,8 +15,8 @@ use crate::input::InputShard;
 use crate::job::expand::Setup;
 use crate::job::layout::{gather_u64s, Laid};
 use crate::job::Planned;
-use crate::output::saved_index;
 use crate::output::{compress_shard, md5_file, OutputShards, ShardNames};
+use crate::output::{loaders, saved_index};
 use crate::tar::{Codec, Sample};
 
 /// On rank 0: every output file's size, and with `--checksum` every shard's MD5 (16 bytes each,
@@ -79,6 +80,8 @@ fn finish_shards(
             Sample { start, len }
         });
         saved_index::save(&dir, &published, samples)?;
+        let count = plan.shard_positions(s).end - plan.shard_positions(s).start;
+        loaders::write_shard(&cfg.loaders, staging, &plain, s, count)?;
         if cfg.checksum {
             sums.extend(md5_file(&published)?);
         }

@@ -241,6 +241,7 @@ mod tests {
             stall_timeout: std::time::Duration::from_secs(120),
             max_round_bytes: i32::MAX as u64,
             order: crate::plan::order::OrderSpec::default(),
+            loaders: crate::config::LoaderIndexes::default(),
         }
     }
 

@@ -1,5 +1,6 @@
-//! Phase "publish": the manifest is written, the staging directory becomes the output in one
-//! rename, then `--link` and `--keep` act. Nothing is visible at the output path before.
+//! Phase "publish": energon's `.nv-meta/` (`--energon`) and the manifest are written, the
+//! staging directory becomes the output in one rename, then `--link` and `--keep` act. Nothing
+//! is visible at the output path before.
 
 use std::fs;
 use std::path::Path;
@@ -15,6 +16,7 @@ use crate::job::link::check_link;
 use crate::job::place::Placed;
 use crate::job::series::outputs_beyond;
 use crate::job::Planned;
+use crate::output::energon;
 use crate::output::manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
 use crate::report::Stats;
 
@@ -35,12 +37,30 @@ pub fn run(
         let _ = fs::remove_dir_all(staging.join(HEARTBEATS));
         let info = run_info(comm.size(), cfg, setup, planned, finished);
         let shardlist = shard_list(cfg, &planned.placed, &planned.laid, finished);
-        Manifest::new(shardlist, info)
-            .write(&staging.join("index.json"))
+        energon_meta(cfg, staging, planned)
+            .and_then(|()| Manifest::new(shardlist, info).write(&staging.join("index.json")))
             .and_then(|()| publish(staging, target))
             .and_then(|()| after_publish(cfg, target))
     });
     broadcast_result(comm, 0, published)
+}
+
+/// `--energon`: `.nv-meta/`, from the rows every writer left in the staging directory.
+fn energon_meta(cfg: &RunConfig, staging: &Path, planned: &Planned) -> Result<()> {
+    let Some(dataset) = &cfg.loaders.energon else {
+        return Ok(());
+    };
+    let placed = &planned.placed;
+    let names: Vec<String> = (0..placed.shards).map(|s| placed.names.plain(s)).collect();
+    energon::write_meta(
+        staging,
+        &energon::Meta {
+            names: &names,
+            counts: &planned.laid.shard_samples,
+            parts: &energon::unsplit_parts(&names),
+            dataset,
+        },
+    )
 }
 
 /// The manifest's `reshard` object: what was run and what it made.

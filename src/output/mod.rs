@@ -5,9 +5,15 @@
 //! - [`compress`]: [`compress_shard`] and [`md5_file`].
 //! - [`manifest`]: [`Manifest`], the wids `index.json`.
 //! - [`saved_index`]: `.reshard/NAME.idx` files.
+//! - [`loaders`]: the loader indexes of a shard, from its [`members`]: [`energon`] (`--energon`)
+//!   and [`dali`] (`--dali-index`).
 
 pub mod compress;
+pub mod dali;
+pub mod energon;
+pub mod loaders;
 pub mod manifest;
+pub mod members;
 pub mod saved_index;
 pub mod shards;
 

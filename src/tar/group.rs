@@ -87,6 +87,10 @@ pub enum OnDuplicate {
     /// Keep everything silently (the default of the library API; the CLI defaults to abort).
     #[default]
     Keep,
+    /// Fail: the output's loader index (`--energon`) requires unique keys. Not a flag value:
+    /// `--energon` sets it whatever `--on-duplicate` says.
+    #[value(skip)]
+    Unique,
 }
 
 impl OnDuplicate {
@@ -103,6 +107,9 @@ impl OnDuplicate {
             OnDuplicate::Abort => bail!("{what} (--on-duplicate abort; warn or keep accept it)"),
             OnDuplicate::Warn => warnings.warn(what),
             OnDuplicate::Keep => {}
+            OnDuplicate::Unique => bail!(
+                "{what} (--energon: energon requires unique sample keys, whatever --on-duplicate says)"
+            ),
         }
         Ok(())
     }

@@ -1,0 +1,53 @@
+//! The loader indexes of one output shard (`--energon`, `--dali-index`), written by its writer
+//! once the shard is complete: one header-only pass over it ([`members`]), then each loader's
+//! files ([`energon`], [`dali`]).
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use crate::config::LoaderIndexes;
+use crate::output::{dali, energon, members};
+
+/// Writes the loader indexes `loaders` asks for of shard number `shard`, the plain tar at
+/// `path` in the staging directory `staging`, which should hold `expected` samples.
+///
+/// # Errors
+/// A member a loader cannot index (named with the shard and byte offset), a shard whose samples
+/// are not the ones laid out, or a file that cannot be written.
+pub fn write_shard(
+    loaders: &LoaderIndexes,
+    staging: &Path,
+    path: &Path,
+    shard: u64,
+    expected: u64,
+) -> Result<()> {
+    if loaders.energon.is_none() && !loaders.dali {
+        return Ok(());
+    }
+    let check = |member: &str| {
+        let energon = loaders.energon.as_ref().and_then(|_| {
+            let key = crate::tar::sample_key(member.as_bytes())?;
+            energon::name_problem(member, &String::from_utf8_lossy(key))
+        });
+        energon.or_else(|| loaders.dali.then(|| dali::name_problem(member)).flatten())
+    };
+    let samples = members::read_samples(path, &check)?;
+    if samples.len() as u64 != expected {
+        bail!(
+            "{}: {} samples read back, {expected} laid out (internal error)",
+            path.display(),
+            samples.len()
+        );
+    }
+    if loaders.energon.is_some() {
+        energon::write_shard(staging, path, shard, &samples)?;
+    }
+    if loaders.dali {
+        let idx = dali::index_path(path);
+        fs::write(&idx, dali::index_text(&samples))
+            .with_context(|| format!("{}: cannot write", idx.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Reads a reshard output written with --energon through Megatron-Energon's own readers.
+
+    PYTHONPATH=examples/consumers/torch_standin python3 read_energon.py DIR [--split train]
+
+reshard --energon writes .nv-meta/ (.info.json, split.yaml, dataset.yaml, index.sqlite,
+index.uuid) and NAME.tar.idx beside each shard, so that `energon prepare` is not needed. This
+loads the split's shards from that metadata as energon does (WebdatasetMeta.from_config), then
+reads every sample twice, with the two readers energon's datasets are built on:
+  * by position, through the .tar.idx offsets (ShardInfosITarReader: what the training loader
+    slices), and
+  * by key, through index.sqlite (SqliteITarEntryReader: energon's random access),
+and checks, exiting 1 on any mismatch:
+  * the split holds as many samples as index.json lists, every key exactly once;
+  * the sample read by key has the same members and bytes as the one read by position.
+
+Needs: pip install -r requirements.txt, then pip install --no-deps -r energon-requirements.txt.
+Energon imports torch everywhere, but these readers do no tensor work: with torch not installed,
+put torch_standin/ on PYTHONPATH (a placeholder module); with torch installed, leave it off.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from megatron.energon.epathlib import EPath
+from megatron.energon.flavors.webdataset.itar_reader import (
+    ShardInfosITarReader,
+    SqliteITarEntryReader,
+)
+from megatron.energon.flavors.webdataset.metadata import WebdatasetMeta
+
+
+def members(sample):
+    """The member bytes of a sample energon returned (its __-fields left out)."""
+    return {k: v for k, v in sample.items() if not k.startswith("__")}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dir")
+    ap.add_argument("--split", default="train")
+    args = ap.parse_args()
+    path = EPath(os.path.abspath(args.dir))
+    meta = WebdatasetMeta.from_config(path, split_part=args.split, split_config="split.yaml")
+    by_position = ShardInfosITarReader(path, meta.shards)
+    by_key = SqliteITarEntryReader(path)
+    with open(os.path.join(args.dir, "index.json")) as f:
+        listed = sum(s["nsamples"] for s in json.load(f)["shardlist"])
+    problems = []
+    seen = set()
+    for i in range(len(by_position)):
+        sample = by_position[i]
+        key = sample["__key__"]
+        if key in seen:
+            problems.append(f"key {key!r} read twice")
+        seen.add(key)
+        if members(by_key[key]) != members(sample):
+            problems.append(f"sample {key!r}: index.sqlite and .tar.idx give different members")
+    if len(seen) != listed or len(by_key) != listed:
+        problems.append(
+            f"{len(seen)} samples by position, {len(by_key)} in index.sqlite, "
+            f"index.json lists {listed}"
+        )
+    print(
+        f"energon: split {args.split!r}: {len(meta.shards)} shards, {len(seen)} samples, "
+        f"each read by position (.tar.idx) and by key (index.sqlite)"
+    )
+    for p in problems[:10]:
+        print(f"energon: MISMATCH: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

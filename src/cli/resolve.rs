@@ -18,6 +18,7 @@ use crate::generate::DEFAULT_SAMPLES;
 use crate::plan::order::{OrderBy, OrderSpec};
 use crate::plan::{Equalize, Sizing};
 use crate::size::parse_size;
+use crate::tar::key::LoaderNames;
 use crate::tar::{Codec, OnDuplicate, Rules};
 
 /// What `reshard` is asked to do, every argument checked.
@@ -427,6 +428,10 @@ fn rules(args: &RunArgs, order: &OrderSpec, loaders: &LoaderIndexes) -> Rules {
         },
         keep_keys: order.needs_keys(),
         read_member: order.member().map(|e| (e.to_string(), order.label_limit)),
+        loader_names: LoaderNames {
+            energon: loaders.energon.is_some(),
+            dali: loaders.dali,
+        },
     }
 }
 

@@ -23,7 +23,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use md5::Digest;
-use regex::Regex;
 use serde::{Deserialize, Serialize};
 
 use crate::config::EnergonDataset;
@@ -49,36 +48,6 @@ pub fn shard_name_problem(name: &str) -> Option<String> {
         ));
     }
     None
-}
-
-/// What makes a member path unusable for energon, if anything: energon splits a path into key
-/// and part with its own pattern and skips `__name__` entries, and its sample would then differ
-/// from reshard's.
-pub fn name_problem(path: &str, key: &str) -> Option<String> {
-    if path.contains('\n') {
-        return Some(
-            "energon cannot split a member path with a line break into key and part".into(),
-        );
-    }
-    if meta_pattern().is_match(path) {
-        return Some("energon skips members named like __name__, so its samples would differ from the output's".into());
-    }
-    match split_pattern().captures(path) {
-        Some(c) if &c[1] == key => None,
-        _ => Some(format!(
-            "energon would not read the sample key {key:?} from it"
-        )),
-    }
-}
-
-/// Energon's `split_name_re`: the key, a dot, the part.
-fn split_pattern() -> Regex {
-    Regex::new(r"^((?:.*/|)[^.]+)[.]([^/]*)$").expect("valid pattern")
-}
-
-/// Energon's `skip_meta_re`, anchored at the start as Python's `re.match` is.
-fn meta_pattern() -> Regex {
-    Regex::new(r"^__[^/]*__($|/)").expect("valid pattern")
 }
 
 /// Where the offsets of the shard at `shard` go: `NAME.tar.idx`.
@@ -536,11 +505,7 @@ mod tests {
     }
 
     #[test]
-    fn names_energon_reads_otherwise_are_refused() {
-        assert!(name_problem("d/a.jpg", "d/a").is_none());
-        assert!(name_problem("a.b/c.seg.png", "a.b/c").is_none());
-        assert!(name_problem("__meta__/x.json", "__meta__/x").is_some());
-        assert!(name_problem("x\n/a.jpg", "x\n/a").is_some());
+    fn shard_names_energon_reads_otherwise_are_refused() {
         assert!(shard_name_problem("s-{0}.tar").is_some());
         assert!(shard_name_problem("s.tar.gz").is_some());
         assert!(shard_name_problem("s-000001.tar").is_none());

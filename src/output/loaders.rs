@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::config::LoaderIndexes;
 use crate::output::{dali, energon, members};
+use crate::tar::key::LoaderNames;
 
 /// Writes the loader indexes `loaders` asks for of shard number `shard`, the plain tar at
 /// `path` in the staging directory `staging`, which should hold `expected` samples.
@@ -26,14 +27,11 @@ pub fn write_shard(
     if loaders.energon.is_none() && !loaders.dali {
         return Ok(());
     }
-    let check = |member: &str| {
-        let energon = loaders.energon.as_ref().and_then(|_| {
-            let key = crate::tar::sample_key(member.as_bytes())?;
-            energon::name_problem(member, &String::from_utf8_lossy(key))
-        });
-        energon.or_else(|| loaders.dali.then(|| dali::name_problem(member)).flatten())
+    let names = LoaderNames {
+        energon: loaders.energon.is_some(),
+        dali: loaders.dali,
     };
-    let samples = members::read_samples(path, &check)?;
+    let samples = members::read_samples(path, names)?;
     if samples.len() as u64 != expected {
         bail!(
             "{}: {} samples read back, {expected} laid out (internal error)",

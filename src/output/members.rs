@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use crate::tar::headers::{Member, Seekable, Walk};
-use crate::tar::key::{extension, sample_key};
+use crate::tar::key::{extension, sample_key, LoaderNames};
 use crate::tar::HeaderReader;
 
 /// One member of a sample, as the loaders index it.
@@ -37,29 +37,28 @@ pub struct SampleParts {
     pub parts: Vec<Part>,
 }
 
-/// Reads the samples and members of the plain output shard at `path`, checking each member
-/// with `check` (which returns what is wrong with it, if anything).
+/// Reads the samples and members of the plain output shard at `path`, checking each member's
+/// name against what the loaders `names` read (inputs indexed from their headers were checked
+/// already; these checks catch inputs read through a saved index).
 ///
 /// # Errors
 /// The shard cannot be read, a member is not a plain regular file with a UTF-8 key, or `check`
 /// refuses a member: the message names the shard, the byte offset and the member.
-pub fn read_samples(
-    path: &Path,
-    check: &dyn Fn(&str) -> Option<String>,
-) -> Result<Vec<SampleParts>> {
+pub fn read_samples(path: &Path, names: LoaderNames) -> Result<Vec<SampleParts>> {
     let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     let len = file
         .metadata()
         .with_context(|| format!("{}: cannot stat", path.display()))?
         .len();
     let mut walk = Walk::new(Seekable(HeaderReader::new(file)), Some(len));
+    let shown = format!(
+        "output shard {}",
+        path.file_name().unwrap_or_default().to_string_lossy()
+    );
     let mut samples: Vec<SampleParts> = Vec::new();
-    while let Some(member) = walk
-        .next_member()
-        .with_context(|| path.display().to_string())?
-    {
-        let (key, part) = part_of(&member, check)
-            .with_context(|| format!("{}: byte offset {}", path.display(), member.header))?;
+    while let Some(member) = walk.next_member().with_context(|| shown.clone())? {
+        let (key, part) = part_of(&member, names)
+            .with_context(|| format!("{shown}: byte offset {}", member.header))?;
         match samples.last_mut() {
             Some(open) if open.key == key => {
                 open.len = member.end - open.start;
@@ -77,7 +76,7 @@ pub fn read_samples(
 }
 
 /// The key and the part of one member of an output shard.
-fn part_of(member: &Member, check: &dyn Fn(&str) -> Option<String>) -> Result<(String, Part)> {
+fn part_of(member: &Member, names: LoaderNames) -> Result<(String, Part)> {
     let name = member.name();
     if !member.kind.is_file() {
         bail!(
@@ -92,7 +91,7 @@ fn part_of(member: &Member, check: &dyn Fn(&str) -> Option<String>) -> Result<(S
         bail!("member {name:?}: its path is not UTF-8, which the loader indexes require");
     };
     let key = sample_key(&member.path).context("a member without a sample key")?;
-    if let Some(problem) = check(&path) {
+    if let Some(problem) = names.problem(&member.path, key) {
         bail!("member {path:?}: {problem}");
     }
     let key = String::from_utf8_lossy(key).into_owned();
@@ -119,7 +118,7 @@ mod tests {
         let path = tmp.path().join("s.tar");
         let bytes = tar_of(&[("a.jpg", b"xx"), ("a.txt", b"y"), ("d/b.seg.png", b"zzz")]);
         std::fs::write(&path, &bytes).unwrap();
-        let samples = read_samples(&path, &|_| None).unwrap();
+        let samples = read_samples(&path, LoaderNames::default()).unwrap();
         assert_eq!(samples.len(), 2);
         assert_eq!((samples[0].start, samples[0].len), (0, 2048));
         assert_eq!(samples[0].parts[1].data, 1536);
@@ -129,10 +128,14 @@ mod tests {
             (samples[1].parts[0].data, samples[1].parts[0].size),
             (2560, 3)
         );
-        let refused = read_samples(&path, &|p| p.contains("seg").then(|| "no".into()));
-        let e = format!("{:#}", refused.unwrap_err());
+        std::fs::write(&path, tar_of(&[("a.jpg", b"xx"), ("d/b c.png", b"zzz")])).unwrap();
+        let dali = LoaderNames {
+            energon: false,
+            dali: true,
+        };
+        let e = format!("{:#}", read_samples(&path, dali).unwrap_err());
         assert!(
-            e.contains("byte offset 2048") && e.contains("d/b.seg.png"),
+            e.contains("output shard s.tar: byte offset 1024") && e.contains("d/b c.png"),
             "{e}"
         );
     }

@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::tar::headers::{EntryKind, Member};
-use crate::tar::key::{extension, key_hash, sample_key};
+use crate::tar::key::{extension, key_hash, sample_key, LoaderNames};
 
 /// One sample of a shard: a contiguous byte range of the shard file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,6 +147,8 @@ pub struct Rules {
     /// Read the content of each sample's member with this extension, refusing members larger
     /// than the limit ([`ShardIndex::contents`]): labels for ordering and stratifying.
     pub read_member: Option<(String, u64)>,
+    /// Member names must read the same to these loaders (`--energon`, `--dali-index`).
+    pub loader_names: LoaderNames,
 }
 
 impl Rules {
@@ -283,6 +285,20 @@ impl<'r> Grouper<'r> {
     /// A member with a sample key: it continues the open sample or starts the next one.
     fn push_keyed(&mut self, member: &Member, key: &[u8], content: Option<Vec<u8>>) -> Result<()> {
         let (start, end) = (member.start, member.end);
+        if let Some(problem) = self.rules.loader_names.problem(&member.path, key) {
+            bail!(
+                "byte offset {}: member {:?}: {problem}",
+                member.header,
+                member.name()
+            );
+        }
+        if member.sparse && self.rules.loader_names != LoaderNames::default() {
+            bail!(
+                "byte offset {}: member {:?} is stored sparse (with holes): a loader reading its bytes at an offset would not get the file; a loader index needs plain members",
+                member.header,
+                member.name()
+            );
+        }
         let ext = extension(&member.path).to_vec();
         if let Some((open_key, _)) = &self.open {
             if open_key.as_slice() == key {

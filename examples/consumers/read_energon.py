@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reads a reshard output written with --energon through Megatron-Energon's own readers.
 
-    PYTHONPATH=examples/consumers/torch_standin python3 read_energon.py DIR [--split train]
+    python3 read_energon.py DIR [--split train]
 
 reshard --energon writes .nv-meta/ (.info.json, split.yaml, dataset.yaml, index.sqlite,
 index.uuid) and NAME.tar.idx beside each shard, so that `energon prepare` is not needed. This
@@ -15,14 +15,20 @@ and checks, exiting 1 on any mismatch:
   * the sample read by key has the same members and bytes as the one read by position.
 
 Needs: pip install -r requirements.txt, then pip install --no-deps -r energon-requirements.txt.
-Energon imports torch everywhere, but these readers do no tensor work: with torch not installed,
-put torch_standin/ on PYTHONPATH (a placeholder module); with torch installed, leave it off.
+Energon imports torch everywhere, but these readers do no tensor work: when torch is not
+installed, this script puts torch_standin/ (a placeholder module, beside it) on sys.path first.
+With torch installed, the real one is used.
 """
 
 import argparse
 import json
 import os
 import sys
+
+try:
+    import torch  # noqa: F401
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_standin"))
 
 from megatron.energon.epathlib import EPath
 from megatron.energon.flavors.webdataset.itar_reader import (

@@ -1,5 +1,9 @@
 //! Sample keys, as webdataset forms them from member paths.
 
+use std::sync::LazyLock;
+
+use regex::Regex;
+
 /// The key of a member path: everything up to the first `.` of the last path component, or
 /// `None` when the last component has no `.` or starts with one (webdataset skips those).
 pub fn sample_key(path: &[u8]) -> Option<&[u8]> {
@@ -56,12 +60,15 @@ pub fn energon_name_problem(path: &str, key: &str) -> Option<String> {
             "energon cannot split a member path with a line break into key and part".into(),
         );
     }
-    let meta = regex::Regex::new(r"^__[^/]*__($|/)").expect("valid pattern");
-    if meta.is_match(path) {
+    // Compiled once: this runs for every member of the input.
+    static META: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"^__[^/]*__($|/)").expect("valid pattern"));
+    static SPLIT: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"^((?:.*/|)[^.]+)[.]([^/]*)$").expect("valid pattern"));
+    if META.is_match(path) {
         return Some("energon skips members named like __name__, so its samples would differ from the output's".into());
     }
-    let split = regex::Regex::new(r"^((?:.*/|)[^.]+)[.]([^/]*)$").expect("valid pattern");
-    match split.captures(path) {
+    match SPLIT.captures(path) {
         Some(c) if &c[1] == key => None,
         _ => Some(format!(
             "energon would not read the sample key {key:?} from it"

@@ -75,13 +75,15 @@ fn finish_shards(
             compress_shard(&plain, &published, cfg.compress)?
         };
         sizes.push(size);
-        let samples = plan.shard_positions(s).map(|p| {
-            let (start, len) = layout.place(p).expect("laid out");
-            Sample { start, len }
-        });
-        saved_index::save(&dir, &published, samples)?;
-        let count = plan.shard_positions(s).end - plan.shard_positions(s).start;
-        loaders::write_shard(&cfg.loaders, staging, &plain, s, count)?;
+        let samples: Vec<Sample> = plan
+            .shard_positions(s)
+            .map(|p| {
+                let (start, len) = layout.place(p).expect("laid out");
+                Sample { start, len }
+            })
+            .collect();
+        saved_index::save(&dir, &published, samples.iter().copied())?;
+        loaders::write_shard(&cfg.loaders, staging, &plain, s, &samples)?;
         if cfg.checksum {
             sums.extend(md5_file(&published)?);
         }

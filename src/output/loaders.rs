@@ -5,14 +5,15 @@
 use std::fs;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 use crate::config::LoaderIndexes;
 use crate::output::{dali, energon, members};
 use crate::tar::key::LoaderNames;
+use crate::tar::Sample;
 
 /// Writes the loader indexes `loaders` asks for of shard number `shard`, the plain tar at
-/// `path` in the staging directory `staging`, which should hold `expected` samples.
+/// `path` in the staging directory `staging`, whose samples are `layout` (in file order).
 ///
 /// # Errors
 /// A member a loader cannot index (named with the shard and byte offset), a shard whose samples
@@ -22,7 +23,7 @@ pub fn write_shard(
     staging: &Path,
     path: &Path,
     shard: u64,
-    expected: u64,
+    layout: &[Sample],
 ) -> Result<()> {
     if loaders.energon.is_none() && !loaders.dali {
         return Ok(());
@@ -31,14 +32,7 @@ pub fn write_shard(
         energon: loaders.energon.is_some(),
         dali: loaders.dali,
     };
-    let samples = members::read_samples(path, names)?;
-    if samples.len() as u64 != expected {
-        bail!(
-            "{}: {} samples read back, {expected} laid out (internal error)",
-            path.display(),
-            samples.len()
-        );
-    }
+    let samples = members::read_samples(path, names, layout)?;
     if loaders.energon.is_some() {
         energon::write_shard(staging, path, shard, &samples)?;
     }

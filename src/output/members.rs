@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::tar::headers::{Member, Seekable, Walk};
 use crate::tar::key::{extension, sample_key, LoaderNames};
-use crate::tar::HeaderReader;
+use crate::tar::{HeaderReader, Sample};
 
 /// One member of a sample, as the loaders index it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,14 +37,20 @@ pub struct SampleParts {
     pub parts: Vec<Part>,
 }
 
-/// Reads the samples and members of the plain output shard at `path`, checking each member's
-/// name against what the loaders `names` read (inputs indexed from their headers were checked
-/// already; these checks catch inputs read through a saved index).
+/// Reads the samples and members of the plain output shard at `path`, whose samples are
+/// `layout` (start and length, in file order), checking each member's name against what the
+/// loaders `names` read (inputs indexed from their headers were checked already; these checks
+/// catch inputs read through a saved index).
 ///
 /// # Errors
-/// The shard cannot be read, a member is not a plain regular file with a UTF-8 key, or `check`
-/// refuses a member: the message names the shard, the byte offset and the member.
-pub fn read_samples(path: &Path, names: LoaderNames) -> Result<Vec<SampleParts>> {
+/// The shard cannot be read, a member is not a plain regular file with a UTF-8 key or has a
+/// name a loader reads otherwise, or the samples are not those of `layout`: the message names
+/// the shard, the byte offset and the member.
+pub fn read_samples(
+    path: &Path,
+    names: LoaderNames,
+    layout: &[Sample],
+) -> Result<Vec<SampleParts>> {
     let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     let len = file
         .metadata()
@@ -59,18 +65,31 @@ pub fn read_samples(path: &Path, names: LoaderNames) -> Result<Vec<SampleParts>>
     while let Some(member) = walk.next_member().with_context(|| shown.clone())? {
         let (key, part) = part_of(&member, names)
             .with_context(|| format!("{shown}: byte offset {}", member.header))?;
-        match samples.last_mut() {
-            Some(open) if open.key == key => {
-                open.len = member.end - open.start;
-                open.parts.push(part);
-            }
-            _ => samples.push(SampleParts {
+        // Samples are cut where the layout put them (two adjacent samples may share a key
+        // when duplicates are kept).
+        match (layout.get(samples.len()), samples.last_mut()) {
+            (Some(next), _) if next.start == member.start => samples.push(SampleParts {
                 key,
-                start: member.start,
-                len: member.end - member.start,
+                start: next.start,
+                len: next.len,
                 parts: vec![part],
             }),
+            (_, Some(open)) if member.end <= open.start + open.len && open.key == key => {
+                open.parts.push(part);
+            }
+            _ => bail!(
+                "{shown}: byte offset {}: member {:?} is not where the layout put a sample (internal error)",
+                member.start,
+                part.path
+            ),
         }
+    }
+    if samples.len() != layout.len() {
+        bail!(
+            "{shown}: {} samples read back, {} laid out (internal error)",
+            samples.len(),
+            layout.len()
+        );
     }
     Ok(samples)
 }
@@ -118,7 +137,13 @@ mod tests {
         let path = tmp.path().join("s.tar");
         let bytes = tar_of(&[("a.jpg", b"xx"), ("a.txt", b"y"), ("d/b.seg.png", b"zzz")]);
         std::fs::write(&path, &bytes).unwrap();
-        let samples = read_samples(&path, LoaderNames::default()).unwrap();
+        let laid = |v: &[(u64, u64)]| -> Vec<Sample> {
+            v.iter()
+                .map(|&(start, len)| Sample { start, len })
+                .collect()
+        };
+        let layout = laid(&[(0, 2048), (2048, 1024)]);
+        let samples = read_samples(&path, LoaderNames::default(), &layout).unwrap();
         assert_eq!(samples.len(), 2);
         assert_eq!((samples[0].start, samples[0].len), (0, 2048));
         assert_eq!(samples[0].parts[1].data, 1536);
@@ -133,10 +158,18 @@ mod tests {
             energon: false,
             dali: true,
         };
-        let e = format!("{:#}", read_samples(&path, dali).unwrap_err());
+        let e = format!("{:#}", read_samples(&path, dali, &layout).unwrap_err());
         assert!(
             e.contains("output shard s.tar: byte offset 1024") && e.contains("d/b c.png"),
             "{e}"
         );
+        // Two adjacent samples with one key stay two, as laid out.
+        std::fs::write(&path, tar_of(&[("a.jpg", b"x"), ("a.jpg", b"y")])).unwrap();
+        let two = laid(&[(0, 1024), (1024, 1024)]);
+        assert_eq!(read_samples(&path, dali, &two).unwrap().len(), 2);
+        let one = laid(&[(0, 2048)]);
+        assert_eq!(read_samples(&path, dali, &one).unwrap()[0].parts.len(), 2);
+        let wrong = laid(&[(0, 512)]);
+        assert!(read_samples(&path, dali, &wrong).is_err());
     }
 }

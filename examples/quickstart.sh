@@ -179,6 +179,13 @@ elif python3 -m venv "$VENV" && "$VENV/bin/python" -m pip --disable-pip-version-
 else
     echo "warning: could not make $VENV with webdataset; the tests that need it will print SKIPPED" >&2
 fi
+# Megatron-Energon without torch (--no-deps; the torch stand-in is examples/consumers/torch_standin)
+# for the test that runs the real `energon prepare` against reshard's --energon output.
+if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -m pip show -q megatron-energon >/dev/null 2>&1; then
+    "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
+        -r examples/consumers/energon-requirements.txt ||
+        echo "warning: could not install megatron-energon in $VENV; its test will print SKIPPED" >&2
+fi
 
 finish_step
 STEP=""

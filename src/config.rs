@@ -53,6 +53,8 @@ pub struct RunConfig {
     pub progress: ProgressConfig,
     /// `--plot FILE` (a plan only): the picture of the plan, SVG or PNG.
     pub plot: Option<PathBuf>,
+    /// Loader indexes written with the output (`--energon`, `--dali-index`).
+    pub loaders: LoaderIndexes,
 }
 
 /// `--split`: the splits, and how the ones after the first (the training split, which the
@@ -95,6 +97,30 @@ pub enum ProgressMode {
     Lines,
     /// Nothing (no progress reductions either).
     None,
+}
+
+/// The indexes other data loaders need, written with the output so that no preparation pass
+/// over the data is needed before training.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoaderIndexes {
+    /// `--energon`: Megatron-Energon's `.nv-meta/` and a `NAME.tar.idx` per shard.
+    pub energon: Option<EnergonDataset>,
+    /// `--dali-index`: DALI's webdataset index, `NAME.idx` per shard.
+    pub dali: bool,
+}
+
+/// What `.nv-meta/dataset.yaml` says the samples are.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum EnergonDataset {
+    /// `CrudeWebdataset`: plain dicts for a cooker (energon's default).
+    #[default]
+    Crude,
+    /// `--energon-sample-type CLASS --energon-field-map JSON`.
+    Typed {
+        sample_type: String,
+        /// The field map as compact JSON (an object, keys sorted).
+        field_map: String,
+    },
 }
 
 /// How shards are cut (`--balance`).

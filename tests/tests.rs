@@ -15,6 +15,7 @@ mod golden;
 mod harness;
 mod house;
 mod hygiene;
+mod loader_index;
 mod memory;
 mod odd_inputs;
 mod ops;

@@ -2,14 +2,16 @@
 # Runs the consumer examples end to end: what a training job sees of a reshard output.
 #
 #   1. creates a Python venv (target/consumers-venv) and pip installs requirements.txt
-#      (webdataset, wids; no torch) — or, when PyPI cannot be reached or python3 / its venv
+#      (webdataset, wids; no torch) and, with --no-deps, energon-requirements.txt
+#      (megatron-energon without torch) — or, when PyPI cannot be reached or python3 / its venv
 #      module is missing, says so and exits 0 without running anything;
 #   2. generates a small WebDataset with `reshard generate` (uneven input shards);
 #   3. reshuffles it twice with `mpirun -np $NP reshard run` (no launcher if there is no
 #      mpirun): plain (--shards 7, sample counts differ by one) and for 2 GPUs x 2 workers
-#      with --equalize drop;
+#      with --equalize drop; and with --energon --dali-index;
 #   4. runs read_webdataset.py and read_wids.py on both outputs, ddp_equal_batches.py on the
-#      GPU output (must pass) and on the plain one (must report unequal ranks, exit 1).
+#      GPU output (must pass) and on the plain one (must report unequal ranks, exit 1);
+#      read_energon.py and check_dali_index.py on the --energon --dali-index output.
 #
 # Exits 1 when any example reports wrong counts. Environment overrides:
 #   RESHARD=path/to/reshard   (default: cargo build, then target/debug/reshard)
@@ -43,7 +45,8 @@ fi
 PY=$VENV/bin/python
 PIP=("$PY" -m pip --disable-pip-version-check --no-input)
 stamp=$VENV/.consumers-requirements
-if cmp -s "$HERE/requirements.txt" "$stamp" && "$PY" -c 'import webdataset, wids.wids_mmtar' 2>/dev/null; then
+wanted=$(cat "$HERE/requirements.txt" "$HERE/energon-requirements.txt")
+if [ "$wanted" = "$(cat "$stamp" 2>/dev/null)" ] && "$PY" -c 'import webdataset, wids.wids_mmtar' 2>/dev/null; then
     echo "consumers: packages already installed in $VENV"
 else
     # Reachability first, through pip itself (so pip.conf, PIP_INDEX_URL and proxies apply):
@@ -56,13 +59,14 @@ else
     fi
     rm -rf "$probe"
     echo "consumers: pip install -r $HERE/requirements.txt into $VENV"
-    if ! "${PIP[@]}" install -q --timeout 60 --retries 3 -r "$HERE/requirements.txt"; then
+    if ! "${PIP[@]}" install -q --timeout 60 --retries 3 -r "$HERE/requirements.txt" ||
+        ! "${PIP[@]}" install -q --timeout 60 --retries 3 --no-deps -r "$HERE/energon-requirements.txt"; then
         echo "consumers: ERROR: pip install failed although the index answered" >&2
         exit 1
     fi
-    cp "$HERE/requirements.txt" "$stamp"
+    printf '%s' "$wanted" >"$stamp"
 fi
-"${PIP[@]}" list 2>/dev/null | grep -iE '^(webdataset|wids|numpy|pyyaml|braceexpand|torch) ' | sed 's/^/    /'
+"${PIP[@]}" list 2>/dev/null | grep -iE '^(webdataset|wids|megatron-energon|numpy|pyyaml|braceexpand|torch) ' | sed 's/^/    /'
 if "$PY" -c 'import torch' 2>/dev/null; then
     echo "consumers: note: torch is installed in the venv (not needed)"
 fi
@@ -86,6 +90,9 @@ echo "consumers: ${LAUNCH[*]} reshard run (plain, and --gpus 2 --workers 2 --equ
 "${LAUNCH[@]}" "$RESHARD" run --input "$WORK/input" --output "$WORK/plain" --shards 7 --seed 1 >/dev/null
 "${LAUNCH[@]}" "$RESHARD" run --input "$WORK/input" --output "$WORK/gpus" --gpus 2 --workers 2 \
     --shard-size 64KiB --equalize drop --batch-size 16 --seed 1 --epoch 1 >/dev/null
+echo "consumers: ${LAUNCH[*]} reshard run --energon --dali-index"
+"${LAUNCH[@]}" "$RESHARD" run --input "$WORK/input" --output "$WORK/loaders" --shards 5 --seed 1 \
+    --energon --dali-index >/dev/null
 
 # ---- examples -------------------------------------------------------------------------------
 passed=0
@@ -115,6 +122,8 @@ check 0 ddp_equal_batches.py "$WORK/gpus" --gpus 2 --workers 2 --batch-size 16
 check 0 ddp_equal_batches.py "$WORK/gpus" --gpus 2 --workers 1 --batch-size 16
 # The plain output's 7 shards split 4/3 over 2 ranks: the checker must see the imbalance.
 check 1 ddp_equal_batches.py "$WORK/plain" --gpus 2 --batch-size 16
+check 0 read_energon.py "$WORK/loaders"
+check 0 check_dali_index.py "$WORK/loaders"
 
 echo
 echo "consumers: $passed passed, $failed failed ($((SECONDS - started)) s)"

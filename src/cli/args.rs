@@ -146,6 +146,27 @@ pub struct RunArgs {
     #[arg(long)]
     pub checksum: bool,
 
+    /// Write Megatron-Energon's metadata with the output (.nv-meta/ and NAME.tar.idx beside each
+    /// shard), so that `energon prepare` is not needed. Energon requires unique sample keys: a
+    /// duplicate is then an error whatever --on-duplicate says.
+    #[arg(long)]
+    pub energon: bool,
+
+    /// With --energon: the sample type .nv-meta/dataset.yaml names (a class of megatron.energon,
+    /// e.g. CaptioningSample) instead of CrudeWebdataset; needs --energon-field-map.
+    #[arg(long, value_name = "CLASS", requires = "energon")]
+    pub energon_sample_type: Option<String>,
+
+    /// With --energon-sample-type: its field map as a JSON object, e.g.
+    /// '{"image": "jpg", "caption": "txt"}'.
+    #[arg(long, value_name = "JSON", requires = "energon_sample_type")]
+    pub energon_field_map: Option<String>,
+
+    /// Write DALI's webdataset index beside each shard (NAME.idx for NAME.tar, the text format
+    /// of DALI's wds2idx), for fn.readers.webdataset's index_paths.
+    #[arg(long)]
+    pub dali_index: bool,
+
     /// A directory of saved indexes (`.idx` files, as reshard leaves in `OUTPUT/.reshard`) for
     /// the input shards. Without it, an input directory's own `.reshard` is used when present:
     /// the next epoch's run over an output skips indexing. Saved indexes whose shard changed

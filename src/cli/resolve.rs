@@ -11,15 +11,16 @@ use anyhow::{anyhow, bail, Result};
 
 use super::args::{Command, CompressArg, EqualizeArg, GenerateArgs, RunArgs, VerifyArgs};
 use crate::config::{
-    Balance, GenerateConfig, GpuLayout, HeaderFormat, Keep, ProgressConfig, RunConfig, Splits,
-    VerifyConfig, EPOCH, MIN_MEM_LIMIT,
+    Balance, EnergonDataset, GenerateConfig, GpuLayout, HeaderFormat, Keep, LoaderIndexes,
+    ProgressConfig, RunConfig, Splits, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
 };
 use crate::generate::DEFAULT_SAMPLES;
 use crate::plan::order::{OrderBy, OrderSpec};
 use crate::plan::{Equalize, Sizing};
 use crate::report::picture::format_of;
 use crate::size::parse_size;
-use crate::tar::{Codec, Rules};
+use crate::tar::key::LoaderNames;
+use crate::tar::{Codec, OnDuplicate, Rules};
 
 /// What `reshard` is asked to do, every argument checked.
 #[derive(Debug)]
@@ -128,6 +129,7 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
         }
         format_of(plot)?;
     }
+    let loaders = loader_indexes(args, equalize)?;
     Ok(RunConfig {
         inputs: args.inputs.clone(),
         output,
@@ -143,8 +145,9 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
         mem_limit,
         force: args.force,
         report: args.report.clone(),
-        rules: rules(args, &order),
+        rules: rules(args, &order, &loaders),
         order,
+        loaders,
         compress: match args.compress {
             CompressArg::None => Codec::Plain,
             CompressArg::Gz => Codec::Gzip,
@@ -438,8 +441,73 @@ fn seed(args: &RunArgs, order: &OrderSpec, dry_run: bool, sizing: Sizing) -> Res
     })
 }
 
+/// `--energon` (with its dataset.yaml flags) and `--dali-index`.
+///
+/// # Errors
+/// A loader index with compressed shards (both loaders read plain tars at offsets), `--energon`
+/// with `--equalize pad` (a repeated sample repeats its key), shard names energon cannot read,
+/// a sample type that is not a class name or a field map that is not a JSON object.
+fn loader_indexes(args: &RunArgs, equalize: Equalize) -> Result<LoaderIndexes> {
+    let compressed = args.compress != CompressArg::None;
+    if compressed && (args.energon || args.dali_index) {
+        let flag = if args.energon {
+            "--energon"
+        } else {
+            "--dali-index"
+        };
+        bail!("{flag} indexes plain tar shards, which the loader reads at byte offsets: not with --compress");
+    }
+    if !args.energon {
+        return Ok(LoaderIndexes {
+            energon: None,
+            dali: args.dali_index,
+        });
+    }
+    if equalize == Equalize::Pad {
+        bail!("--energon with --equalize pad: a repeated sample repeats its key, and energon requires unique keys; use --equalize drop or none");
+    }
+    if let Some(problem) =
+        crate::output::energon::shard_name_problem(&crate::output::shard_file_name(&args.prefix, 0))
+    {
+        bail!("--energon with --prefix {:?}: {problem}", args.prefix);
+    }
+    let dataset = match (&args.energon_sample_type, &args.energon_field_map) {
+        (None, _) => EnergonDataset::Crude,
+        (Some(t), _) if t == "CrudeWebdataset" => EnergonDataset::Crude,
+        (Some(t), _) if !is_class_name(t) => {
+            bail!("--energon-sample-type {t:?}: expected a class name of megatron.energon, e.g. CaptioningSample")
+        }
+        (Some(t), None) => bail!("--energon-sample-type {t}: needs --energon-field-map, e.g. '{{\"image\": \"jpg\", \"caption\": \"txt\"}}'"),
+        (Some(t), Some(map)) => EnergonDataset::Typed {
+            sample_type: t.clone(),
+            field_map: field_map(map)?,
+        },
+    };
+    Ok(LoaderIndexes {
+        energon: Some(dataset),
+        dali: args.dali_index,
+    })
+}
+
+fn is_class_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The field map as compact JSON, checked to be an object.
+fn field_map(text: &str) -> Result<String> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v.to_string()),
+        Ok(_) => bail!("--energon-field-map {text:?}: expected a JSON object of field names, e.g. '{{\"image\": \"jpg\"}}'"),
+        Err(e) => bail!("--energon-field-map {text:?}: not JSON ({e})"),
+    }
+}
+
 /// What the indexer checks of each sample, and what it keeps of it for the order.
-fn rules(args: &RunArgs, order: &OrderSpec) -> Rules {
+fn rules(args: &RunArgs, order: &OrderSpec, loaders: &LoaderIndexes) -> Rules {
     Rules {
         require_ext: args
             .require_ext
@@ -448,9 +516,18 @@ fn rules(args: &RunArgs, order: &OrderSpec) -> Rules {
             .filter(|e| !e.is_empty())
             .collect(),
         on_incomplete: args.on_incomplete,
-        on_duplicate: args.on_duplicate,
+        // Energon's index refuses a key twice: --energon makes every duplicate an error.
+        on_duplicate: if loaders.energon.is_some() {
+            OnDuplicate::Unique
+        } else {
+            args.on_duplicate
+        },
         keep_keys: order.needs_keys(),
         read_member: order.member().map(|e| (e.to_string(), order.label_limit)),
+        loader_names: LoaderNames {
+            energon: loaders.energon.is_some(),
+            dali: loaders.dali,
+        },
     }
 }
 

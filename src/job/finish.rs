@@ -1,6 +1,7 @@
 //! Phase "finish": the inputs are checked unchanged, each writer syncs its shards, compresses
-//! them (`--compress`), saves their index and digests them (`--checksum`); rank 0 gathers the
-//! sizes and digests for the manifest.
+//! them (`--compress`), saves their index, writes their loader indexes (`--energon`,
+//! `--dali-index`) and digests them (`--checksum`); rank 0 gathers the sizes and digests for the
+//! manifest.
 
 use std::fs;
 use std::path::Path;
@@ -14,7 +15,7 @@ use crate::input::InputShard;
 use crate::job::expand::Setup;
 use crate::job::layout::{gather_u64s, Laid};
 use crate::job::Planned;
-use crate::output::{checkpoint, saved_index};
+use crate::output::{checkpoint, loaders, saved_index};
 use crate::output::{compress_shard, md5_file, OutputShards, ShardNames};
 use crate::tar::{Codec, Sample};
 
@@ -82,10 +83,13 @@ fn finish_shards(
             compress_shard(&plain, &published, cfg.compress)?
         };
         sizes.push(size);
-        let samples = plan.shard_positions(s).map(|p| {
-            let (start, len) = layout.place(p).expect("laid out");
-            Sample { start, len }
-        });
+        let samples: Vec<Sample> = plan
+            .shard_positions(s)
+            .map(|p| {
+                let (start, len) = layout.place(p).expect("laid out");
+                Sample { start, len }
+            })
+            .collect();
         // Next to the shard: `OUTPUT/.reshard`, or `OUTPUT/SPLIT/.reshard` with `--split`, so
         // that a split read as an input finds its saved index.
         let dir = published
@@ -96,7 +100,8 @@ fn finish_shards(
             fs::create_dir_all(&dir)
                 .with_context(|| format!("{}: cannot create", dir.display()))?;
         }
-        saved_index::save(&dir, &published, samples)?;
+        saved_index::save(&dir, &published, samples.iter().copied())?;
+        loaders::write_shard(&cfg.loaders, staging, &plain, s, &samples)?;
         if cfg.checksum {
             sums.extend(md5_file(&published)?);
         }

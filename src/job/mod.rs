@@ -341,6 +341,7 @@ mod tests {
             checkpoint_every: std::time::Duration::ZERO,
             progress: crate::config::ProgressConfig::default(),
             plot: None,
+            loaders: crate::config::LoaderIndexes::default(),
         }
     }
 

@@ -1,5 +1,6 @@
-//! Phase "publish": the manifest is written, the staging directory becomes the output in one
-//! rename, then `--link` and `--keep` act. Nothing is visible at the output path before.
+//! Phase "publish": energon's `.nv-meta/` (`--energon`) and the manifest are written, the
+//! staging directory becomes the output in one rename, then `--link` and `--keep` act. Nothing
+//! is visible at the output path before.
 
 use std::fs;
 use std::path::Path;
@@ -16,8 +17,8 @@ use crate::job::link::check_link;
 use crate::job::place::Placed;
 use crate::job::series::outputs_beyond;
 use crate::job::Planned;
-use crate::output::checkpoint;
 use crate::output::manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
+use crate::output::{checkpoint, energon};
 use crate::report::Stats;
 
 /// Rank 0 writes the manifest, publishes the output and acts on `--link` and `--keep`; every
@@ -39,11 +40,52 @@ pub fn run(
         let _ = fs::remove_dir_all(checkpoint::dir(staging));
         let info = run_info(comm.size(), cfg, setup, planned, finished);
         let shardlist = shard_list(cfg, &planned.placed, &planned.laid, finished);
-        write_manifests(staging, &Manifest::new(shardlist, info))
+        energon_meta(cfg, staging, planned)
+            .and_then(|()| write_manifests(staging, &Manifest::new(shardlist, info)))
             .and_then(|()| publish(staging, target))
             .and_then(|()| after_publish(cfg, target))
     });
     broadcast_result(comm, 0, published)
+}
+
+/// `--energon`: `.nv-meta/`, from the rows every writer left in the staging directory.
+fn energon_meta(cfg: &RunConfig, staging: &Path, planned: &Planned) -> Result<()> {
+    let Some(dataset) = &cfg.loaders.energon else {
+        return Ok(());
+    };
+    let placed = &planned.placed;
+    let names: Vec<String> = (0..placed.shards).map(|s| placed.names.plain(s)).collect();
+    energon::write_meta(
+        staging,
+        &energon::Meta {
+            names: &names,
+            counts: &planned.laid.shard_samples,
+            parts: &energon_parts(cfg, planned, &names),
+            dataset,
+        },
+    )
+}
+
+/// Energon's split parts: with `--split`, one part per split holding its shards (and energon's
+/// usual `train`, `val` and `test` empty where no split has that name); otherwise every shard in
+/// `train`.
+fn energon_parts(
+    cfg: &RunConfig,
+    planned: &Planned,
+    names: &[String],
+) -> Vec<(String, Vec<String>)> {
+    let placed = &planned.placed;
+    let Some(splits) = placed.names.split_parts(placed.shards, cfg.compress) else {
+        return energon::unsplit_parts(names);
+    };
+    let mut parts: Vec<(String, Vec<String>)> =
+        splits.into_iter().map(|p| (p.name, p.shards)).collect();
+    for usual in ["train", "val", "test"] {
+        if !parts.iter().any(|(name, _)| name == usual) {
+            parts.push((usual.to_string(), Vec::new()));
+        }
+    }
+    parts
 }
 
 /// The manifest's `reshard` object: what was run and what it made.

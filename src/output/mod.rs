@@ -6,10 +6,16 @@
 //! - [`manifest`]: [`Manifest`], the wids `index.json`.
 //! - [`saved_index`]: `.reshard/NAME.idx` files.
 //! - [`checkpoint`]: what the staging directory records for `--resume`.
+//! - [`loaders`]: the loader indexes of a shard, from its [`members`]: [`energon`] (`--energon`)
+//!   and [`dali`] (`--dali-index`).
 
 pub mod checkpoint;
 pub mod compress;
+pub mod dali;
+pub mod energon;
+pub mod loaders;
 pub mod manifest;
+pub mod members;
 pub mod saved_index;
 pub mod shards;
 

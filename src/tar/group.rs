@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::tar::headers::{EntryKind, Member};
-use crate::tar::key::{extension, key_hash, sample_key};
+use crate::tar::key::{extension, key_hash, sample_key, LoaderNames};
 
 /// One sample of a shard: a contiguous byte range of the shard file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,6 +87,10 @@ pub enum OnDuplicate {
     /// Keep everything silently (the default of the library API; the CLI defaults to abort).
     #[default]
     Keep,
+    /// Fail: the output's loader index (`--energon`) requires unique keys. Not a flag value:
+    /// `--energon` sets it whatever `--on-duplicate` says.
+    #[value(skip)]
+    Unique,
 }
 
 impl OnDuplicate {
@@ -103,6 +107,9 @@ impl OnDuplicate {
             OnDuplicate::Abort => bail!("{what} (--on-duplicate abort; warn or keep accept it)"),
             OnDuplicate::Warn => warnings.warn(what),
             OnDuplicate::Keep => {}
+            OnDuplicate::Unique => bail!(
+                "{what} (--energon: energon requires unique sample keys, whatever --on-duplicate says)"
+            ),
         }
         Ok(())
     }
@@ -140,6 +147,8 @@ pub struct Rules {
     /// Read the content of each sample's member with this extension, refusing members larger
     /// than the limit ([`ShardIndex::contents`]): labels for ordering and stratifying.
     pub read_member: Option<(String, u64)>,
+    /// Member names must read the same to these loaders (`--energon`, `--dali-index`).
+    pub loader_names: LoaderNames,
 }
 
 impl Rules {
@@ -276,6 +285,20 @@ impl<'r> Grouper<'r> {
     /// A member with a sample key: it continues the open sample or starts the next one.
     fn push_keyed(&mut self, member: &Member, key: &[u8], content: Option<Vec<u8>>) -> Result<()> {
         let (start, end) = (member.start, member.end);
+        if let Some(problem) = self.rules.loader_names.problem(&member.path, key) {
+            bail!(
+                "byte offset {}: member {:?}: {problem}",
+                member.header,
+                member.name()
+            );
+        }
+        if member.sparse && self.rules.loader_names != LoaderNames::default() {
+            bail!(
+                "byte offset {}: member {:?} is stored sparse (with holes): a loader reading its bytes at an offset would not get the file; a loader index needs plain members",
+                member.header,
+                member.name()
+            );
+        }
         let ext = extension(&member.path).to_vec();
         if let Some((open_key, _)) = &self.open {
             if open_key.as_slice() == key {

@@ -347,14 +347,15 @@ fn is_inside(url: &str) -> bool {
     !url.is_empty() && path.components().all(|c| matches!(c, Component::Normal(_)))
 }
 
-/// Regular files of `dir` whose names look like tar shards (`*.tar`, `*.tar.*`), sorted by name
-/// in byte order.
+/// Regular files of `dir` whose names look like tar shards (`*.tar`, `*.tar.*`, but not
+/// energon's `*.tar.idx` indexes), sorted by name in byte order.
 fn shard_like_files(dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
     for entry in fs::read_dir(dir).with_context(|| format!("--output {}", dir.display()))? {
         let entry = entry.with_context(|| format!("--output {}", dir.display()))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let tar_like = name.ends_with(".tar") || name.contains(".tar.");
+        let tar_like = (name.ends_with(".tar") || name.contains(".tar."))
+            && !name.ends_with(crate::output::energon::TAR_IDX_SUFFIX);
         if tar_like && entry.file_type().is_ok_and(|t| t.is_file()) {
             names.push(name);
         }

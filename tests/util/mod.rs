@@ -4,12 +4,14 @@
 //!
 //! The submodules hold everything else the feature files share, so that those hold only tests:
 //! `tar` (archive builders and byte surgery), `verifier` (the independent verifier), `samples`
-//! (samples read back through it), `data` (datasets), `runs` (runs of reshard), and the
+//! (samples read back through it), `data` (datasets), `runs` (runs of reshard), `loaders`
+//! (checks of the loader indexes, with Python and the real energon), and the
 //! harnesses of three areas: `corpus` (real writers' archives), `cluster`, `slurm`.
 
 pub mod cluster;
 pub mod corpus;
 pub mod data;
+pub mod loaders;
 pub mod ops;
 pub mod runs;
 pub mod samples;

@@ -791,7 +791,7 @@ pub fn assert_same_output(a: &Path, b: &Path, ignore: &[&str]) {
             continue;
         }
         if pa.is_dir() {
-            // A `--split` output's splits.
+            // A `--split` output's splits, and energon's .nv-meta/: every file byte for byte.
             assert_same_output(pa, &fb[name], ignore);
             continue;
         }

@@ -1,0 +1,515 @@
+//! `--energon`: the metadata Megatron-Energon reads, as `energon prepare` (7.x) writes it, so
+//! that a reshard output is an energon dataset with no preparation pass over the data.
+//!
+//! Beside each shard `NAME.tar`, its writer puts `NAME.tar.idx`: for each sample the byte offset
+//! of its first record, then the end of the last sample (where the end-of-archive blocks start),
+//! each a little-endian u64. In `.nv-meta/`, rank 0 writes once every shard is finished:
+//! - `.info.json`: `energon_version` and `shard_counts` (shard name -> samples, in shard order);
+//! - `split.yaml`: the split parts ([`split_yaml`]);
+//! - `dataset.yaml`: the sample type ([`EnergonDataset`]);
+//! - `index.sqlite`: the tables `samples` (tar_file_id, sample_key, sample_index, byte_offset,
+//!   byte_size) and `sample_parts` (tar_file_id, sample_index, part_name, content_byte_offset,
+//!   content_byte_size), with energon's schema and indexes;
+//! - `index.uuid`: an identifier of this index. Energon writes a random UUID; reshard derives
+//!   it from the index's content (an MD5 of `.info.json` and every sample row, shaped as a
+//!   version-8 UUID), so that equal outputs carry equal identifiers at any rank count.
+//!
+//! The writers pass their shards' rows to rank 0 through files in the staging directory (one
+//! per shard, removed once read): rank 0 never holds more than one shard's rows.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use md5::Digest;
+use serde::{Deserialize, Serialize};
+
+use crate::config::EnergonDataset;
+use crate::output::members::SampleParts;
+
+/// Energon's metadata directory.
+pub const META_DIR: &str = ".nv-meta";
+/// The suffix of a shard's sample offsets file.
+pub const TAR_IDX_SUFFIX: &str = ".tar.idx";
+/// The energon release whose formats these files follow (`.info.json`'s `energon_version`).
+pub const FORMAT_VERSION: &str = "7.4.1";
+/// Where the writers leave each shard's rows for rank 0, inside the staging directory.
+const ROWS_DIR: &str = ".reshard-energon-rows";
+
+/// What makes an output shard name unusable for energon, if anything.
+pub fn shard_name_problem(name: &str) -> Option<String> {
+    if !name.ends_with(".tar") {
+        return Some(format!("energon reads shards named *.tar, not {name:?}"));
+    }
+    if name.contains(['{', '}', '\n']) {
+        return Some(format!(
+            "energon brace-expands the shard names in split.yaml: {name:?} would not name itself"
+        ));
+    }
+    None
+}
+
+/// Where the offsets of the shard at `shard` go: `NAME.tar.idx`.
+pub fn tar_idx_path(shard: &Path) -> PathBuf {
+    let name = shard.file_name().unwrap_or_default().to_string_lossy();
+    let stem = name.strip_suffix(".tar").unwrap_or(&name);
+    shard.with_file_name(format!("{stem}{TAR_IDX_SUFFIX}"))
+}
+
+/// The `.tar.idx` bytes of a shard: each sample's start, then the end of the data.
+pub fn tar_idx_bytes(samples: &[SampleParts]) -> Vec<u8> {
+    let end = samples.last().map_or(0, |s| s.start + s.len);
+    samples
+        .iter()
+        .map(|s| s.start)
+        .chain([end])
+        .flat_map(u64::to_le_bytes)
+        .collect()
+}
+
+/// One shard's rows, as a writer hands them to rank 0.
+#[derive(Serialize, Deserialize)]
+struct Row {
+    key: String,
+    start: u64,
+    len: u64,
+    /// (part name, data offset, data bytes) of each member.
+    parts: Vec<(String, u64, u64)>,
+}
+
+fn rows_path(staging: &Path, shard: u64) -> PathBuf {
+    staging.join(ROWS_DIR).join(format!("{shard:09}.bin"))
+}
+
+/// Writes shard `shard`'s `.tar.idx` beside it, and its rows for [`write_meta`].
+///
+/// # Errors
+/// A file cannot be written.
+pub fn write_shard(
+    staging: &Path,
+    shard_path: &Path,
+    shard: u64,
+    samples: &[SampleParts],
+) -> Result<()> {
+    let idx = tar_idx_path(shard_path);
+    fs::write(&idx, tar_idx_bytes(samples))
+        .with_context(|| format!("{}: cannot write", idx.display()))?;
+    let rows: Vec<Row> = samples
+        .iter()
+        .map(|s| Row {
+            key: s.key.clone(),
+            start: s.start,
+            len: s.len,
+            parts: s
+                .parts
+                .iter()
+                .map(|p| (p.ext.clone(), p.data, p.size))
+                .collect(),
+        })
+        .collect();
+    let path = rows_path(staging, shard);
+    fs::create_dir_all(staging.join(ROWS_DIR))
+        .with_context(|| format!("{}: cannot create", staging.join(ROWS_DIR).display()))?;
+    let bytes =
+        bincode::serde::encode_to_vec(&rows, bincode::config::standard()).expect("encodable");
+    fs::write(&path, bytes).with_context(|| format!("{}: cannot write", path.display()))
+}
+
+/// The dataset-wide files, for [`write_meta`].
+pub struct Meta<'a> {
+    /// Every shard's name relative to the output directory, in shard order.
+    pub names: &'a [String],
+    /// Every shard's sample count.
+    pub counts: &'a [u64],
+    /// The split parts: (part name, its shards' names).
+    pub parts: &'a [(String, Vec<String>)],
+    pub dataset: &'a EnergonDataset,
+}
+
+/// The split parts `energon prepare --split-ratio 1,0,0` writes for an unsplit dataset: every
+/// shard in `train`, `val` and `test` empty.
+pub fn unsplit_parts(names: &[String]) -> Vec<(String, Vec<String>)> {
+    vec![
+        ("train".into(), names.to_vec()),
+        ("val".into(), Vec::new()),
+        ("test".into(), Vec::new()),
+    ]
+}
+
+/// Writes `.nv-meta/` into the staging directory, once every writer wrote its shards' rows
+/// ([`write_shard`]); removes the rows.
+///
+/// # Errors
+/// A shard name energon cannot read, a key in two samples (which energon refuses), a file that
+/// cannot be read or written.
+pub fn write_meta(staging: &Path, meta: &Meta<'_>) -> Result<()> {
+    for name in meta.names {
+        if let Some(problem) = shard_name_problem(name) {
+            bail!("--energon: output shard {name:?}: {problem}");
+        }
+    }
+    let dir = staging.join(META_DIR);
+    fs::create_dir_all(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    let info = info_json(meta.names, meta.counts);
+    let mut digest = md5::Md5::new();
+    digest.update(info.as_bytes());
+    write_sqlite(staging, &dir.join("index.sqlite"), meta.names, &mut digest)?;
+    let _ = fs::remove_dir(staging.join(ROWS_DIR));
+    let uuid = uuid_of(&digest.finalize());
+    for (file, text) in [
+        (".info.json", info),
+        ("split.yaml", split_yaml(meta.parts)),
+        ("dataset.yaml", dataset_yaml(meta.dataset)),
+        ("index.uuid", uuid),
+    ] {
+        let path = dir.join(file);
+        let mut f = fs::File::create(&path)
+            .with_context(|| format!("{}: cannot create", path.display()))?;
+        f.write_all(text.as_bytes())
+            .and_then(|()| f.sync_all())
+            .with_context(|| format!("{}: cannot write", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `.info.json` as energon writes it (JSON, two-space indent, no final newline).
+fn info_json(names: &[String], counts: &[u64]) -> String {
+    let mut text = format!(
+        "{{\n  \"energon_version\": {},\n  \"shard_counts\": {{",
+        serde_json::Value::from(FORMAT_VERSION)
+    );
+    for (i, (name, count)) in names.iter().zip(counts).enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        text += &format!(
+            "{sep}\n    {}: {count}",
+            serde_json::Value::from(name.as_str())
+        );
+    }
+    text += if names.is_empty() { "}\n}" } else { "\n  }\n}" };
+    text
+}
+
+/// The schema `energon prepare` creates (energon 7.x `SqliteIndexWriter`).
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS samples (
+    tar_file_id INTEGER NOT NULL,
+    sample_key TEXT NOT NULL UNIQUE,
+    sample_index INTEGER NOT NULL,
+    byte_offset INTEGER,
+    byte_size INTEGER
+);
+CREATE TABLE IF NOT EXISTS sample_parts (
+    tar_file_id INTEGER,
+    sample_index INTEGER,
+    part_name TEXT,
+    content_byte_offset INTEGER,
+    content_byte_size INTEGER
+);";
+
+/// The indexes energon creates once the rows are in.
+const INDEXES: &str = "
+CREATE INDEX IF NOT EXISTS idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index);
+CREATE INDEX IF NOT EXISTS idx_sample_parts_seq ON sample_parts(tar_file_id, sample_index, content_byte_offset);
+CREATE INDEX IF NOT EXISTS idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, part_name, content_byte_offset, content_byte_size);";
+
+/// Builds `index.sqlite` from the writers' rows, shard by shard, feeding the rows to `digest`.
+fn write_sqlite(
+    staging: &Path,
+    path: &Path,
+    names: &[String],
+    digest: &mut md5::Md5,
+) -> Result<()> {
+    let shown = path.display().to_string();
+    let _ = fs::remove_file(path);
+    let db = rusqlite::Connection::open(path).with_context(|| format!("{shown}: cannot create"))?;
+    // A staging file: nothing to roll back to, and it is synced once complete.
+    db.execute_batch("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;")
+        .and_then(|()| db.execute_batch(SCHEMA))
+        .and_then(|()| db.execute_batch("BEGIN"))
+        .with_context(|| format!("{shown}: cannot create the tables"))?;
+    {
+        let mut samples = db.prepare(
+            "INSERT INTO samples (tar_file_id, sample_key, sample_index, byte_offset, byte_size) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        let mut parts = db.prepare(
+            "INSERT INTO sample_parts (tar_file_id, sample_index, part_name, content_byte_offset, content_byte_size) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        for (shard, name) in names.iter().enumerate() {
+            let rows_file = rows_path(staging, shard as u64);
+            let bytes = fs::read(&rows_file)
+                .with_context(|| format!("{}: cannot read", rows_file.display()))?;
+            digest.update(&bytes);
+            let (rows, _): (Vec<Row>, usize) =
+                bincode::serde::decode_from_slice(&bytes, bincode::config::standard())
+                    .with_context(|| format!("{}: cannot decode", rows_file.display()))?;
+            let _ = fs::remove_file(&rows_file);
+            for (i, row) in rows.iter().enumerate() {
+                let at = (shard as i64, i as i64);
+                samples
+                    .execute(rusqlite::params![at.0, row.key, at.1, row.start as i64, row.len as i64])
+                    .map_err(|e| match e.sqlite_error_code() {
+                        Some(rusqlite::ErrorCode::ConstraintViolation) => anyhow::anyhow!(
+                            "--energon: sample key {:?} of {name} (byte offset {}) appears in another sample too: energon requires unique sample keys",
+                            row.key,
+                            row.start
+                        ),
+                        _ => anyhow::Error::new(e).context(format!("{shown}: cannot insert")),
+                    })?;
+                for (part, data, size) in &row.parts {
+                    parts
+                        .execute(rusqlite::params![
+                            at.0,
+                            at.1,
+                            part,
+                            *data as i64,
+                            *size as i64
+                        ])
+                        .with_context(|| format!("{shown}: cannot insert"))?;
+                }
+            }
+        }
+    }
+    db.execute_batch(INDEXES)
+        .and_then(|()| db.execute_batch("COMMIT"))
+        .with_context(|| format!("{shown}: cannot finish"))?;
+    db.close()
+        .map_err(|(_, e)| e)
+        .with_context(|| format!("{shown}: cannot close"))?;
+    fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("{shown}: cannot sync"))
+}
+
+/// A digest shaped as a UUID (version 8: custom; RFC 4122 variant).
+fn uuid_of(digest: &[u8]) -> String {
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&digest[..16]);
+    b[6] = (b[6] & 0x0f) | 0x80;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+/// `split.yaml`: each part's shards, runs of consecutively numbered names collapsed into one
+/// brace range as energon does (`shard-{000000..000009}.tar`), then an empty `exclude`.
+pub fn split_yaml(parts: &[(String, Vec<String>)]) -> String {
+    let mut text = String::from("split_parts:\n");
+    for (part, names) in parts {
+        let collapsed = collapse(names);
+        if collapsed.is_empty() {
+            text += &format!("  {}: []\n", yaml_scalar(part));
+        } else {
+            text += &format!("  {}:\n", yaml_scalar(part));
+            for name in collapsed {
+                text += &format!("  - {}\n", yaml_scalar(&name));
+            }
+        }
+    }
+    text += "exclude: []\n";
+    text
+}
+
+/// A YAML scalar: plain when that reads back as the same string, else single-quoted.
+fn yaml_scalar(s: &str) -> String {
+    let simple = s
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-./".contains(c));
+    let plain = simple || is_brace_range(s);
+    let numeric_or_word = s.parse::<f64>().is_ok()
+        || [
+            "true", "false", "yes", "no", "null", "on", "off", "y", "n", "~",
+        ]
+        .contains(&s.to_ascii_lowercase().as_str());
+    if plain && !numeric_or_word {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "''"))
+    }
+}
+
+/// Whether `s` is a name with one `{A..B}` range of numbers and otherwise plain characters.
+fn is_brace_range(s: &str) -> bool {
+    let Some((head, rest)) = s.split_once('{') else {
+        return false;
+    };
+    let Some((range, tail)) = rest.split_once('}') else {
+        return false;
+    };
+    let numbers = range.split_once("..").is_some_and(|(a, b)| {
+        [a, b]
+            .iter()
+            .all(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()))
+    });
+    let plain = |p: &str| {
+        p.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-./".contains(c))
+    };
+    numbers
+        && plain(head)
+        && plain(tail)
+        && s.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A name split into its literal pieces and its runs of digits.
+fn tokens(name: &str) -> (Vec<&str>, Vec<&str>) {
+    let (mut lits, mut nums) = (Vec::new(), Vec::new());
+    let mut at = 0;
+    let bytes = name.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i].is_ascii_digit() {
+            let j = i + bytes[i..].iter().take_while(|b| b.is_ascii_digit()).count();
+            lits.push(&name[at..i]);
+            nums.push(&name[i..j]);
+            at = j;
+            i = j;
+        } else {
+            i += 1;
+        }
+    }
+    lits.push(&name[at..]);
+    (lits, nums)
+}
+
+/// Collapses runs of names that differ only in one number, counting up by one at the same
+/// width, into `{FIRST..LAST}`; other names stay as they are, in order.
+fn collapse(names: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < names.len() {
+        let mut j = i + 1;
+        let mut slot = None;
+        while j < names.len() {
+            match step_slot(&names[j - 1], &names[j]) {
+                Some(s) if slot.is_none_or(|t| t == s) => {
+                    slot = Some(s);
+                    j += 1;
+                }
+                _ => break,
+            }
+        }
+        match slot {
+            Some(s) if j - i > 1 => {
+                let (lits, nums) = tokens(&names[i]);
+                let last = tokens(&names[j - 1]).1[s];
+                let mut name = String::new();
+                for (k, num) in nums.iter().enumerate() {
+                    name += lits[k];
+                    if k == s {
+                        name += &format!("{{{num}..{last}}}");
+                    } else {
+                        name += num;
+                    }
+                }
+                name += lits[nums.len()];
+                out.push(name);
+            }
+            _ => out.push(names[i].clone()),
+        }
+        i = j;
+    }
+    out
+}
+
+/// The number slot in which `b` is `a` plus one (same literals, same widths, every other
+/// number equal).
+fn step_slot(a: &str, b: &str) -> Option<usize> {
+    let (la, na) = tokens(a);
+    let (lb, nb) = tokens(b);
+    if la != lb || na.len() != nb.len() {
+        return None;
+    }
+    let mut slot = None;
+    for (k, (x, y)) in na.iter().zip(&nb).enumerate() {
+        if x == y {
+            continue;
+        }
+        let next = x.parse::<u128>().ok()? + 1;
+        if slot.is_some() || x.len() != y.len() || y.parse::<u128>().ok()? != next {
+            return None;
+        }
+        slot = Some(k);
+    }
+    slot
+}
+
+/// `dataset.yaml`: `CrudeWebdataset`, or a sample type with its field map.
+fn dataset_yaml(dataset: &EnergonDataset) -> String {
+    match dataset {
+        EnergonDataset::Crude => {
+            "__module__: megatron.energon\n__class__: CrudeWebdataset\n".to_string()
+        }
+        EnergonDataset::Typed {
+            sample_type,
+            field_map,
+        } => format!(
+            "sample_type:\n  __module__: megatron.energon\n  __class__: {sample_type}\nfield_map: {field_map}\n"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn consecutive_names_collapse_into_one_range() {
+        let n = names(&["s-000000.tar", "s-000001.tar", "s-000002.tar"]);
+        assert_eq!(collapse(&n), ["s-{000000..000002}.tar"]);
+        let n = names(&["a2-000009.tar", "a2-000010.tar", "a2-000012.tar", "b.tar"]);
+        assert_eq!(
+            collapse(&n),
+            ["a2-{000009..000010}.tar", "a2-000012.tar", "b.tar"]
+        );
+        assert_eq!(
+            collapse(&names(&["x-9.tar", "x-10.tar"])),
+            ["x-9.tar", "x-10.tar"]
+        );
+    }
+
+    #[test]
+    fn split_yaml_reads_like_energons() {
+        let n = names(&["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]);
+        assert_eq!(
+            split_yaml(&unsplit_parts(&n)),
+            "split_parts:\n  train:\n  - shard-{000000..000002}.tar\n  val: []\n  test: []\nexclude: []\n"
+        );
+        assert_eq!(yaml_scalar("it's.tar"), "'it''s.tar'");
+        assert_eq!(yaml_scalar("a{b.tar"), "'a{b.tar'");
+    }
+
+    #[test]
+    fn info_json_is_energons_layout() {
+        let n = names(&["a.tar", "b.tar"]);
+        assert_eq!(
+            info_json(&n, &[4, 5]),
+            "{\n  \"energon_version\": \"7.4.1\",\n  \"shard_counts\": {\n    \"a.tar\": 4,\n    \"b.tar\": 5\n  }\n}"
+        );
+    }
+
+    #[test]
+    fn shard_names_energon_reads_otherwise_are_refused() {
+        assert!(shard_name_problem("s-{0}.tar").is_some());
+        assert!(shard_name_problem("s.tar.gz").is_some());
+        assert!(shard_name_problem("s-000001.tar").is_none());
+        let uuid = uuid_of(&[0xff; 16]);
+        assert_eq!(uuid, "ffffffff-ffff-8fff-bfff-ffffffffffff");
+    }
+}

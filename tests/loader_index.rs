@@ -3,7 +3,7 @@
 use std::fs;
 
 use crate::util::loaders::{
-    check_tar_idx, check_with_python, energon, energon_python, sqlite_rows, torch_standin,
+    check_tar_idx, check_with_python, energon, energon_python, read_energon, sqlite_rows,
 };
 use crate::util::runs::identical_for_any_np;
 use crate::util::tar::tar_of;
@@ -183,15 +183,7 @@ fn the_real_energon_prepare_writes_the_same_indexes_and_reads_the_output() {
     // reads paths relative to the dataset).
     copy_dir(&dir.join("out"), &dir.join("moved"));
     for out in ["out", "moved"] {
-        let read = dir
-            .program(&py)
-            .env("PYTHONPATH", torch_standin())
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/examples/consumers/read_energon.py"
-            ))
-            .arg(out)
-            .assert_success();
+        let read = read_energon(&dir, &py, out, None);
         read.check(
             read.stdout.contains(" 120 samples"),
             "energon read 120 samples",
@@ -361,15 +353,7 @@ fn a_split_output_gets_one_energon_dataset_whose_parts_are_the_splits() {
     };
     let mut seen = 0;
     for (split, n) in [("train", 96), ("val", 12), ("test", 12)] {
-        let read = dir
-            .program(&py)
-            .env("PYTHONPATH", torch_standin())
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/examples/consumers/read_energon.py"
-            ))
-            .args([out.to_str().unwrap(), "--split", split])
-            .assert_success();
+        let read = read_energon(&dir, &py, out.to_str().unwrap(), Some(split));
         read.check(
             read.stdout.contains(&format!(" {n} samples")),
             &format!("energon read {n} samples of {split}"),

@@ -150,3 +150,19 @@ pub fn sqlite_rows(dir: &Dir, db: &Path) -> String {
         .assert_success()
         .stdout
 }
+
+/// `examples/consumers/read_energon.py OUT [--split SPLIT]` through energon's readers, which
+/// must succeed.
+pub fn read_energon(dir: &Dir, py: &Path, out: &str, split: Option<&str>) -> RunOutput {
+    let mut cmd = dir.program(py);
+    cmd.env("PYTHONPATH", torch_standin())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/consumers/read_energon.py"
+        ))
+        .arg(out);
+    if let Some(split) = split {
+        cmd.args(["--split", split]);
+    }
+    cmd.assert_success()
+}

@@ -75,9 +75,11 @@ else
     installed mpich || missing+=(mpich)
 fi
 # What the README's test command uses beyond the build: the other writers of the tests' tar
-# corpus (bsdtar, cpio, pax), shellcheck, ip netns for the simulated cluster, and a venv.
+# corpus (bsdtar, cpio, pax), shellcheck, ip netns for the simulated cluster, a venv, a real
+# Slurm for tests/slurm.rs (the tests start their own daemons), and the font --plot draws with.
 if command -v dpkg-query >/dev/null; then
-    for p in libarchive-tools cpio pax shellcheck iproute2 python3-venv; do
+    for p in libarchive-tools cpio pax shellcheck iproute2 python3-venv \
+        slurmctld slurmd slurm-client munge fonts-dejavu-core; do
         installed "$p" || missing+=("$p")
     done
 fi

@@ -105,7 +105,7 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
 fn abandon(staging: &std::path::Path) {
     match checkpoint::read_checkpoint(staging) {
         Ok(Some(c)) if !c.done.is_empty() => eprintln!(
-            "reshard: kept {}: {} samples are durably in place there; rerun with the same              arguments and --resume to continue, or without it to start over",
+            "reshard: kept {}: {} samples are durably in place there; rerun with the same arguments and --resume to continue, or without it to start over",
             staging.display(),
             c.done.count()
         ),

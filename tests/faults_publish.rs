@@ -199,7 +199,12 @@ fn an_interrupted_keep_is_finished_by_the_next_run() {
     res.check(res.code() != Some(0), "the killed run must fail");
     assert_eq!(
         entries(&dir),
-        [".epoch-0.reshard-removing", ".notes.reshard-removing", "epoch-1", "epoch-2"]
+        [
+            ".epoch-0.reshard-removing",
+            ".notes.reshard-removing",
+            "epoch-1",
+            "epoch-2"
+        ]
     );
     // Epoch 3 finishes the removal, then cannot remove epoch 1: a mount point inside it (as
     // root; an immutable file or a stale NFS handle would do the same).
@@ -218,7 +223,12 @@ fn an_interrupted_keep_is_finished_by_the_next_run() {
     res.stderr_has("the next run with --keep finishes it");
     assert_eq!(
         entries(&dir),
-        [".epoch-1.reshard-removing", ".notes.reshard-removing", "epoch-2", "epoch-3"]
+        [
+            ".epoch-1.reshard-removing",
+            ".notes.reshard-removing",
+            "epoch-2",
+            "epoch-3"
+        ]
     );
     let res = epoch(&dir, 4).assert_success();
     res.stderr_has("finishing the removal of");
@@ -272,6 +282,10 @@ fn every_rank_killed_anywhere_leaves_old_or_new_and_resume_is_identical() {
         res.check(res.code() != Some(0), &format!("{at}: the job must fail"));
         res.stderr_has(&format!("rank {victim} now dies (SIGKILL) at {point}"));
         let now = dir.join(&out);
+        res.check(
+            now.is_dir(),
+            &format!("{at}: neither the older output nor the new one is at the output"),
+        );
         if snapshot(&now) != old {
             // Not the old output: then the whole new one, and only it.
             res.check(

@@ -306,6 +306,13 @@ fn every_rank_killed_anywhere_leaves_old_or_new_and_resume_is_identical() {
         }
         let res = job(&dir, Some(2), &out, &["--force", "--resume"]).assert_success();
         assert_same_output(&dir.join("ref"), &now, &["ranks"]);
+        if victim == 0 && matches!(point, "publish" | "rename") {
+            // Killed with every shard complete and its records kept: no data moves again.
+            res.check(
+                res.stdout.contains("exchange rounds: 0"),
+                &format!("{at}: the resumed run must move no data"),
+            );
+        }
         res.check(
             !dir.join(format!(".{out}.reshard-tmp")).exists()
                 && !dir.join(format!(".{out}.reshard-lock")).exists(),

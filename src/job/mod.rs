@@ -79,7 +79,8 @@ pub struct Planned {
 /// # Errors
 /// Bad input, I/O failure or invalid request, on this rank (the message names file and offset)
 /// or on another ([`crate::comm::PeerFailed`]). On error nothing is published, and the staging
-/// directory is removed unless a checkpoint makes it worth a `--resume`.
+/// directory is removed unless a checkpoint makes it worth a `--resume`; except after the
+/// publishing rename ([`publish::CleanupFailed`]), where the new output is live.
 pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
     let lead = comm.rank() == 0;
     let mut times = PhaseTimes::default();

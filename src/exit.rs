@@ -14,6 +14,9 @@ pub enum Exit {
     /// tasks than the MPI world holds (no matching `--mpi` plugin), or another MPI's launcher
     /// started the binary. Nothing was written.
     Usage = 2,
+    /// The output was published (it is live and complete), but a step after the publishing
+    /// rename failed: removing the output it replaced, `--link` or `--keep`.
+    CleanupFailed = 3,
     /// A rank panicked and aborted the whole job (`EX_SOFTWARE`: a bug in reshard).
     Panic = 70,
     /// The stall watchdog ended the job: a rank or its node stopped answering (`EX_TEMPFAIL`:
@@ -29,11 +32,13 @@ impl Exit {
 
     /// The status of the whole job from the worst (highest) status of its ranks, as
     /// [`crate::comm::mpi::MpiRuntime::finish`] agrees on it: a rank that returns normally ends
-    /// with success, a usage error, or a failure.
+    /// with success, a usage error, a failure, or a failure after publishing (which wins over a
+    /// peer's failure: the ranks that did not publish learn only that rank 0 failed).
     pub fn from_worst(worst: u64) -> Exit {
         match worst {
             0 => Exit::Success,
             2 => Exit::Usage,
+            3 => Exit::CleanupFailed,
             _ => Exit::Failure,
         }
     }

@@ -8,8 +8,11 @@
 //! - `RESHARD_TEST_PAUSE_FINISH=seconds`: every rank sleeps at the start of the finish phase,
 //!   marked by a file `.paused-RANK` in the staging directory, so that a test can change an input.
 //! - `RESHARD_TEST_KILL=r:n`: rank r kills itself with SIGKILL as exchange round n starts (before
-//!   its status), like a node that died; `r:publish`: as the publish phase starts. For
-//!   `--resume` tests.
+//!   its status), like a node that died. Or at a named point: `r:index` (after indexing),
+//!   `r:plan` (after planning), `r:finish` (as the finish phase starts), `r:publish` (as the
+//!   publish phase starts); on rank 0 only: `0:rename` (right before the publishing rename),
+//!   `0:published` (right after it and the removal of the checkpoint records), `0:keep` (after
+//!   `--keep` moved an old epoch aside, before removing it). For `--resume` and kill tests.
 //! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timings on stderr.
 //! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
 //!   MPI_Finalize, as MPI_Finalize does when it hangs (the finalize deadline must end the job).
@@ -53,7 +56,8 @@ pub fn kill_before_publish(rank: usize) {
     kill_at(rank, "publish");
 }
 
-fn kill_at(rank: usize, at: &str) {
+/// `RESHARD_TEST_KILL=r:at`: rank r dies (SIGKILL) at the point named `at`.
+pub fn kill_at(rank: usize, at: &str) {
     let Ok(v) = std::env::var("RESHARD_TEST_KILL") else {
         return;
     };

@@ -10,6 +10,7 @@ use reshard::comm::mpi::{MpiComm, MpiRuntime};
 use reshard::comm::{agree, Comm, PeerFailed};
 use reshard::config::{RunConfig, VerifyConfig};
 use reshard::exit::Exit;
+use reshard::job::publish::CleanupFailed;
 use reshard::job::Outcome;
 
 fn main() -> ExitCode {
@@ -50,6 +51,8 @@ fn failed(e: anyhow::Error) -> Exit {
     // wrong as a bad flag, and as useless to retry unchanged.
     if e.downcast_ref::<UsageError>().is_some() || e.downcast_ref::<LauncherMismatch>().is_some() {
         Exit::Usage
+    } else if e.downcast_ref::<CleanupFailed>().is_some() {
+        Exit::CleanupFailed
     } else {
         Exit::Failure
     }

@@ -88,6 +88,25 @@ pub fn page_size() -> u64 {
 /// or the kernel or filesystem does not support the exchange (`EINVAL`, `ENOSYS`): nothing is
 /// renamed.
 pub fn exchange_paths(a: &Path, b: &Path) -> io::Result<()> {
+    renameat2(a, b, libc::RENAME_EXCHANGE)
+}
+
+/// Renames `from` to `to` only if nothing is at `to` (Linux `renameat2(RENAME_NOREPLACE)`):
+/// whatever appears at `to` is never replaced, however late it appears.
+///
+/// # Errors
+/// `to` exists (`AlreadyExists`), a path contains a NUL byte, or the kernel or filesystem does
+/// not support the flag (`EINVAL`, `ENOSYS`; see [`unsupported`]): nothing is renamed.
+pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    renameat2(from, to, libc::RENAME_NOREPLACE)
+}
+
+/// Whether `e` says that the kernel or the filesystem does not support a `renameat2` flag.
+pub fn unsupported(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS))
+}
+
+fn renameat2(a: &Path, b: &Path, flags: libc::c_uint) -> io::Result<()> {
     let ca = CString::new(a.as_os_str().as_bytes())?;
     let cb = CString::new(b.as_os_str().as_bytes())?;
     // SAFETY: both are valid NUL-terminated paths that live across the call; AT_FDCWD is
@@ -98,7 +117,7 @@ pub fn exchange_paths(a: &Path, b: &Path) -> io::Result<()> {
             ca.as_ptr(),
             libc::AT_FDCWD,
             cb.as_ptr(),
-            libc::RENAME_EXCHANGE,
+            flags,
         )
     };
     if rc == 0 {
@@ -250,6 +269,26 @@ mod tests {
             Ok(()) => assert!(b.join("in_a").exists() && !a.join("in_a").exists()),
             // A filesystem without RENAME_EXCHANGE: nothing renamed.
             Err(_) => assert!(a.join("in_a").exists()),
+        }
+    }
+
+    #[test]
+    fn rename_noreplace_never_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        // Even an empty directory, which rename(2) would replace, stays.
+        let e = rename_noreplace(&a, &b).unwrap_err();
+        assert!(
+            e.kind() == io::ErrorKind::AlreadyExists || unsupported(&e),
+            "{e}"
+        );
+        assert!(a.is_dir() && b.is_dir());
+        std::fs::remove_dir(&b).unwrap();
+        match rename_noreplace(&a, &b) {
+            Ok(()) => assert!(b.is_dir() && !a.exists()),
+            Err(e) => assert!(unsupported(&e) && a.is_dir(), "{e}"),
         }
     }
 }

@@ -97,7 +97,15 @@ fn existing_output_needs_force() {
             "the staging directory was left behind",
         );
     }
-    // --force replaces it: keep.txt is gone, the shards and index are there.
+    // --force replaces only an empty directory or a reshard output: refused, naming keep.txt.
+    let res = dir
+        .mpi(2)
+        .args(["run", "--input", "in", "--output", "out", "--shards", "3"])
+        .args(["--seed", "1", "--force"])
+        .assert_code(1);
+    res.stderr_has("a directory holding keep.txt but no index.json written by reshard");
+    res.check(snapshot(&dir.join("out")) == before, "the output changed");
+    fs::remove_file(dir.join("out/keep.txt")).unwrap();
     run(&dir, Some(3), &["in"], "out", 3, 1, &["--force"]);
     verify(
         &Expected::new(dir.path(), &inputs, 3, 1, 3),

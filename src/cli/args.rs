@@ -112,7 +112,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE", default_value = "1GiB")]
     pub mem_limit: String,
 
-    /// Replace an output directory that exists and is not empty.
+    /// Replace an output directory that exists and is not empty: only an output reshard wrote
+    /// (its index.json and .reshard/); anything else is refused before any work.
     #[arg(long)]
     pub force: bool,
 

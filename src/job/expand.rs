@@ -14,6 +14,7 @@ use crate::config::RunConfig;
 use crate::input::{expand_specs, InputShard};
 use crate::job::link::check_link;
 use crate::job::lock::{lock_path, StagingLock};
+use crate::job::owned::check_replaceable;
 use crate::job::resume::{self, Resume};
 use crate::job::series::outputs_beyond;
 use crate::output::checkpoint::{self, InputRecord};
@@ -71,7 +72,8 @@ impl Setup {
 ///
 /// # Errors
 /// An input that cannot be found or read, another live run on the same output, an output that
-/// would replace an input or a non-empty directory (without `--force`), a `--link` that is not a
+/// would replace an input or a non-empty directory (without `--force`; with it, anything but a
+/// reshard output), a `--link` that is not a
 /// symbolic link, a staging directory that cannot be created, or one that `--resume` cannot
 /// continue (a [`crate::cli::resolve::UsageError`]).
 pub fn prepare(cfg: &RunConfig) -> Result<(Setup, Lead)> {
@@ -217,8 +219,9 @@ fn output_paths(out: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((parent.join(name), staging))
 }
 
-/// Refuses an output that would replace an input, a non-empty output without `--force`, and a
-/// `--link` that is not a symbolic link.
+/// Refuses an output that would replace an input, a non-empty output without `--force`, with
+/// `--force` anything but an empty directory or a reshard output, and a `--link` that is not a
+/// symbolic link.
 fn check_output(
     cfg: &RunConfig,
     out: &Path,
@@ -246,12 +249,16 @@ fn check_output(
                 .is_some();
             if non_empty && !cfg.force {
                 bail!(
-                    "--output {}: exists and is not empty (use --force to replace it)",
+                    "--output {}: exists and is not empty (use --force to replace it if it is an output of reshard)",
                     out.display()
                 );
             }
         }
         Err(_) => {}
+    }
+    if cfg.force {
+        // Refused now, before any work, and checked again when publishing.
+        check_replaceable(target, "before the run")?;
     }
     if let Some(link) = &cfg.link {
         check_link(link)?;

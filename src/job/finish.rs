@@ -41,6 +41,7 @@ pub fn run(
 ) -> Result<Finished> {
     let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
     let staging = setup.staging()?;
+    hooks::kill_at(comm.rank(), "finish");
     hooks::pause_before_finish(staging, comm.rank());
     if comm.rank() == 0 && cfg.compress != Codec::Plain {
         // Compressing replaces the plain staging shards a resumed run would continue: from

@@ -17,6 +17,7 @@
 //! | exchange   | [`exchange`]  | bounded all-to-all rounds; writers place samples as they come  |
 //! | finish     | [`finish`]    | inputs unchanged; shards synced, compressed, indexed, digested |
 //! |            | [`publish`]   | manifest; one rename; `--link`, `--keep`                        |
+//! |            | [`owned`]     | what `--force` and `--keep` may replace or remove              |
 //! |            | [`summary`]   | per-rank figures gathered for the summary and `--report`      |
 
 pub mod duplicates;
@@ -27,6 +28,7 @@ pub mod index;
 pub mod layout;
 pub mod link;
 pub mod lock;
+pub mod owned;
 pub mod place;
 pub mod publish;
 pub mod resume;
@@ -41,6 +43,7 @@ use anyhow::Result;
 
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::RunConfig;
+use crate::hooks;
 use crate::output::checkpoint::{self, Done, InputRecord};
 use crate::output::OutputShards;
 use crate::progress::{PhaseTimes, Progress};
@@ -76,7 +79,8 @@ pub struct Planned {
 /// # Errors
 /// Bad input, I/O failure or invalid request, on this rank (the message names file and offset)
 /// or on another ([`crate::comm::PeerFailed`]). On error nothing is published, and the staging
-/// directory is removed unless a checkpoint makes it worth a `--resume`.
+/// directory is removed unless a checkpoint makes it worth a `--resume`; except after the
+/// publishing rename ([`publish::CleanupFailed`]), where the new output is live.
 pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
     let lead = comm.rank() == 0;
     let mut times = PhaseTimes::default();
@@ -127,9 +131,11 @@ fn run_phases(
     narrate_start(comm, setup);
     times.start("index");
     let mut index = index::run(comm, cfg, &setup.inputs)?;
+    hooks::kill_at(comm.rank(), "index");
     times.start("plan");
     let placed = place::run(comm, cfg, &setup.inputs, &mut index)?;
     let laid = layout::run(comm, cfg, &setup.inputs, &index, &placed)?;
+    hooks::kill_at(comm.rank(), "plan");
     let planned = Planned {
         index,
         placed,

@@ -1,11 +1,14 @@
 //! Phase "publish": energon's `.nv-meta/` (`--energon`) and the manifest are written, the
-//! staging directory becomes the output in one rename, then `--link` and `--keep` act. Nothing
-//! is visible at the output path before.
+//! staging directory becomes the output in one rename that replaces nothing (with `--force`:
+//! an atomic exchange with an older reshard output), then the checkpoint records and the
+//! replaced output go, and `--link` and `--keep` act. Nothing is visible at the output path
+//! before; a failure after the rename is a [`CleanupFailed`].
 
 use std::fs;
-use std::path::Path;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::comm::{broadcast_result, Comm};
 use crate::config::RunConfig;
@@ -14,8 +17,9 @@ use crate::job::expand::{Setup, HEARTBEATS};
 use crate::job::finish::Finished;
 use crate::job::layout::Laid;
 use crate::job::link::check_link;
+use crate::job::owned::{check_replaceable, inspect, AtOutput};
 use crate::job::place::Placed;
-use crate::job::series::outputs_beyond;
+use crate::job::series::{outputs_beyond, remove_epoch, unfinished_removals};
 use crate::job::Planned;
 use crate::output::manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
 use crate::output::{checkpoint, energon};
@@ -25,7 +29,10 @@ use crate::report::Stats;
 /// rank learns the outcome.
 ///
 /// # Errors
-/// The manifest cannot be written, the rename fails, or `--link`/`--keep` fail.
+/// The manifest cannot be written or the rename fails (nothing is published, and the finished
+/// staging directory stays for `--resume`); or a step after the rename fails: removing the
+/// replaced output or the checkpoint records, `--link` or `--keep` (a [`CleanupFailed`]: the
+/// new output is live).
 pub fn run(
     comm: &impl Comm,
     cfg: &RunConfig,
@@ -37,15 +44,40 @@ pub fn run(
     let published = (comm.rank() == 0).then(|| {
         let (staging, target) = (setup.staging()?, setup.target()?);
         let _ = fs::remove_dir_all(staging.join(HEARTBEATS));
-        let _ = fs::remove_dir_all(checkpoint::dir(staging));
         let info = run_info(comm.size(), cfg, setup, planned, finished);
         let shardlist = shard_list(cfg, &planned.placed, &planned.laid, finished);
+        // The checkpoint records stay until the rename: a failure before it leaves a finished
+        // staging directory that `--resume` publishes without moving data again.
         energon_meta(cfg, staging, planned)
             .and_then(|()| write_manifests(staging, &Manifest::new(shardlist, info)))
-            .and_then(|()| publish(staging, target))
-            .and_then(|()| after_publish(cfg, target))
+            .and_then(|()| publish(cfg.force, staging, target))
+            .and_then(|replaced| {
+                after_publish(cfg, staging, target, replaced).map_err(|e| {
+                    e.context(CleanupFailed {
+                        output: target.to_path_buf(),
+                    })
+                })
+            })
     });
     broadcast_result(comm, 0, published)
+}
+
+/// A failure after the publishing rename: the new output is live and complete, but removing
+/// the replaced output or the checkpoint records, `--link` or `--keep` failed. It has its own
+/// exit status ([`crate::exit::Exit::CleanupFailed`]), never "nothing published".
+#[derive(Debug)]
+pub struct CleanupFailed {
+    pub output: PathBuf,
+}
+
+impl std::fmt::Display for CleanupFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "published {} (the new output is live and complete); clean-up failed",
+            self.output.display()
+        )
+    }
 }
 
 /// `--energon`: `.nv-meta/`, from the rows every writer left in the staging directory.
@@ -168,20 +200,42 @@ fn shard_list(
     shardlist
 }
 
-/// `--link` and `--keep`, once the output is published.
-fn after_publish(cfg: &RunConfig, target: &Path) -> Result<()> {
+/// Once the output is published: its checkpoint records go, the output it replaced (now at
+/// the staging name) is removed, then `--link` and `--keep` act.
+fn after_publish(cfg: &RunConfig, staging: &Path, target: &Path, replaced: bool) -> Result<()> {
+    let records = checkpoint::dir(target);
+    if records.exists() {
+        fs::remove_dir_all(&records)
+            .with_context(|| format!("{}: cannot remove", records.display()))?;
+    }
+    hooks::kill_at(0, "published");
+    if replaced {
+        fs::remove_dir_all(staging).with_context(|| {
+            format!(
+                "{}: cannot remove the replaced output (the next run on this output removes it)",
+                staging.display()
+            )
+        })?;
+    }
     if let Some(link) = &cfg.link {
         point_link(link, target)?;
     }
     if let Some(keep) = &cfg.keep {
+        for aside in unfinished_removals(target, keep)? {
+            eprintln!(
+                "reshard: --keep: finishing the removal of {} (an earlier run moved it aside)",
+                aside.display()
+            );
+            fs::remove_dir_all(&aside)
+                .with_context(|| format!("--keep: cannot remove {}", aside.display()))?;
+        }
         for old in outputs_beyond(target, keep, cfg.epoch, cfg.link.as_deref())? {
             eprintln!(
                 "reshard: --keep {}: removing the older output {}",
                 keep.count,
                 old.display()
             );
-            fs::remove_dir_all(&old)
-                .with_context(|| format!("--keep: cannot remove {}", old.display()))?;
+            remove_epoch(&old)?;
         }
     }
     Ok(())
@@ -205,41 +259,76 @@ fn point_link(link: &Path, target: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Makes the finished staging directory the output, in one rename where the output does not
-/// exist or is empty, or by an atomic exchange with the old output (`--force`).
-fn publish(staging: &Path, target: &Path) -> Result<()> {
+/// Makes the finished staging directory the output: in one rename that replaces nothing (but
+/// an empty directory), or with `--force` over an older reshard output by an atomic exchange
+/// with it. Whether an output was replaced (it is then at the staging name).
+///
+/// # Errors
+/// Something that may not be replaced is at the output (it is left as it is), or the rename
+/// fails: nothing is published and the staging directory is left as it is.
+fn publish(force: bool, staging: &Path, target: &Path) -> Result<bool> {
     sync_dir(staging)?;
-    let replaced = match fs::rename(staging, target) {
-        Ok(()) => false,
-        Err(_) if target.is_dir() => {
-            crate::sys::exchange_paths(staging, target).with_context(|| {
-                format!(
-                    "cannot replace {} with {}",
-                    target.display(),
-                    staging.display()
-                )
-            })?;
-            true
-        }
-        Err(e) => {
-            return Err(e).with_context(|| {
-                format!(
-                    "cannot rename {} to {}",
-                    staging.display(),
-                    target.display()
-                )
-            });
-        }
+    // Checked before the run, and again now: the output may have changed since.
+    let found = if force {
+        check_replaceable(target, "at publishing")?
+    } else {
+        AtOutput::Nothing
     };
+    hooks::kill_at(0, "rename");
+    let replaced = found == AtOutput::ReshardOutput;
+    if replaced {
+        crate::sys::exchange_paths(staging, target).with_context(|| {
+            format!(
+                "cannot replace {} with {}",
+                target.display(),
+                staging.display()
+            )
+        })?;
+    } else {
+        rename_without_replacing(staging, target)?;
+    }
     if let Some(parent) = target.parent() {
         sync_dir(parent)?;
     }
-    if replaced {
-        // The staging name now holds the previous output.
-        fs::remove_dir_all(staging)
-            .with_context(|| format!("{}: cannot remove the replaced output", staging.display()))?;
+    Ok(replaced)
+}
+
+/// Renames `staging` to `target` where nothing is, or where an empty directory is: never over
+/// anything else, whatever appeared there during the run. Where `renameat2(RENAME_NOREPLACE)`
+/// is not supported, rename(2) is as safe here: a directory replaces only an empty directory.
+fn rename_without_replacing(staging: &Path, target: &Path) -> Result<()> {
+    let failed = |e: std::io::Error| {
+        anyhow::Error::new(e).context(format!(
+            "cannot rename {} to {}",
+            staging.display(),
+            target.display()
+        ))
+    };
+    match crate::sys::rename_noreplace(staging, target) {
+        Ok(()) => Ok(()),
+        Err(e) if crate::sys::unsupported(&e) => fs::rename(staging, target).map_err(failed),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => match inspect(target)? {
+            AtOutput::Empty => fs::rename(staging, target).map_err(failed),
+            found => bail!(
+                "--output {}: {} appeared there during the run; not replacing it (nothing was published). The finished output stays in {}: move what is at {} away, then rerun with the same arguments and --resume to publish it without moving data again",
+                target.display(),
+                describe(&found),
+                staging.display(),
+                target.display()
+            ),
+        },
+        Err(e) => Err(failed(e)),
     }
-    Ok(())
+}
+
+/// What was found at the output, for a message.
+fn describe(found: &AtOutput) -> String {
+    match found {
+        AtOutput::Nothing => "nothing".into(),
+        AtOutput::Empty => "an empty directory".into(),
+        AtOutput::ReshardOutput => "an output of another reshard run".into(),
+        AtOutput::Other(what) => what.clone(),
+    }
 }
 
 pub fn sync_dir(dir: &Path) -> Result<()> {

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::config::Keep;
-use crate::output::manifest::Manifest;
-use crate::output::saved_index;
+use crate::hooks;
+use crate::job::owned::is_reshard_output;
 
 /// The older epochs of `target`'s series that `--keep` removes: siblings of `target` whose name
 /// is the series template with another epoch number and that hold reshard's own index.json and
@@ -40,10 +40,7 @@ pub fn outputs_beyond(
         if e == epoch || path == target {
             continue;
         }
-        if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
-            || !path.join(saved_index::DIR_NAME).is_dir()
-            || !made_by_reshard(&path.join("index.json"))
-        {
+        if !is_reshard_output(&path) {
             continue;
         }
         let canon = fs::canonicalize(&path).ok();
@@ -60,11 +57,68 @@ pub fn outputs_beyond(
         .collect())
 }
 
-/// Whether `index` is an index.json that reshard wrote (a wids index with a `reshard` object).
-fn made_by_reshard(index: &Path) -> bool {
-    let Ok(text) = fs::read(index) else {
-        return false;
-    };
-    serde_json::from_slice::<serde_json::Value>(&text)
-        .is_ok_and(|m| m["__kind__"] == Manifest::KIND && m["reshard"].is_object())
+/// What an old epoch `old` is renamed to before it is removed: a hidden name in reshard's own
+/// namespace, so that a removal cut short (killed, failed) leaves no half-deleted dataset under
+/// the series' name, and the next `--keep` run finds and finishes it.
+fn aside_name(old: &Path) -> Option<PathBuf> {
+    let name = old.file_name()?.to_str()?;
+    Some(old.with_file_name(format!(".{name}{ASIDE}")))
+}
+
+const ASIDE: &str = ".reshard-removing";
+
+/// Removes the old epoch `old` of the series: first moved aside (see [`aside_name`]), then
+/// removed.
+///
+/// # Errors
+/// It cannot be renamed or removed (what is left aside is finished by the next `--keep` run).
+pub fn remove_epoch(old: &Path) -> Result<()> {
+    let aside =
+        aside_name(old).with_context(|| format!("--keep: {}: not a file name", old.display()))?;
+    fs::rename(old, &aside).with_context(|| {
+        format!(
+            "--keep: cannot move {} aside to {} to remove it",
+            old.display(),
+            aside.display()
+        )
+    })?;
+    hooks::kill_at(0, "keep");
+    fs::remove_dir_all(&aside).with_context(|| {
+        format!(
+            "--keep: cannot remove {} (moved aside from {}; the next run with --keep finishes it)",
+            aside.display(),
+            old.display()
+        )
+    })
+}
+
+/// Old epochs of `target`'s series that an earlier `--keep` moved aside but did not finish
+/// removing: directories (never symbolic links) named `.NAME.reshard-removing` where NAME is
+/// of the series.
+///
+/// # Errors
+/// The output's parent cannot be listed.
+pub fn unfinished_removals(target: &Path, keep: &Keep) -> Result<Vec<PathBuf>> {
+    let parent = target
+        .parent()
+        .context("the output has no parent directory")?;
+    let mut found = Vec::new();
+    for entry in
+        fs::read_dir(parent).with_context(|| format!("--keep: cannot list {}", parent.display()))?
+    {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(series_name) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix('.'))
+            .and_then(|n| n.strip_suffix(ASIDE))
+        else {
+            continue;
+        };
+        if keep.epoch_of(series_name).is_some() && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            found.push(entry.path());
+        }
+    }
+    found.sort();
+    Ok(found)
 }

@@ -6,7 +6,8 @@
 //! - `RESHARD_TEST_STALL_RANK=r`: rank r stops itself with SIGSTOP as the exchange starts, like
 //!   a node that froze (the others' watchdogs must end the job).
 //! - `RESHARD_TEST_PAUSE_FINISH=seconds`: every rank sleeps at the start of the finish phase,
-//!   marked by a file `.paused-RANK` in the staging directory, so that a test can change an input.
+//!   marked by a file `.paused-RANK` in the staging directory, so that a test can change an input
+//!   or take the output over; a rank whose marker the test removes goes on at once.
 //! - `RESHARD_TEST_KILL=r:n`: rank r kills itself with SIGKILL as exchange round n starts (before
 //!   its status), like a node that died; `r:publish`: as the publish phase starts. For
 //!   `--resume` tests.
@@ -79,7 +80,10 @@ pub fn pause_before_finish(staging: &Path, rank: usize) {
         return;
     };
     let _ = std::fs::write(&marker, b"");
-    std::thread::sleep(Duration::from_secs(secs));
+    let paused = std::time::Instant::now();
+    while paused.elapsed() < Duration::from_secs(secs) && marker.exists() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = std::fs::remove_file(&marker);
 }
 

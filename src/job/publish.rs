@@ -14,6 +14,7 @@ use crate::job::expand::{Setup, HEARTBEATS};
 use crate::job::finish::Finished;
 use crate::job::layout::Laid;
 use crate::job::link::check_link;
+use crate::job::lock::StagingLock;
 use crate::job::place::Placed;
 use crate::job::series::outputs_beyond;
 use crate::job::Planned;
@@ -25,13 +26,15 @@ use crate::report::Stats;
 /// rank learns the outcome.
 ///
 /// # Errors
-/// The manifest cannot be written, the rename fails, or `--link`/`--keep` fail.
+/// The manifest cannot be written, this run lost the output's `lock`, the rename fails, or
+/// `--link`/`--keep` fail.
 pub fn run(
     comm: &impl Comm,
     cfg: &RunConfig,
     setup: &Setup,
     planned: &Planned,
     finished: &Finished,
+    lock: Option<&StagingLock>,
 ) -> Result<()> {
     hooks::kill_before_publish(comm.rank());
     let published = (comm.rank() == 0).then(|| {
@@ -42,6 +45,7 @@ pub fn run(
         let shardlist = shard_list(cfg, &planned.placed, &planned.laid, finished);
         energon_meta(cfg, staging, planned)
             .and_then(|()| write_manifests(staging, &Manifest::new(shardlist, info)))
+            .and_then(|()| lock.map_or(Ok(()), |l| l.check_before_publish(staging)))
             .and_then(|()| publish(staging, target))
             .and_then(|()| after_publish(cfg, target))
     });

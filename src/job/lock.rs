@@ -227,7 +227,7 @@ impl StagingLock {
             match judge(path, &holder, &me, stale_after) {
                 Holder::Alive => bail!(busy(output, path, &holder)),
                 Holder::Dead { surely } => {
-                    if take_over(path, &holder, &me, stale_after)? {
+                    if take_over(path, &holder, &me, surely, stale_after)? {
                         took_over = Some(Takeover {
                             from: holder,
                             surely_dead: surely,
@@ -543,7 +543,13 @@ fn judge(path: &Path, holder: &Owner, me: &Owner, window: Duration) -> Holder {
 ///
 /// # Errors
 /// The guard cannot be created or is not a reshard lock file.
-fn take_over(path: &Path, dead: &Owner, me: &Owner, stale_after: Duration) -> Result<bool> {
+fn take_over(
+    path: &Path,
+    dead: &Owner,
+    me: &Owner,
+    surely: bool,
+    stale_after: Duration,
+) -> Result<bool> {
     let guard = guard_path(path);
     // Twice: once more right after clearing a stale guard.
     for _ in 0..2 {
@@ -551,8 +557,17 @@ fn take_over(path: &Path, dead: &Owner, me: &Owner, stale_after: Duration) -> Re
             Ok(()) => {
                 let replaced = read_owner(path)?.is_some_and(|now| now.same_holder(dead));
                 if replaced {
+                    let why = if surely {
+                        "is gone".to_string()
+                    } else {
+                        format!(
+                            "has not moved its heartbeat for {} s (--lock-stale-after), so it is \
+                             taken for dead",
+                            stale_after.as_secs()
+                        )
+                    };
                     eprintln!(
-                        "reshard: taking over {}: its run ({}) is gone",
+                        "reshard: taking over {}: its run ({}) {why}",
                         path.display(),
                         dead.who()
                     );

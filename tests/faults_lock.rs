@@ -7,7 +7,7 @@ use std::fs;
 
 use crate::util::lock::{
     a_stderr, in_namespaces, inputs, lock, lock_field, paused_run, release, run_args, staging,
-    stopped_in, wait_until, Immutable, Stopped, OUT,
+    stopped_in, wait_until, Hold, Immutable, Stopped, OUT,
 };
 use crate::util::verifier::assert_same_output;
 use crate::util::{skip, snapshot, Dir, FAIL_FAST};
@@ -20,15 +20,26 @@ fn reference(dir: &Dir) {
 /// Run A's rank 0 is stopped (as `scontrol suspend` does) in its finish phase; run B, in
 /// another PID namespace so that only A's heartbeat can tell, takes the output over once A has
 /// been silent past B's `--lock-stale-after`, moves A's staging directory aside and stops itself
-/// mid-exchange. A wakes: it must fail, naming the lock, and publish nothing (the bug: it
-/// published B's half-written staging directory with its own manifest and exit 0). B then
-/// finishes to a clean run's bytes.
+/// mid-exchange. A wakes: it must fail, naming the lock, publish nothing and leave B's files
+/// alone (the bug: it published B's half-written staging directory with its own manifest and
+/// exit 0). B then finishes to a clean run's bytes.
 #[test]
-fn a_stopped_run_taken_over_fails_when_it_wakes_and_publishes_nothing() {
-    let dir = Dir::new("lock-stopped");
+fn a_run_stopped_before_finish_and_taken_over_fails_when_it_wakes() {
+    taken_over_while_stopped("lock-stopped-finish", Hold::Finish);
+}
+
+/// As above, with A stopped between its finish and publish phases: the check right before the
+/// publishing rename must catch it.
+#[test]
+fn a_run_stopped_before_publish_and_taken_over_fails_when_it_wakes() {
+    taken_over_while_stopped("lock-stopped-publish", Hold::Publish);
+}
+
+fn taken_over_while_stopped(name: &str, hold: Hold) {
+    let dir = Dir::new(name);
     inputs(&dir);
     reference(&dir);
-    let a = paused_run(&dir);
+    let a = paused_run(&dir, hold);
     let a_pid: i32 = lock_field(&dir, "pid").parse().unwrap();
     let a_token = lock_field(&dir, "token");
     let stopped_a = Stopped::stop(a_pid);
@@ -49,7 +60,7 @@ fn a_stopped_run_taken_over_fails_when_it_wakes_and_publishes_nothing() {
     );
     let aside = dir.join(format!(".{OUT}.reshard-aside-{a_token}"));
     assert!(
-        aside.join(".paused-0").exists(),
+        aside.join(hold.marker(0)).exists(),
         "A's staging is moved aside"
     );
     let b_staging = snapshot(&staging(&dir));
@@ -98,7 +109,7 @@ fn a_heartbeat_that_fails_for_a_while_keeps_the_lock() {
     let dir = Dir::new("lock-immutable");
     inputs(&dir);
     reference(&dir);
-    let a = paused_run(&dir);
+    let a = paused_run(&dir, Hold::Finish);
     let Some(frozen) = Immutable::set(&lock(&dir)) else {
         release(&staging(&dir));
         a.join().unwrap();
@@ -141,7 +152,7 @@ fn a_run_in_another_pid_namespace_does_not_judge_by_pid() {
     let dir = Dir::new("lock-pidns");
     inputs(&dir);
     reference(&dir);
-    let a = paused_run(&dir);
+    let a = paused_run(&dir, Hold::Finish);
     let before = snapshot(&staging(&dir));
     let b = in_namespaces(&dir, &run_args(OUT)).assert_code(1);
     b.stderr_has("another reshard run is writing it");

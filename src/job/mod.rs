@@ -152,6 +152,10 @@ fn run_phases(
     let stats = exchange_phase(comm, cfg, setup, &planned, &output)?;
     times.start("finish");
     let finished = finish::run(comm, cfg, setup, &planned, output, lock)?;
+    let staging = setup.staging()?;
+    crate::hooks::pause_before_publish(staging, comm.rank());
+    // Before publish writes the manifests into the staging directory; again before its rename.
+    agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
     publish::run(comm, cfg, setup, &planned, &finished, lock)?;
     times.stop();
     let summary = summary::gather(comm, cfg, setup, &planned, &stats, times)?;

@@ -30,21 +30,47 @@ pub fn run_args(out: &str) -> Vec<String> {
 /// Where run A's stderr goes, so that a test can read it while A runs.
 pub const A_STDERR: &str = "a.stderr";
 
-/// Run A under `mpirun -np 2`, held at the start of its finish phase until the test lets it go
-/// (see [`release`]); returns once rank 0 is paused, with the running job. Its stderr goes to
-/// [`A_STDERR`] (see [`a_stderr`]).
-pub fn paused_run(dir: &Dir) -> JoinHandle<RunOutput> {
+/// Where run A is held until the test lets it go.
+#[derive(Clone, Copy, Debug)]
+pub enum Hold {
+    /// At the start of its finish phase (`RESHARD_TEST_PAUSE_FINISH`).
+    Finish,
+    /// Between its finish and publish phases (`RESHARD_TEST_PAUSE_PUBLISH`).
+    Publish,
+}
+
+impl Hold {
+    /// The marker a paused rank leaves in the staging directory.
+    pub fn marker(self, rank: usize) -> String {
+        match self {
+            Hold::Finish => format!(".paused-{rank}"),
+            Hold::Publish => format!(".paused-publish-{rank}"),
+        }
+    }
+
+    fn var(self) -> &'static str {
+        match self {
+            Hold::Finish => "RESHARD_TEST_PAUSE_FINISH",
+            Hold::Publish => "RESHARD_TEST_PAUSE_PUBLISH",
+        }
+    }
+}
+
+/// Run A under `mpirun -np 2`, held at `hold` until the test lets it go (see [`release`]);
+/// returns once rank 0 is paused, with the running job. Its stderr goes to [`A_STDERR`] (see
+/// [`a_stderr`]).
+pub fn paused_run(dir: &Dir, hold: Hold) -> JoinHandle<RunOutput> {
     let mut cmd = dir.program("sh");
     cmd.args(["-c", r#"exec "$@" 2>"$0""#, A_STDERR])
         .arg(mpirun())
         .args(["-np", "2"])
         .arg(reshard_exe())
         .args(run_args(OUT))
-        .env("RESHARD_TEST_PAUSE_FINISH", "600")
+        .env(hold.var(), "600")
         .timeout(TIMEOUT * 2);
     let job = std::thread::spawn(move || cmd.output());
-    wait_until("run A pauses in its finish phase", || {
-        staging(dir).join(".paused-0").exists()
+    wait_until("run A pauses", || {
+        staging(dir).join(hold.marker(0)).exists()
     });
     job
 }
@@ -54,10 +80,12 @@ pub fn a_stderr(dir: &Dir) -> String {
     fs::read_to_string(dir.join(A_STDERR)).unwrap_or_default()
 }
 
-/// Ends the pause of every rank whose marker is in `staging`.
+/// Ends the pause of every rank whose marker is in `staging`, wherever it is held.
 pub fn release(staging: &Path) {
     for rank in 0..4 {
-        let _ = fs::remove_file(staging.join(format!(".paused-{rank}")));
+        for hold in [Hold::Finish, Hold::Publish] {
+            let _ = fs::remove_file(staging.join(hold.marker(rank)));
+        }
     }
 }
 

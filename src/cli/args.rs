@@ -195,8 +195,8 @@ pub struct RunArgs {
     pub stall_timeout: u64,
 
     /// Seconds a lock on the output must show no heartbeat before a run takes it over, when
-    /// the lock's pid cannot be checked from here (another machine, boot or PID namespace; on
-    /// this one a dead pid frees it at once). Long enough for a job its scheduler suspends
+    /// the lock's pid cannot be checked from here (another machine, boot or PID namespace;
+    /// within one boot and PID namespace a dead pid frees it at once). Long enough for a job its scheduler suspends
     /// (`scontrol suspend`): a run taken over while suspended fails when it wakes, publishing
     /// nothing.
     #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]

@@ -42,6 +42,9 @@ pub struct RunConfig {
     pub link: Option<PathBuf>,
     pub keep: Option<Keep>,
     pub stall_timeout: Duration,
+    /// `--lock-stale-after`: how long a lock whose pid cannot be checked must be silent to be
+    /// taken over.
+    pub lock_stale_after: Duration,
     pub max_round_bytes: u64,
     pub order: OrderSpec,
     /// `--resume`: continue from what an earlier attempt left in the staging directory.

@@ -6,7 +6,10 @@
 //! - `RESHARD_TEST_STALL_RANK=r`: rank r stops itself with SIGSTOP as the exchange starts, like
 //!   a node that froze (the others' watchdogs must end the job).
 //! - `RESHARD_TEST_PAUSE_FINISH=seconds`: every rank sleeps at the start of the finish phase,
-//!   marked by a file `.paused-RANK` in the staging directory, so that a test can change an input.
+//!   marked by a file `.paused-RANK` in the staging directory, so that a test can change an input
+//!   or take the output over; a rank whose marker the test removes goes on at once.
+//! - `RESHARD_TEST_PAUSE_PUBLISH=seconds`: the same between the finish and publish phases
+//!   (marker `.paused-publish-RANK`).
 //! - `RESHARD_TEST_KILL=r:n`: rank r kills itself with SIGKILL as exchange round n starts (before
 //!   its status), like a node that died. Or at a named point: `r:index` (after indexing),
 //!   `r:plan` (after planning), `r:finish` (as the finish phase starts), `r:publish` (as the
@@ -74,17 +77,33 @@ pub fn kill_at(rank: usize, at: &str) {
 /// A marker left by an attempt that was killed while paused is removed in any case: a resumed
 /// run publishes its staging directory.
 pub fn pause_before_finish(staging: &Path, rank: usize) {
-    let marker = staging.join(format!(".paused-{rank}"));
-    let _ = std::fs::remove_file(&marker);
-    let Some(secs) = std::env::var("RESHARD_TEST_PAUSE_FINISH")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    else {
+    pause(
+        "RESHARD_TEST_PAUSE_FINISH",
+        &staging.join(format!(".paused-{rank}")),
+    );
+}
+
+/// `RESHARD_TEST_PAUSE_PUBLISH`: a window between finish and publish, as
+/// [`pause_before_finish`].
+pub fn pause_before_publish(staging: &Path, rank: usize) {
+    pause(
+        "RESHARD_TEST_PAUSE_PUBLISH",
+        &staging.join(format!(".paused-publish-{rank}")),
+    );
+}
+
+/// Sleeps the seconds `var` says, or until the test removes `marker`.
+fn pause(var: &str, marker: &Path) {
+    let _ = std::fs::remove_file(marker);
+    let Some(secs) = std::env::var(var).ok().and_then(|v| v.parse().ok()) else {
         return;
     };
-    let _ = std::fs::write(&marker, b"");
-    std::thread::sleep(Duration::from_secs(secs));
-    let _ = std::fs::remove_file(&marker);
+    let _ = std::fs::write(marker, b"");
+    let paused = std::time::Instant::now();
+    while paused.elapsed() < Duration::from_secs(secs) && marker.exists() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_file(marker);
 }
 
 /// `RESHARD_TRACE_ROUNDS`.

@@ -304,8 +304,8 @@ fn a_run_that_lost_a_node_resumes_on_the_others() {
 }
 
 /// One output, two worlds on two nodes (hosts `node0` and `other`): the second refuses, judging
-/// the first alive by its lock's heartbeat (no pid can be checked across hosts). Once the first
-/// is killed, its lock's heartbeat stops, and a world on the other host takes it over.
+/// the first alive (the simulated nodes share one boot and PID namespace, so by its pid; real
+/// nodes by its heartbeat). Once the first is killed, a world on the other host takes it over.
 #[test]
 fn a_world_on_another_node_refuses_then_takes_over_a_dead_ones_lock() {
     if !cluster_or_skip("a_world_on_another_node_refuses_then_takes_over_a_dead_ones_lock") {

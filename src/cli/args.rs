@@ -195,6 +195,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
     pub stall_timeout: u64,
 
+    /// Seconds a lock on the output must show no heartbeat before a run takes it over, when
+    /// the lock's pid cannot be checked from here (another machine, boot or PID namespace;
+    /// within one boot and PID namespace a dead pid frees it at once). Long enough for a job its scheduler suspends
+    /// (`scontrol suspend`): a run taken over while suspended fails when it wakes, publishing
+    /// nothing.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub lock_stale_after: u64,
+
     /// Also write the run summary as JSON to FILE (phases with seconds, per-rank bytes and peak
     /// memory), for benchmarks and monitoring.
     #[arg(long, value_name = "FILE")]

@@ -161,6 +161,7 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
             .map(|l| PathBuf::from(epoch_template(l, args.epoch))),
         keep,
         stall_timeout: Duration::from_secs(args.stall_timeout),
+        lock_stale_after: Duration::from_secs(args.lock_stale_after),
         max_round_bytes,
         split,
         resume: args.resume,

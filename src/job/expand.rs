@@ -85,7 +85,7 @@ pub fn prepare(cfg: &RunConfig) -> Result<(Setup, Lead)> {
     let (target, staging) = output_paths(out)?;
     // Before anything is checked or touched: another live run may be writing this output.
     let lock = (!cfg.dry_run)
-        .then(|| StagingLock::acquire(&lock_path(&staging), out))
+        .then(|| StagingLock::acquire(&lock_path(&staging), out, cfg.lock_stale_after))
         .transpose()?;
     check_output(cfg, out, &target, &staging, &inputs)?;
     if cfg.dry_run {
@@ -102,6 +102,11 @@ pub fn prepare(cfg: &RunConfig) -> Result<(Setup, Lead)> {
         }
         return Ok((Setup::planning(inputs), Lead::default()));
     }
+    if let Some(lock) = &lock {
+        // Taken over from a run that may only be suspended: its staging directory is not ours
+        // to continue or remove.
+        lock.set_aside_staging(&staging)?;
+    }
     let resume = if cfg.resume {
         continue_staging(cfg, &staging, &records)?
     } else {
@@ -109,6 +114,9 @@ pub fn prepare(cfg: &RunConfig) -> Result<(Setup, Lead)> {
     };
     if resume.is_none() {
         create_staging(&staging)?;
+    }
+    if let Some(lock) = &lock {
+        lock.mark_staging(&staging)?;
     }
     let setup = Setup {
         inputs,
@@ -267,7 +275,8 @@ fn check_output(
 }
 
 /// Creates the staging directory (removing one an earlier run left: this run holds the output's
-/// lock, so no live run uses it), with the saved-index and heartbeat directories inside.
+/// lock, and one a run that may still live left was moved aside, so no live run uses it), with
+/// the saved-index and heartbeat directories inside.
 fn create_staging(staging: &Path) -> Result<()> {
     if staging.exists() {
         let durable = checkpoint::read_checkpoint(staging)

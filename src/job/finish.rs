@@ -14,6 +14,7 @@ use crate::hooks;
 use crate::input::InputShard;
 use crate::job::expand::Setup;
 use crate::job::layout::{gather_u64s, Laid};
+use crate::job::lock::StagingLock;
 use crate::job::Planned;
 use crate::output::{checkpoint, loaders, saved_index};
 use crate::output::{compress_shard, md5_file, OutputShards, ShardNames};
@@ -26,23 +27,26 @@ pub struct Finished {
     pub md5: Vec<u8>,
 }
 
-/// Finishes this rank's shards once the exchange is done. Consumes `output`: its files are
-/// closed when this returns.
+/// Finishes this rank's shards once the exchange is done, once rank 0 found that it still
+/// holds the output's `lock`. Consumes `output`: its files are closed when this returns.
 ///
 /// # Errors
-/// An input changed during the run, or a shard cannot be synced, compressed, indexed or read
-/// back; agreed on every rank.
+/// Another run took the output over, an input changed during the run, or a shard cannot be
+/// synced, compressed, indexed or read back; agreed on every rank.
 pub fn run(
     comm: &impl Comm,
     cfg: &RunConfig,
     setup: &Setup,
     planned: &Planned,
     output: OutputShards,
+    lock: Option<&StagingLock>,
 ) -> Result<Finished> {
     let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
     let staging = setup.staging()?;
     hooks::kill_at(comm.rank(), "finish");
     hooks::pause_before_finish(staging, comm.rank());
+    // Before anything is written by path: a run taken over while it was silent stops here.
+    agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
     if comm.rank() == 0 && cfg.compress != Codec::Plain {
         // Compressing replaces the plain staging shards a resumed run would continue: from
         // here on, a failed run starts over (ordered before any compression by the next agree).

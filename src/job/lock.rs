@@ -5,42 +5,87 @@
 //! the second refuses instead.
 //!
 //! The lock is created atomically with its content (written aside, then hard-linked into place,
-//! which fails if it exists, on NFS too): the owner's host, pid and process start time, and a
-//! heartbeat counter the owner rewrites every second. A lock whose owner is dead is stale and
-//! taken over: on the same host, by the pid (and its start time, against pid reuse); from another
-//! host, when the heartbeat has not moved for [`STALE_AFTER`] (no clocks compared). Takeovers go
-//! through a second exclusive file, so that two newcomers never both take one stale lock.
+//! which fails if it exists, on NFS too): a token unique to the run (128 random bits; a hostname
+//! and pid are not unique across containers and reboots), the owner's host, boot id, PID
+//! namespace, pid and process start time, and a heartbeat counter the owner rewrites every
+//! second. The same token marks the staging directory ([`OWNER_FILE`]). A lock whose owner is
+//! dead is stale and taken over: a lock from this boot and PID namespace by its pid (and start
+//! time, against pid reuse), where that answer is certain; any other (another host, container
+//! or boot) once its heartbeat has not moved for `--lock-stale-after` (no clocks compared).
+//! Takeovers go through a second exclusive file, the guard, so that two newcomers never both
+//! take one stale lock.
+//!
+//! A silent heartbeat does not prove death (a suspended job is silent too), so such a takeover
+//! moves the staging directory aside ([`aside_path`]) instead of removing it, and the owner,
+//! should it wake, checks its token on the lock and on the staging directory before finishing
+//! and again before publishing ([`StagingLock::check_owned`]): it fails instead of publishing
+//! another run's files.
 
 use std::fs;
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
-/// How long a lock from another host must show no heartbeat to be taken for dead.
-pub const STALE_AFTER: Duration = Duration::from_secs(5);
+/// The default `--lock-stale-after`: how long a lock whose pid cannot be checked must show no
+/// heartbeat to be taken for dead. Minutes, so that a job its scheduler suspends for a while
+/// (`scontrol suspend` stops every process) is not taken for dead.
+pub const STALE_AFTER: Duration = Duration::from_secs(600);
 
 /// How often the owner's heartbeat moves.
 const BEAT: Duration = Duration::from_secs(1);
 
+/// How long a newcomer watches a silent lock before it says how long until it takes over (a
+/// live owner's heartbeat moves well within it, so a busy lock is refused without that note).
+const QUIET_NOTE: Duration = Duration::from_secs(3);
+
 /// Tries before giving up when other runs keep creating and taking over the lock.
 const ATTEMPTS: usize = 6;
 
+/// The file in the staging directory that names the run owning it (its token).
+pub const OWNER_FILE: &str = ".reshard-owner";
+
 /// The lock file of the staging directory `staging` (`.NAME.reshard-tmp` -> `.NAME.reshard-lock`).
 pub fn lock_path(staging: &Path) -> PathBuf {
+    staging.with_file_name(format!("{}.reshard-lock", staging_base(staging)))
+}
+
+/// Where a takeover moves the staging directory of a run that may still live, beside it and
+/// hidden: `.NAME.reshard-aside-TOKEN`, after that run's token, so that the run finds it.
+pub fn aside_path(staging: &Path, token: &str) -> PathBuf {
+    staging.with_file_name(format!("{}.reshard-aside-{token}", staging_base(staging)))
+}
+
+/// `.NAME` of the staging directory `.NAME.reshard-tmp`.
+fn staging_base(staging: &Path) -> String {
     let name = staging.file_name().unwrap_or_default().to_string_lossy();
-    let base = name.strip_suffix(".reshard-tmp").unwrap_or(&name);
-    staging.with_file_name(format!("{base}.reshard-lock"))
+    name.strip_suffix(".reshard-tmp")
+        .unwrap_or(&name)
+        .to_string()
+}
+
+/// The takeover guard of the lock `lock`.
+fn guard_path(lock: &Path) -> PathBuf {
+    let name = lock.file_name().unwrap_or_default().to_string_lossy();
+    lock.with_file_name(format!("{name}.takeover"))
 }
 
 /// Who holds a lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Owner {
+    /// Unique to the run: 32 hex digits from the OS's random source (empty in a lock an older
+    /// reshard wrote).
+    token: String,
     host: String,
+    /// `/proc/sys/kernel/random/boot_id` and the `/proc/self/ns/pid` link: a pid means the
+    /// same process only within one boot and one PID namespace (empty where unknown).
+    boot: String,
+    pidns: String,
     pid: u32,
     /// The process's start time in clock ticks since boot (0 where unknown).
     start: u64,
@@ -52,24 +97,27 @@ struct Owner {
 const HEADER: &str = "reshard staging lock\n";
 
 impl Owner {
-    fn me() -> Owner {
+    fn me() -> Result<Owner> {
         let pid = std::process::id();
-        Owner {
+        Ok(Owner {
+            token: new_token()?,
             host: hostname(),
+            boot: read_trimmed("/proc/sys/kernel/random/boot_id"),
+            pidns: fs::read_link("/proc/self/ns/pid")
+                .map(|l| l.to_string_lossy().into_owned())
+                .unwrap_or_default(),
             pid,
             start: process_start(pid).unwrap_or(0),
-            since: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            since: now_secs(),
             beat: 0,
-        }
+        })
     }
 
     /// The file's content; the beat is last, at a fixed width, so it can be rewritten in place.
     fn render(&self) -> String {
         format!(
-            "{HEADER}host {}\npid {}\nstart {}\nsince {}\nbeat {:020}\n",
-            self.host, self.pid, self.start, self.since, self.beat
+            "{HEADER}token {}\nhost {}\nboot {}\npidns {}\npid {}\nstart {}\nsince {}\nbeat {:020}\n",
+            self.token, self.host, self.boot, self.pidns, self.pid, self.start, self.since, self.beat
         )
     }
 
@@ -81,7 +129,11 @@ impl Owner {
                 .map(str::to_string)
         };
         Some(Owner {
+            // Absent in the locks of older versions: such a lock is judged by its heartbeat.
+            token: field("token").unwrap_or_default(),
             host: field("host")?,
+            boot: field("boot").unwrap_or_default(),
+            pidns: field("pidns").unwrap_or_default(),
             pid: field("pid")?.parse().ok()?,
             start: field("start")?.parse().ok()?,
             since: field("since")?.parse().ok()?,
@@ -91,8 +143,27 @@ impl Owner {
 
     /// The same holder, whatever its heartbeat says.
     fn same_holder(&self, other: &Owner) -> bool {
-        (&self.host, self.pid, self.start, self.since)
-            == (&other.host, other.pid, other.start, other.since)
+        (&self.token, &self.host, self.pid, self.start, self.since)
+            == (
+                &other.token,
+                &other.host,
+                other.pid,
+                other.start,
+                other.since,
+            )
+    }
+
+    /// Whether `self`'s pid can be checked from `me`: the same boot and PID namespace. The
+    /// hostname says nothing here: containers on one node may share it, and it may be reused.
+    fn pid_checkable_from(&self, me: &Owner) -> bool {
+        !self.boot.is_empty()
+            && !self.pidns.is_empty()
+            && (&self.boot, &self.pidns) == (&me.boot, &me.pidns)
+    }
+
+    /// "pid N on HOST", for messages.
+    fn who(&self) -> String {
+        format!("pid {} on {}", self.pid, self.host)
     }
 }
 
@@ -100,30 +171,46 @@ impl Owner {
 #[derive(Debug, PartialEq, Eq)]
 enum Holder {
     Alive,
-    Dead,
+    /// Dead: `surely` when its pid proved it, not when its heartbeat was only silent (a
+    /// suspended run is silent too).
+    Dead {
+        surely: bool,
+    },
     /// The lock changed hands or went away while it was looked at: look again.
     Changed,
+}
+
+/// The run whose lock this one took over.
+struct Takeover {
+    from: Owner,
+    surely_dead: bool,
 }
 
 /// Rank 0's ownership of the staging directory; dropping it releases the lock.
 pub struct StagingLock {
     path: PathBuf,
     owner: Owner,
+    took_over: Option<Takeover>,
+    /// Set by the heartbeat when it finds the lock gone or held by another run: why.
+    lost: Arc<Mutex<Option<String>>>,
     stop: Option<Sender<()>>,
     beat: Option<JoinHandle<()>>,
 }
 
 impl StagingLock {
-    /// Takes the lock `path` for the output `output`, taking over one whose holder is dead.
+    /// Takes the lock `path` for the output `output`, taking over one whose holder is dead; a
+    /// holder whose pid cannot be checked from here is dead once its heartbeat has not moved
+    /// for `stale_after`.
     ///
     /// # Errors
     /// Another live run holds it (the message names its host and pid, and what to do), or the
     /// lock cannot be created.
-    pub fn acquire(path: &Path, output: &Path) -> Result<Self> {
-        let me = Owner::me();
+    pub fn acquire(path: &Path, output: &Path, stale_after: Duration) -> Result<Self> {
+        let me = Owner::me()?;
+        let mut took_over = None;
         for _ in 0..ATTEMPTS {
             match create_exclusive(path, &me) {
-                Ok(()) => return Ok(Self::hold(path, me)),
+                Ok(()) => return Ok(Self::hold(path, me, took_over)),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
                 Err(e) => {
                     return Err(e).with_context(|| {
@@ -137,38 +224,174 @@ impl StagingLock {
             let Some(holder) = read_owner(path)? else {
                 continue;
             };
-            match judge(path, &holder, &me.host, STALE_AFTER) {
+            match judge(path, &holder, &me, stale_after) {
                 Holder::Alive => bail!(busy(output, path, &holder)),
-                Holder::Dead => take_over(path, &holder, &me)?,
+                Holder::Dead { surely } => {
+                    if take_over(path, &holder, &me, surely, stale_after)? {
+                        took_over = Some(Takeover {
+                            from: holder,
+                            surely_dead: surely,
+                        });
+                    }
+                }
                 Holder::Changed => {}
             }
         }
         bail!(
-            "{}: other runs kept taking this output's lock; is another reshard writing {}?",
+            "{}: other runs kept taking this output's lock, or its takeover guard {} stayed in \
+             place; is another reshard writing {}? If none is, remove both files",
             path.display(),
+            guard_path(path).display(),
             output.display()
         )
     }
 
     /// Starts the heartbeat of a lock just created.
-    fn hold(path: &Path, owner: Owner) -> Self {
+    fn hold(path: &Path, owner: Owner, took_over: Option<Takeover>) -> Self {
         let (stop, stopped) = channel::<()>();
-        let (p, mut o) = (path.to_path_buf(), owner.clone());
-        let beat = std::thread::spawn(move || {
-            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(BEAT) {
-                o.beat += 1;
-                if !rewrite_beat(&p, &o) {
-                    // Not ours any more (removed by hand): nothing left to keep alive.
-                    return;
-                }
-            }
-        });
+        let lost = Arc::new(Mutex::new(None));
+        let (p, o, l) = (path.to_path_buf(), owner.clone(), Arc::clone(&lost));
+        let beat = std::thread::spawn(move || heartbeat(&p, o, &stopped, &l));
         StagingLock {
             path: path.to_path_buf(),
             owner,
+            took_over,
+            lost,
             stop: Some(stop),
             beat: Some(beat),
         }
+    }
+
+    /// Marks `staging` as this run's (its [`OWNER_FILE`] holds this run's token), once the
+    /// staging directory exists or `--resume` continues it.
+    ///
+    /// # Errors
+    /// The mark cannot be written.
+    pub fn mark_staging(&self, staging: &Path) -> Result<()> {
+        let (mark, tmp) = (staging.join(OWNER_FILE), staging.join(".reshard-owner.tmp"));
+        fs::write(&tmp, format!("{}\n", self.owner.token))
+            .and_then(|()| fs::rename(&tmp, &mark))
+            .with_context(|| format!("{}: cannot write", mark.display()))
+    }
+
+    /// Checks that this run still owns its lock and the staging directory `staging`: the
+    /// heartbeat never found the lock in other hands, and both the lock and the staging
+    /// directory's mark hold this run's token. Called right before the finish phase.
+    ///
+    /// # Errors
+    /// Another run took the lock over (this run was silent longer than `--lock-stale-after`:
+    /// suspended, stopped, or unable to write its heartbeat); the message names the lock and the
+    /// staging directory, and says that nothing is published.
+    pub fn check_owned(&self, staging: &Path) -> Result<()> {
+        let lost = self.lost.lock().map(|l| l.clone()).unwrap_or_default();
+        if let Some(why) = lost.or_else(|| self.lock_lost()) {
+            bail!(
+                "{}: this run lost the output's lock ({why}): another run took it over while \
+                 this one was silent for longer than its --lock-stale-after (suspended, stopped, \
+                 or unable to write the lock). Nothing is published; {} and what is in it are \
+                 that run's now and left alone",
+                self.path.display(),
+                staging.display()
+            );
+        }
+        let mark = staging.join(OWNER_FILE);
+        let found = fs::read_to_string(&mark).unwrap_or_default();
+        if found.trim() != self.owner.token {
+            bail!(
+                "{}: the staging directory is not this run's any more ({} does not hold this \
+                 run's token): another run moved it aside. Nothing is published",
+                staging.display(),
+                mark.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// [`Self::check_owned`], right before the publishing rename, and then the owner's mark is
+    /// taken out of the staging directory so that it is not published with it.
+    ///
+    /// # Errors
+    /// As [`Self::check_owned`], or the mark cannot be removed.
+    pub fn check_before_publish(&self, staging: &Path) -> Result<()> {
+        self.check_owned(staging)?;
+        let mark = staging.join(OWNER_FILE);
+        fs::remove_file(&mark).with_context(|| format!("{}: cannot remove", mark.display()))
+    }
+
+    /// Why the lock file is not this run's any more, if it is not.
+    fn lock_lost(&self) -> Option<String> {
+        match read_owner(&self.path) {
+            Ok(Some(now)) if now.same_holder(&self.owner) => None,
+            Ok(Some(now)) => Some(format!("{} holds it now", now.who())),
+            Ok(None) => Some("it was removed".into()),
+            Err(e) => Some(format!("{e:#}")),
+        }
+    }
+
+    /// A takeover of a run that may still live (judged by its silent heartbeat, not by its pid):
+    /// that run's staging directory `staging` is moved aside, never removed, so that the run,
+    /// should it wake, finds that it lost the output instead of finishing another run's files.
+    /// Returns where it went.
+    ///
+    /// # Errors
+    /// It cannot be renamed.
+    pub fn set_aside_staging(&self, staging: &Path) -> Result<Option<PathBuf>> {
+        let Some(t) = self.took_over.as_ref().filter(|t| !t.surely_dead) else {
+            return Ok(None);
+        };
+        if fs::symlink_metadata(staging).is_err() {
+            return Ok(None);
+        }
+        let mark = fs::read_to_string(staging.join(OWNER_FILE)).unwrap_or_default();
+        let token = [mark.trim(), t.from.token.as_str()]
+            .into_iter()
+            .find(|t| is_token(t))
+            .map_or_else(
+                || format!("pid{}-{}", t.from.pid, t.from.since),
+                str::to_string,
+            );
+        let aside = aside_path(staging, &token);
+        fs::rename(staging, &aside).with_context(|| {
+            format!(
+                "{}: cannot move the staging directory of the run that held {} aside to {}",
+                staging.display(),
+                self.path.display(),
+                aside.display()
+            )
+        })?;
+        eprintln!(
+            "reshard: moved {} aside to {}: it belongs to the run that held {} ({}), which may \
+             only be suspended, so it is not removed. That run removes it if it wakes (it then \
+             fails without publishing); otherwise remove it once that run is surely gone, or \
+             rename it back and rerun with --resume to continue it",
+            staging.display(),
+            aside.display(),
+            self.path.display(),
+            t.from.who()
+        );
+        Ok(Some(aside))
+    }
+
+    /// After a failure: whether the staging directory `staging` is still this run's to clean
+    /// up. If another run took the lock over, it is not; then this run's own staging directory,
+    /// where the takeover moved it, is removed (this run made it, and it lost the output).
+    pub fn may_clean_up(&self, staging: &Path) -> bool {
+        let lost = self.lost.lock().map(|l| l.is_some()).unwrap_or(true);
+        if !lost && self.lock_lost().is_none() {
+            return true;
+        }
+        let aside = aside_path(staging, &self.owner.token);
+        let mine =
+            fs::read_to_string(aside.join(OWNER_FILE)).is_ok_and(|m| m.trim() == self.owner.token);
+        if mine && fs::remove_dir_all(&aside).is_ok() {
+            eprintln!(
+                "reshard: removed {}: this run's staging directory, which the run that took \
+                 over {} had moved aside",
+                aside.display(),
+                self.path.display()
+            );
+        }
+        false
     }
 }
 
@@ -178,31 +401,62 @@ impl Drop for StagingLock {
         if let Some(t) = self.beat.take() {
             let _ = t.join();
         }
-        if read_owner(&self.path)
-            .ok()
-            .flatten()
-            .is_some_and(|o| o.same_holder(&self.owner))
-        {
+        if self.lock_lost().is_none() {
             let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The owner's heartbeat: moves the beat every [`BEAT`] until told to stop. A failed write is
+/// tried again at the next beat (a passing NFS error must not silence a live run for good);
+/// a lock found gone or in other hands is recorded in `lost`, and then there is nothing left to
+/// keep alive.
+fn heartbeat(path: &Path, mut owner: Owner, stopped: &Receiver<()>, lost: &Mutex<Option<String>>) {
+    let mut failing = false;
+    while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(BEAT) {
+        owner.beat += 1;
+        match rewrite_beat(path, &owner) {
+            Ok(None) => {
+                if failing {
+                    eprintln!(
+                        "reshard: {}: the heartbeat is written again",
+                        path.display()
+                    );
+                }
+                failing = false;
+            }
+            Ok(Some(why)) => {
+                if let Ok(mut l) = lost.lock() {
+                    *l = Some(why);
+                }
+                return;
+            }
+            Err(e) => {
+                if !failing {
+                    eprintln!(
+                        "reshard: warning: {}: cannot write the lock's heartbeat ({e}); trying \
+                         again every second (a run that cannot check this one's pid takes the \
+                         output over if it stays silent for --lock-stale-after)",
+                        path.display()
+                    );
+                }
+                failing = true;
+            }
         }
     }
 }
 
 /// Why this run stops, and what to do.
 fn busy(output: &Path, lock: &Path, holder: &Owner) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
     format!(
-        "--output {}: another reshard run is writing it (pid {} on {}, for {} s); two runs must \
+        "--output {}: another reshard run is writing it ({}, for {} s); two runs must \
          not write one output, so this one stops without touching it. Wait for that run to end, \
          or choose another --output. Started by `srun --mpi=none`, or any launcher that starts \
          each task as a world of its own, every task is a run of its own: see slurm/README.md. \
          If no such run is alive, remove {}",
         output.display(),
-        holder.pid,
-        holder.host,
-        now.saturating_sub(holder.since),
+        holder.who(),
+        now_secs().saturating_sub(holder.since),
         lock.display()
     )
 }
@@ -210,7 +464,7 @@ fn busy(output: &Path, lock: &Path, holder: &Owner) -> String {
 /// Creates `path` holding `owner`, atomically and only if it does not exist.
 fn create_exclusive(path: &Path, owner: &Owner) -> std::io::Result<()> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = path.with_file_name(format!("{name}.{}.{}", owner.host, owner.pid));
+    let tmp = path.with_file_name(format!("{name}.{}", owner.token));
     let mut f = fs::File::create(&tmp)?;
     let written = f
         .write_all(owner.render().as_bytes())
@@ -241,17 +495,23 @@ fn read_owner(path: &Path) -> Result<Option<Owner>> {
     }
 }
 
-/// Whether the holder of the lock at `path` lives: on this host by its pid, elsewhere by its
-/// heartbeat, watched for `window`.
-fn judge(path: &Path, holder: &Owner, my_host: &str, window: Duration) -> Holder {
-    if holder.host == my_host {
+/// Whether the holder of the lock (or guard) at `path` lives: by its pid and start time where
+/// that pid means the same process here (same boot and PID namespace), else by its heartbeat,
+/// watched for `window`.
+fn judge(path: &Path, holder: &Owner, me: &Owner, window: Duration) -> Holder {
+    if holder.pid_checkable_from(me) {
         let alive = process_start(holder.pid)
             .is_some_and(|start| holder.start == 0 || start == holder.start);
-        return if alive { Holder::Alive } else { Holder::Dead };
+        return if alive {
+            Holder::Alive
+        } else {
+            Holder::Dead { surely: true }
+        };
     }
     let watched = Instant::now();
+    let mut told = false;
     while watched.elapsed() < window {
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(200).min(window));
         match read_owner(path) {
             Ok(Some(now)) if now.same_holder(holder) => {
                 if now.beat != holder.beat {
@@ -260,65 +520,123 @@ fn judge(path: &Path, holder: &Owner, my_host: &str, window: Duration) -> Holder
             }
             _ => return Holder::Changed,
         }
+        let silent = watched.elapsed();
+        if !told && silent >= QUIET_NOTE && silent < window {
+            told = true;
+            eprintln!(
+                "reshard: {}: held by {}, whose pid cannot be checked from here (another \
+                 machine, boot or PID namespace), and unchanged for {} s: taken for dead and \
+                 taken over in {} s unless its heartbeat moves (--lock-stale-after {})",
+                path.display(),
+                holder.who(),
+                silent.as_secs(),
+                (window - silent).as_secs(),
+                window.as_secs()
+            );
+        }
     }
-    Holder::Dead
+    Holder::Dead { surely: false }
 }
 
-/// Removes the stale lock of `dead`, unless another newcomer is doing so (then the caller looks
-/// again).
-fn take_over(path: &Path, dead: &Owner, me: &Owner) -> Result<()> {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let guard = path.with_file_name(format!("{name}.takeover"));
-    match create_exclusive(&guard, me) {
-        Ok(()) => {}
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-            // A takeover takes milliseconds; a guard left by a newcomer that died is removed
-            // once its holder is known dead on this host, else it is waited for.
-            let holder = read_owner(&guard)?;
-            let dead = holder.is_some_and(|h| {
-                h.host == me.host && judge(&guard, &h, &me.host, Duration::ZERO) == Holder::Dead
-            });
-            if dead {
+/// Removes the stale lock of `dead` through the takeover guard, so that two newcomers never
+/// both take it. Whether it was removed (if not, the caller looks again).
+///
+/// # Errors
+/// The guard cannot be created or is not a reshard lock file.
+fn take_over(
+    path: &Path,
+    dead: &Owner,
+    me: &Owner,
+    surely: bool,
+    stale_after: Duration,
+) -> Result<bool> {
+    let guard = guard_path(path);
+    // Twice: once more right after clearing a stale guard.
+    for _ in 0..2 {
+        match create_exclusive(&guard, me) {
+            Ok(()) => {
+                let replaced = read_owner(path)?.is_some_and(|now| now.same_holder(dead));
+                if replaced {
+                    let why = if surely {
+                        "is gone".to_string()
+                    } else {
+                        format!(
+                            "has not moved its heartbeat for {} s (--lock-stale-after), so it is \
+                             taken for dead",
+                            stale_after.as_secs()
+                        )
+                    };
+                    eprintln!(
+                        "reshard: taking over {}: its run ({}) {why}",
+                        path.display(),
+                        dead.who()
+                    );
+                    let _ = fs::remove_file(path);
+                }
                 let _ = fs::remove_file(&guard);
-            } else {
-                std::thread::sleep(Duration::from_secs(1));
+                return Ok(replaced);
             }
-            return Ok(());
-        }
-        Err(e) => {
-            return Err(e).with_context(|| format!("{}: cannot create", guard.display()));
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                if !clear_stale_guard(&guard, me, stale_after)? {
+                    std::thread::sleep(BEAT);
+                    return Ok(false);
+                }
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("{}: cannot create the takeover guard", guard.display())
+                });
+            }
         }
     }
-    if read_owner(path)?.is_some_and(|now| now.same_holder(dead)) {
-        eprintln!(
-            "reshard: taking over {}: its run (pid {} on {}) is gone",
-            path.display(),
-            dead.pid,
-            dead.host
-        );
-        let _ = fs::remove_file(path);
-    }
-    let _ = fs::remove_file(&guard);
-    Ok(())
+    Ok(false)
 }
 
-/// Moves the heartbeat of the lock at `path` if `owner` still holds it. Opened and closed each
-/// time, so that the write reaches a network filesystem's server at once.
-fn rewrite_beat(path: &Path, owner: &Owner) -> bool {
-    if !read_owner(path)
-        .ok()
-        .flatten()
-        .is_some_and(|o| o.same_holder(owner))
-    {
-        return false;
+/// A takeover holds the guard for milliseconds; a guard left by a newcomer that died is judged
+/// by the rules of the lock (its pid where it can be checked, else `stale_after` unchanged) and
+/// removed. Whether the guard may be tried again.
+fn clear_stale_guard(guard: &Path, me: &Owner, stale_after: Duration) -> Result<bool> {
+    let Some(holder) = read_owner(guard)? else {
+        return Ok(true);
+    };
+    match judge(guard, &holder, me, stale_after) {
+        Holder::Alive => Ok(false),
+        Holder::Changed => Ok(true),
+        Holder::Dead { .. } => {
+            if read_owner(guard)?.is_some_and(|now| now.same_holder(&holder)) {
+                eprintln!(
+                    "reshard: removing the takeover guard {}: left by a run that is gone ({})",
+                    guard.display(),
+                    holder.who()
+                );
+                let _ = fs::remove_file(guard);
+            }
+            Ok(true)
+        }
+    }
+}
+
+/// Moves the heartbeat of the lock at `path` if `owner` still holds it: `Ok(None)`, or why it
+/// does not. The check and the write go through one open file, so that a lock another run put
+/// in its place meanwhile is never written to; opened and closed each time, so that the write
+/// reaches a network filesystem's server at once.
+fn rewrite_beat(path: &Path, owner: &Owner) -> std::io::Result<Option<String>> {
+    let mut f = match fs::OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Some("it was removed".into())),
+        Err(e) => return Err(e),
+    };
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    match Owner::parse(&text) {
+        Some(now) if now.same_holder(owner) => {}
+        Some(now) => return Ok(Some(format!("{} holds it now", now.who()))),
+        None => return Ok(Some("it holds something else now".into())),
     }
     let text = owner.render();
     let at = text.rfind("beat ").expect("rendered") + "beat ".len();
-    fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .and_then(|f| f.write_all_at(&text.as_bytes()[at..], at as u64))
-        .is_ok()
+    f.write_all_at(&text.as_bytes()[at..], at as u64)?;
+    Ok(None)
 }
 
 /// The start time of process `pid` (clock ticks since boot), if it lives. A zombie (exited, not
@@ -333,15 +651,63 @@ fn process_start(pid: u32) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
+/// 128 bits from the OS's random source, as 32 hex digits.
+fn new_token() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("/dev/urandom: cannot read a token for the output's lock")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Whether `s` looks like a token (safe in a file name).
+fn is_token(s: &str) -> bool {
+    (16..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn read_trimmed(path: &str) -> String {
+    fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
 fn hostname() -> String {
-    fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "unknown-host".into())
+    Some(read_trimmed("/proc/sys/kernel/hostname"))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const OUT: &str = "out";
+
+    /// Someone else, as seen from here: another PID namespace on this very host (a container).
+    fn elsewhere() -> Owner {
+        let mut o = Owner::me().unwrap();
+        o.pidns = "pid:[1]".into();
+        o
+    }
+
+    fn beat_of(path: &Path) -> u64 {
+        read_owner(path).unwrap().unwrap().beat
+    }
+
+    /// Waits (generously) until `cond` holds.
+    fn wait_for(what: &str, cond: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < Duration::from_secs(60), "never: {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 
     #[test]
     fn a_live_process_has_a_start_time_and_a_zombie_none() {
@@ -359,10 +725,51 @@ mod tests {
     }
 
     #[test]
-    fn the_lock_is_named_after_the_staging_directory() {
+    fn the_lock_and_aside_names_follow_the_staging_directory() {
+        let staging = Path::new("/d/.out.reshard-tmp");
+        assert_eq!(lock_path(staging), Path::new("/d/.out.reshard-lock"));
         assert_eq!(
-            lock_path(Path::new("/d/.out.reshard-tmp")),
-            Path::new("/d/.out.reshard-lock")
+            aside_path(staging, "ab12"),
+            Path::new("/d/.out.reshard-aside-ab12")
+        );
+        assert_eq!(
+            guard_path(&lock_path(staging)),
+            Path::new("/d/.out.reshard-lock.takeover")
+        );
+    }
+
+    #[test]
+    fn tokens_are_unique_and_the_lock_reads_back() {
+        let (a, b) = (Owner::me().unwrap(), Owner::me().unwrap());
+        assert_ne!(a.token, b.token);
+        assert!(is_token(&a.token) && a.token.len() == 32, "{}", a.token);
+        assert!(!is_token("../x") && !is_token(""));
+        assert!(!a.boot.is_empty() && a.pidns.starts_with("pid:"), "{a:?}");
+        assert_eq!(Owner::parse(&a.render()), Some(a.clone()));
+        // An older reshard's lock (no token, boot or PID namespace) is read, and its pid is
+        // never trusted.
+        let old = format!("{HEADER}host h\npid 1\nstart 2\nsince 3\nbeat {:020}\n", 4);
+        let old = Owner::parse(&old).unwrap();
+        assert!(old.token.is_empty() && !old.pid_checkable_from(&a));
+        assert!(a.pid_checkable_from(&b) && !elsewhere().pid_checkable_from(&a));
+    }
+
+    #[test]
+    fn a_live_pid_with_another_start_time_is_dead() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(".x.reshard-lock");
+        let me = Owner::me().unwrap();
+        let alive = |o: &Owner| judge(&path, o, &me, Duration::ZERO);
+        assert_eq!(alive(&me), Holder::Alive);
+        // This very pid, started at another time: the pid was reused, its holder is dead.
+        let mut reused = me.clone();
+        reused.start += 1;
+        assert_eq!(alive(&reused), Holder::Dead { surely: true });
+        reused.start = 0;
+        assert_eq!(
+            alive(&reused),
+            Holder::Alive,
+            "start unknown: the pid decides"
         );
     }
 
@@ -370,8 +777,9 @@ mod tests {
     fn one_holder_at_a_time_and_a_dead_one_is_replaced() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join(".out.reshard-lock");
-        let lock = StagingLock::acquire(&path, Path::new("out")).unwrap();
-        let again = StagingLock::acquire(&path, Path::new("out")).map(|_| ());
+        let window = Duration::from_secs(60);
+        let lock = StagingLock::acquire(&path, Path::new(OUT), window).unwrap();
+        let again = StagingLock::acquire(&path, Path::new(OUT), window).map(|_| ());
         let msg = format!("{:#}", again.unwrap_err());
         assert!(
             msg.contains("another reshard run")
@@ -380,37 +788,178 @@ mod tests {
         );
         drop(lock);
         assert!(!path.exists(), "released");
-        // A lock of a process that is gone (beyond any pid_max).
-        let mut dead = Owner::me();
+        // A lock of a process that is gone (beyond any pid_max), surely dead by its pid.
+        let mut dead = Owner::me().unwrap();
         dead.pid = u32::MAX - 1;
         create_exclusive(&path, &dead).unwrap();
-        let lock = StagingLock::acquire(&path, Path::new("out")).unwrap();
+        let lock = StagingLock::acquire(&path, Path::new(OUT), window).unwrap();
         assert_eq!(read_owner(&path).unwrap().unwrap().pid, std::process::id());
+        assert!(lock.took_over.as_ref().is_some_and(|t| t.surely_dead));
         drop(lock);
     }
 
     #[test]
-    fn another_host_is_judged_by_its_heartbeat() {
+    fn another_pid_namespace_or_boot_is_judged_by_its_heartbeat() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join(".x.reshard-lock");
-        let mut other = Owner::me();
-        other.host = "elsewhere".into();
-        create_exclusive(&path, &other).unwrap();
-        // Silent: dead after the window.
+        let me = Owner::me().unwrap();
+        // Same host name and a pid that lives here (this test's own), but another namespace or
+        // boot: the pid says nothing.
+        let mut other_boot = me.clone();
+        other_boot.boot = "another-boot".into();
+        for other in [elsewhere(), other_boot] {
+            let _ = fs::remove_file(&path);
+            create_exclusive(&path, &other).unwrap();
+            let window = Duration::from_millis(600);
+            assert_eq!(
+                judge(&path, &other, &me, window),
+                Holder::Dead { surely: false }
+            );
+            // Beating: alive.
+            let (p, o) = (path.clone(), other.clone());
+            let beating = std::thread::spawn(move || {
+                let mut o = o;
+                for _ in 0..5 {
+                    std::thread::sleep(Duration::from_millis(100));
+                    o.beat += 1;
+                    rewrite_beat(&p, &o).unwrap();
+                }
+            });
+            assert_eq!(judge(&path, &other, &me, window), Holder::Alive);
+            beating.join().unwrap();
+        }
+    }
+
+    /// A run that holds `path` as `owner` without a heartbeat (a suspended run).
+    fn silent(path: &Path, owner: Owner) -> StagingLock {
+        create_exclusive(path, &owner).unwrap();
+        StagingLock {
+            path: path.to_path_buf(),
+            owner,
+            took_over: None,
+            lost: Arc::new(Mutex::new(None)),
+            stop: None,
+            beat: None,
+        }
+    }
+
+    #[test]
+    fn a_silent_owner_is_taken_over_and_finds_its_staging_moved_aside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = tmp.path().join(".out.reshard-tmp");
+        let path = lock_path(&staging);
+        let paused = silent(&path, elsewhere());
+        fs::create_dir(&staging).unwrap();
+        paused.mark_staging(&staging).unwrap();
+        fs::write(staging.join("shard"), b"A's").unwrap();
+        paused.check_owned(&staging).unwrap();
+
         let window = Duration::from_millis(600);
-        assert_eq!(judge(&path, &other, &hostname(), window), Holder::Dead);
-        // Beating: alive.
-        let (p, o) = (path.clone(), other.clone());
-        let beating = std::thread::spawn(move || {
-            let mut o = o;
-            for _ in 0..5 {
-                std::thread::sleep(Duration::from_millis(100));
-                o.beat += 1;
-                rewrite_beat(&p, &o);
-            }
+        let newcomer = StagingLock::acquire(&path, Path::new(OUT), window).unwrap();
+        let aside = newcomer.set_aside_staging(&staging).unwrap().unwrap();
+        assert_eq!(aside, aside_path(&staging, &paused.owner.token));
+        assert_eq!(
+            fs::read(aside.join("shard")).unwrap(),
+            b"A's",
+            "moved, not removed"
+        );
+        fs::create_dir(&staging).unwrap();
+        newcomer.mark_staging(&staging).unwrap();
+
+        // The paused run wakes: it owns neither the lock nor the staging directory.
+        let msg = format!("{:#}", paused.check_owned(&staging).unwrap_err());
+        assert!(
+            msg.contains(&path.display().to_string())
+                && msg.contains("lost the output's lock")
+                && msg.contains("Nothing is published"),
+            "{msg}"
+        );
+        assert!(!paused.may_clean_up(&staging));
+        assert!(
+            !aside.exists(),
+            "its own staging directory, moved aside, is removed"
+        );
+        assert!(staging.join(OWNER_FILE).exists(), "the newcomer's is not");
+        drop(paused);
+        assert!(path.exists(), "the newcomer's lock stays");
+        newcomer.check_before_publish(&staging).unwrap();
+        assert!(
+            !staging.join(OWNER_FILE).exists(),
+            "the mark is not published"
+        );
+    }
+
+    #[test]
+    fn a_foreign_mark_on_the_staging_directory_fails_the_check() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = tmp.path().join(".out.reshard-tmp");
+        let lock = StagingLock::acquire(&lock_path(&staging), Path::new(OUT), STALE_AFTER).unwrap();
+        fs::create_dir(&staging).unwrap();
+        fs::write(staging.join(OWNER_FILE), format!("{}\n", elsewhere().token)).unwrap();
+        let msg = format!("{:#}", lock.check_before_publish(&staging).unwrap_err());
+        assert!(
+            msg.contains(&staging.display().to_string()) && msg.contains("not this run's"),
+            "{msg}"
+        );
+        assert!(
+            staging.join(OWNER_FILE).exists(),
+            "not taken out when not ours"
+        );
+        lock.mark_staging(&staging).unwrap();
+        lock.check_owned(&staging).unwrap();
+    }
+
+    #[test]
+    fn the_heartbeat_survives_failed_writes_and_notices_a_takeover() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = tmp.path().join(".out.reshard-tmp");
+        let path = lock_path(&staging);
+        let lock = StagingLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
+        fs::create_dir(&staging).unwrap();
+        lock.mark_staging(&staging).unwrap();
+        // Writes fail for a while: a directory in the lock's place (swapped atomically, so the
+        // lock never looks removed).
+        let blocker = tmp.path().join("blocker");
+        fs::create_dir(&blocker).unwrap();
+        crate::sys::exchange_paths(&path, &blocker).unwrap();
+        std::thread::sleep(3 * BEAT);
+        crate::sys::exchange_paths(&path, &blocker).unwrap();
+        let before = beat_of(&path);
+        wait_for("the heartbeat moves again", || beat_of(&path) > before);
+        lock.check_owned(&staging).unwrap();
+
+        // Another run takes the lock: the heartbeat records it, and that stands even if the
+        // lock file were put back.
+        let mine = fs::read(&path).unwrap();
+        fs::remove_file(&path).unwrap();
+        create_exclusive(&path, &elsewhere()).unwrap();
+        wait_for("the heartbeat notices", || {
+            lock.lost.lock().unwrap().is_some()
         });
-        assert_eq!(judge(&path, &other, &hostname(), window), Holder::Alive);
-        beating.join().unwrap();
-        assert!(Owner::parse(&other.render()).is_some_and(|o| o == other));
+        fs::write(&path, mine).unwrap();
+        let msg = format!("{:#}", lock.check_owned(&staging).unwrap_err());
+        assert!(msg.contains("holds it now"), "{msg}");
+    }
+
+    #[test]
+    fn a_guard_left_by_a_dead_run_elsewhere_is_cleared() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(".out.reshard-lock");
+        let guard = guard_path(&path);
+        create_exclusive(&path, &elsewhere()).unwrap();
+        create_exclusive(&guard, &elsewhere()).unwrap();
+        let window = Duration::from_millis(600);
+        let lock = StagingLock::acquire(&path, Path::new(OUT), window).unwrap();
+        assert!(!guard.exists());
+        assert!(lock.took_over.as_ref().is_some_and(|t| !t.surely_dead));
+        drop(lock);
+        // A guard whose holder lives here (this process) is waited for; the message names it.
+        let mut dead = Owner::me().unwrap();
+        dead.pid = u32::MAX - 1;
+        create_exclusive(&path, &dead).unwrap();
+        create_exclusive(&guard, &Owner::me().unwrap()).unwrap();
+        let err = StagingLock::acquire(&path, Path::new(OUT), window).map(|_| ());
+        let msg = format!("{:#}", err.unwrap_err());
+        assert!(msg.contains(&guard.display().to_string()), "{msg}");
     }
 }

@@ -94,11 +94,13 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
         })
     });
     let setup: Setup = broadcast_result(comm, 0, prepared)?;
-    let inputs = lead.then_some(&mine.inputs[..]);
-    let result = run_phases(comm, cfg, &setup, inputs, &mut times);
+    let result = run_phases(comm, cfg, &setup, lead.then_some(&mine), &mut times);
     if let (true, Err(_), Some(staging)) = (lead, &result, &setup.staging) {
-        // Every rank has left the failed phase (failures are agreed collectively).
-        abandon(staging);
+        // Every rank has left the failed phase (failures are agreed collectively). A staging
+        // directory another run took over is that run's.
+        if mine.lock.as_ref().is_none_or(|l| l.may_clean_up(staging)) {
+            abandon(staging);
+        }
     }
     drop(mine);
     result
@@ -119,15 +121,17 @@ fn abandon(staging: &std::path::Path) {
     }
 }
 
-/// The phases after expand. `inputs`: rank 0's records of the inputs.
+/// The phases after expand. `mine`: rank 0's records of the inputs and the output's lock.
 fn run_phases(
     comm: &impl Comm,
     cfg: &RunConfig,
     setup: &Setup,
-    inputs: Option<&[InputRecord]>,
+    mine: Option<&Lead>,
     times: &mut PhaseTimes,
 ) -> Result<Outcome> {
     let lead = comm.rank() == 0;
+    let inputs = mine.map(|m| &m.inputs[..]);
+    let lock = mine.and_then(|m| m.lock.as_ref());
     narrate_start(comm, setup);
     times.start("index");
     let mut index = index::run(comm, cfg, &setup.inputs)?;
@@ -153,8 +157,12 @@ fn run_phases(
     times.start("exchange");
     let stats = exchange_phase(comm, cfg, setup, &planned, &output)?;
     times.start("finish");
-    let finished = finish::run(comm, cfg, setup, &planned, output)?;
-    publish::run(comm, cfg, setup, &planned, &finished)?;
+    let finished = finish::run(comm, cfg, setup, &planned, output, lock)?;
+    let staging = setup.staging()?;
+    crate::hooks::pause_before_publish(staging, comm.rank());
+    // Before publish writes the manifests into the staging directory; again before its rename.
+    agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
+    publish::run(comm, cfg, setup, &planned, &finished, lock)?;
     times.stop();
     let summary = summary::gather(comm, cfg, setup, &planned, &stats, times)?;
     Ok(Outcome::Ran(Box::new(summary)))
@@ -340,6 +348,7 @@ mod tests {
             link: None,
             keep: None,
             stall_timeout: std::time::Duration::from_secs(120),
+            lock_stale_after: crate::job::lock::STALE_AFTER,
             max_round_bytes: i32::MAX as u64,
             order: crate::plan::order::OrderSpec::default(),
             split: None,

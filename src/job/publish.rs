@@ -17,6 +17,7 @@ use crate::job::expand::{Setup, HEARTBEATS};
 use crate::job::finish::Finished;
 use crate::job::layout::Laid;
 use crate::job::link::check_link;
+use crate::job::lock::StagingLock;
 use crate::job::owned::{check_replaceable, inspect, AtOutput};
 use crate::job::place::Placed;
 use crate::job::series::{outputs_beyond, remove_epoch, unfinished_removals};
@@ -29,16 +30,17 @@ use crate::report::Stats;
 /// rank learns the outcome.
 ///
 /// # Errors
-/// The manifest cannot be written or the rename fails (nothing is published, and the finished
-/// staging directory stays for `--resume`); or a step after the rename fails: removing the
-/// replaced output or the checkpoint records, `--link` or `--keep` (a [`CleanupFailed`]: the
-/// new output is live).
+/// The manifest cannot be written, this run lost the output's `lock`, or the rename fails
+/// (nothing is published, and the finished staging directory stays for `--resume`); or a step
+/// after the rename fails: removing the replaced output or the checkpoint records, `--link` or
+/// `--keep` (a [`CleanupFailed`]: the new output is live).
 pub fn run(
     comm: &impl Comm,
     cfg: &RunConfig,
     setup: &Setup,
     planned: &Planned,
     finished: &Finished,
+    lock: Option<&StagingLock>,
 ) -> Result<()> {
     hooks::kill_before_publish(comm.rank());
     let published = (comm.rank() == 0).then(|| {
@@ -50,6 +52,7 @@ pub fn run(
         // staging directory that `--resume` publishes without moving data again.
         energon_meta(cfg, staging, planned)
             .and_then(|()| write_manifests(staging, &Manifest::new(shardlist, info)))
+            .and_then(|()| lock.map_or(Ok(()), |l| l.check_before_publish(staging)))
             .and_then(|()| publish(cfg.force, staging, target))
             .and_then(|replaced| {
                 after_publish(cfg, staging, target, replaced).map_err(|e| {

@@ -60,7 +60,8 @@ impl MpiRuntime {
     /// published and its messages printed.
     ///
     /// MPI_Finalize can hang after all the work is done (MPICH 4.0 over UCX TCP: a rank waits
-    /// for a disconnect acknowledgement from a peer that already sits in the closing barrier).
+    /// for a disconnect acknowledgement from a peer that already sits in the closing barrier;
+    /// MPICH 4.2 enters that barrier before the disconnects, pmodels/mpich#6596).
     /// So it runs under a deadline: if this rank has not exited `RESHARD_FINALIZE_TIMEOUT`
     /// seconds after the agreement, it says so on stderr and exits with the agreed status (see
     /// [`leave`]). Nothing is lost then: every rank had finished its part and agreed on the result.

@@ -472,6 +472,47 @@ fn a_finalize_that_never_returns_still_ends_the_job() {
     }
 }
 
+/// Under hydra, a rank that leaves without MPI_Finalize first tells the launcher it finalized
+/// (src/comm/hydra.rs). Rank 0's finalize deadline is 1 s, rank 1's 6 s (one mpirun, two
+/// argument sets): rank 0 exits long before rank 1. Had rank 0 not sent PMI's `finalize`, hydra
+/// would take it for a failed rank and kill rank 1 on the spot (both ranks share this node), so
+/// rank 1 would never say that it left by itself (seen: the job's status then is 0 or 1,
+/// depending on which event hydra handles first).
+#[test]
+fn hydra_is_told_that_a_rank_leaving_without_mpi_finalize_finalized() {
+    let dir = Dir::new("hang-finalize-hydra");
+    let inputs = plain_headers(&dir);
+    let exe = crate::util::reshard_exe();
+    let mut args: Vec<String> = Vec::new();
+    for (rank, deadline) in [(0, "1"), (1, "6")] {
+        if rank > 0 {
+            args.push(":".into());
+        }
+        args.extend(["-np", "1", "-env", "RESHARD_FINALIZE_TIMEOUT", deadline].map(String::from));
+        args.push(exe.to_string_lossy().into_owned());
+        args.extend(
+            [
+                "run", "--input", "in", "--output", "out", "--shards", "3", "--seed", "1",
+            ]
+            .map(String::from),
+        );
+    }
+    let mut cmd = dir.program(crate::util::mpirun());
+    cmd.args(&args).env("RESHARD_TEST_HANG_FINALIZE", "all");
+    let res = cmd.timeout(2 * FAIL_FAST).output();
+    res.check(res.status.is_some(), "the job hung");
+    res.stderr_has("rank 0: MPI_Finalize did not return within 1 s");
+    res.stderr_has("rank 1: MPI_Finalize did not return within 6 s");
+    res.check(
+        res.code() == Some(0),
+        "hydra must take a rank that told it so for a finalized one",
+    );
+    verify(
+        &Expected::new(dir.path(), &inputs, 3, 1, 2),
+        &dir.join("out"),
+    );
+}
+
 /// A failed job whose MPI_Finalize hangs still ends within the deadline, and still fails.
 #[test]
 fn a_failed_job_whose_finalize_hangs_still_fails() {

@@ -54,10 +54,17 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
     let mut sorted = train_keys.clone();
     sorted.sort();
     assert_ne!(train_keys, sorted);
+    split_shards_and_equalize(&dir);
+    too_many_split_shards_are_refused(&dir);
+    sorted_orders_sort_each_split(&dir, &sets);
+    gpus_size_the_later_splits(&dir);
+    splits_sized_by_counts(&dir);
+}
 
+fn split_shards_and_equalize(dir: &Dir) {
     // --split-shards sizes the others; --equalize drop applies to each split on its own.
     let out = identical_for_any_np(
-        &dir,
+        dir,
         "sized",
         &[
             "--shards",
@@ -97,6 +104,9 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
     assert_eq!(dropped, 2);
     let train_dropped = &index_json(&out.join("train"))["reshard"]["dropped"];
     assert_eq!(train_dropped.as_array().unwrap().len(), 2);
+}
+
+fn too_many_split_shards_are_refused(dir: &Dir) {
     // Too many shards for a split names the flag that asked for them.
     let mut c = dir.mpi(2);
     c.args([
@@ -105,9 +115,12 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
     .args(["--split", SPLIT, "--split-shards", "30"]);
     c.assert_code(1)
         .stderr_has("split \"val\": --split-shards 30 is more than the 24 samples");
+}
+
+fn sorted_orders_sort_each_split(dir: &Dir, sets: &BTreeMap<String, BTreeSet<String>>) {
     // Sorted orders sort each split on its own.
     let out = identical_for_any_np(
-        &dir,
+        dir,
         "by-key",
         &[
             "--shards", "2", "--split", SPLIT, "--order", "key", "--seed", "3",
@@ -122,13 +135,16 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
     }
     assert_eq!(
         key_sets(&splits_of(&out)),
-        sets,
+        *sets,
         "--order changed the splits"
     );
+}
+
+fn gpus_size_the_later_splits(dir: &Dir) {
     // With --gpus, the splits after the first default to a multiple of the GPU count, and the
     // GPU figures describe the first split.
     let out = identical_for_any_np(
-        &dir,
+        dir,
         "gpus",
         &[
             "--gpus",
@@ -159,9 +175,12 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
         Some(shards[0] / 2),
         "{gpus}"
     );
+}
+
+fn splits_sized_by_counts(dir: &Dir) {
     // A split is reported and sized on its own; counts work too.
     let res = run_in(
-        &dir,
+        dir,
         2,
         "counts",
         &[

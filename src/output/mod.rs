@@ -13,12 +13,16 @@ pub mod checkpoint;
 pub mod compress;
 pub mod dali;
 pub mod energon;
+pub mod gpu;
 pub mod loaders;
 pub mod manifest;
 pub mod members;
 pub mod saved_index;
 pub mod shards;
+pub mod stats;
 
 pub use compress::{compress_shard, md5_file};
+pub use gpu::GpuShare;
 pub use manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
 pub use shards::{shard_file_name, OutputShards, ShardNames, SplitPart};
+pub use stats::Stats;

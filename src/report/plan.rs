@@ -3,11 +3,10 @@
 
 use serde::Serialize;
 
-use super::gpu::GpuShare;
-use super::stats::Stats;
 use super::storage::Storage;
 use crate::config::Balance;
 use crate::output::manifest::ShardEntry;
+use crate::output::{GpuShare, Stats};
 use crate::plan::placement::StratifyReport;
 use crate::plan::Equalize;
 use crate::size::human_bytes;

@@ -67,6 +67,25 @@ pub struct Splits {
     pub shards: Vec<Option<u64>>,
 }
 
+impl Splits {
+    /// `--split` and `--split-shards` as a user types them; a split whose shard count is left
+    /// to the default is not named.
+    pub fn flags(&self) -> String {
+        let counts: Vec<String> = self
+            .spec
+            .parts
+            .iter()
+            .zip(&self.shards)
+            .filter_map(|(p, n)| n.map(|n| format!("{}={n}", p.name)))
+            .collect();
+        let mut s = format!("--split {}", self.spec.flag());
+        if !counts.is_empty() {
+            s += &format!(" --split-shards {}", counts.join(","));
+        }
+        s
+    }
+}
+
 /// How rank 0 reports progress while indexing and exchanging (`--progress`,
 /// `--progress-interval`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -142,6 +161,16 @@ pub enum Balance {
     Count,
     /// Near-equal bytes per shard.
     Bytes,
+}
+
+impl Balance {
+    /// The flag's value, as `--balance` takes it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Balance::Count => "count",
+            Balance::Bytes => "bytes",
+        }
+    }
 }
 
 /// GPU layout the shards are sized for (`--gpus`), for reporting per-GPU samples and batches.

@@ -78,9 +78,9 @@ impl PlanReport {
             ),
         };
         s += &format!(
-            "  shard samples: {} (balance by {:?})\n",
+            "  shard samples: {} (--balance {})\n",
             self.shard_samples.counts(),
-            self.balance
+            self.balance.flag()
         );
         s += &format!("  shard bytes:   {}\n", self.shard_bytes.bytes());
         if let Some(g) = &self.gpus {

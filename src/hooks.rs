@@ -37,7 +37,7 @@ pub fn inject_fault(rank: usize) {
         panic!("RESHARD_TEST_PANIC_RANK={rank}: injected panic");
     }
     if names_rank("RESHARD_TEST_STALL_RANK", rank) {
-        eprintln!("reshard: RESHARD_TEST_STALL_RANK={rank}: this rank now stops (SIGSTOP)");
+        crate::errln!("reshard: RESHARD_TEST_STALL_RANK={rank}: this rank now stops (SIGSTOP)");
         // The whole process stops, its watchdog included, like a node that froze.
         crate::sys::stop_process();
     }
@@ -61,7 +61,7 @@ fn kill_at(rank: usize, at: &str) {
         .split_once(':')
         .is_some_and(|(r, n)| r.trim().parse::<usize>().ok() == Some(rank) && n.trim() == at);
     if named {
-        eprintln!("reshard: RESHARD_TEST_KILL={v}: rank {rank} now dies (SIGKILL) at {at}");
+        crate::errln!("reshard: RESHARD_TEST_KILL={v}: rank {rank} now dies (SIGKILL) at {at}");
         crate::sys::kill_process();
     }
 }

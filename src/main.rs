@@ -20,7 +20,11 @@ fn main() -> ExitCode {
 }
 
 fn run(command: reshard::cli::Command) -> anyhow::Result<Exit> {
-    match resolve::task(command)? {
+    let task = match resolve::task(command) {
+        Ok(task) => task,
+        Err(e) => return Ok(failed_before_mpi(e.into())),
+    };
+    match task {
         Task::Generate(cfg) => {
             reshard::generate::generate(&cfg)?;
             Ok(Exit::Success)
@@ -44,11 +48,26 @@ fn run(command: reshard::cli::Command) -> anyhow::Result<Exit> {
 /// exit for it.
 fn failed(e: anyhow::Error) -> Exit {
     if e.downcast_ref::<PeerFailed>().is_none() {
-        eprintln!("reshard: error: {e:#}");
+        reshard::errln!("reshard: error: {e:#}");
     }
     // Started the wrong way (srun without a matching --mpi plugin, another MPI's launcher): as
     // wrong as a bad flag, and as useless to retry unchanged.
     if e.downcast_ref::<UsageError>().is_some() || e.downcast_ref::<LauncherMismatch>().is_some() {
+        Exit::Usage
+    } else {
+        Exit::Failure
+    }
+}
+
+/// [`failed`] for what every process meets alike before MPI numbers them (a usage error, a
+/// launcher that does not match the MPI library): only the launcher's rank 0 says it, so that
+/// the message is printed once per job, not once per rank.
+fn failed_before_mpi(e: anyhow::Error) -> Exit {
+    if reshard::comm::launcher::speaks_for_the_job() {
+        failed(e)
+    } else if e.downcast_ref::<UsageError>().is_some()
+        || e.downcast_ref::<LauncherMismatch>().is_some()
+    {
         Exit::Usage
     } else {
         Exit::Failure
@@ -62,7 +81,10 @@ fn under_mpi(
     max_round_bytes: u64,
     job: impl FnOnce(&MpiComm) -> anyhow::Result<Exit>,
 ) -> anyhow::Result<Exit> {
-    let mpi = MpiRuntime::init(max_round_bytes)?;
+    let mpi = match MpiRuntime::init(max_round_bytes) {
+        Ok(mpi) => mpi,
+        Err(e) => return Ok(failed_before_mpi(e)),
+    };
     let code = job(&mpi.comm).unwrap_or_else(failed);
     Ok(mpi.finish(code))
 }
@@ -123,7 +145,7 @@ fn verify_job(comm: &impl Comm, cfg: &VerifyConfig) -> anyhow::Result<Exit> {
             print!("{}", report.render());
         }
         if !report.ok {
-            eprintln!(
+            reshard::errln!(
                 "reshard: error: verification of {} failed: {} problem{} (listed in the report)",
                 cfg.output.display(),
                 report.problems.len(),

@@ -72,6 +72,18 @@ pub fn start_writeback(file: &File, offset: u64, len: u64) {
     }
 }
 
+/// Writes `line` and a newline to stderr with one `write(2)` (short lines, up to `PIPE_BUF`
+/// bytes, are atomic on a pipe): lines that several ranks print at once through a launcher's
+/// relay stay whole, where `eprintln!` writes each piece of its format separately. Errors are
+/// ignored, as `eprintln!`'s would end the process.
+pub fn stderr_line(line: &str) {
+    use std::io::Write;
+    let mut text = String::with_capacity(line.len() + 1);
+    text.push_str(line);
+    text.push('\n');
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
 /// The size of a page of the page cache.
 pub fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.

@@ -17,6 +17,7 @@ mod house;
 mod hygiene;
 mod loader_index;
 mod memory;
+mod messages;
 mod odd_inputs;
 mod ops;
 mod orders;

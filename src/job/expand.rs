@@ -91,7 +91,7 @@ pub fn prepare(cfg: &RunConfig) -> Result<(Setup, Lead)> {
         if let Some(keep) = &cfg.keep {
             // --link would point at the new output by then, so only the output itself is spared.
             for old in outputs_beyond(&target, keep, cfg.epoch, None)? {
-                eprintln!(
+                crate::errln!(
                     "reshard: --keep {} would remove the older output {}",
                     keep.count,
                     old.display()
@@ -147,7 +147,7 @@ fn continue_staging(
         None
     };
     let Some(plan) = plan else {
-        eprintln!(
+        crate::errln!(
             "reshard: --resume: no earlier attempt to continue in {} (none ran, or it stopped before moving data): starting from the beginning",
             staging.display()
         );
@@ -155,7 +155,7 @@ fn continue_staging(
     };
     resume::check_same_request(&plan, &resume::arguments(cfg), inputs, staging)?;
     let checkpoint = checkpoint::read_checkpoint(staging)?.unwrap_or_default();
-    eprintln!(
+    crate::errln!(
         "reshard: --resume: continuing the run in {}: {} samples durably in place ({} checkpoint{}; that run had {} ranks, {} per rank)",
         staging.display(),
         checkpoint.done.count(),
@@ -273,7 +273,7 @@ fn create_staging(staging: &Path) -> Result<()> {
                 )
             })
             .unwrap_or_default();
-        eprintln!(
+        crate::errln!(
             "reshard: removing {} left by an earlier run that did not finish{durable}",
             staging.display()
         );

@@ -282,7 +282,7 @@ fn index_one(
         }
         Lookup::Missing => index_file_with(path, rules),
         Lookup::Stale(why) => {
-            eprintln!("reshard: warning: re-indexing: {why}");
+            crate::errln!("reshard: warning: re-indexing: {why}");
             index_file_with(path, rules)
         }
     }

@@ -290,7 +290,7 @@ fn take_over(path: &Path, dead: &Owner, me: &Owner) -> Result<()> {
         }
     }
     if read_owner(path)?.is_some_and(|now| now.same_holder(dead)) {
-        eprintln!(
+        crate::errln!(
             "reshard: taking over {}: its run (pid {} on {}) is gone",
             path.display(),
             dead.pid,

@@ -104,7 +104,7 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
 /// with `--resume` need not move again.
 fn abandon(staging: &std::path::Path) {
     match checkpoint::read_checkpoint(staging) {
-        Ok(Some(c)) if !c.done.is_empty() => eprintln!(
+        Ok(Some(c)) if !c.done.is_empty() => crate::errln!(
             "reshard: kept {}: {} samples are durably in place there; rerun with the same arguments and --resume to continue, or without it to start over",
             staging.display(),
             c.done.count()
@@ -205,7 +205,7 @@ fn plot_plan(
         };
         let warning = picture::draw(path, &picture)?;
         if let Some(w) = warning {
-            eprintln!("reshard: warning: {w}");
+            crate::errln!("reshard: warning: {w}");
         }
         narrate(true, format_args!("drew the plan to {}", path.display()));
         Ok(())

@@ -175,7 +175,7 @@ fn after_publish(cfg: &RunConfig, target: &Path) -> Result<()> {
     }
     if let Some(keep) = &cfg.keep {
         for old in outputs_beyond(target, keep, cfg.epoch, cfg.link.as_deref())? {
-            eprintln!(
+            crate::errln!(
                 "reshard: --keep {}: removing the older output {}",
                 keep.count,
                 old.display()

@@ -151,7 +151,7 @@ impl Warnings {
     pub fn warn(&mut self, what: &str) {
         self.count += 1;
         if self.count <= Self::SHOWN {
-            eprintln!("reshard: warning: {what}");
+            crate::errln!("reshard: warning: {what}");
         }
     }
 }

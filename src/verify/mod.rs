@@ -129,7 +129,7 @@ fn plot(
             mixing: &mixing,
         };
         if let Some(w) = picture::draw(path, &picture)? {
-            eprintln!("reshard: warning: {w}");
+            crate::errln!("reshard: warning: {w}");
         }
         narrate(
             true,

@@ -128,6 +128,15 @@ impl Dir {
         cmd
     }
 
+    /// `mpirun -np N WRAPPER… reshard ARGS`: every rank's binary started through a wrapper
+    /// (`strace -o …`, say).
+    pub fn mpi_through(&self, np: usize, wrapper: &[&str]) -> TestCommand {
+        let mut cmd = self.mpi(np);
+        cmd.program = wrapper[0].into();
+        cmd.args(&wrapper[1..]).arg(reshard_exe());
+        cmd
+    }
+
     /// `reshard` under `mpirun -np N`, or with no launcher at all when `np` is `None`.
     pub fn reshard(&self, np: Option<usize>) -> TestCommand {
         match np {

@@ -110,7 +110,7 @@ pub(super) fn exchange_rounds(
 /// reader delivered, the status returned, the writer freed a buffer and the all-to-all ended.
 fn trace_round(me: usize, n: u64, t: [std::time::Duration; 4], (out, into): (usize, usize)) {
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    eprintln!(
+    crate::errln!(
         "reshard: rank {me} round {n}: reader {:.0} ms, status {:.0} ms, writer {:.0} ms, all-to-all {:.0} ms ({out} B out, {into} B in)",
         ms(t[0]),
         ms(t[1] - t[0]),

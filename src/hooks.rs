@@ -11,6 +11,8 @@
 //!   its status), like a node that died; `r:publish`: as the publish phase starts. For
 //!   `--resume` tests.
 //! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timings on stderr.
+//! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first, so that a test
+//!   can signal a job surely in the middle of its exchange.
 //! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
 //!   MPI_Finalize, as MPI_Finalize does when it hangs (the finalize deadline must end the job).
 //! - `RESHARD_FINALIZE_TIMEOUT=seconds`: the finalize deadline (default 10 s).
@@ -81,6 +83,16 @@ pub fn pause_before_finish(staging: &Path, rank: usize) {
     let _ = std::fs::write(&marker, b"");
     std::thread::sleep(Duration::from_secs(secs));
     let _ = std::fs::remove_file(&marker);
+}
+
+/// `RESHARD_TEST_SLOW_ROUNDS`: waits before an exchange round.
+pub fn slow_round() {
+    if let Some(ms) = std::env::var("RESHARD_TEST_SLOW_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
 }
 
 /// `RESHARD_TRACE_ROUNDS`.

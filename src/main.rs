@@ -10,6 +10,7 @@ use reshard::comm::mpi::{MpiComm, MpiRuntime};
 use reshard::comm::{agree, Comm, PeerFailed};
 use reshard::config::{RunConfig, VerifyConfig};
 use reshard::exit::Exit;
+use reshard::job::interrupt::Interrupted;
 use reshard::job::Outcome;
 
 fn main() -> ExitCode {
@@ -47,6 +48,10 @@ fn run(command: reshard::cli::Command) -> anyhow::Result<Exit> {
 /// Prints a failure (once: ranks stopped by another rank's failure stay quiet) and says how to
 /// exit for it.
 fn failed(e: anyhow::Error) -> Exit {
+    // A stop signal ended the job: rank 0 has said what was kept, every rank exits 128 + N.
+    if let Some(i) = e.downcast_ref::<Interrupted>() {
+        return Exit::for_signal(i.signal);
+    }
     if e.downcast_ref::<PeerFailed>().is_none() {
         reshard::errln!("reshard: error: {e:#}");
     }

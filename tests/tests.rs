@@ -26,6 +26,7 @@ mod real_data;
 mod real_tars;
 mod resume;
 mod run;
+mod signals;
 mod sizing;
 mod slurm;
 mod splits;

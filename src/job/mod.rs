@@ -24,6 +24,7 @@ pub mod exchange;
 pub mod expand;
 pub mod finish;
 pub mod index;
+pub mod interrupt;
 pub mod layout;
 pub mod link;
 pub mod lock;
@@ -79,6 +80,10 @@ pub struct Planned {
 /// directory is removed unless a checkpoint makes it worth a `--resume`.
 pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
     let lead = comm.rank() == 0;
+    if !cfg.dry_run {
+        // A stop signal from here on checkpoints and ends the job in order.
+        interrupt::catch();
+    }
     let mut times = PhaseTimes::default();
     times.start("expand");
     // Rank 0 holds the output's lock until the job has published or given up.
@@ -92,18 +97,30 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
     let setup: Setup = broadcast_result(comm, 0, prepared)?;
     let inputs = lead.then_some(&mine.inputs[..]);
     let result = run_phases(comm, cfg, &setup, inputs, &mut times);
-    if let (true, Err(_), Some(staging)) = (lead, &result, &setup.staging) {
+    if let (true, Err(e), Some(staging)) = (lead, &result, &setup.staging) {
         // Every rank has left the failed phase (failures are agreed collectively).
-        abandon(staging);
+        abandon(staging, e.downcast_ref::<interrupt::Interrupted>());
     }
     drop(mine);
     result
 }
 
 /// After a failure: the staging directory goes, unless a checkpoint recorded samples a rerun
-/// with `--resume` need not move again.
-fn abandon(staging: &std::path::Path) {
-    match checkpoint::read_checkpoint(staging) {
+/// with `--resume` need not move again. A stop signal's message says which (`interrupted`).
+fn abandon(staging: &std::path::Path, interrupted: Option<&interrupt::Interrupted>) {
+    let checkpoint = checkpoint::read_checkpoint(staging);
+    if let Some(i) = interrupted {
+        let durable = match &checkpoint {
+            Ok(Some(c)) => c.done.count(),
+            _ => 0,
+        };
+        crate::errln!("{}", interrupt::message(i, staging, durable));
+        if durable == 0 {
+            let _ = fs::remove_dir_all(staging);
+        }
+        return;
+    }
+    match checkpoint {
         Ok(Some(c)) if !c.done.is_empty() => crate::errln!(
             "reshard: kept {}: {} samples are durably in place there; rerun with the same arguments and --resume to continue, or without it to start over",
             staging.display(),
@@ -127,6 +144,9 @@ fn run_phases(
     narrate_start(comm, setup);
     times.start("index");
     let mut index = index::run(comm, cfg, &setup.inputs)?;
+    let samples = index.samples;
+    let stopped = |e| interrupt::with_samples(e, samples);
+    interrupt::check(comm).map_err(stopped)?;
     times.start("plan");
     let placed = place::run(comm, cfg, &setup.inputs, &mut index)?;
     let laid = layout::run(comm, cfg, &setup.inputs, &index, &placed)?;
@@ -143,11 +163,15 @@ fn run_phases(
         }
         return Ok(Outcome::Planned(report));
     }
+    interrupt::check(comm).map_err(stopped)?;
     let output = staging_shards(comm, cfg, setup, inputs, &planned)?;
     times.start("exchange");
-    let stats = exchange_phase(comm, cfg, setup, &planned, &output)?;
+    let stats = exchange_phase(comm, cfg, setup, &planned, &output).map_err(stopped)?;
+    interrupt::check(comm).map_err(stopped)?;
     times.start("finish");
     let finished = finish::run(comm, cfg, setup, &planned, output)?;
+    // The last moment to stop: publishing is one rename.
+    interrupt::check(comm).map_err(stopped)?;
     publish::run(comm, cfg, setup, &planned, &finished)?;
     times.stop();
     let summary = summary::gather(comm, cfg, setup, &planned, &stats, times)?;

@@ -11,8 +11,8 @@
 //!   its status), like a node that died; `r:publish`: as the publish phase starts. For
 //!   `--resume` tests.
 //! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timings on stderr.
-//! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first, so that a test
-//!   can signal a job surely in the middle of its exchange.
+//! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop
+//!   signal came), so that a test can signal a job surely in the middle of its exchange.
 //! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
 //!   MPI_Finalize, as MPI_Finalize does when it hangs (the finalize deadline must end the job).
 //! - `RESHARD_FINALIZE_TIMEOUT=seconds`: the finalize deadline (default 10 s).
@@ -87,6 +87,9 @@ pub fn pause_before_finish(staging: &Path, rank: usize) {
 
 /// `RESHARD_TEST_SLOW_ROUNDS`: waits before an exchange round.
 pub fn slow_round() {
+    if crate::sys::stop_signal().is_some() {
+        return;
+    }
     if let Some(ms) = std::env::var("RESHARD_TEST_SLOW_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())

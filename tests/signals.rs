@@ -9,6 +9,7 @@ use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::util::slurm::{slurm_or_skip, write_script};
 use crate::util::verifier::assert_same_output;
 use crate::util::{reshard_exe, Dir, RunOutput, TestCommand, FAIL_FAST};
 
@@ -102,6 +103,11 @@ fn send(signal: &str, pid: u32) {
 /// its durable samples and `--resume`, nothing published, the lock released.
 pub fn stopped_in_order(res: &RunOutput, dir: &Path, out: &str, code: i32, signal: &str) {
     res.check(res.code() == Some(code), &format!("exit status {code}"));
+    stopped_in_order_said(res, dir, out, signal);
+}
+
+/// [`stopped_in_order`] but for the status, which a launcher may report its own way.
+pub fn stopped_in_order_said(res: &RunOutput, dir: &Path, out: &str, signal: &str) {
     let staging = dir.join(format!(".{out}.reshard-tmp"));
     let said: Vec<&str> = res
         .stderr
@@ -182,4 +188,95 @@ fn a_stop_signal_checkpoints_and_resume_continues() {
         stopped_in_order(&res, dir.path(), &out, code, name);
         resumes_identically(&dir, 2, &out);
     }
+}
+
+/// `scancel` of a running step (SIGTERM to every task, SIGKILL 5 s later: the cluster's
+/// KillWait) in the middle of its exchange.
+#[test]
+fn scancel_checkpoints_and_resume_continues() {
+    let Some(slurm) = slurm_or_skip("scancel_checkpoints_and_resume_continues") else {
+        return;
+    };
+    let dir = Dir::new("signals-scancel");
+    input_and_reference(&dir);
+    let args = slow_job("out", &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut step = slurm.srun(&dir, "pmi2", 2, &args);
+    step.env("RESHARD_TEST_SLOW_ROUNDS", "150");
+    let job = start(step);
+    wait_for_exchange(&dir, "out", &job);
+    let jobs = slurm.queue();
+    assert_eq!(jobs.len(), 1, "one job running: {jobs:?}");
+    slurm
+        .program(&dir, "scancel")
+        .arg(jobs[0].to_string())
+        .assert_success();
+    let res = job.join().unwrap();
+    println!(
+        "scancel: srun ended with {:?} in {:.1} s",
+        res.status,
+        res.elapsed.as_secs_f64()
+    );
+    // srun reports the cancelled step its own way; the tasks' status is 143.
+    res.check(res.code() != Some(0), "a cancelled step fails");
+    stopped_in_order_said(&res, dir.path(), "out", "SIGTERM");
+    assert!(
+        slurm.wait_jobs(&jobs, Duration::from_secs(20)),
+        "the job ended"
+    );
+    let args = slow_job("out", &["--resume"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    slurm.srun(&dir, "pmi2", 2, &args).assert_success();
+    assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
+}
+
+/// A batch job that outlives its `--time` with `--signal=TERM@10`: Slurm sends SIGTERM 10 s
+/// (and up to its 30 s tick more) before the limit, while the step is in its exchange; the step
+/// checkpoints and ends with 143 before the limit, and the job's own rerun with `--resume`
+/// completes it.
+#[test]
+fn slurm_time_limit_signal_checkpoints_and_resume_continues() {
+    let Some(slurm) = slurm_or_skip("slurm_time_limit_signal_checkpoints_and_resume_continues")
+    else {
+        return;
+    };
+    let dir = Dir::new("signals-timelimit");
+    input_and_reference(&dir);
+    let args = slow_job("out", &[]).join(" ");
+    let script = dir.join("job.sbatch");
+    write_script(
+        &script,
+        &format!("#!/bin/bash\nsrun --mpi=pmi2 -n 2 \"$RESHARD\" {args}\necho \"srun exit $?\"\n"),
+    );
+    // ~35 rounds of 2 s: the exchange would outlast the 1-minute limit.
+    let job = slurm.script_job(
+        &dir,
+        script.to_str().unwrap(),
+        &["--nodes=1", "--ntasks=2", "--time=1", "--signal=TERM@10"],
+        &[("RESHARD_TEST_SLOW_ROUNDS", "2000")],
+    );
+    println!("job {}: {}, exit code {:?}", job.id, job.state, job.code);
+    job.check(
+        job.state != "TIMEOUT",
+        "the step must end on --signal's SIGTERM, before the time limit",
+    );
+    job.check(job.log.contains("srun exit 143"), "the step exits 143");
+    let said: Vec<&str> = job
+        .log
+        .lines()
+        .filter(|l| l.contains("stopped after a checkpoint"))
+        .collect();
+    job.check(
+        said.len() == 1 && said[0].contains("--resume") && said[0].contains("samples of 2000"),
+        "the job's log says once what is durable and that --resume continues it",
+    );
+    job.check(!dir.join("out").exists(), "nothing published");
+    let args = slow_job("out", &["--resume"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let rerun = slurm.srun(&dir, "pmi2", 2, &args).assert_success();
+    rerun.check(
+        rerun.stdout.contains("resumed: reused") && !rerun.stdout.contains("reused 0 samples"),
+        "the rerun reused what the signalled step had made durable",
+    );
+    assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
 }

@@ -13,7 +13,7 @@ use crate::hooks;
 use crate::job::expand::{Setup, HEARTBEATS};
 use crate::job::finish::Finished;
 use crate::job::layout::Laid;
-use crate::job::link::check_link;
+use crate::job::link::{check_link, relative_target};
 use crate::job::place::Placed;
 use crate::job::series::outputs_beyond;
 use crate::job::Planned;
@@ -196,7 +196,9 @@ fn point_link(link: &Path, target: &Path) -> Result<()> {
         .with_context(|| format!("--link {}: not a file name", link.display()))?;
     let tmp = link.with_file_name(format!(".{}.reshard-link", name.to_string_lossy()));
     let _ = fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(target, &tmp)
+    // Relative, as `ln -sr` makes it: the link survives a move of the tree that holds both.
+    let points_to = relative_target(link, target)?;
+    std::os::unix::fs::symlink(&points_to, &tmp)
         .with_context(|| format!("--link: cannot create {}", tmp.display()))?;
     fs::rename(&tmp, link).with_context(|| format!("--link: cannot replace {}", link.display()))?;
     if let Some(parent) = link.parent().filter(|p| !p.as_os_str().is_empty()) {

@@ -28,6 +28,9 @@ pub struct RunConfig {
     pub balance: Balance,
     pub gpus: Option<GpuLayout>,
     pub dry_run: bool,
+    /// Refuse to start where the output's file system clearly cannot hold the output
+    /// (`--no-space-check` turns it off).
+    pub space_check: bool,
     pub json: bool,
     pub seed: u64,
     pub epoch: u64,

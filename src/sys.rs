@@ -84,6 +84,23 @@ pub fn stderr_line(line: &str) {
     let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
+/// The bytes an unprivileged user may still write on the file system that holds `path`
+/// (`statvfs`: available blocks times the fragment size).
+///
+/// # Errors
+/// `path` contains a NUL byte or cannot be examined.
+pub fn free_space(path: &Path) -> io::Result<u64> {
+    let c = CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: a valid NUL-terminated path and a zeroed statvfs that live across the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)]
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
 /// The size of a page of the page cache.
 pub fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.

@@ -369,6 +369,8 @@ fn a_full_disk_is_a_clear_error_and_nothing_is_published() {
             "3",
             "--seed",
             "1",
+            // Past the space check before the exchange, into the disk filling up mid-run.
+            "--no-space-check",
         ]);
         let res = cmd.timeout(2 * FAIL_FAST).assert_code(1);
         res.stderr_has("No space left on device");
@@ -380,6 +382,49 @@ fn a_full_disk_is_a_clear_error_and_nothing_is_published() {
             "the staging directory must be removed",
         );
     });
+}
+
+/// The plan knows the output's size: where the file system (a 64 KiB tmpfs) clearly cannot hold
+/// it, `plan` says so and `run` refuses before any data moves.
+#[test]
+fn an_output_larger_than_the_free_space_is_refused_before_any_data_moves() {
+    let dir = Dir::new("space-check");
+    plain_headers(&dir);
+    let small = dir.join("small");
+    let mounted = with_tmpfs(&small, "64k", false, || {
+        let args = [
+            "--input",
+            "in",
+            "--output",
+            "small/out",
+            "--shards",
+            "3",
+            "--seed",
+            "1",
+        ];
+        let plan = dir.mpi(2).arg("plan").args(args).assert_success();
+        plan.check(
+            plan.stdout.contains("free on the file system of")
+                && plan.stdout.contains("`run` would refuse to start"),
+            "the plan shows the free space and that it is too little",
+        );
+        let res = dir.mpi(2).arg("run").args(args).assert_code(1);
+        res.stderr_has("not enough space: the output needs");
+        res.stderr_has("--no-space-check");
+        res.check(
+            res.stderr.matches("not enough space").count() == 1,
+            "said once",
+        );
+        res.check(
+            !res.stderr.contains("No space left on device"),
+            "refused before writing",
+        );
+        res.check(
+            fs::read_dir(&small).unwrap().count() == 0,
+            "nothing left on the small file system",
+        );
+    });
+    assert!(mounted.is_some(), "a tmpfs is needed (run as root)");
 }
 
 #[test]

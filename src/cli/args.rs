@@ -91,6 +91,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub dry_run: bool,
 
+    /// Start even where the output's file system has less free space than the plan needs (by
+    /// statvfs; a quota or a file system that compresses may allow more).
+    #[arg(long)]
+    pub no_space_check: bool,
+
     /// Print the plan as JSON (with --dry-run or `reshard plan`).
     #[arg(long)]
     pub json: bool,

@@ -33,6 +33,7 @@ pub mod publish;
 pub mod resume;
 pub mod runs;
 pub mod series;
+pub mod space;
 pub mod split;
 pub mod summary;
 
@@ -164,6 +165,9 @@ fn run_phases(
         return Ok(Outcome::Planned(report));
     }
     interrupt::check(comm).map_err(stopped)?;
+    if cfg.space_check {
+        space::check(comm, setup.staging()?, &planned.laid.shard_bytes)?;
+    }
     let output = staging_shards(comm, cfg, setup, inputs, &planned)?;
     times.start("exchange");
     let stats = exchange_phase(comm, cfg, setup, &planned, &output).map_err(stopped)?;
@@ -344,6 +348,7 @@ mod tests {
             balance: Balance::Count,
             gpus: None,
             dry_run: false,
+            space_check: true,
             json: false,
             seed: 3,
             epoch: 0,

@@ -14,6 +14,7 @@ use crate::job::expand::Setup;
 use crate::job::Planned;
 use crate::progress::{peak_rss, PhaseTimes};
 use crate::report::ranks::{seconds, Spread};
+use crate::report::storage::FreeSpace;
 use crate::report::{GpuShare, PlanReport, Stats, Storage};
 use crate::size::human_bytes;
 use crate::tar::{Hygiene, Skipped};
@@ -256,6 +257,26 @@ pub fn gather(
     })
 }
 
+/// The free space where `output` would go: on the file system of its nearest existing ancestor.
+fn free_space(output: &std::path::Path) -> Option<FreeSpace> {
+    let dir = output
+        .ancestors()
+        .skip(1)
+        .map(|a| {
+            if a.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                a
+            }
+        })
+        .find(|a| a.is_dir())?;
+    let bytes = crate::sys::free_space(dir).ok()?;
+    Some(FreeSpace {
+        path: dir.display().to_string(),
+        bytes,
+    })
+}
+
 /// What `reshard plan` and `--dry-run` print (on rank 0).
 pub fn plan_report(cfg: &RunConfig, setup: &Setup, planned: &Planned) -> PlanReport {
     let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
@@ -277,7 +298,16 @@ pub fn plan_report(cfg: &RunConfig, setup: &Setup, planned: &Planned) -> PlanRep
         shard_samples: Stats::of(&laid.shard_samples),
         shard_bytes,
         gpus: laid.gpus,
-        storage: Storage::assess(placed.shards, shard_bytes.mean as u64, shard_bytes.max),
+        storage: Storage::assess(
+            placed.shards,
+            (
+                shard_bytes.mean as u64,
+                shard_bytes.max,
+                laid.shard_bytes.iter().sum(),
+            ),
+            &cfg.sizing,
+        )
+        .with_free_space(cfg.output.as_deref().and_then(free_space)),
         order: cfg.order.describe(),
         stratify: placed.stratify.clone(),
         per_shard: laid.shardlist.clone(),

@@ -137,11 +137,14 @@ impl Summary {
     /// The human-readable summary rank 0 prints at the end.
     pub fn render(&self) -> String {
         let total = self.phases.total();
+        // What was written: with --equalize, not the input's count.
+        let written = (self.shard_bytes.mean * self.shards as f64).round() as u64;
         let mut s = format!(
-            "reshard: wrote {} shards ({} samples, {}) to {} in {:.2} s ({}/s) with {} rank{}\n",
+            "reshard: wrote {} shard{} ({} samples, {}) to {} in {:.2} s ({}/s) with {} rank{}\n",
             self.shards,
-            self.samples,
-            human_bytes(self.sample_bytes),
+            if self.shards == 1 { "" } else { "s" },
+            self.output_samples,
+            human_bytes(written),
             self.output.display(),
             total,
             human_bytes((self.sample_bytes as f64 / total.max(1e-9)) as u64),
@@ -149,12 +152,22 @@ impl Summary {
             if self.ranks == 1 { "" } else { "s" }
         );
         s += &format!(
-            "  input: {} shards, {}\n",
+            "  input: {} shard{}, {}, {} samples\n",
             self.inputs,
-            human_bytes(self.input_bytes)
+            if self.inputs == 1 { "" } else { "s" },
+            human_bytes(self.input_bytes),
+            self.samples
         );
-        if self.output_samples != self.samples {
-            s += &format!("  samples written: {} (equalized)\n", self.output_samples);
+        if self.output_samples < self.samples {
+            s += &format!(
+                "  --equalize drop: {} input samples left out\n",
+                self.samples - self.output_samples
+            );
+        } else if self.output_samples > self.samples {
+            s += &format!(
+                "  --equalize pad: {} samples written twice\n",
+                self.output_samples - self.samples
+            );
         }
         s += &format!("  shard bytes: {}\n", self.shard_bytes.bytes());
         if let Some(g) = &self.gpus {

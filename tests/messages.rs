@@ -149,3 +149,49 @@ fn every_line_is_one_write() {
     res.check(res.code() == Some(1), "a missing input fails the job");
     res.stderr_has("reshard: error:");
 }
+
+/// One of each: no "1 shards", "1 ranks" or "1 input shards" in what a run says, and a
+/// directory without shards is named as such (compressed shards count).
+#[test]
+fn counts_of_one_are_singular() {
+    let dir = Dir::new("singular");
+    dir.generate("in", &["--shards", "1", "--samples", "8", "--seed", "1"]);
+    let res = dir
+        .command()
+        .args([
+            "run", "-i", "in", "-o", "out", "--shards", "1", "--seed", "1",
+        ])
+        .assert_success();
+    res.no_debug_text();
+    let said = format!("{}{}", res.stdout, res.stderr);
+    res.check(
+        said.contains("wrote 1 shard (8 samples")
+            && said.contains("indexing 1 input shard (")
+            && said.contains("on 1 rank"),
+        "singular counts",
+    );
+    for wrong in ["1 shards", "1 ranks", "1 input shards"] {
+        res.check(!said.contains(wrong), &format!("said {wrong:?}"));
+    }
+    fs::create_dir(dir.join("empty")).unwrap();
+    let res = dir
+        .command()
+        .args([
+            "run", "-i", "empty", "-o", "out2", "--shards", "1", "--seed", "1",
+        ])
+        .assert_code(1);
+    res.stderr_has("holds no shards (*.tar, *.tar.gz, *.tgz, *.tar.zst)");
+}
+
+/// `--help` speaks of the command line only: `--on-duplicate keep` is not "the default of the
+/// library API".
+#[test]
+fn help_speaks_of_the_command_line_only() {
+    let dir = Dir::new("help-text");
+    let res = dir.command().args(["run", "--help"]).assert_success();
+    res.check(res.stdout.contains("--on-duplicate"), "the flag is listed");
+    res.check(
+        !res.stdout.contains("library API"),
+        "help mentions the library API",
+    );
+}

@@ -18,7 +18,7 @@ use crate::job::resume::{self, Resume};
 use crate::job::series::outputs_beyond;
 use crate::output::checkpoint::{self, InputRecord};
 use crate::output::saved_index;
-use crate::size::human_bytes;
+use crate::size::{count, human_bytes};
 
 /// Where the ranks' watchdogs leave heartbeats during the exchange (inside the staging
 /// directory, removed before publishing).
@@ -156,12 +156,11 @@ fn continue_staging(
     resume::check_same_request(&plan, &resume::arguments(cfg), inputs, staging)?;
     let checkpoint = checkpoint::read_checkpoint(staging)?.unwrap_or_default();
     crate::errln!(
-        "reshard: --resume: continuing the run in {}: {} samples durably in place ({} checkpoint{}; that run had {} ranks, {} per rank)",
+        "reshard: --resume: continuing the run in {}: {} durably in place ({}; that run had {}, {} per rank)",
         staging.display(),
-        checkpoint.done.count(),
-        checkpoint.checkpoints,
-        if checkpoint.checkpoints == 1 { "" } else { "s" },
-        plan.ranks,
+        count(checkpoint.done.count(), "sample"),
+        count(checkpoint.checkpoints, "checkpoint"),
+        count(plan.ranks as u64, "rank"),
         human_bytes(plan.mem_limit)
     );
     // What the earlier attempt's finish phase may have left is made again.

@@ -49,7 +49,7 @@ use crate::progress::{PhaseTimes, Progress};
 use crate::report::mixing::Mixing;
 use crate::report::picture::{self, Picture};
 use crate::report::{narrate, PlanReport};
-use crate::size::human_bytes;
+use crate::size::{count, human_bytes};
 use exchange::{Buffers, ExchangeStats};
 use expand::{Lead, Setup, HEARTBEATS};
 use index::Index;
@@ -248,10 +248,10 @@ fn narrate_start(comm: &impl Comm, setup: &Setup) {
     narrate(
         lead,
         format_args!(
-            "indexing {} input shards ({}) on {ranks} rank{}",
-            setup.inputs.len(),
+            "indexing {} ({}) on {}",
+            count(setup.inputs.len() as u64, "input shard"),
             human_bytes(input_bytes),
-            if ranks == 1 { "" } else { "s" }
+            count(ranks as u64, "rank")
         ),
     );
     if let Some(staging) = &setup.staging {

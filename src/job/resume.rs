@@ -22,6 +22,7 @@ use crate::input::InputShard;
 use crate::job::exchange::Checkpoints;
 use crate::job::Planned;
 use crate::output::checkpoint::{self, Checkpoint, InputRecord, PlanRecord};
+use crate::size::count;
 
 /// What an earlier attempt left to continue from, as rank 0 found it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -116,8 +117,8 @@ pub fn check_same_request(
     }
     if recorded.inputs.len() != inputs.len() {
         return Err(differs(format!(
-            "that run read {} input shards, this one {}",
-            recorded.inputs.len(),
+            "that run read {}, this one {}",
+            count(recorded.inputs.len() as u64, "input shard"),
             inputs.len()
         )));
     }

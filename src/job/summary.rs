@@ -16,7 +16,7 @@ use crate::progress::{peak_rss, PhaseTimes};
 use crate::report::ranks::{seconds, Spread};
 use crate::report::storage::FreeSpace;
 use crate::report::{GpuShare, PlanReport, Stats, Storage};
-use crate::size::human_bytes;
+use crate::size::{count, human_bytes};
 use crate::tar::{Hygiene, Skipped};
 
 /// One rank's share of the work.
@@ -182,11 +182,11 @@ impl Summary {
         }
         if self.reused_samples > 0 {
             s += &format!(
-                "  resumed: reused {} samples ({}) an earlier attempt had placed; {} of {} shards were complete\n",
-                self.reused_samples,
+                "  resumed: reused {} ({}) an earlier attempt had placed; {} of {} complete\n",
+                count(self.reused_samples, "sample"),
                 human_bytes(self.reused_bytes),
                 self.reused_shards,
-                self.shards
+                count(self.shards, "shard")
             );
         }
         let k = self.skipped;

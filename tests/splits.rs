@@ -48,7 +48,9 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
     assert!(urls[..4].iter().all(|u| u.starts_with("train/shard-")));
     assert_eq!(urls[4..], ["val/shard-000000.tar", "test/shard-000000.tar"]);
     assert_eq!(index_json(&out.join("val"))["reshard"]["split"], "val");
-    assert!(out.join("train/.reshard/shard-000003.tar.idx").is_file());
+    assert!(out
+        .join("train/.reshard/shard-000003.tar.reshard-layout")
+        .is_file());
     // Shuffled inside each split, not in input order.
     let train_keys: Vec<&String> = splits[0].1.iter().map(|g| &g.key).collect();
     let mut sorted = train_keys.clone();

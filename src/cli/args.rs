@@ -172,10 +172,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub dali_index: bool,
 
-    /// A directory of saved indexes (`.idx` files, as reshard leaves in `OUTPUT/.reshard`) for
-    /// the input shards. Without it, an input directory's own `.reshard` is used when present:
-    /// the next epoch's run over an output skips indexing. Saved indexes whose shard changed
-    /// (size or modification time) are ignored with a warning.
+    /// A directory of saved indexes (`NAME.reshard-layout` files, as reshard leaves in
+    /// `OUTPUT/.reshard`) for the input shards. Without it, an input directory's own `.reshard`
+    /// is used when present: the next epoch's run over an output skips indexing. Saved indexes
+    /// whose shard changed (size or modification time) are ignored with a warning.
     #[arg(long, value_name = "PATH")]
     pub index: Option<PathBuf>,
 

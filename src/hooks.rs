@@ -11,6 +11,8 @@
 //!   its status), like a node that died; `r:publish`: as the publish phase starts. For
 //!   `--resume` tests.
 //! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timings on stderr.
+//! - `RESHARD_TEST_CHECKPOINT_BYTES=n`: a checkpoint after every n sample bytes each rank moved
+//!   on average, instead of 256 MiB (so that a test sees the rule with little data).
 //! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop
 //!   signal came), so that a test can signal a job surely in the middle of its exchange.
 //! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
@@ -83,6 +85,14 @@ pub fn pause_before_finish(staging: &Path, rank: usize) {
     let _ = std::fs::write(&marker, b"");
     std::thread::sleep(Duration::from_secs(secs));
     let _ = std::fs::remove_file(&marker);
+}
+
+/// The bytes per rank between checkpoints: `RESHARD_TEST_CHECKPOINT_BYTES`, else `default`.
+pub fn checkpoint_bytes(default: u64) -> u64 {
+    std::env::var("RESHARD_TEST_CHECKPOINT_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// `RESHARD_TEST_SLOW_ROUNDS`: waits before an exchange round.

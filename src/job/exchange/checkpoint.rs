@@ -46,8 +46,9 @@ pub(super) struct Pacer<'a> {
     /// The round being synced, and this rank's samples up to it.
     pending: Option<(u64, (u64, u64))>,
     pub taken: u64,
-    /// Sample bytes all ranks moved since the last checkpoint.
+    /// Sample bytes all ranks moved since the last checkpoint, and how many ask for one.
     moved: u64,
+    every_bytes: u64,
     /// A rank received this stop signal: checkpoint, then end.
     stopping: Option<i32>,
 }
@@ -60,6 +61,7 @@ impl<'a> Pacer<'a> {
             pending: None,
             taken: 0,
             moved: 0,
+            every_bytes: crate::hooks::checkpoint_bytes(CHECKPOINT_BYTES_PER_RANK),
             stopping: None,
         }
     }
@@ -68,7 +70,7 @@ impl<'a> Pacer<'a> {
     /// pending one says so.
     pub(super) fn status(&self, comm: &impl Comm, st: &Stages<'_, '_>) -> [u64; STATUS_WORDS] {
         let due = self.last.elapsed() >= self.checkpoints.every
-            || self.moved >= CHECKPOINT_BYTES_PER_RANK * comm.size() as u64;
+            || self.moved >= self.every_bytes.saturating_mul(comm.size() as u64);
         let ask = comm.rank() == 0 && self.pending.is_none() && due;
         let synced = self
             .pending

@@ -261,7 +261,8 @@ pub struct RunArgs {
     pub resume: bool,
 
     /// Seconds between the exchange's checkpoints (each writer syncs, rank 0 records which samples
-    /// are durable, for --resume); 0 checkpoints after every round.
+    /// are durable, for --resume); 0 checkpoints after every round. A checkpoint also comes after
+    /// every 256 MiB each rank moved, and at once on SIGINT or SIGTERM, before the job ends.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub checkpoint_every: u64,
 

@@ -34,6 +34,10 @@ fn run(command: reshard::cli::Command) -> anyhow::Result<Exit> {
             config,
             then_verify,
         } => under_mpi(config.max_round_bytes, |comm| {
+            if !config.dry_run {
+                // From here a stop signal checkpoints the job and ends it in order.
+                reshard::job::interrupt::catch();
+            }
             job(comm, &config, then_verify.as_ref())
         }),
         Task::Verify(cfg) => under_mpi(i32::MAX as u64, |comm| verify_job(comm, &cfg)),

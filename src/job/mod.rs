@@ -81,10 +81,6 @@ pub struct Planned {
 /// directory is removed unless a checkpoint makes it worth a `--resume`.
 pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
     let lead = comm.rank() == 0;
-    if !cfg.dry_run {
-        // A stop signal from here on checkpoints and ends the job in order.
-        interrupt::catch();
-    }
     let mut times = PhaseTimes::default();
     times.start("expand");
     // Rank 0 holds the output's lock until the job has published or given up.

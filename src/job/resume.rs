@@ -319,7 +319,7 @@ mod tests {
             ),
             (
                 record(&[("--seed", "3"), ("--epoch", "0")], &[]),
-                "that run read 1 input shards, this one 0",
+                "that run read 1 input shard, this one 0",
             ),
         ];
         for (now, needle) in differs {

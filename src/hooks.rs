@@ -17,6 +17,10 @@
 //!   `0:published` (right after it and the removal of the checkpoint records), `0:keep` (after
 //!   `--keep` moved an old epoch aside, before removing it). For `--resume` and kill tests.
 //! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timings on stderr.
+//! - `RESHARD_TEST_CHECKPOINT_BYTES=n`: a checkpoint after every n sample bytes each rank moved
+//!   on average, instead of 256 MiB (so that a test sees the rule with little data).
+//! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop
+//!   signal came), so that a test can signal a job surely in the middle of its exchange.
 //! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
 //!   MPI_Finalize, as MPI_Finalize does when it hangs (the finalize deadline must end the job).
 //! - `RESHARD_FINALIZE_TIMEOUT=seconds`: the finalize deadline (default 10 s).
@@ -43,7 +47,7 @@ pub fn inject_fault(rank: usize) {
         panic!("RESHARD_TEST_PANIC_RANK={rank}: injected panic");
     }
     if names_rank("RESHARD_TEST_STALL_RANK", rank) {
-        eprintln!("reshard: RESHARD_TEST_STALL_RANK={rank}: this rank now stops (SIGSTOP)");
+        crate::errln!("reshard: RESHARD_TEST_STALL_RANK={rank}: this rank now stops (SIGSTOP)");
         // The whole process stops, its watchdog included, like a node that froze.
         crate::sys::stop_process();
     }
@@ -68,7 +72,7 @@ pub fn kill_at(rank: usize, at: &str) {
         .split_once(':')
         .is_some_and(|(r, n)| r.trim().parse::<usize>().ok() == Some(rank) && n.trim() == at);
     if named {
-        eprintln!("reshard: RESHARD_TEST_KILL={v}: rank {rank} now dies (SIGKILL) at {at}");
+        crate::errln!("reshard: RESHARD_TEST_KILL={v}: rank {rank} now dies (SIGKILL) at {at}");
         crate::sys::kill_process();
     }
 }
@@ -104,6 +108,27 @@ fn pause(var: &str, marker: &Path) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = std::fs::remove_file(marker);
+}
+
+/// The bytes per rank between checkpoints: `RESHARD_TEST_CHECKPOINT_BYTES`, else `default`.
+pub fn checkpoint_bytes(default: u64) -> u64 {
+    std::env::var("RESHARD_TEST_CHECKPOINT_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `RESHARD_TEST_SLOW_ROUNDS`: waits before an exchange round.
+pub fn slow_round() {
+    if crate::sys::stop_signal().is_some() {
+        return;
+    }
+    if let Some(ms) = std::env::var("RESHARD_TEST_SLOW_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
 }
 
 /// `RESHARD_TRACE_ROUNDS`.

@@ -48,7 +48,9 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
     assert!(urls[..4].iter().all(|u| u.starts_with("train/shard-")));
     assert_eq!(urls[4..], ["val/shard-000000.tar", "test/shard-000000.tar"]);
     assert_eq!(index_json(&out.join("val"))["reshard"]["split"], "val");
-    assert!(out.join("train/.reshard/shard-000003.tar.idx").is_file());
+    assert!(out
+        .join("train/.reshard/shard-000003.tar.reshard-layout")
+        .is_file());
     // Shuffled inside each split, not in input order.
     let train_keys: Vec<&String> = splits[0].1.iter().map(|g| &g.key).collect();
     let mut sorted = train_keys.clone();
@@ -410,7 +412,26 @@ fn verify_checks_a_split_output_and_catches_a_sample_in_two_splits() {
         if res.code() != Some(0) {
             res.fail("expected verify to pass on a split output");
         }
+        res.check(
+            res.stdout.contains("  split train: 3 shards, ")
+                && res
+                    .stdout
+                    .lines()
+                    .filter(|l| l.starts_with("  split "))
+                    .count()
+                    == 3,
+            "the report has a line per split",
+        );
     }
+    // One split alone holds a share of the input: verify says so, and what to verify instead.
+    let res = verify_cmd(&dir, Some(2), "out/val", &[]);
+    res.check(res.code() == Some(1), "one split is not the whole input");
+    res.check(
+        res.stdout
+            .contains("this is the split \"val\" of a --split output")
+            && res.stdout.contains("verify the whole output"),
+        "the report names the split and says to verify the whole output",
+    );
     // Each split reads as a dataset of its own with webdataset, from its own index.json.
     match test_python() {
         None => skip(

@@ -91,6 +91,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub dry_run: bool,
 
+    /// Start even where the output's file system has less free space than the plan needs (by
+    /// statvfs; a quota or a file system that compresses may allow more).
+    #[arg(long)]
+    pub no_space_check: bool,
+
     /// Print the plan as JSON (with --dry-run or `reshard plan`).
     #[arg(long)]
     pub json: bool,
@@ -168,10 +173,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub dali_index: bool,
 
-    /// A directory of saved indexes (`.idx` files, as reshard leaves in `OUTPUT/.reshard`) for
-    /// the input shards. Without it, an input directory's own `.reshard` is used when present:
-    /// the next epoch's run over an output skips indexing. Saved indexes whose shard changed
-    /// (size or modification time) are ignored with a warning.
+    /// A directory of saved indexes (`NAME.reshard-layout` files, as reshard leaves in
+    /// `OUTPUT/.reshard`) for the input shards. Without it, an input directory's own `.reshard`
+    /// is used when present: the next epoch's run over an output skips indexing. Saved indexes
+    /// whose shard changed (size or modification time) are ignored with a warning.
     #[arg(long, value_name = "PATH")]
     pub index: Option<PathBuf>,
 
@@ -265,7 +270,8 @@ pub struct RunArgs {
     pub resume: bool,
 
     /// Seconds between the exchange's checkpoints (each writer syncs, rank 0 records which samples
-    /// are durable, for --resume); 0 checkpoints after every round.
+    /// are durable, for --resume); 0 checkpoints after every round. A checkpoint also comes after
+    /// every 256 MiB each rank moved, and at once on SIGINT or SIGTERM, before the job ends.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub checkpoint_every: u64,
 

@@ -138,6 +138,7 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
         balance: args.balance,
         gpus,
         dry_run,
+        space_check: !args.no_space_check,
         json: args.json,
         seed,
         epoch: args.epoch,

@@ -119,7 +119,7 @@ fn leave(
     } else {
         "MPI_Finalize did not return"
     };
-    eprintln!(
+    crate::errln!(
         "reshard: rank {rank}: {what} within {} s after the job ended; exiting with status {} \
          anyway (every rank had finished and agreed on the result)",
         timeout.as_secs_f64(),
@@ -148,7 +148,7 @@ fn abort_on_panic() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
-        eprintln!("reshard: a rank panicked; aborting all ranks");
+        crate::errln!("reshard: a rank panicked; aborting all ranks");
         // SAFETY: MPI is initialized (the hook is installed after init) and MPI_Abort on the world
         // communicator may be called from any thread.
         unsafe {

@@ -18,6 +18,7 @@ use crate::plan::assign_inputs;
 use crate::plan::placement::LocalSample;
 use crate::progress::Progress;
 use crate::report::narrate;
+use crate::size::count;
 use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
 
 /// What the index phase leaves on every rank.
@@ -96,8 +97,8 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
         narrate(
             lead,
             format_args!(
-                "reused the saved index of {reused} of {} input shards",
-                inputs.len()
+                "reused the saved index of {reused} of {}",
+                count(inputs.len() as u64, "input shard")
             ),
         );
     }
@@ -111,9 +112,9 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
         return Err(everywhere(
             lead,
             anyhow!(
-                "the input holds no samples ({} shards, {} entries skipped)",
-                inputs.len(),
-                skipped.total()
+                "the input holds no samples ({}, {} skipped)",
+                count(inputs.len() as u64, "shard"),
+                count(skipped.total(), "entry").replace("entrys", "entries")
             ),
         ));
     }
@@ -282,7 +283,7 @@ fn index_one(
         }
         Lookup::Missing => index_file_with(path, rules),
         Lookup::Stale(why) => {
-            eprintln!("reshard: warning: re-indexing: {why}");
+            crate::errln!("reshard: warning: re-indexing: {why}");
             index_file_with(path, rules)
         }
     }

@@ -14,8 +14,9 @@ use crate::job::expand::Setup;
 use crate::job::Planned;
 use crate::progress::{peak_rss, PhaseTimes};
 use crate::report::ranks::{seconds, Spread};
+use crate::report::storage::FreeSpace;
 use crate::report::{GpuShare, PlanReport, Stats, Storage};
-use crate::size::human_bytes;
+use crate::size::{count, human_bytes};
 use crate::tar::{Hygiene, Skipped};
 
 /// One rank's share of the work.
@@ -136,11 +137,14 @@ impl Summary {
     /// The human-readable summary rank 0 prints at the end.
     pub fn render(&self) -> String {
         let total = self.phases.total();
+        // What was written: with --equalize, not the input's count.
+        let written = (self.shard_bytes.mean * self.shards as f64).round() as u64;
         let mut s = format!(
-            "reshard: wrote {} shards ({} samples, {}) to {} in {:.2} s ({}/s) with {} rank{}\n",
+            "reshard: wrote {} shard{} ({} samples, {}) to {} in {:.2} s ({}/s) with {} rank{}\n",
             self.shards,
-            self.samples,
-            human_bytes(self.sample_bytes),
+            if self.shards == 1 { "" } else { "s" },
+            self.output_samples,
+            human_bytes(written),
             self.output.display(),
             total,
             human_bytes((self.sample_bytes as f64 / total.max(1e-9)) as u64),
@@ -148,12 +152,22 @@ impl Summary {
             if self.ranks == 1 { "" } else { "s" }
         );
         s += &format!(
-            "  input: {} shards, {}\n",
+            "  input: {} shard{}, {}, {} samples\n",
             self.inputs,
-            human_bytes(self.input_bytes)
+            if self.inputs == 1 { "" } else { "s" },
+            human_bytes(self.input_bytes),
+            self.samples
         );
-        if self.output_samples != self.samples {
-            s += &format!("  samples written: {} (equalized)\n", self.output_samples);
+        if self.output_samples < self.samples {
+            s += &format!(
+                "  --equalize drop: {} input samples left out\n",
+                self.samples - self.output_samples
+            );
+        } else if self.output_samples > self.samples {
+            s += &format!(
+                "  --equalize pad: {} samples written twice\n",
+                self.output_samples - self.samples
+            );
         }
         s += &format!("  shard bytes: {}\n", self.shard_bytes.bytes());
         if let Some(g) = &self.gpus {
@@ -168,11 +182,11 @@ impl Summary {
         }
         if self.reused_samples > 0 {
             s += &format!(
-                "  resumed: reused {} samples ({}) an earlier attempt had placed; {} of {} shards were complete\n",
-                self.reused_samples,
+                "  resumed: reused {} ({}) an earlier attempt had placed; {} of {} complete\n",
+                count(self.reused_samples, "sample"),
                 human_bytes(self.reused_bytes),
                 self.reused_shards,
-                self.shards
+                count(self.shards, "shard")
             );
         }
         let k = self.skipped;
@@ -256,6 +270,26 @@ pub fn gather(
     })
 }
 
+/// The free space where `output` would go: on the file system of its nearest existing ancestor.
+fn free_space(output: &std::path::Path) -> Option<FreeSpace> {
+    let dir = output
+        .ancestors()
+        .skip(1)
+        .map(|a| {
+            if a.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                a
+            }
+        })
+        .find(|a| a.is_dir())?;
+    let bytes = crate::sys::free_space(dir).ok()?;
+    Some(FreeSpace {
+        path: dir.display().to_string(),
+        bytes,
+    })
+}
+
 /// What `reshard plan` and `--dry-run` print (on rank 0).
 pub fn plan_report(cfg: &RunConfig, setup: &Setup, planned: &Planned) -> PlanReport {
     let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
@@ -277,7 +311,16 @@ pub fn plan_report(cfg: &RunConfig, setup: &Setup, planned: &Planned) -> PlanRep
         shard_samples: Stats::of(&laid.shard_samples),
         shard_bytes,
         gpus: laid.gpus,
-        storage: Storage::assess(placed.shards, shard_bytes.mean as u64, shard_bytes.max),
+        storage: Storage::assess(
+            placed.shards,
+            (
+                shard_bytes.mean as u64,
+                shard_bytes.max,
+                laid.shard_bytes.iter().sum(),
+            ),
+            &cfg.sizing,
+        )
+        .with_free_space(cfg.output.as_deref().and_then(free_space)),
         order: cfg.order.describe(),
         stratify: placed.stratify.clone(),
         per_shard: laid.shardlist.clone(),

@@ -4,7 +4,7 @@
 //! - [`shards`]: [`OutputShards`] (one writer rank's files) and [`ShardNames`].
 //! - [`compress`]: [`compress_shard`] and [`md5_file`].
 //! - [`manifest`]: [`Manifest`], the wids `index.json`.
-//! - [`saved_index`]: `.reshard/NAME.idx` files.
+//! - [`saved_index`]: `.reshard/NAME.reshard-layout` files (each shard's layout, for the next epoch).
 //! - [`checkpoint`]: what the staging directory records for `--resume`.
 //! - [`loaders`]: the loader indexes of a shard, from its [`members`]: [`energon`] (`--energon`)
 //!   and [`dali`] (`--dali-index`).

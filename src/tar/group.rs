@@ -75,6 +75,17 @@ pub enum OnIncomplete {
     Exclude,
 }
 
+impl OnIncomplete {
+    /// The flag's value, as `--on-incomplete` takes it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            OnIncomplete::Abort => "abort",
+            OnIncomplete::Warn => "warn",
+            OnIncomplete::Exclude => "exclude",
+        }
+    }
+}
+
 /// `--on-duplicate`: what to do with a repeated extension in one sample, a sample whose members
 /// are not adjacent, or one key in two samples.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -84,7 +95,7 @@ pub enum OnDuplicate {
     Abort,
     /// Keep everything, with a warning.
     Warn,
-    /// Keep everything silently (the default of the library API; the CLI defaults to abort).
+    /// Keep everything silently.
     #[default]
     Keep,
     /// Fail: the output's loader index (`--energon`) requires unique keys. Not a flag value:
@@ -94,6 +105,16 @@ pub enum OnDuplicate {
 }
 
 impl OnDuplicate {
+    /// The flag's value, as `--on-duplicate` takes it; `unique` is what `--energon` asks for.
+    pub fn flag(self) -> &'static str {
+        match self {
+            OnDuplicate::Abort => "abort",
+            OnDuplicate::Warn => "warn",
+            OnDuplicate::Keep => "keep",
+            OnDuplicate::Unique => "unique (--energon)",
+        }
+    }
+
     /// Applies the policy to one duplicate that `what` describes (file, byte offset, key): an
     /// error with the flag's advice for [`OnDuplicate::Abort`], a warning for
     /// [`OnDuplicate::Warn`], nothing for [`OnDuplicate::Keep`]. Every duplicate message of the
@@ -130,7 +151,7 @@ impl Warnings {
     pub fn warn(&mut self, what: &str) {
         self.count += 1;
         if self.count <= Self::SHOWN {
-            eprintln!("reshard: warning: {what}");
+            crate::errln!("reshard: warning: {what}");
         }
     }
 }
@@ -152,6 +173,28 @@ pub struct Rules {
 }
 
 impl Rules {
+    /// The flags that set these rules, as a user types them (`--require-ext jpg,cls
+    /// --on-incomplete abort --on-duplicate abort`), and the loader indexes whose name checks
+    /// apply: for what `--resume` records.
+    pub fn flags(&self) -> String {
+        let mut s = String::new();
+        if !self.require_ext.is_empty() {
+            s += &format!("--require-ext {} ", self.require_ext.join(","));
+        }
+        s += &format!(
+            "--on-incomplete {} --on-duplicate {}",
+            self.on_incomplete.flag(),
+            self.on_duplicate.flag()
+        );
+        if self.loader_names.energon {
+            s += " --energon";
+        }
+        if self.loader_names.dali {
+            s += " --dali-index";
+        }
+        s
+    }
+
     /// Whether duplicate keys are looked for (and so key hashes kept).
     pub fn checks_duplicates(&self) -> bool {
         self.on_duplicate != OnDuplicate::Keep

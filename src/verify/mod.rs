@@ -40,10 +40,11 @@ pub use digest::Digest128;
 pub use report::{Mismatches, Shuffle, VerifyReport};
 
 use crate::comm::wire::{decode_concat, encode_values as encode};
+use crate::size::count;
 use problems::{check_outputs, data_problems, Found};
 use records::{digest_inputs, route_records, Record};
-use report::plural;
-use setup::{Lead, Setup};
+use report::SplitFigures;
+use setup::{IndexView, Lead, Setup};
 use tally::{compare, distinct_inputs_per_output, Sums, Tally};
 
 use crate::comm::{agree, exclusive_sum, gather, Comm};
@@ -72,11 +73,10 @@ pub fn verify(comm: &impl Comm, cfg: &VerifyConfig) -> Result<Verdict> {
     narrate(
         comm.rank() == 0,
         format_args!(
-            "verify: digesting {} input shards and {} output shards on {} rank{}",
-            setup.inputs.len(),
-            setup.outputs.len(),
-            comm.size(),
-            plural(comm.size() as u64)
+            "verify: digesting {} and {} on {}",
+            count(setup.inputs.len() as u64, "input shard"),
+            count(setup.outputs.len() as u64, "output shard"),
+            count(comm.size() as u64, "rank")
         ),
     );
     let inputs = input_side(comm, &setup)?;
@@ -129,7 +129,7 @@ fn plot(
             mixing: &mixing,
         };
         if let Some(w) = picture::draw(path, &picture)? {
-            eprintln!("reshard: warning: {w}");
+            crate::errln!("reshard: warning: {w}");
         }
         narrate(
             true,
@@ -299,6 +299,7 @@ fn lead_report(
         output_samples,
         equalize: setup.equalize,
         mismatches: findings.mismatches,
+        splits: split_figures(lead.index.as_ref()),
         shuffle: Shuffle {
             pairs: sums.n as u64,
             spearman: sums.correlation(),
@@ -309,6 +310,22 @@ fn lead_report(
         seconds: started.elapsed().as_secs_f64(),
         problems,
     }
+}
+
+/// The splits of a `--split` output, as its index.json lists them.
+fn split_figures(index: Option<&IndexView>) -> Vec<SplitFigures> {
+    let splits = index
+        .and_then(|ix| ix.reshard.as_ref())
+        .and_then(|r| r.splits.as_ref());
+    splits
+        .into_iter()
+        .flatten()
+        .map(|s| SplitFigures {
+            name: s.split.clone().unwrap_or_default(),
+            shards: s.shards,
+            samples: s.output_samples,
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -590,13 +590,16 @@ fn check_files(out: &Path, names: &[String]) {
     if present != wanted {
         fail(format!("expected files {wanted:?}, found {present:?}"));
     }
-    // The saved index: one .idx per shard, nothing else.
+    // The saved index: one NAME.reshard-layout per shard, nothing else.
     let mut idx: Vec<String> = fs::read_dir(out.join(".reshard"))
         .unwrap_or_else(|e| fail(format!("cannot list .reshard: {e}")))
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     idx.sort();
-    let mut want_idx: Vec<String> = names.iter().map(|n| format!("{n}.idx")).collect();
+    let mut want_idx: Vec<String> = names
+        .iter()
+        .map(|n| format!("{n}.reshard-layout"))
+        .collect();
     want_idx.sort();
     if idx != want_idx {
         fail(format!(

@@ -45,11 +45,12 @@ pub(super) fn exchange_rounds(
         // far is the checkpoint?
         let n = stats.rounds + 1;
         hooks::kill_in_round(me, n);
+        hooks::slow_round();
         st.dog.beat(n, || {
             format!("waiting for every rank's status before exchange round {n}")
         });
-        let [ask, synced] = pacer.status(comm, st);
-        let status = comm.all_sum(&[u64::from(failure.is_some()), payload, ask, synced]);
+        let [ask, synced, stop] = pacer.status(comm, st);
+        let status = comm.all_sum(&[u64::from(failure.is_some()), payload, ask, synced, stop]);
         let t_status = t0.elapsed();
         if status[0] > 0 {
             let e = failure.unwrap_or_else(|| anyhow!(PeerFailed { ranks: Vec::new() }));
@@ -58,7 +59,7 @@ pub(super) fn exchange_rounds(
         if status[1] == 0 {
             return (Ok(()), stats);
         }
-        let sync = match pacer.after_status(comm, st.job, &status[2..], n, through) {
+        let sync = match pacer.after_status(comm, st.job, (&status[2..], status[1]), n, through) {
             Ok(sync) => sync,
             Err(e) => return (Err(e), stats),
         };
@@ -110,7 +111,7 @@ pub(super) fn exchange_rounds(
 /// reader delivered, the status returned, the writer freed a buffer and the all-to-all ended.
 fn trace_round(me: usize, n: u64, t: [std::time::Duration; 4], (out, into): (usize, usize)) {
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    eprintln!(
+    crate::errln!(
         "reshard: rank {me} round {n}: reader {:.0} ms, status {:.0} ms, writer {:.0} ms, all-to-all {:.0} ms ({out} B out, {into} B in)",
         ms(t[0]),
         ms(t[1] - t[0]),

@@ -18,6 +18,8 @@ use crate::plan::assign_inputs;
 use crate::plan::placement::LocalSample;
 use crate::progress::Progress;
 use crate::report::narrate;
+use crate::sys::FileStamp;
+use crate::tar::key::LoaderNames;
 use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
 
 /// What the index phase leaves on every rank.
@@ -39,6 +41,14 @@ pub struct Index {
     pub sample_bytes: u64,
     pub skipped: Skipped,
     pub hygiene: Hygiene,
+    /// Runs of zero blocks read past inside inputs (`--ignore-zeros`), over all ranks.
+    pub zero_runs: u64,
+    /// This rank's input shards as it saw them just before it read them (or their saved
+    /// index), in order: the finish phase checks them unchanged.
+    pub stamps: Vec<FileStamp>,
+    /// This rank's input shards whose saved index was used: their streams were not read here,
+    /// so the exchange reads the compressed ones to their end (checking their checksums).
+    pub unread: Vec<usize>,
 }
 
 /// Indexes this rank's share, checks for samples split across shards and for duplicate keys,
@@ -69,6 +79,9 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
         key_hashes,
         keys,
         contents,
+        zero_runs,
+        unread,
+        stamps,
     } = agree(comm, indexed)?;
     let all_edges = gather_concat(comm, 0, &edges);
     broadcast_result(
@@ -102,10 +115,13 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
         );
     }
     let (first_global, samples) = exclusive_sum(comm, local.len() as u64);
-    let mut totals = vec![local.iter().map(|s| s.len).sum::<u64>()];
+    let mut totals = vec![local.iter().map(|s| s.len).sum::<u64>(), zero_runs];
     totals.extend(skipped.to_array());
     let totals = comm.all_sum(&totals);
-    let (&sample_bytes, skipped) = totals.split_first().expect("bytes, then skipped counts");
+    let ([sample_bytes, zero_runs], skipped) = totals.split_at(2) else {
+        unreachable!("bytes and zero runs, then skipped counts")
+    };
+    let (sample_bytes, zero_runs) = (*sample_bytes, *zero_runs);
     let skipped = Skipped::from_array(skipped.try_into().expect("four counts"));
     if samples == 0 {
         return Err(everywhere(
@@ -128,8 +144,14 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
         sample_bytes,
         skipped,
         hygiene,
+        zero_runs,
+        unread,
+        stamps,
     })
 }
+
+/// One input shard's index, with its stamp from just before it was read.
+type Stamped = (FileStamp, ShardIndex);
 
 /// (input shard, (first key, last key)) of the shards a rank indexed from their headers.
 type EdgeKeys = Vec<(usize, (String, String))>;
@@ -229,7 +251,7 @@ fn index_shards(
 ) -> Result<Indexed> {
     const THREADS: usize = 32;
     let next = AtomicUsize::new(mine.start);
-    let results: Mutex<Vec<Option<Result<ShardIndex>>>> =
+    let results: Mutex<Vec<Option<Result<Stamped>>>> =
         Mutex::new((0..mine.len()).map(|_| None).collect());
     let threads = THREADS.min(mine.len());
     let work = Work {
@@ -245,7 +267,13 @@ fn index_shards(
                     if i >= mine.end {
                         break;
                     }
-                    let r = index_one(&inputs[i].path, index_dir, rules, reused);
+                    let path = &inputs[i].path;
+                    // Before the shard is read: a change while it is read moves its stamp.
+                    let r = FileStamp::read(path)
+                        .with_context(|| format!("input {}: cannot stat", path.display()))
+                        .and_then(|stamp| {
+                            index_one(path, index_dir, rules, reused).map(|idx| (stamp, idx))
+                        });
                     let failed = r.is_err();
                     results.lock().unwrap()[i - mine.start] = Some(r);
                     work.shards.fetch_add(1, Ordering::SeqCst);
@@ -269,8 +297,13 @@ fn index_one(
     rules: &Rules,
     reused: &AtomicUsize,
 ) -> Result<ShardIndex> {
-    // A saved index holds byte ranges only, not keys or labels.
-    let saved = if rules.keep_keys || rules.read_member.is_some() {
+    // A saved index holds byte ranges only, not keys, labels or member names: the loader
+    // indexes' name and duplicate checks need the headers, and must fail here, before any data
+    // moves, not in the finish phase.
+    let needs_headers = rules.keep_keys
+        || rules.read_member.is_some()
+        || rules.loader_names != LoaderNames::default();
+    let saved = if needs_headers {
         Lookup::Missing
     } else {
         saved_index::load(path, index_dir)
@@ -291,7 +324,7 @@ fn index_one(
 /// This rank's shard indexes, in shard order, as one list of samples; the first failure in
 /// shard order is the error.
 fn collect(
-    results: Vec<Option<Result<ShardIndex>>>,
+    results: Vec<Option<Result<Stamped>>>,
     mine: std::ops::Range<usize>,
     rules: &Rules,
 ) -> Result<Indexed> {
@@ -301,7 +334,7 @@ fn collect(
         .iter()
         .flatten()
         .flatten()
-        .map(|i| i.samples.len())
+        .map(|(_, i)| i.samples.len())
         .sum();
     let mut out = Indexed::default();
     out.local.reserve_exact(total);
@@ -311,8 +344,15 @@ fn collect(
     let mut skipped = [0u64; 4];
     let mut hygiene = [0u64; 3];
     for (i, r) in mine.clone().zip(results) {
-        let Some(idx) = r.transpose()? else { continue };
+        let Some((stamp, idx)) = r.transpose()? else {
+            continue;
+        };
+        out.stamps.push(stamp);
         out.counts.push(idx.samples.len() as u64);
+        out.zero_runs += idx.zero_runs;
+        if idx.saved {
+            out.unread.push(i);
+        }
         if let Some(keys) = idx.edge_keys {
             out.edges.push((i, keys));
         }
@@ -361,4 +401,8 @@ struct Indexed {
     keys: Vec<Vec<u8>>,
     /// Every sample's label member, when the rules read one.
     contents: Vec<Option<Vec<u8>>>,
+    zero_runs: u64,
+    /// Shards indexed from their saved index.
+    unread: Vec<usize>,
+    stamps: Vec<FileStamp>,
 }

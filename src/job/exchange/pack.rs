@@ -219,9 +219,10 @@ fn check_first_block(data: &[u8], input: &InputShard, codec: Codec, start: u64) 
 }
 
 /// Copies the sample `s` from its input to `at` of this rank's own shard `shard`; returns its
-/// length. A plain input is copied inside the kernel but for its first block, which is read
-/// and checked on the way; a compressed one goes through a bounce buffer (offsets are those of
-/// the decompressed stream).
+/// length. A plain input is copied inside the kernel, after its first block is read and
+/// checked (512 bytes and one system call per sample, from the page cache where readahead
+/// brought it); a compressed one goes through a bounce buffer (offsets are those of the
+/// decompressed stream), where its first block is checked as it passes.
 fn copy_own(
     job: &Job<'_>,
     reader: &mut InputReader<'_>,
@@ -236,10 +237,8 @@ fn copy_own(
         let mut head = [0u8; BLOCK as usize];
         let h = read_head(file, &input.path, s.start, n, &mut head)?;
         check_first_block(&head[..h], input, codec, s.start)?;
-        job.output.write_at(shard, at, &head[..h])?;
-        let h = h as u64;
         job.output
-            .copy_in(shard, at + h, file, &input.path, s.start + h, n - h)?;
+            .copy_in(shard, at, file, &input.path, s.start, n)?;
         return Ok(n);
     }
     let mut buf = vec![0u8; n.min(4 << 20) as usize];

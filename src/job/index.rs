@@ -62,6 +62,15 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
     let sizes: Vec<u64> = inputs.iter().map(|s| s.size).collect();
     let mine = assign_inputs(&sizes, ranks)[rank].clone();
     let reused = AtomicUsize::new(0);
+    if let Some(dir) = cfg.index.as_deref().filter(|_| needs_headers(&cfg.rules)) {
+        narrate(
+            lead,
+            format_args!(
+                "--index {}: not used, the order or loader index asked for needs the tar headers",
+                dir.display()
+            ),
+        );
+    }
     let indexed = index_shards(
         inputs,
         mine.clone(),
@@ -290,6 +299,13 @@ fn index_shards(
     collect(results.into_inner().unwrap(), mine, rules)
 }
 
+/// Whether the rules need what only the headers hold. A saved index holds byte ranges only, not
+/// keys, labels or member names: the loader indexes' name and duplicate checks need the
+/// headers, and must fail while indexing, before any data moves, not in the finish phase.
+fn needs_headers(rules: &Rules) -> bool {
+    rules.keep_keys || rules.read_member.is_some() || rules.loader_names != LoaderNames::default()
+}
+
 /// One input shard's index: its saved index when it still matches, else its tar headers.
 fn index_one(
     path: &Path,
@@ -297,13 +313,7 @@ fn index_one(
     rules: &Rules,
     reused: &AtomicUsize,
 ) -> Result<ShardIndex> {
-    // A saved index holds byte ranges only, not keys, labels or member names: the loader
-    // indexes' name and duplicate checks need the headers, and must fail here, before any data
-    // moves, not in the finish phase.
-    let needs_headers = rules.keep_keys
-        || rules.read_member.is_some()
-        || rules.loader_names != LoaderNames::default();
-    let saved = if needs_headers {
+    let saved = if needs_headers(rules) {
         Lookup::Missing
     } else {
         saved_index::load(path, index_dir)

@@ -251,34 +251,44 @@ fn concatenated_archives_and_lone_zero_blocks_are_refused_or_read_with_ignore_ze
 fn a_damaged_staging_shard_is_not_resumed() {
     let dir = Dir::new("faults-resume");
     inputs(&dir);
+    job(&dir, 1, "in", "ref", &[]).assert_success();
+    // One sample's first block replaced by another's, same size (what the issue saw), or the
+    // shard cut short.
+    let damages = [
+        (
+            false,
+            "shard-000001.tar changed since the earlier attempt completed it",
+        ),
+        (true, "shard-000001.tar: the earlier run left it"),
+    ];
     for np in NPS {
-        // Killed as it publishes: every staging shard complete, recorded for --resume.
-        let res = job(&dir, np, "in", "out", &[])
-            .env("RESHARD_TEST_KILL", "0:publish")
-            .output();
-        res.check(res.code() != Some(0), "the killed job must fail");
-        let shard = dir.join(".out.reshard-tmp/shard-000001.tar");
-        // One sample's bytes replaced by another's, same size: what the issue saw.
-        crate::util::tar::edit_bytes(&shard, |b| {
-            let n = b.len() / 2 / 512 * 512;
-            b.copy_within(0..512, n);
-        });
-        let res = job(&dir, np, "in", "out", &["--resume"]).output();
-        res.check(
-            res.code() != Some(0),
-            "--resume must refuse the damaged shard",
-        );
-        res.stderr_has("shard-000001.tar changed since the earlier attempt completed it");
-        res.check(!dir.join("out").exists(), "nothing may be published");
-        // The advice holds: a run without --resume starts over and is right.
-        job(&dir, np, "in", "out", &[]).assert_success();
-        job(&dir, 1, "in", &format!("ref-np{np}"), &[]).assert_success();
-        assert_same_output(
-            &dir.join(format!("ref-np{np}")),
-            &dir.join("out"),
-            &["ranks"],
-        );
-        fs::remove_dir_all(dir.join("out")).unwrap();
+        for (truncate, message) in damages {
+            // Killed as it publishes: every staging shard complete, recorded for --resume.
+            let res = job(&dir, np, "in", "out", &[])
+                .env("RESHARD_TEST_KILL", "0:publish")
+                .output();
+            res.check(res.code() != Some(0), "the killed job must fail");
+            let shard = dir.join(".out.reshard-tmp/shard-000001.tar");
+            crate::util::tar::edit_bytes(&shard, |b| {
+                if truncate {
+                    b.truncate(b.len() - 1024);
+                } else {
+                    let n = b.len() / 2 / 512 * 512;
+                    b.copy_within(0..512, n);
+                }
+            });
+            let res = job(&dir, np, "in", "out", &["--resume"]).output();
+            res.check(
+                res.code() != Some(0),
+                "--resume must refuse the damaged shard",
+            );
+            res.stderr_has(message);
+            res.check(!dir.join("out").exists(), "nothing may be published");
+            // The advice holds: a run without --resume starts over and is right.
+            job(&dir, np, "in", "out", &[]).assert_success();
+            assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
+            fs::remove_dir_all(dir.join("out")).unwrap();
+        }
     }
 }
 

@@ -223,6 +223,8 @@ pub struct VerifyConfig {
     pub json: bool,
     /// `--plot FILE`: the picture of the output, SVG or PNG.
     pub plot: Option<PathBuf>,
+    /// `--ignore-zeros`: read inputs past zero blocks, as `reshard run --ignore-zeros` does.
+    pub ignore_zeros: bool,
 }
 
 /// A `generate` request after validation.

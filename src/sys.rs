@@ -315,6 +315,62 @@ impl Read for At<'_> {
     }
 }
 
+/// What tells cheaply that a file was replaced or rewritten: its size, modification and
+/// status-change times and its inode. A rewrite in place keeps the size but moves the times (the
+/// change time cannot be set back by a user); a replacement by rename changes the inode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileStamp {
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+    /// Only compared where one host took both stamps: device numbers, and on some network
+    /// and FUSE file systems inode numbers, differ between hosts.
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl FileStamp {
+    /// The stamp of a file from its metadata.
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        FileStamp {
+            size: meta.len(),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
+
+    /// The stamp of the file at `path` now.
+    ///
+    /// # Errors
+    /// It cannot be stat'ed.
+    pub fn read(path: &Path) -> io::Result<Self> {
+        std::fs::metadata(path).map(|m| Self::of(&m))
+    }
+
+    /// What differs from `then` to `self` (now), for a message; empty when nothing does. The
+    /// device and inode count only when `same_host` took both stamps.
+    pub fn changes_since(&self, then: &FileStamp, same_host: bool) -> String {
+        let mut what = Vec::new();
+        if self.size != then.size {
+            what.push(format!("size {} -> {} bytes", then.size, self.size));
+        }
+        if self.mtime_ns != then.mtime_ns {
+            what.push("modification time".to_string());
+        }
+        if self.ctime_ns != then.ctime_ns {
+            what.push("status-change time".to_string());
+        }
+        if same_host && (self.dev, self.ino) != (then.dev, then.ino) {
+            what.push("inode (replaced by another file)".to_string());
+        }
+        what.join(", ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -351,7 +351,7 @@ fn an_input_that_changes_during_the_run_is_refused() {
     .env("RESHARD_TEST_PAUSE_FINISH", "2");
     let res = cmd.assert_code(1);
     watcher.join().unwrap();
-    res.stderr_has("changed size during the run");
+    res.stderr_has("changed during the run (size");
     res.stderr_has(inputs[0].file_name().unwrap().to_str().unwrap());
     res.check(!dir.join("out").exists(), "nothing may be published");
     res.check(

@@ -11,6 +11,7 @@ mod bad_input;
 mod cluster;
 mod compressed;
 mod epochs;
+mod faults_input;
 mod faults_lock;
 mod faults_publish;
 mod golden;

@@ -142,6 +142,12 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = OnDuplicate::Abort)]
     pub on_duplicate: OnDuplicate,
 
+    /// Read past zero blocks in an input, as GNU tar --ignore-zeros does: for concatenated
+    /// archives (`cat a.tar b.tar`) and lone zero blocks. Without it, data after an input's
+    /// first zero block is an error naming the file and offset (its samples would be lost).
+    #[arg(long)]
+    pub ignore_zeros: bool,
+
     /// Compress the output shards: none (plain .tar, the default), gz (.tar.gz) or zst
     /// (.tar.zst). Each writer compresses its shards once they are complete, streaming.
     #[arg(long, value_enum, default_value_t = CompressArg::None)]
@@ -317,6 +323,12 @@ pub struct VerifyArgs {
     /// permutation gives.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+
+    /// Read past zero blocks in an input, as GNU tar --ignore-zeros does: for concatenated
+    /// archives (`cat a.tar b.tar`) and lone zero blocks. Without it, data after an input's
+    /// first zero block is an error naming the file and offset (its samples would be lost).
+    #[arg(long)]
+    pub ignore_zeros: bool,
 }
 
 #[derive(Debug, Args)]

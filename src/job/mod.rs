@@ -205,7 +205,12 @@ fn staging_shards(
     let (names, layout) = (&planned.placed.names, &planned.laid.layout);
     if resume.is_some() {
         resume::record_plan(comm, cfg, staging, resume, inputs, planned)?;
-        return agree(comm, OutputShards::reopen(staging, names, layout));
+        let output = agree(comm, OutputShards::reopen(staging, names, layout))?;
+        let checked = resume
+            .filter(|_| comm.rank() == 0)
+            .map_or(Ok(()), |r| checkpoint::check_shards(staging, &r.checkpoint));
+        agree(comm, checked)?;
+        return Ok(output);
     }
     let output = agree(comm, OutputShards::create(staging, names, layout))?;
     // Recorded once every shard exists: a plan record promises them to a resumed run.
@@ -294,6 +299,7 @@ fn exchange_phase(
         inputs: &setup.inputs,
         local: &planned.index.local,
         first_global: planned.index.first_global,
+        unread: &planned.index.unread,
         done: resume.map_or(&nothing, |r| &r.checkpoint.done),
         placement: &planned.placed.placement,
         plan: &planned.laid.plan,

@@ -105,6 +105,8 @@ pub struct Summary {
     pub gpus: Option<GpuShare>,
     pub ranks: usize,
     pub skipped: Skipped,
+    /// Runs of zero blocks read past inside inputs (`--ignore-zeros`).
+    pub zero_runs: u64,
     pub hygiene: Hygiene,
     pub phases: PhaseTimes,
     pub rounds: u64,
@@ -196,6 +198,12 @@ impl Summary {
                 k.directories, k.keyless_files, k.other_entries, k.global_headers
             );
         }
+        if self.zero_runs > 0 {
+            s += &format!(
+                "  --ignore-zeros: read past {} end-of-archive markers or lone zero blocks inside inputs\n",
+                self.zero_runs
+            );
+        }
         let h = self.hygiene;
         if h.incomplete + h.excluded + h.duplicates > 0 {
             s += &format!(
@@ -257,6 +265,7 @@ pub fn gather(
         gpus: laid.gpus,
         ranks,
         skipped: index.skipped,
+        zero_runs: index.zero_runs,
         hygiene: index.hygiene,
         phases: times.clone(),
         rounds: stats.rounds,

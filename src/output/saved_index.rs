@@ -143,6 +143,8 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
         edge_keys: None,
         hygiene: Default::default(),
         key_hashes: Vec::new(),
+        zero_runs: 0,
+        saved: true,
         samples: saved
             .samples
             .into_iter()

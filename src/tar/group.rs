@@ -170,6 +170,9 @@ pub struct Rules {
     pub read_member: Option<(String, u64)>,
     /// Member names must read the same to these loaders (`--energon`, `--dali-index`).
     pub loader_names: LoaderNames,
+    /// Read past zero blocks (`--ignore-zeros`): concatenated archives, lone zero blocks.
+    /// Without it, data after the first zero block is an error.
+    pub ignore_zeros: bool,
 }
 
 impl Rules {
@@ -242,6 +245,10 @@ pub struct ShardIndex {
     pub keys: Vec<Vec<u8>>,
     /// Each sample's [`Rules::read_member`] content (`None`: no such member), when asked for.
     pub contents: Vec<Option<Vec<u8>>>,
+    /// Runs of zero blocks read past inside the shard ([`Rules::ignore_zeros`]).
+    pub zero_runs: u64,
+    /// Read from a saved index, not from the shard: its bytes were not read.
+    pub saved: bool,
 }
 
 enum Kind<'a> {
@@ -343,6 +350,11 @@ impl<'r> Grouper<'r> {
             );
         }
         let ext = extension(&member.path).to_vec();
+        if self.open.is_some() && start != self.open_end {
+            // Zero blocks read past (`--ignore-zeros`) end a sample: its range must not hold
+            // them.
+            self.close()?;
+        }
         if let Some((open_key, _)) = &self.open {
             if open_key.as_slice() == key {
                 self.open_end = end;

@@ -79,7 +79,7 @@ pub fn verify(comm: &impl Comm, cfg: &VerifyConfig) -> Result<Verdict> {
             count(comm.size() as u64, "rank")
         ),
     );
-    let inputs = input_side(comm, &setup)?;
+    let inputs = input_side(comm, &setup, cfg.ignore_zeros)?;
     let outputs = output_side(comm, &setup);
     let tally = owners_compare(comm, &setup, inputs.records, outputs.records);
     let bytes = inputs.bytes + outputs.bytes;
@@ -152,11 +152,11 @@ struct Digested {
 }
 
 /// Digests this rank's share of the input. A failure here is the input's, and ends the job on
-/// every rank as `run` would.
-fn input_side(comm: &impl Comm, setup: &Setup) -> Result<Digested> {
+/// every rank as `run` would (`ignore_zeros`: `--ignore-zeros`, read as `run` reads).
+fn input_side(comm: &impl Comm, setup: &Setup, ignore_zeros: bool) -> Result<Digested> {
     let sizes: Vec<u64> = setup.inputs.iter().map(|s| s.size).collect();
     let mine = assign_inputs(&sizes, comm.size())[comm.rank()].clone();
-    let (mut records, bytes) = agree(comm, digest_inputs(&setup.inputs, mine))?;
+    let (mut records, bytes) = agree(comm, digest_inputs(&setup.inputs, mine, ignore_zeros))?;
     let (first, samples) = exclusive_sum(comm, records.len() as u64);
     for (i, r) in records.iter_mut().enumerate() {
         r.index = first + i as u64;
@@ -384,6 +384,7 @@ mod tests {
             output: out.to_path_buf(),
             json: false,
             plot: None,
+            ignore_zeros: false,
         };
         LocalComm::run(ranks, |c| verify(c, &cfg).unwrap())
     }
@@ -435,6 +436,7 @@ mod tests {
             output: out,
             json: false,
             plot: None,
+            ignore_zeros: false,
         };
         let errors = LocalComm::run(2, |c| {
             verify(c, &cfg).map(|_| ()).map_err(|e| format!("{e:#}"))

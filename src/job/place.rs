@@ -739,3 +739,302 @@ fn rank_positions(
     }
     again
 }
+
+#[cfg(test)]
+mod tests {
+    //! The output position of every sample of a small input under each order, stratification,
+    //! key map, split and `--equalize`, on 1 and 3 in-process ranks. The expected values were
+    //! recorded from the place phase before its planning moved to `plan/`.
+
+    use super::*;
+    use crate::comm::local::LocalComm;
+    use crate::plan::order::{Missing, OrderBy, OrderSpec, ValueKind};
+    use Equalize::{Drop, None as Keep, Pad};
+
+    const N: u64 = 23;
+
+    /// One case: the order, the groups (`group_of` over all samples, split ranks, split shard
+    /// counts), the sizing and `--equalize`.
+    struct Case {
+        spec: OrderSpec,
+        names: Vec<String>,
+        group_of: Option<Vec<u32>>,
+        split: Option<Vec<Option<u64>>>,
+        sizing: Sizing,
+        equalize: Equalize,
+    }
+
+    fn case(spec: OrderSpec, sizing: Sizing, equalize: Equalize) -> Case {
+        Case {
+            spec,
+            names: Vec::new(),
+            group_of: None,
+            split: None,
+            sizing,
+            equalize,
+        }
+    }
+
+    fn spec(by: OrderBy, descending: bool, stratify: bool) -> OrderSpec {
+        OrderSpec {
+            by,
+            descending,
+            missing: Missing::Last,
+            stratify_by: stratify.then(|| "cls".to_string()),
+            ..OrderSpec::default()
+        }
+    }
+
+    fn content(g: u64) -> Option<Vec<u8>> {
+        (g != 5).then(|| format!("{}", (g * 5) % 11 % 3).into_bytes())
+    }
+
+    /// Every group of 7 samples loses one to `--unmatched skip`; the rest go round three groups.
+    fn key_map_case(by: OrderBy, sizing: Sizing, equalize: Equalize) -> Case {
+        let mut c = case(spec(by, false, false), sizing, equalize);
+        c.spec.key_map = Some("map.json".into());
+        c.names = vec!["a/{}".into(), "b/{}".into(), "c/{}".into()];
+        c.group_of = Some(
+            (0..N)
+                .map(|g| {
+                    if g % 7 == 0 {
+                        KEY_MAP_SKIPPED
+                    } else {
+                        (g % 3) as u32
+                    }
+                })
+                .collect(),
+        );
+        c
+    }
+
+    /// Splits train (3 of 5), val, test; val sized by `--split-shards 2`.
+    fn split_case(by: OrderBy, stratify: bool, sizing: Sizing, val: Option<u64>) -> Case {
+        let mut c = case(spec(by, false, stratify), sizing, Equalize::None);
+        c.names = vec!["train".into(), "val".into(), "test".into()];
+        c.group_of = Some((0..N).map(|g| [0, 0, 0, 1, 2][(g % 5) as usize]).collect());
+        c.split = Some(vec![None, val, None]);
+        c
+    }
+
+    /// The samples of ranks 1..=`ranks` as contiguous runs; the answer of every sample, in
+    /// global order: `p`, `p/q` (written twice), `-` (not written); then the groups.
+    fn place(c: &Case, ranks: usize) -> Result<String, String> {
+        let samples: Vec<LocalSample> = (0..N)
+            .map(|g| LocalSample {
+                shard: 0,
+                start: g * 1024,
+                len: 100 + (g * 37) % 50,
+            })
+            .collect();
+        let keys: Vec<Vec<u8>> = (0..N)
+            .map(|g| format!("k{:02}", (g * 7) % N).into_bytes())
+            .collect();
+        let contents: Vec<Option<Vec<u8>>> = (0..N).map(content).collect();
+        // Inside each split, ranks in input order.
+        let split_rank: Vec<u64> = match &c.group_of {
+            Some(of) => (0..N as usize)
+                .map(|g| of[..g].iter().filter(|&&k| k == of[g]).count() as u64)
+                .collect(),
+            None => Vec::new(),
+        };
+        let results = LocalComm::run(ranks, |comm| {
+            let per = N.div_ceil(ranks as u64);
+            let a = (per * comm.rank() as u64).min(N) as usize;
+            let b = (per * (comm.rank() as u64 + 1)).min(N) as usize;
+            let grouping = c.group_of.as_ref().map(|of| Grouping {
+                names: c.names.clone(),
+                group_of: &of[a..b],
+                split: c.split.as_ref().map(|shards| SplitGroups {
+                    shards,
+                    rank: &split_rank[a..b],
+                }),
+            });
+            let job = OrderJob {
+                spec: &c.spec,
+                groups: grouping.as_ref(),
+                seed: 11,
+                epoch: 2,
+                equalize: c.equalize,
+                sizing: c.sizing,
+                samples: N,
+                sample_bytes: samples.iter().map(|s| s.len).sum(),
+            };
+            let describe = |i: usize| format!("sample {}", a + i);
+            let local = LocalSamples {
+                first_global: a as u64,
+                samples: &samples[a..b],
+                keys: &keys[a..b],
+                contents: &contents[a..b],
+                describe: &describe,
+            };
+            let ordered = positions(comm, &job, &local).map_err(|e| format!("{e:#}"))?;
+            let answers: Vec<String> = (0..b - a)
+                .map(|i| {
+                    match (
+                        ordered.placement.position(i, 0),
+                        ordered.placement.position(i, 1),
+                    ) {
+                        (Some(p), Some(q)) => format!("{p}/{q}"),
+                        (Some(p), None) => format!("{p}"),
+                        _ => "-".to_string(),
+                    }
+                })
+                .collect();
+            let groups: Vec<String> = ordered
+                .groups
+                .iter()
+                .map(|g| format!("{}x{}:{}", g.shards, g.output_samples, g.sizing))
+                .collect();
+            let stratify = ordered
+                .stratify
+                .map(|s| format!(" labels {} worst {:.4}", s.labels, s.worst_deviation))
+                .unwrap_or_default();
+            Ok::<_, String>((answers, groups, ordered.unmatched, stratify))
+        });
+        let mut answers = Vec::new();
+        let mut rest = String::new();
+        for r in results {
+            let (a, groups, unmatched, stratify) = r?;
+            answers.extend(a);
+            rest = format!("| {} | unmatched {unmatched}{stratify}", groups.join("; "));
+        }
+        Ok(format!("{} {rest}", answers.join(" ")))
+    }
+
+    fn check(c: &Case, expected: &str) {
+        for ranks in [1, 3] {
+            let got = place(c, ranks).unwrap_or_else(|e| format!("error: {e}"));
+            assert_eq!(got, expected, "{ranks} ranks");
+        }
+    }
+
+    fn int() -> OrderBy {
+        OrderBy::Content {
+            ext: "cls".into(),
+            kind: ValueKind::Int,
+        }
+    }
+
+    /// The plain shuffle: the permutation alone, with `--equalize drop` and `pad`.
+    #[test]
+    fn every_position_in_the_shuffle() {
+        check(
+            &case(spec(OrderBy::Shuffle, false, false), Sizing::Count(4), Keep),
+            "8 12 18 22 7 16 9 10 21 19 11 0 15 4 2 17 6 20 14 1 3 5 13 | 4x23:--shards 4 | \
+            unmatched 0",
+        );
+        check(
+            &case(spec(OrderBy::Shuffle, false, false), Sizing::Count(5), Drop),
+            "8 12 18 - 7 16 9 10 - 19 11 0 15 4 2 17 6 - 14 1 3 5 13 | 5x20:--shards 5 | \
+            unmatched 0",
+        );
+        check(
+            &case(spec(OrderBy::Shuffle, false, false), Sizing::Count(5), Pad),
+            "8 12 18 22 7 16 9 10 21 19 11 0/23 15 4 2 17 6 20 14 1/24 3 5 13 | 5x25:--shards \
+            5 | unmatched 0",
+        );
+    }
+
+    /// `--order key` and `--order content:cls:int`, ascending and descending (sample 5 has no
+    /// label: `--missing last`).
+    #[test]
+    fn every_position_in_sorted() {
+        check(
+            &case(spec(OrderBy::Key, false, false), Sizing::Count(4), Pad),
+            "0/23 7 14 21 5 12 19 3 10 17 1 8 15 22 6 13 20 4 11 18 2 9 16 | 4x24:--shards 4 \
+            | unmatched 0",
+        );
+        check(
+            &case(spec(OrderBy::Key, true, false), Sizing::Count(3), Drop),
+            "- 15 8 1 17 10 3 19 12 5 - 14 7 0 16 9 2 18 11 4 20 13 6 | 3x21:--shards 3 | \
+            unmatched 0",
+        );
+        check(
+            &case(spec(int(), false, false), Sizing::Count(4), Keep),
+            "0 16 8 9 1 22 17 18 10 11 2 3 19 12 13 4 5 20 21 14 15 6 7 | 4x23:--shards 4 | \
+            unmatched 0",
+        );
+        check(
+            &case(spec(int(), true, false), Sizing::Size(700), Keep),
+            "14 0 6 7 15 22 1 2 8 9 16 17 3 10 11 18 19 4 5 12 13 20 21 | 4x23:--shard-size \
+            700 B: 4 shards of 715 B on average | unmatched 0",
+        );
+    }
+
+    /// `--stratify-by cls`: labels dealt to shards, each shard shuffled on its own.
+    #[test]
+    fn every_position_in_stratified() {
+        check(
+            &case(spec(OrderBy::Shuffle, false, true), Sizing::Count(4), Keep),
+            "18 21 2 14 12 13 1 6 11 19 3 20 5 17 22 16 7 8 15 0 10 4 9 | 4x23:--shards 4 | \
+            unmatched 0 labels 4 worst 0.7391",
+        );
+        check(
+            &case(spec(OrderBy::Shuffle, false, true), Sizing::Count(5), Drop),
+            "16 4 10 - 14 18 19 0 - 15 1 3 13 5 17 11 8 - 9 12 2 7 6 | 5x20:--shards 5 | \
+            unmatched 0 labels 4 worst 0.8000",
+        );
+    }
+
+    /// A key map's groups, each sized on its own, some samples unmatched.
+    #[test]
+    fn every_position_with_key_map() {
+        check(
+            &key_map_case(OrderBy::Shuffle, Sizing::Count(2), Keep),
+            "- 11 16 5 9 15 0 - 18 4 10 13 2 7 - 3 8 17 1 6 14 - 12 | 2x6:--shards 2; \
+            2x7:--shards 2; 2x6:--shards 2 | unmatched 4",
+        );
+        check(
+            &key_map_case(OrderBy::Key, Sizing::Count(3), Drop),
+            "- 8 17 5 7 16 4 - 15 3 6 14 2 - - 1 11 13 0 10 12 - 9 | 3x6:--shards 3; \
+            3x6:--shards 3; 3x6:--shards 3 | unmatched 4",
+        );
+    }
+
+    /// `--split`: each split shuffled, stratified or sorted on its own, sized by `--split-shards`
+    /// or the first split's mean shard size (a multiple of the GPUs with `--gpus`).
+    #[test]
+    fn every_position_with_split() {
+        let gpus = Sizing::Gpus {
+            gpus: 2,
+            workers: 1,
+            size: 600,
+        };
+        check(
+            &split_case(OrderBy::Shuffle, false, Sizing::Size(600), Some(2)),
+            "7 1 10 16 22 2 3 9 15 19 13 14 4 17 20 12 6 11 18 21 5 0 8 | 3x15:--shard-size \
+            600 B: 3 shards of 618 B on average; 2x4:--split-shards 2; 1x4:no \
+            --split-shards, so train's mean shard size: --shard-size 618 B: 1 shards of 502 \
+            B on average | unmatched 0",
+        );
+        check(
+            &split_case(OrderBy::Shuffle, true, Sizing::Count(3), None),
+            "14 0 12 15 19 11 7 3 17 20 10 2 13 18 22 6 8 5 16 21 9 1 4 | 3x15:--shards 3; \
+            1x4:no --split-shards, so train's mean shard size: --shard-size 618 B: 1 shards \
+            of 504 B on average; 1x4:no --split-shards, so train's mean shard size: \
+            --shard-size 618 B: 1 shards of 502 B on average | unmatched 0 labels 8 worst \
+            0.6667",
+        );
+        check(
+            &split_case(OrderBy::Key, false, Sizing::Count(2), Some(1)),
+            "0 5 10 17 19 8 13 3 15 21 1 6 11 18 20 9 14 4 16 22 2 7 12 | 2x15:--shards 2; \
+            1x4:--split-shards 1; 1x4:no --split-shards, so train's mean shard size: \
+            --shard-size 927 B: 1 shards of 502 B on average | unmatched 0",
+        );
+        check(
+            &split_case(OrderBy::Shuffle, false, gpus, None),
+            "7 1 10 16 22 2 3 9 15 19 13 14 4 17 20 12 6 11 18 21 5 0 8 | 4x15:--gpus 2 \
+            --workers 1: 2 x 2 shards, mean 463 B nearest --shard-size 600 B; 2x4:no \
+            --split-shards, so a multiple of the GPUs near train's mean shard size: --gpus 2 \
+            --workers 1: 1 x 2 shards, mean 252 B nearest --shard-size 463 B; 2x4:no \
+            --split-shards, so a multiple of the GPUs near train's mean shard size: --gpus 2 \
+            --workers 1: 1 x 2 shards, mean 251 B nearest --shard-size 463 B | unmatched 0",
+        );
+        check(
+            &split_case(OrderBy::Shuffle, false, Sizing::Count(2), Some(100)),
+            "error: split \"val\": --split-shards 100 is more than the 4 samples in the input: \
+            every shard needs at least one sample",
+        );
+    }
+}

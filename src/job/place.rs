@@ -492,7 +492,12 @@ mod tests {
                     ) {
                         (Some(p), Some(q)) => format!("{p}/{q}"),
                         (Some(p), None) => format!("{p}"),
-                        _ => "-".to_string(),
+                        // Not written: dropped (its rank in the order, for the manifest's
+                        // list) or unmatched.
+                        _ => match ordered.placement.equalized(i) {
+                            Some((rank, true)) => format!("x{rank}"),
+                            _ => "-".to_string(),
+                        },
                     }
                 })
                 .collect();
@@ -520,6 +525,10 @@ mod tests {
     fn check(c: &Case, expected: &str) {
         for ranks in [1, 3] {
             let got = place(c, ranks).unwrap_or_else(|e| format!("error: {e}"));
+            if std::env::var_os("RESHARD_CAPTURE").is_some() {
+                println!("CAPTURE {ranks} {got}");
+                continue;
+            }
             assert_eq!(got, expected, "{ranks} ranks");
         }
     }
@@ -541,8 +550,8 @@ mod tests {
         );
         check(
             &case(spec(OrderBy::Shuffle, false, false), Sizing::Count(5), Drop),
-            "8 12 18 - 7 16 9 10 - 19 11 0 15 4 2 17 6 - 14 1 3 5 13 | 5x20:--shards 5 | \
-            unmatched 0",
+            "8 12 18 x22 7 16 9 10 x21 19 11 0 15 4 2 17 6 x20 14 1 3 5 13 | 5x20:--shards 5 \
+            | unmatched 0",
         );
         check(
             &case(spec(OrderBy::Shuffle, false, false), Sizing::Count(5), Pad),
@@ -562,7 +571,7 @@ mod tests {
         );
         check(
             &case(spec(OrderBy::Key, true, false), Sizing::Count(3), Drop),
-            "- 15 8 1 17 10 3 19 12 5 - 14 7 0 16 9 2 18 11 4 20 13 6 | 3x21:--shards 3 | \
+            "x22 15 8 1 17 10 3 19 12 5 x21 14 7 0 16 9 2 18 11 4 20 13 6 | 3x21:--shards 3 | \
             unmatched 0",
         );
         check(
@@ -587,8 +596,8 @@ mod tests {
         );
         check(
             &case(spec(OrderBy::Shuffle, false, true), Sizing::Count(5), Drop),
-            "16 4 10 - 14 18 19 0 - 15 1 3 13 5 17 11 8 - 9 12 2 7 6 | 5x20:--shards 5 | \
-            unmatched 0 labels 4 worst 0.8000",
+            "16 4 10 x22 14 18 19 0 x21 15 1 3 13 5 17 11 8 x20 9 12 2 7 6 | 5x20:--shards 5 \
+            | unmatched 0 labels 4 worst 0.8000",
         );
     }
 
@@ -602,7 +611,7 @@ mod tests {
         );
         check(
             &key_map_case(OrderBy::Key, Sizing::Count(3), Drop),
-            "- 8 17 5 7 16 4 - 15 3 6 14 2 - - 1 11 13 0 10 12 - 9 | 3x6:--shards 3; \
+            "- 8 17 5 7 16 4 - 15 3 6 14 2 x12 - 1 11 13 0 10 12 - 9 | 3x6:--shards 3; \
             3x6:--shards 3; 3x6:--shards 3 | unmatched 4",
         );
     }
@@ -650,6 +659,36 @@ mod tests {
             &split_case(OrderBy::Shuffle, false, Sizing::Count(2), Some(100)),
             "error: split \"val\": --split-shards 100 is more than the 4 samples in the input: \
             every shard needs at least one sample",
+        );
+    }
+
+    /// `--split` with `--equalize drop` and `pad`: each split's shards equal on their own (the
+    /// dropped samples keep their rank in the split's order, for the manifest's list).
+    #[test]
+    fn every_position_with_split_and_equalize() {
+        let mut c = split_case(OrderBy::Shuffle, false, Sizing::Count(2), Some(3));
+        c.equalize = Drop;
+        check(
+            &c,
+            "7 1 10 15 20 2 3 9 14 17 13 x14 4 16 18 12 6 11 x18 19 5 0 8 | 2x14:--shards 2; \
+            3x3:--split-shards 3; 1x4:no --split-shards, so train's mean shard size: \
+            --shard-size 927 B: 1 shards of 502 B on average | unmatched 0",
+        );
+        c.equalize = Pad;
+        check(
+            &c,
+            "7 1 10 17/21 25 2 3 9 16/20 22 13 14 4 18 23 12 6 11 19 24 5 0/15 8 | \
+            2x16:--shards 2; 3x6:--split-shards 3; 1x4:no --split-shards, so train's mean \
+            shard size: --shard-size 927 B: 1 shards of 502 B on average | unmatched 0",
+        );
+        let mut c = split_case(OrderBy::Key, false, Sizing::Count(4), None);
+        c.equalize = Drop;
+        check(
+            &c,
+            "0 5 10 14 16 8 x13 3 12 18 1 6 11 15 17 9 x14 4 13 19 2 7 x12 | 4x12:--shards 4; \
+            1x4:no --split-shards, so train's mean shard size: --shard-size 463 B: 1 shards \
+            of 504 B on average; 1x4:no --split-shards, so train's mean shard size: \
+            --shard-size 463 B: 1 shards of 502 B on average | unmatched 0",
         );
     }
 }

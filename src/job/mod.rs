@@ -20,6 +20,7 @@
 //! |            | [`owned`]     | what `--force` and `--keep` may replace or remove              |
 //! |            | [`summary`]   | per-rank figures gathered for the summary and `--report`      |
 
+pub mod context;
 pub mod duplicates;
 pub mod exchange;
 pub mod expand;
@@ -53,6 +54,7 @@ use crate::report::mixing::Mixing;
 use crate::report::picture::{self, Picture};
 use crate::report::{narrate, PlanReport};
 use crate::size::{count, human_bytes};
+use context::Shared;
 use exchange::{Buffers, ExchangeStats};
 use expand::{Lead, Setup, HEARTBEATS};
 use index::Index;
@@ -148,14 +150,19 @@ fn run_phases(
     let lock = mine.and_then(|m| m.lock.as_ref());
     narrate_start(comm, setup);
     times.start("index");
-    let mut index = index::run(comm, cfg, &setup.inputs)?;
+    let settings = crate::cli::resolve::plan_settings(cfg);
+    let ctx = Shared {
+        comm,
+        inputs: &setup.inputs,
+    };
+    let mut index = index::run(&ctx, &settings.index)?;
     hooks::kill_at(comm.rank(), "index");
     let samples = index.samples;
     let stopped = |e| interrupt::with_samples(e, samples);
     interrupt::check(comm).map_err(stopped)?;
     times.start("plan");
-    let placed = place::run(comm, cfg, &setup.inputs, &mut index)?;
-    let laid = layout::run(comm, cfg, &setup.inputs, &index, &placed)?;
+    let placed = place::run(&ctx, &settings.place, &mut index)?;
+    let laid = layout::run(&ctx, &settings.layout, &index, &placed)?;
     hooks::kill_at(comm.rank(), "plan");
     let planned = Planned {
         index,

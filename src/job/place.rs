@@ -6,8 +6,8 @@ use anyhow::{anyhow, Result};
 
 use crate::comm::sort::global_ranks;
 use crate::comm::{agree, agree_once, everywhere, Comm};
-use crate::config::{RunConfig, Splits};
-use crate::input::InputShard;
+use crate::config::{PlaceSettings, Splits};
+use crate::job::context::Shared;
 use crate::job::index::Index;
 use crate::job::runs::Runs;
 use crate::job::split::{self, Assigned, Labels, Own};
@@ -16,7 +16,7 @@ use crate::output::ShardNames;
 use crate::plan::groups::{
     describe_sizing, local_sums, size_groups, Grouping, LocalSamples, OrderJob, SplitGroups,
 };
-use crate::plan::order::OrderBy;
+use crate::plan::order::{OrderBy, OrderSpec};
 use crate::plan::permute::Permutation;
 use crate::plan::placement::{GroupPlan, Placement, StratifyReport};
 use crate::plan::positions::{rank_positions, split_permutations, split_positions, Deals};
@@ -49,13 +49,12 @@ pub struct Placed {
 /// # Errors
 /// As [`positions`], a key map that fails to load or differs between ranks, or two shards that
 /// would get one name.
-pub fn run(
-    comm: &impl Comm,
-    cfg: &RunConfig,
-    inputs: &[InputShard],
+pub fn run<C: Comm>(
+    ctx: &Shared<'_, C>,
+    settings: &PlaceSettings,
     index: &mut Index,
 ) -> Result<Placed> {
-    let lead = comm.rank() == 0;
+    let (comm, inputs, lead) = (ctx.comm, ctx.inputs, ctx.lead());
     let keys = std::mem::take(&mut index.keys);
     let contents = std::mem::take(&mut index.contents);
     let local = &index.local;
@@ -72,12 +71,11 @@ pub fn run(
             s.start
         )
     };
-    let key_map = load_key_map(comm, cfg, &keys, &describe)?;
-    let assigned = match &cfg.split {
-        Some(splits) => Some(split::assign(
+    let key_map = load_key_map(comm, &settings.order, &keys, &describe)?;
+    let assigned = match &settings.split {
+        Some(split) => Some(split::assign(
             comm,
-            splits,
-            cfg.seed,
+            split,
             &Own {
                 inputs,
                 samples: local,
@@ -85,23 +83,24 @@ pub fn run(
                 total: index.samples,
             },
             &Labels {
-                spec: &cfg.order,
+                spec: &settings.order,
                 contents: &contents,
                 describe: &describe,
             },
         )?),
         None => None,
     };
-    let grouping = grouping(key_map.as_ref(), cfg.split.as_ref().zip(assigned.as_ref()));
+    let splits = settings.split.as_ref().map(|s| &s.splits);
+    let grouping = grouping(key_map.as_ref(), splits.zip(assigned.as_ref()));
     let mut ordered = positions(
         comm,
         &OrderJob {
-            spec: &cfg.order,
+            spec: &settings.order,
             groups: grouping.as_ref(),
-            seed: cfg.seed,
-            epoch: cfg.epoch,
-            equalize: cfg.equalize,
-            sizing: cfg.sizing,
+            seed: settings.seed,
+            epoch: settings.epoch,
+            equalize: settings.equalize,
+            sizing: settings.sizing,
             samples: index.samples,
             sample_bytes: index.sample_bytes,
         },
@@ -122,8 +121,8 @@ pub fn run(
         st.labels = labels;
         st.split_deviation = Some(worst);
     }
-    let placed = Placed::new(cfg, ordered, key_map.as_ref().map(|(map, _)| map));
-    narrate_placed(lead, cfg, index, &placed);
+    let placed = Placed::new(settings, ordered, key_map.as_ref().map(|(map, _)| map));
+    narrate_placed(lead, &settings.order, index, &placed);
     placed
         .names
         .check_distinct(placed.shards)
@@ -136,14 +135,14 @@ pub fn run(
 /// groups.
 fn load_key_map(
     comm: &impl Comm,
-    cfg: &RunConfig,
+    order: &OrderSpec,
     keys: &[Vec<u8>],
     describe: &dyn Fn(usize) -> String,
 ) -> Result<Option<(KeyMap, Vec<u32>)>> {
-    let Some(path) = &cfg.order.key_map else {
+    let Some(path) = &order.key_map else {
         return Ok(None);
     };
-    let loaded = KeyMap::load(path, cfg.order.unmatched.clone(), keys, describe);
+    let loaded = KeyMap::load(path, order.unmatched.clone(), keys, describe);
     let (map, group_of) = agree_once(comm, loaded)?;
     let digests = comm.all_gather(map.digest() >> 1);
     if digests.iter().any(|&d| d != digests[0]) {
@@ -159,7 +158,7 @@ fn load_key_map(
 }
 
 impl Placed {
-    fn new(cfg: &RunConfig, ordered: Ordered, key_map: Option<&KeyMap>) -> Placed {
+    fn new(settings: &PlaceSettings, ordered: Ordered, key_map: Option<&KeyMap>) -> Placed {
         let Ordered {
             placement,
             groups,
@@ -173,17 +172,17 @@ impl Placed {
         let sizing = describe_sizing(
             &groups,
             key_map.map(|map| map.groups.len()),
-            cfg.split.is_some(),
+            settings.split.is_some(),
         );
         let names = match key_map {
-            None if cfg.split.is_some() => ShardNames::Splits {
-                prefix: cfg.prefix.clone(),
+            None if settings.split.is_some() => ShardNames::Splits {
+                prefix: settings.prefix.clone(),
                 splits: groups
                     .iter()
                     .map(|g| (g.shard_start, g.split.clone().unwrap_or_default()))
                     .collect(),
             },
-            None => ShardNames::Prefix(cfg.prefix.clone()),
+            None => ShardNames::Prefix(settings.prefix.clone()),
             Some(map) => ShardNames::Groups(
                 groups
                     .iter()
@@ -209,7 +208,7 @@ impl Placed {
 }
 
 /// Rank 0 says what the plan is.
-fn narrate_placed(lead: bool, cfg: &RunConfig, index: &Index, placed: &Placed) {
+fn narrate_placed(lead: bool, order: &OrderSpec, index: &Index, placed: &Placed) {
     narrate(
         lead,
         format_args!(
@@ -218,7 +217,7 @@ fn narrate_placed(lead: bool, cfg: &RunConfig, index: &Index, placed: &Placed) {
             human_bytes(index.sample_bytes),
             count(placed.shards, "shard"),
             placed.sizing,
-            cfg.order.describe()
+            order.describe()
         ),
     );
     if placed.unmatched > 0 {

@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 
 use crate::comm::sort::{global_ranks, Item};
 use crate::comm::{agree, agree_once, everywhere, exclusive_sum, Comm};
-use crate::config::Splits;
+use crate::config::SplitSettings;
 use crate::input::{split_names, InputShard};
 use crate::job::runs::Runs;
 use crate::plan::order::OrderSpec;
@@ -60,12 +60,11 @@ pub struct Own<'a> {
 /// rank.
 pub fn assign(
     comm: &impl Comm,
-    splits: &Splits,
-    seed: u64,
+    settings: &SplitSettings,
     own: &Own<'_>,
     labels: &Labels<'_>,
 ) -> Result<Assigned> {
-    let lead = comm.rank() == 0;
+    let (lead, splits, seed) = (comm.rank() == 0, &settings.splits, settings.seed);
     let names = splits.spec.names();
     if let Some(of_input) = agree_once(comm, inherited(own.inputs, &names))? {
         let kept = keep_splits(comm, &of_input, own.samples, names.len());

@@ -6,7 +6,7 @@ use anyhow::{anyhow, Result};
 
 use super::order::OrderSpec;
 use super::placement::{GroupPlan, LocalSample};
-use super::{Equalize, Sizing, Targets};
+use super::{Equalize, Sizing};
 use crate::key_map::SKIPPED as KEY_MAP_SKIPPED;
 
 /// The groups of output shards, each sized on its own: a key map's templates or `--split`'s
@@ -95,34 +95,19 @@ pub fn size_groups(job: &OrderJob<'_>, sums: &[u64]) -> Result<(Vec<GroupPlan>, 
     let ngroups = job.groups.map_or(1, |g| g.names.len());
     let unmatched = sums[2 * ngroups];
     let mut groups: Vec<GroupPlan> = Vec::with_capacity(ngroups);
-    let (mut rank_start, mut out_start, mut shard_start) = (0, 0, 0);
     for g in 0..ngroups {
         let (n, bytes) = (sums[g], sums[ngroups + g]);
         let name = job.groups.map(|gr| gr.names[g].clone());
         let (shards, sizing) = group_shards(job, g, (n, bytes), &groups)?;
-        let targets = Targets::new(n, shards.max(1), job.equalize);
-        let (template, split) = match job.split() {
-            Some(_) => (None, name),
-            None => (name, None),
-        };
-        groups.push(GroupPlan {
-            template,
-            split,
-            samples: n,
-            sample_bytes: bytes,
-            shards,
-            sizing,
-            output_samples: targets.positions(),
-            rank_start,
-            out_start,
-            shard_start,
-            targets,
-        });
-        rank_start += n;
-        out_start += targets.positions();
-        shard_start += shards;
+        let mut group = GroupPlan::after(groups.last(), (n, bytes), shards, job.equalize);
+        match job.split() {
+            Some(_) => group.split = name,
+            None => group.template = name,
+        }
+        group.sizing = sizing;
+        groups.push(group);
     }
-    if shard_start == 0 {
+    if groups.iter().all(|g| g.shards == 0) {
         return Err(anyhow!(
             "no sample matched the key map: nothing to write ({unmatched} unmatched, skipped)"
         ));

@@ -144,35 +144,7 @@ pub fn rank_positions(
 mod tests {
     use super::*;
     use crate::plan::order::OrderSpec;
-    use crate::plan::{Equalize, Sizing, Targets};
-
-    /// Groups of `samples`, each in `shards` shards, one after the other.
-    fn groups(sizes: &[(u64, u64)], equalize: Equalize) -> Vec<GroupPlan> {
-        let (mut rank_start, mut out_start, mut shard_start) = (0, 0, 0);
-        sizes
-            .iter()
-            .map(|&(samples, shards)| {
-                let targets = Targets::new(samples, shards, equalize);
-                let g = GroupPlan {
-                    template: None,
-                    split: None,
-                    samples,
-                    sample_bytes: samples,
-                    shards,
-                    sizing: String::new(),
-                    output_samples: targets.positions(),
-                    rank_start,
-                    out_start,
-                    shard_start,
-                    targets,
-                };
-                rank_start += samples;
-                out_start += targets.positions();
-                shard_start += shards;
-                g
-            })
-            .collect()
-    }
+    use crate::plan::{Equalize, Sizing};
 
     fn job<'a>(spec: &'a OrderSpec, grouping: Option<&'a Grouping<'a>>) -> OrderJob<'a> {
         OrderJob {
@@ -198,30 +170,22 @@ mod tests {
             group_of: &group_of,
             split: None,
         };
-        // Group 0: 3 samples in 2 shards, padded to 4; group 1: 2 samples in 1 shard.
-        let plan = groups(&[(3, 2), (2, 1)], Equalize::Pad);
         let ranks = [4, 0, 3, 2, 1];
         let owners: Vec<(u32, u8)> = (0..5).map(|i| (i, 0)).collect();
-        let mut first = vec![u64::MAX; 5];
-        let again = rank_positions(
-            &job(&spec, Some(&grouping)),
-            &plan,
-            &ranks,
-            &owners,
-            &mut first,
-        );
+        let place = |equalize| {
+            // Group 0: 3 samples in 2 shards; group 1: 2 samples in 1 shard.
+            let plan = GroupPlan::chain(&[(3, 2), (2, 1)], equalize);
+            let mut first = vec![u64::MAX; 5];
+            let job = job(&spec, Some(&grouping));
+            let again = rank_positions(&job, &plan, &ranks, &owners, &mut first);
+            (first, again)
+        };
+        // Padded to 4: rank 0 is written again.
+        let (first, again) = place(Equalize::Pad);
         assert_eq!(first, [5, 0, 4, 2, 1]);
         assert_eq!(again, [(1, 3)]);
         // Dropped: the rank stays, marked.
-        let plan = groups(&[(3, 2), (2, 1)], Equalize::Drop);
-        let mut first = vec![u64::MAX; 5];
-        let again = rank_positions(
-            &job(&spec, Some(&grouping)),
-            &plan,
-            &ranks,
-            &owners,
-            &mut first,
-        );
+        let (first, again) = place(Equalize::Drop);
         assert!(again.is_empty());
         assert_eq!(first, [3, 0, 2, DROPPED | 2, 1]);
     }
@@ -241,7 +205,7 @@ mod tests {
             }),
         };
         let j = job(&spec, Some(&grouping));
-        let plan = groups(&[(5, 2), (2, 1)], Equalize::None);
+        let plan = GroupPlan::chain(&[(5, 2), (2, 1)], Equalize::None);
         let perms = split_permutations(&j, &plan);
         assert_eq!(perms.len(), 2);
         let Placement::Listed { first, again } =
@@ -266,7 +230,7 @@ mod tests {
     #[test]
     fn a_deal_fills_every_shard_with_its_own_positions_once() {
         let spec = OrderSpec::default();
-        let plan = groups(&[(10, 3), (4, 2)], Equalize::None);
+        let plan = GroupPlan::chain(&[(10, 3), (4, 2)], Equalize::None);
         let deals = Deals::new(&plan);
         let ranks: Vec<u64> = (0..14).rev().collect();
         let owners: Vec<(u32, u8)> = (0..14).map(|i| (i, 0)).collect();

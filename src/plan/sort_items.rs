@@ -128,23 +128,10 @@ mod tests {
     use crate::plan::groups::Grouping;
     use crate::plan::order::{OrderSpec, ValueKind};
     use crate::plan::placement::LocalSample;
-    use crate::plan::{Equalize, Sizing, Targets};
+    use crate::plan::{Equalize, Sizing};
 
     fn group(samples: u64, shards: u64, equalize: Equalize) -> GroupPlan {
-        let targets = Targets::new(samples, shards, equalize);
-        GroupPlan {
-            template: None,
-            split: None,
-            samples,
-            sample_bytes: samples,
-            shards,
-            sizing: String::new(),
-            output_samples: targets.positions(),
-            rank_start: 0,
-            out_start: 0,
-            shard_start: 0,
-            targets,
-        }
+        GroupPlan::after(None, (samples, samples), shards, equalize)
     }
 
     fn items(

@@ -38,3 +38,77 @@ fn every_subcommand_exits_2_for_a_bad_argument() {
         }
     }
 }
+
+/// Issue 23: `run --help` groups its flags under headings, and its usage line names what is
+/// required: the flags that a command line without any are told are missing.
+#[test]
+fn run_help_is_grouped_and_its_usage_names_the_required_flags() {
+    let dir = Dir::new("usage-help");
+    let help = dir.command().args(["run", "--help"]).assert_success();
+    let headings = [
+        "Input:",
+        "Sizing:",
+        "Order:",
+        "Output and loaders:",
+        "Epochs:",
+        "Resume:",
+        "Performance:",
+        "Diagnostics:",
+    ];
+    for heading in headings {
+        help.check(
+            help.stdout.lines().any(|l| l == heading),
+            &format!("run --help has no heading {heading:?}"),
+        );
+    }
+    help.check(
+        help.stdout.contains(".tar.zst") && help.stdout.contains(".tgz"),
+        "--input's help names the compressed shards it reads",
+    );
+    let usage = help
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("Usage:"))
+        .unwrap_or_else(|| help.fail("no usage line"));
+    // All missing flags at once, in one message, each also on the usage line.
+    let res = dir.reshard(Some(2)).arg("run").assert_code(2);
+    for flag in [
+        "--input",
+        "--output",
+        "--shards",
+        "--shard-size",
+        "--gpus",
+        "--seed",
+    ] {
+        res.stderr_has(flag);
+        res.check(
+            usage.contains(&format!("{flag} <")),
+            &format!("the usage line does not show {flag}: {usage}"),
+        );
+    }
+    res.check(
+        res.stderr.contains("missing 4 flags"),
+        "the missing flags were not named together",
+    );
+}
+
+/// Issue 23: clap's own refusals name what is missing and what is allowed.
+#[test]
+fn clap_refusals_name_what_is_missing_and_allowed() {
+    let dir = Dir::new("usage-clap");
+    let base = [
+        "run", "-i", "in", "-o", "out", "--shards", "2", "--seed", "1",
+    ];
+    let res = dir
+        .command()
+        .args(base)
+        .args(["--split-shards", "2"])
+        .assert_code(2);
+    res.stderr_has("--split <NAME=SHARE,...>");
+    let res = dir
+        .command()
+        .args(base)
+        .args(["--progress", "fancy"])
+        .assert_code(2);
+    res.stderr_has("auto, bar, lines, none");
+}

@@ -6,7 +6,9 @@ pub mod args;
 mod hint;
 pub mod resolve;
 
-pub use args::{Cli, Command, CompressArg, EqualizeArg, GenerateArgs, RunArgs, VerifyArgs};
+pub use args::{
+    Cli, Command, CompressArg, EqualizeArg, GenerateArgs, PlanArgs, RunArgs, VerifyArgs,
+};
 
 use std::io::Write;
 

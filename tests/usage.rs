@@ -1,7 +1,7 @@
 //! A command line that cannot work exits 2 with one `reshard: error:` line naming the flag, the
 //! same way for every subcommand, before MPI starts and before anything is read or written.
 
-use crate::util::Dir;
+use crate::util::{find_on_path, skip, Dir};
 
 #[test]
 fn every_subcommand_exits_2_for_a_bad_argument() {
@@ -111,4 +111,73 @@ fn clap_refusals_name_what_is_missing_and_allowed() {
         .args(["--progress", "fancy"])
         .assert_code(2);
     res.stderr_has("auto, bar, lines, none");
+}
+
+/// Issue 23: `reshard man [COMMAND]` prints man pages made from the flag definitions; each
+/// renders with man(1), without complaint, and lists every flag the command's `--help` lists.
+#[test]
+fn man_pages_render_and_list_every_flag() {
+    let dir = Dir::new("usage-man");
+    if find_on_path("man").is_none() {
+        return skip(
+            "man_pages_render_and_list_every_flag",
+            "man(1) is not installed",
+        );
+    }
+    let pages = [
+        "",
+        "run",
+        "plan",
+        "verify",
+        "generate",
+        "completions",
+        "man",
+    ];
+    for page in pages {
+        let name = format!("reshard{}{page}.1", if page.is_empty() { "" } else { "-" });
+        let roff = dir
+            .command()
+            .arg("man")
+            .args(Some(page).filter(|p| !p.is_empty()))
+            .assert_success();
+        dir.create_bytes(&name, roff.stdout.as_bytes());
+        // Wide enough that no flag is hyphenated across lines.
+        let shown = dir
+            .program("man")
+            .args(["-l", &name])
+            .env("MANWIDTH", "1000")
+            .assert_success();
+        shown.check(shown.stderr.trim().is_empty(), "man complained");
+        let help = dir
+            .command()
+            .args(Some(page).filter(|p| !p.is_empty()))
+            .arg("--help")
+            .assert_success();
+        let flags = help_flags(&help.stdout);
+        help.check(flags.len() > 1, "no flags found in --help");
+        for flag in flags {
+            shown.check(
+                shown.stdout.split([' ', ',', '\n']).any(|w| w == flag),
+                &format!("{name} does not list {flag}"),
+            );
+        }
+    }
+    // The top page names every command's page.
+    let top = dir.command().arg("man").assert_success();
+    for page in &pages[1..] {
+        top.check(
+            top.stdout.contains(&format!("reshard\\-{page}(1)")),
+            &format!("reshard(1) does not name reshard-{page}(1)"),
+        );
+    }
+}
+
+/// The flags `--help` lists: its entry lines ("  -o, --output <DIR>", "      --force").
+fn help_flags(help: &str) -> Vec<String> {
+    help.lines()
+        .filter(|l| l.starts_with("  -") || l.starts_with("      -"))
+        .flat_map(|l| l.split([' ', ',']))
+        .filter(|w| w.starts_with('-'))
+        .map(str::to_string)
+        .collect()
 }

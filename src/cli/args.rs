@@ -37,12 +37,22 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Print a shell completion script to stdout, e.g. `reshard completions bash >
     /// ~/.local/share/bash-completion/completions/reshard`.
+    /// Print a man page (roff) to stdout: reshard(1), or with COMMAND that command's page with
+    /// all its flags, e.g. `reshard man run > ~/.local/share/man/man1/reshard-run.1`.
+    Man {
+        /// The command whose page to print (reshard's own without it).
+        #[arg(value_parser = MAN_PAGES)]
+        command: Option<String>,
+    },
     Completions {
         /// The shell to complete for: bash, zsh, fish (also elvish, powershell).
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
 }
+
+/// The subcommands with a man page of their own (`reshard man COMMAND`).
+pub const MAN_PAGES: [&str; 6] = ["run", "plan", "verify", "generate", "completions", "man"];
 
 /// `run`'s usage line: what it requires (checked together in [`super::resolve`], so that every
 /// missing one is named at once). `--seed` is not needed by `--order key` or `content`.

@@ -35,6 +35,8 @@ pub enum Task {
     Verify(VerifyConfig),
     /// Needs neither MPI nor any checking.
     Completions(clap_complete::Shell),
+    /// reshard's man page, or a subcommand's: neither MPI nor any checking.
+    Man(Option<String>),
 }
 
 /// An invalid command line, found after clap parsed it: the message names the flag and what it
@@ -87,6 +89,7 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
         Command::Generate(args) => Task::Generate(generate_config(&args).map_err(UsageError)?),
         Command::Verify(args) => Task::Verify(verify_config(&args).map_err(UsageError)?),
         Command::Completions { shell } => Task::Completions(shell),
+        Command::Man { command } => Task::Man(command),
     })
 }
 

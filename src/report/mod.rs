@@ -4,6 +4,7 @@
 //! `stats`, `gpu` and `narrate` are leaves: the manifest imports `Stats` and `GpuShare` from them
 //! directly, and only `plan` imports the manifest, so the two never import each other.
 
+mod axis;
 pub mod gpu;
 pub mod mixing;
 pub mod narrate;

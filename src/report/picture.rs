@@ -306,7 +306,7 @@ fn matrix<DB: DrawingBackend>(
 /// The matrices' colour scale: the shades from no share to `top`, ticked in percent.
 fn colour_scale<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, top: f64, text: bool) -> Drawn {
     let percent = top * 100.0;
-    let y = Axis::round(0.0..percent, 6, false);
+    let y = Axis::round(0.0..percent, 8, false);
     let step = y.tick_step();
     let mut builder = ChartBuilder::on(area);
     // As tall as the matrices' plotting areas: below their captions, above their x labels; a

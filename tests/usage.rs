@@ -162,7 +162,17 @@ fn man_pages_render_and_list_every_flag() {
             );
         }
     }
-    // The top page names every command's page.
+    // The top page names every command's page, and `--help` says what each command is for.
+    let help = dir.command().arg("--help").assert_success();
+    for page in &pages[1..] {
+        help.check(
+            help.stdout.lines().any(|l| {
+                l.strip_prefix(&format!("  {page} "))
+                    .is_some_and(|about| !about.trim().is_empty())
+            }),
+            &format!("reshard --help does not say what {page} is for"),
+        );
+    }
     let top = dir.command().arg("man").assert_success();
     for page in &pages[1..] {
         top.check(

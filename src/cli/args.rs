@@ -35,8 +35,6 @@ pub enum Command {
     /// Check an output against its input: exactly the input's samples (by digest), every shard a
     /// sound tar matching index.json; report the shuffle quality. Exit 0 only if all holds.
     Verify(VerifyArgs),
-    /// Print a shell completion script to stdout, e.g. `reshard completions bash >
-    /// ~/.local/share/bash-completion/completions/reshard`.
     /// Print a man page (roff) to stdout: reshard(1), or with COMMAND that command's page with
     /// all its flags, e.g. `reshard man run > ~/.local/share/man/man1/reshard-run.1`.
     Man {
@@ -44,6 +42,8 @@ pub enum Command {
         #[arg(value_parser = MAN_PAGES)]
         command: Option<String>,
     },
+    /// Print a shell completion script to stdout, e.g. `reshard completions bash >
+    /// ~/.local/share/bash-completion/completions/reshard`.
     Completions {
         /// The shell to complete for: bash, zsh, fish (also elvish, powershell).
         #[arg(value_enum)]

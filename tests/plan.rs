@@ -97,6 +97,7 @@ fn plan_refuses_flags_only_run_acts_on() {
         let res = cmd.assert_code(2);
         let long = if flag[0] == "-o" { "--output" } else { flag[0] };
         res.stderr_has(&format!("{long} is for `reshard run`"));
+        res.stderr_has("Usage: reshard plan ");
         res.check(
             tree_state(dir.path()) == before,
             "a refused plan wrote files",

@@ -430,17 +430,23 @@ pub struct PlanArgs(pub RunArgs);
 impl PlanArgs {
     fn refuse_run_only(m: &clap::ArgMatches) -> Result<(), clap::Error> {
         let given = |id: &str| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
-        match RUN_ONLY.iter().find(|(id, ..)| given(id)) {
-            Some((_, flag, why)) => Err(clap::Error::raw(
-                clap::error::ErrorKind::UnknownArgument,
-                format!(
-                    "{flag} is for `reshard run`: {why}; `reshard plan` moves and writes \
-                     nothing, so leave it out here (`reshard run --dry-run` checks a whole run \
-                     command line)"
-                ),
-            )),
-            None => Ok(()),
-        }
+        let Some((_, flag, why)) = RUN_ONLY.iter().find(|(id, ..)| given(id)) else {
+            return Ok(());
+        };
+        // Formatted with `plan`'s command, so that the usage line under it is plan's.
+        let mut cli = <Cli as clap::CommandFactory>::command();
+        cli.build();
+        let plan = cli
+            .find_subcommand_mut("plan")
+            .expect("plan is a subcommand");
+        Err(clap::Error::raw(
+            clap::error::ErrorKind::UnknownArgument,
+            format!(
+                "{flag} is for `reshard run`: {why}; `reshard plan` moves and writes nothing, so \
+                 leave it out here (`reshard run --dry-run` checks a whole run command line)"
+            ),
+        )
+        .format(plan))
     }
 
     fn hide_run_only(cmd: clap::Command) -> clap::Command {

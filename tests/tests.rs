@@ -10,6 +10,7 @@ mod util;
 mod bad_input;
 mod cluster;
 mod compressed;
+mod docs;
 mod epochs;
 mod faults_input;
 mod faults_lock;

@@ -12,10 +12,11 @@ use crate::config::RunConfig;
 use crate::job::exchange::ExchangeStats;
 use crate::job::expand::Setup;
 use crate::job::Planned;
-use crate::progress::{peak_rss, PhaseTimes};
+use crate::progress::PhaseTimes;
 use crate::report::ranks::{seconds, Spread};
 use crate::report::{GpuShare, PlanReport, Stats, Storage};
 use crate::size::human_bytes;
+use crate::sys::peak_rss;
 use crate::tar::{Hygiene, Skipped};
 
 /// One rank's share of the work.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::stages::{Job, Stages};
-use crate::comm::wire::{gather_concat, route};
+use crate::comm::wire::{gather_concat, route, RoundStatus};
 use crate::comm::{agree, Comm};
 
 /// Records durably, on rank 0, the ranges of global sample indices that became durable.
@@ -29,9 +29,6 @@ pub struct Checkpoints<'a> {
     /// (empty ranges included): records them.
     pub record: Record<'a>,
 }
-
-/// The status words a rank adds to each round's reduction.
-pub(super) const STATUS_WORDS: usize = 2;
 
 /// The exchange's checkpoint state on one rank.
 pub(super) struct Pacer<'a> {
@@ -52,19 +49,23 @@ impl<'a> Pacer<'a> {
         }
     }
 
-    /// This rank's status words: rank 0 asks for a checkpoint; a rank whose writer synced the
-    /// pending one says so.
-    pub(super) fn status(&self, comm: &impl Comm, st: &Stages<'_, '_>) -> [u64; STATUS_WORDS] {
+    /// This rank's part of the round status: rank 0 asks for a checkpoint; a rank whose writer
+    /// synced the pending one says so.
+    pub(super) fn status(&self, comm: &impl Comm, st: &Stages<'_, '_>) -> RoundStatus {
         let ask = comm.rank() == 0
             && self.pending.is_none()
             && self.last.elapsed() >= self.checkpoints.every;
         let synced = self
             .pending
             .is_some_and(|(n, _)| st.synced.load(Ordering::Acquire) >= n);
-        [u64::from(ask), u64::from(synced)]
+        RoundStatus {
+            checkpoint: u64::from(ask),
+            synced: u64::from(synced),
+            ..RoundStatus::default()
+        }
     }
 
-    /// Acts on the summed status words of round `n`, in which this rank packed its samples up to
+    /// Acts on the summed status of round `n`, in which this rank packed its samples up to
     /// local index `through`. Returns whether the writer must sync after placing round `n`.
     ///
     /// # Errors
@@ -73,11 +74,11 @@ impl<'a> Pacer<'a> {
         &mut self,
         comm: &impl Comm,
         job: &Job<'_>,
-        status: &[u64],
+        status: &RoundStatus,
         n: u64,
         through: usize,
     ) -> Result<bool> {
-        if self.pending.is_some() && status[1] == comm.size() as u64 {
+        if self.pending.is_some() && status.synced == comm.size() as u64 {
             let (_, range) = self.pending.take().expect("pending");
             let ranges = gather_concat::<(u64, u64)>(comm, 0, &vec![range]);
             let recorded = match (comm.rank() == 0, ranges) {
@@ -89,7 +90,7 @@ impl<'a> Pacer<'a> {
             self.taken += 1;
             self.last = Instant::now();
         }
-        if self.pending.is_none() && status[0] > 0 {
+        if self.pending.is_none() && status.checkpoint > 0 {
             let upto = job.first_global + through as u64;
             self.pending = Some((n, (job.first_global, upto)));
             return Ok(true);

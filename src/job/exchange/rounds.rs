@@ -8,6 +8,7 @@ use anyhow::{anyhow, Result};
 
 use super::checkpoint::Pacer;
 use super::stages::{Delivery, ExchangeStats, Packed, Stages};
+use crate::comm::wire::RoundStatus;
 use crate::comm::{Comm, PeerFailed};
 use crate::hooks;
 
@@ -48,17 +49,21 @@ pub(super) fn exchange_rounds(
         st.dog.beat(n, || {
             format!("waiting for every rank's status before exchange round {n}")
         });
-        let [ask, synced] = pacer.status(comm, st);
-        let status = comm.all_sum(&[u64::from(failure.is_some()), payload, ask, synced]);
+        let status = RoundStatus {
+            failed: u64::from(failure.is_some()),
+            payload,
+            ..pacer.status(comm, st)
+        }
+        .all_sum(comm);
         let t_status = t0.elapsed();
-        if status[0] > 0 {
+        if status.failed > 0 {
             let e = failure.unwrap_or_else(|| anyhow!(PeerFailed { ranks: Vec::new() }));
             return (Err(e), stats);
         }
-        if status[1] == 0 {
+        if status.payload == 0 {
             return (Ok(()), stats);
         }
-        let sync = match pacer.after_status(comm, st.job, &status[2..], n, through) {
+        let sync = match pacer.after_status(comm, st.job, &status, n, through) {
             Ok(sync) => sync,
             Err(e) => return (Err(e), stats),
         };
@@ -101,7 +106,7 @@ pub(super) fn exchange_rounds(
         deliver
             .send(delivery)
             .expect("the writer runs until the deliveries end");
-        moved += status[1];
+        moved += status.payload;
         progress(moved);
     }
 }

@@ -12,16 +12,37 @@ use crate::comm::wire::RoundStatus;
 use crate::comm::{Comm, PeerFailed};
 use crate::hooks;
 
-/// The calling thread's part: one status reduction and one all-to-all per round. `moved` is what
-/// an earlier attempt placed (`--resume`), where progress starts.
+/// The calling thread's ends of the channels to the reader and the writer.
+pub(super) struct Ends {
+    /// Rounds the reader packed.
+    pub packed: Receiver<Packed>,
+    /// Rounds exchanged, to the writer.
+    pub deliver: SyncSender<Delivery>,
+    /// Receive buffers the writer is done with.
+    pub free_recv: Receiver<Vec<u8>>,
+}
+
+/// The exchange's progress: sample bytes all ranks moved so far (from what an earlier attempt
+/// placed, with `--resume`), and who hears of it after every round.
+pub(super) struct Moved<'p> {
+    pub so_far: u64,
+    pub report: &'p mut dyn FnMut(u64),
+}
+
+/// The calling thread's part: one status reduction and one all-to-all per round.
 pub(super) fn exchange_rounds(
     comm: &impl Comm,
     st: &Stages<'_, '_>,
     cap: usize,
-    (packed, deliver, free_recv): (Receiver<Packed>, SyncSender<Delivery>, Receiver<Vec<u8>>),
-    (pacer, mut moved): (&mut Pacer<'_>, u64),
-    progress: &mut dyn FnMut(u64),
+    ends: Ends,
+    pacer: &mut Pacer<'_>,
+    mut moved: Moved<'_>,
 ) -> (Result<()>, ExchangeStats) {
+    let Ends {
+        packed,
+        deliver,
+        free_recv,
+    } = ends;
     let write_failure = &st.write_failure;
     let (ranks, me) = (comm.size(), comm.rank());
     let mut stats = ExchangeStats::default();
@@ -106,8 +127,8 @@ pub(super) fn exchange_rounds(
         deliver
             .send(delivery)
             .expect("the writer runs until the deliveries end");
-        moved += status.payload;
-        progress(moved);
+        moved.so_far += status.payload;
+        (moved.report)(moved.so_far);
     }
 }
 

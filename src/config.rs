@@ -28,6 +28,9 @@ pub struct RunConfig {
     pub balance: Balance,
     pub gpus: Option<GpuLayout>,
     pub dry_run: bool,
+    /// Refuse to start where the output's file system clearly cannot hold the output
+    /// (`--no-space-check` turns it off).
+    pub space_check: bool,
     pub json: bool,
     pub seed: u64,
     pub epoch: u64,
@@ -68,6 +71,25 @@ pub struct Splits {
     /// Per split: its shard count from `--split-shards`, `None` for the first split and for those
     /// `--split-shards` leaves to the default (the training split's mean shard size).
     pub shards: Vec<Option<u64>>,
+}
+
+impl Splits {
+    /// `--split` and `--split-shards` as a user types them; a split whose shard count is left
+    /// to the default is not named.
+    pub fn flags(&self) -> String {
+        let counts: Vec<String> = self
+            .spec
+            .parts
+            .iter()
+            .zip(&self.shards)
+            .filter_map(|(p, n)| n.map(|n| format!("{}={n}", p.name)))
+            .collect();
+        let mut s = format!("--split {}", self.spec.flag());
+        if !counts.is_empty() {
+            s += &format!(" --split-shards {}", counts.join(","));
+        }
+        s
+    }
 }
 
 /// How rank 0 reports progress while indexing and exchanging (`--progress`,
@@ -147,6 +169,16 @@ pub enum Balance {
     Bytes,
 }
 
+impl Balance {
+    /// The flag's value, as `--balance` takes it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Balance::Count => "count",
+            Balance::Bytes => "bytes",
+        }
+    }
+}
+
 /// GPU layout the shards are sized for (`--gpus`), for reporting per-GPU samples and batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct GpuLayout {
@@ -191,6 +223,8 @@ pub struct VerifyConfig {
     pub json: bool,
     /// `--plot FILE`: the picture of the output, SVG or PNG.
     pub plot: Option<PathBuf>,
+    /// `--ignore-zeros`: read inputs past zero blocks, as `reshard run --ignore-zeros` does.
+    pub ignore_zeros: bool,
 }
 
 /// A `generate` request after validation.

@@ -22,9 +22,24 @@ pub enum Exit {
     /// The stall watchdog ended the job: a rank or its node stopped answering (`EX_TEMPFAIL`:
     /// trying again may work).
     Stall = 75,
+    /// SIGINT stopped the job (128 + 2, as a shell reports a process the signal ended): it
+    /// checkpointed and kept its staging directory for `--resume`, or had nothing to keep.
+    Interrupted = 130,
+    /// SIGTERM stopped the job (128 + 15: `scancel`, Slurm's time limit, `kill`), as
+    /// [`Exit::Interrupted`].
+    Terminated = 143,
 }
 
 impl Exit {
+    /// The status for a job that a stop signal ended.
+    pub fn for_signal(signal: i32) -> Exit {
+        if signal == 2 {
+            Exit::Interrupted
+        } else {
+            Exit::Terminated
+        }
+    }
+
     /// The status as the operating system and MPI take it (`_exit`, `MPI_Abort`).
     pub fn code(self) -> i32 {
         self as i32
@@ -39,6 +54,8 @@ impl Exit {
             0 => Exit::Success,
             2 => Exit::Usage,
             3 => Exit::CleanupFailed,
+            130 => Exit::Interrupted,
+            143 => Exit::Terminated,
             _ => Exit::Failure,
         }
     }

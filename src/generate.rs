@@ -621,7 +621,7 @@ mod tests {
 
         // GNU tar lists the same full paths.
         if Command::new("tar").arg("--version").output().is_err() {
-            eprintln!("tar not found on PATH: skipping the GNU tar check");
+            crate::errln!("tar not found on PATH: skipping the GNU tar check");
             return;
         }
         let mut gnu = Vec::new();

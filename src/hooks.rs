@@ -23,6 +23,10 @@
 //!   publish phase starts); on rank 0 only: `0:rename` (right before the publishing rename),
 //!   `0:published` (right after it and the removal of the checkpoint records), `0:keep` (after
 //!   `--keep` moved an old epoch aside, before removing it). For `--resume` and kill tests.
+//! - `RESHARD_TEST_CHECKPOINT_BYTES=n`: a checkpoint after every n sample bytes each rank moved
+//!   on average, instead of 256 MiB (so that a test sees the rule with little data).
+//! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop
+//!   signal came), so that a test can signal a job surely in the middle of its exchange.
 //! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
 //!   MPI_Finalize, as MPI_Finalize does when it hangs (the finalize deadline must end the job).
 //!
@@ -33,8 +37,8 @@
 use std::time::Duration;
 
 pub use test_hooks::{
-    hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round, pause_before_finish,
-    pause_before_publish,
+    checkpoint_bytes, hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round,
+    pause_before_finish, pause_before_publish, slow_round,
 };
 
 /// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
@@ -77,7 +81,7 @@ mod test_hooks {
             panic!("RESHARD_TEST_PANIC_RANK={rank}: injected panic");
         }
         if names_rank("RESHARD_TEST_STALL_RANK", rank) {
-            eprintln!("reshard: RESHARD_TEST_STALL_RANK={rank}: this rank now stops (SIGSTOP)");
+            crate::errln!("reshard: RESHARD_TEST_STALL_RANK={rank}: this rank now stops (SIGSTOP)");
             // The whole process stops, its watchdog included, like a node that froze.
             crate::sys::stop_process();
         }
@@ -102,7 +106,7 @@ mod test_hooks {
             .split_once(':')
             .is_some_and(|(r, n)| r.trim().parse::<usize>().ok() == Some(rank) && n.trim() == at);
         if named {
-            eprintln!("reshard: RESHARD_TEST_KILL={v}: rank {rank} now dies (SIGKILL) at {at}");
+            crate::errln!("reshard: RESHARD_TEST_KILL={v}: rank {rank} now dies (SIGKILL) at {at}");
             crate::sys::kill_process();
         }
     }
@@ -140,6 +144,27 @@ mod test_hooks {
         let _ = std::fs::remove_file(marker);
     }
 
+    /// The bytes per rank between checkpoints: `RESHARD_TEST_CHECKPOINT_BYTES`, else `default`.
+    pub fn checkpoint_bytes(default: u64) -> u64 {
+        std::env::var("RESHARD_TEST_CHECKPOINT_BYTES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    }
+
+    /// `RESHARD_TEST_SLOW_ROUNDS`: waits before an exchange round.
+    pub fn slow_round() {
+        if crate::sys::stop_signal().is_some() {
+            return;
+        }
+        if let Some(ms) = std::env::var("RESHARD_TEST_SLOW_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
+
     /// Test hook: `RESHARD_TEST_HANG_FINALIZE=r` makes rank r block forever where it would call
     /// MPI_Finalize (`all`: every rank), as MPI_Finalize does when it hangs.
     pub fn hang_finalize(rank: usize, env: impl Fn(&str) -> Option<String>) -> bool {
@@ -162,6 +187,10 @@ mod test_hooks {
     pub fn kill_at(_rank: usize, _at: &str) {}
     pub fn pause_before_finish(_staging: &Path, _rank: usize) {}
     pub fn pause_before_publish(_staging: &Path, _rank: usize) {}
+    pub fn checkpoint_bytes(default: u64) -> u64 {
+        default
+    }
+    pub fn slow_round() {}
     pub fn hang_finalize(_rank: usize, _env: impl Fn(&str) -> Option<String>) -> bool {
         false
     }

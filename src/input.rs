@@ -118,7 +118,10 @@ fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
             }
             return Ok(all);
         }
-        bail!("input directory {} holds no .tar files", dir.display());
+        bail!(
+            "input directory {} holds no shards (*.tar, *.tar.gz, *.tgz, *.tar.zst)",
+            dir.display()
+        );
     }
     // Byte order of names, the same on every rank and every locale.
     names.sort_by(|a, b| a.as_encoded_bytes().cmp(b.as_encoded_bytes()));

@@ -120,6 +120,17 @@ pub enum Unmatched {
     Group(String),
 }
 
+impl Unmatched {
+    /// The flag's value, as `--unmatched` takes it.
+    pub fn flag(&self) -> String {
+        match self {
+            Unmatched::Error => "error".into(),
+            Unmatched::Skip => "skip".into(),
+            Unmatched::Group(t) => format!("group:{t}"),
+        }
+    }
+}
+
 impl std::str::FromStr for Unmatched {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

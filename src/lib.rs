@@ -3,6 +3,15 @@
 //! The job (see `job`) is a list of phases over a [`comm::Comm`] transport; only
 //! `comm::mpi` touches MPI, so the whole job also runs in-process in unit tests.
 
+/// `eprintln!` that writes the line with one `write(2)` ([`sys::stderr_line`]): every line
+/// reshard prints to stderr goes through it, so that lines from several ranks never interleave.
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::sys::stderr_line(&format!($($arg)*))
+    };
+}
+
 pub mod cli;
 pub mod comm;
 pub mod config;

@@ -10,6 +10,7 @@ use reshard::comm::mpi::{MpiComm, MpiRuntime};
 use reshard::comm::{agree, Comm, PeerFailed};
 use reshard::config::{RunConfig, VerifyConfig};
 use reshard::exit::Exit;
+use reshard::job::interrupt::Interrupted;
 use reshard::job::publish::CleanupFailed;
 use reshard::job::Outcome;
 
@@ -21,7 +22,11 @@ fn main() -> ExitCode {
 }
 
 fn run(command: reshard::cli::Command) -> anyhow::Result<Exit> {
-    match resolve::task(command)? {
+    let task = match resolve::task(command) {
+        Ok(task) => task,
+        Err(e) => return Ok(failed_before_mpi(e.into())),
+    };
+    match task {
         Task::Generate(cfg) => {
             reshard::generate::generate(&cfg)?;
             Ok(Exit::Success)
@@ -30,6 +35,10 @@ fn run(command: reshard::cli::Command) -> anyhow::Result<Exit> {
             config,
             then_verify,
         } => under_mpi(config.max_round_bytes, |comm| {
+            if !config.dry_run {
+                // From here a stop signal checkpoints the job and ends it in order.
+                reshard::job::interrupt::catch();
+            }
             job(comm, &config, then_verify.as_ref())
         }),
         Task::Verify(cfg) => under_mpi(i32::MAX as u64, |comm| verify_job(comm, &cfg)),
@@ -44,8 +53,12 @@ fn run(command: reshard::cli::Command) -> anyhow::Result<Exit> {
 /// Prints a failure (once: ranks stopped by another rank's failure stay quiet) and says how to
 /// exit for it.
 fn failed(e: anyhow::Error) -> Exit {
+    // A stop signal ended the job: rank 0 has said what was kept, every rank exits 128 + N.
+    if let Some(i) = e.downcast_ref::<Interrupted>() {
+        return Exit::for_signal(i.signal);
+    }
     if e.downcast_ref::<PeerFailed>().is_none() {
-        eprintln!("reshard: error: {e:#}");
+        reshard::errln!("reshard: error: {e:#}");
     }
     // Started the wrong way (srun without a matching --mpi plugin, another MPI's launcher): as
     // wrong as a bad flag, and as useless to retry unchanged.
@@ -58,6 +71,21 @@ fn failed(e: anyhow::Error) -> Exit {
     }
 }
 
+/// [`failed`] for what every process meets alike before MPI numbers them (a usage error, a
+/// launcher that does not match the MPI library): only the launcher's rank 0 says it, so that
+/// the message is printed once per job, not once per rank.
+fn failed_before_mpi(e: anyhow::Error) -> Exit {
+    if reshard::comm::launcher::speaks_for_the_job() {
+        failed(e)
+    } else if e.downcast_ref::<UsageError>().is_some()
+        || e.downcast_ref::<LauncherMismatch>().is_some()
+    {
+        Exit::Usage
+    } else {
+        Exit::Failure
+    }
+}
+
 /// Runs `job` on every rank under MPI, prints its failure, then ends the job: every rank agrees on
 /// the exit status and MPI is finalized under a deadline (see [`MpiRuntime::finish`]), so that a
 /// finished job ends even where MPI_Finalize hangs.
@@ -65,7 +93,10 @@ fn under_mpi(
     max_round_bytes: u64,
     job: impl FnOnce(&MpiComm) -> anyhow::Result<Exit>,
 ) -> anyhow::Result<Exit> {
-    let mpi = MpiRuntime::init(max_round_bytes)?;
+    let mpi = match MpiRuntime::init(max_round_bytes) {
+        Ok(mpi) => mpi,
+        Err(e) => return Ok(failed_before_mpi(e)),
+    };
     let code = job(&mpi.comm).unwrap_or_else(failed);
     Ok(mpi.finish(code))
 }
@@ -126,7 +157,7 @@ fn verify_job(comm: &impl Comm, cfg: &VerifyConfig) -> anyhow::Result<Exit> {
             print!("{}", report.render());
         }
         if !report.ok {
-            eprintln!(
+            reshard::errln!(
                 "reshard: error: verification of {} failed: {} problem{} (listed in the report)",
                 cfg.output.display(),
                 report.problems.len(),

@@ -79,7 +79,7 @@ impl Progress {
                 let secs = self.start.elapsed().as_secs_f64();
                 let rate = done as f64 / secs.max(1e-9);
                 let eta = (self.total.saturating_sub(done)) as f64 / rate.max(1.0);
-                eprintln!(
+                crate::errln!(
                     "reshard: {} {of_items}{} / {} ({:.0}%), {}/s, ETA {:.0} s",
                     self.what,
                     human_bytes(done),
@@ -145,7 +145,8 @@ impl TermLike for PipedTerm {
     }
 
     fn write_line(&self, s: &str) -> std::io::Result<()> {
-        writeln!(std::io::stderr(), "{s}")
+        crate::sys::stderr_line(s);
+        Ok(())
     }
 
     fn write_str(&self, s: &str) -> std::io::Result<()> {

@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Tells the kernel that `file` is read at scattered offsets, so that it reads ahead nothing
@@ -72,6 +72,35 @@ pub fn start_writeback(file: &File, offset: u64, len: u64) {
     unsafe {
         libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
     }
+}
+
+/// Writes `line` and a newline to stderr with one `write(2)` (short lines, up to `PIPE_BUF`
+/// bytes, are atomic on a pipe): lines that several ranks print at once through a launcher's
+/// relay stay whole, where `eprintln!` writes each piece of its format separately. Errors are
+/// ignored, as `eprintln!`'s would end the process.
+pub fn stderr_line(line: &str) {
+    use std::io::Write;
+    let mut text = String::with_capacity(line.len() + 1);
+    text.push_str(line);
+    text.push('\n');
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// The bytes an unprivileged user may still write on the file system that holds `path`
+/// (`statvfs`: available blocks times the fragment size).
+///
+/// # Errors
+/// `path` contains a NUL byte or cannot be examined.
+pub fn free_space(path: &Path) -> io::Result<u64> {
+    let c = CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: a valid NUL-terminated path and a zeroed statvfs that live across the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)]
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
 /// The size of a page of the page cache.
@@ -153,6 +182,53 @@ pub fn kill_process() -> ! {
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and touches no memory of ours.
     unsafe { libc::_exit(code) }
+}
+
+/// The first stop signal (SIGINT, SIGTERM) this process received since [`catch_stop_signals`].
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// From now on SIGINT and SIGTERM only record that they came ([`stop_signal`]), so that the job
+/// can checkpoint and end in order; a second one ends the process at once with status 128 + the
+/// signal's number, as the default action would report it. Interrupted system calls restart.
+///
+/// # Errors
+/// `sigaction` failed (the signals keep their default action).
+pub fn catch_stop_signals() -> io::Result<()> {
+    extern "C" fn on_stop(signal: libc::c_int) {
+        if STOP_SIGNAL.swap(signal, Ordering::SeqCst) != 0 {
+            // SAFETY: _exit is async-signal-safe.
+            unsafe { libc::_exit(128 + signal) }
+        }
+    }
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: installs a handler that only swaps an atomic or calls _exit, both
+        // async-signal-safe.
+        let rc = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_stop as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The stop signal this process received, if any (see [`catch_stop_signals`]).
+pub fn stop_signal() -> Option<i32> {
+    Some(STOP_SIGNAL.load(Ordering::SeqCst)).filter(|&s| s != 0)
+}
+
+/// The name of a stop signal, for messages.
+pub fn signal_name(signal: i32) -> String {
+    match signal {
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        n => format!("signal {n}"),
+    }
 }
 
 /// A thread of this process, as [`park_thread`] names it.
@@ -287,6 +363,62 @@ impl Read for At<'_> {
         let n = self.file.read_at(buf, self.offset)?;
         self.offset += n as u64;
         Ok(n)
+    }
+}
+
+/// What tells cheaply that a file was replaced or rewritten: its size, modification and
+/// status-change times and its inode. A rewrite in place keeps the size but moves the times (the
+/// change time cannot be set back by a user); a replacement by rename changes the inode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileStamp {
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+    /// Only compared where one host took both stamps: device numbers, and on some network
+    /// and FUSE file systems inode numbers, differ between hosts.
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl FileStamp {
+    /// The stamp of a file from its metadata.
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        FileStamp {
+            size: meta.len(),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
+
+    /// The stamp of the file at `path` now.
+    ///
+    /// # Errors
+    /// It cannot be stat'ed.
+    pub fn read(path: &Path) -> io::Result<Self> {
+        std::fs::metadata(path).map(|m| Self::of(&m))
+    }
+
+    /// What differs from `then` to `self` (now), for a message; empty when nothing does. The
+    /// device and inode count only when `same_host` took both stamps.
+    pub fn changes_since(&self, then: &FileStamp, same_host: bool) -> String {
+        let mut what = Vec::new();
+        if self.size != then.size {
+            what.push(format!("size {} -> {} bytes", then.size, self.size));
+        }
+        if self.mtime_ns != then.mtime_ns {
+            what.push("modification time".to_string());
+        }
+        if self.ctime_ns != then.ctime_ns {
+            what.push("status-change time".to_string());
+        }
+        if same_host && (self.dev, self.ino) != (then.dev, then.ino) {
+            what.push("inode (replaced by another file)".to_string());
+        }
+        what.join(", ")
     }
 }
 

@@ -84,7 +84,7 @@ impl Watchdog {
                             .and_then(Path::parent)
                             .map(|d| format!(" (the staging directory {} is left: a rerun with --resume continues from its last checkpoint, one without removes it)", d.display()))
                             .unwrap_or_default();
-                        eprintln!(
+                        crate::errln!(
                             "reshard: error: rank {rank} on {host}: no progress for {} s (--stall-timeout) while {doing}: \
                              {culprits}; aborting the job, nothing is published{staging}",
                             idle.as_secs()

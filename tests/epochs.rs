@@ -32,7 +32,7 @@ fn epochs_reuse_the_index_switch_the_link_and_keep_the_newest() {
     );
     assert_eq!(
         fs::read_link(dir.join("current")).unwrap(),
-        dir.join("out/epoch-0")
+        Path::new("out/epoch-0")
     );
 
     // Epoch 1 reads epoch 0's output through the link and skips indexing entirely.
@@ -49,7 +49,7 @@ fn epochs_reuse_the_index_switch_the_link_and_keep_the_newest() {
     );
     assert_eq!(
         fs::read_link(dir.join("current")).unwrap(),
-        dir.join("out/epoch-1")
+        Path::new("out/epoch-1")
     );
 
     // Epoch 2: --keep 2 removes epoch 0 only.
@@ -75,7 +75,7 @@ fn epochs_reuse_the_index_switch_the_link_and_keep_the_newest() {
     );
     assert_eq!(
         fs::read_link(dir.join("current")).unwrap(),
-        dir.join("out/epoch-2")
+        Path::new("out/epoch-2")
     );
 }
 
@@ -223,7 +223,8 @@ fn keep_removes_only_older_epochs_of_its_own_series() {
     assert!(dir.join("data/epoch-2/index.json").is_file());
     assert_eq!(
         fs::read_link(dir.join("data/current")).unwrap(),
-        dir.join("data/epoch-2")
+        Path::new("epoch-2"),
+        "--link is relative, as `ln -sr` makes it"
     );
     for (d, was) in unrelated.iter().zip(&before) {
         assert!(
@@ -243,6 +244,11 @@ fn keep_removes_only_older_epochs_of_its_own_series() {
         .collect();
     expected.sort();
     assert_eq!(left, expected);
+    // The link still leads to the dataset once the tree that holds both moved.
+    fs::rename(dir.join("data"), dir.join("moved")).unwrap();
+    let moved = dir.join("moved/current/index.json");
+    assert!(moved.is_file(), "--link broke when its directory moved");
+    fs::rename(dir.join("moved"), dir.join("data")).unwrap();
 }
 
 #[test]

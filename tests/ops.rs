@@ -125,8 +125,9 @@ fn plan_counts_inodes_and_warns_about_tiny_shards() {
         "40 shards: 2 x 40 + 3 inodes",
     );
     many.check(
-        many.stdout.contains("warning: 40 shards of") && many.stdout.contains("--shard-size"),
-        "40 tiny shards were not warned about",
+        many.stdout.contains("warning: 40 shards of")
+            && many.stdout.contains("the whole dataset is only"),
+        "40 tiny shards of a small dataset: warned, naming the dataset's size as the cause",
     );
     let few = plan("4");
     few.check(few.stdout.contains("inodes: 11"), "4 shards: 11 inodes");

@@ -239,6 +239,20 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
         "map.json",
         br#"{"low-%04d.tar": ["^c0[0-3]"], "mid-%d.tar": ["^c0[4-7]"]}"#,
     );
+    key_map_refuses_unmatched_samples(&dir);
+    key_map_groups(&dir, &want);
+    key_map_refuses_names_that_clash(&dir);
+    key_map_skips_unmatched_samples(&dir, &want);
+    key_map_lines(&dir, &want);
+}
+
+/// The class of a generated key `cNNN/NNNNNNNN`.
+fn class_of(g: &Got) -> u32 {
+    g.key[1..4].parse::<u32>().unwrap()
+}
+
+/// By default a sample that matches no group fails the run.
+fn key_map_refuses_unmatched_samples(dir: &Dir) {
     let mut c = dir.mpi(2);
     c.args([
         "run", "-i", "in", "-o", "out", "--shards", "2", "--seed", "1",
@@ -248,7 +262,10 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
     res.stderr_has("matches no group");
     res.stderr_has("train-0000");
     res.check(!dir.join("out").exists(), "nothing is published");
+}
 
+/// `--unmatched group:`: three groups, each balanced on its own.
+fn key_map_groups(dir: &Dir, want: &[Got]) {
     let args = [
         "--shards",
         "2",
@@ -259,9 +276,9 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
         "--unmatched",
         "group:rest-%03d.tar",
     ];
-    let out = identical_for_any_np(&dir, "groups", &args);
+    let out = identical_for_any_np(dir, "groups", &args);
     let shards = output(&out);
-    assert_same_samples(&want, &flat(&shards));
+    assert_same_samples(want, &flat(&shards));
     let names: Vec<&str> = shards.iter().map(|s| s.0.as_str()).collect();
     assert_eq!(
         names,
@@ -274,12 +291,11 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
             "rest-001.tar"
         ]
     );
-    let class = |g: &Got| g.key[1..4].parse::<u32>().unwrap();
     for (name, s) in &shards {
         let ok = |g: &Got| match &name[..3] {
-            "low" => class(g) < 40,
-            "mid" => (40..80).contains(&class(g)),
-            _ => class(g) >= 80,
+            "low" => class_of(g) < 40,
+            "mid" => (40..80).contains(&class_of(g)),
+            _ => class_of(g) >= 80,
         };
         assert!(s.iter().all(ok), "{name} holds a sample of another group");
     }
@@ -289,7 +305,9 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
     }
     let groups = &index_json(&out)["reshard"]["key_map"]["groups"];
     assert_eq!(groups.as_array().unwrap().len(), 3);
+}
 
+fn key_map_refuses_names_that_clash(dir: &Dir) {
     // Templates that name the same files are refused before anything is written.
     dir.create_bytes(
         "clash.json",
@@ -303,10 +321,12 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
     let res = c.assert_code(1);
     res.stderr_has("would both be named \"a-10.tar\"");
     res.check(!dir.join("clash").exists(), "nothing is published");
+}
 
+fn key_map_skips_unmatched_samples(dir: &Dir, want: &[Got]) {
     // skip: the unmatched samples are left out and counted, and `verify` accepts exactly that.
     run_in(
-        &dir,
+        dir,
         3,
         "skip",
         &[
@@ -322,13 +342,15 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
         ],
     );
     let kept = flat(&output(&dir.join("skip")));
-    let unmatched = want.iter().filter(|g| class(g) >= 80).count();
+    let unmatched = want.iter().filter(|g| class_of(g) >= 80).count();
     assert_eq!(kept.len() + unmatched, want.len());
     assert_eq!(
         index_json(&dir.join("skip"))["reshard"]["key_map"]["unmatched"],
         unmatched as u64
     );
+}
 
+fn key_map_lines(dir: &Dir, want: &[Got]) {
     // The lines form: exact keys, ordered by key within each group.
     let lines: String = want
         .iter()
@@ -337,12 +359,12 @@ fn key_map_routes_samples_to_groups_sized_on_their_own() {
         .collect();
     dir.create_bytes("map.txt", lines.as_bytes());
     let out = identical_for_any_np(
-        &dir,
+        dir,
         "lines",
         &["--shards", "2", "--key-map", "map.txt", "--order", "key"],
     );
     let shards = output(&out);
-    assert_same_samples(&want, &flat(&shards));
+    assert_same_samples(want, &flat(&shards));
     let group_a: Vec<String> = shards[..2]
         .iter()
         .flat_map(|s| s.1.iter().map(|g| g.key.clone()))

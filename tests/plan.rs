@@ -44,6 +44,7 @@ fn plan_and_dry_run_write_nothing() {
             let mut cmd = dir.mpi(np);
             cmd.args(args).args(["--shards", "2", "--seed", "1"]);
             let res = cmd.assert_success();
+            res.no_debug_text();
             res.check(
                 !res.stderr.contains("assembling"),
                 "a plan announced a staging directory",
@@ -57,8 +58,12 @@ fn plan_and_dry_run_write_nothing() {
     // Reading the previous output's saved index is what it was for.
     let mut cmd = dir.command();
     cmd.args(["plan", "--input", "prev", "--shards", "2", "--seed", "1"]);
-    cmd.assert_success()
-        .stderr_has("reused the saved index of 3 of 3 input shards");
+    let res = cmd.assert_success();
+    res.stderr_has("reused the saved index of 3 of 3 input shards");
+    res.check(
+        res.stdout.contains("(--balance count)"),
+        "the plan names the balance in the flag's syntax",
+    );
 }
 
 #[test]

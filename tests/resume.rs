@@ -28,7 +28,9 @@ fn job(dir: &Dir, np: Option<usize>, out: &str, extra: &[&str]) -> crate::util::
     let mut cmd = dir.reshard(np);
     cmd.args(["run", "--input", "in", "--output", out]);
     for (flag, value) in ARGS {
-        if !extra.contains(&flag) {
+        // --gpus sizes instead of --shards.
+        let replaced = extra.contains(&flag) || (flag == "--shards" && extra.contains(&"--gpus"));
+        if !replaced {
             cmd.args([flag, value]);
         }
     }
@@ -109,8 +111,7 @@ fn a_run_killed_before_publishing_resumes_without_moving_data() {
     res.check(!dir.join("out").exists(), "nothing may be published");
     let res = resumed(&dir, Some(3), "out");
     res.check(
-        res.stdout.contains("5 of 5 shards were complete")
-            && res.stdout.contains("exchange rounds: 0"),
+        res.stdout.contains("5 of 5 shards complete") && res.stdout.contains("exchange rounds: 0"),
         "every shard must be reused, no data moved",
     );
     assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
@@ -127,6 +128,7 @@ fn resume_refuses_other_arguments_or_inputs() {
         let res = job(&dir, Some(2), "out", extra).assert_code(2);
         res.stderr_has("cannot --resume");
         res.stderr_has(needle);
+        res.no_debug_text();
         res.check(res.elapsed < FAIL_FAST, "refusing must be quick");
         res.check(
             snapshot(&staging) == before,
@@ -136,6 +138,39 @@ fn resume_refuses_other_arguments_or_inputs() {
     };
     refused(&["--resume", "--seed", "4"], "--seed was 3, now 4");
     refused(&["--resume", "--epoch", "1"], "--epoch was 0, now 1");
+    // Every other argument that shapes the output, shown in the flags' own syntax.
+    refused(
+        &[
+            "--resume",
+            "--gpus",
+            "1",
+            "--workers",
+            "5",
+            "--shard-size",
+            "1MiB",
+        ],
+        "was --shards 5, now --gpus 1 --workers 5 --shard-size 1048576",
+    );
+    refused(
+        &["--resume", "--equalize", "drop"],
+        "--equalize was none, now drop",
+    );
+    refused(
+        &["--resume", "--balance", "bytes"],
+        "--balance was count, now bytes",
+    );
+    refused(
+        &["--resume", "--order", "key"],
+        "now --order key --missing error",
+    );
+    refused(
+        &["--resume", "--require-ext", "jpg"],
+        "now --require-ext jpg --on-incomplete abort --on-duplicate abort",
+    );
+    refused(
+        &["--resume", "--split", "a=0.5,b=rest", "--split-shards", "2"],
+        "--split/--split-shards was none, now --split a=0.5,b=rest --split-shards b=2",
+    );
     // An input changed since (its modification time): refused, naming it.
     let input = crate::util::tar_files(&dir.join("in"))[2].clone();
     let mtime = fs::metadata(&input).unwrap().modified().unwrap();
@@ -196,4 +231,26 @@ fn hostname() -> String {
         .unwrap()
         .trim()
         .to_string()
+}
+
+/// Checkpoints come by bytes moved too, not only by time: with an hour between checkpoints by
+/// time, a run killed (SIGKILL, nothing to catch) a few rounds in still left one, because each
+/// rank had moved more than the byte threshold (lowered to 512 KiB here; 256 MiB by default).
+#[test]
+fn checkpoints_also_come_by_bytes_moved() {
+    let dir = Dir::new("resume-bytes");
+    inputs(&dir);
+    job(&dir, Some(1), "ref", &[]).assert_success();
+    let res = job(&dir, Some(2), "out", &["--checkpoint-every", "3600"])
+        .env("RESHARD_TEST_CHECKPOINT_BYTES", "524288")
+        .env("RESHARD_TEST_KILL", "1:8")
+        .output();
+    res.check(res.code() != Some(0), "the killed job must fail");
+    res.check(
+        dir.join(".out.reshard-tmp/.resume/checkpoint.json")
+            .exists(),
+        "a checkpoint by bytes moved was recorded before the kill",
+    );
+    resumed(&dir, Some(3), "out");
+    assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
 }

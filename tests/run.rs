@@ -366,3 +366,83 @@ fn checksum_adds_the_md5_of_every_shard() {
     let index = fs::read_to_string(dir.join("plain/index.json")).unwrap();
     assert!(!index.contains("md5sum"));
 }
+
+/// Exactly what differs between the outputs of one rank and of four: `reshard.ranks` in
+/// index.json, and in each saved layout (`.reshard/NAME.reshard-layout`) the shard's modification
+/// time, which it records to notice a changed shard; every other byte of every file is the same.
+#[test]
+fn np_1_and_np_4_outputs_differ_in_ranks_and_layout_mtimes_only() {
+    let dir = Dir::new("np-difference");
+    dir.generate("in", &["--shards", "4", "--samples", "90", "--seed", "2"]);
+    for (np, out) in [(1, "one"), (4, "four")] {
+        run(&dir, Some(np), &["in"], out, 3, 5, &[]);
+    }
+    let (one, four) = (dir.join("one"), dir.join("four"));
+    assert_same_output(&one, &four, &["ranks"]);
+    let (a, b) = (index_json(&one), index_json(&four));
+    assert_eq!(
+        (
+            a["reshard"]["ranks"].as_u64(),
+            b["reshard"]["ranks"].as_u64()
+        ),
+        (Some(1), Some(4))
+    );
+    let names = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(d.join(".reshard"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&one), names(&four));
+    for name in names(&one) {
+        let shard = name
+            .strip_suffix(".reshard-layout")
+            .expect("reshard's own name");
+        let (x, y) = (
+            fs::read(one.join(".reshard").join(&name)).unwrap(),
+            fs::read(four.join(".reshard").join(&name)).unwrap(),
+        );
+        let (at_x, at_y) = (mtime_field(&x, shard), mtime_field(&y, shard));
+        assert_eq!(at_x, at_y, "{name}: the mtime field sits at the same place");
+        let masked = |v: &[u8]| [&v[..at_x.start], &v[at_x.end..]].concat();
+        assert_eq!(
+            masked(&x),
+            masked(&y),
+            "{name}: differs outside the mtime field"
+        );
+        for (bytes, out) in [(&x, &one), (&y, &four)] {
+            let mtime = fs::metadata(out.join(shard)).unwrap().modified().unwrap();
+            let ns = mtime
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64;
+            assert_eq!(
+                bytes[at_x.start + 1..at_x.end],
+                ns.to_le_bytes(),
+                "{name}: the field is the shard's mtime"
+            );
+        }
+    }
+}
+
+/// Where a saved layout (bincode, variable-length integers) holds the shard's modification time:
+/// after the format (1), the name (its length, then its bytes) and the size, as a u64 marker
+/// (253) and 8 bytes.
+fn mtime_field(bytes: &[u8], name: &str) -> std::ops::Range<usize> {
+    assert_eq!(bytes[0], 1, "format 1");
+    assert_eq!(bytes[1] as usize, name.len());
+    assert_eq!(&bytes[2..2 + name.len()], name.as_bytes());
+    let size_at = 2 + name.len();
+    let size_len = match bytes[size_at] {
+        0..=250 => 1,
+        251 => 3,
+        252 => 5,
+        253 => 9,
+        other => panic!("unexpected size marker {other}"),
+    };
+    let at = size_at + size_len;
+    assert_eq!(bytes[at], 253, "a u64-sized mtime");
+    at..at + 9
+}

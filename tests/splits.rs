@@ -48,16 +48,25 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
     assert!(urls[..4].iter().all(|u| u.starts_with("train/shard-")));
     assert_eq!(urls[4..], ["val/shard-000000.tar", "test/shard-000000.tar"]);
     assert_eq!(index_json(&out.join("val"))["reshard"]["split"], "val");
-    assert!(out.join("train/.reshard/shard-000003.tar.idx").is_file());
+    assert!(out
+        .join("train/.reshard/shard-000003.tar.reshard-layout")
+        .is_file());
     // Shuffled inside each split, not in input order.
     let train_keys: Vec<&String> = splits[0].1.iter().map(|g| &g.key).collect();
     let mut sorted = train_keys.clone();
     sorted.sort();
     assert_ne!(train_keys, sorted);
+    split_shards_and_equalize(&dir);
+    too_many_split_shards_are_refused(&dir);
+    sorted_orders_sort_each_split(&dir, &sets);
+    gpus_size_the_later_splits(&dir);
+    splits_sized_by_counts(&dir);
+}
 
+fn split_shards_and_equalize(dir: &Dir) {
     // --split-shards sizes the others; --equalize drop applies to each split on its own.
     let out = identical_for_any_np(
-        &dir,
+        dir,
         "sized",
         &[
             "--shards",
@@ -97,6 +106,9 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
     assert_eq!(dropped, 2);
     let train_dropped = &index_json(&out.join("train"))["reshard"]["dropped"];
     assert_eq!(train_dropped.as_array().unwrap().len(), 2);
+}
+
+fn too_many_split_shards_are_refused(dir: &Dir) {
     // Too many shards for a split names the flag that asked for them.
     let mut c = dir.mpi(2);
     c.args([
@@ -105,9 +117,12 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
     .args(["--split", SPLIT, "--split-shards", "30"]);
     c.assert_code(1)
         .stderr_has("split \"val\": --split-shards 30 is more than the 24 samples");
+}
+
+fn sorted_orders_sort_each_split(dir: &Dir, sets: &BTreeMap<String, BTreeSet<String>>) {
     // Sorted orders sort each split on its own.
     let out = identical_for_any_np(
-        &dir,
+        dir,
         "by-key",
         &[
             "--shards", "2", "--split", SPLIT, "--order", "key", "--seed", "3",
@@ -122,13 +137,16 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
     }
     assert_eq!(
         key_sets(&splits_of(&out)),
-        sets,
+        *sets,
         "--order changed the splits"
     );
+}
+
+fn gpus_size_the_later_splits(dir: &Dir) {
     // With --gpus, the splits after the first default to a multiple of the GPU count, and the
     // GPU figures describe the first split.
     let out = identical_for_any_np(
-        &dir,
+        dir,
         "gpus",
         &[
             "--gpus",
@@ -159,9 +177,12 @@ fn splits_are_disjoint_complete_and_identical_for_any_rank_count() {
         Some(shards[0] / 2),
         "{gpus}"
     );
+}
+
+fn splits_sized_by_counts(dir: &Dir) {
     // A split is reported and sized on its own; counts work too.
     let res = run_in(
-        &dir,
+        dir,
         2,
         "counts",
         &[
@@ -391,7 +412,26 @@ fn verify_checks_a_split_output_and_catches_a_sample_in_two_splits() {
         if res.code() != Some(0) {
             res.fail("expected verify to pass on a split output");
         }
+        res.check(
+            res.stdout.contains("  split train: 3 shards, ")
+                && res
+                    .stdout
+                    .lines()
+                    .filter(|l| l.starts_with("  split "))
+                    .count()
+                    == 3,
+            "the report has a line per split",
+        );
     }
+    // One split alone holds a share of the input: verify says so, and what to verify instead.
+    let res = verify_cmd(&dir, Some(2), "out/val", &[]);
+    res.check(res.code() == Some(1), "one split is not the whole input");
+    res.check(
+        res.stdout
+            .contains("this is the split \"val\" of a --split output")
+            && res.stdout.contains("verify the whole output"),
+        "the report names the split and says to verify the whole output",
+    );
     // Each split reads as a dataset of its own with webdataset, from its own index.json.
     match test_python() {
         None => skip(

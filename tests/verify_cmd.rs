@@ -249,7 +249,19 @@ fn equalized_outputs_verify() {
     good_output_for_verify(&dir);
     for mode in ["drop", "pad"] {
         let out = format!("eq-{mode}");
-        run(&dir, Some(3), &["in"], &out, 7, 4, &["--equalize", mode]);
+        let res = run(&dir, Some(3), &["in"], &out, 7, 4, &["--equalize", mode]);
+        // The headline counts what was written: 7 * 34 dropping, 7 * 35 padding.
+        let (written, why) = if mode == "drop" {
+            (238, "--equalize drop: 2 input samples left out")
+        } else {
+            (245, "--equalize pad: 5 samples written twice")
+        };
+        res.check(
+            res.stdout
+                .contains(&format!("reshard: wrote 7 shards ({written} samples,"))
+                && res.stdout.contains(why),
+            "the summary's headline states the samples written",
+        );
         let json = report_json(&verify_cmd(&dir, Some(2), &out, &["--json"]));
         assert_eq!(json["ok"], true, "{json:#}");
         // 240 = 7 * 34 + 2: drop leaves out 2, pad repeats 5.

@@ -91,6 +91,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub dry_run: bool,
 
+    /// Start even where the output's file system has less free space than the plan needs (by
+    /// statvfs; a quota or a file system that compresses may allow more).
+    #[arg(long)]
+    pub no_space_check: bool,
+
     /// Print the plan as JSON (with --dry-run or `reshard plan`).
     #[arg(long)]
     pub json: bool,
@@ -137,6 +142,12 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = OnDuplicate::Abort)]
     pub on_duplicate: OnDuplicate,
 
+    /// Read past zero blocks in an input, as GNU tar --ignore-zeros does: for concatenated
+    /// archives (`cat a.tar b.tar`) and lone zero blocks. Without it, data after an input's
+    /// first zero block is an error naming the file and offset (its samples would be lost).
+    #[arg(long)]
+    pub ignore_zeros: bool,
+
     /// Compress the output shards: none (plain .tar, the default), gz (.tar.gz) or zst
     /// (.tar.zst). Each writer compresses its shards once they are complete, streaming.
     #[arg(long, value_enum, default_value_t = CompressArg::None)]
@@ -168,10 +179,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub dali_index: bool,
 
-    /// A directory of saved indexes (`.idx` files, as reshard leaves in `OUTPUT/.reshard`) for
-    /// the input shards. Without it, an input directory's own `.reshard` is used when present:
-    /// the next epoch's run over an output skips indexing. Saved indexes whose shard changed
-    /// (size or modification time) are ignored with a warning.
+    /// A directory of saved indexes (`NAME.reshard-layout` files, as reshard leaves in
+    /// `OUTPUT/.reshard`) for the input shards. Without it, an input directory's own `.reshard`
+    /// is used when present: the next epoch's run over an output skips indexing. Saved indexes
+    /// whose shard changed (size or modification time) are ignored with a warning.
     #[arg(long, value_name = "PATH")]
     pub index: Option<PathBuf>,
 
@@ -265,7 +276,8 @@ pub struct RunArgs {
     pub resume: bool,
 
     /// Seconds between the exchange's checkpoints (each writer syncs, rank 0 records which samples
-    /// are durable, for --resume); 0 checkpoints after every round.
+    /// are durable, for --resume); 0 checkpoints after every round. A checkpoint also comes after
+    /// every 256 MiB each rank moved, and at once on SIGINT or SIGTERM, before the job ends.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub checkpoint_every: u64,
 
@@ -311,6 +323,12 @@ pub struct VerifyArgs {
     /// permutation gives.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+
+    /// Read past zero blocks in an input, as GNU tar --ignore-zeros does: for concatenated
+    /// archives (`cat a.tar b.tar`) and lone zero blocks. Without it, data after an input's
+    /// first zero block is an error naming the file and offset (its samples would be lost).
+    #[arg(long)]
+    pub ignore_zeros: bool,
 }
 
 #[derive(Debug, Args)]

@@ -20,16 +20,19 @@ use crate::exit::Exit;
 /// [`hint::input_hint`]) and this returns the exit status.
 pub fn parse() -> Result<Cli, Exit> {
     Cli::try_parse().map_err(|e| {
-        let hint = hint::input_hint(&e, &std::env::args_os().collect::<Vec<_>>());
-        let _ = e.print();
-        if let Some(hint) = hint {
-            eprintln!("{hint}");
-        }
         // --help and --version end here too, on stdout with exit code 0.
-        match e.exit_code() {
-            0 => Exit::Success,
-            _ => Exit::Usage,
+        if e.exit_code() == 0 {
+            let _ = e.print();
+            return Exit::Success;
         }
+        // A usage error: every rank of the job has it, and one says it, in one write.
+        if crate::comm::launcher::speaks_for_the_job() {
+            let hint = hint::input_hint(&e, &std::env::args_os().collect::<Vec<_>>());
+            let text = e.render().to_string();
+            let hint = hint.map(|h| format!("\n{h}")).unwrap_or_default();
+            crate::errln!("{}{hint}", text.trim_end());
+        }
+        Exit::Usage
     })
 }
 

@@ -72,6 +72,7 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
                     output: output.clone(),
                     json: false,
                     plot: None,
+                    ignore_zeros: config.rules.ignore_zeros,
                 }),
                 _ => None,
             };
@@ -138,6 +139,7 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
         balance: args.balance,
         gpus,
         dry_run,
+        space_check: !args.no_space_check,
         json: args.json,
         seed,
         epoch: args.epoch,
@@ -529,6 +531,7 @@ fn rules(args: &RunArgs, order: &OrderSpec, loaders: &LoaderIndexes) -> Rules {
             energon: loaders.energon.is_some(),
             dali: loaders.dali,
         },
+        ignore_zeros: args.ignore_zeros,
     }
 }
 
@@ -545,6 +548,7 @@ pub fn verify_config(args: &VerifyArgs) -> Result<VerifyConfig> {
         output: args.output.clone(),
         json: args.json,
         plot: args.plot.clone(),
+        ignore_zeros: args.ignore_zeros,
     })
 }
 

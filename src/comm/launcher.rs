@@ -57,6 +57,32 @@ pub fn check(size: usize, env: impl Fn(&str) -> Option<String>) -> Result<(), La
     Ok(())
 }
 
+/// The variables launchers set to a process's rank, most specific first: an MPI launcher's, then
+/// srun's task id (an MPI launcher inside an allocation runs its ranks under srun steps of its
+/// own, whose task ids number nodes, not ranks).
+const RANK_VARS: [&str; 4] = [
+    "PMI_RANK",
+    "PMIX_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "SLURM_PROCID",
+];
+
+/// This process's rank as its launcher numbered it, before (or without) MPI: `None` without a
+/// launcher.
+pub fn launcher_rank(env: impl Fn(&str) -> Option<String>) -> Option<usize> {
+    RANK_VARS
+        .iter()
+        .find_map(|var| env(var).and_then(|v| v.trim().parse().ok()))
+}
+
+/// Whether this process speaks for the job where every process meets the same problem before
+/// MPI can tell them apart (a usage error, a launcher mismatch): the launcher's rank 0, or a
+/// process started without a launcher. The others stay quiet, so that the message is printed
+/// once per job, not once per rank.
+pub fn speaks_for_the_job() -> bool {
+    launcher_rank(|k| std::env::var(k).ok()).is_none_or(|r| r == 0)
+}
+
 fn srun_message(tasks: usize, size: usize) -> String {
     let worlds = if size == 1 {
         format!("each of the {tasks} tasks is a job of its own")
@@ -103,6 +129,15 @@ mod tests {
         assert!(e
             .to_string()
             .contains("srun started 4 tasks but MPI sees a world of 2"));
+    }
+
+    #[test]
+    fn the_launchers_rank_comes_from_the_most_specific_variable() {
+        assert_eq!(launcher_rank(|_| None), None);
+        assert_eq!(launcher_rank(env(&[("SLURM_PROCID", "3")])), Some(3));
+        // hydra's rank 0 on the second node of an allocation: its proxy is srun's task 1.
+        let hydra = env(&[("SLURM_PROCID", "1"), ("PMI_RANK", "0")]);
+        assert_eq!(launcher_rank(hydra), Some(0));
     }
 
     #[test]

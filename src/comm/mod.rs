@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use anyhow::{anyhow, Result};
 
+pub mod hydra;
 pub mod launcher;
 pub mod local;
 pub mod mpi;

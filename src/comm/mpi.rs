@@ -3,7 +3,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 use mpi::collective::SystemOperation;
@@ -16,7 +16,7 @@ use mpi::Count;
 use crate::hooks;
 use crate::sys;
 
-use super::{launcher, Comm};
+use super::{hydra, launcher, Comm};
 use crate::exit::Exit;
 
 /// MPI for the length of the run: dropping it finalizes MPI.
@@ -60,7 +60,8 @@ impl MpiRuntime {
     /// published and its messages printed.
     ///
     /// MPI_Finalize can hang after all the work is done (MPICH 4.0 over UCX TCP: a rank waits
-    /// for a disconnect acknowledgement from a peer that already sits in the closing barrier).
+    /// for a disconnect acknowledgement from a peer that already sits in the closing barrier;
+    /// MPICH 4.2 enters that barrier before the disconnects, pmodels/mpich#6596).
     /// So it runs under a deadline: if this rank has not exited `RESHARD_FINALIZE_TIMEOUT`
     /// seconds after the agreement, it says so on stderr and exits with the agreed status (see
     /// [`leave`]). Nothing is lost then: every rank had finished its part and agreed on the result.
@@ -105,7 +106,7 @@ impl MpiRuntime {
 /// one's, and a rank's exit must not let a peer's finalize move on alone (a peer waiting for this
 /// rank would then enter the launcher's closing barrier, and hydra fails the job when that
 /// barrier completes after a rank's node has gone). Then, under hydra, the rank tells the
-/// launcher it finalized (see [`hydra_finalize`]).
+/// launcher it finalized (see [`hydra::tell_finalized`]).
 fn leave(
     rank: usize,
     code: Exit,
@@ -118,7 +119,7 @@ fn leave(
     } else {
         "MPI_Finalize did not return"
     };
-    eprintln!(
+    crate::errln!(
         "reshard: rank {rank}: {what} within {} s after the job ended; exiting with status {} \
          anyway (every rank had finished and agreed on the result)",
         timeout.as_secs_f64(),
@@ -126,55 +127,12 @@ fn leave(
     );
     if !finalized && sys::park_thread(main_thread) {
         std::thread::sleep((timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(2)));
-        hydra_finalize();
+        // Hydra otherwise takes this rank for a failed one (see the hydra module).
+        hydra::tell_finalized();
     }
     // No destructors or atexit handlers, any of which may wait in MPI; stdout and stderr were
     // flushed before the agreement.
     sys::exit_now(code.code())
-}
-
-/// Under MPICH's hydra launcher (`mpiexec`), tells the launcher that this rank finalized, as
-/// MPI_Finalize would have, before the rank exits without it: hydra takes a rank whose PMI
-/// connection closes without PMI's `finalize` for a failed one. It records exit status 1 for it
-/// (kept or not depending on which of two events it handles first) and kills the other ranks of
-/// its node, so a finished job would end with status 1 or 9 (one time in five here). The main
-/// thread must be parked: it may be waiting on the same connection. Elsewhere (Slurm's srun,
-/// another MPI's launcher) this does nothing.
-fn hydra_finalize() {
-    let var = |k: &str| std::env::var(k).ok();
-    let (Some(fd), Some(_)) = (
-        var("PMI_FD").and_then(|v| v.trim().parse::<libc::c_int>().ok()),
-        var("HYDI_CONTROL_FD"),
-    ) else {
-        return;
-    };
-    // PMI-1's wire format, which hydra's proxy accepts whichever version the client spoke.
-    let request = b"cmd=finalize\n";
-    // SAFETY: writes a buffer of the given length to the launcher's PMI socket.
-    let sent = unsafe { libc::write(fd, request.as_ptr().cast(), request.len()) };
-    if usize::try_from(sent).ok() != Some(request.len()) {
-        return;
-    }
-    // Until the acknowledgement (one line): the launcher must have taken the finalize before the
-    // connection closes.
-    let until = Instant::now() + Duration::from_secs(2);
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        let mut poll = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let mut byte = 0u8;
-        // SAFETY: polls one valid pollfd, then reads one byte into a local.
-        let read = unsafe {
-            libc::poll(&mut poll, 1, left.as_millis() as libc::c_int) == 1
-                && libc::read(fd, (&mut byte as *mut u8).cast(), 1) == 1
-        };
-        if !read || byte == b'\n' {
-            return;
-        }
-    }
 }
 
 fn flush_stdio() {
@@ -190,7 +148,7 @@ fn abort_on_panic() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
-        eprintln!("reshard: a rank panicked; aborting all ranks");
+        crate::errln!("reshard: a rank panicked; aborting all ranks");
         // SAFETY: MPI is initialized (the hook is installed after init) and MPI_Abort on the world
         // communicator may be called from any thread.
         unsafe {

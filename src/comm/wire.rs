@@ -110,26 +110,36 @@ pub struct RoundStatus {
     pub checkpoint: u64,
     /// Ranks whose writer synced the checkpoint in flight: all, and it is durable.
     pub synced: u64,
+    /// Ranks that received a stop signal (SIGINT, SIGTERM): any, and every rank checkpoints and
+    /// ends.
+    pub stopping: u64,
 }
 
 impl RoundStatus {
     /// Words of an encoded status.
-    pub const WORDS: usize = 4;
+    pub const WORDS: usize = 5;
 
     /// The words this status adds to the reduction.
     pub fn encode(&self) -> [u64; Self::WORDS] {
-        [self.failed, self.payload, self.checkpoint, self.synced]
+        [
+            self.failed,
+            self.payload,
+            self.checkpoint,
+            self.synced,
+            self.stopping,
+        ]
     }
 
     /// A status from the words of [`RoundStatus::encode`] (or their sum).
     pub fn decode(words: &[u64]) -> Self {
-        let [failed, payload, checkpoint, synced] =
-            words.try_into().expect("a round status is 4 words");
+        let [failed, payload, checkpoint, synced, stopping] =
+            words.try_into().expect("a round status is 5 words");
         RoundStatus {
             failed,
             payload,
             checkpoint,
             synced,
+            stopping,
         }
     }
 
@@ -276,8 +286,9 @@ mod tests {
             payload: 2,
             checkpoint: 3,
             synced: 4,
+            stopping: 5,
         };
-        assert_eq!(s.encode(), [1, 2, 3, 4]);
+        assert_eq!(s.encode(), [1, 2, 3, 4, 5]);
         assert_eq!(RoundStatus::decode(&s.encode()), s);
         let results = LocalComm::run(3, |c| {
             let r = c.rank() as u64;
@@ -286,6 +297,7 @@ mod tests {
                 payload: 10 * r,
                 checkpoint: u64::from(r == 0),
                 synced: 1,
+                stopping: u64::from(r == 2),
             };
             Ok::<_, anyhow::Error>(mine.all_sum(c))
         });
@@ -294,6 +306,7 @@ mod tests {
             payload: 30,
             checkpoint: 1,
             synced: 3,
+            stopping: 1,
         };
         for r in results {
             assert_eq!(r.unwrap(), want);

@@ -19,7 +19,7 @@ use crate::job::resume::{self, Resume};
 use crate::job::series::outputs_beyond;
 use crate::output::checkpoint::{self, InputRecord};
 use crate::output::saved_index;
-use crate::size::human_bytes;
+use crate::size::{count, human_bytes};
 
 /// Where the ranks' watchdogs leave heartbeats during the exchange (inside the staging
 /// directory, removed before publishing).
@@ -93,7 +93,7 @@ pub fn prepare(cfg: &RunConfig) -> Result<(Setup, Lead)> {
         if let Some(keep) = &cfg.keep {
             // --link would point at the new output by then, so only the output itself is spared.
             for old in outputs_beyond(&target, keep, cfg.epoch, None)? {
-                eprintln!(
+                crate::errln!(
                     "reshard: --keep {} would remove the older output {}",
                     keep.count,
                     old.display()
@@ -157,7 +157,7 @@ fn continue_staging(
         None
     };
     let Some(plan) = plan else {
-        eprintln!(
+        crate::errln!(
             "reshard: --resume: no earlier attempt to continue in {} (none ran, or it stopped before moving data): starting from the beginning",
             staging.display()
         );
@@ -165,13 +165,12 @@ fn continue_staging(
     };
     resume::check_same_request(&plan, &resume::arguments(cfg), inputs, staging)?;
     let checkpoint = checkpoint::read_checkpoint(staging)?.unwrap_or_default();
-    eprintln!(
-        "reshard: --resume: continuing the run in {}: {} samples durably in place ({} checkpoint{}; that run had {} ranks, {} per rank)",
+    crate::errln!(
+        "reshard: --resume: continuing the run in {}: {} durably in place ({}; that run had {}, {} per rank)",
         staging.display(),
-        checkpoint.done.count(),
-        checkpoint.checkpoints,
-        if checkpoint.checkpoints == 1 { "" } else { "s" },
-        plan.ranks,
+        count(checkpoint.done.count(), "sample"),
+        count(checkpoint.checkpoints, "checkpoint"),
+        count(plan.ranks as u64, "rank"),
         human_bytes(plan.mem_limit)
     );
     // What the earlier attempt's finish phase may have left is made again.
@@ -289,7 +288,7 @@ fn create_staging(staging: &Path) -> Result<()> {
                 )
             })
             .unwrap_or_default();
-        eprintln!(
+        crate::errln!(
             "reshard: removing {} left by an earlier run that did not finish{durable}",
             staging.display()
         );

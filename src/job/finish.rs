@@ -14,11 +14,13 @@ use crate::config::RunConfig;
 use crate::hooks;
 use crate::input::InputShard;
 use crate::job::expand::Setup;
+use crate::job::index::Index;
 use crate::job::layout::Laid;
 use crate::job::lock::StagingLock;
 use crate::job::Planned;
 use crate::output::{checkpoint, loaders, saved_index};
 use crate::output::{compress_shard, md5_file, OutputShards, ShardNames};
+use crate::sys::FileStamp;
 use crate::tar::{Codec, Sample};
 
 /// On rank 0: every output file's size, and with `--checksum` every shard's MD5 (16 bytes each,
@@ -54,12 +56,17 @@ pub fn run(
         checkpoint::forget(staging);
     }
     // An input that changed while it was read may have fed stale or torn samples: refuse.
-    agree(comm, check_unchanged(&setup.inputs, index.mine.clone()))?;
+    agree(comm, check_unchanged(&setup.inputs, index))?;
     let lead_plain = comm.rank() == 0 && cfg.compress == Codec::Plain;
     // Every shard complete and synced: a failure from here on resumes without moving data.
     let synced = output.sync().and_then(|()| {
         let all = (lead_plain && index.samples > 0).then_some((0, index.samples));
-        all.map_or(Ok(()), |all| checkpoint::record_all(staging, all))
+        let names = || {
+            (0..placed.shards)
+                .map(|s| placed.names.plain(s))
+                .collect::<Vec<_>>()
+        };
+        all.map_or(Ok(()), |all| checkpoint::record_all(staging, all, &names()))
     });
     agree(comm, synced)?;
     let (sizes, sums) = agree(comm, finish_shards(cfg, staging, laid, &placed.names))?;
@@ -116,17 +123,23 @@ fn finish_shards(
     Ok((sizes, sums))
 }
 
-/// Checks that this rank's input shards still have the size they had when the run started.
-fn check_unchanged(inputs: &[InputShard], mine: std::ops::Range<usize>) -> Result<()> {
-    for input in &inputs[mine] {
-        let now = fs::metadata(&input.path)
-            .with_context(|| format!("input {} disappeared during the run", input.path.display()))?
-            .len();
-        if now != input.size {
+/// Checks that this rank's input shards are the files it indexed, unchanged: the size the run
+/// planned with, and the size, modification and change times and inode this rank saw before it
+/// read them (a rewrite in place of the same size moves the times; a replacement by rename
+/// changes the inode).
+fn check_unchanged(inputs: &[InputShard], index: &Index) -> Result<()> {
+    for (input, then) in inputs[index.mine.clone()].iter().zip(&index.stamps) {
+        let now = FileStamp::read(&input.path).with_context(|| {
+            format!("input {} disappeared during the run", input.path.display())
+        })?;
+        let mut changes = now.changes_since(then, true);
+        if changes.is_empty() && now.size != input.size {
+            changes = format!("size {} -> {} bytes", input.size, now.size);
+        }
+        if !changes.is_empty() {
             bail!(
-                "input {} changed size during the run ({} bytes when the run started, {now} now): its samples cannot be trusted; nothing is published",
-                input.path.display(),
-                input.size
+                "input {} changed during the run ({changes}): its samples cannot be trusted; nothing is published",
+                input.path.display()
             );
         }
     }

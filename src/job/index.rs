@@ -18,6 +18,9 @@ use crate::plan::assign_inputs;
 use crate::plan::placement::LocalSample;
 use crate::progress::Progress;
 use crate::report::narrate;
+use crate::size::count;
+use crate::sys::FileStamp;
+use crate::tar::key::LoaderNames;
 use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
 
 /// What the index phase leaves on every rank.
@@ -39,6 +42,14 @@ pub struct Index {
     pub sample_bytes: u64,
     pub skipped: Skipped,
     pub hygiene: Hygiene,
+    /// Runs of zero blocks read past inside inputs (`--ignore-zeros`), over all ranks.
+    pub zero_runs: u64,
+    /// This rank's input shards as it saw them just before it read them (or their saved
+    /// index), in order: the finish phase checks them unchanged.
+    pub stamps: Vec<FileStamp>,
+    /// This rank's input shards whose saved index was used: their streams were not read here,
+    /// so the exchange reads the compressed ones to their end (checking their checksums).
+    pub unread: Vec<usize>,
 }
 
 /// Indexes this rank's share, checks for samples split across shards and for duplicate keys,
@@ -52,6 +63,15 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
     let sizes: Vec<u64> = inputs.iter().map(|s| s.size).collect();
     let mine = assign_inputs(&sizes, ranks)[rank].clone();
     let reused = AtomicUsize::new(0);
+    if let Some(dir) = cfg.index.as_deref().filter(|_| needs_headers(&cfg.rules)) {
+        narrate(
+            lead,
+            format_args!(
+                "--index {}: not used, the order or loader index asked for needs the tar headers",
+                dir.display()
+            ),
+        );
+    }
     let indexed = index_shards(
         inputs,
         mine.clone(),
@@ -69,6 +89,9 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
         key_hashes,
         keys,
         contents,
+        zero_runs,
+        unread,
+        stamps,
     } = agree(comm, indexed)?;
     let all_edges = gather_concat(comm, 0, &edges);
     broadcast_result(
@@ -96,24 +119,27 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
         narrate(
             lead,
             format_args!(
-                "reused the saved index of {reused} of {} input shards",
-                inputs.len()
+                "reused the saved index of {reused} of {}",
+                count(inputs.len() as u64, "input shard")
             ),
         );
     }
     let (first_global, samples) = exclusive_sum(comm, local.len() as u64);
-    let mut totals = vec![local.iter().map(|s| s.len).sum::<u64>()];
+    let mut totals = vec![local.iter().map(|s| s.len).sum::<u64>(), zero_runs];
     totals.extend(skipped.to_array());
     let totals = comm.all_sum(&totals);
-    let (&sample_bytes, skipped) = totals.split_first().expect("bytes, then skipped counts");
+    let ([sample_bytes, zero_runs], skipped) = totals.split_at(2) else {
+        unreachable!("bytes and zero runs, then skipped counts")
+    };
+    let (sample_bytes, zero_runs) = (*sample_bytes, *zero_runs);
     let skipped = Skipped::from_array(skipped.try_into().expect("four counts"));
     if samples == 0 {
         return Err(everywhere(
             lead,
             anyhow!(
-                "the input holds no samples ({} shards, {} entries skipped)",
-                inputs.len(),
-                skipped.total()
+                "the input holds no samples ({}, {} skipped)",
+                count(inputs.len() as u64, "shard"),
+                count(skipped.total(), "entry").replace("entrys", "entries")
             ),
         ));
     }
@@ -128,8 +154,14 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
         sample_bytes,
         skipped,
         hygiene,
+        zero_runs,
+        unread,
+        stamps,
     })
 }
+
+/// One input shard's index, with its stamp from just before it was read.
+type Stamped = (FileStamp, ShardIndex);
 
 /// (input shard, (first key, last key)) of the shards a rank indexed from their headers.
 type EdgeKeys = Vec<(usize, (String, String))>;
@@ -229,7 +261,7 @@ fn index_shards(
 ) -> Result<Indexed> {
     const THREADS: usize = 32;
     let next = AtomicUsize::new(mine.start);
-    let results: Mutex<Vec<Option<Result<ShardIndex>>>> =
+    let results: Mutex<Vec<Option<Result<Stamped>>>> =
         Mutex::new((0..mine.len()).map(|_| None).collect());
     let threads = THREADS.min(mine.len());
     let work = Work {
@@ -245,7 +277,13 @@ fn index_shards(
                     if i >= mine.end {
                         break;
                     }
-                    let r = index_one(&inputs[i].path, index_dir, rules, reused);
+                    let path = &inputs[i].path;
+                    // Before the shard is read: a change while it is read moves its stamp.
+                    let r = FileStamp::read(path)
+                        .with_context(|| format!("input {}: cannot stat", path.display()))
+                        .and_then(|stamp| {
+                            index_one(path, index_dir, rules, reused).map(|idx| (stamp, idx))
+                        });
                     let failed = r.is_err();
                     results.lock().unwrap()[i - mine.start] = Some(r);
                     work.shards.fetch_add(1, Ordering::SeqCst);
@@ -262,6 +300,13 @@ fn index_shards(
     collect(results.into_inner().unwrap(), mine, rules)
 }
 
+/// Whether the rules need what only the headers hold. A saved index holds byte ranges only, not
+/// keys, labels or member names: the loader indexes' name and duplicate checks need the
+/// headers, and must fail while indexing, before any data moves, not in the finish phase.
+fn needs_headers(rules: &Rules) -> bool {
+    rules.keep_keys || rules.read_member.is_some() || rules.loader_names != LoaderNames::default()
+}
+
 /// One input shard's index: its saved index when it still matches, else its tar headers.
 fn index_one(
     path: &Path,
@@ -269,8 +314,7 @@ fn index_one(
     rules: &Rules,
     reused: &AtomicUsize,
 ) -> Result<ShardIndex> {
-    // A saved index holds byte ranges only, not keys or labels.
-    let saved = if rules.keep_keys || rules.read_member.is_some() {
+    let saved = if needs_headers(rules) {
         Lookup::Missing
     } else {
         saved_index::load(path, index_dir)
@@ -282,7 +326,7 @@ fn index_one(
         }
         Lookup::Missing => index_file_with(path, rules),
         Lookup::Stale(why) => {
-            eprintln!("reshard: warning: re-indexing: {why}");
+            crate::errln!("reshard: warning: re-indexing: {why}");
             index_file_with(path, rules)
         }
     }
@@ -291,7 +335,7 @@ fn index_one(
 /// This rank's shard indexes, in shard order, as one list of samples; the first failure in
 /// shard order is the error.
 fn collect(
-    results: Vec<Option<Result<ShardIndex>>>,
+    results: Vec<Option<Result<Stamped>>>,
     mine: std::ops::Range<usize>,
     rules: &Rules,
 ) -> Result<Indexed> {
@@ -301,7 +345,7 @@ fn collect(
         .iter()
         .flatten()
         .flatten()
-        .map(|i| i.samples.len())
+        .map(|(_, i)| i.samples.len())
         .sum();
     let mut out = Indexed::default();
     out.local.reserve_exact(total);
@@ -311,8 +355,15 @@ fn collect(
     let mut skipped = [0u64; 4];
     let mut hygiene = [0u64; 3];
     for (i, r) in mine.clone().zip(results) {
-        let Some(idx) = r.transpose()? else { continue };
+        let Some((stamp, idx)) = r.transpose()? else {
+            continue;
+        };
+        out.stamps.push(stamp);
         out.counts.push(idx.samples.len() as u64);
+        out.zero_runs += idx.zero_runs;
+        if idx.saved {
+            out.unread.push(i);
+        }
         if let Some(keys) = idx.edge_keys {
             out.edges.push((i, keys));
         }
@@ -361,4 +412,8 @@ struct Indexed {
     keys: Vec<Vec<u8>>,
     /// Every sample's label member, when the rules read one.
     contents: Vec<Option<Vec<u8>>>,
+    zero_runs: u64,
+    /// Shards indexed from their saved index.
+    unread: Vec<usize>,
+    stamps: Vec<FileStamp>,
 }

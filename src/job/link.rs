@@ -3,7 +3,7 @@
 //! where the path may have changed since.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
 use anyhow::{bail, Result};
 
@@ -20,4 +20,56 @@ pub fn check_link(link: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// What a `--link` at `link` holds to reach `target`: the path of `target` relative to the
+/// link's directory, as `ln -sr` makes it, so that the link keeps working when the tree that
+/// holds both is moved or mounted at another path on other nodes. Both paths are resolved
+/// first (symbolic links in them included), as `ln -sr` does.
+///
+/// # Errors
+/// The link's directory or the target cannot be resolved (one does not exist).
+pub fn relative_target(link: &Path, target: &Path) -> Result<PathBuf> {
+    let dir = match link.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let dir = fs::canonicalize(dir)
+        .map_err(|e| anyhow::anyhow!("--link {}: its directory: {e}", link.display()))?;
+    let target = fs::canonicalize(target)
+        .map_err(|e| anyhow::anyhow!("--link: the output {}: {e}", target.display()))?;
+    Ok(relative_path(&dir, &target))
+}
+
+/// The path that leads from the directory `from` to `to`; both absolute and resolved.
+fn relative_path(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<Component> = from.components().collect();
+    let to: Vec<Component> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path: PathBuf = from[common..]
+        .iter()
+        .map(|_| Component::ParentDir)
+        .collect();
+    path.extend(&to[common..]);
+    if path.as_os_str().is_empty() {
+        path.push(".");
+    }
+    path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_lead_from_the_links_directory() {
+        let rel = |a: &str, b: &str| relative_path(Path::new(a), Path::new(b));
+        assert_eq!(rel("/data", "/data/epoch-3"), Path::new("epoch-3"));
+        assert_eq!(
+            rel("/data/links", "/data/epochs/e3"),
+            Path::new("../epochs/e3")
+        );
+        assert_eq!(rel("/a/b/c", "/x"), Path::new("../../../x"));
+        assert_eq!(rel("/data", "/data"), Path::new("."));
+    }
 }

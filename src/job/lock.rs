@@ -359,7 +359,7 @@ impl StagingLock {
                 aside.display()
             )
         })?;
-        eprintln!(
+        crate::errln!(
             "reshard: moved {} aside to {}: it belongs to the run that held {} ({}), which may \
              only be suspended, so it is not removed. That run removes it if it wakes (it then \
              fails without publishing); otherwise remove it once that run is surely gone, or \
@@ -384,7 +384,7 @@ impl StagingLock {
         let mine =
             fs::read_to_string(aside.join(OWNER_FILE)).is_ok_and(|m| m.trim() == self.owner.token);
         if mine && fs::remove_dir_all(&aside).is_ok() {
-            eprintln!(
+            crate::errln!(
                 "reshard: removed {}: this run's staging directory, which the run that took \
                  over {} had moved aside",
                 aside.display(),
@@ -418,7 +418,7 @@ fn heartbeat(path: &Path, mut owner: Owner, stopped: &Receiver<()>, lost: &Mutex
         match rewrite_beat(path, &owner) {
             Ok(None) => {
                 if failing {
-                    eprintln!(
+                    crate::errln!(
                         "reshard: {}: the heartbeat is written again",
                         path.display()
                     );
@@ -433,7 +433,7 @@ fn heartbeat(path: &Path, mut owner: Owner, stopped: &Receiver<()>, lost: &Mutex
             }
             Err(e) => {
                 if !failing {
-                    eprintln!(
+                    crate::errln!(
                         "reshard: warning: {}: cannot write the lock's heartbeat ({e}); trying \
                          again every second (a run that cannot check this one's pid takes the \
                          output over if it stays silent for --lock-stale-after)",
@@ -523,7 +523,7 @@ fn judge(path: &Path, holder: &Owner, me: &Owner, window: Duration) -> Holder {
         let silent = watched.elapsed();
         if !told && silent >= QUIET_NOTE && silent < window {
             told = true;
-            eprintln!(
+            crate::errln!(
                 "reshard: {}: held by {}, whose pid cannot be checked from here (another \
                  machine, boot or PID namespace), and unchanged for {} s: taken for dead and \
                  taken over in {} s unless its heartbeat moves (--lock-stale-after {})",
@@ -566,7 +566,7 @@ fn take_over(
                             stale_after.as_secs()
                         )
                     };
-                    eprintln!(
+                    crate::errln!(
                         "reshard: taking over {}: its run ({}) {why}",
                         path.display(),
                         dead.who()
@@ -604,7 +604,7 @@ fn clear_stale_guard(guard: &Path, me: &Owner, stale_after: Duration) -> Result<
         Holder::Changed => Ok(true),
         Holder::Dead { .. } => {
             if read_owner(guard)?.is_some_and(|now| now.same_holder(&holder)) {
-                eprintln!(
+                crate::errln!(
                     "reshard: removing the takeover guard {}: left by a run that is gone ({})",
                     guard.display(),
                     holder.who()

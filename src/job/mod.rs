@@ -25,6 +25,7 @@ pub mod exchange;
 pub mod expand;
 pub mod finish;
 pub mod index;
+pub mod interrupt;
 pub mod layout;
 pub mod link;
 pub mod lock;
@@ -34,6 +35,7 @@ pub mod publish;
 pub mod resume;
 pub mod runs;
 pub mod series;
+pub mod space;
 pub mod split;
 pub mod summary;
 
@@ -50,7 +52,7 @@ use crate::progress::{PhaseTimes, Progress};
 use crate::report::mixing::Mixing;
 use crate::report::picture::{self, Picture};
 use crate::report::{narrate, PlanReport};
-use crate::size::human_bytes;
+use crate::size::{count, human_bytes};
 use exchange::{Buffers, ExchangeStats};
 use expand::{Lead, Setup, HEARTBEATS};
 use index::Index;
@@ -95,11 +97,11 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
     });
     let setup: Setup = broadcast_result(comm, 0, prepared)?;
     let result = run_phases(comm, cfg, &setup, lead.then_some(&mine), &mut times);
-    if let (true, Err(_), Some(staging)) = (lead, &result, &setup.staging) {
+    if let (true, Err(e), Some(staging)) = (lead, &result, &setup.staging) {
         // Every rank has left the failed phase (failures are agreed collectively). A staging
         // directory another run took over is that run's.
         if mine.lock.as_ref().is_none_or(|l| l.may_clean_up(staging)) {
-            abandon(staging);
+            abandon(staging, e.downcast_ref::<interrupt::Interrupted>());
         }
     }
     drop(mine);
@@ -107,10 +109,22 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
 }
 
 /// After a failure: the staging directory goes, unless a checkpoint recorded samples a rerun
-/// with `--resume` need not move again.
-fn abandon(staging: &std::path::Path) {
-    match checkpoint::read_checkpoint(staging) {
-        Ok(Some(c)) if !c.done.is_empty() => eprintln!(
+/// with `--resume` need not move again. A stop signal's message says which (`interrupted`).
+fn abandon(staging: &std::path::Path, interrupted: Option<&interrupt::Interrupted>) {
+    let checkpoint = checkpoint::read_checkpoint(staging);
+    if let Some(i) = interrupted {
+        let durable = match &checkpoint {
+            Ok(Some(c)) => c.done.count(),
+            _ => 0,
+        };
+        crate::errln!("{}", interrupt::message(i, staging, durable));
+        if durable == 0 {
+            let _ = fs::remove_dir_all(staging);
+        }
+        return;
+    }
+    match checkpoint {
+        Ok(Some(c)) if !c.done.is_empty() => crate::errln!(
             "reshard: kept {}: {} samples are durably in place there; rerun with the same arguments and --resume to continue, or without it to start over",
             staging.display(),
             c.done.count()
@@ -136,6 +150,9 @@ fn run_phases(
     times.start("index");
     let mut index = index::run(comm, cfg, &setup.inputs)?;
     hooks::kill_at(comm.rank(), "index");
+    let samples = index.samples;
+    let stopped = |e| interrupt::with_samples(e, samples);
+    interrupt::check(comm).map_err(stopped)?;
     times.start("plan");
     let placed = place::run(comm, cfg, &setup.inputs, &mut index)?;
     let laid = layout::run(comm, cfg, &setup.inputs, &index, &placed)?;
@@ -153,13 +170,20 @@ fn run_phases(
         }
         return Ok(Outcome::Planned(report));
     }
+    interrupt::check(comm).map_err(stopped)?;
+    if cfg.space_check {
+        space::check(comm, setup.staging()?, &planned.laid.shard_bytes)?;
+    }
     let output = staging_shards(comm, cfg, setup, inputs, &planned)?;
     times.start("exchange");
-    let stats = exchange_phase(comm, cfg, setup, &planned, &output)?;
+    let stats = exchange_phase(comm, cfg, setup, &planned, &output).map_err(stopped)?;
+    interrupt::check(comm).map_err(stopped)?;
     times.start("finish");
     let finished = finish::run(comm, cfg, setup, &planned, output, lock)?;
     let staging = setup.staging()?;
     crate::hooks::pause_before_publish(staging, comm.rank());
+    // The last moment to stop: publishing is one rename.
+    interrupt::check(comm).map_err(stopped)?;
     // Before publish writes the manifests into the staging directory; again before its rename.
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
     publish::run(comm, cfg, setup, &planned, &finished, lock)?;
@@ -181,7 +205,12 @@ fn staging_shards(
     let (names, layout) = (&planned.placed.names, &planned.laid.layout);
     if resume.is_some() {
         resume::record_plan(comm, cfg, staging, resume, inputs, planned)?;
-        return agree(comm, OutputShards::reopen(staging, names, layout));
+        let output = agree(comm, OutputShards::reopen(staging, names, layout))?;
+        let checked = resume
+            .filter(|_| comm.rank() == 0)
+            .map_or(Ok(()), |r| checkpoint::check_shards(staging, &r.checkpoint));
+        agree(comm, checked)?;
+        return Ok(output);
     }
     let output = agree(comm, OutputShards::create(staging, names, layout))?;
     // Recorded once every shard exists: a plan record promises them to a resumed run.
@@ -219,7 +248,7 @@ fn plot_plan(
         };
         let warning = picture::draw(path, &picture)?;
         if let Some(w) = warning {
-            eprintln!("reshard: warning: {w}");
+            crate::errln!("reshard: warning: {w}");
         }
         narrate(true, format_args!("drew the plan to {}", path.display()));
         Ok(())
@@ -234,10 +263,10 @@ fn narrate_start(comm: &impl Comm, setup: &Setup) {
     narrate(
         lead,
         format_args!(
-            "indexing {} input shards ({}) on {ranks} rank{}",
-            setup.inputs.len(),
+            "indexing {} ({}) on {}",
+            count(setup.inputs.len() as u64, "input shard"),
             human_bytes(input_bytes),
-            if ranks == 1 { "" } else { "s" }
+            count(ranks as u64, "rank")
         ),
     );
     if let Some(staging) = &setup.staging {
@@ -270,6 +299,7 @@ fn exchange_phase(
         inputs: &setup.inputs,
         local: &planned.index.local,
         first_global: planned.index.first_global,
+        unread: &planned.index.unread,
         done: resume.map_or(&nothing, |r| &r.checkpoint.done),
         placement: &planned.placed.placement,
         plan: &planned.laid.plan,
@@ -337,6 +367,7 @@ mod tests {
             balance: Balance::Count,
             gpus: None,
             dry_run: false,
+            space_check: true,
             json: false,
             seed: 3,
             epoch: 0,

@@ -9,7 +9,7 @@ use crate::input::InputShard;
 use crate::job::index::Index;
 use crate::output::ShardNames;
 use crate::report::narrate;
-use crate::size::human_bytes;
+use crate::size::{count, human_bytes};
 use crate::tar::key_at;
 
 use crate::comm::sort::{global_ranks, Item};
@@ -229,10 +229,10 @@ fn narrate_placed(lead: bool, cfg: &RunConfig, index: &Index, placed: &Placed) {
     narrate(
         lead,
         format_args!(
-            "{} samples, {} of sample data -> {} shards ({}), order: {}",
-            index.samples,
+            "{}, {} of sample data -> {} ({}), order: {}",
+            count(index.samples, "sample"),
             human_bytes(index.sample_bytes),
-            placed.shards,
+            count(placed.shards, "shard"),
             placed.sizing,
             cfg.order.describe()
         ),

@@ -16,7 +16,7 @@ use crate::hooks;
 use crate::job::expand::{Setup, HEARTBEATS};
 use crate::job::finish::Finished;
 use crate::job::layout::Laid;
-use crate::job::link::check_link;
+use crate::job::link::{check_link, relative_target};
 use crate::job::lock::StagingLock;
 use crate::job::owned::{check_replaceable, inspect, AtOutput};
 use crate::job::place::Placed;
@@ -225,7 +225,7 @@ fn after_publish(cfg: &RunConfig, staging: &Path, target: &Path, replaced: bool)
     }
     if let Some(keep) = &cfg.keep {
         for aside in unfinished_removals(target, keep)? {
-            eprintln!(
+            crate::errln!(
                 "reshard: --keep: finishing the removal of {} (an earlier run moved it aside)",
                 aside.display()
             );
@@ -233,7 +233,7 @@ fn after_publish(cfg: &RunConfig, staging: &Path, target: &Path, replaced: bool)
                 .with_context(|| format!("--keep: cannot remove {}", aside.display()))?;
         }
         for old in outputs_beyond(target, keep, cfg.epoch, cfg.link.as_deref())? {
-            eprintln!(
+            crate::errln!(
                 "reshard: --keep {}: removing the older output {}",
                 keep.count,
                 old.display()
@@ -253,7 +253,9 @@ fn point_link(link: &Path, target: &Path) -> Result<()> {
         .with_context(|| format!("--link {}: not a file name", link.display()))?;
     let tmp = link.with_file_name(format!(".{}.reshard-link", name.to_string_lossy()));
     let _ = fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(target, &tmp)
+    // Relative, as `ln -sr` makes it: the link survives a move of the tree that holds both.
+    let points_to = relative_target(link, target)?;
+    std::os::unix::fs::symlink(&points_to, &tmp)
         .with_context(|| format!("--link: cannot create {}", tmp.display()))?;
     fs::rename(&tmp, link).with_context(|| format!("--link: cannot replace {}", link.display()))?;
     if let Some(parent) = link.parent().filter(|p| !p.as_os_str().is_empty()) {

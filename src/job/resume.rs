@@ -17,11 +17,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::resolve::UsageError;
 use crate::comm::{agree, Comm};
-use crate::config::RunConfig;
+use crate::config::{RunConfig, Splits};
 use crate::input::InputShard;
 use crate::job::exchange::Checkpoints;
 use crate::job::Planned;
 use crate::output::checkpoint::{self, Checkpoint, InputRecord, PlanRecord};
+use crate::size::count;
 
 /// What an earlier attempt left to continue from, as rank 0 found it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -37,17 +38,22 @@ pub struct Resume {
 pub fn arguments(cfg: &RunConfig) -> Vec<(String, String)> {
     let mut args = vec![
         ("reshard version", env!("CARGO_PKG_VERSION").to_string()),
-        ("--shards/--shard-size/--gpus", format!("{:?}", cfg.sizing)),
-        ("--equalize", format!("{:?}", cfg.equalize)),
-        ("--balance", format!("{:?}", cfg.balance)),
+        ("--shards/--shard-size/--gpus", cfg.sizing.flags()),
+        ("--equalize", cfg.equalize.flag().to_string()),
+        ("--balance", cfg.balance.flag().to_string()),
         ("--seed", cfg.seed.to_string()),
         ("--epoch", cfg.epoch.to_string()),
         ("--prefix", cfg.prefix.clone()),
-        ("--order and its options", format!("{:?}", cfg.order)),
-        ("--split/--split-shards", format!("{:?}", cfg.split)),
+        ("--order and its options", cfg.order.flags()),
+        (
+            "--split/--split-shards",
+            cfg.split
+                .as_ref()
+                .map_or_else(|| "none".into(), Splits::flags),
+        ),
         (
             "--require-ext/--on-incomplete/--on-duplicate",
-            format!("{:?}", cfg.rules),
+            cfg.rules.flags(),
         ),
     ];
     if let Some(map) = &cfg.order.key_map {
@@ -111,8 +117,8 @@ pub fn check_same_request(
     }
     if recorded.inputs.len() != inputs.len() {
         return Err(differs(format!(
-            "that run read {} input shards, this one {}",
-            recorded.inputs.len(),
+            "that run read {}, this one {}",
+            count(recorded.inputs.len() as u64, "input shard"),
             inputs.len()
         )));
     }
@@ -313,7 +319,7 @@ mod tests {
             ),
             (
                 record(&[("--seed", "3"), ("--epoch", "0")], &[]),
-                "that run read 1 input shards, this one 0",
+                "that run read 1 input shard, this one 0",
             ),
         ];
         for (now, needle) in differs {

@@ -14,8 +14,9 @@ use crate::job::expand::Setup;
 use crate::job::Planned;
 use crate::progress::PhaseTimes;
 use crate::report::ranks::{seconds, Spread};
+use crate::report::storage::FreeSpace;
 use crate::report::{GpuShare, PlanReport, Stats, Storage};
-use crate::size::human_bytes;
+use crate::size::{count, human_bytes};
 use crate::sys::peak_rss;
 use crate::tar::{Hygiene, Skipped};
 
@@ -105,6 +106,8 @@ pub struct Summary {
     pub gpus: Option<GpuShare>,
     pub ranks: usize,
     pub skipped: Skipped,
+    /// Runs of zero blocks read past inside inputs (`--ignore-zeros`).
+    pub zero_runs: u64,
     pub hygiene: Hygiene,
     pub phases: PhaseTimes,
     pub rounds: u64,
@@ -137,11 +140,14 @@ impl Summary {
     /// The human-readable summary rank 0 prints at the end.
     pub fn render(&self) -> String {
         let total = self.phases.total();
+        // What was written: with --equalize, not the input's count.
+        let written = (self.shard_bytes.mean * self.shards as f64).round() as u64;
         let mut s = format!(
-            "reshard: wrote {} shards ({} samples, {}) to {} in {:.2} s ({}/s) with {} rank{}\n",
+            "reshard: wrote {} shard{} ({} samples, {}) to {} in {:.2} s ({}/s) with {} rank{}\n",
             self.shards,
-            self.samples,
-            human_bytes(self.sample_bytes),
+            if self.shards == 1 { "" } else { "s" },
+            self.output_samples,
+            human_bytes(written),
             self.output.display(),
             total,
             human_bytes((self.sample_bytes as f64 / total.max(1e-9)) as u64),
@@ -149,12 +155,22 @@ impl Summary {
             if self.ranks == 1 { "" } else { "s" }
         );
         s += &format!(
-            "  input: {} shards, {}\n",
+            "  input: {} shard{}, {}, {} samples\n",
             self.inputs,
-            human_bytes(self.input_bytes)
+            if self.inputs == 1 { "" } else { "s" },
+            human_bytes(self.input_bytes),
+            self.samples
         );
-        if self.output_samples != self.samples {
-            s += &format!("  samples written: {} (equalized)\n", self.output_samples);
+        if self.output_samples < self.samples {
+            s += &format!(
+                "  --equalize drop: {} input samples left out\n",
+                self.samples - self.output_samples
+            );
+        } else if self.output_samples > self.samples {
+            s += &format!(
+                "  --equalize pad: {} samples written twice\n",
+                self.output_samples - self.samples
+            );
         }
         s += &format!("  shard bytes: {}\n", self.shard_bytes.bytes());
         if let Some(g) = &self.gpus {
@@ -169,11 +185,11 @@ impl Summary {
         }
         if self.reused_samples > 0 {
             s += &format!(
-                "  resumed: reused {} samples ({}) an earlier attempt had placed; {} of {} shards were complete\n",
-                self.reused_samples,
+                "  resumed: reused {} ({}) an earlier attempt had placed; {} of {} complete\n",
+                count(self.reused_samples, "sample"),
                 human_bytes(self.reused_bytes),
                 self.reused_shards,
-                self.shards
+                count(self.shards, "shard")
             );
         }
         let k = self.skipped;
@@ -181,6 +197,12 @@ impl Summary {
             s += &format!(
                 "  skipped entries (not part of any sample): {} directories, {} files without a key, {} links/special files, {} PAX global headers\n",
                 k.directories, k.keyless_files, k.other_entries, k.global_headers
+            );
+        }
+        if self.zero_runs > 0 {
+            s += &format!(
+                "  --ignore-zeros: read past {} end-of-archive markers or lone zero blocks inside inputs\n",
+                self.zero_runs
             );
         }
         let h = self.hygiene;
@@ -247,6 +269,7 @@ pub fn gather(
         gpus: laid.gpus,
         ranks,
         skipped: index.skipped,
+        zero_runs: index.zero_runs,
         hygiene: index.hygiene,
         phases: times.clone(),
         rounds: stats.rounds,
@@ -257,6 +280,26 @@ pub fn gather(
         mem_limit: cfg.mem_limit,
         rank_spread,
         per_rank,
+    })
+}
+
+/// The free space where `output` would go: on the file system of its nearest existing ancestor.
+fn free_space(output: &std::path::Path) -> Option<FreeSpace> {
+    let dir = output
+        .ancestors()
+        .skip(1)
+        .map(|a| {
+            if a.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                a
+            }
+        })
+        .find(|a| a.is_dir())?;
+    let bytes = crate::sys::free_space(dir).ok()?;
+    Some(FreeSpace {
+        path: dir.display().to_string(),
+        bytes,
     })
 }
 
@@ -281,7 +324,16 @@ pub fn plan_report(cfg: &RunConfig, setup: &Setup, planned: &Planned) -> PlanRep
         shard_samples: Stats::of(&laid.shard_samples),
         shard_bytes,
         gpus: laid.gpus,
-        storage: Storage::assess(placed.shards, shard_bytes.mean as u64, shard_bytes.max),
+        storage: Storage::assess(
+            placed.shards,
+            (
+                shard_bytes.mean as u64,
+                shard_bytes.max,
+                laid.shard_bytes.iter().sum(),
+            ),
+            &cfg.sizing,
+        )
+        .with_free_space(cfg.output.as_deref().and_then(free_space)),
         order: cfg.order.describe(),
         stratify: placed.stratify.clone(),
         per_shard: laid.shardlist.clone(),

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::sys::FileStamp;
+
 /// The directory inside the staging directory that holds the records.
 pub const DIR_NAME: &str = ".resume";
 const PLAN: &str = "plan.json";
@@ -94,6 +96,11 @@ pub struct Checkpoint {
     pub samples: u64,
     /// Checkpoints taken so far over all attempts of the run.
     pub checkpoints: u64,
+    /// Once every staging shard is complete and synced ([`record_all`]): each one's path in
+    /// the staging directory and stamp. Nothing writes them after that, so a resumed run
+    /// refuses a shard whose stamp differs ([`check_shards`]).
+    #[serde(default)]
+    pub shards: Vec<(String, FileStamp)>,
 }
 
 /// Where the records of the staging directory `staging` are.
@@ -136,11 +143,12 @@ pub fn write_checkpoint(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
 }
 
 /// Records that every sample in `all` (every sample of the run) is durably in place, once the
-/// shards are complete and synced, and only if the plan was recorded.
+/// shards are complete and synced, and only if the plan was recorded; with the stamps of the
+/// staging shards `shards` (paths in `staging`).
 ///
 /// # Errors
-/// It cannot be written.
-pub fn record_all(staging: &Path, all: (u64, u64)) -> Result<()> {
+/// It cannot be written, or a shard cannot be stat'ed.
+pub fn record_all(staging: &Path, all: (u64, u64), shards: &[String]) -> Result<()> {
     if !dir(staging).join(PLAN).exists() {
         return Ok(());
     }
@@ -148,7 +156,43 @@ pub fn record_all(staging: &Path, all: (u64, u64)) -> Result<()> {
     latest.done = latest.done.with([all]);
     latest.samples = latest.done.count();
     latest.checkpoints += 1;
+    latest.shards = shards
+        .iter()
+        .map(|name| {
+            let path = staging.join(name);
+            FileStamp::read(&path)
+                .map(|stamp| (name.clone(), stamp))
+                .with_context(|| format!("{}: cannot stat", path.display()))
+        })
+        .collect::<Result<_>>()?;
     write_checkpoint(staging, &latest)
+}
+
+/// Checks that the staging shards `checkpoint` recorded complete are as they were then: a
+/// shard rewritten, replaced or truncated between attempts would publish samples that are
+/// missing or not the input's.
+///
+/// # Errors
+/// A shard is missing or changed (named, with what changed).
+pub fn check_shards(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
+    for (name, then) in &checkpoint.shards {
+        let path = staging.join(name);
+        let now = FileStamp::read(&path).with_context(|| {
+            format!(
+                "cannot --resume: the staging shard {} that the earlier attempt completed is gone; rerun without --resume to start over",
+                path.display()
+            )
+        })?;
+        // Rank 0 of this run may be on another host than the one that took the stamps.
+        let changes = now.changes_since(then, false);
+        if !changes.is_empty() {
+            anyhow::bail!(
+                "cannot --resume: the staging shard {} changed since the earlier attempt completed it ({changes}), so its samples cannot be trusted; rerun without --resume to start over",
+                path.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Removes the records: the staging shards can no longer be resumed from.
@@ -220,10 +264,40 @@ mod tests {
             done: Done::of([(0, 3)]),
             samples: 3,
             checkpoints: 1,
+            shards: Vec::new(),
         };
         write_checkpoint(tmp.path(), &c).unwrap();
         assert_eq!(read_checkpoint(tmp.path()).unwrap(), Some(c));
         forget(tmp.path());
         assert!(read_checkpoint(tmp.path()).unwrap().is_none());
+    }
+
+    #[test]
+    fn completed_shards_rewritten_in_place_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = tmp.path();
+        write_plan(
+            staging,
+            &PlanRecord {
+                arguments: Vec::new(),
+                inputs: Vec::new(),
+                digest: String::new(),
+                ranks: 1,
+                mem_limit: 1,
+            },
+        )
+        .unwrap();
+        fs::write(staging.join("a.tar"), [1u8; 1024]).unwrap();
+        record_all(staging, (0, 2), &["a.tar".to_string()]).unwrap();
+        let c = read_checkpoint(staging).unwrap().unwrap();
+        check_shards(staging, &c).unwrap();
+        // Same size, other bytes: the times move.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        fs::write(staging.join("a.tar"), [2u8; 1024]).unwrap();
+        let e = format!("{:#}", check_shards(staging, &c).unwrap_err());
+        assert!(e.contains("a.tar") && e.contains("changed"), "{e}");
+        fs::remove_file(staging.join("a.tar")).unwrap();
+        let e = format!("{:#}", check_shards(staging, &c).unwrap_err());
+        assert!(e.contains("is gone"), "{e}");
     }
 }

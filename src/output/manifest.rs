@@ -7,10 +7,10 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use super::{gpu::GpuShare, stats::Stats};
 use crate::config::Balance;
 use crate::plan::placement::{GroupPlan, StratifyReport};
 use crate::plan::Equalize;
-use crate::report::{gpu::GpuShare, stats::Stats};
 use crate::tar::{Hygiene, Skipped};
 
 /// The manifest written as `DIR/index.json`. wids reads `__kind__`, `wids_version` and

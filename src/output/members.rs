@@ -39,8 +39,8 @@ pub struct SampleParts {
 
 /// Reads the samples and members of the plain output shard at `path`, whose samples are
 /// `layout` (start and length, in file order), checking each member's name against what the
-/// loaders `names` read (inputs indexed from their headers were checked already; these checks
-/// catch inputs read through a saved index).
+/// loaders `names` read (the inputs' headers were checked while indexing, saved indexes are not
+/// used with loader indexes: a second line of defence).
 ///
 /// # Errors
 /// The shard cannot be read, a member is not a plain regular file with a UTF-8 key or has a

@@ -4,7 +4,7 @@
 //! - [`shards`]: [`OutputShards`] (one writer rank's files) and [`ShardNames`].
 //! - [`compress`]: [`compress_shard`] and [`md5_file`].
 //! - [`manifest`]: [`Manifest`], the wids `index.json`.
-//! - [`saved_index`]: `.reshard/NAME.idx` files.
+//! - [`saved_index`]: `.reshard/NAME.reshard-layout` files (each shard's layout, for the next epoch).
 //! - [`checkpoint`]: what the staging directory records for `--resume`.
 //! - [`loaders`]: the loader indexes of a shard, from its [`members`]: [`energon`] (`--energon`)
 //!   and [`dali`] (`--dali-index`).
@@ -13,12 +13,16 @@ pub mod checkpoint;
 pub mod compress;
 pub mod dali;
 pub mod energon;
+pub mod gpu;
 pub mod loaders;
 pub mod manifest;
 pub mod members;
 pub mod saved_index;
 pub mod shards;
+pub mod stats;
 
 pub use compress::{compress_shard, md5_file};
+pub use gpu::GpuShare;
 pub use manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
 pub use shards::{shard_file_name, OutputShards, ShardNames, SplitPart};
+pub use stats::Stats;

@@ -1,7 +1,11 @@
 //! Index reuse: the layout of every output shard (each sample's offset and length) is saved
-//! next to the output, in `DIR/.reshard/NAME.idx`, by the rank that wrote the shard. A later run
-//! whose input is that output — the next epoch's reshuffle — reads these instead of the tar
-//! headers, after checking that each shard's size and modification time still match.
+//! next to the output, in `DIR/.reshard/NAME.reshard-layout`, by the rank that wrote the shard.
+//! A later run whose input is that output — the next epoch's reshuffle — reads these instead of
+//! the tar headers, after checking that each shard's size and modification time still match.
+//!
+//! The name is reshard's own: the earlier `NAME.idx` (`shard-000000.tar.idx`) read like
+//! Megatron-Energon's `.tar.idx`, a different format that `--energon` writes beside the shards.
+//! Outputs written under that name are still read.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -16,6 +20,10 @@ use crate::tar::{Sample, ShardIndex, Skipped};
 /// The directory, inside an output, that holds reshard's own files.
 pub const DIR_NAME: &str = ".reshard";
 const FORMAT: u32 = 1;
+/// What follows a shard's file name in its saved index's name.
+pub const SUFFIX: &str = ".reshard-layout";
+/// The suffix outputs written before it had (still read).
+const OLD_SUFFIX: &str = ".idx";
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Saved {
@@ -43,6 +51,10 @@ pub enum Lookup {
 /// Where the saved index of `shard` would be: in `index_dir` if given, else in the `.reshard`
 /// directory next to it.
 pub fn path_for(shard: &Path, index_dir: Option<&Path>) -> PathBuf {
+    named(shard, index_dir, SUFFIX)
+}
+
+fn named(shard: &Path, index_dir: Option<&Path>, suffix: &str) -> PathBuf {
     let name = shard
         .file_name()
         .unwrap_or_default()
@@ -52,7 +64,7 @@ pub fn path_for(shard: &Path, index_dir: Option<&Path>) -> PathBuf {
         Some(d) => d.to_path_buf(),
         None => shard.parent().unwrap_or(Path::new(".")).join(DIR_NAME),
     };
-    dir.join(format!("{name}.idx"))
+    dir.join(format!("{name}{suffix}"))
 }
 
 fn mtime_ns(meta: &fs::Metadata) -> u128 {
@@ -93,7 +105,11 @@ pub fn save(dir: &Path, shard: &Path, samples: impl Iterator<Item = Sample>) -> 
 /// Looks for a saved index of the shard at `shard` whose size and modification time match.
 pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
     let path = path_for(shard, index_dir);
-    let Ok(bytes) = fs::read(&path) else {
+    let old = named(shard, index_dir, OLD_SUFFIX);
+    let Some((path, bytes)) = [path, old]
+        .into_iter()
+        .find_map(|p| fs::read(&p).ok().map(|b| (p, b)))
+    else {
         return Lookup::Missing;
     };
     let saved: Saved = match bincode::serde::decode_from_slice(&bytes, bincode::config::standard())
@@ -127,6 +143,8 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
         edge_keys: None,
         hygiene: Default::default(),
         key_hashes: Vec::new(),
+        zero_runs: 0,
+        saved: true,
         samples: saved
             .samples
             .into_iter()
@@ -165,6 +183,9 @@ mod tests {
         }
         // An explicit index directory works the same.
         assert!(matches!(load(&shard, Some(&idx)), Lookup::Found(_)));
+        // An output written before the rename: its NAME.idx is still read.
+        fs::rename(path_for(&shard, None), idx.join("s.tar.idx")).unwrap();
+        assert!(matches!(load(&shard, None), Lookup::Found(_)));
         // Touching the shard makes the saved index stale.
         fs::write(&shard, vec![1u8; 4096 + 512]).unwrap();
         assert!(matches!(load(&shard, None), Lookup::Stale(_)));

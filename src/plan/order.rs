@@ -86,6 +86,29 @@ pub struct OrderSpec {
 }
 
 impl OrderSpec {
+    /// Every order flag with its value, as a user types them (`--order shuffle --missing error
+    /// --label-limit 65536`): for what `--resume` records, so that a renamed field changes
+    /// nothing.
+    pub fn flags(&self) -> String {
+        let mut s = format!("--order {}", self.describe().replace(" descending", ""));
+        if self.descending {
+            s += " --descending";
+        }
+        s += match self.missing {
+            Missing::Error => " --missing error",
+            Missing::Last => " --missing last",
+        };
+        if let Some(ext) = &self.stratify_by {
+            s += &format!(" --stratify-by {ext}");
+        }
+        s += &format!(" --label-limit {}", self.label_limit);
+        if let Some(map) = &self.key_map {
+            s += &format!(" --key-map {}", map.display());
+        }
+        s += &format!(" --unmatched {}", self.unmatched.flag());
+        s
+    }
+
     /// The extension of the member whose content must be read while indexing.
     pub fn member(&self) -> Option<&str> {
         match &self.by {

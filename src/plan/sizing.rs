@@ -13,6 +13,17 @@ pub enum Equalize {
     Pad,
 }
 
+impl Equalize {
+    /// The flag's value, as `--equalize` takes it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Equalize::None => "none",
+            Equalize::Drop => "drop",
+            Equalize::Pad => "pad",
+        }
+    }
+}
+
 /// Where each permuted sample goes: sample with permuted index `q` (`q = π(g)`) is written at
 /// position `q`, unless it is dropped, and a padded run also writes the first samples of the
 /// permutation a second time at the end.
@@ -70,6 +81,21 @@ pub enum Sizing {
 }
 
 impl Sizing {
+    /// The flags that ask for this sizing, as a user types them (`--shards 64`,
+    /// `--gpus 8 --workers 2 --shard-size 536870912`): for messages and for what `--resume`
+    /// records, so that neither depends on how the type is spelled in the code.
+    pub fn flags(&self) -> String {
+        match *self {
+            Sizing::Count(n) => format!("--shards {n}"),
+            Sizing::Size(size) => format!("--shard-size {size}"),
+            Sizing::Gpus {
+                gpus,
+                workers,
+                size,
+            } => format!("--gpus {gpus} --workers {workers} --shard-size {size}"),
+        }
+    }
+
     /// The shard count for `samples` samples of `bytes` bytes, and why.
     ///
     /// # Errors

@@ -112,6 +112,20 @@ fn parse_share(text: &str) -> Result<Share, String> {
 }
 
 impl SplitSpec {
+    /// The `--split` value that asks for these splits (`train=0.98,val=rest`).
+    pub fn flag(&self) -> String {
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|p| match p.share {
+                Share::Ratio(r) => format!("{}={r}", p.name),
+                Share::Count(n) => format!("{}={n}", p.name),
+                Share::Rest => format!("{}=rest", p.name),
+            })
+            .collect();
+        parts.join(",")
+    }
+
     /// The split names, in order.
     pub fn names(&self) -> Vec<String> {
         self.parts.iter().map(|p| p.name.clone()).collect()

@@ -1,20 +1,20 @@
-//! What a plan says and what a run reports: shard statistics ([`Stats`]), GPU shares
-//! ([`GpuShare`]), the plan report ([`PlanReport`]), and rank 0's progress lines ([`narrate`]).
+//! What a plan says and what a run reports: the plan report ([`PlanReport`]), rank 0's progress
+//! lines ([`narrate`]), and the shard statistics ([`Stats`]) and GPU shares ([`GpuShare`]) they
+//! print.
 //!
-//! `stats`, `gpu` and `narrate` are leaves: the manifest imports `Stats` and `GpuShare` from them
-//! directly, and only `plan` imports the manifest, so the two never import each other.
+//! `report/` stands a floor above `output/`: `plan` lists the manifest's shard entries, and
+//! `Stats` and `GpuShare`, which the manifest records too, are defined in `output/`. So the two
+//! folders never import each other.
 
-pub mod gpu;
 pub mod mixing;
 pub mod narrate;
 pub mod picture;
 pub mod plan;
 pub mod ranks;
-pub mod stats;
 pub mod storage;
 
-pub use gpu::GpuShare;
+// Re-exported so that the phases find everything a report prints in one place.
+pub use crate::output::{GpuShare, Stats};
 pub use narrate::narrate;
 pub use plan::PlanReport;
-pub use stats::Stats;
 pub use storage::Storage;

@@ -5,6 +5,6 @@
 /// phase is announced once however many ranks run.
 pub fn narrate(lead: bool, msg: std::fmt::Arguments<'_>) {
     if lead {
-        eprintln!("reshard: {msg}");
+        crate::errln!("reshard: {msg}");
     }
 }

@@ -3,14 +3,13 @@
 
 use serde::Serialize;
 
-use super::gpu::GpuShare;
-use super::stats::Stats;
 use super::storage::Storage;
 use crate::config::Balance;
 use crate::output::manifest::ShardEntry;
+use crate::output::{GpuShare, Stats};
 use crate::plan::placement::StratifyReport;
 use crate::plan::Equalize;
-use crate::size::human_bytes;
+use crate::size::{count, human_bytes};
 
 /// The plan `reshard plan` prints: everything `run` would do, before any data moves.
 #[derive(Debug, Clone, Serialize)]
@@ -45,10 +44,10 @@ pub struct PlanReport {
 impl PlanReport {
     pub fn render(&self) -> String {
         let mut s = format!(
-            "reshard plan: {} samples, {} in {} input shards\n",
-            self.samples,
+            "reshard plan: {}, {} in {}\n",
+            count(self.samples, "sample"),
             human_bytes(self.sample_bytes),
-            self.input_shards
+            count(self.input_shards as u64, "input shard")
         );
         s += &format!(
             "  input shard bytes:   {}\n",
@@ -58,7 +57,11 @@ impl PlanReport {
             "  input shard samples: {}\n",
             self.input_shard_samples.counts()
         );
-        s += &format!("  output: {} shards ({})\n", self.shards, self.sizing);
+        s += &format!(
+            "  output: {} ({})\n",
+            count(self.shards, "shard"),
+            self.sizing
+        );
         s += &format!("  order: {}\n", self.order);
         if let Some(st) = &self.stratify {
             s += &format!(
@@ -78,9 +81,9 @@ impl PlanReport {
             ),
         };
         s += &format!(
-            "  shard samples: {} (balance by {:?})\n",
+            "  shard samples: {} (--balance {})\n",
             self.shard_samples.counts(),
-            self.balance
+            self.balance.flag()
         );
         s += &format!("  shard bytes:   {}\n", self.shard_bytes.bytes());
         if let Some(g) = &self.gpus {

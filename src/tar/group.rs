@@ -75,6 +75,17 @@ pub enum OnIncomplete {
     Exclude,
 }
 
+impl OnIncomplete {
+    /// The flag's value, as `--on-incomplete` takes it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            OnIncomplete::Abort => "abort",
+            OnIncomplete::Warn => "warn",
+            OnIncomplete::Exclude => "exclude",
+        }
+    }
+}
+
 /// `--on-duplicate`: what to do with a repeated extension in one sample, a sample whose members
 /// are not adjacent, or one key in two samples.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -84,7 +95,7 @@ pub enum OnDuplicate {
     Abort,
     /// Keep everything, with a warning.
     Warn,
-    /// Keep everything silently (the default of the library API; the CLI defaults to abort).
+    /// Keep everything silently.
     #[default]
     Keep,
     /// Fail: the output's loader index (`--energon`) requires unique keys. Not a flag value:
@@ -94,6 +105,16 @@ pub enum OnDuplicate {
 }
 
 impl OnDuplicate {
+    /// The flag's value, as `--on-duplicate` takes it; `unique` is what `--energon` asks for.
+    pub fn flag(self) -> &'static str {
+        match self {
+            OnDuplicate::Abort => "abort",
+            OnDuplicate::Warn => "warn",
+            OnDuplicate::Keep => "keep",
+            OnDuplicate::Unique => "unique (--energon)",
+        }
+    }
+
     /// Applies the policy to one duplicate that `what` describes (file, byte offset, key): an
     /// error with the flag's advice for [`OnDuplicate::Abort`], a warning for
     /// [`OnDuplicate::Warn`], nothing for [`OnDuplicate::Keep`]. Every duplicate message of the
@@ -130,7 +151,7 @@ impl Warnings {
     pub fn warn(&mut self, what: &str) {
         self.count += 1;
         if self.count <= Self::SHOWN {
-            eprintln!("reshard: warning: {what}");
+            crate::errln!("reshard: warning: {what}");
         }
     }
 }
@@ -149,9 +170,34 @@ pub struct Rules {
     pub read_member: Option<(String, u64)>,
     /// Member names must read the same to these loaders (`--energon`, `--dali-index`).
     pub loader_names: LoaderNames,
+    /// Read past zero blocks (`--ignore-zeros`): concatenated archives, lone zero blocks.
+    /// Without it, data after the first zero block is an error.
+    pub ignore_zeros: bool,
 }
 
 impl Rules {
+    /// The flags that set these rules, as a user types them (`--require-ext jpg,cls
+    /// --on-incomplete abort --on-duplicate abort`), and the loader indexes whose name checks
+    /// apply: for what `--resume` records.
+    pub fn flags(&self) -> String {
+        let mut s = String::new();
+        if !self.require_ext.is_empty() {
+            s += &format!("--require-ext {} ", self.require_ext.join(","));
+        }
+        s += &format!(
+            "--on-incomplete {} --on-duplicate {}",
+            self.on_incomplete.flag(),
+            self.on_duplicate.flag()
+        );
+        if self.loader_names.energon {
+            s += " --energon";
+        }
+        if self.loader_names.dali {
+            s += " --dali-index";
+        }
+        s
+    }
+
     /// Whether duplicate keys are looked for (and so key hashes kept).
     pub fn checks_duplicates(&self) -> bool {
         self.on_duplicate != OnDuplicate::Keep
@@ -199,6 +245,10 @@ pub struct ShardIndex {
     pub keys: Vec<Vec<u8>>,
     /// Each sample's [`Rules::read_member`] content (`None`: no such member), when asked for.
     pub contents: Vec<Option<Vec<u8>>>,
+    /// Runs of zero blocks read past inside the shard ([`Rules::ignore_zeros`]).
+    pub zero_runs: u64,
+    /// Read from a saved index, not from the shard: its bytes were not read.
+    pub saved: bool,
 }
 
 enum Kind<'a> {
@@ -300,6 +350,11 @@ impl<'r> Grouper<'r> {
             );
         }
         let ext = extension(&member.path).to_vec();
+        if self.open.is_some() && start != self.open_end {
+            // Zero blocks read past (`--ignore-zeros`) end a sample: its range must not hold
+            // them.
+            self.close()?;
+        }
         if let Some((open_key, _)) = &self.open {
             if open_key.as_slice() == key {
                 self.open_end = end;

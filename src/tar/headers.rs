@@ -10,7 +10,9 @@
 //!
 //! The walk reads what every POSIX reader reads: ustar, old GNU, GNU and PAX headers, checksums
 //! over unsigned or signed bytes, octal or base-256 numbers. It stops at the first zero block (the
-//! end-of-archive marker) or at the end of the input.
+//! end-of-archive marker) or at the end of the input; [`Walk::trailing`] then tells whether data
+//! follows the marker (concatenated archives, a lone zero block). With [`Walk::ignoring_zeros`]
+//! it reads past zero blocks to the end of the input, as GNU tar's `--ignore-zeros` does.
 
 use std::io::{self, Read, Seek, SeekFrom};
 
@@ -164,6 +166,42 @@ pub struct Walk<S> {
     /// Where the next member starts.
     next: u64,
     done: bool,
+    /// Read past zero blocks instead of stopping at the first.
+    ignore_zeros: bool,
+    /// Runs of zero blocks read past with a member after them.
+    zero_runs: u64,
+    /// Where the first zero block was, when the walk stopped at it.
+    marker: Option<u64>,
+}
+
+/// Data after the end-of-archive marker, as [`Walk::trailing`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trailing {
+    /// The first zero block's offset.
+    pub marker: u64,
+    /// The first byte that is not zero after it.
+    pub data_at: u64,
+    /// How many bytes follow the first zero block (to the end of the input).
+    pub after: u64,
+}
+
+impl Trailing {
+    /// The message: where, what follows, and what to do. The caller adds the file.
+    pub fn describe(&self) -> String {
+        let Trailing {
+            marker,
+            data_at,
+            after,
+        } = *self;
+        let what = if data_at == marker + BLOCK {
+            "a lone zero block"
+        } else {
+            "zero blocks"
+        };
+        format!(
+            "byte offset {marker}: data after the end-of-archive marker: {what} followed by {after} more bytes, with data from byte offset {data_at} (concatenated archives, as `cat a.tar b.tar` makes, or a damaged shard); tar readers stop at the marker, so the samples there would be lost. For an input, rerun with --ignore-zeros to read past zero blocks (as GNU tar --ignore-zeros does), or repair the shard"
+        )
+    }
 }
 
 /// Extension records read in front of a member.
@@ -190,7 +228,68 @@ impl<S: Source> Walk<S> {
             pos: 0,
             next: 0,
             done: false,
+            ignore_zeros: false,
+            zero_runs: 0,
+            marker: None,
         }
+    }
+
+    /// Makes the walk read past zero blocks (GNU tar's `--ignore-zeros`) when `yes`: members
+    /// after them are returned, each starting at its own header, never at the zeros.
+    #[must_use]
+    pub fn ignoring_zeros(mut self, yes: bool) -> Self {
+        self.ignore_zeros = yes;
+        self
+    }
+
+    /// How many runs of zero blocks the walk read past with a member after them.
+    pub fn zero_runs(&self) -> u64 {
+        self.zero_runs
+    }
+
+    /// Once [`Walk::next_member`] returned `None`: reads the rest of the input after the
+    /// end-of-archive marker, and returns what follows it if that is not all zeros. A
+    /// forward-only source (a decompressor) is read to its end, so that its checksum is checked;
+    /// a seekable one up to the first byte that is not zero.
+    ///
+    /// # Errors
+    /// A read fails (a compressed stream whose checksum does not match fails here).
+    pub fn trailing(&mut self) -> Result<Option<Trailing>> {
+        let Some(marker) = self.marker else {
+            // No marker (the input ended) or zeros read past: the input was read to its end.
+            return Ok(None);
+        };
+        if self.len.is_some_and(|len| self.pos >= len) {
+            // The marker ends the file: no read needed to know it.
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; 64 << 10];
+        let mut data_at = None;
+        loop {
+            let got = self
+                .src
+                .read(&mut buf)
+                .with_context(|| format!("byte offset {}: cannot read", self.pos))?;
+            if got == 0 {
+                break;
+            }
+            if data_at.is_none() {
+                data_at = buf[..got]
+                    .iter()
+                    .position(|&b| b != 0)
+                    .map(|i| self.pos + i as u64);
+            }
+            self.pos += got as u64;
+            if data_at.is_some() && self.len.is_some() {
+                break;
+            }
+        }
+        let end = self.len.unwrap_or(self.pos);
+        Ok(data_at.map(|data_at| Trailing {
+            marker,
+            data_at,
+            after: end.saturating_sub(marker + BLOCK),
+        }))
     }
 
     /// Where the walk is: the end of the last member returned (where the next record starts).
@@ -210,6 +309,7 @@ impl<S: Source> Walk<S> {
         }
         self.seek_to(self.next)?;
         let mut pending = Pending::default();
+        let mut zeros = false;
         loop {
             let at = self.pos;
             let Some(block) = self.read_block()? else {
@@ -223,10 +323,18 @@ impl<S: Source> Walk<S> {
                 if let Some(s) = pending.start {
                     bail!("byte offset {at}: expected the header of the member whose extension records start at byte {s}, found the end-of-archive marker");
                 }
+                if self.ignore_zeros {
+                    zeros = true;
+                    continue;
+                }
                 self.done = true;
+                self.marker = Some(at);
                 return Ok(None);
             }
             check_header(&block, at)?;
+            if std::mem::take(&mut zeros) {
+                self.zero_runs += 1;
+            }
             let typeflag = block[156];
             let size = numeric(&block[124..136])
                 .with_context(|| format!("byte offset {at}: header field 'size'"))?;
@@ -379,6 +487,18 @@ impl<S: Source> Walk<S> {
         }
         Ok(())
     }
+}
+
+/// Checks that `block`, at byte offset `at`, is a tar header (a record with a matching
+/// checksum): what the first block of every sample the index found must be.
+///
+/// # Errors
+/// A zero block, or a block whose checksum does not match; the message starts with the offset.
+pub fn expect_header(block: &[u8; 512], at: u64) -> Result<()> {
+    if block.iter().all(|&b| b == 0) {
+        bail!("byte offset {at}: expected a tar header, found a zero block");
+    }
+    check_header(block, at)
 }
 
 /// Checks a header's checksum: the sum of its bytes with the checksum field taken as spaces,

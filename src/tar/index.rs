@@ -38,6 +38,7 @@ pub fn index_file_with(path: &Path, rules: &Rules) -> Result<ShardIndex> {
         Opened::Decompressed(codec, stream) => {
             // No seeking in a compressed stream: the whole shard is decompressed once, and
             // offsets are those of the decompressed stream.
+            // Read to its end, so that the decoder checks the stream's checksum.
             return index_walk(Walk::new(Forward(stream), None), rules)
                 .with_context(|| codec::stream_name(path, codec));
         }
@@ -174,13 +175,21 @@ pub fn index_reader_with<R: Read + Seek>(
 }
 
 /// Groups the members of a header walk into samples.
-fn index_walk<S: Source>(mut walk: Walk<S>, rules: &Rules) -> Result<ShardIndex> {
+/// Data after the first zero block is an error unless [`Rules::ignore_zeros`]: the samples there
+/// would be left out without a word.
+fn index_walk<S: Source>(walk: Walk<S>, rules: &Rules) -> Result<ShardIndex> {
+    let mut walk = walk.ignoring_zeros(rules.ignore_zeros);
     let mut grouper = Grouper::new(rules);
     while let Some(member) = walk.next_member()? {
         let content = read_member(&mut walk, &member, rules)?;
         grouper.push(&member, content)?;
     }
-    grouper.finish()
+    if let Some(trailing) = walk.trailing()? {
+        bail!("{}", trailing.describe());
+    }
+    let mut index = grouper.finish()?;
+    index.zero_runs = walk.zero_runs();
+    Ok(index)
 }
 
 /// The data of `member` when it is the member [`Rules::read_member`] asks for.
@@ -274,10 +283,14 @@ mod tests {
             tar_of(&[("dir/a.x", b"1"), ("dir/README", b"2"), ("dir/b.x", b"3")]),
         ]
         .concat();
-        // Two archives glued: the first's end blocks stop the reader, as GNU tar would.
-        let idx = index(&bytes).unwrap();
-        assert_eq!(idx.samples.len(), 0);
-        assert_eq!(idx.skipped.directories, 1);
+        // Two archives glued: the first's end blocks would hide the second's samples.
+        let err = format!("{:#}", index(&bytes).unwrap_err());
+        assert!(
+            err.contains("byte offset 512: data after the end-of-archive marker: zero blocks")
+                && err.contains("data from byte offset 1536")
+                && err.contains("--ignore-zeros"),
+            "{err}"
+        );
 
         let bytes = tar_of(&[("dir/a.x", b"1"), ("dir/README", b"2"), ("dir/b.x", b"3")]);
         let idx = index(&bytes).unwrap();
@@ -359,5 +372,77 @@ mod tests {
     fn empty_archive_has_no_samples() {
         assert_eq!(index(&[0u8; 1024]).unwrap().samples.len(), 0);
         assert_eq!(index(&[]).unwrap().samples.len(), 0);
+    }
+
+    fn index_ignoring_zeros(bytes: &[u8]) -> Result<ShardIndex> {
+        let rules = Rules {
+            ignore_zeros: true,
+            ..Rules::default()
+        };
+        index_reader_with(
+            HeaderReader::new(Cursor::new(bytes)),
+            bytes.len() as u64,
+            &rules,
+        )
+    }
+
+    #[test]
+    fn data_after_zero_blocks_is_refused_or_read_with_ignore_zeros() {
+        let a = tar_of(&[("a.x", b"1"), ("k.x", b"2")]);
+        let b = tar_of(&[("k.y", b"3"), ("c.x", b"4")]);
+        // A lone zero block: the first archive's last header block zeroed out.
+        let mut lone = a[..1536].to_vec();
+        lone[1024..1536].fill(0);
+        lone.extend_from_slice(&b);
+        let err = format!("{:#}", index(&lone).unwrap_err());
+        assert!(
+            err.contains("byte offset 1024: data after the end-of-archive marker: a lone zero block followed by")
+                && err.contains(&format!("{} more bytes", b.len())),
+            "{err}"
+        );
+        // `cat a.tar b.tar`, read past the zeros: every sample of both, none holding zeros; a
+        // key on both sides of the zeros is two samples, not one range over them.
+        let glued = [a.clone(), b.clone()].concat();
+        let idx = index_ignoring_zeros(&glued).unwrap();
+        assert_eq!(idx.zero_runs, 1);
+        let at = a.len() as u64 - 1024;
+        let want = [
+            (0, 1024),
+            (1024, 1024),
+            (at + 1024, 1024),
+            (at + 2048, 1024),
+        ];
+        let got: Vec<(u64, u64)> = idx.samples.iter().map(|s| (s.start, s.len)).collect();
+        assert_eq!(got, want);
+        // Zeros only after the marker, or nothing: no error.
+        let mut padded = a.clone();
+        padded.resize(10240, 0);
+        assert_eq!(index(&padded).unwrap().samples.len(), 2);
+        // A compressed stream: read to its end, trailing data found there too.
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        io::Write::write_all(&mut gz, &glued).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.tgz");
+        std::fs::write(&path, gz.finish().unwrap()).unwrap();
+        let err = format!("{:#}", index_file(&path).unwrap_err());
+        assert!(
+            err.contains("s.tgz") && err.contains("--ignore-zeros"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_damaged_compressed_stream_fails_after_the_end_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = tar_of(&[("a.jpg", &[5u8; 4000]), ("b.jpg", b"6")]);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+        io::Write::write_all(&mut gz, &bytes).unwrap();
+        let mut packed = gz.finish().unwrap();
+        // Stored (level 0) blocks: a flipped bit in the data decodes, only the CRC tells.
+        packed[600] ^= 1;
+        let path = dir.path().join("s.tar.gz");
+        std::fs::write(&path, &packed).unwrap();
+        let err = format!("{:#}", index_file(&path).unwrap_err());
+        assert!(err.contains("s.tar.gz"), "{err}");
     }
 }

@@ -40,10 +40,11 @@ pub use digest::Digest128;
 pub use report::{Mismatches, Shuffle, VerifyReport};
 
 use crate::comm::wire::{decode_concat, encode_values as encode};
+use crate::size::count;
 use problems::{check_outputs, data_problems, Found};
 use records::{digest_inputs, route_records, Record};
-use report::plural;
-use setup::{Lead, Setup};
+use report::SplitFigures;
+use setup::{IndexView, Lead, Setup};
 use tally::{compare, distinct_inputs_per_output, Sums, Tally};
 
 use crate::comm::{agree, exclusive_sum, gather, Comm};
@@ -72,14 +73,13 @@ pub fn verify(comm: &impl Comm, cfg: &VerifyConfig) -> Result<Verdict> {
     narrate(
         comm.rank() == 0,
         format_args!(
-            "verify: digesting {} input shards and {} output shards on {} rank{}",
-            setup.inputs.len(),
-            setup.outputs.len(),
-            comm.size(),
-            plural(comm.size() as u64)
+            "verify: digesting {} and {} on {}",
+            count(setup.inputs.len() as u64, "input shard"),
+            count(setup.outputs.len() as u64, "output shard"),
+            count(comm.size() as u64, "rank")
         ),
     );
-    let inputs = input_side(comm, &setup)?;
+    let inputs = input_side(comm, &setup, cfg.ignore_zeros)?;
     let outputs = output_side(comm, &setup);
     let tally = owners_compare(comm, &setup, inputs.records, outputs.records);
     let bytes = inputs.bytes + outputs.bytes;
@@ -129,7 +129,7 @@ fn plot(
             mixing: &mixing,
         };
         if let Some(w) = picture::draw(path, &picture)? {
-            eprintln!("reshard: warning: {w}");
+            crate::errln!("reshard: warning: {w}");
         }
         narrate(
             true,
@@ -152,11 +152,11 @@ struct Digested {
 }
 
 /// Digests this rank's share of the input. A failure here is the input's, and ends the job on
-/// every rank as `run` would.
-fn input_side(comm: &impl Comm, setup: &Setup) -> Result<Digested> {
+/// every rank as `run` would (`ignore_zeros`: `--ignore-zeros`, read as `run` reads).
+fn input_side(comm: &impl Comm, setup: &Setup, ignore_zeros: bool) -> Result<Digested> {
     let sizes: Vec<u64> = setup.inputs.iter().map(|s| s.size).collect();
     let mine = assign_inputs(&sizes, comm.size())[comm.rank()].clone();
-    let (mut records, bytes) = agree(comm, digest_inputs(&setup.inputs, mine))?;
+    let (mut records, bytes) = agree(comm, digest_inputs(&setup.inputs, mine, ignore_zeros))?;
     let (first, samples) = exclusive_sum(comm, records.len() as u64);
     for (i, r) in records.iter_mut().enumerate() {
         r.index = first + i as u64;
@@ -299,6 +299,7 @@ fn lead_report(
         output_samples,
         equalize: setup.equalize,
         mismatches: findings.mismatches,
+        splits: split_figures(lead.index.as_ref()),
         shuffle: Shuffle {
             pairs: sums.n as u64,
             spearman: sums.correlation(),
@@ -309,6 +310,22 @@ fn lead_report(
         seconds: started.elapsed().as_secs_f64(),
         problems,
     }
+}
+
+/// The splits of a `--split` output, as its index.json lists them.
+fn split_figures(index: Option<&IndexView>) -> Vec<SplitFigures> {
+    let splits = index
+        .and_then(|ix| ix.reshard.as_ref())
+        .and_then(|r| r.splits.as_ref());
+    splits
+        .into_iter()
+        .flatten()
+        .map(|s| SplitFigures {
+            name: s.split.clone().unwrap_or_default(),
+            shards: s.shards,
+            samples: s.output_samples,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -367,6 +384,7 @@ mod tests {
             output: out.to_path_buf(),
             json: false,
             plot: None,
+            ignore_zeros: false,
         };
         LocalComm::run(ranks, |c| verify(c, &cfg).unwrap())
     }
@@ -418,6 +436,7 @@ mod tests {
             output: out,
             json: false,
             plot: None,
+            ignore_zeros: false,
         };
         let errors = LocalComm::run(2, |c| {
             verify(c, &cfg).map(|_| ()).map_err(|e| format!("{e:#}"))

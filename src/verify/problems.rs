@@ -107,6 +107,13 @@ pub(super) fn data_problems(setup: &Setup, index: Option<&IndexView>, f: &Found)
         .map_or(0, |k| k.unmatched);
     let mut problems = Vec::new();
     let m = without_unmatched(f.mismatches, setup.equalize, unmatched, &mut problems);
+    if let Some(name) = run.and_then(|r| r.split.as_ref()).filter(|_| m.missing > 0) {
+        // A split holds only its share of the input: the missing samples are in the others.
+        problems.push(format!(
+            "this is the split {name:?} of a --split output, which holds only that split's \
+             samples: verify the whole output (the directory above it) against the input"
+        ));
+    }
     problems.extend(mismatch_problems(&m, &f.examples));
     if run.is_some_and(|r| r.splits.is_some()) {
         // What the mismatches mean for a `--split` output.

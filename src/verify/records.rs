@@ -8,7 +8,7 @@ use crate::comm::wire::{route, Sink, Wire};
 use crate::comm::Comm;
 use crate::input::InputShard;
 use crate::tar::TarStream;
-use crate::tar::{index_file, Sample};
+use crate::tar::{index_file_with, Rules, Sample};
 
 /// Which side of the comparison a sample record comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -86,12 +86,18 @@ pub(super) fn route_records(comm: &impl Comm, records: &[Record]) -> Vec<Record>
 pub(super) fn digest_inputs(
     inputs: &[InputShard],
     mine: std::ops::Range<usize>,
+    ignore_zeros: bool,
 ) -> Result<(Vec<Record>, u64)> {
+    // The samples `run` reads: data after a zero block is an error, or read with --ignore-zeros.
+    let rules = Rules {
+        ignore_zeros,
+        ..Rules::default()
+    };
     let mut records = Vec::new();
     let mut bytes = 0;
     for i in mine {
         let path = &inputs[i].path;
-        let idx = index_file(path)?;
+        let idx = index_file_with(path, &rules)?;
         let shard = u32::try_from(i).context("more than 2^32 input shards")?;
         let mut stream = TarStream::open(path)?;
         bytes += digest_samples(&mut stream, &idx.samples, |s, digest| {

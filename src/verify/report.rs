@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::plan::Equalize;
 use crate::report::Stats;
-use crate::size::human_bytes;
+use crate::size::{count, human_bytes};
 
 /// Counts of samples whose digests do not balance between input and output.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -76,12 +76,24 @@ pub struct VerifyReport {
     /// The `--equalize` mode index.json names (`none` without one).
     pub equalize: Equalize,
     pub mismatches: Mismatches,
+    /// `--split` output: each split as its index.json lists it (the checks above cover them
+    /// all: every sample in exactly one split, each split's index.json its shards).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub splits: Vec<SplitFigures>,
     pub shuffle: Shuffle,
     /// Bytes read and digested, input and output together.
     pub bytes_read: u64,
     pub seconds: f64,
     /// Everything that does not hold, each naming the file (and byte offset where there is one).
     pub problems: Vec<String>,
+}
+
+/// One split of a `--split` output in the verify report.
+#[derive(Debug, Clone, Serialize)]
+pub struct SplitFigures {
+    pub name: String,
+    pub shards: u64,
+    pub samples: u64,
 }
 
 impl VerifyReport {
@@ -101,13 +113,14 @@ impl VerifyReport {
             )
         };
         s += &format!(
-            "  input:    {} shards, {} samples\n",
-            self.input_shards, self.input_samples
+            "  input:    {}, {}\n",
+            count(self.input_shards as u64, "shard"),
+            count(self.input_samples, "sample")
         );
         s += &format!(
-            "  output:   {} shards, {} samples (equalize {})\n",
-            self.output_shards,
-            self.output_samples,
+            "  output:   {}, {} (equalize {})\n",
+            count(self.output_shards as u64, "shard"),
+            count(self.output_samples, "sample"),
             equalize_name(self.equalize)
         );
         let m = self.mismatches;
@@ -122,6 +135,14 @@ impl VerifyReport {
             s += &format!(", {} repeated (pad)", m.repeated);
         }
         s += "\n";
+        for split in &self.splits {
+            s += &format!(
+                "  split {}: {}, {}\n",
+                split.name,
+                count(split.shards, "shard"),
+                count(split.samples, "sample")
+            );
+        }
         let sh = &self.shuffle;
         match (sh.spearman, sh.random_bound) {
             (Some(rho), Some(bound)) => {

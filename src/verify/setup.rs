@@ -59,6 +59,9 @@ pub(super) struct RunView {
     pub(super) key_map: Option<KeyMapView>,
     #[serde(default)]
     pub(super) splits: Option<Vec<SplitView>>,
+    /// In a split's own index.json: the split's name.
+    #[serde(default)]
+    pub(super) split: Option<String>,
 }
 
 /// One split of a `--split` output: its name is its directory.
@@ -66,6 +69,10 @@ pub(super) struct RunView {
 pub(super) struct SplitView {
     #[serde(default)]
     pub(super) split: Option<String>,
+    #[serde(default)]
+    pub(super) shards: u64,
+    #[serde(default)]
+    pub(super) output_samples: u64,
 }
 
 /// What verify needs of a `--key-map` run: how many samples no group claimed.

@@ -194,11 +194,35 @@ print(json.dumps(out))
 pub fn read_back(dir: &Dir, src: &Path, out: &str, v: &Verified, test: &str) {
     let shards = tar_files(&dir.join(out));
     assert_eq!(shards.len(), v.members.len());
-    let original = |name: &str| -> Vec<u8> {
-        fs::read(src.join(name)).unwrap_or_else(|e| panic!("{name}: no such source file: {e}"))
+    read_back_with_gnu_tar(dir, src, out, v, &shards);
+    // Python: tarfile, and webdataset when its venv is there.
+    let py = match test_python() {
+        Some(py) => Some(py),
+        None => {
+            skip(
+                test,
+                "no Python with webdataset (set RESHARD_TEST_PYTHON, or make the venv as \
+                 .ci/run does: python3 -m venv target/pyenv && target/pyenv/bin/pip install \
+                 webdataset): read back with tarfile only",
+            );
+            have_python(test).then(|| PathBuf::from("python3"))
+        }
     };
+    let Some(py) = py else { return };
+    read_back_with_tarfile(dir, src, &py, v, &shards);
+    if py == Path::new("python3") {
+        return;
+    }
+    read_back_with_webdataset(dir, src, &py, v, &shards);
+}
 
-    // GNU tar.
+/// The bytes of the source file `name`.
+fn original(src: &Path, name: &str) -> Vec<u8> {
+    fs::read(src.join(name)).unwrap_or_else(|e| panic!("{name}: no such source file: {e}"))
+}
+
+/// GNU tar lists every shard as the verifier found it and extracts the original files.
+fn read_back_with_gnu_tar(dir: &Dir, src: &Path, out: &str, v: &Verified, shards: &[PathBuf]) {
     let x = dir.create_dir(format!("x-{out}"));
     for (i, shard) in shards.iter().enumerate() {
         let listed = dir
@@ -225,34 +249,25 @@ pub fn read_back(dir: &Dir, src: &Path, out: &str, v: &Verified, test: &str) {
     );
     for name in &want {
         assert!(
-            fs::read(x.join(name)).unwrap() == original(name),
+            fs::read(x.join(name)).unwrap() == original(src, name),
             "{out}: {name} as GNU tar extracts it differs from the original"
         );
     }
+}
 
-    // Python: tarfile, and webdataset when its venv is there.
-    let py = match test_python() {
-        Some(py) => Some(py),
-        None => {
-            skip(
-                test,
-                "no Python with webdataset (set RESHARD_TEST_PYTHON, or make the venv as \
-                 .ci/run does: python3 -m venv target/pyenv && target/pyenv/bin/pip install \
-                 webdataset): read back with tarfile only",
-            );
-            have_python(test).then(|| PathBuf::from("python3"))
-        }
-    };
-    let Some(py) = py else { return };
-    let read = |mode: &str| -> Value {
-        let res = dir
-            .program(&py)
-            .args(["-c", PY_READ, mode])
-            .args(&shards)
-            .assert_success();
-        serde_json::from_str(&res.stdout).unwrap_or_else(|e| res.fail(&format!("not JSON: {e}")))
-    };
-    let listed = read("tarfile");
+/// `PY_READ` in `mode` over the shards, its JSON answer.
+fn py_read(dir: &Dir, py: &Path, mode: &str, shards: &[PathBuf]) -> Value {
+    let res = dir
+        .program(py)
+        .args(["-c", PY_READ, mode])
+        .args(shards)
+        .assert_success();
+    serde_json::from_str(&res.stdout).unwrap_or_else(|e| res.fail(&format!("not JSON: {e}")))
+}
+
+/// Python's tarfile reads the members the verifier found, with the original contents.
+fn read_back_with_tarfile(dir: &Dir, src: &Path, py: &Path, v: &Verified, shards: &[PathBuf]) {
+    let listed = py_read(dir, py, "tarfile", shards);
     for (i, members) in v.members.iter().enumerate() {
         let got: Vec<(String, String)> = listed[i]
             .as_array()
@@ -267,7 +282,7 @@ pub fn read_back(dir: &Dir, src: &Path, out: &str, v: &Verified, test: &str) {
             .collect();
         let want: Vec<(String, String)> = members
             .iter()
-            .map(|n| (n.clone(), md5_hex(&original(n))))
+            .map(|n| (n.clone(), md5_hex(&original(src, n))))
             .collect();
         assert_eq!(
             got,
@@ -276,10 +291,11 @@ pub fn read_back(dir: &Dir, src: &Path, out: &str, v: &Verified, test: &str) {
             shards[i].display()
         );
     }
-    if py == Path::new("python3") {
-        return;
-    }
-    let samples = read("wds");
+}
+
+/// webdataset reads each shard's samples in output order, with their members' contents.
+fn read_back_with_webdataset(dir: &Dir, src: &Path, py: &Path, v: &Verified, shards: &[PathBuf]) {
+    let samples = py_read(dir, py, "wds", shards);
     let mut order = v.order.iter();
     for (i, members) in v.members.iter().enumerate() {
         let got = samples[i].as_array().unwrap();
@@ -301,7 +317,7 @@ pub fn read_back(dir: &Dir, src: &Path, out: &str, v: &Verified, test: &str) {
                 let name = format!("{key}.{ext}");
                 assert_eq!(
                     md5.as_str().unwrap(),
-                    md5_hex(&original(&name)),
+                    md5_hex(&original(src, &name)),
                     "webdataset reads other bytes for {name} from {}",
                     shards[i].display()
                 );

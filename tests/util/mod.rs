@@ -129,6 +129,15 @@ impl Dir {
         cmd
     }
 
+    /// `mpirun -np N WRAPPER… reshard ARGS`: every rank's binary started through a wrapper
+    /// (`strace -o …`, say).
+    pub fn mpi_through(&self, np: usize, wrapper: &[&str]) -> TestCommand {
+        let mut cmd = self.mpi(np);
+        cmd.program = wrapper[0].into();
+        cmd.args(&wrapper[1..]).arg(reshard_exe());
+        cmd
+    }
+
     /// `reshard` under `mpirun -np N`, or with no launcher at all when `np` is `None`.
     pub fn reshard(&self, np: Option<usize>) -> TestCommand {
         match np {
@@ -422,6 +431,50 @@ impl RunOutput {
             &format!("expected stderr to contain {needle:?}"),
         );
     }
+
+    /// Requires stdout and stderr to hold no Rust debug text ([`debug_text`]).
+    #[track_caller]
+    pub fn no_debug_text(&self) {
+        for text in [&self.stdout, &self.stderr] {
+            if let Some(found) = debug_text(text) {
+                self.fail(&format!("Rust debug text in a message: {found:?}"));
+            }
+        }
+    }
+}
+
+/// The first piece of `text` shaped like Rust's `{:?}` of a struct or an enum variant with a
+/// value: `Name { field:` or `Name(12)` / `Name("x")` / `Some(`.
+pub fn debug_text(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    let word = |i: usize| b[i].is_ascii_alphanumeric() || b[i] == b'_';
+    for (i, &c) in b.iter().enumerate() {
+        // A capitalized identifier starting here.
+        if !c.is_ascii_uppercase() || (i > 0 && word(i - 1)) {
+            continue;
+        }
+        let mut j = i;
+        while j < b.len() && word(j) {
+            j += 1;
+        }
+        let rest = &text[j..];
+        let value = rest.strip_prefix('(').is_some_and(|r| {
+            let r = r.trim_start_matches('"');
+            let n = r.bytes().take_while(u8::is_ascii_alphanumeric).count();
+            n > 0 && (r[n..].starts_with(')') || r[n..].starts_with('"'))
+        });
+        let fields = rest.strip_prefix(" { ").is_some_and(|r| {
+            let n = r
+                .bytes()
+                .take_while(|&c| c.is_ascii_alphanumeric() || c == b'_')
+                .count();
+            n > 0 && r[n..].starts_with(':')
+        });
+        if value || fields {
+            return Some(text[i..(j + 24).min(text.len())].to_string());
+        }
+    }
+    None
 }
 
 /// A snapshot of every file below a directory (relative path → bytes), to prove that a run left

@@ -190,16 +190,7 @@ pub fn walk(bytes: Vec<u8>) -> Result<Walk, String> {
             }
             break off;
         }
-        let stored = octal(&h[148..156]).map_err(|e| format!("byte {off}: checksum: {e}"))?;
-        let (unsigned, signed) = header_sums(h);
-        if i64::try_from(stored).ok() != Some(unsigned)
-            && i64::try_from(stored).ok() != Some(signed)
-        {
-            return Err(format!(
-                "byte {off}: header checksum {stored} but the header sums to {unsigned} \
-                 (unsigned bytes) or {signed} (signed bytes)"
-            ));
-        }
+        check_sum(h, off)?;
         let typeflag = h[156];
         // The stored size: the header's field, unless a PAX `size` record overrides it (for
         // the member the PAX header describes, not for other extension headers). For a GNU
@@ -212,23 +203,7 @@ pub fn walk(bytes: Vec<u8>) -> Result<Walk, String> {
             _ => numeric(&h[124..136]).map_err(|e| format!("byte {off}: size: {e}"))?,
         };
         let size = usize::try_from(size).map_err(|_| format!("byte {off}: size too large"))?;
-        // An old GNU sparse header whose `isextended` flag (byte 482) is set is followed by
-        // sparse extension blocks, each with its own flag at byte 504, before the data.
-        let mut data = off + BLOCK;
-        if typeflag == b'S' && h[482] != 0 {
-            loop {
-                if data + BLOCK > bytes.len() {
-                    return Err(format!(
-                        "byte {off}: the file ends inside the sparse extension blocks"
-                    ));
-                }
-                let extended = bytes[data + 504] != 0;
-                data += BLOCK;
-                if !extended {
-                    break;
-                }
-            }
-        }
+        let data = data_start(&bytes, off)?;
         let next = data + size.div_ceil(BLOCK) * BLOCK;
         if next > bytes.len() {
             return Err(format!(
@@ -257,20 +232,9 @@ pub fn walk(bytes: Vec<u8>) -> Result<Walk, String> {
                 } else if let Some(p) = long_name.take() {
                     p
                 } else {
-                    let name = cstr(&h[..100]);
-                    let prefix = cstr(&h[345..500]);
-                    if &h[257..263] == b"ustar\0" && !prefix.is_empty() {
-                        [prefix, b"/", name].concat()
-                    } else {
-                        name.to_vec()
-                    }
+                    header_name(h)
                 };
-                let kind = match typeflag {
-                    0 | b'0' | b'7' | b'S' => Kind::File,
-                    b'5' => Kind::Directory,
-                    b'g' => Kind::GlobalHeader,
-                    _ => Kind::Other,
-                };
+                let kind = kind_of(typeflag);
                 records.push(Record {
                     start: record_start,
                     header: off,
@@ -291,6 +255,63 @@ pub fn walk(bytes: Vec<u8>) -> Result<Walk, String> {
         records,
         end,
     })
+}
+
+/// Checks the checksum of the header `h` at byte `off`.
+fn check_sum(h: &[u8], off: usize) -> Result<(), String> {
+    let stored = octal(&h[148..156]).map_err(|e| format!("byte {off}: checksum: {e}"))?;
+    let (unsigned, signed) = header_sums(h);
+    if i64::try_from(stored).ok() != Some(unsigned) && i64::try_from(stored).ok() != Some(signed) {
+        return Err(format!(
+            "byte {off}: header checksum {stored} but the header sums to {unsigned} \
+             (unsigned bytes) or {signed} (signed bytes)"
+        ));
+    }
+    Ok(())
+}
+
+/// Where the data of the member whose header is at `off` starts. An old GNU sparse header whose
+/// `isextended` flag (byte 482) is set is followed by sparse extension blocks, each with its own
+/// flag at byte 504, before the data.
+fn data_start(bytes: &[u8], off: usize) -> Result<usize, String> {
+    let h = &bytes[off..off + BLOCK];
+    let mut data = off + BLOCK;
+    if h[156] == b'S' && h[482] != 0 {
+        loop {
+            if data + BLOCK > bytes.len() {
+                return Err(format!(
+                    "byte {off}: the file ends inside the sparse extension blocks"
+                ));
+            }
+            let extended = bytes[data + 504] != 0;
+            data += BLOCK;
+            if !extended {
+                break;
+            }
+        }
+    }
+    Ok(data)
+}
+
+/// The name a header itself holds: ustar's prefix and name, or the name alone.
+fn header_name(h: &[u8]) -> Vec<u8> {
+    let name = cstr(&h[..100]);
+    let prefix = cstr(&h[345..500]);
+    if &h[257..263] == b"ustar\0" && !prefix.is_empty() {
+        [prefix, b"/", name].concat()
+    } else {
+        name.to_vec()
+    }
+}
+
+/// What a member of `typeflag` is to the verifier.
+fn kind_of(typeflag: u8) -> Kind {
+    match typeflag {
+        0 | b'0' | b'7' | b'S' => Kind::File,
+        b'5' => Kind::Directory,
+        b'g' => Kind::GlobalHeader,
+        _ => Kind::Other,
+    }
 }
 
 /// Reads and walks a tar file, panicking with the file name on error.
@@ -439,135 +460,27 @@ pub struct Verified {
 /// two zero blocks; shard sample counts must differ by at most one; and `index.json` must
 /// describe the files.
 pub fn verify(exp: &Expected, out: &Path) -> Verified {
-    let fail = |msg: String| -> ! { panic!("verify {}: {msg}", out.display()) };
-
-    // The input: a multiset of sample byte strings, grouped by key.
-    let mut remaining: HashMap<String, HashMap<Vec<u8>, usize>> = HashMap::new();
-    let mut input_order = Vec::new();
-    let mut skipped = Skipped::default();
-    let mut sample_bytes = 0u64;
-    let mut input_samples_total = 0usize;
-    let mut input_bytes = 0u64;
-    for path in &exp.inputs {
-        let shard = input_samples(path);
-        input_bytes += shard.walk.bytes.len() as u64;
-        skipped.directories += shard.skipped.directories;
-        skipped.keyless_files += shard.skipped.keyless_files;
-        skipped.other_entries += shard.skipped.other_entries;
-        skipped.global_headers += shard.skipped.global_headers;
-        for s in &shard.samples {
-            *remaining
-                .entry(s.key.clone())
-                .or_default()
-                .entry(shard.sample_bytes(s).to_vec())
-                .or_default() += 1;
-            input_order.push(s.key.clone());
-            sample_bytes += (s.end - s.start) as u64;
-            input_samples_total += 1;
-        }
-    }
-
-    // The output directory holds the shards and index.json, nothing else.
+    let fail = |msg: String| -> ! { fail_at(out, msg) };
+    let InputPool {
+        mut remaining,
+        input_order,
+        skipped,
+        sample_bytes,
+        input_samples_total,
+        input_bytes,
+    } = input_pool(exp);
     let names: Vec<String> = (0..exp.shards)
         .map(|i| format!("{}-{i:06}.tar", exp.prefix))
         .collect();
-    let mut present: Vec<String> = fs::read_dir(out)
-        .unwrap_or_else(|e| fail(format!("cannot list: {e}")))
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    present.sort();
-    let mut wanted: Vec<String> = names.clone();
-    wanted.push("index.json".to_string());
-    wanted.push(".reshard".to_string());
-    wanted.sort();
-    if present != wanted {
-        fail(format!("expected files {wanted:?}, found {present:?}"));
-    }
-    // The saved index: one .idx per shard, nothing else.
-    let mut idx: Vec<String> = fs::read_dir(out.join(".reshard"))
-        .unwrap_or_else(|e| fail(format!("cannot list .reshard: {e}")))
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    idx.sort();
-    let mut want_idx: Vec<String> = names.iter().map(|n| format!("{n}.idx")).collect();
-    want_idx.sort();
-    if idx != want_idx {
-        fail(format!(
-            "expected saved indexes {want_idx:?}, found {idx:?}"
-        ));
-    }
-    let staging = out.with_file_name(format!(
-        ".{}.reshard-tmp",
-        out.file_name().unwrap().to_string_lossy()
-    ));
-    if staging.exists() {
-        fail(format!(
-            "staging directory {} left behind",
-            staging.display()
-        ));
-    }
+    check_files(out, &names);
 
     let mut order = Vec::new();
     let mut counts = Vec::new();
     let mut members = Vec::new();
     let mut sizes = Vec::new();
     for name in &names {
-        let path = out.join(name);
-        let w = walk_file(&path);
-        let len = w.bytes.len();
-        if w.end + 2 * BLOCK != len || w.bytes[w.end..].iter().any(|&b| b != 0) {
-            fail(format!(
-                "{name}: expected the last sample to end at byte {} followed by exactly two zero blocks, but the file has {len} bytes",
-                w.end
-            ));
-        }
-        sizes.push(len as u64);
-        let mut names_here = Vec::new();
-        let mut count = 0usize;
-        // Runs of records sharing a key; a run may hold several input samples with one key
-        // (inputs can repeat keys across shards), so it is split into input samples by content.
-        let mut i = 0;
-        while i < w.records.len() {
-            let r = &w.records[i];
-            let key = match (r.kind, key_of(&r.path)) {
-                (Kind::File, Some(k)) => String::from_utf8_lossy(k).into_owned(),
-                _ => fail(format!(
-                    "{name}: byte {}: record {:?} (types {:?}) belongs to no sample",
-                    r.start,
-                    String::from_utf8_lossy(&r.path),
-                    String::from_utf8_lossy(&r.types)
-                )),
-            };
-            let mut j = i + 1;
-            while j < w.records.len()
-                && w.records[j].kind == Kind::File
-                && key_of(&w.records[j].path).map(|k| String::from_utf8_lossy(k).into_owned())
-                    == Some(key.clone())
-            {
-                j += 1;
-            }
-            let run = &w.records[i..j];
-            let pool = remaining.entry(key.clone()).or_default();
-            let Some(cuts) = partition(&w.bytes, run, pool) else {
-                fail(format!(
-                    "{name}: bytes {}..{} (key {key:?}, members {:?}) are not a sequence of input samples: a sample was changed, split, duplicated or invented",
-                    run[0].start,
-                    run[run.len() - 1].end,
-                    run.iter()
-                        .map(|r| String::from_utf8_lossy(&r.path).into_owned())
-                        .collect::<Vec<_>>()
-                ));
-            };
-            for _ in &cuts {
-                order.push(key.clone());
-            }
-            count += cuts.len();
-            names_here.extend(
-                run.iter()
-                    .map(|r| String::from_utf8_lossy(&r.path).into_owned()),
-            );
-            i = j;
-        }
+        let (count, names_here, size) = read_shard(out, name, &mut remaining, &mut order);
+        sizes.push(size);
         counts.push(count);
         members.push(names_here);
     }
@@ -621,6 +534,157 @@ pub fn verify(exp: &Expected, out: &Path) -> Verified {
     }
 }
 
+/// `verify`'s failure: panics naming the output directory.
+fn fail_at(out: &Path, msg: String) -> ! {
+    panic!("verify {}: {msg}", out.display())
+}
+
+/// The input: a multiset of sample byte strings, grouped by key, and what the manifest must say
+/// about it.
+#[derive(Default)]
+struct InputPool {
+    remaining: HashMap<String, HashMap<Vec<u8>, usize>>,
+    input_order: Vec<String>,
+    skipped: Skipped,
+    sample_bytes: u64,
+    input_samples_total: usize,
+    input_bytes: u64,
+}
+
+fn input_pool(exp: &Expected) -> InputPool {
+    let mut p = InputPool::default();
+    for path in &exp.inputs {
+        let shard = input_samples(path);
+        p.input_bytes += shard.walk.bytes.len() as u64;
+        p.skipped.directories += shard.skipped.directories;
+        p.skipped.keyless_files += shard.skipped.keyless_files;
+        p.skipped.other_entries += shard.skipped.other_entries;
+        p.skipped.global_headers += shard.skipped.global_headers;
+        for s in &shard.samples {
+            *p.remaining
+                .entry(s.key.clone())
+                .or_default()
+                .entry(shard.sample_bytes(s).to_vec())
+                .or_default() += 1;
+            p.input_order.push(s.key.clone());
+            p.sample_bytes += (s.end - s.start) as u64;
+            p.input_samples_total += 1;
+        }
+    }
+    p
+}
+
+/// The output directory holds the shards `names`, index.json and the saved index, nothing else,
+/// and no staging directory is left beside it.
+fn check_files(out: &Path, names: &[String]) {
+    let fail = |msg: String| -> ! { fail_at(out, msg) };
+    let mut present: Vec<String> = fs::read_dir(out)
+        .unwrap_or_else(|e| fail(format!("cannot list: {e}")))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    present.sort();
+    let mut wanted: Vec<String> = names.to_vec();
+    wanted.push("index.json".to_string());
+    wanted.push(".reshard".to_string());
+    wanted.sort();
+    if present != wanted {
+        fail(format!("expected files {wanted:?}, found {present:?}"));
+    }
+    // The saved index: one NAME.reshard-layout per shard, nothing else.
+    let mut idx: Vec<String> = fs::read_dir(out.join(".reshard"))
+        .unwrap_or_else(|e| fail(format!("cannot list .reshard: {e}")))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    idx.sort();
+    let mut want_idx: Vec<String> = names
+        .iter()
+        .map(|n| format!("{n}.reshard-layout"))
+        .collect();
+    want_idx.sort();
+    if idx != want_idx {
+        fail(format!(
+            "expected saved indexes {want_idx:?}, found {idx:?}"
+        ));
+    }
+    let staging = out.with_file_name(format!(
+        ".{}.reshard-tmp",
+        out.file_name().unwrap().to_string_lossy()
+    ));
+    if staging.exists() {
+        fail(format!(
+            "staging directory {} left behind",
+            staging.display()
+        ));
+    }
+}
+
+/// Reads the output shard `name` back into input samples, taking them out of `remaining` and
+/// appending their keys to `order`: its sample count, member names and size.
+fn read_shard(
+    out: &Path,
+    name: &str,
+    remaining: &mut HashMap<String, HashMap<Vec<u8>, usize>>,
+    order: &mut Vec<String>,
+) -> (usize, Vec<String>, u64) {
+    let fail = |msg: String| -> ! { fail_at(out, msg) };
+    let path = out.join(name);
+    let w = walk_file(&path);
+    let len = w.bytes.len();
+    if w.end + 2 * BLOCK != len || w.bytes[w.end..].iter().any(|&b| b != 0) {
+        fail(format!(
+            "{name}: expected the last sample to end at byte {} followed by exactly two zero blocks, but the file has {len} bytes",
+            w.end
+        ));
+    }
+    let mut names_here = Vec::new();
+    let mut count = 0usize;
+    // Runs of records sharing a key; a run may hold several input samples with one key
+    // (inputs can repeat keys across shards), so it is split into input samples by content.
+    let mut i = 0;
+    while i < w.records.len() {
+        let r = &w.records[i];
+        let key = match (r.kind, key_of(&r.path)) {
+            (Kind::File, Some(k)) => String::from_utf8_lossy(k).into_owned(),
+            _ => fail(format!(
+                "{name}: byte {}: record {:?} (types {:?}) belongs to no sample",
+                r.start,
+                String::from_utf8_lossy(&r.path),
+                String::from_utf8_lossy(&r.types)
+            )),
+        };
+        let mut j = i + 1;
+        while j < w.records.len()
+            && w.records[j].kind == Kind::File
+            && key_of(&w.records[j].path).map(|k| String::from_utf8_lossy(k).into_owned())
+                == Some(key.clone())
+        {
+            j += 1;
+        }
+        let run = &w.records[i..j];
+        let pool = remaining.entry(key.clone()).or_default();
+        let Some(cuts) = partition(&w.bytes, run, pool) else {
+            fail(format!(
+                "{name}: bytes {}..{} (key {key:?}, members {:?}) are not a sequence of input samples: a sample was changed, split, duplicated or invented",
+                run[0].start,
+                run[run.len() - 1].end,
+                run.iter()
+                    .map(|r| String::from_utf8_lossy(&r.path).into_owned())
+                    .collect::<Vec<_>>()
+            ));
+        };
+        for _ in &cuts {
+            order.push(key.clone());
+        }
+        count += cuts.len();
+        names_here.extend(
+            run.iter()
+                .map(|r| String::from_utf8_lossy(&r.path).into_owned()),
+        );
+        i = j;
+    }
+    (count, names_here, len as u64)
+}
+
 /// Splits the records `run` into consecutive pieces that are each one of the samples in `pool`,
 /// taking them out of it; `None` (and `pool` unchanged) when no such split exists.
 fn partition(
@@ -660,41 +724,9 @@ fn check_index(
 ) -> Result<Value, String> {
     let text = fs::read_to_string(out.join("index.json")).map_err(|e| e.to_string())?;
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))?;
-    let eq = |what: &str, got: &Value, want: Value| -> Result<(), String> {
-        if *got != want {
-            return Err(format!("{what}: expected {want}, found {got}"));
-        }
-        Ok(())
-    };
     eq("__kind__", &v["__kind__"], "wids-shard-index-v1".into())?;
     eq("wids_version", &v["wids_version"], 1.into())?;
-    let list = v["shardlist"]
-        .as_array()
-        .ok_or("shardlist is not an array")?;
-    if list.len() != names.len() {
-        return Err(format!(
-            "shardlist has {} entries for {} shards",
-            list.len(),
-            names.len()
-        ));
-    }
-    for (i, e) in list.iter().enumerate() {
-        eq(
-            &format!("shardlist[{i}].url"),
-            &e["url"],
-            names[i].as_str().into(),
-        )?;
-        eq(
-            &format!("shardlist[{i}].nsamples"),
-            &e["nsamples"],
-            counts[i].into(),
-        )?;
-        eq(
-            &format!("shardlist[{i}].filesize"),
-            &e["filesize"],
-            sizes[i].into(),
-        )?;
-    }
+    check_shardlist(&v, names, counts, sizes)?;
     let r = &v["reshard"];
     if !r.is_object() {
         return Err("no `reshard` object".into());
@@ -742,6 +774,57 @@ fn check_index(
         &sk["global_headers"],
         skipped.global_headers.into(),
     )?;
+    check_inputs(r, exp)?;
+    Ok(v)
+}
+
+/// A value of index.json: `got` must be `want`.
+fn eq(what: &str, got: &Value, want: Value) -> Result<(), String> {
+    if *got != want {
+        return Err(format!("{what}: expected {want}, found {got}"));
+    }
+    Ok(())
+}
+
+/// index.json's shardlist: one entry per shard, with its name, sample count and size.
+fn check_shardlist(
+    v: &Value,
+    names: &[String],
+    counts: &[usize],
+    sizes: &[u64],
+) -> Result<(), String> {
+    let list = v["shardlist"]
+        .as_array()
+        .ok_or("shardlist is not an array")?;
+    if list.len() != names.len() {
+        return Err(format!(
+            "shardlist has {} entries for {} shards",
+            list.len(),
+            names.len()
+        ));
+    }
+    for (i, e) in list.iter().enumerate() {
+        eq(
+            &format!("shardlist[{i}].url"),
+            &e["url"],
+            names[i].as_str().into(),
+        )?;
+        eq(
+            &format!("shardlist[{i}].nsamples"),
+            &e["nsamples"],
+            counts[i].into(),
+        )?;
+        eq(
+            &format!("shardlist[{i}].filesize"),
+            &e["filesize"],
+            sizes[i].into(),
+        )?;
+    }
+    Ok(())
+}
+
+/// `reshard.inputs`: the inputs, in order, as paths relative to the directory reshard ran in.
+fn check_inputs(r: &Value, exp: &Expected) -> Result<(), String> {
     let inputs = r["inputs"]
         .as_array()
         .ok_or("reshard.inputs is not an array")?;
@@ -762,7 +845,7 @@ fn check_index(
             ));
         }
     }
-    Ok(v)
+    Ok(())
 }
 
 /// Requires two output directories to be byte-identical: the same files, every shard equal

@@ -17,6 +17,7 @@ use anyhow::Result;
 use super::stages::{Job, Stages};
 use crate::comm::wire::{gather_concat, route, RoundStatus};
 use crate::comm::{agree, Comm};
+use crate::job::interrupt::Interrupted;
 
 /// Records durably, on rank 0, the ranges of global sample indices that became durable.
 pub type Record<'a> = Box<dyn FnMut(Vec<(u64, u64)>) -> Result<()> + 'a>;
@@ -30,6 +31,10 @@ pub struct Checkpoints<'a> {
     pub record: Record<'a>,
 }
 
+/// Sample bytes each rank moves, on average, between two checkpoints at most, whatever
+/// `--checkpoint-every` says: a run killed early (SIGKILL, a node lost) keeps what it moved.
+pub const CHECKPOINT_BYTES_PER_RANK: u64 = 256 << 20;
+
 /// The exchange's checkpoint state on one rank.
 pub(super) struct Pacer<'a> {
     checkpoints: Checkpoints<'a>,
@@ -37,6 +42,11 @@ pub(super) struct Pacer<'a> {
     /// The round being synced, and this rank's samples up to it.
     pending: Option<(u64, (u64, u64))>,
     pub taken: u64,
+    /// Sample bytes all ranks moved since the last checkpoint, and how many ask for one.
+    moved: u64,
+    every_bytes: u64,
+    /// A rank received this stop signal: checkpoint, then end.
+    stopping: Option<i32>,
 }
 
 impl<'a> Pacer<'a> {
@@ -46,30 +56,39 @@ impl<'a> Pacer<'a> {
             last: Instant::now(),
             pending: None,
             taken: 0,
+            moved: 0,
+            every_bytes: crate::hooks::checkpoint_bytes(CHECKPOINT_BYTES_PER_RANK),
+            stopping: None,
         }
     }
 
     /// This rank's part of the round status: rank 0 asks for a checkpoint; a rank whose writer
-    /// synced the pending one says so.
+    /// synced the pending one says so, and a rank that received a stop signal.
     pub(super) fn status(&self, comm: &impl Comm, st: &Stages<'_, '_>) -> RoundStatus {
-        let ask = comm.rank() == 0
-            && self.pending.is_none()
-            && self.last.elapsed() >= self.checkpoints.every;
+        let due = self.last.elapsed() >= self.checkpoints.every
+            || self.moved >= self.every_bytes.saturating_mul(comm.size() as u64);
+        let ask = comm.rank() == 0 && self.pending.is_none() && due;
         let synced = self
             .pending
             .is_some_and(|(n, _)| st.synced.load(Ordering::Acquire) >= n);
+        let stop = crate::sys::stop_signal().is_some();
         RoundStatus {
             checkpoint: u64::from(ask),
             synced: u64::from(synced),
+            stopping: u64::from(stop),
             ..RoundStatus::default()
         }
     }
 
-    /// Acts on the summed status of round `n`, in which this rank packed its samples up to
-    /// local index `through`. Returns whether the writer must sync after placing round `n`.
+    /// Acts on the summed status of round `n`, in which all ranks move `status.payload` sample
+    /// bytes and this rank packed its samples up to local index `through`. Returns whether the
+    /// writer must sync after placing round `n`.
+    ///
+    /// A stop signal on any rank starts a checkpoint at once (unless one is under way); once it
+    /// is recorded, every rank ends with [`Interrupted`].
     ///
     /// # Errors
-    /// Rank 0 could not record a checkpoint (every rank gets an error).
+    /// Rank 0 could not record a checkpoint (every rank gets an error), or the job was stopped.
     pub(super) fn after_status(
         &mut self,
         comm: &impl Comm,
@@ -78,6 +97,12 @@ impl<'a> Pacer<'a> {
         n: u64,
         through: usize,
     ) -> Result<bool> {
+        self.moved += status.payload;
+        if status.stopping > 0 && self.stopping.is_none() {
+            // Every rank sees the count in the same round: one more collective names the signal.
+            let signal = comm.all_max(&[crate::sys::stop_signal().map_or(0, |s| s as u64)])[0];
+            self.stopping = Some(i32::try_from(signal).unwrap_or(15));
+        }
         if self.pending.is_some() && status.synced == comm.size() as u64 {
             let (_, range) = self.pending.take().expect("pending");
             let ranges = gather_concat::<(u64, u64)>(comm, 0, &vec![range]);
@@ -89,8 +114,15 @@ impl<'a> Pacer<'a> {
             agree(comm, recorded)?;
             self.taken += 1;
             self.last = Instant::now();
+            self.moved = 0;
+            if let Some(signal) = self.stopping {
+                return Err(anyhow::Error::new(Interrupted {
+                    signal,
+                    samples: None,
+                }));
+            }
         }
-        if self.pending.is_none() && status.checkpoint > 0 {
+        if self.pending.is_none() && (status.checkpoint > 0 || self.stopping.is_some()) {
             let upto = job.first_global + through as u64;
             self.pending = Some((n, (job.first_global, upto)));
             return Ok(true);

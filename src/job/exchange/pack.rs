@@ -3,11 +3,16 @@
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, SyncSender};
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 
 use super::reader::InputReader;
 use super::stages::{Job, Packed, Stages, CHUNK_HEADER};
 use crate::comm::wire::{ChunkHeader, Wire};
+use crate::input::InputShard;
+use crate::plan::placement::LocalSample;
+use crate::sys;
+use crate::tar::codec::stream_name;
+use crate::tar::headers::{expect_header, BLOCK};
 use crate::tar::Codec;
 
 /// The reader thread: packs rounds in input order until the samples run out or a read fails.
@@ -20,7 +25,7 @@ pub(super) fn pack_rounds(
     packed: SyncSender<Packed>,
 ) {
     let (job, me, written) = (st.job, st.me, &st.written);
-    let mut reader = InputReader::new(job.inputs, read_window);
+    let mut reader = InputReader::new(job.inputs, read_window, job.unread);
     let mut cursor = Cursor::default();
     while cursor.sample < job.local.len() {
         let Ok(mut buf) = free_send.recv() else {
@@ -52,6 +57,16 @@ pub(super) fn pack_rounds(
         {
             return;
         }
+    }
+    // Every sample packed: the compressed streams no phase has read to their end yet.
+    if let Err(e) = reader.finish() {
+        let _ = packed.send(Packed {
+            buf: Vec::new(),
+            used: vec![0; ranks],
+            payload: 0,
+            through: cursor.sample,
+            error: Some(e),
+        });
     }
 }
 
@@ -127,40 +142,18 @@ fn fill(
             let (at, _) = job.layout.place(position).with_context(|| {
                 format!("internal error: position {position} is not laid out on rank {me}")
             })?;
-            let n = s.len - cursor.offset;
-            let input = &job.inputs[s.shard as usize];
-            let (file, codec) = reader.file(s.shard as usize)?;
-            if codec == Codec::Plain {
-                job.output.copy_in(
-                    shard,
-                    at + cursor.offset,
-                    file,
-                    &input.path,
-                    s.start + cursor.offset,
-                    n,
-                )?;
-            } else {
-                // Offsets are in the decompressed stream: through a bounce buffer.
-                let mut buf = vec![0u8; n.min(4 << 20) as usize];
-                let mut done_here = 0;
-                while done_here < n {
-                    let k = (n - done_here).min(buf.len() as u64) as usize;
-                    reader.read(
-                        s.shard as usize,
-                        s.start + cursor.offset + done_here,
-                        &mut buf[..k],
-                    )?;
-                    job.output
-                        .write_at(shard, at + cursor.offset + done_here, &buf[..k])?;
-                    done_here += k as u64;
-                }
-            }
+            // A copy to this rank's own shards is whole: it never starts mid-sample.
+            debug_assert_eq!(cursor.offset, 0);
+            let n = copy_own(job, reader, s, shard, at)?;
             done.copied += n;
             cursor.next_copy();
             continue;
         }
         let room = cap - used[dest];
-        if room <= CHUNK_HEADER {
+        // A sample's first chunk holds its first block, which is checked (when a segment can).
+        let first = cursor.offset == 0 && cap >= CHUNK_HEADER + BLOCK as usize;
+        let need = if first { BLOCK.min(s.len) as usize } else { 1 };
+        if room < CHUNK_HEADER + need {
             break;
         }
         let n = (s.len - cursor.offset).min((room - CHUNK_HEADER) as u64);
@@ -173,6 +166,11 @@ fn fill(
         header.encode(&mut send[at..at + CHUNK_HEADER]);
         let body = &mut send[at + CHUNK_HEADER..at + CHUNK_HEADER + n as usize];
         reader.read(s.shard as usize, s.start + cursor.offset, body)?;
+        if cursor.offset == 0 {
+            let input = &job.inputs[s.shard as usize];
+            let codec = reader.file(s.shard as usize)?.1;
+            check_first_block(body, input, codec, s.start)?;
+        }
         used[dest] += CHUNK_HEADER + n as usize;
         done.packed += n;
         cursor.offset += n;
@@ -181,4 +179,81 @@ fn fill(
         }
     }
     Ok(done)
+}
+
+/// Reads the first block of the sample at `start` of the plain shard `file` (`len` bytes long)
+/// into `head`: how many bytes that is (a sample is at least one block).
+fn read_head(
+    file: &std::fs::File,
+    path: &std::path::Path,
+    start: u64,
+    len: u64,
+    head: &mut [u8; BLOCK as usize],
+) -> Result<usize> {
+    let want = len.min(BLOCK) as usize;
+    let got = sys::read_up_to_at(file, &mut head[..want], start)
+        .with_context(|| format!("{}: cannot read at byte offset {start}", path.display()))?;
+    if got < want {
+        return Err(anyhow!(
+            "{}: byte offset {}: expected sample data, found the end of the file (did it change during the run?)",
+            path.display(),
+            start + got as u64
+        ));
+    }
+    Ok(got)
+}
+
+/// Checks that a sample's bytes, `data` read from `start` of `input`, start with a tar header,
+/// as they did when the shard was indexed: a shard rewritten in place during the run must fail
+/// here, naming file and offset, rather than have whatever bytes are there copied. One block
+/// already in memory per sample: no extra read. Shorter `data` (a segment too small to hold a
+/// block) is not checked.
+fn check_first_block(data: &[u8], input: &InputShard, codec: Codec, start: u64) -> Result<()> {
+    let Some(block) = data.get(..BLOCK as usize) else {
+        return Ok(());
+    };
+    let block: &[u8; BLOCK as usize] = block.try_into().expect("one block");
+    expect_header(block, start).map_err(|e| {
+        anyhow!(
+            "{}: {e:#}, where the index found a sample's first header: the input changed during the run, so its samples cannot be trusted; nothing is published",
+            stream_name(&input.path, codec)
+        )
+    })
+}
+
+/// Copies the sample `s` from its input to `at` of this rank's own shard `shard`; returns its
+/// length. A plain input is copied inside the kernel, after its first block is read and
+/// checked (512 bytes and one system call per sample, from the page cache where readahead
+/// brought it); a compressed one goes through a bounce buffer (offsets are those of the
+/// decompressed stream), where its first block is checked as it passes.
+fn copy_own(
+    job: &Job<'_>,
+    reader: &mut InputReader<'_>,
+    s: &LocalSample,
+    shard: u64,
+    at: u64,
+) -> Result<u64> {
+    let n = s.len;
+    let input = &job.inputs[s.shard as usize];
+    let (file, codec) = reader.file(s.shard as usize)?;
+    if codec == Codec::Plain {
+        let mut head = [0u8; BLOCK as usize];
+        let h = read_head(file, &input.path, s.start, n, &mut head)?;
+        check_first_block(&head[..h], input, codec, s.start)?;
+        job.output
+            .copy_in(shard, at, file, &input.path, s.start, n)?;
+        return Ok(n);
+    }
+    let mut buf = vec![0u8; n.min(4 << 20) as usize];
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(buf.len() as u64) as usize;
+        reader.read(s.shard as usize, s.start + done, &mut buf[..k])?;
+        if done == 0 {
+            check_first_block(&buf[..k], input, codec, s.start)?;
+        }
+        job.output.write_at(shard, at + done, &buf[..k])?;
+        done += k as u64;
+    }
+    Ok(n)
 }

@@ -1,7 +1,8 @@
 //! Sequential reader over a rank's input shards.
 
+use std::collections::BTreeSet;
 use std::fs::File;
-use std::io::Read;
+use std::io::{self, Read};
 use std::ops::Range;
 
 use anyhow::{anyhow, Context, Result};
@@ -22,10 +23,14 @@ pub(super) struct InputReader<'a> {
     /// Which shard and byte range the window holds.
     window_shard: usize,
     window_range: Range<u64>,
+    /// Compressed shards still to be read to their end (see [`InputReader::finish`]).
+    unread: BTreeSet<usize>,
 }
 
 impl<'a> InputReader<'a> {
-    pub(super) fn new(inputs: &'a [InputShard], window: usize) -> Self {
+    /// A reader of `inputs` with a read window of `window` bytes; `unread`: the shards whose
+    /// streams the index phase did not read (see [`InputReader::finish`]).
+    pub(super) fn new(inputs: &'a [InputShard], window: usize, unread: &[usize]) -> Self {
         InputReader {
             inputs,
             file: None,
@@ -33,7 +38,38 @@ impl<'a> InputReader<'a> {
             window: vec![0; window],
             window_shard: usize::MAX,
             window_range: 0..0,
+            unread: unread.iter().copied().collect(),
         }
+    }
+
+    /// Once every sample is read: reads each compressed shard in `unread` to the end of its
+    /// stream (continuing the open stream where it is), so that the decoder checks its checksum
+    /// at least once per run. A shard the index phase decompressed was checked there.
+    ///
+    /// # Errors
+    /// A stream that is damaged (its checksum does not match), or a read that fails; the
+    /// message names the file.
+    pub(super) fn finish(&mut self) -> Result<()> {
+        self.drain_open()?;
+        while let Some(shard) = self.unread.pop_first() {
+            let path = self.inputs[shard].path.clone();
+            let (codec, file) = codec::open_file(&path)?;
+            if codec != Codec::Plain {
+                drain(codec::decompress(codec, file, &path)?, &path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the open stream to its end if its shard is still unread.
+    fn drain_open(&mut self) -> Result<()> {
+        let Some((shard, _, decoder)) = self.stream.take() else {
+            return Ok(());
+        };
+        if self.unread.remove(&shard) {
+            drain(decoder, &self.inputs[shard].path)?;
+        }
+        Ok(())
     }
 
     /// The open input file of `shard` and its codec (the last one opened stays open).
@@ -65,6 +101,9 @@ impl<'a> InputReader<'a> {
             .as_ref()
             .is_none_or(|(s, pos, _)| *s != shard || *pos > offset)
         {
+            if self.stream.as_ref().is_some_and(|(s, _, _)| *s != shard) {
+                self.drain_open()?;
+            }
             let (file, codec) = self.file(shard)?;
             let file = file
                 .try_clone()
@@ -160,4 +199,15 @@ impl<'a> InputReader<'a> {
         }
         Ok(())
     }
+}
+
+/// Reads a decompressed stream to its end, where the decoder checks the stream's checksum.
+fn drain(mut decoder: Box<dyn Read + Send>, path: &std::path::Path) -> Result<()> {
+    io::copy(&mut decoder, &mut io::sink()).with_context(|| {
+        format!(
+            "{}: the compressed stream is damaged (read to its end to check its checksum)",
+            path.display()
+        )
+    })?;
+    Ok(())
 }

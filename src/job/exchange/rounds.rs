@@ -38,11 +38,6 @@ pub(super) fn exchange_rounds(
     pacer: &mut Pacer<'_>,
     mut moved: Moved<'_>,
 ) -> (Result<()>, ExchangeStats) {
-    let Ends {
-        packed,
-        deliver,
-        free_recv,
-    } = ends;
     let write_failure = &st.write_failure;
     let (ranks, me) = (comm.size(), comm.rank());
     let mut stats = ExchangeStats::default();
@@ -50,7 +45,7 @@ pub(super) fn exchange_rounds(
     loop {
         let t0 = std::time::Instant::now();
         // None once the reader has packed everything.
-        let mut round = packed.recv().ok();
+        let mut round = ends.packed.recv().ok();
         let t_read = t0.elapsed();
         let mut failure = round.as_mut().and_then(|r| r.error.take());
         if failure.is_none() {
@@ -67,6 +62,7 @@ pub(super) fn exchange_rounds(
         // far is the checkpoint?
         let n = stats.rounds + 1;
         hooks::kill_in_round(me, n);
+        hooks::slow_round();
         st.dog.beat(n, || {
             format!("waiting for every rank's status before exchange round {n}")
         });
@@ -102,7 +98,8 @@ pub(super) fn exchange_rounds(
         let ranges: Vec<Range<usize>> = (0..ranks)
             .map(|d| if d == me { 0..0 } else { segment(d) })
             .collect();
-        let mut recv = free_recv
+        let mut recv = ends
+            .free_recv
             .recv()
             .expect("the writer returns receive buffers");
         st.dog
@@ -124,7 +121,7 @@ pub(super) fn exchange_rounds(
             round: n,
             sync,
         };
-        deliver
+        ends.deliver
             .send(delivery)
             .expect("the writer runs until the deliveries end");
         moved.so_far += status.payload;
@@ -136,7 +133,7 @@ pub(super) fn exchange_rounds(
 /// reader delivered, the status returned, the writer freed a buffer and the all-to-all ended.
 fn trace_round(me: usize, n: u64, t: [std::time::Duration; 4], (out, into): (usize, usize)) {
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    eprintln!(
+    crate::errln!(
         "reshard: rank {me} round {n}: reader {:.0} ms, status {:.0} ms, writer {:.0} ms, all-to-all {:.0} ms ({out} B out, {into} B in)",
         ms(t[0]),
         ms(t[1] - t[0]),

@@ -22,6 +22,9 @@ pub struct Job<'a> {
     /// This rank's samples, in input order, and the global index of the first.
     pub local: &'a [LocalSample],
     pub first_global: u64,
+    /// This rank's input shards the index phase did not read (their saved index was used):
+    /// the compressed ones are read to their end here, so that their checksums are checked.
+    pub unread: &'a [usize],
     /// Samples an earlier attempt already placed durably (`--resume`): not read, not sent.
     pub done: &'a Done,
     /// Where each sample goes (nowhere when dropped, twice when repeated).

@@ -1,4 +1,5 @@
-//! [`GpuShare`]: how the output shards divide among GPUs. A leaf: the manifest records it too.
+//! [`GpuShare`]: how the output shards divide among GPUs. A leaf: the manifest records it, and
+//! `report/` (a floor above `output/`) prints it.
 
 use serde::{Deserialize, Serialize};
 

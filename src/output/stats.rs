@@ -1,4 +1,5 @@
-//! [`Stats`]: the spread of a per-shard quantity. A leaf: the manifest records it too.
+//! [`Stats`]: the spread of a per-shard quantity. A leaf: the manifest records it, and `report/`
+//! (a floor above `output/`) prints it.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,0 +1,282 @@
+//! Issue 23: SIGINT and SIGTERM (Ctrl-C under mpirun, `kill`, and under Slurm `scancel` and the
+//! time limit's `--signal`, in `slurm.rs`) checkpoint the job and end it in order: rank 0 says
+//! once where the staging directory is, how much of it is durable and that `--resume` continues
+//! it; every rank exits with 128 + the signal's number; the rerun with `--resume` is
+//! byte-identical to an uninterrupted run.
+
+use std::fs;
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::util::slurm::{slurm_or_skip, write_script};
+use crate::util::verifier::assert_same_output;
+use crate::util::{reshard_exe, Dir, RunOutput, TestCommand, FAIL_FAST};
+
+/// The job of these tests: ~13 MiB in rounds of at most 1 MiB, each round slowed to 150 ms, so
+/// that it is surely in its exchange for many seconds.
+pub fn slow_job(out: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "run",
+        "--input",
+        "in",
+        "--output",
+        out,
+        "--shards",
+        "5",
+        "--seed",
+        "3",
+        "--mem-limit",
+        "1MiB",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// The input of [`slow_job`] and its uninterrupted output `ref`, made by one rank.
+pub fn input_and_reference(dir: &Dir) {
+    dir.generate(
+        "in",
+        &[
+            "--shards",
+            "5",
+            "--samples",
+            "2000",
+            "--mean-size",
+            "4KiB",
+            "--seed",
+            "4",
+        ],
+    );
+    dir.command().args(slow_job("ref", &[])).assert_success();
+}
+
+/// The processes whose working directory is `dir` and whose program is `exe` (by file name).
+fn processes(dir: &Path, exe: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cwd = fs::read_link(e.path().join("cwd")).ok();
+        let prog = fs::read_link(e.path().join("exe")).ok();
+        let named = prog
+            .as_deref()
+            .and_then(Path::file_name)
+            .is_some_and(|n| n.to_string_lossy().starts_with(exe));
+        if cwd.as_deref() == Some(dir) && named {
+            found.push(pid);
+        }
+    }
+    found.sort_unstable();
+    found
+}
+
+/// Waits until the job in `dir` is in its exchange (its ranks write heartbeats there).
+pub fn wait_for_exchange(dir: &Dir, out: &str, job: &thread::JoinHandle<RunOutput>) {
+    let beats = dir.join(format!(".{out}.reshard-tmp/.heartbeats"));
+    let started = Instant::now();
+    while fs::read_dir(&beats).map_or(true, |d| d.count() == 0) {
+        assert!(!job.is_finished(), "the job ended before its exchange");
+        assert!(
+            started.elapsed() < FAIL_FAST,
+            "no exchange within {FAIL_FAST:?}"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    // A round or two in: some samples are placed, none durable unless the signal asks.
+    thread::sleep(Duration::from_millis(400));
+}
+
+fn send(signal: &str, pid: u32) {
+    let ok = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{signal} {pid}");
+}
+
+/// What every signalled run must show: the status, one message naming the staging directory,
+/// its durable samples and `--resume`, nothing published, the lock released.
+pub fn stopped_in_order(res: &RunOutput, dir: &Path, out: &str, code: i32, signal: &str) {
+    res.check(res.code() == Some(code), &format!("exit status {code}"));
+    stopped_in_order_said(res, dir, out, signal);
+}
+
+/// [`stopped_in_order`] but for the status, which a launcher may report its own way.
+pub fn stopped_in_order_said(res: &RunOutput, dir: &Path, out: &str, signal: &str) {
+    let staging = dir.join(format!(".{out}.reshard-tmp"));
+    let said: Vec<&str> = res
+        .stderr
+        .lines()
+        .filter(|l| l.contains("stopped after a checkpoint"))
+        .collect();
+    res.check(said.len() == 1, "the stop is explained once");
+    res.check(
+        said[0].starts_with(&format!("reshard: {signal}:"))
+            && said[0].contains(&staging.display().to_string())
+            && said[0].contains("samples of 2000")
+            && said[0].contains("--resume"),
+        "the message names the signal, the staging directory, what is durable and --resume",
+    );
+    res.check(!dir.join(out).exists(), "nothing may be published");
+    res.check(
+        staging.join(".resume/checkpoint.json").exists(),
+        "a checkpoint was recorded",
+    );
+    res.check(
+        !dir.join(format!(".{out}.reshard-lock")).exists(),
+        "the lock is released",
+    );
+}
+
+/// `--resume` at another rank count continues to the reference's bytes.
+pub fn resumes_identically(dir: &Dir, np: usize, out: &str) {
+    let res = dir
+        .mpi(np)
+        .args(slow_job(out, &["--resume"]))
+        .assert_success();
+    res.check(
+        res.stdout.contains("resumed: reused") && !res.stdout.contains("reused 0 samples"),
+        "the rerun reused what the stopped run had made durable",
+    );
+    assert_same_output(&dir.join("ref"), &dir.join(out), &["ranks"]);
+}
+
+fn start(cmd: TestCommand) -> thread::JoinHandle<RunOutput> {
+    thread::spawn(move || cmd.output())
+}
+
+/// SIGTERM or SIGINT to mpirun (as Ctrl-C or `kill` would send it), or SIGTERM to one rank
+/// alone: the default checkpoint interval (30 s) has not passed, so the checkpoint is the
+/// signal's.
+#[test]
+fn a_stop_signal_checkpoints_and_resume_continues() {
+    let dir = Dir::new("signals");
+    input_and_reference(&dir);
+    let cases: [(&str, usize, &str, i32, &str); 3] = [
+        ("TERM", 3, "mpirun", 143, "SIGTERM"),
+        ("INT", 2, "mpirun", 130, "SIGINT"),
+        ("TERM", 3, "rank 1", 143, "SIGTERM"),
+    ];
+    for (k, (signal, np, whom, code, name)) in cases.into_iter().enumerate() {
+        let out = format!("out-{k}");
+        let mut cmd = dir.mpi(np);
+        cmd.args(slow_job(&out, &[]))
+            .env("RESHARD_TEST_SLOW_ROUNDS", "150");
+        let job = start(cmd);
+        wait_for_exchange(&dir, &out, &job);
+        let exe = reshard_exe();
+        let ranks = processes(dir.path(), &exe.file_name().unwrap().to_string_lossy());
+        assert_eq!(ranks.len(), np, "the ranks' processes: {ranks:?}");
+        let pid = if whom == "mpirun" {
+            let launchers: Vec<u32> = processes(dir.path(), "mpiexec");
+            assert_eq!(launchers.len(), 1, "one mpirun: {launchers:?}");
+            launchers[0]
+        } else {
+            ranks[1]
+        };
+        send(signal, pid);
+        let res = job.join().unwrap();
+        println!(
+            "SIG{signal} to {whom} at np {np}: ended in {:.1} s",
+            res.elapsed.as_secs_f64()
+        );
+        stopped_in_order(&res, dir.path(), &out, code, name);
+        resumes_identically(&dir, 2, &out);
+    }
+}
+
+/// `scancel` of a running step (SIGTERM to every task, SIGKILL 5 s later: the cluster's
+/// KillWait) in the middle of its exchange.
+#[test]
+fn scancel_checkpoints_and_resume_continues() {
+    let Some(slurm) = slurm_or_skip("scancel_checkpoints_and_resume_continues") else {
+        return;
+    };
+    let dir = Dir::new("signals-scancel");
+    input_and_reference(&dir);
+    let args = slow_job("out", &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut step = slurm.srun(&dir, "pmi2", 2, &args);
+    step.env("RESHARD_TEST_SLOW_ROUNDS", "150");
+    let job = start(step);
+    wait_for_exchange(&dir, "out", &job);
+    let jobs = slurm.queue();
+    assert_eq!(jobs.len(), 1, "one job running: {jobs:?}");
+    slurm
+        .program(&dir, "scancel")
+        .arg(jobs[0].to_string())
+        .assert_success();
+    let res = job.join().unwrap();
+    println!(
+        "scancel: srun ended with {:?} in {:.1} s",
+        res.status,
+        res.elapsed.as_secs_f64()
+    );
+    // srun reports the cancelled step its own way; the tasks' status is 143.
+    res.check(res.code() != Some(0), "a cancelled step fails");
+    stopped_in_order_said(&res, dir.path(), "out", "SIGTERM");
+    assert!(
+        slurm.wait_jobs(&jobs, Duration::from_secs(20)),
+        "the job ended"
+    );
+    let args = slow_job("out", &["--resume"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    slurm.srun(&dir, "pmi2", 2, &args).assert_success();
+    assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
+}
+
+/// A batch job that outlives its `--time` with `--signal=TERM@10`: Slurm sends SIGTERM 10 s
+/// (and up to its 30 s tick more) before the limit, while the step is in its exchange; the step
+/// checkpoints and ends with 143 before the limit, and the job's own rerun with `--resume`
+/// completes it.
+#[test]
+fn slurm_time_limit_signal_checkpoints_and_resume_continues() {
+    let Some(slurm) = slurm_or_skip("slurm_time_limit_signal_checkpoints_and_resume_continues")
+    else {
+        return;
+    };
+    let dir = Dir::new("signals-timelimit");
+    input_and_reference(&dir);
+    let args = slow_job("out", &[]).join(" ");
+    let script = dir.join("job.sbatch");
+    write_script(
+        &script,
+        &format!("#!/bin/bash\nsrun --mpi=pmi2 -n 2 \"$RESHARD\" {args}\necho \"srun exit $?\"\n"),
+    );
+    // ~35 rounds of 2 s: the exchange would outlast the 1-minute limit.
+    let job = slurm.script_job(
+        &dir,
+        script.to_str().unwrap(),
+        &["--nodes=1", "--ntasks=2", "--time=1", "--signal=TERM@10"],
+        &[("RESHARD_TEST_SLOW_ROUNDS", "2000")],
+    );
+    println!("job {}: {}, exit code {:?}", job.id, job.state, job.code);
+    job.check(
+        job.state != "TIMEOUT",
+        "the step must end on --signal's SIGTERM, before the time limit",
+    );
+    job.check(job.log.contains("srun exit 143"), "the step exits 143");
+    let said: Vec<&str> = job
+        .log
+        .lines()
+        .filter(|l| l.contains("stopped after a checkpoint"))
+        .collect();
+    job.check(
+        said.len() == 1 && said[0].contains("--resume") && said[0].contains("samples of 2000"),
+        "the job's log says once what is durable and that --resume continues it",
+    );
+    job.check(!dir.join("out").exists(), "nothing published");
+    let args = slow_job("out", &["--resume"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let rerun = slurm.srun(&dir, "pmi2", 2, &args).assert_success();
+    rerun.check(
+        rerun.stdout.contains("resumed: reused") && !rerun.stdout.contains("reused 0 samples"),
+        "the rerun reused what the signalled step had made durable",
+    );
+    assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
+}

@@ -28,6 +28,7 @@ mod orders;
 mod plan;
 mod real_data;
 mod real_tars;
+mod release;
 mod resume;
 mod run;
 mod signals;

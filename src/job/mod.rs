@@ -318,7 +318,10 @@ fn exchange_phase(
         comm,
         &job,
         Buffers::for_job(cfg.mem_limit, ranks, total_out / ranks as u64),
-        (cfg.stall_timeout, Some(staging.join(HEARTBEATS))),
+        exchange::Stall {
+            timeout: cfg.stall_timeout,
+            heartbeats: Some(staging.join(HEARTBEATS)),
+        },
         resume::checkpoints(cfg, staging, resume),
         &mut |d| progress.update(d),
     )?;

@@ -9,7 +9,7 @@ use crate::comm::{agree, agree_once, everywhere, Comm};
 use crate::config::{PlaceSettings, Splits};
 use crate::job::context::Shared;
 use crate::job::index::Index;
-use crate::job::runs::Runs;
+use crate::job::runs::total_runs;
 use crate::job::split::{self, Assigned, Labels, Own};
 use crate::key_map::KeyMap;
 use crate::output::ShardNames;
@@ -20,6 +20,7 @@ use crate::plan::order::{OrderBy, OrderSpec};
 use crate::plan::permute::Permutation;
 use crate::plan::placement::{GroupPlan, Placement, StratifyReport};
 use crate::plan::positions::{rank_positions, split_permutations, split_positions, Deals};
+use crate::plan::runs::Runs;
 use crate::plan::sort_items::{sort_items, SortItems};
 use crate::report::narrate;
 use crate::size::{count, human_bytes};
@@ -333,7 +334,7 @@ pub fn positions(
     again.sort_unstable();
     let stratify = match &job.spec.stratify_by {
         Some(ext) if deals.is_some() => {
-            let (labels, worst) = runs.total(comm, &deviation)?;
+            let (labels, worst) = total_runs(comm, &runs, &deviation)?;
             Some(StratifyReport {
                 ext: ext.clone(),
                 labels,

@@ -12,10 +12,11 @@ use crate::comm::sort::{global_ranks, Item};
 use crate::comm::{agree, agree_once, everywhere, exclusive_sum, Comm};
 use crate::config::SplitSettings;
 use crate::input::{split_names, InputShard};
-use crate::job::runs::Runs;
+use crate::job::runs::total_runs;
 use crate::plan::order::OrderSpec;
 use crate::plan::permute::Permutation;
 use crate::plan::placement::LocalSample;
+use crate::plan::runs::Runs;
 use crate::plan::sort_key::label_key;
 use crate::plan::split::SplitDeal;
 
@@ -110,7 +111,7 @@ pub fn assign(
             let ranks = global_ranks(comm, &items, &mut |start, bucket| {
                 runs = Runs::of(start, bucket, &deviation);
             })?;
-            (ranks, Some(runs.total(comm, &deviation)?))
+            (ranks, Some(total_runs(comm, &runs, &deviation)?))
         }
     };
     let (split_of, rank): (Vec<u32>, Vec<u64>) = split_ranks

@@ -3,7 +3,8 @@
 //! it ([`shards`]), where each sample lands inside its shard ([`layout`]), the seeded permutation
 //! ([`permute`]), the orders beyond it ([`order`], [`sort_key`], [`deal`]), the groups of output
 //! shards and their sizes ([`groups`]), what the distributed sort sorts ([`sort_items`]), the
-//! positions it leads to ([`positions`]) and each rank's answer to where its samples go
+//! positions it leads to ([`positions`]), the runs of equal labels in the sorted order
+//! ([`runs`]) and each rank's answer to where its samples go
 //! ([`placement`]); `--split` ([`split`]).
 
 pub mod assign;
@@ -14,6 +15,7 @@ pub mod order;
 pub mod permute;
 pub mod placement;
 pub mod positions;
+pub mod runs;
 pub mod shards;
 pub mod sizing;
 pub mod sort_items;

@@ -19,6 +19,11 @@
 //! |            | [`publish`]   | manifest; one rename; `--link`, `--keep`                        |
 //! |            | [`owned`]     | what `--force` and `--keep` may replace or remove              |
 //! |            | [`summary`]   | per-rank figures gathered for the summary and `--report`      |
+//!
+//! The planning phases (index, place, split, layout) take settings of their own
+//! ([`crate::config::PlanSettings`], decided once by [`crate::cli::resolve::plan_settings`]) and
+//! the context every phase shares ([`context::Shared`]: the ranks and the input shards); their
+//! pure planning lives in [`crate::plan`].
 
 pub mod context;
 pub mod duplicates;

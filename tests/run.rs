@@ -8,7 +8,7 @@ use crate::util::data::uneven;
 use crate::util::runs::{exchange_rounds, run, same_bytes_for_every_rank_count};
 use crate::util::tar::gnu_tar_list;
 use crate::util::verifier::{assert_same_output, input_samples, verify, Expected};
-use crate::util::{have_python, index_json, Dir};
+use crate::util::{have_python, index_json, Dir, RunOutput};
 
 #[test]
 fn gnu_long_names_same_bytes_for_every_rank_count() {
@@ -62,7 +62,11 @@ fn tiny_memory_budget_and_rounds_give_the_same_bytes() {
 
     let shards = 4;
     let reference = run(&dir, Some(2), &["in"], "out-default", shards, 9, &[]);
-    let default_rounds = exchange_rounds(&reference);
+    let rounds_of = |res: &RunOutput| {
+        exchange_rounds(res)
+            .unwrap_or_else(|| res.fail("the summary has no \"exchange rounds: N\" line"))
+    };
+    let default_rounds = rounds_of(&reference);
     verify(
         &Expected::new(dir.path(), &inputs, shards, 9, 2),
         &dir.join("out-default"),
@@ -82,12 +86,11 @@ fn tiny_memory_budget_and_rounds_give_the_same_bytes() {
         );
         assert_same_output(&dir.join("out-default"), &dir.join(&out), &["ranks"]);
         if extra.contains(&"--mem-limit") {
-            if let (Some(d), Some(r)) = (default_rounds, exchange_rounds(&res)) {
-                res.check(
-                    r > d && r > 1,
-                    &format!("a 1MiB budget took {r} exchange rounds, the default {d}"),
-                );
-            }
+            let (d, r) = (default_rounds, rounds_of(&res));
+            res.check(
+                r > d && r > 1,
+                &format!("a 1MiB budget took {r} exchange rounds, the default {d}"),
+            );
         }
     }
 }

@@ -421,6 +421,51 @@ impl RunOutput {
             &format!("expected stderr to contain {needle:?}"),
         );
     }
+
+    /// Requires some rank to have said `needle` on stderr, where several ranks print the same
+    /// line at once: each word of `needle` must appear, in order, within one stretch of at most
+    /// 1 KiB. A line written in several `write(2)` calls (one per piece of its format string) may
+    /// be interleaved with another rank's pieces, but its words keep their order; a line written
+    /// in one call matches as well.
+    #[track_caller]
+    pub fn stderr_says(&self, needle: &str) {
+        self.check(
+            says(&self.stderr, needle),
+            &format!("expected some rank to say {needle:?} on stderr"),
+        );
+    }
+}
+
+/// Whether the words of `needle` occur in `text` in order, within 1 KiB of where the first one
+/// occurs (see [`RunOutput::stderr_says`]).
+pub fn says(text: &str, needle: &str) -> bool {
+    let words: Vec<&str> = needle.split_whitespace().collect();
+    let Some(first) = words.first() else {
+        return true;
+    };
+    text.match_indices(first).any(|(start, _)| {
+        let window = &text[start..];
+        let window = &window[..floor_char_boundary(window, 1024)];
+        let mut at = 0;
+        words.iter().all(|w| match window[at..].find(w) {
+            Some(i) => {
+                at += i + w.len();
+                true
+            }
+            None => false,
+        })
+    })
+}
+
+/// The largest index at most `max` that starts a character of `s` (or its length).
+fn floor_char_boundary(s: &str, max: usize) -> usize {
+    if max >= s.len() {
+        return s.len();
+    }
+    (0..=max)
+        .rev()
+        .find(|&i| s.is_char_boundary(i))
+        .unwrap_or(0)
 }
 
 /// A snapshot of every file below a directory (relative path → bytes), to prove that a run left
@@ -605,4 +650,67 @@ pub fn edit_index(out: &Path, f: impl FnOnce(&mut serde_json::Value)) {
         serde_json::to_vec_pretty(&v).unwrap(),
     )
     .unwrap();
+}
+
+/// Runs `cmd` and samples, from outside, the peak resident set (`VmHWM` in `/proc/PID/status`)
+/// of every `reshard` process whose working directory is `dir` (the ranks under `mpirun`, which
+/// runs them where it was started) while it runs. Returns the output and each rank process's
+/// last sampled `VmHWM` in bytes. `VmHWM` only grows, so the last sample is the peak up to a
+/// moment before the process ended; none of a rank's memory is taken from its own report.
+pub fn output_with_peaks(cmd: &TestCommand, dir: &Path) -> (RunOutput, Vec<u64>) {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let done = Arc::clone(&done);
+        let dir = dir.to_path_buf();
+        let exe = reshard_exe();
+        thread::spawn(move || {
+            let mut peaks: BTreeMap<u32, u64> = BTreeMap::new();
+            while !done.load(Ordering::Relaxed) {
+                for (pid, hwm) in rank_peaks(&exe, &dir) {
+                    let p = peaks.entry(pid).or_default();
+                    *p = (*p).max(hwm);
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            peaks.into_values().collect::<Vec<u64>>()
+        })
+    };
+    let out = cmd.output();
+    done.store(true, Ordering::Relaxed);
+    (out, sampler.join().expect("the sampler thread"))
+}
+
+/// `(pid, VmHWM in bytes)` of the processes running `exe` in `dir` right now.
+fn rank_peaks(exe: &Path, dir: &Path) -> Vec<(u32, u64)> {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let p = e.path();
+            let running = fs::read_link(p.join("exe")).ok()?;
+            // A binary rebuilt meanwhile reads as "PATH (deleted)".
+            let running = running.to_string_lossy();
+            if !running.starts_with(&*exe.to_string_lossy())
+                || fs::read_link(p.join("cwd")).ok()? != dir
+            {
+                return None;
+            }
+            let status = fs::read_to_string(p.join("status")).ok()?;
+            let kib: u64 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))?
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()?;
+            Some((pid, kib << 10))
+        })
+        .collect()
 }

@@ -84,3 +84,34 @@ print(json.dumps(out))
         .assert_success();
     Some(serde_json::from_str(&out.stdout).expect("the script prints JSON"))
 }
+
+/// Pixels of the matrices in the bottom half of a `verify --plot` PNG (1200 x 900: histograms
+/// above, the output's mixing matrix bottom left, a uniform permutation's bottom right), counted
+/// by shade: `(shaded, dark)` for the left and the right panel. A cell is shaded from white
+/// (no share) to dark blue (the largest share); text and axes are grey or black, never bluer
+/// than red.
+pub fn matrix_shades(path: &Path) -> [(usize, usize); 2] {
+    let file = File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut reader = png::Decoder::new(file)
+        .read_info()
+        .unwrap_or_else(|e| panic!("{}: not a PNG: {e}", path.display()));
+    let mut pixels = vec![0; reader.output_buffer_size()];
+    let info = reader
+        .next_frame(&mut pixels)
+        .unwrap_or_else(|e| panic!("{}: a broken PNG: {e}", path.display()));
+    let channels = info.color_type.samples();
+    let (w, h) = (info.width as usize, info.height as usize);
+    let mut counts = [(0, 0); 2];
+    for y in h / 2..h {
+        for x in 0..w {
+            let p = &pixels[(y * w + x) * channels..][..3];
+            let (r, b) = (i32::from(p[0]), i32::from(p[2]));
+            if b > r + 4 {
+                let c = &mut counts[usize::from(x >= w / 2)];
+                c.0 += 1;
+                c.1 += usize::from(r < 100);
+            }
+        }
+    }
+    counts
+}

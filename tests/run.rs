@@ -5,6 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::util::data::uneven;
+use crate::util::permutation::assert_order;
 use crate::util::runs::{exchange_rounds, run, same_bytes_for_every_rank_count};
 use crate::util::tar::gnu_tar_list;
 use crate::util::verifier::{assert_same_output, input_samples, verify, Expected};
@@ -135,6 +136,10 @@ fn seed_and_epoch_choose_the_order() {
             fs::read(dir.join("e").join(name("part"))).unwrap(),
             "shard {i} differs with --prefix part"
         );
+    }
+    // The order itself, against the permutation written again from its specification.
+    for (v, seed, epoch) in [(&a, 1, 0), (&c, 2, 0), (&d, 1, 1)] {
+        assert_order(&v.order, &v.input_order, seed, epoch);
     }
     assert_eq!(a.order, b.order);
     assert_ne!(a.order, c.order, "seed 2 gives the order of seed 1");

@@ -4,15 +4,17 @@
 //!
 //! The submodules hold everything else the feature files share, so that those hold only tests:
 //! `tar` (archive builders and byte surgery), `verifier` (the independent verifier), `samples`
-//! (samples read back through it), `data` (datasets), `runs` (runs of reshard), `loaders`
-//! (checks of the loader indexes, with Python and the real energon), and the
-//! harnesses of three areas: `corpus` (real writers' archives), `cluster`, `slurm`.
+//! (samples read back through it), `permutation` (the order, written again from its
+//! specification), `data` (datasets), `runs` (runs of reshard), `loaders` (checks of the loader
+//! indexes, with Python and the real energon), and the harnesses of three areas: `corpus` (real
+//! writers' archives), `cluster`, `slurm`.
 
 pub mod cluster;
 pub mod corpus;
 pub mod data;
 pub mod loaders;
 pub mod ops;
+pub mod permutation;
 pub mod runs;
 pub mod samples;
 pub mod slurm;
@@ -683,8 +685,8 @@ pub fn output_with_peaks(cmd: &TestCommand, dir: &Path) -> (RunOutput, Vec<u64>)
     (out, sampler.join().expect("the sampler thread"))
 }
 
-/// `(pid, VmHWM in bytes)` of the processes running `exe` in `dir` right now.
-fn rank_peaks(exe: &Path, dir: &Path) -> Vec<(u32, u64)> {
+/// The `/proc` directories of the processes running `exe` in `dir` right now.
+fn processes_in(exe: &Path, dir: &Path) -> Vec<(u32, PathBuf)> {
     let Ok(procs) = fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -696,11 +698,42 @@ fn rank_peaks(exe: &Path, dir: &Path) -> Vec<(u32, u64)> {
             let running = fs::read_link(p.join("exe")).ok()?;
             // A binary rebuilt meanwhile reads as "PATH (deleted)".
             let running = running.to_string_lossy();
-            if !running.starts_with(&*exe.to_string_lossy())
-                || fs::read_link(p.join("cwd")).ok()? != dir
-            {
-                return None;
-            }
+            let ours = running.starts_with(&*exe.to_string_lossy())
+                && fs::read_link(p.join("cwd")).ok()? == dir;
+            ours.then_some((pid, p))
+        })
+        .collect()
+}
+
+/// The pids of the `reshard` processes running in `dir` right now, with their rank (`PMI_RANK`
+/// in their environment, which mpirun sets; `None` without a launcher).
+pub fn reshard_processes(dir: &Path) -> Vec<(u32, Option<usize>)> {
+    processes_in(&reshard_exe(), dir)
+        .into_iter()
+        .map(|(pid, p)| {
+            let env = fs::read(p.join("environ")).unwrap_or_default();
+            let rank = env
+                .split(|&b| b == 0)
+                .find_map(|v| v.strip_prefix(b"PMI_RANK="))
+                .and_then(|r| std::str::from_utf8(r).ok()?.parse().ok());
+            (pid, rank)
+        })
+        .collect()
+}
+
+/// Sends `signal` to the process `pid`.
+pub fn signal(pid: u32, signal: i32) {
+    let pid = i32::try_from(pid).expect("pid fits i32");
+    // SAFETY: kill(2) on a reshard process this test started.
+    let rc = unsafe { libc::kill(pid, signal) };
+    assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
+}
+
+/// `(pid, VmHWM in bytes)` of the processes running `exe` in `dir` right now.
+fn rank_peaks(exe: &Path, dir: &Path) -> Vec<(u32, u64)> {
+    processes_in(exe, dir)
+        .into_iter()
+        .filter_map(|(pid, p)| {
             let status = fs::read_to_string(p.join("status")).ok()?;
             let kib: u64 = status
                 .lines()

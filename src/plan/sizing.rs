@@ -169,6 +169,9 @@ mod tests {
     #[test]
     fn the_nearest_count_may_be_the_larger() {
         assert_eq!(Sizing::Size(100).shards(1000, 290).unwrap().0, 3);
+        // A tie (12 bytes at 5: 2 shards of 6 or 3 of 4) keeps the fewer, larger shards, so
+        // that the count (and every output) never flips on a rounding change.
+        assert_eq!(Sizing::Size(5).shards(1000, 12).unwrap().0, 2);
         let gpus = Sizing::Gpus {
             gpus: 8,
             workers: 2,

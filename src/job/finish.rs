@@ -57,8 +57,10 @@ pub fn run(
     });
     agree(comm, synced)?;
     let (sizes, sums) = agree(comm, finish_shards(cfg, staging, laid, &placed.names))?;
-    let file_bytes = gather_u64s(comm, &sizes);
-    let md5 = gather(comm, 0, &sums).concat();
+    // Gathered in the writers' order; the manifest lists shards in shard order.
+    let plan = &laid.plan;
+    let file_bytes = plan.in_shard_order(&gather_u64s(comm, &sizes), 1);
+    let md5 = plan.in_shard_order(&gather(comm, 0, &sums).concat(), 16);
     drop(output);
     Ok(Finished { file_bytes, md5 })
 }
@@ -74,7 +76,7 @@ fn finish_shards(
     let (plan, layout) = (&laid.plan, &laid.layout);
     let mut sizes = Vec::new();
     let mut sums = Vec::new();
-    for (k, s) in layout.shards.clone().enumerate() {
+    for (k, &s) in layout.shards.iter().enumerate() {
         let plain = staging.join(names.plain(s));
         let published = staging.join(names.published(s, cfg.compress));
         let size = if cfg.compress == Codec::Plain {

@@ -130,6 +130,8 @@ pub enum ProgressMode {
 pub struct LoaderIndexes {
     /// `--energon`: Megatron-Energon's `.nv-meta/` and a `NAME.tar.idx` per shard.
     pub energon: Option<EnergonDataset>,
+    /// `--energon` without `--energon-no-sqlite`: `.nv-meta/index.sqlite`, energon's key index.
+    pub energon_key_index: bool,
     /// `--dali-index`: DALI's webdataset index, `NAME.idx` per shard.
     pub dali: bool,
 }

@@ -196,10 +196,18 @@ pub struct RunArgs {
     pub checksum: bool,
 
     /// Write Megatron-Energon's metadata with the output (.nv-meta/ and NAME.tar.idx beside each
-    /// shard), so that `energon prepare` is not needed. Energon requires unique sample keys: a
-    /// duplicate is then an error whatever --on-duplicate says.
+    /// shard), so that `energon prepare` is not needed. Energon's index.sqlite requires unique
+    /// sample keys: a duplicate is then an error whatever --on-duplicate says (unless
+    /// --energon-no-sqlite).
     #[arg(help_heading = "Output and loaders", long)]
     pub energon: bool,
+
+    /// With --energon: leave out .nv-meta/index.sqlite, the index of every sample by key. Energon's
+    /// training reader needs only the .tar.idx files, .info.json and split.yaml; looking samples
+    /// up by key (joined datasets, auxiliary datasets of a metadataset, `energon mount`) needs
+    /// the index. Saves rank 0 a pass over every sample's rows. Keys need not be unique then.
+    #[arg(help_heading = "Output and loaders", long, requires = "energon")]
+    pub energon_no_sqlite: bool,
 
     /// With --energon: the sample type .nv-meta/dataset.yaml names (a class of megatron.energon,
     /// e.g. CaptioningSample) instead of CrudeWebdataset; needs --energon-field-map.

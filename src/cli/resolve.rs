@@ -482,11 +482,13 @@ fn loader_indexes(args: &RunArgs, equalize: Equalize) -> Result<LoaderIndexes> {
         }
         return Ok(LoaderIndexes {
             energon: None,
+            energon_key_index: false,
             dali: args.dali_index,
         });
     }
-    if equalize == Equalize::Pad {
-        bail!("--energon with --equalize pad: a repeated sample repeats its key, and energon requires unique keys; use --equalize drop or none");
+    // Only the key index needs unique keys; the training reader reads samples by offset.
+    if equalize == Equalize::Pad && !args.energon_no_sqlite {
+        bail!("--energon with --equalize pad: a repeated sample repeats its key, and energon's index.sqlite requires unique keys; use --equalize drop or none, or --energon-no-sqlite");
     }
     if let Some(problem) =
         crate::output::energon::shard_name_problem(&crate::output::shard_file_name(&args.prefix, 0))
@@ -507,6 +509,7 @@ fn loader_indexes(args: &RunArgs, equalize: Equalize) -> Result<LoaderIndexes> {
     };
     Ok(LoaderIndexes {
         energon: Some(dataset),
+        energon_key_index: !args.energon_no_sqlite,
         dali: args.dali_index,
     })
 }
@@ -538,8 +541,9 @@ fn rules(args: &RunArgs, order: &OrderSpec, loaders: &LoaderIndexes) -> Rules {
             .filter(|e| !e.is_empty())
             .collect(),
         on_incomplete: args.on_incomplete,
-        // Energon's index refuses a key twice: --energon makes every duplicate an error.
-        on_duplicate: if loaders.energon.is_some() {
+        // Energon's key index refuses a key twice: --energon makes every duplicate an error,
+        // unless --energon-no-sqlite leaves the index out.
+        on_duplicate: if loaders.energon_key_index {
             OnDuplicate::Unique
         } else {
             args.on_duplicate

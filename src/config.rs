@@ -65,27 +65,7 @@ pub struct RunConfig {
     pub io: IoConfig,
 }
 
-/// How a run shares the machine with others (training beside it): rate limits for the whole
-/// job, and the priorities every rank sets at start.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct IoConfig {
-    pub limits: crate::throttle::Limits,
-    pub priority: IoPriority,
-    /// `--nice N`: `None` leaves the CPU priority as it is.
-    pub nice: Option<i32>,
-}
-
-/// `--io-priority` values: the kernel's I/O priority classes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum IoPriority {
-    /// The idle class: the disk serves this run only when nothing else asks for it.
-    Idle,
-    /// Best effort at its lowest level (7).
-    Low,
-    /// As started (best effort, level 4, unless the launcher set another).
-    #[default]
-    Normal,
-}
+pub use crate::throttle::{IoConfig, IoPriority};
 
 /// `--split`: the splits, and how the ones after the first (the training split, which the
 /// sizing flags size) are sized.

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::config::{IoConfig, IoPriority};
 use crate::size::human_bytes;
 use crate::sys;
 
@@ -94,6 +93,28 @@ impl Limits {
             (a, b) => Some(a.unwrap_or(0.0).max(b.unwrap_or(0.0))),
         }
     }
+}
+
+/// How a run shares the machine with others (training beside it): rate limits for the whole
+/// job, and the priorities every rank sets at start.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct IoConfig {
+    pub limits: Limits,
+    pub priority: IoPriority,
+    /// `--nice N`: `None` leaves the CPU priority as it is.
+    pub nice: Option<i32>,
+}
+
+/// `--io-priority` values: the kernel's I/O priority classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum IoPriority {
+    /// The idle class: the disk serves this run only when nothing else asks for it.
+    Idle,
+    /// Best effort at its lowest level (7).
+    Low,
+    /// As started (best effort, level 4, unless the launcher set another).
+    #[default]
+    Normal,
 }
 
 /// A pacer for one direction: its bucket on the real clock, and what went through it.

@@ -156,3 +156,35 @@ fn every_rank_runs_with_the_io_priority_and_nice_value_asked_for() {
     let seen = watcher.join().unwrap();
     assert_eq!(seen, vec![("idle".to_string(), "7".to_string()); 2]);
 }
+
+#[test]
+fn the_epoch_loop_limits_only_the_reshuffles_that_overlap_training() {
+    let dir = Dir::new("rate-epoch-loop");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm/epoch-loop.sh");
+    let loop_with = |vars: &[(&str, &str)]| {
+        let mut cmd = dir.program("bash");
+        cmd.arg(&script).env("DRY_RUN", "1").env("EPOCHS", "2");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        cmd
+    };
+    let res = loop_with(&[("STORAGE_BANDWIDTH", "4GiB/s")]).assert_success();
+    let submitted: Vec<&str> = res
+        .stderr
+        .lines()
+        .filter(|l| l.contains("reshuffle-"))
+        .collect();
+    assert_eq!(submitted.len(), 2, "{}", res.report());
+    // The first epoch's reshuffle runs alone; the next one beside train(0), at half the bandwidth.
+    assert!(!submitted[0].contains("--io-priority"), "{}", submitted[0]);
+    let half = "--max-read-rate\\ 2147483648/s\\ --max-write-rate\\ 2147483648/s";
+    assert!(submitted[1].contains("--io-priority\\ low\\ ") && submitted[1].contains(half));
+    let res = loop_with(&[("OVERLAP", "0"), ("STORAGE_BANDWIDTH", "4GiB/s")]).assert_success();
+    res.check(
+        !res.stderr.contains("--io-priority"),
+        "OVERLAP=0 runs alone, unlimited",
+    );
+    let res = loop_with(&[("STORAGE_BANDWIDTH", "fast")]).assert_code(2);
+    res.stderr_has("STORAGE_BANDWIDTH must be a rate");
+}

@@ -25,7 +25,16 @@ fn a_limited_run_never_beats_its_limit_and_writes_the_same_bytes() {
         for flag in ["--max-read-rate", "--max-write-rate"] {
             let out = format!("limited{flag}-np{np}");
             let start = Instant::now();
-            let res = run(&dir, Some(np), &["in"], &out, 3, 7, &[flag, RATE]);
+            let progress = ["--progress", "lines", "--progress-interval", "0.2"];
+            let res = run(
+                &dir,
+                Some(np),
+                &["in"],
+                &out,
+                3,
+                7,
+                &[&[flag, RATE], &progress[..]].concat(),
+            );
             let took = start.elapsed();
             assert!(
                 took >= AT_LEAST,
@@ -38,6 +47,7 @@ fn a_limited_run_never_beats_its_limit_and_writes_the_same_bytes() {
                     .contains(&format!("{what} limit 4.00 MiB/s: achieved")),
                 "the summary names the limit and the rate achieved",
             );
+            res.stderr_has(&format!("{what} limit 4.00 MiB/s (rank 0 waited"));
             assert_same_output(&dir.join(&free), &dir.join(&out), &[]);
         }
     }

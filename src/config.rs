@@ -61,7 +61,11 @@ pub struct RunConfig {
     pub plot: Option<PathBuf>,
     /// Loader indexes written with the output (`--energon`, `--dali-index`).
     pub loaders: LoaderIndexes,
+    /// `--max-read-rate`, `--max-write-rate`, `--io-priority`, `--nice`.
+    pub io: IoConfig,
 }
+
+pub use crate::throttle::{IoConfig, IoPriority};
 
 /// `--split`: the splits, and how the ones after the first (the training split, which the
 /// sizing flags size) are sized.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Balance, ProgressMode};
+use crate::config::{Balance, IoPriority, ProgressMode};
 use crate::tar::{OnDuplicate, OnIncomplete};
 
 /// Reorganize WebDataset tar shards over MPI: a global, seeded reshuffle into a new, balanced
@@ -390,6 +390,41 @@ pub struct RunArgs {
     /// Only useful for testing the round logic.
     #[arg(help_heading = "Performance", long, value_name = "SIZE", hide = true)]
     pub max_round_bytes: Option<String>,
+
+    /// Most bytes per second the whole job reads from its input, e.g. 2GiB/s or 500MB/s: shared
+    /// equally among the ranks, each pacing its own reads. `plan` says how long the run then
+    /// takes at least.
+    #[arg(
+        help_heading = "Sharing the machine",
+        long,
+        value_name = "RATE",
+        allow_hyphen_values = true
+    )]
+    pub max_read_rate: Option<String>,
+
+    /// Most bytes per second the whole job writes to its output, e.g. 1GiB/s (as
+    /// --max-read-rate).
+    #[arg(
+        help_heading = "Sharing the machine",
+        long,
+        value_name = "RATE",
+        allow_hyphen_values = true
+    )]
+    pub max_write_rate: Option<String>,
+
+    /// I/O priority of every rank: idle (the disk serves reshard only when nothing else asks),
+    /// low (best effort, lowest level), normal (as started). Honoured by the BFQ scheduler.
+    #[arg(help_heading = "Sharing the machine", long, value_enum, default_value_t = IoPriority::Normal)]
+    pub io_priority: IoPriority,
+
+    /// CPU nice value of every rank (0-19; lower needs privileges).
+    #[arg(
+        help_heading = "Sharing the machine",
+        long,
+        value_name = "N",
+        allow_negative_numbers = true
+    )]
+    pub nice: Option<i32>,
 }
 
 /// The flags `plan` refuses, by clap id, with the flag and why only `run` acts on it. They stay

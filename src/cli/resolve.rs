@@ -11,8 +11,8 @@ use anyhow::{anyhow, bail, Result};
 
 use super::args::{Command, CompressArg, EqualizeArg, GenerateArgs, PlanArgs, RunArgs, VerifyArgs};
 use crate::config::{
-    Balance, EnergonDataset, GenerateConfig, GpuLayout, HeaderFormat, Keep, LoaderIndexes,
-    ProgressConfig, RunConfig, Splits, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
+    Balance, EnergonDataset, GenerateConfig, GpuLayout, HeaderFormat, IoConfig, Keep,
+    LoaderIndexes, ProgressConfig, RunConfig, Splits, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
 };
 use crate::generate::DEFAULT_SAMPLES;
 use crate::plan::order::{OrderBy, OrderSpec};
@@ -21,6 +21,7 @@ use crate::report::picture::format_of;
 use crate::size::parse_size;
 use crate::tar::key::LoaderNames;
 use crate::tar::{Codec, OnDuplicate, Rules};
+use crate::throttle::Limits;
 
 /// What `reshard` is asked to do, every argument checked.
 #[derive(Debug)]
@@ -174,7 +175,35 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
         checkpoint_every: Duration::from_secs(args.checkpoint_every),
         progress,
         plot: args.plot.clone(),
+        io: io_config(args)?,
     })
+}
+
+/// `--max-read-rate`, `--max-write-rate`, `--io-priority` and `--nice`.
+fn io_config(args: &RunArgs) -> Result<IoConfig> {
+    if let Some(n) = args.nice.filter(|n| !(-20..=19).contains(n)) {
+        bail!("--nice {n}: expected a nice value from -20 to 19");
+    }
+    Ok(IoConfig {
+        limits: Limits {
+            read: rate("--max-read-rate", args.max_read_rate.as_deref())?,
+            write: rate("--max-write-rate", args.max_write_rate.as_deref())?,
+        },
+        priority: args.io_priority,
+        nice: args.nice,
+    })
+}
+
+/// A rate flag's value in bytes per second: a size (see [`parse_size`]) with an optional `/s`.
+fn rate(flag: &str, text: Option<&str>) -> Result<Option<u64>> {
+    let Some(text) = text else { return Ok(None) };
+    let size = text.trim().strip_suffix("/s").unwrap_or(text);
+    match parse_size(size) {
+        _ if size.trim_start().starts_with('-') => bail!("{flag} {text:?}: must be more than 0 bytes per second"),
+        Ok(0) => bail!("{flag} {text:?}: must be more than 0 bytes per second (leave the flag out for no limit)"),
+        Ok(v) => Ok(Some(v)),
+        Err(e) => bail!("{flag} {text:?}: {e}; expected a rate such as 2GiB/s or 500MB/s"),
+    }
 }
 
 /// `--progress` and `--progress-interval`.

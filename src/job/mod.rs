@@ -147,6 +147,7 @@ fn run_phases(
     let inputs = mine.map(|m| &m.inputs[..]);
     let lock = mine.and_then(|m| m.lock.as_ref());
     narrate_start(comm, setup);
+    agree(comm, crate::throttle::start(&cfg.io, comm.size()))?;
     times.start("index");
     let mut index = index::run(comm, cfg, &setup.inputs)?;
     hooks::kill_at(comm.rank(), "index");
@@ -391,6 +392,7 @@ mod tests {
             progress: crate::config::ProgressConfig::default(),
             plot: None,
             loaders: crate::config::LoaderIndexes::default(),
+            io: crate::config::IoConfig::default(),
         }
     }
 

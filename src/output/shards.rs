@@ -13,6 +13,7 @@ use crate::key_map::Template;
 use crate::plan::ShardLayout;
 use crate::sys;
 use crate::tar::Codec;
+use crate::throttle;
 
 /// The file name of output shard `index` (while it is written: always a plain tar). `reshard
 /// generate` names its shards the same way.
@@ -210,6 +211,7 @@ impl OutputShards {
     pub fn write_at(&self, shard: u64, offset: u64, data: &[u8]) -> Result<()> {
         let i = self.file_of(shard);
         let (path, file) = &self.files[i];
+        throttle::write(data.len() as u64);
         file.write_all_at(data, offset).with_context(|| {
             format!(
                 "{}: cannot write {} bytes at byte offset {offset}",
@@ -247,6 +249,7 @@ impl OutputShards {
             )
         };
         let (mut done, mut in_kernel) = (0u64, !self.no_copy_range.load(Ordering::Relaxed));
+        throttle::read(len);
         while done < len {
             if in_kernel {
                 let off_in = i64::try_from(src_offset + done).context("offset overflow")?;
@@ -257,6 +260,7 @@ impl OutputShards {
                 match sys::copy_file_range(src, off_in, file, off_out, want) {
                     Ok(0) => return Err(ended(src_offset + done)),
                     Ok(n) => {
+                        throttle::write(n as u64);
                         done += n as u64;
                         continue;
                     }

@@ -5,6 +5,7 @@
 #                     [--in-shards 64] [--out-shards 64] [--skew 3] [--mem-limit 1GiB]
 #                     [--np "1 2 4"] [--dir bench-data] [--warm | --warm-only] [--repeat 1]
 #                     [--run-args "--checkpoint-every 0"]
+#   examples/bench.sh --beside [...]   (a reshuffle beside training: see examples/bench-beside.sh)
 #
 # Prints one table row per command: wall time, MB/s, ratio to cp, user and system CPU seconds
 # (summed over every process of the command: mpirun, its proxies and all ranks), CPU seconds per
@@ -38,7 +39,8 @@ while [ $# -gt 0 ]; do
     --warm-only) WARM_ONLY=1; shift;;
     --run-args) RUN_ARGS=$2; shift 2;;
     --repeat) REPEAT=$2; shift 2;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0;;
+    --beside) shift; exec examples/bench-beside.sh "$@";;
+    -h|--help) sed -n '2,21p' "$0"; exit 0;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2;;
   esac
 done

@@ -13,6 +13,15 @@
 #                    and train(e-1)), and with OVERLAP=0 only after train(e) succeeded (use that
 #                    when the reshuffle's I/O would slow the training down).
 #
+# Overlapping reshuffles (OVERLAP=1, every one but the first, which runs alone) share the storage
+# with training, so they run with `--io-priority $OVERLAP_IO_PRIORITY` (default low: best effort,
+# lowest level; idle can starve behind a training that reads all the time) and, when set,
+# `--max-read-rate/--max-write-rate $OVERLAP_RATE`. OVERLAP_RATE defaults to half of
+# STORAGE_BANDWIDTH (what the file system sustains for one job, e.g. 4GiB/s, from your site's
+# documentation or a measurement: it is not measured here, from a login node it would be wrong);
+# with neither set, no rate limit. A limit that is too low delays train(e+1), which waits for
+# the reshuffle: `reshard plan --max-write-rate R` says how long the reshuffle then takes.
+#
 # and, when $DATA_ROOT/epoch-FIRST_EPOCH does not exist yet, shuffle(FIRST_EPOCH) first. Every
 # shuffle reads the original INPUT with the same SEED and its own EPOCH, so each epoch is an
 # unrelated global order of the same samples. The job ids are parsed from `sbatch --parsable`;
@@ -45,6 +54,9 @@ RESHARD_EXTRA_ARGS=${RESHARD_EXTRA_ARGS-}            # more reshard flags for ev
 SBATCH_ARGS=${SBATCH_ARGS-}                          # for every job, e.g. '--account=abc'
 TRAIN_SBATCH_ARGS=${TRAIN_SBATCH_ARGS-}              # for the training jobs only
 RESHARD_SBATCH_ARGS=${RESHARD_SBATCH_ARGS-}          # for the reshuffle jobs only
+STORAGE_BANDWIDTH=${STORAGE_BANDWIDTH:-}             # e.g. 4GiB/s: the file system's for one job
+OVERLAP_RATE=${OVERLAP_RATE:-}                       # default: half of STORAGE_BANDWIDTH
+OVERLAP_IO_PRIORITY=${OVERLAP_IO_PRIORITY:-low}      # idle, low or normal
 DRY_RUN=${DRY_RUN:-0}
 SBATCH=${SBATCH:-sbatch}
 
@@ -74,6 +86,27 @@ if [ -n "$LINK" ]; then
         echo "epoch-loop: LINK=$LINK, but $RESHARD has no --link option (too old); unset LINK" >&2
         exit 2
     fi
+fi
+
+# half RATE: half of a rate such as 4GiB/s or 500MB/s, in bytes per second (4GiB/s -> 2147483648/s).
+half() {
+    awk -v r="$1" 'BEGIN {
+        n = r; sub(/\/s$/, "", n); u = n; sub(/^[0-9.]+/, "", u); n = substr(n, 1, length(n) - length(u))
+        u = tolower(u); m["" ] = 1; m["b"] = 1
+        m["k"] = m["kb"] = 1e3; m["m"] = m["mb"] = 1e6; m["g"] = m["gb"] = 1e9; m["t"] = m["tb"] = 1e12
+        m["kib"] = 2^10; m["mib"] = 2^20; m["gib"] = 2^30; m["tib"] = 2^40
+        if (n == "" || !(u in m)) exit 1
+        printf "%.0f/s\n", n * m[u] / 2 }'
+}
+if [ -z "$OVERLAP_RATE" ] && [ -n "$STORAGE_BANDWIDTH" ]; then
+    if ! OVERLAP_RATE=$(half "$STORAGE_BANDWIDTH"); then
+        echo "epoch-loop: STORAGE_BANDWIDTH must be a rate such as 4GiB/s, not '$STORAGE_BANDWIDTH'" >&2
+        exit 2
+    fi
+fi
+overlap_args="--io-priority $OVERLAP_IO_PRIORITY"
+if [ -n "$OVERLAP_RATE" ]; then
+    overlap_args="$overlap_args --max-read-rate $OVERLAP_RATE --max-write-rate $OVERLAP_RATE"
 fi
 
 read -r -a sbatch_args <<<"$SBATCH_ARGS"
@@ -123,9 +156,10 @@ submit() {
     JOB=$out
 }
 
-# shuffle E DEPENDENCY: submits the reshuffle that writes $DATA_ROOT/epoch-E; sets JOB.
+# shuffle E DEPENDENCY [FLAGS]: submits the reshuffle that writes $DATA_ROOT/epoch-E, with FLAGS
+# added to its reshard arguments; sets JOB.
 shuffle() {
-    local epoch=$1 dep=$2 extra=$RESHARD_EXTRA_ARGS
+    local epoch=$1 dep=$2 extra="$RESHARD_EXTRA_ARGS${3:+ $3}"
     if [ -n "$LINK" ]; then
         # Only once reshard supports it: publish, then point $LINK at the new epoch atomically.
         extra="$extra --link $LINK"
@@ -163,10 +197,12 @@ for ((e = FIRST_EPOCH; e <= last; e++)); do
             # While train(e) runs: after shuffle(e) and train(e-1), so that reshuffles do not
             # race ahead of the training and fill the disk with future epochs.
             next_dep=$(join "$shuffle_job" "$prev_train")
+            beside=$overlap_args
         else
             next_dep=$train_job # after train(e)
+            beside=""
         fi
-        shuffle $((e + 1)) "$next_dep"
+        shuffle $((e + 1)) "$next_dep" "$beside"
         shuffle_job=$JOB
         echo "epoch $((e + 1)): reshuffle job $shuffle_job${next_dep:+ (after $next_dep)}"
     fi

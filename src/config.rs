@@ -61,7 +61,11 @@ pub struct RunConfig {
     pub plot: Option<PathBuf>,
     /// Loader indexes written with the output (`--energon`, `--dali-index`).
     pub loaders: LoaderIndexes,
+    /// `--max-read-rate`, `--max-write-rate`, `--io-priority`, `--nice`.
+    pub io: IoConfig,
 }
+
+pub use crate::throttle::{IoConfig, IoPriority};
 
 /// What the planning phases need of a [`RunConfig`], each phase its own part, with the values
 /// derived from several flags decided once (`crate::cli::resolve::plan_settings`) instead of
@@ -182,6 +186,8 @@ pub enum ProgressMode {
 pub struct LoaderIndexes {
     /// `--energon`: Megatron-Energon's `.nv-meta/` and a `NAME.tar.idx` per shard.
     pub energon: Option<EnergonDataset>,
+    /// `--energon` without `--energon-no-sqlite`: `.nv-meta/index.sqlite`, energon's key index.
+    pub energon_key_index: bool,
     /// `--dali-index`: DALI's webdataset index, `NAME.idx` per shard.
     pub dali: bool,
 }

@@ -13,7 +13,7 @@
 //! - `RESHARD_TEST_STALL_RANK=r`: rank r stops itself with SIGSTOP as the exchange starts, like
 //!   a node that froze (the others' watchdogs must end the job).
 //! - `RESHARD_TEST_PAUSE_FINISH=seconds`: every rank sleeps at the start of the finish phase,
-//!   marked by a file `.paused-RANK` in the staging directory, so that a test can change an input
+//!   marked by a file `.paused-RANK` (holding its pid) in the staging directory, so that a test can change an input
 //!   or take the output over; a rank whose marker the test removes goes on at once.
 //! - `RESHARD_TEST_PAUSE_PUBLISH=seconds`: the same between the finish and publish phases
 //!   (marker `.paused-publish-RANK`).
@@ -149,7 +149,8 @@ mod test_hooks {
         let Some(secs) = std::env::var(var).ok().and_then(|v| v.parse().ok()) else {
             return;
         };
-        let _ = std::fs::write(marker, b"");
+        // The pid, for a test that looks at the paused rank (its I/O priority, say).
+        let _ = std::fs::write(marker, std::process::id().to_string());
         let paused = std::time::Instant::now();
         while paused.elapsed() < Duration::from_secs(secs) && marker.exists() {
             std::thread::sleep(Duration::from_millis(50));

@@ -28,5 +28,6 @@ pub mod report;
 pub mod size;
 pub mod sys;
 pub mod tar;
+pub mod throttle;
 pub mod verify;
 pub mod watchdog;

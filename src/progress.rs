@@ -72,7 +72,8 @@ impl Progress {
         match &mut self.display {
             Display::Bar(bar) => {
                 bar.set_position(done);
-                bar.set_message(of_items.trim_end_matches(", ").to_string());
+                let note = crate::throttle::progress_note();
+                bar.set_message(format!("{of_items}{}", note.trim_start_matches(", ")));
             }
             Display::Lines { every, last } if last.elapsed() >= *every => {
                 *last = Instant::now();
@@ -80,13 +81,14 @@ impl Progress {
                 let rate = done as f64 / secs.max(1e-9);
                 let eta = (self.total.saturating_sub(done)) as f64 / rate.max(1.0);
                 crate::errln!(
-                    "reshard: {} {of_items}{} / {} ({:.0}%), {}/s, ETA {:.0} s",
+                    "reshard: {} {of_items}{} / {} ({:.0}%), {}/s, ETA {:.0} s{}",
                     self.what,
                     human_bytes(done),
                     human_bytes(self.total),
                     100.0 * done as f64 / self.total.max(1) as f64,
                     human_bytes(rate as u64),
-                    eta
+                    eta,
+                    crate::throttle::progress_note()
                 );
             }
             _ => {}

@@ -59,6 +59,63 @@ pub fn copy_file_range(
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
+/// `ioprio_set(2)`'s classes: best effort (levels 0-7, 4 by default) and idle (served only when
+/// no one else uses the disk).
+pub const IOPRIO_CLASS_BE: i32 = 2;
+pub const IOPRIO_CLASS_IDLE: i32 = 3;
+/// `IOPRIO_WHO_PROCESS`: `ioprio_set` for one task; with id 0, the calling thread.
+const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+
+/// Sets the calling thread's I/O priority to `class` and `level` (`ioprio_set(2)`); the threads
+/// it starts afterwards inherit it. The kernel's schedulers (BFQ, and CFQ before it) honour it;
+/// others (none, mq-deadline) do not.
+///
+/// # Errors
+/// The kernel refuses it (the real-time class needs privileges; these do not).
+pub fn set_io_priority(class: i32, level: i32) -> io::Result<()> {
+    // SAFETY: ioprio_set takes three integers and touches no memory of ours.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            (class << 13) | level,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread's I/O priority: (class, level), as [`set_io_priority`] takes them.
+///
+/// # Errors
+/// The kernel refuses to say.
+pub fn io_priority() -> io::Result<(i32, i32)> {
+    // SAFETY: ioprio_get takes two integers and touches no memory of ours.
+    let rc = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let prio = rc as i32;
+    Ok((prio >> 13, prio & 0x1fff))
+}
+
+/// Sets the calling thread's CPU nice value (`setpriority(2)`; on Linux it is per thread, and
+/// the threads it starts afterwards inherit it).
+///
+/// # Errors
+/// The kernel refuses it (lowering the value below the current one needs privileges).
+pub fn set_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: setpriority takes integers and touches no memory of ours.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Starts writing back the dirty pages of `len` bytes of `file` at `offset`, without waiting
 /// for them (`sync_file_range(SYNC_FILE_RANGE_WRITE)`).
 ///
@@ -425,6 +482,21 @@ impl FileStamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn io_priority_is_set_for_the_thread_and_inherited() {
+        // On a thread of its own: the test thread's priority stays as it was.
+        std::thread::spawn(|| {
+            set_io_priority(IOPRIO_CLASS_IDLE, 0).unwrap();
+            assert_eq!(io_priority().unwrap().0, IOPRIO_CLASS_IDLE);
+            let child = std::thread::spawn(|| io_priority().unwrap().0);
+            assert_eq!(child.join().unwrap(), IOPRIO_CLASS_IDLE);
+            set_io_priority(IOPRIO_CLASS_BE, 7).unwrap();
+            assert_eq!(io_priority().unwrap(), (IOPRIO_CLASS_BE, 7));
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn a_live_process_has_a_start_time_and_a_zombie_none() {

@@ -3,7 +3,8 @@
 use std::fs;
 
 use crate::util::loaders::{
-    check_tar_idx, check_with_python, energon, energon_python, read_energon, sqlite_rows,
+    check_tar_idx, check_with_python, energon, energon_python, read_energon, read_energon_with,
+    sqlite_rows,
 };
 use crate::util::runs::identical_for_any_np;
 use crate::util::tar::tar_of;
@@ -378,4 +379,80 @@ fn a_split_output_gets_one_energon_dataset_whose_parts_are_the_splits() {
         seen += n;
     }
     assert_eq!(seen, 120);
+}
+
+/// Issue 27, part 3: `--energon-no-sqlite` leaves out the key index, and energon's training
+/// reader reads the output all the same; everything else is as with the index (the uuid too:
+/// it is derived from the same rows). Keys need not be unique then.
+#[test]
+fn without_the_key_index_energon_still_reads_the_output() {
+    let dir = Dir::new("loader-nosqlite");
+    inputs(&dir);
+    let base = ["--shards", "5", "--seed", "7", "--energon"];
+    for (out, np, extra) in [
+        ("full", 2, &[][..]),
+        ("lean", 3, &["--energon-no-sqlite"][..]),
+    ] {
+        dir.mpi(np)
+            .args(["run", "--input", "in", "--output", out])
+            .args(base)
+            .args(extra)
+            .assert_success();
+    }
+    let meta = |out: &str| dir.join(out).join(".nv-meta");
+    assert!(meta("full").join("index.sqlite").is_file());
+    assert!(
+        !meta("lean").join("index.sqlite").exists(),
+        "--energon-no-sqlite wrote index.sqlite"
+    );
+    for f in [".info.json", "split.yaml", "dataset.yaml", "index.uuid"] {
+        assert_eq!(
+            fs::read(meta("full").join(f)).unwrap(),
+            fs::read(meta("lean").join(f)).unwrap(),
+            "{f} differs without the key index"
+        );
+    }
+    assert_eq!(check_tar_idx(&dir.join("lean")), 120);
+    // Nothing of the writers' rows is left in the output.
+    let leftovers: Vec<_> = fs::read_dir(dir.join("lean"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".reshard-energon"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // A duplicate key is what --on-duplicate says it is, and --equalize pad is accepted.
+    dir.create_bytes("dup/a.tar", &tar_of(&[("dup.jpg", b"1"), ("k1.jpg", b"2")]));
+    dir.create_bytes("dup/b.tar", &tar_of(&[("k2.jpg", b"3"), ("dup.jpg", b"4")]));
+    dir.mpi(2)
+        .args([
+            "run", "--input", "dup", "--output", "dup-out", "--shards", "2",
+        ])
+        .args(["--seed", "1", "--energon", "--energon-no-sqlite"])
+        .args(["--on-duplicate", "keep"])
+        .assert_success();
+    dir.command()
+        .args([
+            "run", "--input", "in", "--output", "padded", "--shards", "7",
+        ])
+        .args([
+            "--seed",
+            "1",
+            "--energon",
+            "--energon-no-sqlite",
+            "--equalize",
+            "pad",
+        ])
+        .assert_success();
+    let Some(py) = energon_python() else {
+        skip(
+            "energon reading an output without index.sqlite",
+            "!!! megatron-energon is not installed in the test venv: reading it with energon DID NOT RUN",
+        );
+        return;
+    };
+    let read = read_energon_with(&dir, &py, "lean", None, &["--no-key-index"]);
+    read.check(
+        read.stdout.contains(" 120 samples"),
+        "energon read 120 samples without index.sqlite",
+    );
 }

@@ -185,7 +185,16 @@ fn a_stop_signal_checkpoints_and_resume_continues() {
             "SIG{signal} to {whom} at np {np}: ended in {:.1} s",
             res.elapsed.as_secs_f64()
         );
-        stopped_in_order(&res, dir.path(), &out, code, name);
+        if signal == "INT" && whom == "mpirun" {
+            // Hydra's mpiexec reports its own status once it has forwarded a Ctrl-C: 130 as the
+            // ranks exit, but once under load 0 while every rank exited 130 and nothing was
+            // published. What reshard promises (the message, nothing published, the staging
+            // kept for --resume) is checked; the launcher's status is only printed.
+            println!("mpirun's status after forwarding SIGINT: {:?}", res.code());
+            stopped_in_order_said(&res, dir.path(), &out, name);
+        } else {
+            stopped_in_order(&res, dir.path(), &out, code, name);
+        }
         resumes_identically(&dir, 2, &out);
     }
 }

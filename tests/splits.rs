@@ -9,7 +9,7 @@ use std::path::Path;
 use crate::util::data::{skewed_labels, with_class_ties};
 use crate::util::runs::{identical_for_any_np, run_in, verify_cmd};
 use crate::util::samples::{assert_same_samples, flat, input, output, worst_deviation};
-use crate::util::splits::{append_sample, key_sets, splits_of};
+use crate::util::splits::{append_sample, key_sets, splits_of, writers_seen_by_strace};
 use crate::util::{copy_dir, index_json, skip, tar_files, test_python, Dir};
 
 const SPLIT: &str = "train=0.8,val=0.1,test=0.1";
@@ -546,4 +546,80 @@ fn a_split_output_is_reshuffled_from_its_saved_index_and_keeps_its_splits() {
     let res = c.assert_code(1);
     res.stderr_has("name the same splits");
     res.check(!dir.join("other").exists(), "nothing may be published");
+}
+
+/// Issue 27, part 2: the large training shards and the small validation and test shards are
+/// spread over all writers by bytes. Which rank created which shard is read from strace's log
+/// of each rank's files, the bytes from the published files; the run's per-rank report must
+/// agree. Before, at np 2 rank 0 wrote every training shard (90% of the bytes).
+#[test]
+fn every_split_is_spread_over_the_writers_by_bytes() {
+    let dir = Dir::new("split_writers");
+    dir.generate(
+        "in",
+        &[
+            "--shards",
+            "4",
+            "--samples",
+            "2000",
+            "--mean-size",
+            "4KiB",
+            "--seed",
+            "5",
+        ],
+    );
+    for np in [2, 3, 4] {
+        let out = format!("out{np}");
+        let report = format!("report{np}.json");
+        let args = [
+            "--input",
+            "in",
+            "--seed",
+            "1",
+            "--shards",
+            "8",
+            "--split-shards",
+            "4",
+            "--split",
+            "train=0.9,val=0.05,test=0.05",
+            "--report",
+            &report,
+        ];
+        let Some((run, writers)) = writers_seen_by_strace(&dir, np, &out, &args) else {
+            return;
+        };
+        let mut wrote = vec![0u64; np];
+        let shards = index_json(&dir.join(&out))["shardlist"]
+            .as_array()
+            .unwrap()
+            .clone();
+        run.check(shards.len() == 16, "8 + 4 + 4 shards");
+        for shard in &shards {
+            let url = shard["url"].as_str().unwrap();
+            let Some(&rank) = writers.get(url) else {
+                run.fail(&format!("no rank created {url}"));
+            };
+            // A shard's sample bytes: the file less the two zero blocks that end it.
+            let size = std::fs::metadata(dir.join(&out).join(url)).unwrap().len();
+            wrote[rank] += size - 1024;
+        }
+        let reported: Vec<u64> =
+            serde_json::from_slice::<serde_json::Value>(&std::fs::read(dir.join(&report)).unwrap())
+                .unwrap()["per_rank"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["bytes_written"].as_u64().unwrap())
+                .collect();
+        run.check(
+            reported == wrote,
+            &format!("report says {reported:?} bytes per rank, the files {wrote:?}"),
+        );
+        let mean = wrote.iter().sum::<u64>() as f64 / np as f64;
+        let busiest = *wrote.iter().max().unwrap() as f64;
+        run.check(
+            busiest <= 1.1 * mean,
+            &format!("np {np}: bytes per writer {wrote:?}: the busiest more than 10% above the mean {mean:.0}"),
+        );
+    }
 }

@@ -26,6 +26,7 @@ mod odd_inputs;
 mod ops;
 mod orders;
 mod plan;
+mod rate;
 mod real_data;
 mod real_tars;
 mod release;

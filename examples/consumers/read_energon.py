@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reads a reshard output written with --energon through Megatron-Energon's own readers.
 
-    python3 read_energon.py DIR [--split train]
+    python3 read_energon.py DIR [--split train] [--no-key-index]
 
 reshard --energon writes .nv-meta/ (.info.json, split.yaml, dataset.yaml, index.sqlite,
 index.uuid) and NAME.tar.idx beside each shard, so that `energon prepare` is not needed. This
@@ -9,7 +9,8 @@ loads the split's shards from that metadata as energon does (WebdatasetMeta.from
 reads every sample twice, with the two readers energon's datasets are built on:
   * by position, through the .tar.idx offsets (ShardInfosITarReader: what the training loader
     slices), and
-  * by key, through index.sqlite (SqliteITarEntryReader: energon's random access),
+  * by key, through index.sqlite (SqliteITarEntryReader: energon's random access), unless
+    --no-key-index (an output written with --energon-no-sqlite: the training reader alone),
 and checks, exiting 1 on any mismatch:
   * the split holds as many samples as its index.json lists (DIR/SPLIT/index.json for a --split
     output, else DIR/index.json), every key exactly once, and index.sqlite holds every sample;
@@ -48,11 +49,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dir")
     ap.add_argument("--split", default="train")
+    ap.add_argument("--no-key-index", action="store_true",
+                    help="read by position only (written with --energon-no-sqlite)")
     args = ap.parse_args()
     path = EPath(os.path.abspath(args.dir))
     meta = WebdatasetMeta.from_config(path, split_part=args.split, split_config="split.yaml")
     by_position = ShardInfosITarReader(path, meta.shards)
-    by_key = SqliteITarEntryReader(path)
+    by_key = None if args.no_key_index else SqliteITarEntryReader(path)
     with open(os.path.join(args.dir, "index.json")) as f:
         everything = sum(s["nsamples"] for s in json.load(f)["shardlist"])
     # A --split output: the split's own index.json lists its samples; index.sqlite holds all.
@@ -69,16 +72,18 @@ def main():
         if key in seen:
             problems.append(f"key {key!r} read twice")
         seen.add(key)
-        if members(by_key[key]) != members(sample):
+        if by_key is not None and members(by_key[key]) != members(sample):
             problems.append(f"sample {key!r}: index.sqlite and .tar.idx give different members")
-    if len(seen) != listed or len(by_key) != everything:
+    indexed = everything if by_key is None else len(by_key)
+    if len(seen) != listed or indexed != everything:
         problems.append(
             f"{len(seen)} samples by position (index.json lists {listed}), "
-            f"{len(by_key)} in index.sqlite (index.json lists {everything} in all)"
+            f"{indexed} in index.sqlite (index.json lists {everything} in all)"
         )
     print(
         f"energon: split {args.split!r}: {len(meta.shards)} shards, {len(seen)} samples, "
-        f"each read by position (.tar.idx) and by key (index.sqlite)"
+        f"each read by position (.tar.idx)"
+        + ("" if by_key is None else " and by key (index.sqlite)")
     )
     for p in problems[:10]:
         print(f"energon: MISMATCH: {p}", file=sys.stderr)

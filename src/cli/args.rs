@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Balance, ProgressMode};
+use crate::config::{Balance, IoPriority, ProgressMode};
 use crate::tar::{OnDuplicate, OnIncomplete};
 
 /// Reorganize WebDataset tar shards over MPI: a global, seeded reshuffle into a new, balanced
@@ -196,10 +196,18 @@ pub struct RunArgs {
     pub checksum: bool,
 
     /// Write Megatron-Energon's metadata with the output (.nv-meta/ and NAME.tar.idx beside each
-    /// shard), so that `energon prepare` is not needed. Energon requires unique sample keys: a
-    /// duplicate is then an error whatever --on-duplicate says.
+    /// shard), so that `energon prepare` is not needed. Energon's index.sqlite requires unique
+    /// sample keys: a duplicate is then an error whatever --on-duplicate says (unless
+    /// --energon-no-sqlite).
     #[arg(help_heading = "Output and loaders", long)]
     pub energon: bool,
+
+    /// With --energon: leave out .nv-meta/index.sqlite, the index of every sample by key. Energon's
+    /// training reader needs only the .tar.idx files, .info.json and split.yaml; looking samples
+    /// up by key (joined datasets, auxiliary datasets of a metadataset, `energon mount`) needs
+    /// the index. Saves rank 0 a pass over every sample's rows. Keys need not be unique then.
+    #[arg(help_heading = "Output and loaders", long, requires = "energon")]
+    pub energon_no_sqlite: bool,
 
     /// With --energon: the sample type .nv-meta/dataset.yaml names (a class of megatron.energon,
     /// e.g. CaptioningSample) instead of CrudeWebdataset; needs --energon-field-map.
@@ -382,6 +390,41 @@ pub struct RunArgs {
     /// Only useful for testing the round logic.
     #[arg(help_heading = "Performance", long, value_name = "SIZE", hide = true)]
     pub max_round_bytes: Option<String>,
+
+    /// Most bytes per second the whole job reads from its input, e.g. 2GiB/s or 500MB/s: shared
+    /// equally among the ranks, each pacing its own reads. `plan` says how long the run then
+    /// takes at least.
+    #[arg(
+        help_heading = "Sharing the machine",
+        long,
+        value_name = "RATE",
+        allow_hyphen_values = true
+    )]
+    pub max_read_rate: Option<String>,
+
+    /// Most bytes per second the whole job writes to its output, e.g. 1GiB/s (as
+    /// --max-read-rate).
+    #[arg(
+        help_heading = "Sharing the machine",
+        long,
+        value_name = "RATE",
+        allow_hyphen_values = true
+    )]
+    pub max_write_rate: Option<String>,
+
+    /// I/O priority of every rank: idle (the disk serves reshard only when nothing else asks),
+    /// low (best effort, lowest level), normal (as started). Honoured by the BFQ scheduler.
+    #[arg(help_heading = "Sharing the machine", long, value_enum, default_value_t = IoPriority::Normal)]
+    pub io_priority: IoPriority,
+
+    /// CPU nice value of every rank (0-19; lower needs privileges).
+    #[arg(
+        help_heading = "Sharing the machine",
+        long,
+        value_name = "N",
+        allow_negative_numbers = true
+    )]
+    pub nice: Option<i32>,
 }
 
 /// The flags `plan` refuses, by clap id, with the flag and why only `run` acts on it. They stay

@@ -11,8 +11,8 @@ use anyhow::{anyhow, bail, Result};
 
 use super::args::{Command, CompressArg, EqualizeArg, GenerateArgs, PlanArgs, RunArgs, VerifyArgs};
 use crate::config::{
-    Balance, EnergonDataset, GenerateConfig, GpuLayout, HeaderFormat, IndexSettings, Keep,
-    LayoutSettings, LoaderIndexes, PlaceSettings, PlanSettings, ProgressConfig, RunConfig,
+    Balance, EnergonDataset, GenerateConfig, GpuLayout, HeaderFormat, IndexSettings, IoConfig,
+    Keep, LayoutSettings, LoaderIndexes, PlaceSettings, PlanSettings, ProgressConfig, RunConfig,
     SplitSettings, Splits, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
 };
 use crate::generate::DEFAULT_SAMPLES;
@@ -22,6 +22,7 @@ use crate::report::picture::format_of;
 use crate::size::parse_size;
 use crate::tar::key::LoaderNames;
 use crate::tar::{Codec, OnDuplicate, Rules};
+use crate::throttle::Limits;
 
 /// What `reshard` is asked to do, every argument checked.
 #[derive(Debug)]
@@ -175,6 +176,7 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
         checkpoint_every: Duration::from_secs(args.checkpoint_every),
         progress,
         plot: args.plot.clone(),
+        io: io_config(args)?,
     })
 }
 
@@ -214,6 +216,33 @@ pub fn plan_settings(cfg: &RunConfig) -> PlanSettings {
             // With `--split`, the GPUs train on the first split.
             gpu_groups: cfg.split.as_ref().map(|_| 1),
         },
+    }
+}
+
+/// `--max-read-rate`, `--max-write-rate`, `--io-priority` and `--nice`.
+fn io_config(args: &RunArgs) -> Result<IoConfig> {
+    if let Some(n) = args.nice.filter(|n| !(-20..=19).contains(n)) {
+        bail!("--nice {n}: expected a nice value from -20 to 19");
+    }
+    Ok(IoConfig {
+        limits: Limits {
+            read: rate("--max-read-rate", args.max_read_rate.as_deref())?,
+            write: rate("--max-write-rate", args.max_write_rate.as_deref())?,
+        },
+        priority: args.io_priority,
+        nice: args.nice,
+    })
+}
+
+/// A rate flag's value in bytes per second: a size (see [`parse_size`]) with an optional `/s`.
+fn rate(flag: &str, text: Option<&str>) -> Result<Option<u64>> {
+    let Some(text) = text else { return Ok(None) };
+    let size = text.trim().strip_suffix("/s").unwrap_or(text);
+    match parse_size(size) {
+        _ if size.trim_start().starts_with('-') => bail!("{flag} {text:?}: must be more than 0 bytes per second"),
+        Ok(0) => bail!("{flag} {text:?}: must be more than 0 bytes per second (leave the flag out for no limit)"),
+        Ok(v) => Ok(Some(v)),
+        Err(e) => bail!("{flag} {text:?}: {e}; expected a rate such as 2GiB/s or 500MB/s"),
     }
 }
 
@@ -522,11 +551,13 @@ fn loader_indexes(args: &RunArgs, equalize: Equalize) -> Result<LoaderIndexes> {
         }
         return Ok(LoaderIndexes {
             energon: None,
+            energon_key_index: false,
             dali: args.dali_index,
         });
     }
-    if equalize == Equalize::Pad {
-        bail!("--energon with --equalize pad: a repeated sample repeats its key, and energon requires unique keys; use --equalize drop or none");
+    // Only the key index needs unique keys; the training reader reads samples by offset.
+    if equalize == Equalize::Pad && !args.energon_no_sqlite {
+        bail!("--energon with --equalize pad: a repeated sample repeats its key, and energon's index.sqlite requires unique keys; use --equalize drop or none, or --energon-no-sqlite");
     }
     if let Some(problem) =
         crate::output::energon::shard_name_problem(&crate::output::shard_file_name(&args.prefix, 0))
@@ -547,6 +578,7 @@ fn loader_indexes(args: &RunArgs, equalize: Equalize) -> Result<LoaderIndexes> {
     };
     Ok(LoaderIndexes {
         energon: Some(dataset),
+        energon_key_index: !args.energon_no_sqlite,
         dali: args.dali_index,
     })
 }
@@ -578,8 +610,9 @@ fn rules(args: &RunArgs, order: &OrderSpec, loaders: &LoaderIndexes) -> Rules {
             .filter(|e| !e.is_empty())
             .collect(),
         on_incomplete: args.on_incomplete,
-        // Energon's index refuses a key twice: --energon makes every duplicate an error.
-        on_duplicate: if loaders.energon.is_some() {
+        // Energon's key index refuses a key twice: --energon makes every duplicate an error,
+        // unless --energon-no-sqlite leaves the index out.
+        on_duplicate: if loaders.energon_key_index {
             OnDuplicate::Unique
         } else {
             args.on_duplicate

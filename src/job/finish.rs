@@ -70,10 +70,12 @@ pub fn run(
     });
     agree(comm, synced)?;
     let (sizes, sums) = agree(comm, finish_shards(cfg, staging, laid, &placed.names))?;
+    // Gathered in the writers' order; the manifest lists shards in shard order.
+    let plan = &laid.plan;
     let file_bytes = gather_concat::<u64>(comm, 0, &sizes);
-    let md5 = gather(comm, 0, &sums).concat();
+    let md5 = plan.in_shard_order(&gather(comm, 0, &sums).concat(), 16);
     drop(output);
-    let file_bytes = agree(comm, file_bytes)?;
+    let file_bytes = plan.in_shard_order(&agree(comm, file_bytes)?, 1);
     Ok(Finished { file_bytes, md5 })
 }
 
@@ -88,7 +90,7 @@ fn finish_shards(
     let (plan, layout) = (&laid.plan, &laid.layout);
     let mut sizes = Vec::new();
     let mut sums = Vec::new();
-    for (k, s) in layout.shards.clone().enumerate() {
+    for (k, &s) in layout.shards.iter().enumerate() {
         let plain = staging.join(names.plain(s));
         let published = staging.join(names.published(s, cfg.compress));
         let size = if cfg.compress == Codec::Plain {

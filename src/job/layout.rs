@@ -12,7 +12,7 @@ use crate::job::index::Index;
 use crate::job::place::Placed;
 use crate::output::manifest::ShardEntry;
 use crate::plan::placement::{LocalSample, Placement};
-use crate::plan::{bounds_from_starts, byte_shard_of, ShardLayout, ShardPlan};
+use crate::plan::{bounds_from_starts, byte_shard_of, ShardGroup, ShardLayout, ShardPlan};
 use crate::report::GpuShare;
 use crate::tar::keys_at;
 
@@ -55,10 +55,16 @@ pub fn run<C: Comm>(
     };
     let planned = match settings.balance {
         Balance::Count => {
-            let sizes: Vec<(u64, u64)> = placed
+            let sizes: Vec<ShardGroup> = placed
                 .groups
                 .iter()
-                .map(|g| (g.output_samples, g.shards))
+                .map(|g| ShardGroup {
+                    positions: g.output_samples,
+                    shards: g.shards,
+                    // The bytes written, as `--equalize` scales the count: an estimate.
+                    bytes: (u128::from(g.sample_bytes) * u128::from(g.output_samples)
+                        / u128::from(g.samples.max(1))) as u64,
+                })
                 .collect();
             count_plan(comm, &records, ShardPlan::by_groups(&sizes, ranks))
         }
@@ -74,11 +80,12 @@ pub fn run<C: Comm>(
         placed.dropped + placed.repeated,
     );
     let (dropped_keys, repeated_keys) = agree(comm, equalized)?;
-    // Rank 0 needs every shard's size: writers own contiguous shard ranges in rank order.
+    // Rank 0 needs every shard's size: gathered in the writers' order, put in shard order.
     let shard_bytes = gather_concat::<u64>(comm, 0, &layout.shard_bytes);
     let input_counts = gather_concat::<u64>(comm, 0, &index.counts);
     let (shard_bytes, input_counts) =
         agree(comm, shard_bytes.and_then(|s| Ok((s, input_counts?))))?;
+    let shard_bytes = plan.in_shard_order(&shard_bytes, 1);
     let shard_samples: Vec<u64> = (0..placed.shards)
         .map(|s| plan.shard_positions(s).end - plan.shard_positions(s).start)
         .collect();
@@ -127,17 +134,26 @@ fn route(
     })
 }
 
-/// The length at every position of `positions` from received records, each exactly once.
+/// The length at every position of `runs` (ascending), in that order, from received records,
+/// each exactly once.
 fn lens_at(
-    positions: std::ops::Range<u64>,
+    runs: &[std::ops::Range<u64>],
     recv: &Received<(u64, u64)>,
     rank: usize,
 ) -> Result<Vec<u64>> {
-    let mut lens = vec![u64::MAX; (positions.end - positions.start) as usize];
+    let mut base = Vec::with_capacity(runs.len());
+    let mut total = 0usize;
+    for run in runs {
+        base.push(total);
+        total += (run.end - run.start) as usize;
+    }
+    let mut lens = vec![u64::MAX; total];
     for (p, len) in recv.iter() {
-        let slot = p
-            .checked_sub(positions.start)
-            .and_then(|i| lens.get_mut(i as usize))
+        let slot = runs
+            .partition_point(|r| r.start <= p)
+            .checked_sub(1)
+            .filter(|&k| p < runs[k].end)
+            .and_then(|k| lens.get_mut(base[k] + (p - runs[k].start) as usize))
             .with_context(|| {
                 format!("internal error: position {p} does not belong to rank {rank}")
             })?;
@@ -147,9 +163,10 @@ fn lens_at(
         *slot = len;
     }
     if let Some(i) = lens.iter().position(|&l| l == u64::MAX) {
+        let k = base.partition_point(|&b| b <= i) - 1;
         bail!(
             "internal error: no sample for position {}",
-            positions.start + i as u64
+            runs[k].start + (i - base[k]) as u64
         );
     }
     Ok(lens)
@@ -162,7 +179,7 @@ fn count_plan(
     plan: ShardPlan,
 ) -> Result<(ShardPlan, Vec<u64>)> {
     let recv = route(comm, records, &|p| plan.writer_of(plan.shard_of(p)));
-    let lens = lens_at(plan.writer_positions(comm.rank()), &recv, comm.rank())?;
+    let lens = lens_at(&plan.writer_positions(comm.rank()), &recv, comm.rank())?;
     Ok((plan, lens))
 }
 
@@ -180,8 +197,9 @@ fn byte_plan(
     let blocks = ShardPlan::by_count(positions, ranks.min(positions as usize) as u64, ranks);
     let owner = |p: u64| blocks.writer_of(blocks.shard_of(p));
     let recv = route(comm, records, &owner);
-    let mine = blocks.writer_positions(rank);
-    let lens = lens_at(mine.clone(), &recv, rank)?;
+    // One group: at most one run of positions per rank.
+    let mine = blocks.writer_positions(rank).pop().unwrap_or(0..0);
+    let lens = lens_at(std::slice::from_ref(&mine), &recv, rank)?;
     drop(recv);
     let (before, total) = exclusive_sum(comm, lens.iter().sum());
     let mut starts = vec![u64::MAX; shards as usize];
@@ -209,7 +227,7 @@ fn byte_plan(
         }
     };
     let recv = route(comm, &own, &|p| plan.writer_of(plan.shard_of(p)));
-    let lens = lens_at(plan.writer_positions(rank), &recv, rank)?;
+    let lens = lens_at(&plan.writer_positions(rank), &recv, rank)?;
     Ok((plan, lens))
 }
 

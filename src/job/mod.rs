@@ -154,6 +154,7 @@ fn run_phases(
     let inputs = mine.map(|m| &m.inputs[..]);
     let lock = mine.and_then(|m| m.lock.as_ref());
     narrate_start(comm, setup);
+    agree(comm, crate::throttle::start(&cfg.io, comm.size()))?;
     times.start("index");
     let settings = crate::cli::resolve::plan_settings(cfg);
     let ctx = Shared {
@@ -403,6 +404,7 @@ mod tests {
             progress: crate::config::ProgressConfig::default(),
             plot: None,
             loaders: crate::config::LoaderIndexes::default(),
+            io: crate::config::IoConfig::default(),
         }
     }
 

@@ -97,6 +97,7 @@ fn energon_meta(cfg: &RunConfig, staging: &Path, planned: &Planned) -> Result<()
             counts: &planned.laid.shard_samples,
             parts: &energon_parts(cfg, planned, &names),
             dataset,
+            key_index: cfg.loaders.energon_key_index,
         },
     )
 }

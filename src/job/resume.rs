@@ -223,7 +223,7 @@ pub fn digest(comm: &impl Comm, planned: &Planned) -> String {
         ]);
     });
     let (plan, layout) = (&laid.plan, &laid.layout);
-    for (k, s) in layout.shards.clone().enumerate() {
+    for (k, &s) in layout.shards.iter().enumerate() {
         let name = hash(
             &placed
                 .names

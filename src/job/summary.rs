@@ -13,12 +13,14 @@ use crate::job::exchange::ExchangeStats;
 use crate::job::expand::Setup;
 use crate::job::Planned;
 use crate::progress::PhaseTimes;
+use crate::report::plan::AtLimits;
 use crate::report::ranks::{seconds, Spread};
 use crate::report::storage::FreeSpace;
 use crate::report::{GpuShare, PlanReport, Stats, Storage};
 use crate::size::{count, human_bytes};
 use crate::sys::peak_rss;
 use crate::tar::{Hygiene, Skipped};
+use crate::throttle::{self, Limits, RateReport};
 
 /// One rank's share of the work.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -124,6 +126,8 @@ pub struct Summary {
     pub rank_spread: RankSpreads,
     /// Per rank, by rank.
     pub per_rank: Vec<RankStats>,
+    /// `--max-read-rate`, `--max-write-rate`: how the run kept to each limit given.
+    pub rate_limits: Vec<RateReport>,
 }
 
 impl Summary {
@@ -212,6 +216,9 @@ impl Summary {
                 h.incomplete, h.excluded, h.duplicates
             );
         }
+        for r in &self.rate_limits {
+            s += &r.render();
+        }
         s += &self.rank_spread.render();
         s
     }
@@ -280,7 +287,27 @@ pub fn gather(
         mem_limit: cfg.mem_limit,
         rank_spread,
         per_rank,
+        rate_limits: rate_limits(comm, cfg, times.total()),
     })
+}
+
+/// Each limit given, with what all ranks moved through it and the longest wait on it.
+fn rate_limits(comm: &impl Comm, cfg: &RunConfig, seconds: f64) -> Vec<RateReport> {
+    let (read, write) = throttle::tallies();
+    let bytes = comm.all_sum(&[read.bytes, write.bytes]);
+    let waits = [read.waited, write.waited].map(|w| comm.all_gather(w.as_nanos() as u64));
+    let limits = [("read", cfg.io.limits.read), ("write", cfg.io.limits.write)];
+    (0..2)
+        .filter_map(|i| {
+            limits[i].1.map(|limit| RateReport {
+                what: limits[i].0,
+                limit,
+                bytes: bytes[i],
+                seconds,
+                most_waited: waits[i].iter().max().copied().unwrap_or(0) as f64 / 1e9,
+            })
+        })
+        .collect()
 }
 
 /// The free space where `output` would go: on the file system of its nearest existing ancestor.
@@ -300,6 +327,17 @@ fn free_space(output: &std::path::Path) -> Option<FreeSpace> {
     Some(FreeSpace {
         path: dir.display().to_string(),
         bytes,
+    })
+}
+
+/// How long reading `read_bytes` and writing `write_bytes` takes at least at `limits`.
+fn at_limits(limits: Limits, read_bytes: u64, write_bytes: u64) -> Option<AtLimits> {
+    let seconds = limits.least_seconds(read_bytes, write_bytes)?;
+    Some(AtLimits {
+        limits,
+        read_bytes,
+        write_bytes,
+        seconds,
     })
 }
 
@@ -337,5 +375,10 @@ pub fn plan_report(cfg: &RunConfig, setup: &Setup, planned: &Planned) -> PlanRep
         order: cfg.order.describe(),
         stratify: placed.stratify.clone(),
         per_shard: laid.shardlist.clone(),
+        at_limits: at_limits(
+            cfg.io.limits,
+            index.sample_bytes,
+            laid.shard_bytes.iter().sum(),
+        ),
     }
 }

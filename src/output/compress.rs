@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use crate::tar::Codec;
+use crate::throttle::PacedWrite;
 
 /// Compresses the finished plain shard at `plain` into the file `to` with `codec`, streaming
 /// (bounded memory), syncs it and removes the plain shard. Returns the compressed size.
@@ -16,7 +17,7 @@ pub fn compress_shard(plain: &Path, to: &Path, codec: Codec) -> Result<u64> {
     let mut src =
         File::open(plain).with_context(|| format!("{}: cannot reopen", plain.display()))?;
     let dst = File::create(to).with_context(|| format!("{}: cannot create", to.display()))?;
-    let out = std::io::BufWriter::with_capacity(1 << 20, dst);
+    let out = std::io::BufWriter::with_capacity(1 << 20, PacedWrite(dst));
     let ctx = || format!("compressing {} into {}", plain.display(), to.display());
     let out = match codec {
         Codec::Plain => unreachable!("only compressed shards are compressed"),
@@ -34,7 +35,8 @@ pub fn compress_shard(plain: &Path, to: &Path, codec: Codec) -> Result<u64> {
     let file = out
         .into_inner()
         .map_err(|e| e.into_error())
-        .with_context(ctx)?;
+        .with_context(ctx)?
+        .0;
     file.sync_all()
         .with_context(|| format!("{}: cannot sync", to.display()))?;
     let size = file

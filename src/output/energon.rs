@@ -14,8 +14,14 @@
 //!   it from the index's content (an MD5 of `.info.json` and every sample row, shaped as a
 //!   version-8 UUID), so that equal outputs carry equal identifiers at any rank count.
 //!
-//! The writers pass their shards' rows to rank 0 through files in the staging directory (one
-//! per shard, removed once read): rank 0 never holds more than one shard's rows.
+//! `index.sqlite` is built in two steps so that most of the work falls with the ranks: each
+//! writer puts its shards' rows into a small SQLite file per shard in the staging directory (in
+//! parallel with the other writers, no index, one transaction), and rank 0 copies them into
+//! `index.sqlite` in shard order, one `ATTACH` and `INSERT … SELECT` per shard (rows move inside
+//! SQLite: nothing is decoded or bound row by row), then creates energon's indexes. Rank 0 never
+//! holds any rows. `--energon-no-sqlite` leaves the file out: energon's training reader needs only
+//! `.tar.idx`, `.info.json` and `split.yaml`; looking samples up by key needs it (see
+//! docs/performance-scale.md).
 
 use std::fs;
 use std::io::Write;
@@ -23,7 +29,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use md5::Digest;
-use serde::{Deserialize, Serialize};
 
 use crate::config::EnergonDataset;
 use crate::output::members::SampleParts;
@@ -34,8 +39,13 @@ pub const META_DIR: &str = ".nv-meta";
 pub const TAR_IDX_SUFFIX: &str = ".tar.idx";
 /// The energon release whose formats these files follow (`.info.json`'s `energon_version`).
 pub const FORMAT_VERSION: &str = "7.4.1";
-/// Where the writers leave each shard's rows for rank 0, inside the staging directory.
+/// Where the writers leave each shard's rows and digest for rank 0, inside the staging
+/// directory.
 const ROWS_DIR: &str = ".reshard-energon-rows";
+/// A shard's rows: its samples in order (`rowid` 1, 2, …) and their parts in order.
+const SHARD_SCHEMA: &str = "
+CREATE TABLE samples (sample_key TEXT NOT NULL, byte_offset INTEGER, byte_size INTEGER);
+CREATE TABLE sample_parts (sample_index INTEGER, part_name TEXT, content_byte_offset INTEGER, content_byte_size INTEGER);";
 
 /// What makes an output shard name unusable for energon, if anything.
 pub fn shard_name_problem(name: &str) -> Option<String> {
@@ -68,21 +78,36 @@ pub fn tar_idx_bytes(samples: &[SampleParts]) -> Vec<u8> {
         .collect()
 }
 
-/// One shard's rows, as a writer hands them to rank 0.
-#[derive(Serialize, Deserialize)]
-struct Row {
-    key: String,
-    start: u64,
-    len: u64,
-    /// (part name, data offset, data bytes) of each member.
-    parts: Vec<(String, u64, u64)>,
-}
-
 fn rows_path(staging: &Path, shard: u64) -> PathBuf {
-    staging.join(ROWS_DIR).join(format!("{shard:09}.bin"))
+    staging.join(ROWS_DIR).join(format!("{shard:09}.sqlite"))
 }
 
-/// Writes shard `shard`'s `.tar.idx` beside it, and its rows for [`write_meta`].
+fn digest_path(staging: &Path, shard: u64) -> PathBuf {
+    staging.join(ROWS_DIR).join(format!("{shard:09}.md5"))
+}
+
+/// The MD5 of one shard's rows (key, offsets and parts of every sample, in order), which
+/// `index.uuid` is derived from.
+fn rows_digest(samples: &[SampleParts]) -> [u8; 16] {
+    let mut digest = md5::Md5::new();
+    for s in samples {
+        digest.update(s.key.as_bytes());
+        digest.update([0]);
+        digest.update(s.start.to_le_bytes());
+        digest.update(s.len.to_le_bytes());
+        for p in &s.parts {
+            digest.update(p.ext.as_bytes());
+            digest.update([0]);
+            digest.update(p.data.to_le_bytes());
+            digest.update(p.size.to_le_bytes());
+        }
+        digest.update([1]);
+    }
+    digest.finalize().into()
+}
+
+/// Writes shard `shard`'s `.tar.idx` beside it and the digest of its rows for [`write_meta`];
+/// with `key_index`, also its rows for `index.sqlite`.
 ///
 /// # Errors
 /// A file cannot be written.
@@ -91,29 +116,59 @@ pub fn write_shard(
     shard_path: &Path,
     shard: u64,
     samples: &[SampleParts],
+    key_index: bool,
 ) -> Result<()> {
     let idx = tar_idx_path(shard_path);
     fs::write(&idx, tar_idx_bytes(samples))
         .with_context(|| format!("{}: cannot write", idx.display()))?;
-    let rows: Vec<Row> = samples
-        .iter()
-        .map(|s| Row {
-            key: s.key.clone(),
-            start: s.start,
-            len: s.len,
-            parts: s
-                .parts
-                .iter()
-                .map(|p| (p.ext.clone(), p.data, p.size))
-                .collect(),
-        })
-        .collect();
-    let path = rows_path(staging, shard);
-    fs::create_dir_all(staging.join(ROWS_DIR))
-        .with_context(|| format!("{}: cannot create", staging.join(ROWS_DIR).display()))?;
-    let bytes =
-        bincode::serde::encode_to_vec(&rows, bincode::config::standard()).expect("encodable");
-    fs::write(&path, bytes).with_context(|| format!("{}: cannot write", path.display()))
+    let dir = staging.join(ROWS_DIR);
+    fs::create_dir_all(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    let digest = digest_path(staging, shard);
+    fs::write(&digest, rows_digest(samples))
+        .with_context(|| format!("{}: cannot write", digest.display()))?;
+    if key_index {
+        write_rows(&rows_path(staging, shard), samples)?;
+    }
+    Ok(())
+}
+
+/// One shard's rows in a SQLite file of their own, in one transaction. A staging file: no
+/// journal, no sync (rank 0 reads it after the agreement that follows the finish phase).
+fn write_rows(path: &Path, samples: &[SampleParts]) -> Result<()> {
+    let shown = path.display().to_string();
+    let _ = fs::remove_file(path);
+    let db = rusqlite::Connection::open(path).with_context(|| format!("{shown}: cannot create"))?;
+    db.execute_batch("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;")
+        .and_then(|()| db.execute_batch(SHARD_SCHEMA))
+        .and_then(|()| db.execute_batch("BEGIN"))
+        .with_context(|| format!("{shown}: cannot create the tables"))?;
+    {
+        let mut rows = db.prepare(
+            "INSERT INTO samples (sample_key, byte_offset, byte_size) VALUES (?1, ?2, ?3)",
+        )?;
+        let mut parts = db.prepare(
+            "INSERT INTO sample_parts (sample_index, part_name, content_byte_offset, content_byte_size) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        for (i, s) in samples.iter().enumerate() {
+            rows.execute(rusqlite::params![s.key, s.start as i64, s.len as i64])
+                .with_context(|| format!("{shown}: cannot insert"))?;
+            for p in &s.parts {
+                parts
+                    .execute(rusqlite::params![
+                        i as i64,
+                        p.ext,
+                        p.data as i64,
+                        p.size as i64
+                    ])
+                    .with_context(|| format!("{shown}: cannot insert"))?;
+            }
+        }
+    }
+    db.execute_batch("COMMIT")
+        .with_context(|| format!("{shown}: cannot finish"))?;
+    db.close()
+        .map_err(|(_, e)| e)
+        .with_context(|| format!("{shown}: cannot close"))
 }
 
 /// The dataset-wide files, for [`write_meta`].
@@ -125,6 +180,8 @@ pub struct Meta<'a> {
     /// The split parts: (part name, its shards' names).
     pub parts: &'a [(String, Vec<String>)],
     pub dataset: &'a EnergonDataset,
+    /// Whether to build `index.sqlite` (not with `--energon-no-sqlite`).
+    pub key_index: bool,
 }
 
 /// The split parts `energon prepare --split-ratio 1,0,0` writes for an unsplit dataset: every
@@ -154,8 +211,14 @@ pub fn write_meta(staging: &Path, meta: &Meta<'_>) -> Result<()> {
     let info = info_json(meta.names, meta.counts);
     let mut digest = md5::Md5::new();
     digest.update(info.as_bytes());
-    write_sqlite(staging, &dir.join("index.sqlite"), meta.names, &mut digest)?;
-    let _ = fs::remove_dir(staging.join(ROWS_DIR));
+    for shard in 0..meta.names.len() as u64 {
+        let path = digest_path(staging, shard);
+        digest.update(fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?);
+    }
+    if meta.key_index {
+        write_sqlite(staging, &dir.join("index.sqlite"), meta.names)?;
+    }
+    let _ = fs::remove_dir_all(staging.join(ROWS_DIR));
     let uuid = uuid_of(&digest.finalize());
     for (file, text) in [
         (".info.json", info),
@@ -213,65 +276,23 @@ CREATE INDEX IF NOT EXISTS idx_samples_by_tar_and_idx ON samples(tar_file_id, sa
 CREATE INDEX IF NOT EXISTS idx_sample_parts_seq ON sample_parts(tar_file_id, sample_index, content_byte_offset);
 CREATE INDEX IF NOT EXISTS idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, part_name, content_byte_offset, content_byte_size);";
 
-/// Builds `index.sqlite` from the writers' rows, shard by shard, feeding the rows to `digest`.
-fn write_sqlite(
-    staging: &Path,
-    path: &Path,
-    names: &[String],
-    digest: &mut md5::Md5,
-) -> Result<()> {
+/// Builds `index.sqlite` from the writers' per-shard files, in shard order: one `ATTACH` and
+/// one `INSERT … SELECT` per table and shard, then energon's indexes. The same statements in the
+/// same order whatever the rank count, so the file is the same too.
+fn write_sqlite(staging: &Path, path: &Path, names: &[String]) -> Result<()> {
     let shown = path.display().to_string();
     let _ = fs::remove_file(path);
     let db = rusqlite::Connection::open(path).with_context(|| format!("{shown}: cannot create"))?;
     // A staging file: nothing to roll back to, and it is synced once complete.
     db.execute_batch("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;")
         .and_then(|()| db.execute_batch(SCHEMA))
-        .and_then(|()| db.execute_batch("BEGIN"))
         .with_context(|| format!("{shown}: cannot create the tables"))?;
-    {
-        let mut samples = db.prepare(
-            "INSERT INTO samples (tar_file_id, sample_key, sample_index, byte_offset, byte_size) VALUES (?1, ?2, ?3, ?4, ?5)",
-        )?;
-        let mut parts = db.prepare(
-            "INSERT INTO sample_parts (tar_file_id, sample_index, part_name, content_byte_offset, content_byte_size) VALUES (?1, ?2, ?3, ?4, ?5)",
-        )?;
-        for (shard, name) in names.iter().enumerate() {
-            let rows_file = rows_path(staging, shard as u64);
-            let bytes = fs::read(&rows_file)
-                .with_context(|| format!("{}: cannot read", rows_file.display()))?;
-            digest.update(&bytes);
-            let (rows, _): (Vec<Row>, usize) =
-                bincode::serde::decode_from_slice(&bytes, bincode::config::standard())
-                    .with_context(|| format!("{}: cannot decode", rows_file.display()))?;
-            let _ = fs::remove_file(&rows_file);
-            for (i, row) in rows.iter().enumerate() {
-                let at = (shard as i64, i as i64);
-                samples
-                    .execute(rusqlite::params![at.0, row.key, at.1, row.start as i64, row.len as i64])
-                    .map_err(|e| match e.sqlite_error_code() {
-                        Some(rusqlite::ErrorCode::ConstraintViolation) => anyhow::anyhow!(
-                            "--energon: sample key {:?} of {name} (byte offset {}) appears in another sample too: energon requires unique sample keys",
-                            row.key,
-                            row.start
-                        ),
-                        _ => anyhow::Error::new(e).context(format!("{shown}: cannot insert")),
-                    })?;
-                for (part, data, size) in &row.parts {
-                    parts
-                        .execute(rusqlite::params![
-                            at.0,
-                            at.1,
-                            part,
-                            *data as i64,
-                            *size as i64
-                        ])
-                        .with_context(|| format!("{shown}: cannot insert"))?;
-                }
-            }
-        }
+    for (shard, name) in names.iter().enumerate() {
+        let rows = rows_path(staging, shard as u64);
+        copy_shard(&db, &rows, shard as i64, name)?;
+        let _ = fs::remove_file(&rows);
     }
     db.execute_batch(INDEXES)
-        .and_then(|()| db.execute_batch("COMMIT"))
         .with_context(|| format!("{shown}: cannot finish"))?;
     db.close()
         .map_err(|(_, e)| e)
@@ -279,6 +300,62 @@ fn write_sqlite(
     fs::File::open(path)
         .and_then(|f| f.sync_all())
         .with_context(|| format!("{shown}: cannot sync"))
+}
+
+/// Copies one shard's rows (`rows`, a writer's file) into `db` as shard `shard`.
+fn copy_shard(db: &rusqlite::Connection, rows: &Path, shard: i64, name: &str) -> Result<()> {
+    let failed = |e: rusqlite::Error| {
+        anyhow::Error::new(e).context(format!(
+            "{}: cannot copy its rows into index.sqlite",
+            rows.display()
+        ))
+    };
+    let file = rows
+        .to_str()
+        .with_context(|| format!("{}: a path that is not UTF-8", rows.display()))?;
+    db.execute("ATTACH DATABASE ?1 AS shard", [file])
+        .map_err(failed)?;
+    let copied = db
+        .execute(
+            "INSERT INTO samples (tar_file_id, sample_key, sample_index, byte_offset, byte_size) \
+             SELECT ?1, sample_key, rowid - 1, byte_offset, byte_size FROM shard.samples ORDER BY rowid",
+            [shard],
+        )
+        .map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::ConstraintViolation) => duplicate(db, name),
+            _ => failed(e),
+        })
+        .and_then(|_| {
+            db.execute(
+                "INSERT INTO sample_parts (tar_file_id, sample_index, part_name, content_byte_offset, content_byte_size) \
+                 SELECT ?1, sample_index, part_name, content_byte_offset, content_byte_size FROM shard.sample_parts ORDER BY rowid",
+                [shard],
+            )
+            .map_err(failed)
+        });
+    // Detached whatever happened, so that the error (not a locked file) is what is reported.
+    let detached = db.execute("DETACH DATABASE shard", []);
+    copied?;
+    detached.map(|_| ()).map_err(failed)
+}
+
+/// The error for a key the unique index refused: which key, in which shard at which offset.
+fn duplicate(db: &rusqlite::Connection, name: &str) -> anyhow::Error {
+    // In an earlier shard, or twice in this one.
+    let found: Option<(String, i64)> = db
+        .query_row(
+            "SELECT sample_key, byte_offset FROM shard.samples WHERE sample_key IN (SELECT sample_key FROM main.samples) \
+             UNION ALL SELECT sample_key, min(byte_offset) FROM shard.samples GROUP BY sample_key HAVING count(*) > 1 LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .ok();
+    match found {
+        Some((key, at)) => anyhow::anyhow!(
+            "--energon: sample key {key:?} of {name} (byte offset {at}) appears in another sample too: energon requires unique sample keys"
+        ),
+        None => anyhow::anyhow!("--energon: a sample key of {name} appears in another sample too: energon requires unique sample keys"),
+    }
 }
 
 /// A digest shaped as a UUID (version 8: custom; RFC 4122 variant).

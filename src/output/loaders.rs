@@ -34,7 +34,7 @@ pub fn write_shard(
     };
     let samples = members::read_samples(path, names, layout)?;
     if loaders.energon.is_some() {
-        energon::write_shard(staging, path, shard, &samples)?;
+        energon::write_shard(staging, path, shard, &samples, loaders.energon_key_index)?;
     }
     if loaders.dali {
         let idx = dali::index_path(path);

@@ -13,6 +13,7 @@ use crate::key_map::Template;
 use crate::plan::ShardLayout;
 use crate::sys;
 use crate::tar::Codec;
+use crate::throttle;
 
 /// The file name of output shard `index` (while it is written: always a plain tar). `reshard
 /// generate` names its shards the same way.
@@ -117,7 +118,8 @@ const MIN_WRITEBACK: u64 = 64 << 10;
 
 /// The shards one rank writes, open for positioned writes.
 pub struct OutputShards {
-    first: u64,
+    /// The shards of `files`, ascending.
+    shards: Vec<u64>,
     files: Vec<(PathBuf, File)>,
     /// Whole pages written since the last [`OutputShards::start_writeback`]: (file, start, end).
     complete: Mutex<Vec<(usize, u64, u64)>>,
@@ -134,7 +136,7 @@ impl OutputShards {
     /// A file cannot be created or sized (the message names it).
     pub fn create(dir: &Path, names: &ShardNames, layout: &ShardLayout) -> Result<Self> {
         let mut files = Vec::with_capacity(layout.shard_bytes.len());
-        for (shard, &bytes) in layout.shards.clone().zip(&layout.shard_bytes) {
+        for (&shard, &bytes) in layout.shards.iter().zip(&layout.shard_bytes) {
             let path = dir.join(names.plain(shard));
             // `--split` shards live in a directory per split, which any of its writers makes.
             if let Some(parent) = path.parent().filter(|p| *p != dir) {
@@ -164,7 +166,7 @@ impl OutputShards {
     /// A file is missing or does not have the size the layout gives it (the message names it).
     pub fn reopen(dir: &Path, names: &ShardNames, layout: &ShardLayout) -> Result<Self> {
         let mut files = Vec::with_capacity(layout.shard_bytes.len());
-        for (shard, &bytes) in layout.shards.clone().zip(&layout.shard_bytes) {
+        for (&shard, &bytes) in layout.shards.iter().zip(&layout.shard_bytes) {
             let path = dir.join(names.plain(shard));
             let file = OpenOptions::new()
                 .write(true)
@@ -184,7 +186,7 @@ impl OutputShards {
 
     fn of(layout: &ShardLayout, files: Vec<(PathBuf, File)>) -> Self {
         OutputShards {
-            first: layout.shards.start,
+            shards: layout.shards.clone(),
             complete: Mutex::new(Vec::new()),
             page: sys::page_size(),
             files,
@@ -192,13 +194,24 @@ impl OutputShards {
         }
     }
 
+    /// The index of shard `shard`'s file.
+    ///
+    /// # Panics
+    /// If this rank does not write the shard (an internal error: the layout decided).
+    fn file_of(&self, shard: u64) -> usize {
+        self.shards
+            .binary_search(&shard)
+            .unwrap_or_else(|_| panic!("internal error: shard {shard} is not written here"))
+    }
+
     /// Writes `data` at `offset` of shard `shard`.
     ///
     /// # Errors
     /// The write fails (disk full, I/O error); the message names the file and offset.
     pub fn write_at(&self, shard: u64, offset: u64, data: &[u8]) -> Result<()> {
-        let i = (shard - self.first) as usize;
+        let i = self.file_of(shard);
         let (path, file) = &self.files[i];
+        throttle::write(data.len() as u64);
         file.write_all_at(data, offset).with_context(|| {
             format!(
                 "{}: cannot write {} bytes at byte offset {offset}",
@@ -227,7 +240,7 @@ impl OutputShards {
         src_offset: u64,
         len: u64,
     ) -> Result<()> {
-        let i = (shard - self.first) as usize;
+        let i = self.file_of(shard);
         let (path, file) = &self.files[i];
         let ended = |at: u64| {
             anyhow!(
@@ -236,6 +249,7 @@ impl OutputShards {
             )
         };
         let (mut done, mut in_kernel) = (0u64, !self.no_copy_range.load(Ordering::Relaxed));
+        throttle::read(len);
         while done < len {
             if in_kernel {
                 let off_in = i64::try_from(src_offset + done).context("offset overflow")?;
@@ -246,6 +260,7 @@ impl OutputShards {
                 match sys::copy_file_range(src, off_in, file, off_out, want) {
                     Ok(0) => return Err(ended(src_offset + done)),
                     Ok(n) => {
+                        throttle::write(n as u64);
                         done += n as u64;
                         continue;
                     }

@@ -24,5 +24,5 @@ pub mod split;
 
 pub use assign::assign_inputs;
 pub use layout::{ShardLayout, TAR_TRAILER};
-pub use shards::{bounds_from_starts, byte_shard_of, ShardPlan};
+pub use shards::{bounds_from_starts, byte_shard_of, ShardGroup, ShardPlan};
 pub use sizing::{Equalize, Sizing, Targets};

@@ -1,14 +1,30 @@
 //! Output positions cut into shards, and the writer of each shard.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::ops::Range;
 
 /// How the output positions are cut into S shards (`bounds[s]..bounds[s + 1]` is shard s; every
-/// shard non-empty) and which rank writes each shard (contiguous blocks of shards). Holds O(S),
-/// never O(N).
+/// shard non-empty) and which rank writes each shard. Shards come in groups (the splits of
+/// `--split`, the templates of a key map, or one group); every rank writes one block of
+/// consecutive shards of each group, and the blocks are sized so that every writer's bytes come
+/// out even (see [`ShardPlan::by_groups`]). Holds O(S + groups × ranks), never O(N).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardPlan {
     bounds: Vec<u64>,
     ranks: u64,
+    /// Per group: where each rank's block of the group's shards starts (`ranks + 1` shard
+    /// numbers; `cuts[g][r]..cuts[g][r + 1]` is rank r's block).
+    cuts: Vec<Vec<u64>>,
+}
+
+/// One group of shards for [`ShardPlan::by_groups`]: its positions, its shard count, and the
+/// bytes its samples hold (an estimate is enough: it only balances the writers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardGroup {
+    pub positions: u64,
+    pub shards: u64,
+    pub bytes: u64,
 }
 
 impl ShardPlan {
@@ -21,28 +37,46 @@ impl ShardPlan {
         assert!(shards > 0 && ranks > 0 && shards <= positions);
         let (base, extra) = (positions / shards, positions % shards);
         let bounds = (0..=shards).map(|s| s * base + s.min(extra)).collect();
-        ShardPlan {
-            bounds,
-            ranks: ranks as u64,
-        }
-    }
-
-    /// Groups of shards one after another, each of `(positions, shards)` cut by count like
-    /// [`ShardPlan::by_count`]; groups with no shards are left out.
-    ///
-    /// # Panics
-    /// As [`ShardPlan::by_count`], for any group with shards, or if no group has any.
-    pub fn by_groups(groups: &[(u64, u64)], ranks: usize) -> Self {
-        let mut bounds = vec![0];
-        for &(positions, shards) in groups.iter().filter(|g| g.1 > 0) {
-            let at = *bounds.last().unwrap();
-            let group = ShardPlan::by_count(positions, shards, ranks);
-            bounds.extend(group.bounds[1..].iter().map(|b| at + b));
-        }
         ShardPlan::from_bounds(bounds, ranks)
     }
 
-    /// Shards with the given boundaries (`bounds[0] == 0`, strictly increasing).
+    /// Groups of shards one after another, each cut by count like [`ShardPlan::by_count`];
+    /// groups with no shards are left out. Every rank writes a block of each group: the first
+    /// group's shards are spread evenly by count (its shards are alike), each later group's go
+    /// one by one to the writer with the fewest estimated bytes so far. So the few large shards
+    /// of a training split and the many small ones of its validation split end up spread over
+    /// all writers, rather than the first ranks writing the one and the last ranks the other.
+    /// A pure function of its arguments: every rank computes the same writers.
+    ///
+    /// # Panics
+    /// As [`ShardPlan::by_count`], for any group with shards, or if no group has any.
+    pub fn by_groups(groups: &[ShardGroup], ranks: usize) -> Self {
+        assert!(ranks > 0);
+        let mut bounds = vec![0];
+        let mut cuts = Vec::new();
+        let mut loads = vec![0u128; ranks];
+        for g in groups.iter().filter(|g| g.shards > 0) {
+            let at = *bounds.last().unwrap();
+            let group = ShardPlan::by_count(g.positions, g.shards, 1);
+            let first_shard = bounds.len() as u64 - 1;
+            bounds.extend(group.bounds[1..].iter().map(|b| at + b));
+            let counts = block_counts(&mut loads, g.shards, u128::from(g.bytes));
+            let mut cut = Vec::with_capacity(ranks + 1);
+            cut.push(first_shard);
+            for c in counts {
+                cut.push(cut.last().unwrap() + c);
+            }
+            cuts.push(cut);
+        }
+        assert!(bounds.len() >= 2, "no group has shards");
+        ShardPlan {
+            bounds,
+            ranks: ranks as u64,
+            cuts,
+        }
+    }
+
+    /// Shards with the given boundaries (`bounds[0] == 0`, strictly increasing), one group.
     ///
     /// # Panics
     /// If the boundaries are not strictly increasing from 0, or `ranks` is zero.
@@ -52,9 +86,11 @@ impl ShardPlan {
             bounds.windows(2).all(|w| w[0] < w[1]),
             "every shard needs a sample"
         );
+        let shards = bounds.len() as u64 - 1;
         ShardPlan {
             bounds,
             ranks: ranks as u64,
+            cuts: vec![even_cut(0, shards, ranks)],
         }
     }
 
@@ -77,29 +113,92 @@ impl ShardPlan {
         (self.bounds[1..].partition_point(|&b| b <= p)) as u64
     }
 
-    /// The shards rank `r` writes.
-    pub fn writer_shards(&self, r: usize) -> Range<u64> {
-        let shards = u128::from(self.shards());
-        let at = |r: u64| ((u128::from(r) * shards) / u128::from(self.ranks)) as u64;
-        at(r as u64)..at(r as u64 + 1)
+    /// The shards rank `r` writes: one block of consecutive shards per group (empty blocks left
+    /// out), in shard order.
+    pub fn writer_shards(&self, r: usize) -> Vec<Range<u64>> {
+        self.cuts
+            .iter()
+            .map(|cut| cut[r]..cut[r + 1])
+            .filter(|b| !b.is_empty())
+            .collect()
     }
 
     /// The rank that writes shard `s`.
     pub fn writer_of(&self, s: u64) -> usize {
-        // The largest r with floor(r*S/P) <= s is ceil((s+1)*P/S) - 1.
-        let (s, shards, ranks) = (
-            u128::from(s),
-            u128::from(self.shards()),
-            u128::from(self.ranks),
-        );
-        (((s + 1) * ranks).div_ceil(shards) - 1) as usize
+        let g = self.cuts.partition_point(|cut| cut[0] <= s) - 1;
+        // The last rank whose block starts at or before s: blocks before it may be empty.
+        self.cuts[g].partition_point(|&c| c <= s) - 1
     }
 
-    /// The output positions rank `r` writes (its shards' positions are contiguous).
-    pub fn writer_positions(&self, r: usize) -> Range<u64> {
-        let shards = self.writer_shards(r);
-        self.bounds[shards.start as usize]..self.bounds[shards.end as usize]
+    /// The output positions rank `r` writes: one run per block of [`ShardPlan::writer_shards`].
+    pub fn writer_positions(&self, r: usize) -> Vec<Range<u64>> {
+        self.writer_shards(r)
+            .into_iter()
+            .map(|b| self.bounds[b.start as usize]..self.bounds[b.end as usize])
+            .collect()
     }
+
+    /// Every shard, in the order of the writers' blocks: rank 0's shards, then rank 1's, and so
+    /// on. What a gather of every writer's per-shard figures, concatenated in rank order, lists.
+    pub fn writing_order(&self) -> Vec<u64> {
+        (0..self.ranks as usize)
+            .flat_map(|r| self.writer_shards(r).into_iter().flatten())
+            .collect()
+    }
+
+    /// Per-shard values gathered from every writer in rank order ([`ShardPlan::writing_order`]),
+    /// put in shard order; `width` values per shard. Empty stays empty (a gather's other ranks,
+    /// or figures not asked for).
+    pub fn in_shard_order<T: Copy + Default>(&self, gathered: &[T], width: usize) -> Vec<T> {
+        if gathered.is_empty() {
+            return Vec::new();
+        }
+        let mut out = vec![T::default(); gathered.len()];
+        for (k, s) in self.writing_order().into_iter().enumerate() {
+            let s = s as usize;
+            out[s * width..(s + 1) * width].copy_from_slice(&gathered[k * width..(k + 1) * width]);
+        }
+        out
+    }
+}
+
+/// `shards` shards over `ranks` ranks in blocks that differ by at most one shard, the larger
+/// ones spread out (rank r's block starts at ⌊r·S/P⌋); shard numbers from `first`.
+fn even_cut(first: u64, shards: u64, ranks: usize) -> Vec<u64> {
+    let at = |r: u64| ((u128::from(r) * u128::from(shards)) / ranks as u128) as u64;
+    (0..=ranks as u64).map(|r| first + at(r)).collect()
+}
+
+/// How many of a group's `shards` (holding `bytes`) each rank writes, given the estimated bytes
+/// each already writes (`loads`, updated). While the loads are all equal (the first group), an
+/// even cut; after that, each shard to the least-loaded rank (the lowest on a tie).
+fn block_counts(loads: &mut [u128], shards: u64, bytes: u128) -> Vec<u64> {
+    let ranks = loads.len();
+    let each = bytes / u128::from(shards);
+    let counts: Vec<u64> = if loads.iter().all(|&l| l == loads[0]) {
+        even_cut(0, shards, ranks)
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .collect()
+    } else {
+        let mut counts = vec![0u64; ranks];
+        let mut heap: BinaryHeap<Reverse<(u128, usize)>> = loads
+            .iter()
+            .enumerate()
+            .map(|(r, &l)| Reverse((l, r)))
+            .collect();
+        for _ in 0..shards {
+            let Reverse((load, r)) = heap.pop().expect("ranks > 0");
+            counts[r] += 1;
+            // At least one: shards of no bytes still count, so they spread too.
+            heap.push(Reverse((load + each.max(1), r)));
+        }
+        counts
+    };
+    for (load, &c) in loads.iter_mut().zip(&counts) {
+        *load += u128::from(c) * each.max(1);
+    }
+    counts
 }
 
 /// `--balance bytes`: the shard of a position whose sample starts `before` bytes into the
@@ -162,7 +261,13 @@ mod tests {
     #[test]
     fn groups_follow_each_other_and_groups_without_shards_are_left_out() {
         // A split of 4 samples given no shards, and an empty one, hold no shard.
-        let plan = ShardPlan::by_groups(&[(5, 2), (4, 0), (0, 0), (3, 1)], 2);
+        let group = |positions, shards| ShardGroup {
+            positions,
+            shards,
+            bytes: positions * 10,
+        };
+        let groups = [group(5, 2), group(4, 0), group(0, 0), group(3, 1)];
+        let plan = ShardPlan::by_groups(&groups, 2);
         assert_eq!((plan.shards(), plan.positions()), (3, 8));
         let cuts: Vec<_> = (0..3).map(|s| plan.shard_positions(s)).collect();
         assert_eq!(cuts, [0..3, 3..5, 5..8]);
@@ -186,31 +291,130 @@ mod tests {
         }
     }
 
+    /// Every shard has exactly one writer, and `writer_shards`, `writer_of`, `writer_positions`
+    /// and `writing_order` agree.
+    fn check_writers(plan: &ShardPlan, ranks: usize) {
+        let mut seen = vec![usize::MAX; plan.shards() as usize];
+        for r in 0..ranks {
+            let blocks = plan.writer_shards(r);
+            let runs = plan.writer_positions(r);
+            assert_eq!(blocks.len(), runs.len());
+            for (b, run) in blocks.iter().zip(&runs) {
+                assert_eq!(run.start, plan.shard_positions(b.start).start);
+                assert_eq!(run.end, plan.shard_positions(b.end - 1).end);
+                for s in b.clone() {
+                    assert_eq!(seen[s as usize], usize::MAX, "shard {s} written twice");
+                    seen[s as usize] = r;
+                    assert_eq!(plan.writer_of(s), r, "shard {s} ranks={ranks}");
+                }
+            }
+        }
+        assert!(
+            seen.iter().all(|&r| r != usize::MAX),
+            "a shard with no writer"
+        );
+        let order = plan.writing_order();
+        assert!(order
+            .windows(2)
+            .all(|w| seen[w[0] as usize] <= seen[w[1] as usize]));
+        let values: Vec<u64> = order.iter().map(|&s| s * 10).collect();
+        let back = plan.in_shard_order(&values, 1);
+        assert_eq!(back, (0..plan.shards()).map(|s| s * 10).collect::<Vec<_>>());
+    }
+
     #[test]
     fn every_shard_has_exactly_one_writer() {
         for (s, ranks) in [(10, 3), (3, 5), (100, 4), (1, 1), (7, 7), (2, 400)] {
             let plan = ShardPlan::by_count(1000, s, ranks);
-            let mut next = 0;
+            check_writers(&plan, ranks);
+            // One group: rank r writes the block from ⌊r·S/P⌋, as it always did.
             for r in 0..ranks {
-                let mine = plan.writer_shards(r);
-                assert_eq!(mine.start, next);
-                for shard in mine.clone() {
-                    assert_eq!(
-                        plan.writer_of(shard),
-                        r,
-                        "s={s} ranks={ranks} shard={shard}"
-                    );
-                }
-                let pos = plan.writer_positions(r);
-                if let (Some(first), Some(last)) = (mine.clone().next(), mine.clone().last()) {
-                    assert_eq!(pos.start, plan.shard_positions(first).start);
-                    assert_eq!(pos.end, plan.shard_positions(last).end);
-                } else {
-                    assert!(pos.is_empty());
-                }
-                next = mine.end;
+                let at = |r: usize| (r as u64 * s) / ranks as u64;
+                let block: Vec<u64> = plan.writer_shards(r).into_iter().flatten().collect();
+                assert_eq!(block, (at(r)..at(r + 1)).collect::<Vec<_>>());
             }
-            assert_eq!(next, s);
+        }
+        let groups = |v: &[(u64, u64, u64)]| -> Vec<ShardGroup> {
+            v.iter()
+                .map(|&(positions, shards, bytes)| ShardGroup {
+                    positions,
+                    shards,
+                    bytes,
+                })
+                .collect()
+        };
+        for ranks in 1..10 {
+            let g = groups(&[(900, 32, 9000), (0, 0, 0), (50, 8, 500), (50, 1, 0)]);
+            check_writers(&ShardPlan::by_groups(&g, ranks), ranks);
+        }
+    }
+
+    /// The estimated bytes each rank writes.
+    fn loads(plan: &ShardPlan, groups: &[ShardGroup], ranks: usize) -> Vec<f64> {
+        let mut per_shard = Vec::new();
+        for g in groups.iter().filter(|g| g.shards > 0) {
+            per_shard.extend((0..g.shards).map(|_| g.bytes as f64 / g.shards as f64));
+        }
+        let mut loads = vec![0.0; ranks];
+        for (s, b) in per_shard.iter().enumerate() {
+            loads[plan.writer_of(s as u64)] += b;
+        }
+        loads
+    }
+
+    /// Issue 27: `--split train=0.9,val=0.05,test=0.05` wrote 235 MiB on rank 0 and 27 MiB on
+    /// rank 1 at np 2, because rank 0 got the large training shards and rank 1 the many small
+    /// validation and test shards. Now every split is spread over every writer.
+    #[test]
+    fn split_writers_write_even_bytes() {
+        const MIB: u64 = 1 << 20;
+        // (train shards, val and test shards each) for 262 MiB of samples: --gpus 8 --workers 4
+        // with --split-shards 8 (the README's example); --shards 64 with the default (the
+        // first split's mean shard size); --shards 4 --split-shards 2 (the issue's figures: 4
+        // large shards, 2 small ones per other split); --shards 16 --split-shards 4. Where whole
+        // shards cannot come within 10% (16 training shards on 5 ranks: one writes 4 of 14.7 MiB,
+        // against a mean of 51 MiB), the busiest writer is within one shard of the mean.
+        let cases: [(u64, u64, &[usize]); 4] = [
+            (32, 8, &[2, 3, 4, 5, 6, 7, 8]),
+            (64, 4, &[2, 3, 4, 5, 6, 7, 8]),
+            (4, 2, &[2, 4]),
+            (16, 4, &[2, 3, 4, 8]),
+        ];
+        for (train, others, even) in cases {
+            let samples = 26_200u64;
+            let (n_train, n_other) = (samples * 90 / 100, samples * 5 / 100);
+            let groups = [
+                ShardGroup {
+                    positions: n_train,
+                    shards: train,
+                    bytes: n_train * 10 * 1024,
+                },
+                ShardGroup {
+                    positions: n_other,
+                    shards: others,
+                    bytes: n_other * 10 * 1024,
+                },
+                ShardGroup {
+                    positions: n_other,
+                    shards: others,
+                    bytes: n_other * 10 * 1024,
+                },
+            ];
+            for ranks in 2..=8 {
+                let plan = ShardPlan::by_groups(&groups, ranks);
+                check_writers(&plan, ranks);
+                let loads = loads(&plan, &groups, ranks);
+                let mean = loads.iter().sum::<f64>() / ranks as f64;
+                let busiest = loads.iter().copied().fold(0.0, f64::max);
+                let largest = (n_train * 10 * 1024) as f64 / train as f64;
+                assert!(busiest <= mean + largest);
+                assert!(
+                    !even.contains(&ranks) || busiest <= 1.1 * mean,
+                    "{train}+{others}+{others} shards at np {ranks}: busiest writer {:.1} MiB, mean {:.1} MiB",
+                    busiest / MIB as f64,
+                    mean / MIB as f64
+                );
+            }
         }
     }
 
@@ -235,6 +439,6 @@ mod tests {
         let plan = ShardPlan::from_bounds(vec![0, 3, 4], 2);
         assert_eq!(plan.shard_of(2), 0);
         assert_eq!(plan.shard_of(3), 1);
-        assert_eq!(plan.writer_positions(1), 3..4);
+        assert_eq!(plan.writer_positions(1), vec![3..4]);
     }
 }

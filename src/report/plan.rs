@@ -10,6 +10,7 @@ use crate::output::{GpuShare, Stats};
 use crate::plan::placement::StratifyReport;
 use crate::plan::Equalize;
 use crate::size::{count, human_bytes};
+use crate::throttle::Limits;
 
 /// The plan `reshard plan` prints: everything `run` would do, before any data moves.
 #[derive(Debug, Clone, Serialize)]
@@ -39,6 +40,33 @@ pub struct PlanReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stratify: Option<StratifyReport>,
     pub per_shard: Vec<ShardEntry>,
+    /// With `--max-read-rate` or `--max-write-rate`: how long moving the data takes at least.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_limits: Option<AtLimits>,
+}
+
+/// The least time the data movement takes at the given rate limits: the bytes it reads and
+/// writes, each divided by its limit (the slower decides). Compute and waits are extra.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct AtLimits {
+    pub limits: Limits,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub seconds: f64,
+}
+
+impl AtLimits {
+    pub fn render(&self) -> String {
+        let rate = |r: Option<u64>| r.map_or("none".to_string(), |r| human_bytes(r) + "/s");
+        format!(
+            "  at the rate limits (read {}, write {}): the data movement takes at least {:.1} s ({} read, {} written)\n",
+            rate(self.limits.read),
+            rate(self.limits.write),
+            self.seconds,
+            human_bytes(self.read_bytes),
+            human_bytes(self.write_bytes)
+        )
+    }
 }
 
 impl PlanReport {
@@ -90,6 +118,9 @@ impl PlanReport {
             s += &format!("  {}\n", g.render());
         }
         s += &self.storage.render();
+        if let Some(a) = &self.at_limits {
+            s += &a.render();
+        }
         let n = self.per_shard.len();
         let shown: Vec<usize> = if n <= 12 {
             (0..n).collect()

@@ -154,6 +154,17 @@ pub fn sqlite_rows(dir: &Dir, db: &Path) -> String {
 /// `examples/consumers/read_energon.py OUT [--split SPLIT]` through energon's readers, which
 /// must succeed.
 pub fn read_energon(dir: &Dir, py: &Path, out: &str, split: Option<&str>) -> RunOutput {
+    read_energon_with(dir, py, out, split, &[])
+}
+
+/// [`read_energon`] with more arguments (`--no-key-index`).
+pub fn read_energon_with(
+    dir: &Dir,
+    py: &Path,
+    out: &str,
+    split: Option<&str>,
+    extra: &[&str],
+) -> RunOutput {
     let mut cmd = dir.program(py);
     cmd.env("PYTHONPATH", torch_standin())
         .arg(concat!(
@@ -164,5 +175,5 @@ pub fn read_energon(dir: &Dir, py: &Path, out: &str, split: Option<&str>) -> Run
     if let Some(split) = split {
         cmd.args(["--split", split]);
     }
-    cmd.assert_success()
+    cmd.args(extra).assert_success()
 }

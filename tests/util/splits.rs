@@ -72,3 +72,50 @@ pub fn append_sample(out: &Path, split: &str, shard: &str, sample: &[u8]) {
     fix(out, &format!("{split}/{shard}"));
     fix(&out.join(split), shard);
 }
+
+/// Runs `reshard run ARGS` under `mpirun -np NP` with every rank under `strace`, which logs the
+/// files each rank creates: the writer of every output shard, seen from outside the binary.
+/// Returns the run and each shard's writer, by its path relative to the output directory.
+/// `None` when strace is not installed (reported as a skip).
+pub fn writers_seen_by_strace(
+    dir: &super::Dir,
+    np: usize,
+    out: &str,
+    args: &[&str],
+) -> Option<(super::RunOutput, BTreeMap<String, usize>)> {
+    let test = "writers seen by strace";
+    let Some(strace) = super::find_on_path("strace") else {
+        super::skip(test, "strace not found on PATH");
+        return None;
+    };
+    let trace = dir.join(format!("trace-{np}"));
+    // Hydra numbers the ranks in PMI_RANK; one trace file per rank.
+    let script = "exec \"$0\" -f -qq -e trace=openat -o \"$1.$PMI_RANK\" \"$2\" run \"${@:3}\"";
+    let run = dir
+        .program(super::mpirun())
+        .args(["-np", &np.to_string(), "bash", "-c", script])
+        .arg(strace)
+        .arg(&trace)
+        .arg(super::reshard_exe())
+        .args(["--output", out])
+        .args(args)
+        .assert_success();
+    let staging = format!("/.{out}.reshard-tmp/");
+    let mut writers = BTreeMap::new();
+    for rank in 0..np {
+        let path = format!("{}.{rank}", trace.display());
+        let log = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+        for line in log.lines().filter(|l| l.contains("O_CREAT|O_EXCL")) {
+            let Some(name) = line.split('"').nth(1) else {
+                continue;
+            };
+            if let Some((_, rel)) = name.split_once(&staging) {
+                if rel.ends_with(".tar") && !rel.contains("/.") {
+                    let before = writers.insert(rel.to_string(), rank);
+                    assert!(before.is_none(), "{rel} created by two ranks");
+                }
+            }
+        }
+    }
+    Some((run, writers))
+}

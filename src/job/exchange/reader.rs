@@ -10,6 +10,7 @@ use anyhow::{anyhow, Context, Result};
 use crate::input::InputShard;
 use crate::sys;
 use crate::tar::codec::{self, Codec};
+use crate::throttle::{self, PacedRead};
 
 /// Sequential reader over the input shards: small samples are served from a large read window,
 /// large ones are read straight into the send buffer.
@@ -55,7 +56,10 @@ impl<'a> InputReader<'a> {
             let path = self.inputs[shard].path.clone();
             let (codec, file) = codec::open_file(&path)?;
             if codec != Codec::Plain {
-                drain(codec::decompress(codec, file, &path)?, &path)?;
+                drain(
+                    Box::new(PacedRead(codec::decompress(codec, file, &path)?)),
+                    &path,
+                )?;
             }
         }
         Ok(())
@@ -108,7 +112,7 @@ impl<'a> InputReader<'a> {
             let file = file
                 .try_clone()
                 .with_context(|| format!("{}: cannot reopen", path.display()))?;
-            let decoder = codec::decompress(codec, file, &path)?;
+            let decoder = Box::new(PacedRead(codec::decompress(codec, file, &path)?));
             self.stream = Some((shard, 0, decoder));
         }
         let (_, pos, decoder) = self.stream.as_mut().unwrap();
@@ -170,6 +174,7 @@ impl<'a> InputReader<'a> {
             };
             if out.len() >= self.window.len() / 2 {
                 let file = self.file(shard)?.0;
+                throttle::read(out.len() as u64);
                 sys::read_up_to_at(file, out, offset)
                     .with_context(|| {
                         format!("{}: cannot read at byte offset {offset}", path.display())
@@ -185,6 +190,7 @@ impl<'a> InputReader<'a> {
             }
             let want = (self.window.len() as u64).min(size.saturating_sub(offset)) as usize;
             let mut window = std::mem::take(&mut self.window);
+            throttle::read(want as u64);
             let got = sys::read_up_to_at(self.file(shard)?.0, &mut window[..want], offset)
                 .with_context(|| {
                     format!("{}: cannot read at byte offset {offset}", path.display())

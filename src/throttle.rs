@@ -1,0 +1,376 @@
+//! I/O rate limits (`--max-read-rate`, `--max-write-rate`): a token bucket per direction that
+//! paces the bytes this rank reads from the input and writes to the output.
+//!
+//! A job's limit is shared among its ranks: each rank gets `rate / ranks` and enforces it alone,
+//! so no read or write waits for a collective (see [`share`]). The bucket itself ([`Bucket`]) is
+//! pure arithmetic over a clock the caller passes in, unit-tested with a simulated one; the
+//! process-wide pacers ([`read`], [`write`]) add the real clock, the sleep, and the tally of
+//! bytes and time spent waiting that progress and the summary print.
+//!
+//! The hooks live where bytes cross the storage boundary (the exchange's reader, the index's
+//! decompression, the writer's positioned writes and in-kernel copies). Once the storage seam
+//! (`src/storage/`) lands, they move into a throttling `Source`/`Sink` wrapper.
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::size::human_bytes;
+use crate::sys;
+
+/// The most a bucket saves up while idle, in seconds of its rate: a pause (a round's barrier)
+/// may be made up for by this much burst, no more, so a limit holds over any stretch longer than
+/// this.
+const BURST_SECONDS: f64 = 0.25;
+
+/// A token bucket over a caller's clock (seconds since any fixed start). Tokens are bytes; a
+/// caller that takes more than there are goes into debt and is told how long to wait, and the
+/// next caller waits behind that debt too, so concurrent threads share the rate.
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    /// Bytes per second.
+    rate: f64,
+    /// The most tokens the bucket holds.
+    burst: f64,
+    /// Bytes available now (negative: owed).
+    tokens: f64,
+    /// When `tokens` was last brought up to date.
+    last: f64,
+}
+
+impl Bucket {
+    /// An empty bucket filling at `rate` bytes per second from time `now`. It starts empty so
+    /// that a job of B bytes never takes less than `B / rate` less one burst.
+    pub fn new(rate: f64, now: f64) -> Self {
+        Bucket {
+            rate,
+            burst: rate * BURST_SECONDS,
+            tokens: 0.0,
+            last: now,
+        }
+    }
+
+    /// Takes `bytes` at time `now`: the seconds the caller must wait before it may move them.
+    pub fn take(&mut self, now: f64, bytes: u64) -> f64 {
+        if now > self.last {
+            self.tokens = (self.tokens + (now - self.last) * self.rate).min(self.burst);
+            self.last = now;
+        }
+        self.tokens -= bytes as f64;
+        if self.tokens >= 0.0 {
+            0.0
+        } else {
+            -self.tokens / self.rate
+        }
+    }
+}
+
+/// One rank's share of a job's `rate` (bytes per second) among `ranks` ranks: an equal share,
+/// so the shares never add up to more than the job's limit, and no rank needs to ask the others.
+/// Inputs are assigned to ranks balanced by bytes, so equal shares also finish together.
+pub fn share(rate: u64, ranks: usize) -> f64 {
+    rate as f64 / ranks.max(1) as f64
+}
+
+/// The limits of a run, as the command line gives them (bytes per second, for the whole job).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    pub read: Option<u64>,
+    pub write: Option<u64>,
+}
+
+impl Limits {
+    /// Seconds the job's data movement takes at least at these limits: `read_bytes` read and
+    /// `written` bytes written, each at its limit (the slower decides); `None` without limits.
+    pub fn least_seconds(&self, read_bytes: u64, written: u64) -> Option<f64> {
+        let at = |bytes: u64, rate: Option<u64>| rate.map(|r| bytes as f64 / r as f64);
+        match (at(read_bytes, self.read), at(written, self.write)) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0.0).max(b.unwrap_or(0.0))),
+        }
+    }
+}
+
+/// How a run shares the machine with others (training beside it): rate limits for the whole
+/// job, and the priorities every rank sets at start.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct IoConfig {
+    pub limits: Limits,
+    pub priority: IoPriority,
+    /// `--nice N`: `None` leaves the CPU priority as it is.
+    pub nice: Option<i32>,
+}
+
+/// `--io-priority` values: the kernel's I/O priority classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum IoPriority {
+    /// The idle class: the disk serves this run only when nothing else asks for it.
+    Idle,
+    /// Best effort at its lowest level (7).
+    Low,
+    /// As started (best effort, level 4, unless the launcher set another).
+    #[default]
+    Normal,
+}
+
+/// A pacer for one direction: its bucket on the real clock, and what went through it.
+struct Pacer {
+    start: Instant,
+    bucket: Option<Mutex<Bucket>>,
+    bytes: AtomicU64,
+    waited_nanos: AtomicU64,
+}
+
+impl Pacer {
+    fn new(rate: Option<f64>) -> Self {
+        Pacer {
+            start: Instant::now(),
+            bucket: rate.map(|r| Mutex::new(Bucket::new(r, 0.0))),
+            bytes: AtomicU64::new(0),
+            waited_nanos: AtomicU64::new(0),
+        }
+    }
+
+    fn pace(&self, bytes: u64) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        let Some(bucket) = &self.bucket else { return };
+        let now = self.start.elapsed().as_secs_f64();
+        // Reserve under the lock, sleep outside it: other threads queue behind the debt.
+        let wait = bucket.lock().unwrap().take(now, bytes);
+        if wait > 0.0 {
+            let wait = Duration::from_secs_f64(wait);
+            std::thread::sleep(wait);
+            self.waited_nanos
+                .fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn tally(&self) -> Tally {
+        Tally {
+            bytes: self.bytes.load(Ordering::Relaxed),
+            waited: Duration::from_nanos(self.waited_nanos.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// What went through one direction's pacer on this rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub bytes: u64,
+    /// Time spent waiting on the limit (summed over the threads that waited).
+    pub waited: Duration,
+}
+
+/// This process's pacers: (read, write). Set once per run by [`install`].
+static PACERS: OnceLock<(Pacer, Pacer)> = OnceLock::new();
+/// The job's limits (not this rank's share), for progress lines.
+static JOB: OnceLock<Limits> = OnceLock::new();
+
+/// Sets this rank's pacers: its share of `limits` among `ranks` ranks. The first call wins (one
+/// run per process; in-process test runs set no limits).
+pub fn install(limits: Limits, ranks: usize) {
+    let rate = |r: Option<u64>| r.map(|r| share(r, ranks));
+    let _ = JOB.set(limits);
+    let _ = PACERS.get_or_init(|| {
+        (
+            Pacer::new(rate(limits.read)),
+            Pacer::new(rate(limits.write)),
+        )
+    });
+}
+
+/// Starts this rank's share of the machine: its I/O priority and nice value (set on the calling
+/// thread before the phases start their threads, which inherit them) and its pacers.
+///
+/// # Errors
+/// The kernel refuses a priority (a negative `--nice` without privileges); the message names
+/// the flag.
+pub fn start(io: &IoConfig, ranks: usize) -> Result<()> {
+    let class = match io.priority {
+        IoPriority::Idle => Some((sys::IOPRIO_CLASS_IDLE, 0)),
+        IoPriority::Low => Some((sys::IOPRIO_CLASS_BE, 7)),
+        IoPriority::Normal => None,
+    };
+    if let Some((class, level)) = class {
+        sys::set_io_priority(class, level)
+            .context("--io-priority: the kernel refused the I/O priority")?;
+    }
+    if let Some(n) = io.nice {
+        sys::set_nice(n).with_context(|| {
+            format!("--nice {n}: the kernel refused it (a value below the current one needs privileges)")
+        })?;
+    }
+    install(io.limits, ranks);
+    Ok(())
+}
+
+/// Paces `bytes` read from the input (returns at once without a read limit).
+pub fn read(bytes: u64) {
+    if let Some((r, _)) = PACERS.get() {
+        r.pace(bytes);
+    }
+}
+
+/// Paces `bytes` written to the output (returns at once without a write limit).
+pub fn write(bytes: u64) {
+    if let Some((_, w)) = PACERS.get() {
+        w.pace(bytes);
+    }
+}
+
+/// A reader paced by the read limit: the bytes it returns count (for a decompressor, the
+/// decompressed bytes: more than the storage serves, so the limit errs on the safe side).
+pub struct PacedRead<R>(pub R);
+
+impl<R: Read> Read for PacedRead<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.0.read(buf)?;
+        read(n as u64);
+        Ok(n)
+    }
+}
+
+/// A writer paced by the write limit.
+pub struct PacedWrite<W>(pub W);
+
+impl<W: Write> Write for PacedWrite<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.0.write(buf)?;
+        write(n as u64);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// For a progress line: each limit and how long this rank has waited on it so far, e.g.
+/// `, write limit 4.00 MiB/s (rank 0 waited 1.5 s)`; empty without limits.
+pub fn progress_note() -> String {
+    let (Some(limits), (read, write)) = (JOB.get(), tallies()) else {
+        return String::new();
+    };
+    let mut s = String::new();
+    for (what, limit, tally) in [("read", limits.read, read), ("write", limits.write, write)] {
+        if let Some(rate) = limit {
+            s += &format!(
+                ", {what} limit {}/s (rank 0 waited {:.1} s)",
+                human_bytes(rate),
+                tally.waited.as_secs_f64()
+            );
+        }
+    }
+    s
+}
+
+/// How a run kept to one limit, for the summary: job-wide figures.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RateReport {
+    /// "read" or "write".
+    pub what: &'static str,
+    /// The job's limit in bytes per second.
+    pub limit: u64,
+    /// Bytes all ranks moved through the pacer.
+    pub bytes: u64,
+    /// The run's wall time, seconds.
+    pub seconds: f64,
+    /// The longest any rank waited on the limit, seconds.
+    pub most_waited: f64,
+}
+
+impl RateReport {
+    /// One summary line: the limit, the rate achieved over the run, and the wait.
+    pub fn render(&self) -> String {
+        format!(
+            "  {} limit {}/s: achieved {}/s ({} in {:.2} s); waited on it up to {:.2} s on a rank\n",
+            self.what,
+            human_bytes(self.limit),
+            human_bytes((self.bytes as f64 / self.seconds.max(1e-9)) as u64),
+            human_bytes(self.bytes),
+            self.seconds,
+            self.most_waited
+        )
+    }
+}
+
+/// What this rank read and wrote through the pacers so far: (read, write).
+pub fn tallies() -> (Tally, Tally) {
+    PACERS
+        .get()
+        .map(|(r, w)| (r.tally(), w.tally()))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Moves `total` bytes in `chunk`-byte pieces through a bucket of `rate`, each piece after
+    /// its wait (a simulated clock): when the last piece may go.
+    fn finish_time(rate: f64, total: u64, chunk: u64) -> f64 {
+        let mut b = Bucket::new(rate, 0.0);
+        let mut now = 0.0;
+        let mut moved = 0;
+        while moved < total {
+            now += b.take(now, chunk);
+            moved += chunk;
+        }
+        now
+    }
+
+    #[test]
+    fn a_rate_is_respected_over_a_simulated_clock() {
+        // 8 MiB at 4 MiB/s, in pieces of every size: never sooner than B/R, and not later.
+        for chunk in [512, 64 << 10, 1 << 20, 8 << 20] {
+            let t = finish_time(4.0 * 1048576.0, 8 << 20, chunk);
+            assert!((t - 2.0).abs() < 1e-9, "chunk {chunk}: {t}");
+        }
+    }
+
+    #[test]
+    fn idle_time_saves_up_one_burst_at_most() {
+        let mut b = Bucket::new(1000.0, 0.0);
+        // After 100 s idle only a quarter second's worth is free.
+        assert_eq!(b.take(100.0, 250), 0.0);
+        assert!((b.take(100.0, 1000) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn concurrent_takers_queue_behind_the_debt() {
+        let mut b = Bucket::new(100.0, 0.0);
+        assert!((b.take(0.0, 100) - 1.0).abs() < 1e-9);
+        // A second thread at the same moment waits for both.
+        assert!((b.take(0.0, 100) - 2.0).abs() < 1e-9);
+        // Once the first wait is over, the second's bytes are still owed.
+        assert!((b.take(1.0, 0) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_shares_split_the_job_rate_fairly() {
+        for ranks in 1..=7 {
+            let s = share(7 << 20, ranks);
+            assert!((s * ranks as f64 - (7 << 20) as f64).abs() < 1e-3);
+        }
+        assert_eq!(share(100, 0), 100.0);
+    }
+
+    #[test]
+    fn the_slower_limit_decides_the_least_time() {
+        let l = Limits {
+            read: Some(100),
+            write: Some(50),
+        };
+        assert_eq!(l.least_seconds(1000, 1000), Some(20.0));
+        assert_eq!(Limits::default().least_seconds(1000, 1000), None);
+        let read_only = Limits {
+            read: Some(100),
+            write: None,
+        };
+        assert_eq!(read_only.least_seconds(1000, 5), Some(10.0));
+    }
+}

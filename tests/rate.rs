@@ -1,0 +1,200 @@
+//! Running beside training: `--max-read-rate` and `--max-write-rate` hold (a lower bound on the
+//! time only: a loaded machine makes runs slower, never faster), leave the output's bytes alone,
+//! and refuse nonsense; `--io-priority` and `--nice` are what a paused rank runs with.
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use crate::util::data::sized;
+use crate::util::runs::run;
+use crate::util::verifier::assert_same_output;
+use crate::util::{Dir, FAIL_FAST};
+
+/// 8 MiB at 4 MiB/s: 2 s at least, less the quarter second a bucket may save up; 1.5 s leaves
+/// room for rounding and none for a limit that is not kept (unlimited, this takes ~0.3 s).
+const RATE: &str = "4MiB/s";
+const AT_LEAST: Duration = Duration::from_millis(1500);
+
+#[test]
+fn a_limited_run_never_beats_its_limit_and_writes_the_same_bytes() {
+    let dir = Dir::new("rate-limit");
+    sized(&dir, "in", "8MiB", "64KiB", 4);
+    for np in [1, 2] {
+        let free = format!("free-np{np}");
+        run(&dir, Some(np), &["in"], &free, 3, 7, &[]);
+        for flag in ["--max-read-rate", "--max-write-rate"] {
+            let out = format!("limited{flag}-np{np}");
+            let start = Instant::now();
+            let progress = ["--progress", "lines", "--progress-interval", "0.2"];
+            let res = run(
+                &dir,
+                Some(np),
+                &["in"],
+                &out,
+                3,
+                7,
+                &[&[flag, RATE], &progress[..]].concat(),
+            );
+            let took = start.elapsed();
+            assert!(
+                took >= AT_LEAST,
+                "np {np} {flag} {RATE} moved 8 MiB in {took:?}\n{}",
+                res.report()
+            );
+            let what = flag.trim_start_matches("--max-").trim_end_matches("-rate");
+            res.check(
+                res.stdout
+                    .contains(&format!("{what} limit 4.00 MiB/s: achieved")),
+                "the summary names the limit and the rate achieved",
+            );
+            res.stderr_has(&format!("{what} limit 4.00 MiB/s (rank 0 waited"));
+            assert_same_output(&dir.join(&free), &dir.join(&out), &[]);
+        }
+    }
+}
+
+#[test]
+fn nonsensical_limits_are_usage_errors_naming_the_flag() {
+    let dir = Dir::new("rate-refused");
+    sized(&dir, "in", "256KiB", "16KiB", 2);
+    for flag in ["--max-read-rate", "--max-write-rate"] {
+        for bad in ["0", "0GiB/s", "-1MiB/s", "fast", "3 parsecs/s", ""] {
+            let res = dir
+                .command()
+                .args([
+                    "run", "-i", "in", "-o", "out", "--shards", "2", "--seed", "1",
+                ])
+                .args([flag, bad])
+                .assert_code(2);
+            res.stderr_has(flag);
+            res.no_debug_text();
+        }
+    }
+    let res = dir
+        .command()
+        .args([
+            "plan", "-i", "in", "--shards", "2", "--seed", "1", "--nice", "40",
+        ])
+        .assert_code(2);
+    res.stderr_has("--nice 40");
+    assert!(!dir.join("out").exists());
+}
+
+#[test]
+fn a_plan_says_how_long_the_data_takes_at_the_limits() {
+    let dir = Dir::new("rate-plan");
+    sized(&dir, "in", "2MiB", "16KiB", 2);
+    let res = dir
+        .command()
+        .args(["plan", "-i", "in", "--shards", "2", "--seed", "1"])
+        .args(["--max-read-rate", "500KB/s", "--max-write-rate", "1.5MiB/s"])
+        .assert_success();
+    // The bytes read at 500 kB/s: the write limit is the faster.
+    let line = res
+        .stdout
+        .lines()
+        .find(|l| l.contains("at the rate limits (read 488.28 KiB/s, write 1.50 MiB/s)"))
+        .unwrap_or_else(|| res.fail("no line for the rate limits"));
+    let number_after = |marker: &str| -> f64 {
+        let word = line.split(marker).nth(1).and_then(|t| t.split(' ').next());
+        word.and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| res.fail(&format!("no number after {marker:?}")))
+    };
+    let (secs, read_mib) = (number_after("takes at least "), number_after(" s ("));
+    let expected = read_mib * 1048576.0 / 500e3;
+    assert!(
+        (secs - expected).abs() < 0.1,
+        "{line}: expected {expected:.1} s"
+    );
+    let dry = dir
+        .command()
+        .args([
+            "run", "-i", "in", "-o", "out", "--shards", "2", "--seed", "1",
+        ])
+        .args(["--dry-run", "--max-write-rate", "1MiB/s"])
+        .assert_success();
+    dry.check(
+        dry.stdout
+            .contains("at the rate limits (read none, write 1.00 MiB/s)"),
+        "--dry-run says it too",
+    );
+}
+
+#[test]
+fn every_rank_runs_with_the_io_priority_and_nice_value_asked_for() {
+    if crate::util::find_on_path("ionice").is_none() {
+        return crate::util::skip("rate io priority", "no ionice");
+    }
+    let dir = Dir::new("rate-priority");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    let markers: Vec<_> = (0..2)
+        .map(|r| dir.join(format!(".out.reshard-tmp/.paused-{r}")))
+        .collect();
+    let watcher = std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut seen = Vec::new();
+        for marker in &markers {
+            let pid = loop {
+                assert!(start.elapsed() < FAIL_FAST, "the run never paused");
+                match fs::read_to_string(marker) {
+                    Ok(pid) if !pid.is_empty() => break pid,
+                    _ => std::thread::sleep(Duration::from_millis(20)),
+                }
+            };
+            let ionice = std::process::Command::new("ionice")
+                .args(["-p", &pid])
+                .output()
+                .unwrap();
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            // Field 19 (nice), counted after the command name's closing parenthesis.
+            let nice = stat.rsplit(')').next().unwrap().split_whitespace().nth(16);
+            seen.push((
+                String::from_utf8_lossy(&ionice.stdout).trim().to_string(),
+                nice.unwrap().to_string(),
+            ));
+            fs::remove_file(marker).unwrap();
+        }
+        seen
+    });
+    dir.mpi(2)
+        .args([
+            "run", "-i", "in", "-o", "out", "--shards", "2", "--seed", "1",
+        ])
+        .args(["--io-priority", "idle", "--nice", "7"])
+        .env("RESHARD_TEST_PAUSE_FINISH", "60")
+        .assert_success();
+    let seen = watcher.join().unwrap();
+    assert_eq!(seen, vec![("idle".to_string(), "7".to_string()); 2]);
+}
+
+#[test]
+fn the_epoch_loop_limits_only_the_reshuffles_that_overlap_training() {
+    let dir = Dir::new("rate-epoch-loop");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm/epoch-loop.sh");
+    let loop_with = |vars: &[(&str, &str)]| {
+        let mut cmd = dir.program("bash");
+        cmd.arg(&script).env("DRY_RUN", "1").env("EPOCHS", "2");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        cmd
+    };
+    let res = loop_with(&[("STORAGE_BANDWIDTH", "4GiB/s")]).assert_success();
+    let submitted: Vec<&str> = res
+        .stderr
+        .lines()
+        .filter(|l| l.contains("reshuffle-"))
+        .collect();
+    assert_eq!(submitted.len(), 2, "{}", res.report());
+    // The first epoch's reshuffle runs alone; the next one beside train(0), at half the bandwidth.
+    assert!(!submitted[0].contains("--io-priority"), "{}", submitted[0]);
+    let half = "--max-read-rate\\ 2147483648/s\\ --max-write-rate\\ 2147483648/s";
+    assert!(submitted[1].contains("--io-priority\\ low\\ ") && submitted[1].contains(half));
+    let res = loop_with(&[("OVERLAP", "0"), ("STORAGE_BANDWIDTH", "4GiB/s")]).assert_success();
+    res.check(
+        !res.stderr.contains("--io-priority"),
+        "OVERLAP=0 runs alone, unlimited",
+    );
+    let res = loop_with(&[("STORAGE_BANDWIDTH", "fast")]).assert_code(2);
+    res.stderr_has("STORAGE_BANDWIDTH must be a rate");
+}

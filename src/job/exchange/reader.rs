@@ -1,14 +1,13 @@
 //! Sequential reader over a rank's input shards.
 
 use std::collections::BTreeSet;
-use std::fs::File;
 use std::io::{self, Read};
 use std::ops::Range;
 
 use anyhow::{anyhow, Context, Result};
 
 use crate::input::InputShard;
-use crate::sys;
+use crate::storage::{self, Shard};
 use crate::tar::codec::{self, Codec};
 
 /// Sequential reader over the input shards: small samples are served from a large read window,
@@ -16,7 +15,7 @@ use crate::tar::codec::{self, Codec};
 pub(super) struct InputReader<'a> {
     inputs: &'a [InputShard],
     /// The open input: shard, file, and how it is stored.
-    file: Option<(usize, File, Codec)>,
+    file: Option<(usize, Shard, Codec)>,
     /// For a compressed shard: the decompressed stream and its position.
     stream: Option<(usize, u64, Box<dyn Read + Send>)>,
     window: Vec<u8>,
@@ -73,7 +72,7 @@ impl<'a> InputReader<'a> {
     }
 
     /// The open input file of `shard` and its codec (the last one opened stays open).
-    pub(super) fn file(&mut self, shard: usize) -> Result<(&File, Codec)> {
+    pub(super) fn file(&mut self, shard: usize) -> Result<(&Shard, Codec)> {
         if self.file.as_ref().is_none_or(|(s, _, _)| *s != shard) {
             let path = &self.inputs[shard].path;
             let (codec, f) = codec::open_file(path)?;
@@ -105,9 +104,8 @@ impl<'a> InputReader<'a> {
                 self.drain_open()?;
             }
             let (file, codec) = self.file(shard)?;
-            let file = file
-                .try_clone()
-                .with_context(|| format!("{}: cannot reopen", path.display()))?;
+            // A stream of its own from the first byte (a restart reads from the top).
+            let file = file.clone();
             let decoder = codec::decompress(codec, file, &path)?;
             self.stream = Some((shard, 0, decoder));
         }
@@ -170,7 +168,7 @@ impl<'a> InputReader<'a> {
             };
             if out.len() >= self.window.len() / 2 {
                 let file = self.file(shard)?.0;
-                sys::read_up_to_at(file, out, offset)
+                storage::read_up_to_at(file.as_ref(), out, offset)
                     .with_context(|| {
                         format!("{}: cannot read at byte offset {offset}", path.display())
                     })
@@ -185,10 +183,11 @@ impl<'a> InputReader<'a> {
             }
             let want = (self.window.len() as u64).min(size.saturating_sub(offset)) as usize;
             let mut window = std::mem::take(&mut self.window);
-            let got = sys::read_up_to_at(self.file(shard)?.0, &mut window[..want], offset)
-                .with_context(|| {
-                    format!("{}: cannot read at byte offset {offset}", path.display())
-                });
+            let got =
+                storage::read_up_to_at(self.file(shard)?.0.as_ref(), &mut window[..want], offset)
+                    .with_context(|| {
+                        format!("{}: cannot read at byte offset {offset}", path.display())
+                    });
             self.window = window;
             let got = got?;
             if got == 0 {

@@ -20,6 +20,7 @@ use crate::job::series::outputs_beyond;
 use crate::output::checkpoint::{self, InputRecord};
 use crate::output::saved_index;
 use crate::size::{count, human_bytes};
+use crate::storage;
 
 /// Where the ranks' watchdogs leave heartbeats during the exchange (inside the staging
 /// directory, removed before publishing).
@@ -192,12 +193,12 @@ fn expand_inputs(cfg: &RunConfig) -> Result<(Vec<InputShard>, Vec<InputRecord>)>
     let mut inputs = Vec::with_capacity(paths.len());
     let mut records = Vec::with_capacity(paths.len());
     for path in paths {
-        let meta = fs::metadata(&path).with_context(|| format!("input {}", path.display()))?;
+        let stamp = storage::stamp(&path).with_context(|| format!("input {}", path.display()))?;
         let input = InputShard {
             path,
-            size: meta.len(),
+            size: stamp.size,
         };
-        records.push(resume::input_record(&input, &meta));
+        records.push(resume::input_record(&input, &stamp));
         inputs.push(input);
     }
     Ok((inputs, records))

@@ -19,7 +19,7 @@ use crate::job::lock::StagingLock;
 use crate::job::Planned;
 use crate::output::{checkpoint, loaders, saved_index};
 use crate::output::{compress_shard, md5_file, OutputShards, ShardNames};
-use crate::sys::FileStamp;
+use crate::storage;
 use crate::tar::{Codec, Sample};
 
 /// On rank 0: every output file's size, and with `--checksum` every shard's MD5 (16 bytes each,
@@ -127,7 +127,7 @@ fn finish_shards(
 /// changes the inode).
 fn check_unchanged(inputs: &[InputShard], index: &Index) -> Result<()> {
     for (input, then) in inputs[index.mine.clone()].iter().zip(&index.stamps) {
-        let now = FileStamp::read(&input.path).with_context(|| {
+        let now = storage::stamp(&input.path).with_context(|| {
             format!("input {} disappeared during the run", input.path.display())
         })?;
         let mut changes = now.changes_since(then, true);

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::sys::FileStamp;
+use crate::storage::{self, FileStamp};
 
 /// The directory inside the staging directory that holds the records.
 pub const DIR_NAME: &str = ".resume";
@@ -160,7 +160,7 @@ pub fn record_all(staging: &Path, all: (u64, u64), shards: &[String]) -> Result<
         .iter()
         .map(|name| {
             let path = staging.join(name);
-            FileStamp::read(&path)
+            storage::stamp(&path)
                 .map(|stamp| (name.clone(), stamp))
                 .with_context(|| format!("{}: cannot stat", path.display()))
         })
@@ -177,7 +177,7 @@ pub fn record_all(staging: &Path, all: (u64, u64), shards: &[String]) -> Result<
 pub fn check_shards(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
     for (name, then) in &checkpoint.shards {
         let path = staging.join(name);
-        let now = FileStamp::read(&path).with_context(|| {
+        let now = storage::stamp(&path).with_context(|| {
             format!(
                 "cannot --resume: the staging shard {} that the earlier attempt completed is gone; rerun without --resume to start over",
                 path.display()

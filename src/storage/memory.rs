@@ -229,6 +229,11 @@ impl Sink for Memory {
         Ok(Box::new(object(path)?))
     }
 
+    fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        put(path, bytes.to_vec());
+        Ok(())
+    }
+
     fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Write + Send>> {
         Ok(Box::new(Pending {
             path: path.to_path_buf(),

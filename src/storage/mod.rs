@@ -200,6 +200,13 @@ pub trait Sink: Send + Sync {
     /// It does not exist or cannot be opened.
     fn reopen(&self, path: &Path) -> io::Result<Box<dyn Output>>;
 
+    /// Creates (or replaces the content of) the small object `path` with `bytes`, durable when
+    /// this returns (a saved index, a marker).
+    ///
+    /// # Errors
+    /// It cannot be created, written or synced.
+    fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+
     /// Creates (or truncates) `path` for writing front to back.
     ///
     /// # Errors
@@ -315,6 +322,12 @@ pub fn open(path: &Path) -> io::Result<Shard> {
 /// It cannot be examined.
 pub fn stamp(path: &Path) -> io::Result<FileStamp> {
     source(path).stat(path).map(|s| s.stamp)
+}
+
+/// The modification time of `stamp` in nanoseconds since the epoch, 0 before it (how plan
+/// records and saved indexes note a file's version).
+pub fn mtime_ns(stamp: &FileStamp) -> u128 {
+    u128::try_from(stamp.mtime_ns).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -107,6 +107,12 @@ impl Sink for Posix {
         Ok(Box::new(PosixOutput(file)))
     }
 
+    fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let mut file = File::create(path)?;
+        file.write_all(bytes)?;
+        file.sync_all()
+    }
+
     fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Write + Send>> {
         Ok(Box::new(File::create(path)?))
     }

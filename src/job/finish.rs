@@ -3,7 +3,6 @@
 //! `--dali-index`) and digests them (`--checksum`); rank 0 gathers the sizes and digests for the
 //! manifest.
 
-use std::fs;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -108,8 +107,12 @@ fn finish_shards(
             .parent()
             .unwrap_or(staging)
             .join(saved_index::DIR_NAME);
-        if !dir.is_dir() {
-            fs::create_dir_all(&dir)
+        if storage::source(&dir)
+            .stat(&dir)
+            .map_or(true, |s| s.kind != storage::Kind::Dir)
+        {
+            storage::sink(&dir)
+                .create_dir_all(&dir)
                 .with_context(|| format!("{}: cannot create", dir.display()))?;
         }
         saved_index::save(&dir, &published, samples.iter().copied())?;

@@ -234,6 +234,11 @@ impl Sink for Memory {
         Ok(())
     }
 
+    fn replace(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        put(path, bytes.to_vec());
+        Ok(())
+    }
+
     fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Write + Send>> {
         Ok(Box::new(Pending {
             path: path.to_path_buf(),
@@ -271,6 +276,19 @@ impl Sink for Memory {
             }
             Ok(())
         })
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let _ = self.remove_file(to);
+        self.publish(from, to)
+    }
+
+    fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn symlink(&self, _points_to: &Path, _link: &Path) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
     }
 
     fn exchange(&self, _a: &Path, _b: &Path) -> io::Result<()> {

@@ -207,6 +207,13 @@ pub trait Sink: Send + Sync {
     /// It cannot be created, written or synced.
     fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
 
+    /// Replaces `path` with `bytes` atomically: a reader sees the old content or the new, never
+    /// a part (POSIX: written aside, synced, renamed over, the directory synced).
+    ///
+    /// # Errors
+    /// It cannot be written; what was at `path` stays.
+    fn replace(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+
     /// Creates (or truncates) `path` for writing front to back.
     ///
     /// # Errors
@@ -219,6 +226,26 @@ pub trait Sink: Send + Sync {
     /// `to` exists (`AlreadyExists`), or the backend cannot rename (`Unsupported`, see
     /// [`Capabilities::rename`]); nothing is renamed.
     fn publish(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    /// Renames `from` to `to` as the backend's plain rename does (POSIX `rename(2)`: a directory
+    /// replaces only an empty directory, a file replaces a file).
+    ///
+    /// # Errors
+    /// It cannot, or the backend has no rename (`Unsupported`).
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    /// Makes the names in the directory `dir` durable (renames, creations). Nothing where the
+    /// backend has no directories.
+    ///
+    /// # Errors
+    /// The sync fails.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+
+    /// Creates the symbolic link `link` pointing at `points_to`.
+    ///
+    /// # Errors
+    /// It cannot, or the backend has no links (`Unsupported`).
+    fn symlink(&self, points_to: &Path, link: &Path) -> io::Result<()>;
 
     /// Atomically swaps `a` and `b`.
     ///

@@ -113,12 +113,33 @@ impl Sink for Posix {
         file.sync_all()
     }
 
+    fn replace(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let tmp = path.with_extension("tmp");
+        let mut file = File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_data()?;
+        fs::rename(&tmp, path)?;
+        self.sync_dir(path.parent().unwrap_or(Path::new(".")))
+    }
+
     fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Write + Send>> {
         Ok(Box::new(File::create(path)?))
     }
 
     fn publish(&self, from: &Path, to: &Path) -> io::Result<()> {
         sys::rename_noreplace(from, to)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    fn symlink(&self, points_to: &Path, link: &Path) -> io::Result<()> {
+        std::os::unix::fs::symlink(points_to, link)
     }
 
     fn exchange(&self, a: &Path, b: &Path) -> io::Result<()> {

@@ -147,7 +147,7 @@ fn continue_staging(
     staging: &Path,
     inputs: &[InputRecord],
 ) -> Result<Option<Resume>> {
-    let plan = if Staging::at(staging).exists() {
+    let plan = if Staging::at(staging).present() {
         checkpoint::read_plan(staging)?
     } else {
         None
@@ -274,7 +274,7 @@ fn check_output(
 /// lock, and one a run that may still live left was moved aside, so no live run uses it), with
 /// the saved-index and heartbeat directories inside.
 fn create_staging(staging: &Path) -> Result<()> {
-    if staging.exists() {
+    if Staging::at(staging).present() {
         let durable = checkpoint::read_checkpoint(staging)
             .ok()
             .flatten()

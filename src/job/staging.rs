@@ -63,9 +63,9 @@ impl<'a> Staging<'a> {
         self.0.join(checkpoint::DIR_NAME)
     }
 
-    /// Whether there is a staging directory.
-    pub fn exists(&self) -> bool {
-        self.0.is_dir()
+    /// Whether something is at the staging directory's path.
+    pub fn present(&self) -> bool {
+        self.0.exists()
     }
 
     /// Creates the staging directory with the saved-index and heartbeat directories inside.
@@ -115,7 +115,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join(".out.reshard-tmp");
         let staging = Staging::at(&dir);
-        assert!(!staging.exists());
+        assert!(!staging.present());
         staging.create().unwrap();
         assert!(staging.heartbeats().is_dir() && staging.saved_indexes().is_dir());
         // A second run must not take over a directory it did not remove.
@@ -128,6 +128,6 @@ mod tests {
         staging.remove_heartbeats();
         assert!(!staging.heartbeats().exists());
         staging.remove().unwrap();
-        assert!(!staging.exists());
+        assert!(!staging.present());
     }
 }

@@ -148,7 +148,8 @@ pub fn write_checkpoint(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
 /// # Errors
 /// It cannot be written, or a shard cannot be stat'ed.
 pub fn record_all(staging: &Path, all: (u64, u64), shards: &[String]) -> Result<()> {
-    if !dir(staging).join(PLAN).exists() {
+    let plan = dir(staging).join(PLAN);
+    if storage::source(&plan).stat(&plan).is_err() {
         return Ok(());
     }
     let mut latest = read_checkpoint(staging)?.unwrap_or_default();

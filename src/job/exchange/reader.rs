@@ -210,3 +210,30 @@ fn drain(mut decoder: Box<dyn Read + Send>, path: &std::path::Path) -> Result<()
     })?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// A compressed shard read at an offset before the stream's position starts its stream
+    /// again from the first byte (a restarted stream of a shared descriptor would continue
+    /// where the last one stopped).
+    #[test]
+    fn a_compressed_stream_restarts_from_its_first_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.tar.gz");
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&data).unwrap();
+        std::fs::write(&path, gz.finish().unwrap()).unwrap();
+        let inputs = [InputShard { path, size: 0 }];
+        let mut reader = InputReader::new(&inputs, 1 << 16, &[]);
+        let mut buf = [0u8; 100];
+        reader.read(0, 150_000, &mut buf).unwrap();
+        assert_eq!(buf[..], data[150_000..150_100]);
+        reader.read(0, 1_000, &mut buf).unwrap();
+        assert_eq!(buf[..], data[1_000..1_100]);
+    }
+}

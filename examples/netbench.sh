@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Network-bound benchmark: reshard across simulated nodes whose links are capped, against the
-# README's scaling model.
+# scaling model in docs/performance.md.
 #
 #   examples/netbench.sh [--size 2GiB] [--rate 1gbit] [--nodes 4] [--ppn 1] [--mean 100KiB]
 #                        [--in-shards 64] [--out-shards 64] [--mem-limit 1GiB]

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs reshard end to end on a fresh Debian/Ubuntu machine:
 #   1. installs MPI and the build dependencies that are missing (apt-get; via sudo when not root),
+#      and what the README's test command needs (listed below; Slurm's daemons are installed
+#      but neither started nor enabled),
 #   2. builds reshard in release mode (Rust via rustup if missing, with rustfmt and clippy for the
 #      README's test command),
 #   3. generates a small synthetic WebDataset (uneven input shards, some names > 100 bytes),
 #   4. reshuffles it with `mpirun -np $NP reshard run`,
 #   5. verifies the output with examples/verify_output.py and GNU tar,
-#   6. prints where the output is.
+#   6. makes the tests' venv, target/pyenv, with webdataset and megatron-energon (no torch),
+#   7. prints where the output is.
 #
 # Everything is written under quickstart-data/ at the repository root (wiped first).
 # Environment overrides:
@@ -42,11 +45,40 @@ finish_step() {
 }
 on_exit() {
     local rc=$?
+    if [ -n "${OUR_POLICY:-}" ]; then
+        "${SUDO[@]}" rm -f "$OUR_POLICY"
+    fi
     if [ "$rc" -ne 0 ]; then
         printf '\nquickstart FAILED in step "%s" (exit code %d)\n' "$STEP" "$rc" >&2
     fi
 }
 trap on_exit EXIT
+
+# Installs the daemon packages PKGS (slurmctld, slurmd, munge) without starting their services,
+# now or at boot: the tests run their own daemons, and a newcomer trying reshard should not find
+# a Slurm controller running. A policy-rc.d that answers 101 ("action forbidden") is what
+# invoke-rc.d and deb-systemd-invoke ask before the packages' scripts start a service; it is
+# ours only while apt runs (an existing one is left alone). The units the packages enable for
+# boot are disabled again.
+POLICY_RC=/usr/sbin/policy-rc.d
+OUR_POLICY=""
+SUDO=()
+install_without_starting() {
+    if [ ! -e "$POLICY_RC" ]; then
+        printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee "$POLICY_RC" >/dev/null
+        "${SUDO[@]}" chmod 755 "$POLICY_RC"
+        OUR_POLICY=$POLICY_RC
+    fi
+    apt_install "$@"
+    if [ -n "$OUR_POLICY" ]; then
+        "${SUDO[@]}" rm -f "$OUR_POLICY"
+        OUR_POLICY=""
+    fi
+    if [ -d /run/systemd/system ]; then
+        "${SUDO[@]}" systemctl disable --quiet "$@" 2>/dev/null || true
+    fi
+    echo "installed $* for the tests, neither started nor enabled (systemctl enable --now $* to run them)"
+}
 
 # ---------------------------------------------------------------------------------------------
 step "checking build and MPI dependencies"
@@ -74,13 +106,25 @@ else
     installed libmpich-dev || missing+=(libmpich-dev)
     installed mpich || missing+=(mpich)
 fi
-# What the README's test command uses beyond the build: the other writers of the tests' tar
-# corpus (bsdtar, cpio, pax), shellcheck, ip netns for the simulated cluster, a venv, a real
-# Slurm for tests/slurm.rs (the tests start their own daemons), and the font --plot draws with.
+# The rest is only for the README's test command (cargo test), not for reshard itself:
+#   libarchive-tools cpio pax   the other tar writers of the tests' corpus (tests/real_tars.rs)
+#   (package) shellcheck        the scripts' lint test
+#   iproute2                    ip netns and tc for the simulated cluster (tests/cluster.rs)
+#   python3-venv                the venv in which the tests read outputs back (webdataset, energon)
+#   fonts-dejavu-core           the font --plot draws its text with (tests/ops.rs)
+#   man-db                      man(1), which renders `reshard man` in tests/usage.rs
+#   slurmctld slurmd            a real Slurm for tests/slurm.rs; the tests start their own
+#   slurm-client munge          daemons under a generated slurm.conf, so the system's are
+#                               installed without being started or enabled (see below)
+test_missing=()
+daemons=()
 if command -v dpkg-query >/dev/null; then
-    for p in libarchive-tools cpio pax shellcheck iproute2 python3-venv \
-        slurmctld slurmd slurm-client munge fonts-dejavu-core; do
-        installed "$p" || missing+=("$p")
+    for p in libarchive-tools cpio pax shellcheck iproute2 python3-venv fonts-dejavu-core man-db; do
+        installed "$p" || test_missing+=("$p")
+    done
+    # slurm-client too: it may bring munge along, which must not start either.
+    for p in slurmctld slurmd slurm-client munge; do
+        installed "$p" || daemons+=("$p")
     done
 fi
 if ! command -v cargo >/dev/null && [ -f "${HOME:-/root}/.cargo/env" ]; then
@@ -91,12 +135,14 @@ if ! command -v cargo >/dev/null; then
     command -v curl >/dev/null || missing+=(curl ca-certificates)
 fi
 
-if [ ${#missing[@]} -gt 0 ]; then
+all_missing=("${missing[@]}" "${test_missing[@]}" "${daemons[@]}")
+if [ ${#all_missing[@]} -gt 0 ]; then
     # Deduplicate while keeping order.
-    mapfile -t missing < <(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++')
-    echo "installing: ${missing[*]}"
+    mapfile -t missing < <(printf '%s\n' "${missing[@]}" | awk 'NF && !seen[$0]++')
+    echo "to build and run reshard: ${missing[*]:-(nothing missing)}"
+    echo "for the test command only: ${test_missing[*]} ${daemons[*]:-}"
     if ! command -v apt-get >/dev/null; then
-        echo "apt-get not found: install these (or your system's equivalent) and rerun: ${missing[*]}" >&2
+        echo "apt-get not found: install these (or your system's equivalent) and rerun: ${all_missing[*]}" >&2
         exit 1
     fi
     SUDO=()
@@ -104,12 +150,20 @@ if [ ${#missing[@]} -gt 0 ]; then
         if command -v sudo >/dev/null; then
             SUDO=(sudo)
         else
-            echo "not root and no sudo: as root, run: apt-get install ${missing[*]}" >&2
+            echo "not root and no sudo: as root, run: apt-get install ${all_missing[*]}" >&2
             exit 1
         fi
     fi
+    apt_install() {
+        "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"
+    }
     "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+    if [ $((${#missing[@]} + ${#test_missing[@]})) -gt 0 ]; then
+        apt_install "${missing[@]}" "${test_missing[@]}"
+    fi
+    if [ ${#daemons[@]} -gt 0 ]; then
+        install_without_starting "${daemons[@]}"
+    fi
 else
     echo "all present"
 fi
@@ -171,7 +225,7 @@ listing=$(tar -tvf "${shards[0]}")
 head -n 6 <<<"$listing"
 
 # ---------------------------------------------------------------------------------------------
-step "test venv: target/pyenv with webdataset (the tests read outputs back with it)"
+step "test venv: target/pyenv with webdataset and megatron-energon (the tests read outputs back with them)"
 VENV=target/pyenv
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import webdataset' 2>/dev/null; then
     echo "webdataset already in $VENV"
@@ -184,6 +238,7 @@ fi
 # Megatron-Energon without torch (--no-deps; the torch stand-in is examples/consumers/torch_standin)
 # for the test that runs the real `energon prepare` against reshard's --energon output.
 if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -m pip show -q megatron-energon >/dev/null 2>&1; then
+    echo "installing megatron-energon (without torch) into $VENV, for tests/loader_index.rs"
     "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
         -r examples/consumers/energon-requirements.txt ||
         echo "warning: could not install megatron-energon in $VENV; its test will print SKIPPED" >&2

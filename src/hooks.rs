@@ -1,6 +1,13 @@
-//! Every test hook and trace switch, read from the environment in this one place, so that a
+//! Every test hook and diagnostic switch, read from the environment in this one place, so that a
 //! reader sees all the ways a test can steer a run. None of them changes the output.
 //!
+//! The test hooks (`RESHARD_TEST_*`) exist only in a build with the `test-hooks` feature, which
+//! the tests turn on (see `Cargo.toml`); in every other build they do nothing and their variables
+//! are not even named in the binary. Two switches stay in every build because they are for users
+//! (README, slurm/README and examples/netbench.sh tell users to set them) and only observe or
+//! bound a run: `RESHARD_TRACE_ROUNDS` and `RESHARD_FINALIZE_TIMEOUT`.
+//!
+//! Test hooks:
 //! - `RESHARD_TEST_PANIC_RANK=r`: rank r panics as the exchange starts (a panic must abort every
 //!   rank).
 //! - `RESHARD_TEST_STALL_RANK=r`: rank r stops itself with SIGSTOP as the exchange starts, like
@@ -16,120 +23,27 @@
 //!   publish phase starts); on rank 0 only: `0:rename` (right before the publishing rename),
 //!   `0:published` (right after it and the removal of the checkpoint records), `0:keep` (after
 //!   `--keep` moved an old epoch aside, before removing it). For `--resume` and kill tests.
-//! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timings on stderr.
 //! - `RESHARD_TEST_CHECKPOINT_BYTES=n`: a checkpoint after every n sample bytes each rank moved
 //!   on average, instead of 256 MiB (so that a test sees the rule with little data).
 //! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop
 //!   signal came), so that a test can signal a job surely in the middle of its exchange.
 //! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
 //!   MPI_Finalize, as MPI_Finalize does when it hangs (the finalize deadline must end the job).
+//!
+//! Diagnostics, in every build:
+//! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timings on stderr.
 //! - `RESHARD_FINALIZE_TIMEOUT=seconds`: the finalize deadline (default 10 s).
 
-use std::path::Path;
 use std::time::Duration;
+
+pub use test_hooks::{
+    checkpoint_bytes, hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round,
+    pause_before_finish, pause_before_publish, slow_round,
+};
 
 /// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
 /// unless `RESHARD_FINALIZE_TIMEOUT` (seconds) says otherwise.
 pub const FINALIZE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Whether the variable `var` names this `rank`.
-fn names_rank(var: &str, rank: usize) -> bool {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        == Some(rank)
-}
-
-/// `RESHARD_TEST_PANIC_RANK` and `RESHARD_TEST_STALL_RANK`, as the exchange starts (the stall
-/// watchdog already running).
-pub fn inject_fault(rank: usize) {
-    if names_rank("RESHARD_TEST_PANIC_RANK", rank) {
-        panic!("RESHARD_TEST_PANIC_RANK={rank}: injected panic");
-    }
-    if names_rank("RESHARD_TEST_STALL_RANK", rank) {
-        crate::errln!("reshard: RESHARD_TEST_STALL_RANK={rank}: this rank now stops (SIGSTOP)");
-        // The whole process stops, its watchdog included, like a node that froze.
-        crate::sys::stop_process();
-    }
-}
-
-/// `RESHARD_TEST_KILL=r:n`: rank r dies (SIGKILL) as exchange round n starts.
-pub fn kill_in_round(rank: usize, round: u64) {
-    kill_at(rank, &round.to_string());
-}
-
-/// `RESHARD_TEST_KILL=r:publish`: rank r dies (SIGKILL) as the publish phase starts.
-pub fn kill_before_publish(rank: usize) {
-    kill_at(rank, "publish");
-}
-
-/// `RESHARD_TEST_KILL=r:at`: rank r dies (SIGKILL) at the point named `at`.
-pub fn kill_at(rank: usize, at: &str) {
-    let Ok(v) = std::env::var("RESHARD_TEST_KILL") else {
-        return;
-    };
-    let named = v
-        .split_once(':')
-        .is_some_and(|(r, n)| r.trim().parse::<usize>().ok() == Some(rank) && n.trim() == at);
-    if named {
-        crate::errln!("reshard: RESHARD_TEST_KILL={v}: rank {rank} now dies (SIGKILL) at {at}");
-        crate::sys::kill_process();
-    }
-}
-
-/// `RESHARD_TEST_PAUSE_FINISH`: a window in which a test changes an input.
-/// A marker left by an attempt that was killed while paused is removed in any case: a resumed
-/// run publishes its staging directory.
-pub fn pause_before_finish(staging: &Path, rank: usize) {
-    pause(
-        "RESHARD_TEST_PAUSE_FINISH",
-        &staging.join(format!(".paused-{rank}")),
-    );
-}
-
-/// `RESHARD_TEST_PAUSE_PUBLISH`: a window between finish and publish, as
-/// [`pause_before_finish`].
-pub fn pause_before_publish(staging: &Path, rank: usize) {
-    pause(
-        "RESHARD_TEST_PAUSE_PUBLISH",
-        &staging.join(format!(".paused-publish-{rank}")),
-    );
-}
-
-/// Sleeps the seconds `var` says, or until the test removes `marker`.
-fn pause(var: &str, marker: &Path) {
-    let _ = std::fs::remove_file(marker);
-    let Some(secs) = std::env::var(var).ok().and_then(|v| v.parse().ok()) else {
-        return;
-    };
-    let _ = std::fs::write(marker, b"");
-    let paused = std::time::Instant::now();
-    while paused.elapsed() < Duration::from_secs(secs) && marker.exists() {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = std::fs::remove_file(marker);
-}
-
-/// The bytes per rank between checkpoints: `RESHARD_TEST_CHECKPOINT_BYTES`, else `default`.
-pub fn checkpoint_bytes(default: u64) -> u64 {
-    std::env::var("RESHARD_TEST_CHECKPOINT_BYTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// `RESHARD_TEST_SLOW_ROUNDS`: waits before an exchange round.
-pub fn slow_round() {
-    if crate::sys::stop_signal().is_some() {
-        return;
-    }
-    if let Some(ms) = std::env::var("RESHARD_TEST_SLOW_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        std::thread::sleep(Duration::from_millis(ms));
-    }
-}
 
 /// `RESHARD_TRACE_ROUNDS`.
 pub fn trace_rounds() -> bool {
@@ -146,13 +60,140 @@ pub fn finalize_timeout(env: impl Fn(&str) -> Option<String>) -> Duration {
         .unwrap_or(FINALIZE_TIMEOUT)
 }
 
-/// Test hook: `RESHARD_TEST_HANG_FINALIZE=r` makes rank r block forever where it would call
-/// MPI_Finalize (`all`: every rank), as MPI_Finalize does when it hangs.
-pub fn hang_finalize(rank: usize, env: impl Fn(&str) -> Option<String>) -> bool {
-    env("RESHARD_TEST_HANG_FINALIZE").is_some_and(|v| {
-        let v = v.trim();
-        v == "all" || v.parse::<usize>().ok() == Some(rank)
-    })
+/// The test hooks as the tests build reshard (the `test-hooks` feature, see `Cargo.toml`).
+#[cfg(feature = "test-hooks")]
+mod test_hooks {
+    use std::path::Path;
+    use std::time::Duration;
+
+    /// Whether the variable `var` names this `rank`.
+    fn names_rank(var: &str, rank: usize) -> bool {
+        std::env::var(var)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            == Some(rank)
+    }
+
+    /// `RESHARD_TEST_PANIC_RANK` and `RESHARD_TEST_STALL_RANK`, as the exchange starts (the stall
+    /// watchdog already running).
+    pub fn inject_fault(rank: usize) {
+        if names_rank("RESHARD_TEST_PANIC_RANK", rank) {
+            panic!("RESHARD_TEST_PANIC_RANK={rank}: injected panic");
+        }
+        if names_rank("RESHARD_TEST_STALL_RANK", rank) {
+            crate::errln!("reshard: RESHARD_TEST_STALL_RANK={rank}: this rank now stops (SIGSTOP)");
+            // The whole process stops, its watchdog included, like a node that froze.
+            crate::sys::stop_process();
+        }
+    }
+
+    /// `RESHARD_TEST_KILL=r:n`: rank r dies (SIGKILL) as exchange round n starts.
+    pub fn kill_in_round(rank: usize, round: u64) {
+        kill_at(rank, &round.to_string());
+    }
+
+    /// `RESHARD_TEST_KILL=r:publish`: rank r dies (SIGKILL) as the publish phase starts.
+    pub fn kill_before_publish(rank: usize) {
+        kill_at(rank, "publish");
+    }
+
+    /// `RESHARD_TEST_KILL=r:at`: rank r dies (SIGKILL) at the point named `at`.
+    pub fn kill_at(rank: usize, at: &str) {
+        let Ok(v) = std::env::var("RESHARD_TEST_KILL") else {
+            return;
+        };
+        let named = v
+            .split_once(':')
+            .is_some_and(|(r, n)| r.trim().parse::<usize>().ok() == Some(rank) && n.trim() == at);
+        if named {
+            crate::errln!("reshard: RESHARD_TEST_KILL={v}: rank {rank} now dies (SIGKILL) at {at}");
+            crate::sys::kill_process();
+        }
+    }
+
+    /// `RESHARD_TEST_PAUSE_FINISH`: a window in which a test changes an input.
+    /// A marker left by an attempt that was killed while paused is removed in any case: a resumed
+    /// run publishes its staging directory.
+    pub fn pause_before_finish(staging: &Path, rank: usize) {
+        pause(
+            "RESHARD_TEST_PAUSE_FINISH",
+            &staging.join(format!(".paused-{rank}")),
+        );
+    }
+
+    /// `RESHARD_TEST_PAUSE_PUBLISH`: a window between finish and publish, as
+    /// [`pause_before_finish`].
+    pub fn pause_before_publish(staging: &Path, rank: usize) {
+        pause(
+            "RESHARD_TEST_PAUSE_PUBLISH",
+            &staging.join(format!(".paused-publish-{rank}")),
+        );
+    }
+
+    /// Sleeps the seconds `var` says, or until the test removes `marker`.
+    fn pause(var: &str, marker: &Path) {
+        let _ = std::fs::remove_file(marker);
+        let Some(secs) = std::env::var(var).ok().and_then(|v| v.parse().ok()) else {
+            return;
+        };
+        let _ = std::fs::write(marker, b"");
+        let paused = std::time::Instant::now();
+        while paused.elapsed() < Duration::from_secs(secs) && marker.exists() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = std::fs::remove_file(marker);
+    }
+
+    /// The bytes per rank between checkpoints: `RESHARD_TEST_CHECKPOINT_BYTES`, else `default`.
+    pub fn checkpoint_bytes(default: u64) -> u64 {
+        std::env::var("RESHARD_TEST_CHECKPOINT_BYTES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    }
+
+    /// `RESHARD_TEST_SLOW_ROUNDS`: waits before an exchange round.
+    pub fn slow_round() {
+        if crate::sys::stop_signal().is_some() {
+            return;
+        }
+        if let Some(ms) = std::env::var("RESHARD_TEST_SLOW_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
+
+    /// Test hook: `RESHARD_TEST_HANG_FINALIZE=r` makes rank r block forever where it would call
+    /// MPI_Finalize (`all`: every rank), as MPI_Finalize does when it hangs.
+    pub fn hang_finalize(rank: usize, env: impl Fn(&str) -> Option<String>) -> bool {
+        env("RESHARD_TEST_HANG_FINALIZE").is_some_and(|v| {
+            let v = v.trim();
+            v == "all" || v.parse::<usize>().ok() == Some(rank)
+        })
+    }
+}
+
+/// The test hooks in every other build (`cargo build --release`, `cargo install`): each does
+/// nothing, reads no variable and touches no file, and no `RESHARD_TEST_` name is compiled in.
+#[cfg(not(feature = "test-hooks"))]
+mod test_hooks {
+    use std::path::Path;
+
+    pub fn inject_fault(_rank: usize) {}
+    pub fn kill_in_round(_rank: usize, _round: u64) {}
+    pub fn kill_before_publish(_rank: usize) {}
+    pub fn kill_at(_rank: usize, _at: &str) {}
+    pub fn pause_before_finish(_staging: &Path, _rank: usize) {}
+    pub fn pause_before_publish(_staging: &Path, _rank: usize) {}
+    pub fn checkpoint_bytes(default: u64) -> u64 {
+        default
+    }
+    pub fn slow_round() {}
+    pub fn hang_finalize(_rank: usize, _env: impl Fn(&str) -> Option<String>) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
@@ -171,6 +212,7 @@ mod tests {
         assert_eq!(finalize_timeout(|_| None), FINALIZE_TIMEOUT);
     }
 
+    #[cfg(feature = "test-hooks")]
     #[test]
     fn hang_finalize_chooses_ranks() {
         let with =

@@ -47,6 +47,10 @@ fn run(command: reshard::cli::Command) -> anyhow::Result<Exit> {
             reshard::cli::write_completions(shell)?;
             Ok(Exit::Success)
         }
+        Task::Man(page) => {
+            reshard::cli::write_man(page.as_deref())?;
+            Ok(Exit::Success)
+        }
     }
 }
 

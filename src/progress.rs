@@ -189,11 +189,3 @@ impl PhaseTimes {
         self.phases.iter().map(|p| p.1).sum()
     }
 }
-
-/// This process's peak resident set size in bytes (VmHWM), if the platform reports it.
-pub fn peak_rss() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}

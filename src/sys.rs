@@ -1,8 +1,10 @@
 //! The system interface below `std`: every `unsafe` call to libc, each behind a small safe
-//! function that says what it guarantees, and the read loops that retry interrupted reads.
+//! function that says what it guarantees, the read loops that retry interrupted reads, and every
+//! read of `/proc` (what the kernel says about this host and its processes).
 //!
 //! Nothing else in the crate calls libc directly, so a reader auditing `unsafe` looks here only
-//! (MPI's own FFI stays in `comm::mpi`).
+//! (MPI's own FFI stays in `comm::mpi`); nothing else reads `/proc`, so a port to another system
+//! starts here.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -274,6 +276,55 @@ pub fn park_thread(thread: Thread) -> bool {
     true
 }
 
+/// This host's name, or `unknown-host` where the kernel does not say (one word: it is written
+/// into the lock file and into messages).
+pub fn hostname() -> String {
+    Some(proc_line("/proc/sys/kernel/hostname"))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into())
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), empty where unknown: a pid names the same
+/// process only within one boot.
+pub fn boot_id() -> String {
+    proc_line("/proc/sys/kernel/random/boot_id")
+}
+
+/// This process's PID namespace (the `/proc/self/ns/pid` link, `pid:[4026531836]`), empty where
+/// unknown: a pid names the same process only within one namespace.
+pub fn pid_namespace() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .map(|l| l.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The start time of process `pid` (clock ticks since boot), if it lives. A zombie (exited, not
+/// yet reaped: common in containers whose init does not reap) does not.
+pub fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields 3 (state) and 22; the command name (field 2) may hold spaces and parentheses.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+/// This process's peak resident set size in bytes (VmHWM), if the platform reports it.
+pub fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A one-line `/proc` file, trimmed; empty if it cannot be read.
+fn proc_line(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
 /// Reads until `buf` is full or the input ends; returns the count read. Interrupted reads are
 /// retried.
 ///
@@ -374,6 +425,33 @@ impl FileStamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_live_process_has_a_start_time_and_a_zombie_none() {
+        assert!(process_start(std::process::id()).is_some_and(|t| t > 0));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Exited but not reaped yet: a zombie, as a dead rank is under an init that never reaps.
+        let stat = format!("/proc/{pid}/stat");
+        while !std::fs::read_to_string(&stat).unwrap().contains(") Z") {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(process_start(pid), None);
+        child.wait().unwrap();
+        assert_eq!(process_start(pid), None);
+    }
+
+    #[test]
+    fn this_host_and_process_as_proc_says() {
+        let host = hostname();
+        assert!(
+            !host.is_empty() && !host.contains(char::is_whitespace),
+            "{host}"
+        );
+        assert!(pid_namespace().starts_with("pid:["), "{}", pid_namespace());
+        assert_eq!(boot_id().len(), 36, "{}", boot_id());
+        assert!(peak_rss().is_some_and(|b| b > 0));
+    }
 
     #[test]
     fn reads_up_to_the_end_at_any_offset() {

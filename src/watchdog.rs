@@ -55,7 +55,7 @@ impl Watchdog {
             let shared = Arc::clone(&shared);
             std::thread::spawn(move || {
                 let tick = (timeout / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
-                let host = hostname();
+                let host = crate::sys::hostname();
                 let heartbeat = |round: u64| {
                     if let Some(dir) = &heartbeats {
                         // Best effort: a missing heartbeat only makes the message vaguer.
@@ -161,12 +161,6 @@ fn suspects(dir: &Path, (me, ranks): (usize, usize), my_round: u64, timeout: Dur
     } else {
         "every rank is alive and in step, so the network between them stopped delivering (a link down?)".into()
     }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "unknown host".into())
 }
 
 #[cfg(test)]

@@ -393,7 +393,7 @@ fn a_full_disk_is_a_clear_error_and_nothing_is_published() {
 }
 
 /// The plan knows the output's size: where the file system (a 64 KiB tmpfs) clearly cannot hold
-/// it, `plan` says so and `run` refuses before any data moves.
+/// it, `run --dry-run` says so (`plan` takes no output) and `run` refuses before any data moves.
 #[test]
 fn an_output_larger_than_the_free_space_is_refused_before_any_data_moves() {
     let dir = Dir::new("space-check");
@@ -410,7 +410,11 @@ fn an_output_larger_than_the_free_space_is_refused_before_any_data_moves() {
             "--seed",
             "1",
         ];
-        let plan = dir.mpi(2).arg("plan").args(args).assert_success();
+        let plan = dir
+            .mpi(2)
+            .args(["run", "--dry-run"])
+            .args(args)
+            .assert_success();
         plan.check(
             plan.stdout.contains("free on the file system of")
                 && plan.stdout.contains("`run` would refuse to start"),

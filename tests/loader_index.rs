@@ -282,8 +282,9 @@ fn member_names_a_loader_would_read_differently_are_refused() {
 fn loader_index_flags_that_cannot_work_are_usage_errors() {
     let dir = Dir::new("loader-usage");
     dir.create_bytes("in/a.tar", &tar_of(&[("k1.jpg", b"1")]));
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["--energon", "--compress", "gz"], "not with --compress"),
+        (&["--energon-field-map", "{}"], "use them with --energon"),
         (
             &["--dali-index", "--compress", "zst"],
             "not with --compress",

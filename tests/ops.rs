@@ -5,7 +5,7 @@
 use std::fs;
 use std::time::Duration;
 
-use crate::util::ops::{png_size, progress_lines, spack_package, svg_elements};
+use crate::util::ops::{png_size, progress_lines, spack_package, svg_elements, svg_texts};
 use crate::util::verifier::assert_same_output;
 use crate::util::Dir;
 
@@ -224,6 +224,85 @@ fn plan_and_verify_draw_pictures() {
         ])
         .assert_code(2)
         .stderr_has(".svg or .png");
+}
+
+/// Issue 23: the samples histogram labels whole values (shards of 41 samples show at 41, not
+/// between 41 and 42), the byte histogram round numbers of a unit, the matrices have a colour
+/// scale, and no label runs off the picture.
+#[test]
+fn plot_labels_are_whole_round_and_inside_the_picture() {
+    let dir = Dir::new("ops-plot-labels");
+    dir.generate(
+        "in",
+        &["--shards", "16", "--samples", "410", "--mean-size", "1KiB"],
+    );
+    dir.command()
+        .args(["plan", "--input", "in", "--shards", "10", "--seed", "2"])
+        .args(["--plot", "p.svg"])
+        .assert_success();
+    let texts = svg_texts(&dir.join("p.svg"));
+    let says = |s: &str| texts.iter().any(|t| t.text == s);
+    let all: Vec<&str> = texts.iter().map(|t| t.text.as_str()).collect();
+    // The samples histogram (the right half) has one bar, of the 10 shards of 41 samples; its
+    // label is under its middle.
+    let svg = fs::read_to_string(dir.join("p.svg")).unwrap();
+    let bars = svg_bars(&svg, "#466EAA");
+    let bar = bars
+        .iter()
+        .find(|b| b.0 > 600.0 && b.2 > 0.0)
+        .unwrap_or_else(|| panic!("no bar in the samples histogram: {bars:?}"));
+    let middle = bar.0 + bar.1 / 2.0;
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.text == "41" && t.x > 600.0 && (t.x - middle).abs() <= 2.0),
+        "no label 41 under the middle of the bar of 41 samples (x {middle}): {all:?}"
+    );
+    for edge in ["40.5", "41.5", "42.0"] {
+        assert!(!says(edge), "a bin edge is labelled {edge}: {all:?}");
+    }
+    assert!(says("output shards by size (KiB)"), "{all:?}");
+    // The colour scale: named, ticked in percent from 0%.
+    assert!(says("share of an output shard") && says("0%"), "{all:?}");
+    assert!(
+        texts.iter().filter(|t| t.text.ends_with('%')).count() >= 3,
+        "{all:?}"
+    );
+    // Centred labels fit their panel (plotters cuts off what runs over): half a label (at most
+    // 0.6 em a character) either side of x. The histograms share the top 2/5 of the picture,
+    // the matrices and the 110-pixel colour scale the rest.
+    for t in texts
+        .iter()
+        .filter(|t| !t.rotated && t.anchor == "middle" && t.y > 30.0)
+    {
+        let edges: &[f64] = if t.y < 360.0 {
+            &[0.0, 600.0, 1200.0]
+        } else {
+            &[0.0, 545.0, 1090.0, 1200.0]
+        };
+        let panel = edges.windows(2).find(|w| t.x < w[1]).unwrap();
+        let half = t.text.chars().count() as f64 * t.size * 0.3;
+        assert!(
+            t.x - half >= panel[0] && t.x + half <= panel[1],
+            "{:?} at x {} runs out of its panel {panel:?}",
+            t.text,
+            t.x
+        );
+    }
+}
+
+/// The `<rect>`s of `fill` in an SVG that plotters wrote, as (x, width, height).
+fn svg_bars(svg: &str, fill: &str) -> Vec<(f64, f64, f64)> {
+    svg.lines()
+        .filter(|l| l.starts_with("<rect") && l.contains(&format!("fill=\"{fill}\"")))
+        .map(|l| {
+            let num = |name: &str| -> f64 {
+                let at = l.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+                l[at..].split('"').next().unwrap().parse().unwrap()
+            };
+            (num("x"), num("width"), num("height"))
+        })
+        .collect()
 }
 
 #[test]

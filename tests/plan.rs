@@ -9,10 +9,9 @@ fn plan_and_dry_run_write_nothing() {
     let dir = Dir::new("plan-nothing");
     with_previous_output(&dir);
     let before = tree_state(dir.path());
-    let cases: [&[&str]; 6] = [
-        &["plan", "--input", "in", "--output", "out"],
-        &["plan", "--input", "prev", "--output", "data/epoch-{epoch}"],
-        &["plan", "--input", "in", "--json"],
+    let cases: [&[&str]; 5] = [
+        &["plan", "--input", "in"],
+        &["plan", "--input", "prev", "--json"],
         &["run", "--dry-run", "--input", "in", "--output", "out"],
         &[
             "run",
@@ -71,23 +70,46 @@ fn plan_refuses_flags_only_run_acts_on() {
     let dir = Dir::new("plan-run-only");
     with_previous_output(&dir);
     let before = tree_state(dir.path());
-    let flags: [&[&str]; 5] = [
+    // Every flag that acts only on a written output or on the data exchange (issue 23: `plan`
+    // silently accepted -o, --compress, --checkpoint-every, --stall-timeout).
+    let flags: [&[&str]; 19] = [
+        &["--output", "out"],
+        &["-o", "out"],
         &["--force"],
+        &["--verify"],
+        &["--compress", "zst"],
+        &["--checksum"],
+        &["--energon"],
+        &["--energon-sample-type", "CaptioningSample"],
+        &["--energon-field-map", "{}"],
+        &["--dali-index"],
         &["--link", "current"],
         &["--keep", "1"],
-        &["--verify"],
+        &["--resume"],
+        &["--checkpoint-every", "5"],
+        &["--stall-timeout", "60"],
+        &["--mem-limit", "1GiB"],
+        &["--max-round-bytes", "1MiB"],
         &["--report", "report.json"],
+        &["--dry-run"],
     ];
+    let help = dir.command().args(["plan", "--help"]).assert_success();
     for flag in flags {
         let mut cmd = dir.mpi(1);
-        cmd.args(["plan", "--input", "in", "--output", "data/epoch-{epoch}"])
+        cmd.args(["plan", "--input", "in"])
             .args(["--shards", "2", "--seed", "1"])
             .args(flag);
         let res = cmd.assert_code(2);
-        res.stderr_has(&format!("{} is for `reshard run`", flag[0]));
+        let long = if flag[0] == "-o" { "--output" } else { flag[0] };
+        res.stderr_has(&format!("{long} is for `reshard run`"));
+        res.stderr_has("Usage: reshard plan ");
         res.check(
             tree_state(dir.path()) == before,
             "a refused plan wrote files",
+        );
+        help.check(
+            !lists_flag(&help.stdout, long),
+            &format!("plan --help lists {long}, which plan refuses"),
         );
     }
     // --report would write a file: not with --dry-run either.
@@ -105,6 +127,16 @@ fn plan_refuses_flags_only_run_acts_on() {
     .args(["--report", "report.json"]);
     cmd.assert_code(2).stderr_has("--report");
     assert!(!dir.join("report.json").exists());
+}
+
+/// Whether `--help` text lists `flag` as an option (its entry line, indented less than the
+/// descriptions, which may mention other flags).
+pub fn lists_flag(help: &str, flag: &str) -> bool {
+    help.lines().any(|l| {
+        let entry = l.trim_start();
+        // "  -o, --output <DIR>", "      --force"
+        l.len() - entry.len() <= 6 && entry.split([' ', ',']).take(3).any(|w| w == flag)
+    })
 }
 
 #[test]

@@ -23,16 +23,25 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Reshuffle the input shards into a new set of balanced shards.
+    #[command(override_usage = RUN_USAGE)]
     Run(RunArgs),
     /// Print what `run` would do with the same flags (reads tar headers only, writes nothing).
-    /// Like `run --dry-run`, but takes only the flags that shape the plan (not --force, --link,
-    /// --keep, --verify, --report).
-    Plan(RunArgs),
+    /// Like `run --dry-run`, but takes only the flags that shape the plan: not --output or the
+    /// flags that act on a written output or on the data exchange.
+    #[command(override_usage = PLAN_USAGE)]
+    Plan(PlanArgs),
     /// Write a synthetic WebDataset (deterministic from a seed) for tests, examples and benchmarks.
     Generate(GenerateArgs),
     /// Check an output against its input: exactly the input's samples (by digest), every shard a
     /// sound tar matching index.json; report the shuffle quality. Exit 0 only if all holds.
     Verify(VerifyArgs),
+    /// Print a man page (roff) to stdout: reshard(1), or with COMMAND that command's page with
+    /// all its flags, e.g. `reshard man run > ~/.local/share/man/man1/reshard-run.1`.
+    Man {
+        /// The command whose page to print (reshard's own without it).
+        #[arg(value_parser = MAN_PAGES)]
+        command: Option<String>,
+    },
     /// Print a shell completion script to stdout, e.g. `reshard completions bash >
     /// ~/.local/share/bash-completion/completions/reshard`.
     Completions {
@@ -42,153 +51,181 @@ pub enum Command {
     },
 }
 
+/// The subcommands with a man page of their own (`reshard man COMMAND`).
+pub const MAN_PAGES: [&str; 6] = ["run", "plan", "verify", "generate", "completions", "man"];
+
+/// `run`'s usage line: what it requires (checked together in [`super::resolve`], so that every
+/// missing one is named at once). `--seed` is not needed by `--order key` or `content`.
+const RUN_USAGE: &str = "reshard run --input <SPEC>... --output <DIR> \
+    <--shards <N>|--shard-size <SIZE>|--gpus <G>> --seed <S> [OPTIONS]";
+/// `plan`'s usage line: as `run`'s, without an output.
+const PLAN_USAGE: &str = "reshard plan --input <SPEC>... \
+    <--shards <N>|--shard-size <SIZE>|--gpus <G>> --seed <S> [OPTIONS]";
+
+/// `run`'s flags. Headings group them in `--help`; `plan` takes those not in [`RUN_ONLY`].
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Input shards: a .tar file, a directory (its *.tar files, sorted by name), a brace pattern
-    /// such as 'data/train-{000000..000127}.tar', or @list.txt (one path per line). Repeat to
-    /// concatenate; the expanded order is the canonical sample order.
-    #[arg(long = "input", short = 'i', value_name = "SPEC", required = true)]
+    /// Input shards: a shard (.tar, .tar.gz, .tgz or .tar.zst), a directory (its shards, sorted
+    /// by name), a brace pattern such as 'data/train-{000000..000127}.tar', or @list.txt (one
+    /// path per line). Repeat to concatenate; the expanded order is the canonical sample order.
+    #[arg(
+        help_heading = "Input",
+        long = "input",
+        short = 'i',
+        value_name = "SPEC"
+    )]
     pub inputs: Vec<String>,
 
     /// Output directory. Created atomically: it appears only once every shard is complete.
     /// Required unless planning (`reshard plan`, `--dry-run`).
-    #[arg(long, short = 'o', value_name = "DIR")]
+    #[arg(
+        help_heading = "Output and loaders",
+        long,
+        short = 'o',
+        value_name = "DIR"
+    )]
     pub output: Option<PathBuf>,
 
     /// Number of output shards. Exactly one of --shards, --shard-size and --gpus chooses it.
-    #[arg(long, value_name = "N", conflicts_with_all = ["shard_size", "gpus"])]
+    #[arg(help_heading = "Sizing", long, value_name = "N", conflicts_with_all = ["shard_size", "gpus"])]
     pub shards: Option<u64>,
 
     /// Target mean shard size, e.g. 512MiB: the shard count whose mean size is nearest. With
     /// --gpus, the multiple of GPUs x workers nearest it (default 512MiB).
-    #[arg(long, value_name = "SIZE")]
+    #[arg(help_heading = "Sizing", long, value_name = "SIZE")]
     pub shard_size: Option<String>,
 
     /// Number of GPUs (training ranks): the shard count is a multiple of GPUs x --workers.
-    #[arg(long, value_name = "G")]
+    #[arg(help_heading = "Sizing", long, value_name = "G")]
     pub gpus: Option<u64>,
 
     /// Data loader workers per GPU (with --gpus).
-    #[arg(long, value_name = "W", requires = "gpus")]
+    #[arg(help_heading = "Sizing", long, value_name = "W", requires = "gpus")]
     pub workers: Option<u64>,
 
     /// Batch size per GPU (with --gpus): the manifest reports full batches per GPU.
-    #[arg(long, value_name = "B", requires = "gpus")]
+    #[arg(help_heading = "Sizing", long, value_name = "B", requires = "gpus")]
     pub batch_size: Option<u64>,
 
     /// When samples do not divide evenly: none (shard counts differ by at most one), drop (the
     /// N mod S samples at the end of the permutation are left out), pad (samples from the start
     /// of the permutation are repeated). Dropped and repeated keys are listed in index.json.
-    #[arg(long, value_enum, default_value_t = EqualizeArg::None)]
+    #[arg(help_heading = "Sizing", long, value_enum, default_value_t = EqualizeArg::None)]
     pub equalize: EqualizeArg,
 
     /// Cut shards by equal sample counts, or by near-equal bytes (counts then vary).
-    #[arg(long, value_enum, default_value_t = Balance::Count)]
+    #[arg(help_heading = "Sizing", long, value_enum, default_value_t = Balance::Count)]
     pub balance: Balance,
-
-    /// Plan only: index, print the plan, write nothing; --output, --force, --link and --keep are
-    /// checked as `run` would (what --keep would remove is printed), nothing is changed.
-    #[arg(long)]
-    pub dry_run: bool,
 
     /// Start even where the output's file system has less free space than the plan needs (by
     /// statvfs; a quota or a file system that compresses may allow more).
-    #[arg(long)]
+    #[arg(help_heading = "Output and loaders", long)]
     pub no_space_check: bool,
-
-    /// Print the plan as JSON (with --dry-run or `reshard plan`).
-    #[arg(long)]
-    pub json: bool,
 
     /// Seed of the global shuffle (required unless --order key or content, which are not random;
     /// a plan of --shards 1 is the same for any seed and needs none).
-    #[arg(long, value_name = "S")]
+    #[arg(help_heading = "Order", long, value_name = "S")]
     pub seed: Option<u64>,
 
     /// Epoch number: the same seed with another epoch gives an unrelated order.
-    #[arg(long, value_name = "E", default_value_t = 0)]
+    #[arg(help_heading = "Epochs", long, value_name = "E", default_value_t = 0)]
     pub epoch: u64,
 
     /// Output file name prefix: shards are named PREFIX-000000.tar, PREFIX-000001.tar, ...
-    #[arg(long, value_name = "NAME", default_value = "shard")]
+    #[arg(
+        help_heading = "Output and loaders",
+        long,
+        value_name = "NAME",
+        default_value = "shard"
+    )]
     pub prefix: String,
 
     /// Memory budget per rank for data in flight (send and receive buffers), e.g. 512MiB, 4GiB.
-    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
+    #[arg(
+        help_heading = "Performance",
+        long,
+        value_name = "SIZE",
+        default_value = "1GiB"
+    )]
     pub mem_limit: String,
 
     /// Replace an output directory that exists and is not empty: only an output reshard wrote
     /// (its index.json and .reshard/); anything else is refused before any work.
-    #[arg(long)]
+    #[arg(help_heading = "Output and loaders", long)]
     pub force: bool,
 
     /// After publishing, check the output against the input as `reshard verify` does (reads
     /// both once more); exit 1 if anything does not hold.
-    #[arg(long)]
+    #[arg(help_heading = "Output and loaders", long)]
     pub verify: bool,
 
     /// Extensions every sample must have, e.g. jpg,cls (see --on-incomplete).
-    #[arg(long, value_name = "EXT,...", value_delimiter = ',')]
+    #[arg(
+        help_heading = "Input",
+        long,
+        value_name = "EXT,...",
+        value_delimiter = ','
+    )]
     pub require_ext: Vec<String>,
 
     /// A sample lacking a --require-ext member: abort (naming file, key and what is missing),
     /// warn (keep it), or exclude (leave it out, counted in index.json).
-    #[arg(long, value_enum, default_value_t = OnIncomplete::Abort)]
+    #[arg(help_heading = "Input", long, value_enum, default_value_t = OnIncomplete::Abort)]
     pub on_incomplete: OnIncomplete,
 
     /// A repeated extension within a sample, a sample whose members are not adjacent, or the
     /// same key in two samples: abort (naming where), warn, or keep. Checked while indexing
     /// tar headers (not for inputs read through a saved index: reshard's own outputs).
-    #[arg(long, value_enum, default_value_t = OnDuplicate::Abort)]
+    #[arg(help_heading = "Input", long, value_enum, default_value_t = OnDuplicate::Abort)]
     pub on_duplicate: OnDuplicate,
 
     /// Read past zero blocks in an input, as GNU tar --ignore-zeros does: for concatenated
     /// archives (`cat a.tar b.tar`) and lone zero blocks. Without it, data after an input's
     /// first zero block is an error naming the file and offset (its samples would be lost).
-    #[arg(long)]
+    #[arg(help_heading = "Input", long)]
     pub ignore_zeros: bool,
 
     /// Compress the output shards: none (plain .tar, the default), gz (.tar.gz) or zst
     /// (.tar.zst). Each writer compresses its shards once they are complete, streaming.
-    #[arg(long, value_enum, default_value_t = CompressArg::None)]
+    #[arg(help_heading = "Output and loaders", long, value_enum, default_value_t = CompressArg::None)]
     pub compress: CompressArg,
 
     /// Add each shard's MD5 (`md5sum`) to index.json; wids checks it after a download. Costs a
     /// read-back of the output.
-    #[arg(long)]
+    #[arg(help_heading = "Output and loaders", long)]
     pub checksum: bool,
 
     /// Write Megatron-Energon's metadata with the output (.nv-meta/ and NAME.tar.idx beside each
     /// shard), so that `energon prepare` is not needed. Energon requires unique sample keys: a
     /// duplicate is then an error whatever --on-duplicate says.
-    #[arg(long)]
+    #[arg(help_heading = "Output and loaders", long)]
     pub energon: bool,
 
     /// With --energon: the sample type .nv-meta/dataset.yaml names (a class of megatron.energon,
     /// e.g. CaptioningSample) instead of CrudeWebdataset; needs --energon-field-map.
-    #[arg(long, value_name = "CLASS", requires = "energon")]
+    #[arg(help_heading = "Output and loaders", long, value_name = "CLASS")]
     pub energon_sample_type: Option<String>,
 
     /// With --energon-sample-type: its field map as a JSON object, e.g.
     /// '{"image": "jpg", "caption": "txt"}'.
-    #[arg(long, value_name = "JSON", requires = "energon_sample_type")]
+    #[arg(help_heading = "Output and loaders", long, value_name = "JSON")]
     pub energon_field_map: Option<String>,
 
     /// Write DALI's webdataset index beside each shard (NAME.idx for NAME.tar, the text format
     /// of DALI's wds2idx), for fn.readers.webdataset's index_paths.
-    #[arg(long)]
+    #[arg(help_heading = "Output and loaders", long)]
     pub dali_index: bool,
 
     /// A directory of saved indexes (`NAME.reshard-layout` files, as reshard leaves in
     /// `OUTPUT/.reshard`) for the input shards. Without it, an input directory's own `.reshard`
     /// is used when present: the next epoch's run over an output skips indexing. Saved indexes
     /// whose shard changed (size or modification time) are ignored with a warning.
-    #[arg(long, value_name = "PATH")]
+    #[arg(help_heading = "Input", long, value_name = "PATH")]
     pub index: Option<PathBuf>,
 
     /// After publishing, atomically point the symbolic link PATH at the new output (readers of
     /// PATH always see a complete dataset).
-    #[arg(long, value_name = "PATH")]
+    #[arg(help_heading = "Epochs", long, value_name = "PATH")]
     pub link: Option<PathBuf>,
 
     /// After publishing, remove older epochs of this --output series, keeping the K highest epoch
@@ -198,12 +235,17 @@ pub struct RunArgs {
     /// them: data/epoch-3, not data/epoch-03 or data/epoch-notes) that hold reshard's own
     /// index.json and .reshard directory; never the new output, never the --link target,
     /// nothing else.
-    #[arg(long, value_name = "K")]
+    #[arg(help_heading = "Epochs", long, value_name = "K")]
     pub keep: Option<usize>,
 
     /// Seconds without progress in the data exchange after which a rank ends the whole job (a
     /// rank died or a node stopped answering); 0 waits forever.
-    #[arg(long, value_name = "SECONDS", default_value_t = 120)]
+    #[arg(
+        help_heading = "Resume",
+        long,
+        value_name = "SECONDS",
+        default_value_t = 120
+    )]
     pub stall_timeout: u64,
 
     /// Seconds a lock on the output must show no heartbeat before a run takes it over, when
@@ -211,47 +253,62 @@ pub struct RunArgs {
     /// within one boot and PID namespace a dead pid frees it at once). Long enough for a job its scheduler suspends
     /// (`scontrol suspend`): a run taken over while suspended fails when it wakes, publishing
     /// nothing.
-    #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(help_heading = "Resume", long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub lock_stale_after: u64,
 
     /// Also write the run summary as JSON to FILE (phases with seconds, per-rank bytes and peak
     /// memory), for benchmarks and monitoring.
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Diagnostics", long, value_name = "FILE")]
     pub report: Option<PathBuf>,
 
     /// Output order: shuffle (the seeded global permutation), key (sample keys in byte order),
     /// or content:EXT[:int|float|str] (the content of each sample's .EXT member, e.g.
     /// content:cls:int; str when the type is left out). Ties go by input order.
-    #[arg(long, value_name = "ORDER", default_value = "shuffle")]
+    #[arg(
+        help_heading = "Order",
+        long,
+        value_name = "ORDER",
+        default_value = "shuffle"
+    )]
     pub order: crate::plan::order::OrderBy,
 
     /// Reverse --order key or content (ties still go by input order).
-    #[arg(long)]
+    #[arg(help_heading = "Order", long)]
     pub descending: bool,
 
     /// A sample without the member --order content or --stratify-by reads, or whose content does
     /// not parse: error (naming file and key), or last (after all others; its own stratum).
-    #[arg(long, value_enum, value_name = "WHAT", default_value_t = crate::plan::order::Missing::Error)]
+    #[arg(help_heading = "Order", long, value_enum, value_name = "WHAT", default_value_t = crate::plan::order::Missing::Error)]
     pub missing: crate::plan::order::Missing,
 
     /// Representative shards: every shard gets each label's samples (the content of member
     /// .EXT) in proportion to the label's share of the dataset, within ±1, still shuffled.
-    #[arg(long, value_name = "EXT")]
+    #[arg(help_heading = "Order", long, value_name = "EXT")]
     pub stratify_by: Option<String>,
 
     /// Largest member read as a label or order value (--order content, --stratify-by); a larger
     /// one is an error, which guards against reading payloads by mistake.
-    #[arg(long, value_name = "SIZE", default_value = "4KiB")]
+    #[arg(
+        help_heading = "Order",
+        long,
+        value_name = "SIZE",
+        default_value = "4KiB"
+    )]
     pub label_limit: String,
 
     /// Route samples into named groups of shards by key (AIStore dsort's external key map): JSON
     /// {"fish-%06d.tar": ["regex", ...]} or lines `key<TAB>template`. Each group is sized and
     /// balanced on its own with the sizing flags and ordered by --order.
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Sizing", long, value_name = "FILE")]
     pub key_map: Option<PathBuf>,
 
     /// A sample no key-map group claims: error, skip (left out, counted), or group:TEMPLATE.
-    #[arg(long, value_name = "WHAT", default_value = "error")]
+    #[arg(
+        help_heading = "Sizing",
+        long,
+        value_name = "WHAT",
+        default_value = "error"
+    )]
     pub unmatched: crate::key_map::Unmatched,
 
     /// Train/validation/test splits, e.g. train=0.98,val=0.01,test=0.01 (ratios adding up to 1;
@@ -259,48 +316,200 @@ pub struct RunArgs {
     /// splits by the seed alone (the same at any --epoch); each split is written to
     /// OUTPUT/NAME/ with its own index.json. The first split is sized by --shards, --shard-size
     /// or --gpus, the others by --split-shards.
-    #[arg(long, value_name = "NAME=SHARE,...")]
+    #[arg(help_heading = "Sizing", long, value_name = "NAME=SHARE,...")]
     pub split: Option<crate::plan::split::SplitSpec>,
 
     /// Shard count of the splits after the first: N for each, or NAME=N,... per split. A split
     /// left out gets the shard count whose mean size is nearest the first split's mean shard size
     /// (with --gpus, the multiple of the GPU count nearest it, so every GPU gets shards).
-    #[arg(long, value_name = "N|NAME=N,...", requires = "split")]
+    #[arg(
+        help_heading = "Sizing",
+        long,
+        value_name = "N|NAME=N,...",
+        requires = "split"
+    )]
     pub split_shards: Option<String>,
     /// Continue a run that failed (same arguments) from its last checkpoint: samples already
     /// durably in its staging directory are neither read nor sent again, and the output is
     /// byte-identical to an uninterrupted run. Refused (exit 2), naming what differs, when the
     /// inputs or the arguments that shape the output changed. With nothing to continue, starts
     /// from the beginning.
-    #[arg(long)]
+    #[arg(help_heading = "Resume", long)]
     pub resume: bool,
 
     /// Seconds between the exchange's checkpoints (each writer syncs, rank 0 records which samples
     /// are durable, for --resume); 0 checkpoints after every round. A checkpoint also comes after
     /// every 256 MiB each rank moved, and at once on SIGINT or SIGTERM, before the job ends.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    #[arg(
+        help_heading = "Resume",
+        long,
+        value_name = "SECONDS",
+        default_value_t = 30
+    )]
     pub checkpoint_every: u64,
 
     /// Progress on rank 0's stderr while indexing and exchanging: auto (a bar when rank 0's
     /// stderr is a terminal, as under `srun --pty`; lines otherwise, as under `mpirun`), bar,
     /// lines, or none.
-    #[arg(long, value_enum, value_name = "HOW", default_value_t = ProgressMode::Auto)]
+    #[arg(help_heading = "Diagnostics", long, value_enum, value_name = "HOW", default_value_t = ProgressMode::Auto)]
     pub progress: ProgressMode,
 
     /// Seconds between two progress lines.
-    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    #[arg(
+        help_heading = "Diagnostics",
+        long,
+        value_name = "SECONDS",
+        default_value_t = 5.0
+    )]
     pub progress_interval: f64,
 
     /// Plan only: also draw the plan to FILE (.svg or .png): histograms of the output shards'
     /// bytes and samples, and which input shards each output shard draws from next to what a
     /// uniform random permutation gives.
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Diagnostics", long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+
+    /// Plan only: index, print the plan, write nothing; --output, --force, --link and --keep are
+    /// checked as `run` would (what --keep would remove is printed), nothing is changed.
+    #[arg(help_heading = "Diagnostics", long)]
+    pub dry_run: bool,
+
+    /// Print the plan as JSON (with --dry-run or `reshard plan`).
+    #[arg(help_heading = "Diagnostics", long)]
+    pub json: bool,
 
     /// Largest single MPI exchange per rank, in bytes (exchanges are split into rounds below it).
     /// Only useful for testing the round logic.
-    #[arg(long, value_name = "SIZE", hide = true)]
+    #[arg(help_heading = "Performance", long, value_name = "SIZE", hide = true)]
     pub max_round_bytes: Option<String>,
+}
+
+/// The flags `plan` refuses, by clap id, with the flag and why only `run` acts on it. They stay
+/// defined for `plan`, hidden from its help, so that giving one is answered with why instead of
+/// clap's "unexpected argument" (or, worse, silently accepted).
+pub const RUN_ONLY: &[(&str, &str, &str)] = &[
+    ("output", "--output", "it names the output"),
+    ("force", "--force", "it replaces an existing output"),
+    ("verify", "--verify", "it checks the written output"),
+    ("compress", "--compress", "it compresses the written shards"),
+    ("checksum", "--checksum", "it digests the written shards"),
+    (
+        "energon",
+        "--energon",
+        "it writes Megatron-Energon's metadata",
+    ),
+    (
+        "energon_sample_type",
+        "--energon-sample-type",
+        "it goes into energon's dataset.yaml",
+    ),
+    (
+        "energon_field_map",
+        "--energon-field-map",
+        "it goes into energon's dataset.yaml",
+    ),
+    ("dali_index", "--dali-index", "it writes DALI's index files"),
+    ("link", "--link", "it points a link at the new output"),
+    ("keep", "--keep", "it removes older outputs"),
+    (
+        "resume",
+        "--resume",
+        "it continues a run that wrote part of its output",
+    ),
+    (
+        "checkpoint_every",
+        "--checkpoint-every",
+        "it times the exchange's checkpoints",
+    ),
+    (
+        "stall_timeout",
+        "--stall-timeout",
+        "it watches the data exchange",
+    ),
+    (
+        "mem_limit",
+        "--mem-limit",
+        "it sizes the data exchange's buffers",
+    ),
+    (
+        "max_round_bytes",
+        "--max-round-bytes",
+        "it splits the data exchange into rounds",
+    ),
+    ("report", "--report", "it writes the run's summary"),
+    (
+        "no_space_check",
+        "--no-space-check",
+        "it checks the output's free space",
+    ),
+    (
+        "lock_stale_after",
+        "--lock-stale-after",
+        "it takes the output's lock",
+    ),
+    (
+        "dry_run",
+        "--dry-run",
+        "`reshard plan` is already a dry run",
+    ),
+];
+
+/// `plan`'s flags: [`RunArgs`] less [`RUN_ONLY`].
+#[derive(Debug)]
+pub struct PlanArgs(pub RunArgs);
+
+impl PlanArgs {
+    fn refuse_run_only(m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        let given = |id: &str| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+        let Some((_, flag, why)) = RUN_ONLY.iter().find(|(id, ..)| given(id)) else {
+            return Ok(());
+        };
+        // Formatted with `plan`'s command, so that the usage line under it is plan's.
+        let mut cli = <Cli as clap::CommandFactory>::command();
+        cli.build();
+        let plan = cli
+            .find_subcommand_mut("plan")
+            .expect("plan is a subcommand");
+        Err(clap::Error::raw(
+            clap::error::ErrorKind::UnknownArgument,
+            format!(
+                "{flag} is for `reshard run`: {why}; `reshard plan` moves and writes nothing, so \
+                 leave it out here (`reshard run --dry-run` checks a whole run command line)"
+            ),
+        )
+        .format(plan))
+    }
+
+    fn hide_run_only(cmd: clap::Command) -> clap::Command {
+        cmd.mut_args(
+            |a| match RUN_ONLY.iter().any(|(id, ..)| a.get_id() == *id) {
+                true => a.hide(true),
+                false => a,
+            },
+        )
+    }
+}
+
+impl clap::FromArgMatches for PlanArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Self::refuse_run_only(m)?;
+        RunArgs::from_arg_matches(m).map(Self)
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        Self::refuse_run_only(m)?;
+        self.0.update_from_arg_matches(m)
+    }
+}
+
+impl Args for PlanArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        Self::hide_run_only(RunArgs::augment_args(cmd))
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::hide_run_only(RunArgs::augment_args_for_update(cmd))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -327,7 +536,7 @@ pub struct VerifyArgs {
     /// Read past zero blocks in an input, as GNU tar --ignore-zeros does: for concatenated
     /// archives (`cat a.tar b.tar`) and lone zero blocks. Without it, data after an input's
     /// first zero block is an error naming the file and offset (its samples would be lost).
-    #[arg(long)]
+    #[arg(help_heading = "Input", long)]
     pub ignore_zeros: bool,
 }
 

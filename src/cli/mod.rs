@@ -6,7 +6,9 @@ pub mod args;
 mod hint;
 pub mod resolve;
 
-pub use args::{Cli, Command, CompressArg, EqualizeArg, GenerateArgs, RunArgs, VerifyArgs};
+pub use args::{
+    Cli, Command, CompressArg, EqualizeArg, GenerateArgs, PlanArgs, RunArgs, VerifyArgs,
+};
 
 use std::io::Write;
 
@@ -44,11 +46,36 @@ pub fn write_completions(shell: clap_complete::Shell) -> Result<()> {
     let mut cmd = <Cli as clap::CommandFactory>::command();
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut cmd, "reshard", &mut script);
-    // Into a buffer first: `reshard completions bash | head` must not panic on EPIPE.
-    match std::io::stdout().lock().write_all(&script) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(e).context("cannot write the completion script")
-        }
+    write_stdout(&script).context("cannot write the completion script")
+}
+
+/// Writes the man page of reshard (`page` None) or of one subcommand ([`args::MAN_PAGES`]) to
+/// stdout, made from the same definitions as `--help`, so it cannot fall behind the flags.
+///
+/// # Errors
+/// stdout cannot be written (a closed pipe is not an error: `reshard man run | head`).
+pub fn write_man(page: Option<&str>) -> Result<()> {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    // Built, subcommands know their full names (reshard-run) for the page's title.
+    cmd.build();
+    let cmd = match page {
+        None => cmd,
+        Some(name) => cmd
+            .find_subcommand(name)
+            .cloned()
+            .with_context(|| format!("no man page for {name:?}"))?,
+    };
+    let mut roff = Vec::new();
+    clap_mangen::Man::new(cmd)
+        .render(&mut roff)
+        .context("cannot render the man page")?;
+    write_stdout(&roff).context("cannot write the man page")
+}
+
+/// Writes `bytes` to stdout, from a buffer so that `| head` does not panic on EPIPE.
+fn write_stdout(bytes: &[u8]) -> std::io::Result<()> {
+    match std::io::stdout().lock().write_all(bytes) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e),
         _ => Ok(()),
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 
-use super::args::{Command, CompressArg, EqualizeArg, GenerateArgs, RunArgs, VerifyArgs};
+use super::args::{Command, CompressArg, EqualizeArg, GenerateArgs, PlanArgs, RunArgs, VerifyArgs};
 use crate::config::{
     Balance, EnergonDataset, GenerateConfig, GpuLayout, HeaderFormat, Keep, LoaderIndexes,
     ProgressConfig, RunConfig, Splits, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
@@ -35,6 +35,8 @@ pub enum Task {
     Verify(VerifyConfig),
     /// Needs neither MPI nor any checking.
     Completions(clap_complete::Shell),
+    /// reshard's man page, or a subcommand's: neither MPI nor any checking.
+    Man(Option<String>),
 }
 
 /// An invalid command line, found after clap parsed it: the message names the flag and what it
@@ -81,13 +83,14 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
                 then_verify,
             }
         }
-        Command::Plan(args) => Task::Run {
+        Command::Plan(PlanArgs(args)) => Task::Run {
             config: Box::new(run_config(&args, true).map_err(UsageError)?),
             then_verify: None,
         },
         Command::Generate(args) => Task::Generate(generate_config(&args).map_err(UsageError)?),
         Command::Verify(args) => Task::Verify(verify_config(&args).map_err(UsageError)?),
         Command::Completions { shell } => Task::Completions(shell),
+        Command::Man { command } => Task::Man(command),
     })
 }
 
@@ -98,8 +101,9 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
 /// A message naming the flag and what it accepts.
 pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     let dry_run = plan_only || args.dry_run;
+    missing_required(args, dry_run)?;
     let (sizing, gpus) = sizing(args)?;
-    check_flags_fit_the_command(args, plan_only, dry_run)?;
+    check_flags_fit_the_command(args, dry_run)?;
     let keep = keep_series(args.keep, args.output.as_deref())?;
     let output = output(args, dry_run)?;
     check_prefix(&args.prefix)?;
@@ -288,38 +292,10 @@ fn at_least_one(flag: &str, v: u64) -> Result<u64> {
     Ok(v)
 }
 
-/// Flags that act on a written output are refused where nothing is written (`plan`,
-/// `--dry-run`), and `--json` (a plan's) where a run writes.
-fn check_flags_fit_the_command(args: &RunArgs, plan_only: bool, dry_run: bool) -> Result<()> {
-    if plan_only {
-        // `plan` takes the flags that shape the plan; these act on a written output.
-        let run_only = [
-            (args.force, "--force", "it replaces an existing output"),
-            (
-                args.link.is_some(),
-                "--link",
-                "it points a link at the new output",
-            ),
-            (args.keep.is_some(), "--keep", "it removes older outputs"),
-            (args.verify, "--verify", "it checks the written output"),
-            (
-                args.resume,
-                "--resume",
-                "it continues a run that wrote part of its output",
-            ),
-            (
-                args.report.is_some(),
-                "--report",
-                "it writes the run's summary",
-            ),
-        ];
-        if let Some((_, flag, what)) = run_only.iter().find(|f| f.0) {
-            bail!(
-                "{flag} is for `reshard run`: {what}, and `reshard plan` writes nothing; \
-                 leave it out here (`reshard run --dry-run` checks the whole run command line)"
-            );
-        }
-    }
+/// Flags that act on a written output are refused where nothing is written (`--dry-run`; `plan`
+/// does not take them at all, see [`super::args::RUN_ONLY`]), and `--json` (a plan's) where a
+/// run writes.
+fn check_flags_fit_the_command(args: &RunArgs, dry_run: bool) -> Result<()> {
     if args.resume && dry_run {
         bail!("--resume continues a run that wrote part of its output: not with --dry-run, which writes nothing");
     }
@@ -333,6 +309,44 @@ fn check_flags_fit_the_command(args: &RunArgs, plan_only: bool, dry_run: bool) -
         bail!("--json prints a plan: use it with --dry-run or `reshard plan`");
     }
     Ok(())
+}
+
+/// Every required flag that is missing, named in one message (not one per attempt); the usage
+/// lines in [`super::args`] show the same.
+fn missing_required(args: &RunArgs, dry_run: bool) -> Result<()> {
+    let sizing = args.shards.is_some() || args.shard_size.is_some() || args.gpus.is_some();
+    // A plan of one shard is the same for every seed; other orders are not random.
+    let seed = args.seed.is_some()
+        || args.order != OrderBy::Shuffle
+        || (dry_run && args.shards == Some(1));
+    let missing: Vec<&str> = [
+        (args.inputs.is_empty(), "--input SPEC (the shards to read)"),
+        (
+            args.output.is_none() && !dry_run,
+            "--output DIR (where to write; or plan only with --dry-run)",
+        ),
+        (
+            !sizing,
+            "one of --shards N, --shard-size SIZE or --gpus G (the shard count)",
+        ),
+        (
+            !seed,
+            if dry_run {
+                "--seed S (the plan's bytes per shard depend on which samples the seeded shuffle \
+                 puts in each shard; give the seed `run` will use)"
+            } else {
+                "--seed S (it fixes the shuffle, so that a rerun or another --epoch is reproducible)"
+            },
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(m, what)| m.then_some(what))
+    .collect();
+    match missing.as_slice() {
+        [] => Ok(()),
+        [one] => bail!("missing {one}"),
+        many => bail!("missing {} flags: {}", many.len(), many.join("; ")),
+    }
 }
 
 /// `--output` with `{epoch}` replaced; only a plan may go without one.
@@ -461,6 +475,11 @@ fn loader_indexes(args: &RunArgs, equalize: Equalize) -> Result<LoaderIndexes> {
         bail!("{flag} indexes plain tar shards, which the loader reads at byte offsets: not with --compress");
     }
     if !args.energon {
+        // Checked here, not by clap's `requires`, which would answer `plan
+        // --energon-sample-type` with "--energon is required" instead of refusing both.
+        if args.energon_sample_type.is_some() || args.energon_field_map.is_some() {
+            bail!("--energon-sample-type and --energon-field-map describe energon's dataset.yaml: use them with --energon");
+        }
         return Ok(LoaderIndexes {
             energon: None,
             dali: args.dali_index,

@@ -69,6 +69,86 @@ impl Wire for (u32, u32) {
     }
 }
 
+/// What precedes every chunk of sample bytes in an exchange round: where the chunk goes. A sample
+/// larger than a round's share moves as several chunks, so each says its offset inside the sample
+/// and the writer places it without reassembling anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkHeader {
+    /// The sample's output position.
+    pub position: u64,
+    /// Where the chunk starts inside the sample.
+    pub offset: u64,
+    /// The chunk's bytes, which follow the header.
+    pub len: u64,
+}
+
+impl Wire for ChunkHeader {
+    const WIDTH: usize = 24;
+    fn encode(&self, out: &mut [u8]) {
+        out[..8].copy_from_slice(&self.position.to_le_bytes());
+        out[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        out[16..24].copy_from_slice(&self.len.to_le_bytes());
+    }
+    fn decode(bytes: &[u8]) -> Self {
+        ChunkHeader {
+            position: u64_at(bytes, 0),
+            offset: u64_at(bytes, 8),
+            len: u64_at(bytes, 16),
+        }
+    }
+}
+
+/// What each rank says before every exchange round, in one sum over all ranks: each field is a
+/// count, so the sum tells every rank the same outcome at once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoundStatus {
+    /// Ranks that failed (each says 1 or 0): any, and every rank stops.
+    pub failed: u64,
+    /// Sample bytes packed for this round: none on any rank, and the exchange is over.
+    pub payload: u64,
+    /// Ranks asking for a checkpoint (only rank 0 asks).
+    pub checkpoint: u64,
+    /// Ranks whose writer synced the checkpoint in flight: all, and it is durable.
+    pub synced: u64,
+    /// Ranks that received a stop signal (SIGINT, SIGTERM): any, and every rank checkpoints and
+    /// ends.
+    pub stopping: u64,
+}
+
+impl RoundStatus {
+    /// Words of an encoded status.
+    pub const WORDS: usize = 5;
+
+    /// The words this status adds to the reduction.
+    pub fn encode(&self) -> [u64; Self::WORDS] {
+        [
+            self.failed,
+            self.payload,
+            self.checkpoint,
+            self.synced,
+            self.stopping,
+        ]
+    }
+
+    /// A status from the words of [`RoundStatus::encode`] (or their sum).
+    pub fn decode(words: &[u64]) -> Self {
+        let [failed, payload, checkpoint, synced, stopping] =
+            words.try_into().expect("a round status is 5 words");
+        RoundStatus {
+            failed,
+            payload,
+            checkpoint,
+            synced,
+            stopping,
+        }
+    }
+
+    /// The sum of every rank's status (a collective).
+    pub fn all_sum(&self, comm: &impl Comm) -> Self {
+        Self::decode(&comm.all_sum(&self.encode()))
+    }
+}
+
 /// The records a route delivered to this rank, kept encoded (no second copy of them in memory)
 /// and decoded as they are read.
 pub struct Received<T> {
@@ -182,6 +262,56 @@ pub fn gather_concat<T: DeserializeOwned>(
 mod tests {
     use super::*;
     use crate::comm::local::LocalComm;
+
+    #[test]
+    fn a_chunk_header_round_trips() {
+        let h = ChunkHeader {
+            position: 1 << 40 | 7,
+            offset: u64::MAX - 3,
+            len: 512,
+        };
+        let mut bytes = [0u8; ChunkHeader::WIDTH];
+        h.encode(&mut bytes);
+        assert_eq!(ChunkHeader::decode(&bytes), h);
+        // The layout other ranks read: three little-endian u64s in this order.
+        assert_eq!(bytes[..8], (1u64 << 40 | 7).to_le_bytes());
+        assert_eq!(bytes[8..16], (u64::MAX - 3).to_le_bytes());
+        assert_eq!(bytes[16..], 512u64.to_le_bytes());
+    }
+
+    #[test]
+    fn round_statuses_round_trip_and_sum_field_by_field() {
+        let s = RoundStatus {
+            failed: 1,
+            payload: 2,
+            checkpoint: 3,
+            synced: 4,
+            stopping: 5,
+        };
+        assert_eq!(s.encode(), [1, 2, 3, 4, 5]);
+        assert_eq!(RoundStatus::decode(&s.encode()), s);
+        let results = LocalComm::run(3, |c| {
+            let r = c.rank() as u64;
+            let mine = RoundStatus {
+                failed: u64::from(r == 1),
+                payload: 10 * r,
+                checkpoint: u64::from(r == 0),
+                synced: 1,
+                stopping: u64::from(r == 2),
+            };
+            Ok::<_, anyhow::Error>(mine.all_sum(c))
+        });
+        let want = RoundStatus {
+            failed: 1,
+            payload: 30,
+            checkpoint: 1,
+            synced: 3,
+            stopping: 1,
+        };
+        for r in results {
+            assert_eq!(r.unwrap(), want);
+        }
+    }
 
     #[test]
     fn records_reach_the_rank_they_name_with_their_source() {

@@ -7,13 +7,14 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+use crate::comm::wire::gather_concat;
 use crate::comm::{agree, gather, Comm};
 use crate::config::RunConfig;
 use crate::hooks;
 use crate::input::InputShard;
 use crate::job::expand::Setup;
 use crate::job::index::Index;
-use crate::job::layout::{gather_u64s, Laid};
+use crate::job::layout::Laid;
 use crate::job::lock::StagingLock;
 use crate::job::Planned;
 use crate::output::{checkpoint, loaders, saved_index};
@@ -68,9 +69,10 @@ pub fn run(
     });
     agree(comm, synced)?;
     let (sizes, sums) = agree(comm, finish_shards(cfg, staging, laid, &placed.names))?;
-    let file_bytes = gather_u64s(comm, &sizes);
+    let file_bytes = gather_concat::<u64>(comm, 0, &sizes);
     let md5 = gather(comm, 0, &sums).concat();
     drop(output);
+    let file_bytes = agree(comm, file_bytes)?;
     Ok(Finished { file_bytes, md5 })
 }
 

@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 
 use crate::comm::wire::{self, gather_concat, Received, Sink};
-use crate::comm::{agree, exclusive_sum, gather, Comm};
+use crate::comm::{agree, exclusive_sum, Comm};
 use crate::config::{Balance, RunConfig};
 use crate::input::InputShard;
 use crate::job::index::Index;
@@ -74,8 +74,10 @@ pub fn run(
     );
     let (dropped_keys, repeated_keys) = agree(comm, equalized)?;
     // Rank 0 needs every shard's size: writers own contiguous shard ranges in rank order.
-    let shard_bytes = gather_u64s(comm, &layout.shard_bytes);
-    let input_counts = gather_u64s(comm, &index.counts);
+    let shard_bytes = gather_concat::<u64>(comm, 0, &layout.shard_bytes);
+    let input_counts = gather_concat::<u64>(comm, 0, &index.counts);
+    let (shard_bytes, input_counts) =
+        agree(comm, shard_bytes.and_then(|s| Ok((s, input_counts?))))?;
     let shard_samples: Vec<u64> = (0..placed.shards)
         .map(|s| plan.shard_positions(s).end - plan.shard_positions(s).start)
         .collect();
@@ -257,14 +259,4 @@ fn equalized_keys(
         dropped.into_iter().map(|k| k.2).collect(),
         repeated.into_iter().map(|k| k.2).collect(),
     ))
-}
-
-/// Every rank's u64s on rank 0, concatenated in rank order.
-pub fn gather_u64s(comm: &impl Comm, values: &[u64]) -> Vec<u64> {
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    gather(comm, 0, &bytes)
-        .concat()
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect()
 }

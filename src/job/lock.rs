@@ -33,6 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 
 use crate::job::staging::Staging;
+use crate::sys;
 
 /// The default `--lock-stale-after`: how long a lock whose pid cannot be checked must show no
 /// heartbeat to be taken for dead. Minutes, so that a job its scheduler suspends for a while
@@ -100,13 +101,11 @@ impl Owner {
         let pid = std::process::id();
         Ok(Owner {
             token: new_token()?,
-            host: hostname(),
-            boot: read_trimmed("/proc/sys/kernel/random/boot_id"),
-            pidns: fs::read_link("/proc/self/ns/pid")
-                .map(|l| l.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            host: sys::hostname(),
+            boot: sys::boot_id(),
+            pidns: sys::pid_namespace(),
             pid,
-            start: process_start(pid).unwrap_or(0),
+            start: sys::process_start(pid).unwrap_or(0),
             since: now_secs(),
             beat: 0,
         })
@@ -502,7 +501,7 @@ fn read_owner(path: &Path) -> Result<Option<Owner>> {
 /// watched for `window`.
 fn judge(path: &Path, holder: &Owner, me: &Owner, window: Duration) -> Holder {
     if holder.pid_checkable_from(me) {
-        let alive = process_start(holder.pid)
+        let alive = sys::process_start(holder.pid)
             .is_some_and(|start| holder.start == 0 || start == holder.start);
         return if alive {
             Holder::Alive
@@ -641,18 +640,6 @@ fn rewrite_beat(path: &Path, owner: &Owner) -> std::io::Result<Option<String>> {
     Ok(None)
 }
 
-/// The start time of process `pid` (clock ticks since boot), if it lives. A zombie (exited, not
-/// yet reaped: common in containers whose init does not reap) does not.
-fn process_start(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields 3 (state) and 22; the command name (field 2) may hold spaces and parentheses.
-    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
-    if matches!(fields.next(), Some("Z" | "X" | "x")) {
-        return None;
-    }
-    fields.nth(18)?.parse().ok()
-}
-
 /// 128 bits from the OS's random source, as 32 hex digits.
 fn new_token() -> Result<String> {
     let mut bytes = [0u8; 16];
@@ -671,18 +658,6 @@ fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-fn read_trimmed(path: &str) -> String {
-    fs::read_to_string(path)
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-fn hostname() -> String {
-    Some(read_trimmed("/proc/sys/kernel/hostname"))
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown-host".into())
 }
 
 #[cfg(test)]
@@ -709,21 +684,6 @@ mod tests {
             assert!(start.elapsed() < Duration::from_secs(60), "never: {what}");
             std::thread::sleep(Duration::from_millis(20));
         }
-    }
-
-    #[test]
-    fn a_live_process_has_a_start_time_and_a_zombie_none() {
-        assert!(process_start(std::process::id()).is_some_and(|t| t > 0));
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        // Exited but not reaped yet: a zombie, as a dead rank is under an init that never reaps.
-        let stat = format!("/proc/{pid}/stat");
-        while !fs::read_to_string(&stat).unwrap().contains(") Z") {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(process_start(pid), None);
-        child.wait().unwrap();
-        assert_eq!(process_start(pid), None);
     }
 
     #[test]

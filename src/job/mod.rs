@@ -311,7 +311,10 @@ fn exchange_phase(
         comm,
         &job,
         Buffers::for_job(cfg.mem_limit, ranks, total_out / ranks as u64),
-        (cfg.stall_timeout, Some(Staging::at(staging).heartbeats())),
+        exchange::Stall {
+            timeout: cfg.stall_timeout,
+            heartbeats: Some(Staging::at(staging).heartbeats()),
+        },
         resume::checkpoints(cfg, staging, resume),
         &mut |d| progress.update(d),
     )?;

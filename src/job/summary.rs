@@ -12,11 +12,12 @@ use crate::config::RunConfig;
 use crate::job::exchange::ExchangeStats;
 use crate::job::expand::Setup;
 use crate::job::Planned;
-use crate::progress::{peak_rss, PhaseTimes};
+use crate::progress::PhaseTimes;
 use crate::report::ranks::{seconds, Spread};
 use crate::report::storage::FreeSpace;
 use crate::report::{GpuShare, PlanReport, Stats, Storage};
 use crate::size::{count, human_bytes};
+use crate::sys::peak_rss;
 use crate::tar::{Hygiene, Skipped};
 
 /// One rank's share of the work.
@@ -230,11 +231,14 @@ pub fn gather(
     let bytes_read = comm.all_gather(stats.bytes_sent);
     let bytes_written = comm.all_gather(stats.bytes_written);
     let peak_rss = comm.all_gather(peak_rss().unwrap_or(0));
-    let reused = comm.all_sum(&[
-        stats.samples_reused,
-        stats.bytes_reused,
-        stats.shards_reused,
-    ]);
+    let [reused_samples, reused_bytes, reused_shards]: [u64; 3] = comm
+        .all_sum(&[
+            stats.samples_reused,
+            stats.bytes_reused,
+            stats.shards_reused,
+        ])
+        .try_into()
+        .expect("three sums");
     let read_nanos = comm.all_gather(stats.read_nanos);
     let write_nanos = comm.all_gather(stats.write_nanos);
     let per_rank = (0..ranks)
@@ -270,9 +274,9 @@ pub fn gather(
         phases: times.clone(),
         rounds: stats.rounds,
         checkpoints: stats.checkpoints,
-        reused_samples: reused[0],
-        reused_bytes: reused[1],
-        reused_shards: reused[2],
+        reused_samples,
+        reused_bytes,
+        reused_shards,
         mem_limit: cfg.mem_limit,
         rank_spread,
         per_rank,

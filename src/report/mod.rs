@@ -6,6 +6,7 @@
 //! `Stats` and `GpuShare`, which the manifest records too, are defined in `output/`. So the two
 //! folders never import each other.
 
+mod axis;
 pub mod mixing;
 pub mod narrate;
 pub mod picture;

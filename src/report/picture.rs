@@ -15,8 +15,8 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
+use super::axis::Axis;
 use super::mixing::Mixing;
-use crate::size::human_bytes;
 
 /// Pixels (PNG) or user units (SVG).
 pub const SIZE: (u32, u32) = (1200, 900);
@@ -110,7 +110,13 @@ fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-/// The four panels: two histograms above, the two matrices below.
+/// Width of the colour scale beside the matrices.
+const SCALE_WIDTH: u32 = 110;
+/// Tick labels and axis names, in pixels (plotters' default shrinks with the panel).
+const LABEL: (&str, u32) = ("sans-serif", 13);
+const AXIS_NAME: (&str, u32) = ("sans-serif", 14);
+
+/// The panels: two histograms above, the two matrices and their colour scale below.
 fn paint<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, p: &Picture<'_>, text: bool) -> Drawn {
     root.fill(&WHITE).map_err(err)?;
     let body = if text {
@@ -120,28 +126,40 @@ fn paint<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, p: &Picture<'_>, text
     };
     let (top, bottom) = body.split_vertically(SIZE.1 * 2 / 5);
     let hist = top.split_evenly((1, 2));
-    let bytes = histogram(p.shard_bytes);
-    let samples = histogram(p.shard_samples);
-    let caption = "output shards by size (bytes)";
-    bars(&hist[0], caption, &bytes, &|v| human_bytes(v as u64), text)?;
+    let (unit, unit_name) = byte_unit(p.shard_bytes.iter().copied().max().unwrap_or(0));
+    let caption = format!("output shards by size ({unit_name})");
+    bars(&hist[0], &caption, &histogram(p.shard_bytes), unit, text)?;
     let caption = "output shards by samples";
-    bars(&hist[1], caption, &samples, &|v| format!("{v:.0}"), text)?;
+    bars(&hist[1], caption, &histogram(p.shard_samples), 1.0, text)?;
     let m = p.mixing;
     let actual = |r: usize, c: usize| m.share(r, c);
     let uniform = |_: usize, c: usize| m.uniform_share(c);
     let top_share = (0..m.rows)
         .flat_map(|r| (0..m.cols).map(move |c| actual(r, c).max(uniform(r, c))))
         .fold(f64::MIN_POSITIVE, f64::max);
-    let panels = bottom.split_evenly((1, 2));
+    let (matrices, scale) = bottom.split_horizontally(bottom.dim_in_pixel().0 - SCALE_WIDTH);
+    let panels = matrices.split_evenly((1, 2));
     let caption = "share of each output shard's samples by input shard";
     matrix(&panels[0], caption, m, &actual, top_share, text)?;
     let caption = "the same for a uniform random permutation";
     matrix(&panels[1], caption, m, &uniform, top_share, text)?;
+    colour_scale(&scale, top_share, text)?;
     root.present().map_err(err)
 }
 
-/// A histogram: (bin start, bin end, count) over at most 30 equal bins.
-fn histogram(values: &[u64]) -> Vec<(f64, f64, u64)> {
+/// The unit the byte histogram's axis counts in (a power of 1024) and its name: its ticks are
+/// round numbers of it (250 KiB, not 253.91 KiB).
+fn byte_unit(largest: u64) -> (f64, &'static str) {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut k = 0;
+    while k + 1 < units.len() && largest >= 1024u64.pow(k as u32 + 1) {
+        k += 1;
+    }
+    (1024f64.powi(k as i32), units[k])
+}
+
+/// A histogram: (first value, values per bin, count) over at most 30 equal bins of whole values.
+fn histogram(values: &[u64]) -> Vec<(u64, u64, u64)> {
     let (Some(&lo), Some(&hi)) = (values.iter().min(), values.iter().max()) else {
         return Vec::new();
     };
@@ -154,62 +172,88 @@ fn histogram(values: &[u64]) -> Vec<(f64, f64, u64)> {
     counts
         .iter()
         .enumerate()
-        .map(|(i, &n)| {
-            let start = lo + i as u64 * width;
-            (start as f64, (start + width) as f64, n)
-        })
+        .map(|(i, &n)| (lo + i as u64 * width, width, n))
         .collect()
+}
+
+/// Where a bin's bar goes, in `unit`s: the values it counts, each whole value `v` taking
+/// `v - 0.5 .. v + 0.5`, so that a tick at a whole value sits in the middle of its bar.
+fn extent(&(first, width, _): &(u64, u64, u64), unit: f64) -> (f64, f64) {
+    (
+        (first as f64 - 0.5) / unit,
+        (first as f64 + width as f64 - 0.5) / unit,
+    )
+}
+
+/// A tick label: as many decimals as the axis's step needs (41, 2.5, 0.25).
+fn tick_label(v: f64, step: f64) -> String {
+    let decimals = (-step.log10().floor()).clamp(0.0, 6.0) as usize;
+    format!("{v:.decimals$}")
 }
 
 fn bars<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     caption: &str,
-    bins: &[(f64, f64, u64)],
-    show: &dyn Fn(f64) -> String,
+    bins: &[(u64, u64, u64)],
+    unit: f64,
     text: bool,
 ) -> Drawn {
     // A bin's width of room on either side: a single bin (equal shards) stays readable.
-    let width = bins.first().map_or(1.0, |b| b.1 - b.0);
-    let x0 = bins.first().map_or(0.0, |b| b.0) - width;
-    let x1 = bins.last().map_or(1.0, |b| b.1) + width;
-    // Counts on an integer axis: whole-number ticks only.
-    let top = bins.iter().map(|b| b.2).max().unwrap_or(1) * 11 / 10 + 1;
+    let (Some(first), Some(last)) = (bins.first(), bins.last()) else {
+        return Ok(());
+    };
+    let room = first.1 as f64 / unit;
+    let x = Axis::round(
+        extent(first, unit).0 - room..extent(last, unit).1 + room,
+        6,
+        unit == 1.0,
+    );
+    let top = bins.iter().map(|b| b.2).max().unwrap_or(1) as f64 * 1.1 + 1.0;
+    let y = Axis::round(0.0..top, 6, true);
     let mut builder = ChartBuilder::on(area);
-    builder.margin(12);
+    // Room on the right for the last tick's label, which is centred on its tick.
+    builder.margin(12).margin_right(36);
     if text {
         builder
             .caption(caption, ("sans-serif", 17))
             .x_label_area_size(32)
             .y_label_area_size(48);
     }
-    let mut chart = builder.build_cartesian_2d(x0..x1, 0u64..top).map_err(err)?;
+    let (x_step, y_step) = (x.tick_step(), y.tick_step());
+    let mut chart = builder.build_cartesian_2d(x, y).map_err(err)?;
     if text {
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .light_line_style(WHITE)
-            .x_labels(5)
-            .x_label_formatter(&|v| show(*v))
+            .x_label_formatter(&|v| tick_label(*v, x_step))
+            .y_label_formatter(&|v| tick_label(*v, y_step))
             .y_desc("shards")
+            .label_style(LABEL)
+            .axis_desc_style(AXIS_NAME)
             .draw()
             .map_err(err)?;
     }
     let fill = RGBColor(70, 110, 170).filled();
     chart
-        .draw_series(
-            bins.iter()
-                // A gap between neighbouring bars.
-                .map(|&(a, b, n)| {
-                    let gap = (b - a) * 0.04;
-                    Rectangle::new([(a + gap, 0), (b - gap, n)], fill)
-                }),
-        )
+        .draw_series(bins.iter().map(|b| {
+            let (a, z) = extent(b, unit);
+            // A gap between neighbouring bars.
+            let gap = (z - a) * 0.04;
+            Rectangle::new([(a + gap, 0.0), (z - gap, b.2 as f64)], fill)
+        }))
         .map_err(err)?;
     Ok(())
 }
 
+/// A matrix cell's colour: white (no share) to dark blue (`t` = 1, the largest share).
+fn shade(t: f64) -> RGBColor {
+    let t = t.clamp(0.0, 1.0);
+    let mix = |full: f64, dark: f64| (full - (full - dark) * t) as u8;
+    RGBColor(mix(255.0, 20.0), mix(255.0, 60.0), mix(255.0, 140.0))
+}
+
 /// The matrix: a row per output shard bin (shard 0 at the top), a column per input shard bin,
-/// each cell shaded from white (no share) to dark blue (`top`).
+/// drawn over the shards it holds, each cell shaded by [`shade`] of its share over `top`.
 fn matrix<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     caption: &str,
@@ -218,50 +262,82 @@ fn matrix<DB: DrawingBackend>(
     top: f64,
     text: bool,
 ) -> Drawn {
-    let (rows, cols) = (m.rows as f64, m.cols as f64);
     let mut builder = ChartBuilder::on(area);
-    builder.margin(12);
+    builder.margin(12).margin_right(24);
     if text {
         builder
             .caption(caption, ("sans-serif", 17))
             .x_label_area_size(40)
             .y_label_area_size(56);
     }
-    let mut chart = builder
-        .build_cartesian_2d(0.0..cols, 0.0..rows)
-        .map_err(err)?;
+    let x = Axis::shards(m.inputs, 8, false);
+    let y = Axis::shards(m.outputs, 8, true);
+    let mut chart = builder.build_cartesian_2d(x, y).map_err(err)?;
     if text {
-        let input = |v: &f64| {
-            Mixing::shards_of(*v as usize, m.cols, m.inputs)
-                .start
-                .to_string()
-        };
-        let output = |v: &f64| {
-            let bin = (rows - v).max(0.0) as usize;
-            Mixing::shards_of(bin.min(m.rows), m.rows, m.outputs)
-                .start
-                .to_string()
-        };
+        // The tick is in the middle of the shard it names.
+        let shard = |v: &f64| format!("{}", v.floor());
         chart
             .configure_mesh()
             .disable_mesh()
-            .x_labels(m.cols.min(8))
-            .y_labels(m.rows.min(8))
-            .x_label_formatter(&input)
-            .y_label_formatter(&output)
+            .x_label_formatter(&shard)
+            .y_label_formatter(&shard)
             .x_desc("input shard")
             .y_desc("output shard")
+            .label_style(LABEL)
+            .axis_desc_style(AXIS_NAME)
             .draw()
             .map_err(err)?;
     }
+    let span = |bin: usize, bins: usize, n: u64| {
+        let s = Mixing::shards_of(bin, bins, n);
+        (s.start as f64, s.end as f64)
+    };
     let cells = (0..m.rows).flat_map(|r| (0..m.cols).map(move |c| (r, c)));
     chart
         .draw_series(cells.map(|(r, c)| {
-            let t = (value(r, c) / top).clamp(0.0, 1.0);
-            let shade = |full: f64, dark: f64| (full - (full - dark) * t) as u8;
-            let color = RGBColor(shade(255.0, 20.0), shade(255.0, 60.0), shade(255.0, 140.0));
-            let y = rows - r as f64;
-            Rectangle::new([(c as f64, y - 1.0), (c as f64 + 1.0, y)], color.filled())
+            let (x0, x1) = span(c, m.cols, m.inputs);
+            let (y0, y1) = span(r, m.rows, m.outputs);
+            Rectangle::new([(x0, y0), (x1, y1)], shade(value(r, c) / top).filled())
+        }))
+        .map_err(err)?;
+    Ok(())
+}
+
+/// The matrices' colour scale: the shades from no share to `top`, ticked in percent.
+fn colour_scale<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, top: f64, text: bool) -> Drawn {
+    let percent = top * 100.0;
+    let y = Axis::round(0.0..percent, 8, false);
+    let step = y.tick_step();
+    let mut builder = ChartBuilder::on(area);
+    // As tall as the matrices' plotting areas: below their captions, above their x labels; a
+    // bar of 24 pixels, its labels to the left.
+    builder
+        .margin_top(40)
+        .margin_bottom(52)
+        .margin_left(4)
+        .margin_right(SCALE_WIDTH - 4 - 66 - 24);
+    if text {
+        builder.y_label_area_size(66);
+    }
+    let mut chart = builder.build_cartesian_2d(0.0..1.0, y).map_err(err)?;
+    if text {
+        chart
+            .configure_mesh()
+            .disable_mesh()
+            .disable_x_axis()
+            .y_label_formatter(&|v| format!("{}%", tick_label(*v, step)))
+            .y_desc("share of an output shard")
+            .label_style(LABEL)
+            .axis_desc_style(AXIS_NAME)
+            .draw()
+            .map_err(err)?;
+    }
+    const STEPS: usize = 64;
+    chart
+        .draw_series((0..STEPS).map(|i| {
+            let (a, b) = (i as f64 / STEPS as f64, (i + 1) as f64 / STEPS as f64);
+            let t = (a + b) / 2.0;
+            Rectangle::new([(0.0, a * percent), (1.0, b * percent)], shade(t).filled())
         }))
         .map_err(err)?;
     Ok(())
@@ -275,8 +351,11 @@ mod tests {
     fn histograms_cover_every_value() {
         let h = histogram(&[10, 10, 11, 40]);
         assert_eq!(h.iter().map(|b| b.2).sum::<u64>(), 4);
-        assert!(h.len() <= 30 && h[0].0 == 10.0 && h.last().unwrap().1 > 40.0);
-        assert_eq!(histogram(&[5, 5]), vec![(5.0, 6.0, 2)]);
+        let last = h.last().unwrap();
+        assert!(h.len() <= 30 && h[0].0 == 10 && last.0 + last.1 > 40);
+        assert_eq!(histogram(&[5, 5]), vec![(5, 1, 2)]);
+        // A bar of whole value 41 is centred on 41.
+        assert_eq!(extent(&(41, 1, 10), 1.0), (40.5, 41.5));
         assert!(histogram(&[]).is_empty());
     }
 

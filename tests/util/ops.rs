@@ -84,3 +84,39 @@ print(json.dumps(out))
         .assert_success();
     Some(serde_json::from_str(&out.stdout).expect("the script prints JSON"))
 }
+
+/// One `<text>` element of an SVG that plotters wrote: where, how large, and what it says.
+#[derive(Debug)]
+pub struct SvgText {
+    pub x: f64,
+    pub y: f64,
+    pub size: f64,
+    pub anchor: String,
+    pub rotated: bool,
+    pub text: String,
+}
+
+/// The `<text>` elements of the SVG at `path` (plotters writes the start tag, the text and the
+/// end tag on lines of their own).
+pub fn svg_texts(path: &Path) -> Vec<SvgText> {
+    let svg = std::fs::read_to_string(path).unwrap();
+    let attr = |tag: &str, name: &str| -> Option<String> {
+        let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+        Some(tag[at..].split('"').next()?.to_string())
+    };
+    svg.split("<text")
+        .skip(1)
+        .map(|t| {
+            let (tag, rest) = t.split_once('>').unwrap();
+            let num = |name| attr(tag, name).map_or(0.0, |v| v.parse().unwrap());
+            SvgText {
+                x: num("x"),
+                y: num("y"),
+                size: num("font-size"),
+                anchor: attr(tag, "text-anchor").unwrap_or_default(),
+                rotated: tag.contains("rotate("),
+                text: rest.split("</text>").next().unwrap().trim().to_string(),
+            }
+        })
+        .collect()
+}

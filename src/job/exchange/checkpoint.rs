@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::stages::{Job, Stages};
-use crate::comm::wire::{gather_concat, route};
+use crate::comm::wire::{gather_concat, route, RoundStatus};
 use crate::comm::{agree, Comm};
 use crate::job::interrupt::Interrupted;
 
@@ -30,10 +30,6 @@ pub struct Checkpoints<'a> {
     /// (empty ranges included): records them.
     pub record: Record<'a>,
 }
-
-/// The status words a rank adds to each round's reduction: rank 0 asks for a checkpoint, a
-/// rank's writer synced the pending one, a rank received a stop signal.
-pub(super) const STATUS_WORDS: usize = 3;
 
 /// Sample bytes each rank moves, on average, between two checkpoints at most, whatever
 /// `--checkpoint-every` says: a run killed early (SIGKILL, a node lost) keeps what it moved.
@@ -66,9 +62,9 @@ impl<'a> Pacer<'a> {
         }
     }
 
-    /// This rank's status words: rank 0 asks for a checkpoint; a rank whose writer synced the
-    /// pending one says so.
-    pub(super) fn status(&self, comm: &impl Comm, st: &Stages<'_, '_>) -> [u64; STATUS_WORDS] {
+    /// This rank's part of the round status: rank 0 asks for a checkpoint; a rank whose writer
+    /// synced the pending one says so, and a rank that received a stop signal.
+    pub(super) fn status(&self, comm: &impl Comm, st: &Stages<'_, '_>) -> RoundStatus {
         let due = self.last.elapsed() >= self.checkpoints.every
             || self.moved >= self.every_bytes.saturating_mul(comm.size() as u64);
         let ask = comm.rank() == 0 && self.pending.is_none() && due;
@@ -76,10 +72,15 @@ impl<'a> Pacer<'a> {
             .pending
             .is_some_and(|(n, _)| st.synced.load(Ordering::Acquire) >= n);
         let stop = crate::sys::stop_signal().is_some();
-        [u64::from(ask), u64::from(synced), u64::from(stop)]
+        RoundStatus {
+            checkpoint: u64::from(ask),
+            synced: u64::from(synced),
+            stopping: u64::from(stop),
+            ..RoundStatus::default()
+        }
     }
 
-    /// Acts on the summed status words of round `n`, in which all ranks move `payload` sample
+    /// Acts on the summed status of round `n`, in which all ranks move `status.payload` sample
     /// bytes and this rank packed its samples up to local index `through`. Returns whether the
     /// writer must sync after placing round `n`.
     ///
@@ -92,17 +93,17 @@ impl<'a> Pacer<'a> {
         &mut self,
         comm: &impl Comm,
         job: &Job<'_>,
-        (status, payload): (&[u64], u64),
+        status: &RoundStatus,
         n: u64,
         through: usize,
     ) -> Result<bool> {
-        self.moved += payload;
-        if status[2] > 0 && self.stopping.is_none() {
+        self.moved += status.payload;
+        if status.stopping > 0 && self.stopping.is_none() {
             // Every rank sees the count in the same round: one more collective names the signal.
             let signal = comm.all_max(&[crate::sys::stop_signal().map_or(0, |s| s as u64)])[0];
             self.stopping = Some(i32::try_from(signal).unwrap_or(15));
         }
-        if self.pending.is_some() && status[1] == comm.size() as u64 {
+        if self.pending.is_some() && status.synced == comm.size() as u64 {
             let (_, range) = self.pending.take().expect("pending");
             let ranges = gather_concat::<(u64, u64)>(comm, 0, &vec![range]);
             let recorded = match (comm.rank() == 0, ranges) {
@@ -121,7 +122,7 @@ impl<'a> Pacer<'a> {
                 }));
             }
         }
-        if self.pending.is_none() && (status[0] > 0 || self.stopping.is_some()) {
+        if self.pending.is_none() && (status.checkpoint > 0 || self.stopping.is_some()) {
             let upto = job.first_global + through as u64;
             self.pending = Some((n, (job.first_global, upto)));
             return Ok(true);

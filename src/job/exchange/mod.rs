@@ -26,7 +26,7 @@ use crate::watchdog::Watchdog;
 pub use checkpoint::Checkpoints;
 use checkpoint::Pacer;
 use pack::pack_rounds;
-use rounds::exchange_rounds;
+use rounds::{exchange_rounds, Ends, Moved};
 use stages::{Delivery, Packed, Stages, CHUNK_HEADER};
 pub use stages::{ExchangeStats, Job};
 use writer::write_rounds;
@@ -81,6 +81,14 @@ impl Buffers {
     }
 }
 
+/// How the exchange watches for a rank that stalls.
+pub struct Stall {
+    /// How long a round may make no progress before the job is ended (zero: never).
+    pub timeout: Duration,
+    /// Where every rank leaves its heartbeat, so that the message names the silent ranks.
+    pub heartbeats: Option<PathBuf>,
+}
+
 /// Buffers in flight: the reader fills one send buffer while the main thread exchanges another
 /// and the writer places this rank's own share of a third; the main thread receives into one
 /// receive buffer while the writer places the other. Reading, exchanging and writing overlap.
@@ -103,7 +111,7 @@ pub fn run(
     comm: &impl Comm,
     job: &Job<'_>,
     buffers: Buffers,
-    (stall_timeout, heartbeats): (Duration, Option<PathBuf>),
+    stall: Stall,
     checkpoints: Checkpoints<'_>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<ExchangeStats> {
@@ -131,9 +139,9 @@ pub fn run(
         read_nanos: AtomicU64::new(0),
         write_nanos: AtomicU64::new(0),
         dog: Watchdog::start(
-            stall_timeout,
+            stall.timeout,
             (comm.rank(), comm.size()),
-            heartbeats,
+            stall.heartbeats,
             comm.aborter(),
         ),
     };
@@ -145,9 +153,16 @@ pub fn run(
             pack_rounds(st, cap, ranks, buffers.read_window, free_send_rx, packed_tx)
         });
         scope.spawn(move || write_rounds(st, deliver_rx, free_send_tx, free_recv_tx));
-        let ends = (packed_rx, deliver_tx, free_recv_rx);
-        let moved = reused.total;
-        exchange_rounds(comm, st, cap, ends, (&mut pacer, moved), progress)
+        let ends = Ends {
+            packed: packed_rx,
+            deliver: deliver_tx,
+            free_recv: free_recv_rx,
+        };
+        let moved = Moved {
+            so_far: reused.total,
+            report: progress,
+        };
+        exchange_rounds(comm, st, cap, ends, &mut pacer, moved)
     });
     stats.checkpoints = pacer.taken;
     drop(stages.dog);

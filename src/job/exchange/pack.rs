@@ -7,6 +7,7 @@ use anyhow::{anyhow, Context, Result};
 
 use super::reader::InputReader;
 use super::stages::{Job, Packed, Stages, CHUNK_HEADER};
+use crate::comm::wire::{ChunkHeader, Wire};
 use crate::input::InputShard;
 use crate::plan::placement::LocalSample;
 use crate::storage::{self, Input};
@@ -157,10 +158,12 @@ fn fill(
         }
         let n = (s.len - cursor.offset).min((room - CHUNK_HEADER) as u64);
         let at = dest * cap + used[dest];
-        let header = &mut send[at..at + CHUNK_HEADER];
-        header[..8].copy_from_slice(&position.to_le_bytes());
-        header[8..16].copy_from_slice(&cursor.offset.to_le_bytes());
-        header[16..].copy_from_slice(&n.to_le_bytes());
+        let header = ChunkHeader {
+            position,
+            offset: cursor.offset,
+            len: n,
+        };
+        header.encode(&mut send[at..at + CHUNK_HEADER]);
         let body = &mut send[at + CHUNK_HEADER..at + CHUNK_HEADER + n as usize];
         reader.read(s.shard as usize, s.start + cursor.offset, body)?;
         if cursor.offset == 0 {

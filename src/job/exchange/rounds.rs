@@ -8,18 +8,35 @@ use anyhow::{anyhow, Result};
 
 use super::checkpoint::Pacer;
 use super::stages::{Delivery, ExchangeStats, Packed, Stages};
+use crate::comm::wire::RoundStatus;
 use crate::comm::{Comm, PeerFailed};
 use crate::hooks;
 
-/// The calling thread's part: one status reduction and one all-to-all per round. `moved` is what
-/// an earlier attempt placed (`--resume`), where progress starts.
+/// The calling thread's ends of the channels to the reader and the writer.
+pub(super) struct Ends {
+    /// Rounds the reader packed.
+    pub packed: Receiver<Packed>,
+    /// Rounds exchanged, to the writer.
+    pub deliver: SyncSender<Delivery>,
+    /// Receive buffers the writer is done with.
+    pub free_recv: Receiver<Vec<u8>>,
+}
+
+/// The exchange's progress: sample bytes all ranks moved so far (from what an earlier attempt
+/// placed, with `--resume`), and who hears of it after every round.
+pub(super) struct Moved<'p> {
+    pub so_far: u64,
+    pub report: &'p mut dyn FnMut(u64),
+}
+
+/// The calling thread's part: one status reduction and one all-to-all per round.
 pub(super) fn exchange_rounds(
     comm: &impl Comm,
     st: &Stages<'_, '_>,
     cap: usize,
-    (packed, deliver, free_recv): (Receiver<Packed>, SyncSender<Delivery>, Receiver<Vec<u8>>),
-    (pacer, mut moved): (&mut Pacer<'_>, u64),
-    progress: &mut dyn FnMut(u64),
+    ends: Ends,
+    pacer: &mut Pacer<'_>,
+    mut moved: Moved<'_>,
 ) -> (Result<()>, ExchangeStats) {
     let write_failure = &st.write_failure;
     let (ranks, me) = (comm.size(), comm.rank());
@@ -28,7 +45,7 @@ pub(super) fn exchange_rounds(
     loop {
         let t0 = std::time::Instant::now();
         // None once the reader has packed everything.
-        let mut round = packed.recv().ok();
+        let mut round = ends.packed.recv().ok();
         let t_read = t0.elapsed();
         let mut failure = round.as_mut().and_then(|r| r.error.take());
         if failure.is_none() {
@@ -49,17 +66,21 @@ pub(super) fn exchange_rounds(
         st.dog.beat(n, || {
             format!("waiting for every rank's status before exchange round {n}")
         });
-        let [ask, synced, stop] = pacer.status(comm, st);
-        let status = comm.all_sum(&[u64::from(failure.is_some()), payload, ask, synced, stop]);
+        let status = RoundStatus {
+            failed: u64::from(failure.is_some()),
+            payload,
+            ..pacer.status(comm, st)
+        }
+        .all_sum(comm);
         let t_status = t0.elapsed();
-        if status[0] > 0 {
+        if status.failed > 0 {
             let e = failure.unwrap_or_else(|| anyhow!(PeerFailed { ranks: Vec::new() }));
             return (Err(e), stats);
         }
-        if status[1] == 0 {
+        if status.payload == 0 {
             return (Ok(()), stats);
         }
-        let sync = match pacer.after_status(comm, st.job, (&status[2..], status[1]), n, through) {
+        let sync = match pacer.after_status(comm, st.job, &status, n, through) {
             Ok(sync) => sync,
             Err(e) => return (Err(e), stats),
         };
@@ -77,7 +98,8 @@ pub(super) fn exchange_rounds(
         let ranges: Vec<Range<usize>> = (0..ranks)
             .map(|d| if d == me { 0..0 } else { segment(d) })
             .collect();
-        let mut recv = free_recv
+        let mut recv = ends
+            .free_recv
             .recv()
             .expect("the writer returns receive buffers");
         st.dog
@@ -99,11 +121,11 @@ pub(super) fn exchange_rounds(
             round: n,
             sync,
         };
-        deliver
+        ends.deliver
             .send(delivery)
             .expect("the writer runs until the deliveries end");
-        moved += status[1];
-        progress(moved);
+        moved.so_far += status.payload;
+        (moved.report)(moved.so_far);
     }
 }
 

@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
+use crate::comm::wire::{ChunkHeader, Wire};
 use crate::input::InputShard;
 use crate::output::checkpoint::Done;
 use crate::output::OutputShards;
@@ -12,8 +13,8 @@ use crate::plan::placement::{LocalSample, Placement};
 use crate::plan::{ShardLayout, ShardPlan};
 use crate::watchdog::Watchdog;
 
-/// Chunk header: output position, offset inside the sample, payload length (little-endian u64s).
-pub const CHUNK_HEADER: usize = 24;
+/// Bytes of the [`ChunkHeader`] in front of every chunk.
+pub const CHUNK_HEADER: usize = ChunkHeader::WIDTH;
 
 /// Everything the exchange needs to know about the job.
 pub struct Job<'a> {

@@ -6,6 +6,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use anyhow::{Context, Result};
 
 use super::stages::{Delivery, Job, Stages, CHUNK_HEADER};
+use crate::comm::wire::{ChunkHeader, Wire};
 
 /// The writer thread: places every delivery's chunks, then recycles its buffers. After a failure
 /// it keeps recycling (so no stage blocks) but writes nothing more.
@@ -62,8 +63,11 @@ pub(super) fn write_rounds(
 fn place(job: &Job<'_>, mut segment: &[u8]) -> Result<u64> {
     let mut written = 0;
     while !segment.is_empty() {
-        let word = |i: usize| u64::from_le_bytes(segment[i * 8..i * 8 + 8].try_into().unwrap());
-        let (position, offset, n) = (word(0), word(1), word(2));
+        let ChunkHeader {
+            position,
+            offset,
+            len: n,
+        } = ChunkHeader::decode(&segment[..CHUNK_HEADER]);
         let (at, len) = job
             .layout
             .place(position)

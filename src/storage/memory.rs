@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::{Capabilities, Entry, FileStamp, Input, Kind, Output, Shard, Sink, Source, Stat};
+use super::{
+    Capabilities, Entry, FileStamp, Input, Kind, Output, Shard, Sink, Source, Stat, Writer,
+};
 
 /// The objects of this process, by location.
 pub struct Memory;
@@ -89,6 +91,10 @@ impl Source for Memory {
                 })
                 .ok_or_else(|| not_found(path))
         })
+    }
+
+    fn stat_link(&self, path: &Path) -> io::Result<Stat> {
+        Source::stat(self, path)
     }
 
     fn list(&self, path: &Path) -> io::Result<Vec<Entry>> {
@@ -185,6 +191,13 @@ impl Write for Pending {
     }
 }
 
+impl Writer for Pending {
+    fn finish(self: Box<Self>) -> io::Result<u64> {
+        // Dropping it puts it.
+        Ok(self.bytes.len() as u64)
+    }
+}
+
 impl Drop for Pending {
     fn drop(&mut self) {
         put(&self.path, std::mem::take(&mut self.bytes));
@@ -239,7 +252,7 @@ impl Sink for Memory {
         Ok(())
     }
 
-    fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Write + Send>> {
+    fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
         Ok(Box::new(Pending {
             path: path.to_path_buf(),
             bytes: Vec::new(),

@@ -26,7 +26,9 @@ pub mod posix;
 pub enum Kind {
     File,
     Dir,
-    /// Anything else: a device, a socket, a symbolic link seen without following it.
+    /// A symbolic link, seen without following it ([`Source::stat_link`], listings).
+    Link,
+    /// Anything else: a device, a socket, a pipe.
     Other,
 }
 
@@ -52,6 +54,13 @@ pub trait Source: Send + Sync {
     /// # Errors
     /// It does not exist or cannot be examined.
     fn stat(&self, path: &Path) -> io::Result<Stat>;
+
+    /// The kind and stamp of `path` itself: a symbolic link is [`Kind::Link`], not what it
+    /// points at.
+    ///
+    /// # Errors
+    /// It does not exist or cannot be examined.
+    fn stat_link(&self, path: &Path) -> io::Result<Stat>;
 
     /// The entries of the directory (or prefix) `path`, in no particular order.
     ///
@@ -214,11 +223,12 @@ pub trait Sink: Send + Sync {
     /// It cannot be written; what was at `path` stays.
     fn replace(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
 
-    /// Creates (or truncates) `path` for writing front to back.
+    /// Creates (or truncates) `path` for writing front to back (on object storage, one
+    /// upload). Dropped without [`Writer::finish`], what was written may not be durable.
     ///
     /// # Errors
     /// It cannot be created.
-    fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Write + Send>>;
+    fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Writer>>;
 
     /// Renames `from` to `to` only if nothing is at `to`, atomically.
     ///
@@ -308,6 +318,15 @@ pub trait Output: Send + Sync {
     ) -> Option<io::Result<usize>> {
         None
     }
+}
+
+/// An output written front to back ([`Sink::create_stream`]).
+pub trait Writer: Write + Send {
+    /// Makes everything written durable and ends the object: its size.
+    ///
+    /// # Errors
+    /// The sync (the upload's completion) fails.
+    fn finish(self: Box<Self>) -> io::Result<u64>;
 }
 
 /// The scheme of `path` (`mem` for `mem://…`), if it names one.

@@ -8,14 +8,18 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Capabilities, Entry, FileStamp, Input, Kind, Output, Shard, Sink, Source, Stat};
+use super::{
+    Capabilities, Entry, FileStamp, Input, Kind, Output, Shard, Sink, Source, Stat, Writer,
+};
 use crate::sys;
 
 /// Files and directories of the operating system.
 pub struct Posix;
 
 fn kind(t: fs::FileType) -> Kind {
-    if t.is_file() {
+    if t.is_symlink() {
+        Kind::Link
+    } else if t.is_file() {
         Kind::File
     } else if t.is_dir() {
         Kind::Dir
@@ -34,6 +38,10 @@ fn stat_of(meta: &fs::Metadata) -> Stat {
 impl Source for Posix {
     fn stat(&self, path: &Path) -> io::Result<Stat> {
         fs::metadata(path).map(|m| stat_of(&m))
+    }
+
+    fn stat_link(&self, path: &Path) -> io::Result<Stat> {
+        fs::symlink_metadata(path).map(|m| stat_of(&m))
     }
 
     fn list(&self, path: &Path) -> io::Result<Vec<Entry>> {
@@ -122,7 +130,7 @@ impl Sink for Posix {
         self.sync_dir(path.parent().unwrap_or(Path::new(".")))
     }
 
-    fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Write + Send>> {
+    fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
         Ok(Box::new(File::create(path)?))
     }
 
@@ -152,6 +160,13 @@ impl Sink for Posix {
 
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
         fs::remove_dir_all(path)
+    }
+}
+
+impl Writer for File {
+    fn finish(self: Box<Self>) -> io::Result<u64> {
+        self.sync_all()?;
+        Ok(self.metadata()?.len())
     }
 }
 

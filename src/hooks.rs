@@ -45,6 +45,19 @@ pub use test_hooks::{
 /// unless `RESHARD_FINALIZE_TIMEOUT` (seconds) says otherwise.
 pub const FINALIZE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// For unit tests: reports that a part of `test` cannot run here, and why, as the integration
+/// tests' `util::skip` does. With `RESHARD_NO_SKIP=1` (CI sets it) that is a failure; otherwise
+/// one `SKIPPED <test>: <reason>` line goes straight to the process's stderr (the harness
+/// captures `eprintln!`, not this) and the caller leaves the part out.
+#[cfg(test)]
+pub fn skip(test: &str, reason: &str) {
+    if std::env::var_os("RESHARD_NO_SKIP").is_some_and(|v| v == "1") {
+        panic!("{test} cannot run: {reason} (RESHARD_NO_SKIP=1: skipping is a failure)");
+    }
+    let line = format!("SKIPPED {test}: {reason}\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+}
+
 /// `RESHARD_TRACE_ROUNDS`.
 pub fn trace_rounds() -> bool {
     std::env::var_os("RESHARD_TRACE_ROUNDS").is_some()

@@ -10,7 +10,7 @@ use crate::util::data::plain_headers;
 use crate::util::runs::{bad_shard, fails_cleanly, run};
 use crate::util::tar::{header_offsets, tar_of};
 use crate::util::verifier::{input_samples, verify, Expected};
-use crate::util::{noise, snapshot, with_tmpfs, Dir, FAIL_FAST};
+use crate::util::{noise, says, snapshot, with_tmpfs, Dir, FAIL_FAST};
 
 #[test]
 fn not_a_tar() {
@@ -281,7 +281,10 @@ fn a_panic_on_one_rank_aborts_every_rank() {
     };
     // Rank 1 panics while the others wait in a collective: MPI_Abort must end them all.
     let res = run(Some("1"));
-    res.check(res.code().is_some_and(|c| c != 0), "the job must fail");
+    res.check(
+        res.code() == Some(70),
+        "a panic must end the job with status 70",
+    );
     res.check(
         res.elapsed < FAIL_FAST,
         "a panic must not leave ranks hanging",
@@ -310,19 +313,21 @@ fn a_stalled_rank_is_detected_by_the_watchdog() {
     // Rank 1 stops (SIGSTOP) as the exchange starts, like a frozen node.
     .env("RESHARD_TEST_STALL_RANK", "1");
     let res = cmd.timeout(2 * FAIL_FAST).output();
-    res.check(res.code().is_some_and(|c| c != 0), "the job must fail");
+    res.check(
+        res.code() == Some(75),
+        "the stall watchdog must end the job with status 75",
+    );
     res.check(
         res.elapsed < FAIL_FAST,
         "the watchdog must end the job in bounded time",
     );
-    res.stderr_has("no progress for");
+    res.stderr_says("no progress for");
     res.stderr_has(".out.reshard-tmp");
     res.stderr_has("--stall-timeout");
     // The heartbeats name the rank that stopped: silent, or (before its heartbeat goes stale)
     // rounds behind the others. Rank 1 never reports itself: it is stopped.
     res.check(
-        res.stderr.contains("stopped answering: rank 1")
-            || res.stderr.contains("stuck behind: rank 1"),
+        says(&res.stderr, "stopped answering: rank 1") || says(&res.stderr, "stuck behind: rank 1"),
         "the watchdog must name rank 1",
     );
     res.check(!dir.join("out").exists(), "nothing may be published");
@@ -497,8 +502,8 @@ fn a_finalize_that_never_returns_still_ends_the_job() {
         // A hang is caught by the timeout above; how long the job took depends on the machine's
         // load, so it is reported, not asserted. Every rank's deadline message is whole (one
         // write each), so the search below cannot miss it for a line torn by another rank's.
-        res.stderr_has("MPI_Finalize did not return within 1 s");
-        res.stderr_has("exiting with status 0");
+        res.stderr_says("MPI_Finalize did not return within 1 s");
+        res.stderr_says("exiting with status 0");
         res.check(
             res.stdout.contains("samples"),
             "rank 0's summary must be printed before finalizing",
@@ -578,7 +583,7 @@ fn a_failed_job_whose_finalize_hangs_still_fails() {
         &format!("took {:.1} s to end", res.elapsed.as_secs_f64()),
     );
     res.stderr_has("no samples");
-    res.stderr_has("exiting with status 1");
+    res.stderr_says("exiting with status 1");
     res.check(!dir.join("out").exists(), "nothing may be published");
 }
 

@@ -13,7 +13,7 @@ use crate::util::cluster::{
 use crate::util::data::sized;
 use crate::util::runs::run;
 use crate::util::verifier::{assert_same_output, verify, Expected};
-use crate::util::{skip, Dir};
+use crate::util::{says, skip, Dir};
 
 /// 3 nodes x 2 ranks: the output is byte-identical to one rank's, and what crosses each node's
 /// link is what the scaling model predicts, (1 - 1/nodes) * D / nodes plus the metadata.
@@ -249,9 +249,9 @@ fn jobs_end_although_mpi_finalize_hangs() {
                 took.as_secs_f64()
             ),
         );
-        if res.stderr.contains("MPI_Finalize did not return") {
+        if says(&res.stderr, "MPI_Finalize did not return") {
             hung += 1;
-            res.stderr_has("exiting with status 0");
+            res.stderr_says("exiting with status 0");
         }
         verify(&Expected::new(dir.path(), &inputs, 4, 5, nodes), &target);
         after_publish.push(format!("{:.1}", took.as_secs_f64()));

@@ -3,10 +3,11 @@
 
 use std::fs;
 
+use crate::util::corpus::md5_hex;
 use crate::util::runs::run;
 use crate::util::tar::{compress, decompress};
-use crate::util::verifier::assert_same_output;
-use crate::util::{index_json, Dir, FAIL_FAST, NPS};
+use crate::util::verifier::{assert_same_output, verify, Expected};
+use crate::util::{index_json, tar_files, Dir, FAIL_FAST, NPS};
 
 #[test]
 fn gzip_and_zstd_inputs_give_the_same_shards_as_plain_ones() {
@@ -105,6 +106,11 @@ fn compressed_outputs_hold_the_plain_shards_and_feed_the_next_epoch() {
         ],
     );
     run(&dir, Some(2), &["in"], "plain", 4, 5, &[]);
+    run(&dir, Some(2), &["plain"], "plain-next", 4, 6, &[]);
+    verify(
+        &Expected::new(dir.path(), &tar_files(&dir.join("plain")), 4, 6, 2),
+        &dir.join("plain-next"),
+    );
     for (codec, ext) in [("gz", "tar.gz"), ("zst", "tar.zst")] {
         for np in [1, 3] {
             let out = dir.join(format!("{codec}-np{np}"));
@@ -125,6 +131,12 @@ fn compressed_outputs_hold_the_plain_shards_and_feed_the_next_epoch() {
                 assert_eq!(
                     entry["filesize"].as_u64().unwrap(),
                     fs::metadata(&path).unwrap().len()
+                );
+                // --checksum: the MD5 of the compressed file as stored, which wids checks.
+                assert_eq!(
+                    entry["md5sum"].as_str(),
+                    Some(md5_hex(&fs::read(&path).unwrap()).as_str()),
+                    "{name}: md5sum"
                 );
                 let plain = fs::read(dir.join(format!("plain/shard-{i:06}.tar"))).unwrap();
                 assert!(
@@ -153,5 +165,12 @@ fn compressed_outputs_hold_the_plain_shards_and_feed_the_next_epoch() {
             &[],
         );
         res.stderr_has("reused the saved index of 4 of 4 input shards");
+        // What the saved index cut out must be the samples themselves: the same epoch from the
+        // plain shards (checked sample by sample by the verifier) has the same bytes.
+        assert_same_output(
+            &dir.join("plain-next"),
+            &dir.join(format!("{codec}-next")),
+            &["inputs", "input_bytes", "ranks"],
+        );
     }
 }

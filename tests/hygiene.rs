@@ -2,8 +2,30 @@
 //! (--on-duplicate), with webdataset's sample rules as the reference.
 
 use crate::util::runs::run_two_shards;
-use crate::util::tar::tar_of;
-use crate::util::{index_json, Dir};
+use std::path::PathBuf;
+
+use crate::util::samples::{assert_same_samples, flat, input, output};
+use crate::util::tar::{decompress, tar_of};
+use crate::util::verifier::{walk_file, Kind};
+use crate::util::{index_json, tar_files, Dir};
+
+/// Every regular member of the tar files `paths` as (name, content), sorted: what moved, however
+/// reshard grouped the members into samples (a repeated name counts each time).
+fn members_of(paths: &[PathBuf]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut v: Vec<_> = paths
+        .iter()
+        .flat_map(|p| {
+            let w = walk_file(p);
+            w.records
+                .iter()
+                .filter(|r| r.kind == Kind::File)
+                .map(|r| (r.path.clone(), w.bytes[r.data..r.data + r.size].to_vec()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    v.sort();
+    v
+}
 
 #[test]
 fn required_extensions_abort_warn_or_exclude() {
@@ -35,6 +57,9 @@ fn required_extensions_abort_warn_or_exclude() {
     let idx = index_json(&dir.join("warned"));
     assert_eq!(idx["reshard"]["samples"], 3);
     assert_eq!(idx["reshard"]["hygiene"]["incomplete"], 1);
+    // Warned about, the incomplete sample still moves, with the others, byte for byte.
+    let all = input(&[dir.join("in/x.tar")]);
+    assert_same_samples(&all, &flat(&output(&dir.join("warned"))));
     run_two_shards(
         &dir,
         2,
@@ -45,6 +70,8 @@ fn required_extensions_abort_warn_or_exclude() {
     let idx = index_json(&dir.join("excluded"));
     assert_eq!(idx["reshard"]["samples"], 2, "b is left out");
     assert_eq!(idx["reshard"]["hygiene"]["excluded"], 1);
+    let kept: Vec<_> = all.into_iter().filter(|g| g.key != "b").collect();
+    assert_same_samples(&kept, &flat(&output(&dir.join("excluded"))));
 }
 
 /// A case: its name, the files to write, and what the error must say.
@@ -93,6 +120,17 @@ fn duplicates_abort_by_default_and_can_be_kept() {
         run_two_shards(&dir, 2, "kept", &["--on-duplicate", "keep"], 0);
         let res = run_two_shards(&dir, 2, "warned", &["--on-duplicate", "warn"], 0);
         res.stderr_has(needle);
+        // Kept or warned about, every member moves once, byte for byte: the output holds the
+        // input's members, whichever samples they were grouped into.
+        let inputs: Vec<_> = files.iter().map(|(p, _)| dir.join(p)).collect();
+        let want = members_of(&inputs);
+        for out in ["kept", "warned"] {
+            assert_eq!(
+                members_of(&tar_files(&dir.join(out))),
+                want,
+                "{name}: {out}"
+            );
+        }
         assert_eq!(
             index_json(&dir.join("warned"))["reshard"]["hygiene"]["duplicates"],
             1,
@@ -127,6 +165,13 @@ fn many_non_adjacent_samples_in_a_compressed_shard_are_each_counted() {
         assert_eq!(
             index_json(&dir.join(&out))["reshard"]["hygiene"]["duplicates"],
             51
+        );
+        let inputs = [dir.join("in/x.tar.gz"), dir.join("in/y.tar")];
+        let plain = dir.create_bytes("plain-x.tar", &decompress(&inputs[0]));
+        assert_eq!(
+            members_of(&tar_files(&dir.join(&out))),
+            members_of(&[plain, inputs[1].clone()]),
+            "np {np}"
         );
     }
 }

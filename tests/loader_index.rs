@@ -348,6 +348,19 @@ fn a_split_output_gets_one_energon_dataset_whose_parts_are_the_splits() {
         per_split, 120,
         "every sample indexed once across the splits"
     );
+    // DALI's NAME.idx next to each split's shards, field by field against Python's tarfile.
+    let dali: usize = ["train", "val", "test"]
+        .iter()
+        .map(|s| {
+            let split = out.join(s);
+            assert!(
+                split.join("shard-000000.idx").is_file(),
+                "{s}: no DALI index"
+            );
+            check_with_python(&dir, &split, false, true)
+        })
+        .sum();
+    assert_eq!(dali, 120, "every sample in the DALI indexes once");
     let Some(py) = energon_python() else {
         skip(
             "a split output read by energon",

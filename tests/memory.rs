@@ -1,17 +1,40 @@
-//! Memory bounds: whatever the dataset size, each rank's peak RSS stays within `--mem-limit`
-//! plus a fixed allowance, read from the ranks' own VmHWM in the `--report` summary.
+//! Memory bounds: each rank's peak RSS, sampled from outside (`VmHWM` in `/proc`), stays within
+//! `--mem-limit` plus what the same run needs with almost no data, and follows the limit: the same
+//! data under a 1 GiB budget takes far more memory and far fewer rounds.
 
-use crate::util::runs::run;
-use crate::util::Dir;
+use crate::util::{output_with_peaks, Dir, RunOutput};
 
-const ALLOWANCE: u64 = 64 << 20;
+/// What a rank may hold beyond its budget and its footprint on a tiny dataset: allocator slack,
+/// MPI's own buffers, the O(N/P) sample metadata.
+const ALLOWANCE: u64 = 16 << 20;
+
+/// The budget under test, small next to what 16 rounds of this data would hold.
+const LIMIT: u64 = 4 << 20;
+
+/// `reshard run` of `input` under `mpirun -np NP` with `--mem-limit LIMIT`; the output, the
+/// externally sampled peak of every rank, and the `--report` summary.
+fn sampled(dir: &Dir, np: usize, input: &str, limit: &str) -> (RunOutput, u64, serde_json::Value) {
+    let out = format!("out-{input}-{np}-{limit}");
+    let report = format!("{out}.json");
+    let mut cmd = dir.mpi(np);
+    cmd.args(["run", "--input", input, "--output", &out, "--shards", "8"])
+        .args(["--seed", "1", "--mem-limit", limit, "--report", &report]);
+    let (res, peaks) = output_with_peaks(&cmd, dir.path());
+    res.check(res.code() == Some(0), "expected success");
+    res.check(
+        peaks.len() == np,
+        &format!("sampled {} rank processes, expected {np}", peaks.len()),
+    );
+    let text = std::fs::read_to_string(dir.join(&report)).unwrap();
+    let summary = serde_json::from_str(&text).unwrap();
+    (res, peaks.into_iter().max().unwrap(), summary)
+}
 
 #[test]
-fn peak_rss_of_every_rank_stays_within_the_budget() {
+fn peak_rss_of_every_rank_follows_the_budget() {
     let dir = Dir::new("memory");
-    let limit: u64 = 16 << 20;
-    // Eight times the total budget of both ranks, in samples larger than a round's share so
-    // that they travel in chunks.
+    // 2 MiB samples in 8 shards: with np 2, 16 rounds (the least the exchange makes) move 8 MiB
+    // a round per rank, twice the budget, so only a budget that is obeyed bounds the rounds.
     dir.generate(
         "in",
         &[
@@ -27,47 +50,63 @@ fn peak_rss_of_every_rank_stays_within_the_budget() {
             "5",
         ],
     );
-    for np in [1, 2] {
-        let out = format!("out-{np}");
-        let report = format!("report-{np}.json");
-        let res = run(
-            &dir,
-            Some(np),
-            &["in"],
-            &out,
-            8,
-            1,
-            &["--mem-limit", "16MiB", "--report", &report],
-        );
-        let text = std::fs::read_to_string(dir.join(&report)).unwrap();
-        let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let ranks = summary["per_rank"].as_array().unwrap();
-        res.check(ranks.len() == np, "one entry per rank");
+    dir.generate(
+        "tiny",
+        &["--shards", "2", "--samples", "8", "--mean-size", "4KiB"],
+    );
+    // Two ranks: one rank alone moves its data without exchange buffers (25 MiB whatever the
+    // budget), and with more ranks each one's share of 16 rounds no longer dwarfs the budget.
+    {
+        let np = 2;
+        let (_, base, _) = sampled(&dir, np, "tiny", "4MiB");
+        let (res, small, summary) = sampled(&dir, np, "in", "4MiB");
+        let (big_res, big, _) = sampled(&dir, np, "in", "1GiB");
         let sample_bytes = summary["sample_bytes"].as_u64().unwrap();
         res.check(
-            sample_bytes >= 8 * np as u64 * limit,
-            "the dataset must exceed the budget eightfold",
+            sample_bytes >= 32 * np as u64 * LIMIT,
+            "each rank's 16 rounds must be twice the budget",
         );
-        let mut written = 0;
-        for (r, rank) in ranks.iter().enumerate() {
-            let rss = rank["peak_rss"].as_u64().unwrap();
-            res.check(rss > 0, "VmHWM must be reported");
-            res.check(
-                rss <= limit + ALLOWANCE,
-                &format!(
-                    "rank {r}: peak RSS {} MiB exceeds the 16 MiB budget + 64 MiB",
-                    rss >> 20
-                ),
-            );
-            written += rank["bytes_written"].as_u64().unwrap();
-        }
-        res.check(
-            written == sample_bytes,
-            "the ranks' written bytes must add up to the dataset",
+        println!(
+            "np {np}: peak RSS {} MiB on tiny data, {} MiB with --mem-limit 4MiB, {} MiB with 1GiB",
+            base >> 20,
+            small >> 20,
+            big >> 20
         );
         res.check(
-            summary["rounds"].as_u64().unwrap() > 8,
-            "a small budget means many rounds",
+            small <= base + LIMIT + ALLOWANCE,
+            &format!(
+                "peak RSS {} MiB exceeds the {} MiB of a tiny run + the 4 MiB budget + {} MiB",
+                small >> 20,
+                base >> 20,
+                ALLOWANCE >> 20
+            ),
+        );
+        // Under a 1 GiB budget the rounds are 16 of the data each: buffers of several times
+        // the small budget. An ignored limit gives both runs the same footprint.
+        big_res.check(
+            big >= small + 4 * LIMIT,
+            &format!(
+                "peak RSS {} MiB under 1GiB against {} MiB under 4MiB: the budget changed nothing",
+                big >> 20,
+                small >> 20
+            ),
+        );
+        // Each round a rank receives at most its budget, so the busiest writer needs at least
+        // this many rounds, whatever reshard reports about itself.
+        let ranks = summary["per_rank"].as_array().unwrap();
+        res.check(ranks.len() == np, "one entry per rank");
+        let busiest = ranks
+            .iter()
+            .map(|r| r["bytes_written"].as_u64().unwrap())
+            .max()
+            .unwrap();
+        let rounds = summary["rounds"].as_u64().unwrap();
+        res.check(
+            rounds >= busiest.div_ceil(LIMIT),
+            &format!(
+                "{rounds} rounds moved {} MiB to one rank under a 4 MiB budget",
+                busiest >> 20
+            ),
         );
     }
 }

@@ -5,7 +5,10 @@
 use std::fs;
 use std::time::Duration;
 
-use crate::util::ops::{png_size, progress_lines, spack_package, svg_elements, svg_texts};
+use crate::util::ops::{
+    progress_lines, spack_package, svg_elements, svg_texts,
+    verify_pictures_of_a_shuffle_and_a_key_order,
+};
 use crate::util::verifier::assert_same_output;
 use crate::util::Dir;
 
@@ -25,6 +28,13 @@ fn the_summary_of_64_ranks_fits_a_screen() {
         .assert_success();
     let lines = out.stdout.lines().count();
     out.check(lines <= 30, &format!("the summary has {lines} lines"));
+    // 64 ranks, most of them holding one input shard and writing one output shard, give the
+    // bytes one rank gives.
+    dir.command()
+        .args(["run", "--input", "in", "--output", "one", "--shards", "64"])
+        .args(["--seed", "3"])
+        .assert_success();
+    assert_same_output(&dir.join("one"), &dir.join("out"), &["ranks"]);
     for needle in [
         "with 64 ranks",
         "slowest reader: rank ",
@@ -179,30 +189,31 @@ fn plan_and_verify_draw_pictures() {
         plan.check(texts >= 5, &format!("{texts} texts: titles and labels"));
     }
 
-    dir.mpi(3)
-        .args([
-            "run", "--input", "in", "--output", "out", "--shards", "9", "--seed", "2",
-        ])
-        .assert_success();
-    let verify = dir
-        .mpi(2)
-        .args([
-            "verify",
-            "--input",
-            "in",
-            "--output",
-            "out",
-            "--plot",
-            "check.png",
-        ])
-        .assert_success();
-    verify.stderr_has("drew the output to check.png");
-    let png = dir.join("check.png");
-    verify.check(png_size(&png) == (1200, 900), "a 1200 x 900 PNG");
-    let size = fs::metadata(&png).unwrap().len();
-    verify.check(
-        (10_000..5_000_000).contains(&size),
-        &format!("a PNG of {size} bytes"),
+    let shades = verify_pictures_of_a_shuffle_and_a_key_order(&dir);
+    // (shaded, dark) pixels of the output's matrix and of the uniform one.
+    let [[shuffled, uniform], [sorted, uniform_sorted]] = [shades[0], shades[1]];
+    println!("shuffle: {shuffled:?} against {uniform:?}; key order: {sorted:?} against {uniform_sorted:?}");
+    // A shuffle takes every output shard from every input shard, like the uniform matrix: every
+    // cell is shaded in both, about as many pixels.
+    assert!(
+        shuffled.0 * 10 >= uniform.0 * 9 && uniform.0 > 0,
+        "shuffle: {shuffled:?} shaded pixels against the uniform {uniform:?}"
+    );
+    // Key order leaves most cells empty (white) and fills a diagonal band completely (dark),
+    // which no cell of the uniform matrix is.
+    assert!(
+        sorted.0 * 2 < uniform_sorted.0,
+        "key order: {sorted:?} shaded pixels, the uniform {uniform_sorted:?}"
+    );
+    // (Each panel's colour scale has a dark end, the uniform panel's only dark pixels.)
+    assert!(
+        sorted.1 * 3 > sorted.0 && sorted.1 > 4 * uniform_sorted.1,
+        "key order: {sorted:?} dark pixels, the uniform {uniform_sorted:?}"
+    );
+    // A shuffle's shares scatter around the uniform ones: only the largest are dark.
+    assert!(
+        shuffled.1 * 4 < shuffled.0,
+        "shuffle: {shuffled:?} dark pixels"
     );
 
     // A picture of a run is verify's; a format must be known.

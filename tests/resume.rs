@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::util::data::sized;
 use crate::util::verifier::assert_same_output;
-use crate::util::{snapshot, Dir, RunOutput, FAIL_FAST};
+use crate::util::{reshard_processes, signal, snapshot, Dir, RunOutput, FAIL_FAST};
 
 /// The arguments every run here shares, as (flag, value): small rounds (a 1 MiB budget) so that
 /// the exchange has many, and a checkpoint after every round. A test's own value for a flag
@@ -38,18 +38,34 @@ fn job(dir: &Dir, np: Option<usize>, out: &str, extra: &[&str]) -> crate::util::
     cmd
 }
 
-/// Runs with rank `victim` killed (SIGKILL) as exchange round `round` starts: the job fails and
-/// leaves its staging directory with a checkpoint, nothing published.
-fn killed(dir: &Dir, np: usize, out: &str, victim: usize, round: u64) -> RunOutput {
-    let res = job(dir, Some(np), out, &[])
-        .env("RESHARD_TEST_KILL", format!("{victim}:{round}"))
-        .output();
+/// Runs with rank `victim` killed (SIGKILL) from outside as soon as a checkpoint exists: the job
+/// fails and leaves its staging directory with that checkpoint, nothing published. Checkpoints
+/// are asynchronous, so under load the first may land late in the exchange; the ranks pause
+/// before finishing (for up to a minute) so that the job cannot end before it does.
+fn killed(dir: &Dir, np: usize, out: &str, victim: usize) -> RunOutput {
+    let mut cmd = job(dir, Some(np), out, &[]);
+    cmd.env("RESHARD_TEST_PAUSE_FINISH", "60");
+    let run = std::thread::spawn(move || cmd.output());
+    let checkpoint = dir.join(format!(".{out}.reshard-tmp/.resume/checkpoint.json"));
+    let start = Instant::now();
+    while !checkpoint.exists() {
+        assert!(
+            !run.is_finished() && start.elapsed() < 2 * FAIL_FAST,
+            "no checkpoint was recorded while the job ran"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = reshard_processes(dir.path())
+        .into_iter()
+        .find_map(|(pid, rank)| (rank == Some(victim)).then_some(pid))
+        .unwrap_or_else(|| panic!("rank {victim} is not running"));
+    signal(pid, libc::SIGKILL);
+    let res = run.join().unwrap();
     res.check(res.code() != Some(0), "the killed job must fail");
     res.check(!dir.join(out).exists(), "nothing may be published");
     res.check(
-        dir.join(format!(".{out}.reshard-tmp/.resume/checkpoint.json"))
-            .exists(),
-        "a checkpoint must have been recorded before the kill",
+        checkpoint.exists(),
+        "the checkpoint must outlive the killed job",
     );
     res
 }
@@ -78,13 +94,13 @@ fn a_rank_killed_mid_exchange_resumes_to_identical_output() {
     // A rank other than 0, and rank 0 itself (its lock is then left by a dead process).
     for (np, victim) in [(2, 1), (3, 0), (4, 2)] {
         let out = format!("out-{np}");
-        killed(&dir, np, &out, victim, 6);
+        killed(&dir, np, &out, victim);
         resumed(&dir, Some(np), &out);
         assert_same_output(&dir.join("ref"), &dir.join(&out), &["ranks"]);
         // Resuming the same plan with another rank count and budget works too (np 4 -> 2).
         if np == 4 {
             let report = dir.join("report.json");
-            killed(&dir, 4, "again", 1, 5);
+            killed(&dir, 4, "again", 1);
             let res = job(&dir, Some(2), "again", &["--resume", "--mem-limit", "2MiB"])
                 .args(["--report", report.to_str().unwrap()])
                 .assert_success();
@@ -121,7 +137,7 @@ fn a_run_killed_before_publishing_resumes_without_moving_data() {
 fn resume_refuses_other_arguments_or_inputs() {
     let dir = Dir::new("resume-refuse");
     inputs(&dir);
-    killed(&dir, 2, "out", 1, 5);
+    killed(&dir, 2, "out", 1);
     let staging = dir.join(".out.reshard-tmp");
     let before = snapshot(&staging);
     let refused = |extra: &[&str], needle: &str| {
@@ -186,7 +202,7 @@ fn resume_refuses_other_arguments_or_inputs() {
     assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
     // Without --resume, a leftover staging directory is removed and the run starts over; with
     // --resume and nothing left, it starts from the beginning.
-    killed(&dir, 2, "over", 1, 5);
+    killed(&dir, 2, "over", 1);
     let res = job(&dir, Some(2), "over", &[]).assert_success();
     res.stderr_has("--resume would have continued it");
     assert_same_output(&dir.join("ref"), &dir.join("over"), &["ranks"]);
@@ -200,7 +216,8 @@ fn two_runs_on_one_output_one_refuses() {
     let dir = Dir::new("two-worlds");
     inputs(&dir);
     job(&dir, None, "ref", &[]).assert_success();
-    // The first run pauses before finishing, holding the output.
+    // The first run pauses before finishing, holding the output, and is stopped (SIGSTOP) there
+    // for as long as the second world takes: alive, so its lock is not stale.
     let mut first = job(&dir, None, "out", &[]);
     first.env("RESHARD_TEST_PAUSE_FINISH", "5");
     let first = std::thread::spawn(move || first.output());
@@ -208,8 +225,17 @@ fn two_runs_on_one_output_one_refuses() {
     let start = Instant::now();
     while !marker.exists() {
         assert!(start.elapsed() < FAIL_FAST, "the first run never paused");
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
+    let [(pid, None)] = reshard_processes(dir.path())[..] else {
+        panic!("expected the first run alone");
+    };
+    signal(pid, libc::SIGSTOP);
+    // The marker goes when the pause ends: still there, the run was stopped inside it.
+    assert!(
+        marker.exists(),
+        "the first run left its pause before it could be stopped"
+    );
     // A second world on the same output: without a launcher, and under mpirun.
     for np in [None, Some(2)] {
         let second = job(&dir, np, "out", &[]).assert_code(1);
@@ -217,6 +243,7 @@ fn two_runs_on_one_output_one_refuses() {
         second.stderr_has(&format!("on {}", hostname()));
         second.check(second.elapsed < FAIL_FAST, "refusing must be quick");
     }
+    signal(pid, libc::SIGCONT);
     let first = first.join().unwrap();
     first.check(first.code() == Some(0), "the first run must succeed");
     assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);

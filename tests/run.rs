@@ -5,10 +5,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::util::data::uneven;
+use crate::util::permutation::assert_order;
 use crate::util::runs::{exchange_rounds, run, same_bytes_for_every_rank_count};
 use crate::util::tar::gnu_tar_list;
 use crate::util::verifier::{assert_same_output, input_samples, verify, Expected};
-use crate::util::{have_python, index_json, Dir};
+use crate::util::{have_python, index_json, Dir, RunOutput};
 
 #[test]
 fn gnu_long_names_same_bytes_for_every_rank_count() {
@@ -62,7 +63,11 @@ fn tiny_memory_budget_and_rounds_give_the_same_bytes() {
 
     let shards = 4;
     let reference = run(&dir, Some(2), &["in"], "out-default", shards, 9, &[]);
-    let default_rounds = exchange_rounds(&reference);
+    let rounds_of = |res: &RunOutput| {
+        exchange_rounds(res)
+            .unwrap_or_else(|| res.fail("the summary has no \"exchange rounds: N\" line"))
+    };
+    let default_rounds = rounds_of(&reference);
     verify(
         &Expected::new(dir.path(), &inputs, shards, 9, 2),
         &dir.join("out-default"),
@@ -82,12 +87,11 @@ fn tiny_memory_budget_and_rounds_give_the_same_bytes() {
         );
         assert_same_output(&dir.join("out-default"), &dir.join(&out), &["ranks"]);
         if extra.contains(&"--mem-limit") {
-            if let (Some(d), Some(r)) = (default_rounds, exchange_rounds(&res)) {
-                res.check(
-                    r > d && r > 1,
-                    &format!("a 1MiB budget took {r} exchange rounds, the default {d}"),
-                );
-            }
+            let (d, r) = (default_rounds, rounds_of(&res));
+            res.check(
+                r > d && r > 1,
+                &format!("a 1MiB budget took {r} exchange rounds, the default {d}"),
+            );
         }
     }
 }
@@ -132,6 +136,10 @@ fn seed_and_epoch_choose_the_order() {
             fs::read(dir.join("e").join(name("part"))).unwrap(),
             "shard {i} differs with --prefix part"
         );
+    }
+    // The order itself, against the permutation written again from its specification.
+    for (v, seed, epoch) in [(&a, 1, 0), (&c, 2, 0), (&d, 1, 1)] {
+        assert_order(&v.order, &v.input_order, seed, epoch);
     }
     assert_eq!(a.order, b.order);
     assert_ne!(a.order, c.order, "seed 2 gives the order of seed 1");

@@ -181,4 +181,24 @@ mod tests {
         fs::write(&shard, vec![1u8; 4096 + 512]).unwrap();
         assert!(matches!(load(&shard, None), Lookup::Stale(_)));
     }
+
+    /// A shard rewritten in place with the same size (another epoch's bytes) is told apart by
+    /// its modification time alone, to the nanosecond.
+    #[test]
+    fn a_rewrite_of_the_same_size_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = dir.path().join("s.tar");
+        fs::write(&shard, vec![0u8; 4096]).unwrap();
+        let f = File::options().write(true).open(&shard).unwrap();
+        let then = UNIX_EPOCH + std::time::Duration::new(1_700_000_000, 123);
+        f.set_modified(then).unwrap();
+        save(dir.path(), &shard, std::iter::empty()).unwrap();
+        let found = |shard: &Path| matches!(load(shard, Some(dir.path())), Lookup::Found(_));
+        assert!(found(&shard));
+        f.set_modified(then + std::time::Duration::from_nanos(1))
+            .unwrap();
+        assert!(!found(&shard), "one nanosecond later, same size: stale");
+        f.set_modified(then).unwrap();
+        assert!(found(&shard));
+    }
 }

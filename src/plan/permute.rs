@@ -167,6 +167,14 @@ mod tests {
     const PINNED: [u64; 5] = [25, 165, 153, 711, 180];
 
     #[test]
+    fn knows_its_size() {
+        let p = Permutation::new(1, 0, 5);
+        assert_eq!((p.len(), p.is_empty()), (5, false));
+        let none = Permutation::new(1, 0, 0);
+        assert_eq!((none.len(), none.is_empty()), (0, true));
+    }
+
+    #[test]
     fn looks_shuffled() {
         // Spearman-like check: mean displacement of a random permutation is about n/3.
         let n = 100_000u64;

@@ -141,6 +141,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_sample_goes_to_the_shard_of_its_midpoint() {
+        // 100 bytes in 4 shards of 25: (start, length) -> shard.
+        let cases = [
+            ((0, 10), 0),
+            ((20, 10), 1), // midpoint 25: a share's end belongs to the next shard
+            ((30, 10), 1),
+            ((45, 10), 2),
+            ((70, 4), 2),
+            ((90, 10), 3),
+            ((100, 0), 3), // the very end stays in the last shard
+        ];
+        for ((before, len), shard) in cases {
+            assert_eq!(byte_shard_of(before, len, 100, 4), shard, "{before}+{len}");
+        }
+        // Nothing to share: everything in shard 0.
+        assert_eq!(byte_shard_of(0, 0, 0, 3), 0);
+    }
+
+    #[test]
+    fn groups_follow_each_other_and_groups_without_shards_are_left_out() {
+        // A split of 4 samples given no shards, and an empty one, hold no shard.
+        let plan = ShardPlan::by_groups(&[(5, 2), (4, 0), (0, 0), (3, 1)], 2);
+        assert_eq!((plan.shards(), plan.positions()), (3, 8));
+        let cuts: Vec<_> = (0..3).map(|s| plan.shard_positions(s)).collect();
+        assert_eq!(cuts, [0..3, 3..5, 5..8]);
+    }
+
+    #[test]
     fn shard_counts_differ_by_at_most_one_and_cover_everything() {
         for (n, s) in [(10, 3), (3, 3), (100, 7), (1, 1), (1000, 999), (64, 64)] {
             let plan = ShardPlan::by_count(n, s, 1);

@@ -171,6 +171,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn as_many_shards_as_samples_but_no_more() {
+        assert_eq!(Sizing::Count(5).shards(5, 100).unwrap().0, 5);
+        assert!(Sizing::Count(6).shards(5, 100).is_err());
+        // 700 bytes at 100 a shard: exactly one sample per shard, not a capped count.
+        let (n, why) = Sizing::Size(100).shards(7, 700).unwrap();
+        assert_eq!(n, 7);
+        assert!(why.contains("on average"), "{why}");
+        let gpus = |g, w, size| Sizing::Gpus {
+            gpus: g,
+            workers: w,
+            size,
+        };
+        let (n, why) = gpus(4, 1, 1 << 20).shards(4, 1 << 30).unwrap();
+        assert_eq!(n, 4);
+        assert!(why.contains("limited by the sample count"), "{why}");
+        let (_, why) = gpus(4, 1, 256 << 20).shards(4, 1 << 30).unwrap();
+        assert!(!why.contains("limited"), "{why}");
+    }
+
+    /// The count above the ideal wins when it is nearer: 2.9 rounds to 3, and 1.8 units of 16
+    /// to 32 shards.
+    #[test]
+    fn the_nearest_count_may_be_the_larger() {
+        assert_eq!(Sizing::Size(100).shards(1000, 290).unwrap().0, 3);
+        // A tie (12 bytes at 5: 2 shards of 6 or 3 of 4) keeps the fewer, larger shards, so
+        // that the count (and every output) never flips on a rounding change.
+        assert_eq!(Sizing::Size(5).shards(1000, 12).unwrap().0, 2);
+        let gpus = Sizing::Gpus {
+            gpus: 8,
+            workers: 2,
+            size: 356 << 20,
+        };
+        assert_eq!(gpus.shards(100_000, 10 << 30).unwrap().0, 32);
+    }
+
+    #[test]
     fn equalize_targets() {
         let t = Targets::new(10, 4, Equalize::None);
         assert_eq!((t.positions(), t.dropped(), t.repeated()), (10, 0, 0));

@@ -376,6 +376,10 @@ mod tests {
         };
         for text in [false, true] {
             if text && !font_ready() {
+                crate::hooks::skip(
+                    "drawing with text",
+                    "no TrueType font found (apt-get install fonts-dejavu-core)",
+                );
                 continue;
             }
             let svg = dir.path().join(format!("p{text}.svg"));

@@ -4,9 +4,10 @@
 //!
 //! The submodules hold everything else the feature files share, so that those hold only tests:
 //! `tar` (archive builders and byte surgery), `verifier` (the independent verifier), `samples`
-//! (samples read back through it), `data` (datasets), `runs` (runs of reshard), `loaders`
-//! (checks of the loader indexes, with Python and the real energon), and the
-//! harnesses of three areas: `corpus` (real writers' archives), `cluster`, `slurm`.
+//! (samples read back through it), `permutation` (the order, written again from its
+//! specification), `data` (datasets), `runs` (runs of reshard), `loaders` (checks of the loader
+//! indexes, with Python and the real energon), and the harnesses of three areas: `corpus` (real
+//! writers' archives), `cluster`, `slurm`.
 
 pub mod cluster;
 pub mod corpus;
@@ -14,6 +15,7 @@ pub mod data;
 pub mod loaders;
 pub mod lock;
 pub mod ops;
+pub mod permutation;
 pub mod runs;
 pub mod samples;
 pub mod slurm;
@@ -441,6 +443,19 @@ impl RunOutput {
             }
         }
     }
+
+    /// Requires some rank to have said `needle` on stderr, where several ranks print the same
+    /// line at once: each word of `needle` must appear, in order, within one stretch of at most
+    /// 1 KiB. A line written in several `write(2)` calls (one per piece of its format string) may
+    /// be interleaved with another rank's pieces, but its words keep their order; a line written
+    /// in one call matches as well.
+    #[track_caller]
+    pub fn stderr_says(&self, needle: &str) {
+        self.check(
+            says(&self.stderr, needle),
+            &format!("expected some rank to say {needle:?} on stderr"),
+        );
+    }
 }
 
 /// The first piece of `text` shaped like Rust's `{:?}` of a struct or an enum variant with a
@@ -475,6 +490,38 @@ pub fn debug_text(text: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// Whether the words of `needle` occur in `text` in order, within 1 KiB of where the first one
+/// occurs (see [`RunOutput::stderr_says`]).
+pub fn says(text: &str, needle: &str) -> bool {
+    let words: Vec<&str> = needle.split_whitespace().collect();
+    let Some(first) = words.first() else {
+        return true;
+    };
+    text.match_indices(first).any(|(start, _)| {
+        let window = &text[start..];
+        let window = &window[..floor_char_boundary(window, 1024)];
+        let mut at = 0;
+        words.iter().all(|w| match window[at..].find(w) {
+            Some(i) => {
+                at += i + w.len();
+                true
+            }
+            None => false,
+        })
+    })
+}
+
+/// The largest index at most `max` that starts a character of `s` (or its length).
+fn floor_char_boundary(s: &str, max: usize) -> usize {
+    if max >= s.len() {
+        return s.len();
+    }
+    (0..=max)
+        .rev()
+        .find(|&i| s.is_char_boundary(i))
+        .unwrap_or(0)
 }
 
 /// A snapshot of every file below a directory (relative path → bytes), to prove that a run left
@@ -659,4 +706,98 @@ pub fn edit_index(out: &Path, f: impl FnOnce(&mut serde_json::Value)) {
         serde_json::to_vec_pretty(&v).unwrap(),
     )
     .unwrap();
+}
+
+/// Runs `cmd` and samples, from outside, the peak resident set (`VmHWM` in `/proc/PID/status`)
+/// of every `reshard` process whose working directory is `dir` (the ranks under `mpirun`, which
+/// runs them where it was started) while it runs. Returns the output and each rank process's
+/// last sampled `VmHWM` in bytes. `VmHWM` only grows, so the last sample is the peak up to a
+/// moment before the process ended; none of a rank's memory is taken from its own report.
+pub fn output_with_peaks(cmd: &TestCommand, dir: &Path) -> (RunOutput, Vec<u64>) {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let done = Arc::clone(&done);
+        let dir = dir.to_path_buf();
+        let exe = reshard_exe();
+        thread::spawn(move || {
+            let mut peaks: BTreeMap<u32, u64> = BTreeMap::new();
+            while !done.load(Ordering::Relaxed) {
+                for (pid, hwm) in rank_peaks(&exe, &dir) {
+                    let p = peaks.entry(pid).or_default();
+                    *p = (*p).max(hwm);
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            peaks.into_values().collect::<Vec<u64>>()
+        })
+    };
+    let out = cmd.output();
+    done.store(true, Ordering::Relaxed);
+    (out, sampler.join().expect("the sampler thread"))
+}
+
+/// The `/proc` directories of the processes running `exe` in `dir` right now.
+fn processes_in(exe: &Path, dir: &Path) -> Vec<(u32, PathBuf)> {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let p = e.path();
+            let running = fs::read_link(p.join("exe")).ok()?;
+            // A binary rebuilt meanwhile reads as "PATH (deleted)".
+            let running = running.to_string_lossy();
+            let ours = running.starts_with(&*exe.to_string_lossy())
+                && fs::read_link(p.join("cwd")).ok()? == dir;
+            ours.then_some((pid, p))
+        })
+        .collect()
+}
+
+/// The pids of the `reshard` processes running in `dir` right now, with their rank (`PMI_RANK`
+/// in their environment, which mpirun sets; `None` without a launcher).
+pub fn reshard_processes(dir: &Path) -> Vec<(u32, Option<usize>)> {
+    processes_in(&reshard_exe(), dir)
+        .into_iter()
+        .map(|(pid, p)| {
+            let env = fs::read(p.join("environ")).unwrap_or_default();
+            let rank = env
+                .split(|&b| b == 0)
+                .find_map(|v| v.strip_prefix(b"PMI_RANK="))
+                .and_then(|r| std::str::from_utf8(r).ok()?.parse().ok());
+            (pid, rank)
+        })
+        .collect()
+}
+
+/// Sends `signal` to the process `pid`.
+pub fn signal(pid: u32, signal: i32) {
+    let pid = i32::try_from(pid).expect("pid fits i32");
+    // SAFETY: kill(2) on a reshard process this test started.
+    let rc = unsafe { libc::kill(pid, signal) };
+    assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
+}
+
+/// `(pid, VmHWM in bytes)` of the processes running `exe` in `dir` right now.
+fn rank_peaks(exe: &Path, dir: &Path) -> Vec<(u32, u64)> {
+    processes_in(exe, dir)
+        .into_iter()
+        .filter_map(|(pid, p)| {
+            let status = fs::read_to_string(p.join("status")).ok()?;
+            let kib: u64 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))?
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()?;
+            Some((pid, kib << 10))
+        })
+        .collect()
 }

@@ -1,9 +1,10 @@
 //! Helpers of the operations tests (issue 17): pictures checked by their format and size, and
 //! the progress lines of a run's stderr.
 
-use std::fs::File;
+use std::fs::{self, File};
 use std::path::Path;
 
+use super::tar::tar_of;
 use super::{have_python, Dir};
 
 /// Width and height of a PNG, decoded by the `png` crate (which checks its structure).
@@ -119,4 +120,74 @@ pub fn svg_texts(path: &Path) -> Vec<SvgText> {
             }
         })
         .collect()
+}
+
+/// Pixels of the matrices in the bottom half of a `verify --plot` PNG (1200 x 900: histograms
+/// above, the output's mixing matrix bottom left, a uniform permutation's bottom right), counted
+/// by shade: `(shaded, dark)` for the left and the right panel. A cell is shaded from white
+/// (no share) to dark blue (the largest share); text and axes are grey or black, never bluer
+/// than red.
+pub fn matrix_shades(path: &Path) -> [(usize, usize); 2] {
+    let file = File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut reader = png::Decoder::new(file)
+        .read_info()
+        .unwrap_or_else(|e| panic!("{}: not a PNG: {e}", path.display()));
+    let mut pixels = vec![0; reader.output_buffer_size()];
+    let info = reader
+        .next_frame(&mut pixels)
+        .unwrap_or_else(|e| panic!("{}: a broken PNG: {e}", path.display()));
+    let channels = info.color_type.samples();
+    let (w, h) = (info.width as usize, info.height as usize);
+    let mut counts = [(0, 0); 2];
+    for y in h / 2..h {
+        for x in 0..w {
+            let p = &pixels[(y * w + x) * channels..][..3];
+            let (r, b) = (i32::from(p[0]), i32::from(p[2]));
+            if b > r + 4 {
+                let c = &mut counts[usize::from(x >= w / 2)];
+                c.0 += 1;
+                c.1 += usize::from(r < 100);
+            }
+        }
+    }
+    counts
+}
+
+/// Inputs whose keys sort in input order, reshuffled (`shuffle`) and sorted (`--order key`) into
+/// 9 shards at np 3, each drawn by `verify --plot` as a 1200 x 900 PNG: the [`matrix_shades`] of
+/// both pictures. `--order key` takes each output shard from one or two input shards, a shuffle
+/// from all of them.
+pub fn verify_pictures_of_a_shuffle_and_a_key_order(dir: &Dir) -> Vec<[(usize, usize); 2]> {
+    for i in 0..7 {
+        let names: Vec<String> = (0..70).map(|j| format!("k{i}{j:03}.bin")).collect();
+        let body = vec![b'x'; 700];
+        let members: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), &body[..])).collect();
+        dir.create_bytes(format!("ordered/part-{i}.tar"), &tar_of(&members));
+    }
+    let mut shades = Vec::new();
+    for (out, order) in [("out", "shuffle"), ("sorted", "key")] {
+        dir.mpi(3)
+            .args([
+                "run", "--input", "ordered", "--output", out, "--shards", "9",
+            ])
+            .args(["--seed", "2", "--order", order])
+            .assert_success();
+        let png = format!("{out}.png");
+        let verify = dir
+            .mpi(2)
+            .args([
+                "verify", "--input", "ordered", "--output", out, "--plot", &png,
+            ])
+            .assert_success();
+        verify.stderr_has(&format!("drew the output to {png}"));
+        let png = dir.join(png);
+        verify.check(png_size(&png) == (1200, 900), "a 1200 x 900 PNG");
+        let size = fs::metadata(&png).unwrap().len();
+        verify.check(
+            (10_000..5_000_000).contains(&size),
+            &format!("a PNG of {size} bytes"),
+        );
+        shades.push(matrix_shades(&png));
+    }
+    shades
 }

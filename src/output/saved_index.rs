@@ -147,7 +147,8 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs;
+    use std::fs::{self, File};
+    use std::time::UNIX_EPOCH;
 
     #[test]
     fn saved_index_round_trips_and_goes_stale() {

@@ -19,7 +19,7 @@ use crate::plan::placement::LocalSample;
 use crate::progress::Progress;
 use crate::report::narrate;
 use crate::size::count;
-use crate::sys::FileStamp;
+use crate::storage::{self, FileStamp};
 use crate::tar::key::LoaderNames;
 use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
 
@@ -279,7 +279,7 @@ fn index_shards(
                     }
                     let path = &inputs[i].path;
                     // Before the shard is read: a change while it is read moves its stamp.
-                    let r = FileStamp::read(path)
+                    let r = storage::stamp(path)
                         .with_context(|| format!("input {}: cannot stat", path.display()))
                         .and_then(|stamp| {
                             index_one(path, index_dir, rules, reused).map(|idx| (stamp, idx))

@@ -1,14 +1,17 @@
 //! Input spec expansion: turns `--input` specs into the canonical, ordered list of shard files.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-/// One input shard: its path as the spec named it and its size when the run started.
+use crate::storage::{self, Kind};
+
+/// One input shard: its location as the spec named it and its size when the run started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputShard {
+    /// Where the shard is: a path in its [`storage::source`] (the scheme picks the backend),
+    /// opened only through it.
     pub path: PathBuf,
     pub size: u64,
 }
@@ -29,7 +32,9 @@ pub fn expand_specs(specs: &[String]) -> Result<Vec<PathBuf>> {
     }
     let mut seen = std::collections::HashMap::new();
     for p in &out {
-        let canon = fs::canonicalize(p).with_context(|| format!("input {}", p.display()))?;
+        let canon = storage::source(p)
+            .canonical(p)
+            .with_context(|| format!("input {}", p.display()))?;
         if let Some(first) = seen.insert(canon, p.clone()) {
             bail!(
                 "input {} is named twice (also as {}): its samples would be duplicated",
@@ -46,7 +51,7 @@ fn expand_spec(spec: &str) -> Result<Vec<PathBuf>> {
         return read_list(Path::new(list));
     }
     let path = Path::new(spec);
-    if path.is_dir() {
+    if kind(path) == Some(Kind::Dir) {
         return list_dir(path);
     }
     if spec.contains('{') {
@@ -63,17 +68,26 @@ fn expand_spec(spec: &str) -> Result<Vec<PathBuf>> {
     Ok(vec![path.to_path_buf()])
 }
 
+/// What `path` is in its storage (following links), if anything.
+fn kind(path: &Path) -> Option<Kind> {
+    storage::source(path).stat(path).ok().map(|s| s.kind)
+}
+
 fn check_file(path: &Path) -> Result<()> {
-    let meta = fs::metadata(path).with_context(|| format!("input {}", path.display()))?;
-    if !meta.is_file() {
+    let stat = storage::source(path)
+        .stat(path)
+        .with_context(|| format!("input {}", path.display()))?;
+    if stat.kind != Kind::File {
         bail!("input {}: not a regular file", path.display());
     }
     Ok(())
 }
 
 fn read_list(list: &Path) -> Result<Vec<PathBuf>> {
-    let text =
-        fs::read_to_string(list).with_context(|| format!("input list {}", list.display()))?;
+    let text = storage::source(list)
+        .read(list)
+        .and_then(|b| String::from_utf8(b).map_err(std::io::Error::other))
+        .with_context(|| format!("input list {}", list.display()))?;
     let base = list.parent().unwrap_or(Path::new(""));
     let mut out = Vec::new();
     for (lineno, line) in text.lines().enumerate() {
@@ -98,14 +112,17 @@ fn read_list(list: &Path) -> Result<Vec<PathBuf>> {
 
 fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut names = Vec::new();
-    for entry in fs::read_dir(dir).with_context(|| format!("input directory {}", dir.display()))? {
-        let entry = entry.with_context(|| format!("input directory {}", dir.display()))?;
-        let name = entry.file_name();
+    let entries = storage::source(dir)
+        .list(dir)
+        .with_context(|| format!("input directory {}", dir.display()))?;
+    for entry in entries {
+        let name = entry.name;
         let lower = name.to_string_lossy().to_ascii_lowercase();
         let is_tar = [".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd"]
             .iter()
             .any(|ext| lower.ends_with(ext));
-        if is_tar && entry.path().is_file() {
+        // Following a link: a link to a shard is a shard.
+        if is_tar && kind(&dir.join(&name)) == Some(Kind::File) {
             names.push(name);
         }
     }
@@ -131,7 +148,8 @@ fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
 /// The split names of `dir`, when it is the output of a `reshard run --split` (its index.json's
 /// `reshard.splits`), in their order.
 pub fn split_names(dir: &Path) -> Option<Vec<String>> {
-    let text = fs::read(dir.join("index.json")).ok()?;
+    let index = dir.join("index.json");
+    let text = storage::source(&index).read(&index).ok()?;
     let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
     let names: Vec<String> = v["reshard"]["splits"]
         .as_array()?
@@ -200,6 +218,7 @@ fn brace_alternatives(body: &str) -> Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn numeric_range_keeps_padding() {

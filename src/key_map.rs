@@ -13,12 +13,13 @@
 //! names a `.tar` file (`.tar` is appended when missing).
 
 use std::collections::{BTreeSet, HashMap};
-use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use regex::bytes::RegexSet;
+
+use crate::storage::{self, Sequential};
 
 /// A shard name template: `fish-%06d.tar` names shard 7 of its group `fish-000007.tar`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,8 +177,9 @@ impl KeyMap {
     ) -> Result<(KeyMap, Vec<u32>)> {
         let shown = path.display();
         let mut head = Vec::new();
-        File::open(path)
-            .with_context(|| format!("{shown}: cannot open the key map"))?
+        let file =
+            storage::open(path).with_context(|| format!("{shown}: cannot open the key map"))?;
+        Sequential::new(file)
             .take(4096)
             .read_to_end(&mut head)
             .with_context(|| format!("{shown}: cannot read the key map"))?;
@@ -187,7 +189,9 @@ impl KeyMap {
         // Lines form: the template (and line) each local key is mapped to.
         let mut hits: Vec<Option<(String, u64)>> = Vec::new();
         if json {
-            let text = std::fs::read_to_string(path)
+            let text = storage::source(path)
+                .read(path)
+                .and_then(|b| String::from_utf8(b).map_err(std::io::Error::other))
                 .with_context(|| format!("{shown}: cannot read the key map"))?;
             let map: std::collections::BTreeMap<String, Vec<String>> = serde_json::from_str(&text)
                 .with_context(|| {
@@ -343,8 +347,11 @@ impl KeyMap {
 /// Calls `f(line number, key, template)` for every non-blank line of the lines form.
 fn for_each_line(path: &Path, f: &mut dyn FnMut(u64, &str, &str) -> Result<()>) -> Result<()> {
     let shown = path.display();
-    let file = File::open(path).with_context(|| format!("{shown}: cannot open the key map"))?;
-    for (n, line) in BufReader::with_capacity(1 << 20, file).lines().enumerate() {
+    let file = storage::open(path).with_context(|| format!("{shown}: cannot open the key map"))?;
+    for (n, line) in BufReader::with_capacity(1 << 20, Sequential::new(file))
+        .lines()
+        .enumerate()
+    {
         let line = line.with_context(|| format!("{shown}:{}: cannot read", n + 1))?;
         let line = line.trim_end_matches('\r');
         if line.trim().is_empty() {

@@ -26,6 +26,7 @@ pub mod plan;
 pub mod progress;
 pub mod report;
 pub mod size;
+pub mod storage;
 pub mod sys;
 pub mod tar;
 pub mod throttle;

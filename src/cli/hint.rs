@@ -31,7 +31,12 @@ pub(super) fn input_hint(e: &clap::Error, argv: &[OsString]) -> Option<String> {
     let looks_like_shard = [".tar", ".tgz", ".tar.gz", ".tar.zst"]
         .iter()
         .any(|ext| stray.ends_with(ext))
-        || std::path::Path::new(stray).is_file();
+        || {
+            let path = std::path::Path::new(stray);
+            crate::storage::source(path)
+                .stat(path)
+                .is_ok_and(|s| s.kind == crate::storage::Kind::File)
+        };
     if !looks_like_shard {
         return None;
     }

@@ -4,7 +4,6 @@
 //! to it, or with `--resume` checks that an earlier attempt's staging directory continues this
 //! request; every rank receives the result.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -17,13 +16,10 @@ use crate::job::lock::{lock_path, StagingLock};
 use crate::job::owned::check_replaceable;
 use crate::job::resume::{self, Resume};
 use crate::job::series::outputs_beyond;
+use crate::job::staging::Staging;
 use crate::output::checkpoint::{self, InputRecord};
-use crate::output::saved_index;
 use crate::size::{count, human_bytes};
-
-/// Where the ranks' watchdogs leave heartbeats during the exchange (inside the staging
-/// directory, removed before publishing).
-pub const HEARTBEATS: &str = ".heartbeats";
+use crate::storage::{self, Kind};
 
 /// What rank 0 resolves before any data is read, shared with every rank.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -151,7 +147,7 @@ fn continue_staging(
     staging: &Path,
     inputs: &[InputRecord],
 ) -> Result<Option<Resume>> {
-    let plan = if staging.is_dir() {
+    let plan = if Staging::at(staging).present() {
         checkpoint::read_plan(staging)?
     } else {
         None
@@ -174,11 +170,8 @@ fn continue_staging(
         human_bytes(plan.mem_limit)
     );
     // What the earlier attempt's finish phase may have left is made again.
-    let _ = fs::remove_dir_all(staging.join(saved_index::DIR_NAME));
-    let _ = fs::remove_dir_all(staging.join(HEARTBEATS));
-    let _ = fs::remove_file(staging.join("index.json"));
-    fs::create_dir_all(staging.join(saved_index::DIR_NAME))
-        .and_then(|()| fs::create_dir_all(staging.join(HEARTBEATS)))
+    Staging::at(staging)
+        .prepare_resume()
         .with_context(|| format!("{}: cannot prepare to resume", staging.display()))?;
     Ok(Some(Resume {
         checkpoint,
@@ -192,12 +185,12 @@ fn expand_inputs(cfg: &RunConfig) -> Result<(Vec<InputShard>, Vec<InputRecord>)>
     let mut inputs = Vec::with_capacity(paths.len());
     let mut records = Vec::with_capacity(paths.len());
     for path in paths {
-        let meta = fs::metadata(&path).with_context(|| format!("input {}", path.display()))?;
+        let stamp = storage::stamp(&path).with_context(|| format!("input {}", path.display()))?;
         let input = InputShard {
             path,
-            size: meta.len(),
+            size: stamp.size,
         };
-        records.push(resume::input_record(&input, &meta));
+        records.push(resume::input_record(&input, &stamp));
         inputs.push(input);
     }
     Ok((inputs, records))
@@ -215,7 +208,7 @@ fn output_paths(out: &Path) -> Result<(PathBuf, PathBuf)> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let parent = fs::canonicalize(parent).with_context(|| {
+    let parent = storage::source(parent).canonical(parent).with_context(|| {
         format!(
             "--output {}: the parent directory {} does not exist",
             out.display(),
@@ -237,7 +230,8 @@ fn check_output(
     inputs: &[InputShard],
 ) -> Result<()> {
     for input in inputs {
-        let canon = fs::canonicalize(&input.path)
+        let canon = storage::source(&input.path)
+            .canonical(&input.path)
             .with_context(|| format!("input {}", input.path.display()))?;
         if canon.starts_with(target) || canon.starts_with(staging) {
             bail!(
@@ -247,13 +241,16 @@ fn check_output(
             );
         }
     }
-    match fs::metadata(target) {
-        Ok(m) if !m.is_dir() => bail!("--output {}: exists and is not a directory", out.display()),
+    let at_target = storage::source(target);
+    match at_target.stat(target) {
+        Ok(s) if s.kind != Kind::Dir => {
+            bail!("--output {}: exists and is not a directory", out.display())
+        }
         Ok(_) => {
-            let non_empty = fs::read_dir(target)
+            let non_empty = !at_target
+                .list(target)
                 .with_context(|| format!("--output {}: cannot list it", out.display()))?
-                .next()
-                .is_some();
+                .is_empty();
             if non_empty && !cfg.force {
                 bail!(
                     "--output {}: exists and is not empty (use --force to replace it if it is an output of reshard)",
@@ -277,7 +274,7 @@ fn check_output(
 /// lock, and one a run that may still live left was moved aside, so no live run uses it), with
 /// the saved-index and heartbeat directories inside.
 fn create_staging(staging: &Path) -> Result<()> {
-    if staging.exists() {
+    if Staging::at(staging).present() {
         let durable = checkpoint::read_checkpoint(staging)
             .ok()
             .flatten()
@@ -292,16 +289,14 @@ fn create_staging(staging: &Path) -> Result<()> {
             "reshard: removing {} left by an earlier run that did not finish{durable}",
             staging.display()
         );
-        fs::remove_dir_all(staging)
+        Staging::at(staging)
+            .remove()
             .with_context(|| format!("{}: cannot remove", staging.display()))?;
     }
-    fs::create_dir(staging)
-        .and_then(|()| fs::create_dir(staging.join(saved_index::DIR_NAME)))
-        .and_then(|()| fs::create_dir(staging.join(HEARTBEATS)))
-        .with_context(|| {
-            format!(
-                "cannot create the staging directory {} (is the output's parent writable?)",
-                staging.display()
-            )
-        })
+    Staging::at(staging).create().with_context(|| {
+        format!(
+            "cannot create the staging directory {} (is the output's parent writable?)",
+            staging.display()
+        )
+    })
 }

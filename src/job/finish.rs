@@ -3,7 +3,6 @@
 //! `--dali-index`) and digests them (`--checksum`); rank 0 gathers the sizes and digests for the
 //! manifest.
 
-use std::fs;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -20,7 +19,7 @@ use crate::job::lock::StagingLock;
 use crate::job::Planned;
 use crate::output::{checkpoint, loaders, saved_index};
 use crate::output::{compress_shard, md5_file, OutputShards, ShardNames};
-use crate::sys::FileStamp;
+use crate::storage;
 use crate::tar::{Codec, Sample};
 
 /// On rank 0: every output file's size, and with `--checksum` every shard's MD5 (16 bytes each,
@@ -112,8 +111,12 @@ fn finish_shards(
             .parent()
             .unwrap_or(staging)
             .join(saved_index::DIR_NAME);
-        if !dir.is_dir() {
-            fs::create_dir_all(&dir)
+        if storage::source(&dir)
+            .stat(&dir)
+            .map_or(true, |s| s.kind != storage::Kind::Dir)
+        {
+            storage::sink(&dir)
+                .create_dir_all(&dir)
                 .with_context(|| format!("{}: cannot create", dir.display()))?;
         }
         saved_index::save(&dir, &published, samples.iter().copied())?;
@@ -131,7 +134,7 @@ fn finish_shards(
 /// changes the inode).
 fn check_unchanged(inputs: &[InputShard], index: &Index) -> Result<()> {
     for (input, then) in inputs[index.mine.clone()].iter().zip(&index.stamps) {
-        let now = FileStamp::read(&input.path).with_context(|| {
+        let now = storage::stamp(&input.path).with_context(|| {
             format!("input {} disappeared during the run", input.path.display())
         })?;
         let mut changes = now.changes_since(then, true);

@@ -20,7 +20,7 @@ use crate::plan::placement::LocalSample;
 use crate::progress::Progress;
 use crate::report::narrate;
 use crate::size::count;
-use crate::sys::FileStamp;
+use crate::storage::{self, FileStamp};
 use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
 
 /// What the index phase leaves on every rank.
@@ -275,7 +275,7 @@ fn index_shards(
                     }
                     let path = &inputs[i].path;
                     // Before the shard is read: a change while it is read moves its stamp.
-                    let r = FileStamp::read(path)
+                    let r = storage::stamp(path)
                         .with_context(|| format!("input {}: cannot stat", path.display()))
                         .and_then(|stamp| {
                             index_one(path, settings, reused).map(|idx| (stamp, idx))

@@ -2,10 +2,11 @@
 //! that a run that could not publish its link fails before any work, and again when publishing,
 //! where the path may have changed since.
 
-use std::fs;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{bail, Result};
+
+use crate::storage::{self, Kind};
 
 /// Refuses a `--link` path that holds something other than a symbolic link: `--link` replaces
 /// only a link, never a file or directory someone else put there.
@@ -13,7 +14,8 @@ use anyhow::{bail, Result};
 /// # Errors
 /// `link` exists and is not a symbolic link.
 pub fn check_link(link: &Path) -> Result<()> {
-    if fs::symlink_metadata(link).is_ok_and(|m| !m.file_type().is_symlink()) {
+    let found = storage::source(link).stat_link(link);
+    if found.is_ok_and(|s| s.kind != Kind::Link) {
         bail!(
             "--link {}: exists and is not a symbolic link; not replacing it",
             link.display()
@@ -34,9 +36,11 @@ pub fn relative_target(link: &Path, target: &Path) -> Result<PathBuf> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let dir = fs::canonicalize(dir)
+    let dir = storage::source(dir)
+        .canonical(dir)
         .map_err(|e| anyhow::anyhow!("--link {}: its directory: {e}", link.display()))?;
-    let target = fs::canonicalize(target)
+    let target = storage::source(target)
+        .canonical(target)
         .map_err(|e| anyhow::anyhow!("--link: the output {}: {e}", target.display()))?;
     Ok(relative_path(&dir, &target))
 }

@@ -8,7 +8,7 @@
 //! which fails if it exists, on NFS too): a token unique to the run (128 random bits; a hostname
 //! and pid are not unique across containers and reboots), the owner's host, boot id, PID
 //! namespace, pid and process start time, and a heartbeat counter the owner rewrites every
-//! second. The same token marks the staging directory ([`OWNER_FILE`]). A lock whose owner is
+//! second. The same token marks the staging directory ([`Staging::owner_file`]). A lock whose owner is
 //! dead is stale and taken over: a lock from this boot and PID namespace by its pid (and start
 //! time, against pid reuse), where that answer is certain; any other (another host, container
 //! or boot) once its heartbeat has not moved for `--lock-stale-after` (no clocks compared).
@@ -32,6 +32,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
+use crate::job::staging::Staging;
 use crate::sys;
 
 /// The default `--lock-stale-after`: how long a lock whose pid cannot be checked must show no
@@ -48,9 +49,6 @@ const QUIET_NOTE: Duration = Duration::from_secs(3);
 
 /// Tries before giving up when other runs keep creating and taking over the lock.
 const ATTEMPTS: usize = 6;
-
-/// The file in the staging directory that names the run owning it (its token).
-pub const OWNER_FILE: &str = ".reshard-owner";
 
 /// The lock file of the staging directory `staging` (`.NAME.reshard-tmp` -> `.NAME.reshard-lock`).
 pub fn lock_path(staging: &Path) -> PathBuf {
@@ -262,13 +260,16 @@ impl StagingLock {
         }
     }
 
-    /// Marks `staging` as this run's (its [`OWNER_FILE`] holds this run's token), once the
+    /// Marks `staging` as this run's (its [`Staging::owner_file`] holds this run's token), once the
     /// staging directory exists or `--resume` continues it.
     ///
     /// # Errors
     /// The mark cannot be written.
     pub fn mark_staging(&self, staging: &Path) -> Result<()> {
-        let (mark, tmp) = (staging.join(OWNER_FILE), staging.join(".reshard-owner.tmp"));
+        let (mark, tmp) = (
+            Staging::at(staging).owner_file(),
+            Staging::at(staging).owner_file_tmp(),
+        );
         fs::write(&tmp, format!("{}\n", self.owner.token))
             .and_then(|()| fs::rename(&tmp, &mark))
             .with_context(|| format!("{}: cannot write", mark.display()))
@@ -294,7 +295,7 @@ impl StagingLock {
                 staging.display()
             );
         }
-        let mark = staging.join(OWNER_FILE);
+        let mark = Staging::at(staging).owner_file();
         let found = fs::read_to_string(&mark).unwrap_or_default();
         if found.trim() != self.owner.token {
             bail!(
@@ -314,7 +315,7 @@ impl StagingLock {
     /// As [`Self::check_owned`], or the mark cannot be removed.
     pub fn check_before_publish(&self, staging: &Path) -> Result<()> {
         self.check_owned(staging)?;
-        let mark = staging.join(OWNER_FILE);
+        let mark = Staging::at(staging).owner_file();
         fs::remove_file(&mark).with_context(|| format!("{}: cannot remove", mark.display()))
     }
 
@@ -342,7 +343,7 @@ impl StagingLock {
         if fs::symlink_metadata(staging).is_err() {
             return Ok(None);
         }
-        let mark = fs::read_to_string(staging.join(OWNER_FILE)).unwrap_or_default();
+        let mark = fs::read_to_string(Staging::at(staging).owner_file()).unwrap_or_default();
         let token = [mark.trim(), t.from.token.as_str()]
             .into_iter()
             .find(|t| is_token(t))
@@ -381,8 +382,8 @@ impl StagingLock {
             return true;
         }
         let aside = aside_path(staging, &self.owner.token);
-        let mine =
-            fs::read_to_string(aside.join(OWNER_FILE)).is_ok_and(|m| m.trim() == self.owner.token);
+        let mine = fs::read_to_string(Staging::at(&aside).owner_file())
+            .is_ok_and(|m| m.trim() == self.owner.token);
         if mine && fs::remove_dir_all(&aside).is_ok() {
             crate::errln!(
                 "reshard: removed {}: this run's staging directory, which the run that took \
@@ -840,12 +841,15 @@ mod tests {
             !aside.exists(),
             "its own staging directory, moved aside, is removed"
         );
-        assert!(staging.join(OWNER_FILE).exists(), "the newcomer's is not");
+        assert!(
+            Staging::at(&staging).owner_file().exists(),
+            "the newcomer's is not"
+        );
         drop(paused);
         assert!(path.exists(), "the newcomer's lock stays");
         newcomer.check_before_publish(&staging).unwrap();
         assert!(
-            !staging.join(OWNER_FILE).exists(),
+            !Staging::at(&staging).owner_file().exists(),
             "the mark is not published"
         );
     }
@@ -856,14 +860,18 @@ mod tests {
         let staging = tmp.path().join(".out.reshard-tmp");
         let lock = StagingLock::acquire(&lock_path(&staging), Path::new(OUT), STALE_AFTER).unwrap();
         fs::create_dir(&staging).unwrap();
-        fs::write(staging.join(OWNER_FILE), format!("{}\n", elsewhere().token)).unwrap();
+        fs::write(
+            Staging::at(&staging).owner_file(),
+            format!("{}\n", elsewhere().token),
+        )
+        .unwrap();
         let msg = format!("{:#}", lock.check_before_publish(&staging).unwrap_err());
         assert!(
             msg.contains(&staging.display().to_string()) && msg.contains("not this run's"),
             "{msg}"
         );
         assert!(
-            staging.join(OWNER_FILE).exists(),
+            Staging::at(&staging).owner_file().exists(),
             "not taken out when not ours"
         );
         lock.mark_staging(&staging).unwrap();

@@ -43,9 +43,8 @@ pub mod runs;
 pub mod series;
 pub mod space;
 pub mod split;
+pub mod staging;
 pub mod summary;
-
-use std::fs;
 
 use anyhow::Result;
 
@@ -61,10 +60,11 @@ use crate::report::{narrate, PlanReport};
 use crate::size::{count, human_bytes};
 use context::Shared;
 use exchange::{Buffers, ExchangeStats};
-use expand::{Lead, Setup, HEARTBEATS};
+use expand::{Lead, Setup};
 use index::Index;
 use layout::Laid;
 use place::Placed;
+use staging::Staging;
 use summary::Summary;
 
 /// What a job ends with.
@@ -126,7 +126,7 @@ fn abandon(staging: &std::path::Path, interrupted: Option<&interrupt::Interrupte
         };
         crate::errln!("{}", interrupt::message(i, staging, durable));
         if durable == 0 {
-            let _ = fs::remove_dir_all(staging);
+            let _ = Staging::at(staging).remove();
         }
         return;
     }
@@ -137,7 +137,7 @@ fn abandon(staging: &std::path::Path, interrupted: Option<&interrupt::Interrupte
             c.done.count()
         ),
         _ => {
-            let _ = fs::remove_dir_all(staging);
+            let _ = Staging::at(staging).remove();
         }
     }
 }
@@ -326,7 +326,7 @@ fn exchange_phase(
         Buffers::for_job(cfg.mem_limit, ranks, total_out / ranks as u64),
         exchange::Stall {
             timeout: cfg.stall_timeout,
-            heartbeats: Some(staging.join(HEARTBEATS)),
+            heartbeats: Some(Staging::at(staging).heartbeats()),
         },
         resume::checkpoints(cfg, staging, resume),
         &mut |d| progress.update(d),

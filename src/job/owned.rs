@@ -3,13 +3,13 @@
 //! expand phase checks `--force`'s target before any work, the publish phase again right before
 //! it replaces it, and `--keep` removes only outputs of its series that pass the same test.
 
-use std::fs;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
 use crate::output::manifest::Manifest;
 use crate::output::saved_index;
+use crate::storage::{self, Kind};
 
 /// What is at an output path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,27 +29,25 @@ pub enum AtOutput {
 /// # Errors
 /// It cannot be examined or listed.
 pub fn inspect(target: &Path) -> Result<AtOutput> {
-    let meta = match fs::symlink_metadata(target) {
-        Ok(m) => m,
+    let source = storage::source(target);
+    let stat = match source.stat_link(target) {
+        Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(AtOutput::Nothing),
         Err(e) => return Err(e).with_context(|| format!("{}: cannot examine", target.display())),
     };
-    if meta.file_type().is_symlink() {
+    if stat.kind == Kind::Link {
         return Ok(AtOutput::Other("a symbolic link".into()));
     }
-    if !meta.is_dir() {
+    if stat.kind != Kind::Dir {
         return Ok(AtOutput::Other("a file, not a directory".into()));
     }
-    let mut names: Vec<String> = fs::read_dir(target)
+    let mut names: Vec<String> = source
+        .list(target)
         .with_context(|| format!("{}: cannot list it", target.display()))?
-        .filter_map(|e| e.ok())
+        .into_iter()
         .map(|e| {
-            let dir = e.file_type().is_ok_and(|t| t.is_dir());
-            format!(
-                "{}{}",
-                e.file_name().to_string_lossy(),
-                if dir { "/" } else { "" }
-            )
+            let dir = e.kind == Kind::Dir;
+            format!("{}{}", e.name.to_string_lossy(), if dir { "/" } else { "" })
         })
         .collect();
     if names.is_empty() {
@@ -94,14 +92,16 @@ pub fn check_replaceable(target: &Path, when: &str) -> Result<AtOutput> {
 /// Whether `dir` is a directory (not a symbolic link) holding reshard's own index.json and its
 /// `.reshard/` directory.
 pub fn is_reshard_output(dir: &Path) -> bool {
-    fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
-        && dir.join(saved_index::DIR_NAME).is_dir()
+    let source = storage::source(dir);
+    let saved = dir.join(saved_index::DIR_NAME);
+    source.stat_link(dir).is_ok_and(|s| s.kind == Kind::Dir)
+        && source.stat(&saved).is_ok_and(|s| s.kind == Kind::Dir)
         && made_by_reshard(&dir.join("index.json"))
 }
 
 /// Whether `index` is an index.json that reshard wrote (a wids index with a `reshard` object).
 fn made_by_reshard(index: &Path) -> bool {
-    let Ok(text) = fs::read(index) else {
+    let Ok(text) = storage::source(index).read(index) else {
         return false;
     };
     serde_json::from_slice::<serde_json::Value>(&text)
@@ -111,6 +111,7 @@ fn made_by_reshard(index: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn tells_reshard_outputs_from_anything_else() {

@@ -4,7 +4,6 @@
 //! replaced output go, and `--link` and `--keep` act. Nothing is visible at the output path
 //! before; a failure after the rename is a [`CleanupFailed`].
 
-use std::fs;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
@@ -13,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use crate::comm::{broadcast_result, Comm};
 use crate::config::RunConfig;
 use crate::hooks;
-use crate::job::expand::{Setup, HEARTBEATS};
+use crate::job::expand::Setup;
 use crate::job::finish::Finished;
 use crate::job::layout::Laid;
 use crate::job::link::{check_link, relative_target};
@@ -21,10 +20,12 @@ use crate::job::lock::StagingLock;
 use crate::job::owned::{check_replaceable, inspect, AtOutput};
 use crate::job::place::Placed;
 use crate::job::series::{outputs_beyond, remove_epoch, unfinished_removals};
+use crate::job::staging::Staging;
 use crate::job::Planned;
 use crate::output::manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
 use crate::output::{checkpoint, energon};
 use crate::report::Stats;
+use crate::storage;
 
 /// Rank 0 writes the manifest, publishes the output and acts on `--link` and `--keep`; every
 /// rank learns the outcome.
@@ -45,7 +46,7 @@ pub fn run(
     hooks::kill_before_publish(comm.rank());
     let published = (comm.rank() == 0).then(|| {
         let (staging, target) = (setup.staging()?, setup.target()?);
-        let _ = fs::remove_dir_all(staging.join(HEARTBEATS));
+        Staging::at(staging).remove_heartbeats();
         let info = run_info(comm.size(), cfg, setup, planned, finished);
         let shardlist = shard_list(cfg, &planned.placed, &planned.laid, finished);
         // The checkpoint records stay until the rename: a failure before it leaves a finished
@@ -207,14 +208,15 @@ fn shard_list(
 /// Once the output is published: its checkpoint records go, the output it replaced (now at
 /// the staging name) is removed, then `--link` and `--keep` act.
 fn after_publish(cfg: &RunConfig, staging: &Path, target: &Path, replaced: bool) -> Result<()> {
+    let sink = storage::sink(target);
     let records = checkpoint::dir(target);
-    if records.exists() {
-        fs::remove_dir_all(&records)
+    if storage::source(&records).stat(&records).is_ok() {
+        sink.remove_dir_all(&records)
             .with_context(|| format!("{}: cannot remove", records.display()))?;
     }
     hooks::kill_at(0, "published");
     if replaced {
-        fs::remove_dir_all(staging).with_context(|| {
+        sink.remove_dir_all(staging).with_context(|| {
             format!(
                 "{}: cannot remove the replaced output (the next run on this output removes it)",
                 staging.display()
@@ -230,7 +232,7 @@ fn after_publish(cfg: &RunConfig, staging: &Path, target: &Path, replaced: bool)
                 "reshard: --keep: finishing the removal of {} (an earlier run moved it aside)",
                 aside.display()
             );
-            fs::remove_dir_all(&aside)
+            sink.remove_dir_all(&aside)
                 .with_context(|| format!("--keep: cannot remove {}", aside.display()))?;
         }
         for old in outputs_beyond(target, keep, cfg.epoch, cfg.link.as_deref())? {
@@ -253,12 +255,14 @@ fn point_link(link: &Path, target: &Path) -> Result<()> {
         .file_name()
         .with_context(|| format!("--link {}: not a file name", link.display()))?;
     let tmp = link.with_file_name(format!(".{}.reshard-link", name.to_string_lossy()));
-    let _ = fs::remove_file(&tmp);
+    let sink = storage::sink(link);
+    let _ = sink.remove_file(&tmp);
     // Relative, as `ln -sr` makes it: the link survives a move of the tree that holds both.
     let points_to = relative_target(link, target)?;
-    std::os::unix::fs::symlink(&points_to, &tmp)
+    sink.symlink(&points_to, &tmp)
         .with_context(|| format!("--link: cannot create {}", tmp.display()))?;
-    fs::rename(&tmp, link).with_context(|| format!("--link: cannot replace {}", link.display()))?;
+    sink.rename(&tmp, link)
+        .with_context(|| format!("--link: cannot replace {}", link.display()))?;
     if let Some(parent) = link.parent().filter(|p| !p.as_os_str().is_empty()) {
         sync_dir(parent)?;
     }
@@ -283,13 +287,15 @@ fn publish(force: bool, staging: &Path, target: &Path) -> Result<bool> {
     hooks::kill_at(0, "rename");
     let replaced = found == AtOutput::ReshardOutput;
     if replaced {
-        crate::sys::exchange_paths(staging, target).with_context(|| {
-            format!(
-                "cannot replace {} with {}",
-                target.display(),
-                staging.display()
-            )
-        })?;
+        storage::sink(target)
+            .exchange(staging, target)
+            .with_context(|| {
+                format!(
+                    "cannot replace {} with {}",
+                    target.display(),
+                    staging.display()
+                )
+            })?;
     } else {
         rename_without_replacing(staging, target)?;
     }
@@ -310,11 +316,12 @@ fn rename_without_replacing(staging: &Path, target: &Path) -> Result<()> {
             target.display()
         ))
     };
-    match crate::sys::rename_noreplace(staging, target) {
+    let sink = storage::sink(target);
+    match sink.publish(staging, target) {
         Ok(()) => Ok(()),
-        Err(e) if crate::sys::unsupported(&e) => fs::rename(staging, target).map_err(failed),
+        Err(e) if crate::sys::unsupported(&e) => sink.rename(staging, target).map_err(failed),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => match inspect(target)? {
-            AtOutput::Empty => fs::rename(staging, target).map_err(failed),
+            AtOutput::Empty => sink.rename(staging, target).map_err(failed),
             found => bail!(
                 "--output {}: {} appeared there during the run; not replacing it (nothing was published). The finished output stays in {}: move what is at {} away, then rerun with the same arguments and --resume to publish it without moving data again",
                 target.display(),
@@ -338,7 +345,7 @@ fn describe(found: &AtOutput) -> String {
 }
 
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
+    storage::sink(dir)
+        .sync_dir(dir)
         .with_context(|| format!("{}: cannot sync directory", dir.display()))
 }

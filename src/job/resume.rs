@@ -10,7 +10,6 @@
 //! any difference is refused, named, with exit 2.
 
 use std::path::Path;
-use std::time::UNIX_EPOCH;
 
 use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -23,6 +22,7 @@ use crate::job::exchange::Checkpoints;
 use crate::job::Planned;
 use crate::output::checkpoint::{self, Checkpoint, InputRecord, PlanRecord};
 use crate::size::count;
+use crate::storage::{self, FileStamp};
 
 /// What an earlier attempt left to continue from, as rank 0 found it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -57,28 +57,21 @@ pub fn arguments(cfg: &RunConfig) -> Vec<(String, String)> {
         ),
     ];
     if let Some(map) = &cfg.order.key_map {
-        let stamp = std::fs::metadata(map).map_or_else(
+        let stamp = storage::stamp(map).map_or_else(
             |_| "missing".to_string(),
-            |m| format!("{} bytes, modified {}", m.len(), mtime_ns(&m)),
+            |s| format!("{} bytes, modified {}", s.size, storage::mtime_ns(&s)),
         );
         args.push(("--key-map file", stamp));
     }
     args.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
-fn mtime_ns(m: &std::fs::Metadata) -> u128 {
-    m.modified()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos())
-}
-
-/// An input shard as a plan record names it, from its metadata.
-pub fn input_record(input: &InputShard, meta: &std::fs::Metadata) -> InputRecord {
+/// An input shard as a plan record names it, from its stamp.
+pub fn input_record(input: &InputShard, stamp: &FileStamp) -> InputRecord {
     InputRecord {
         path: input.path.display().to_string(),
-        size: meta.len(),
-        mtime_ns: mtime_ns(meta),
+        size: stamp.size,
+        mtime_ns: storage::mtime_ns(stamp),
     }
 }
 

@@ -2,7 +2,6 @@
 //! with another epoch number, holding reshard's own index.json and `.reshard/`. Shared by the
 //! expand phase (a dry run says what would go) and the publish phase (which removes them).
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -10,6 +9,7 @@ use anyhow::{Context, Result};
 use crate::config::Keep;
 use crate::hooks;
 use crate::job::owned::is_reshard_output;
+use crate::storage::{self, Kind};
 
 /// The older epochs of `target`'s series that `--keep` removes: siblings of `target` whose name
 /// is the series template with another epoch number and that hold reshard's own index.json and
@@ -26,24 +26,25 @@ pub fn outputs_beyond(
     let parent = target
         .parent()
         .context("the output has no parent directory")?;
-    let linked = link.and_then(|l| fs::canonicalize(l).ok());
-    let canonical_target = fs::canonicalize(target).ok();
+    let source = storage::source(parent);
+    let linked = link.and_then(|l| source.canonical(l).ok());
+    let canonical_target = source.canonical(target).ok();
     let mut series: Vec<(u64, Option<PathBuf>)> = vec![(epoch, None)];
-    for entry in
-        fs::read_dir(parent).with_context(|| format!("--keep: cannot list {}", parent.display()))?
+    for entry in source
+        .list(parent)
+        .with_context(|| format!("--keep: cannot list {}", parent.display()))?
     {
-        let entry = entry?;
-        let Some(e) = entry.file_name().to_str().and_then(|n| keep.epoch_of(n)) else {
+        let Some(e) = entry.name.to_str().and_then(|n| keep.epoch_of(n)) else {
             continue;
         };
-        let path = entry.path();
+        let path = parent.join(&entry.name);
         if e == epoch || path == target {
             continue;
         }
         if !is_reshard_output(&path) {
             continue;
         }
-        let canon = fs::canonicalize(&path).ok();
+        let canon = source.canonical(&path).ok();
         if canon.is_none() || canon == canonical_target || canon == linked {
             continue;
         }
@@ -75,7 +76,8 @@ const ASIDE: &str = ".reshard-removing";
 pub fn remove_epoch(old: &Path) -> Result<()> {
     let aside =
         aside_name(old).with_context(|| format!("--keep: {}: not a file name", old.display()))?;
-    fs::rename(old, &aside).with_context(|| {
+    let sink = storage::sink(old);
+    sink.rename(old, &aside).with_context(|| {
         format!(
             "--keep: cannot move {} aside to {} to remove it",
             old.display(),
@@ -83,7 +85,7 @@ pub fn remove_epoch(old: &Path) -> Result<()> {
         )
     })?;
     hooks::kill_at(0, "keep");
-    fs::remove_dir_all(&aside).with_context(|| {
+    sink.remove_dir_all(&aside).with_context(|| {
         format!(
             "--keep: cannot remove {} (moved aside from {}; the next run with --keep finishes it)",
             aside.display(),
@@ -103,11 +105,11 @@ pub fn unfinished_removals(target: &Path, keep: &Keep) -> Result<Vec<PathBuf>> {
         .parent()
         .context("the output has no parent directory")?;
     let mut found = Vec::new();
-    for entry in
-        fs::read_dir(parent).with_context(|| format!("--keep: cannot list {}", parent.display()))?
-    {
-        let entry = entry?;
-        let name = entry.file_name();
+    let entries = storage::source(parent)
+        .list(parent)
+        .with_context(|| format!("--keep: cannot list {}", parent.display()))?;
+    for entry in entries {
+        let name = &entry.name;
         let Some(series_name) = name
             .to_str()
             .and_then(|n| n.strip_prefix('.'))
@@ -115,8 +117,8 @@ pub fn unfinished_removals(target: &Path, keep: &Keep) -> Result<Vec<PathBuf>> {
         else {
             continue;
         };
-        if keep.epoch_of(series_name).is_some() && entry.file_type().is_ok_and(|t| t.is_dir()) {
-            found.push(entry.path());
+        if keep.epoch_of(series_name).is_some() && entry.kind == Kind::Dir {
+            found.push(parent.join(name));
         }
     }
     found.sort();

@@ -1,7 +1,7 @@
 //! Phase "summary": what a finished run reports, gathered from every rank; and the plan that
 //! `reshard plan` and `--dry-run` print instead.
 
-use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -18,6 +18,7 @@ use crate::report::ranks::{seconds, Spread};
 use crate::report::storage::FreeSpace;
 use crate::report::{GpuShare, PlanReport, Stats, Storage};
 use crate::size::{count, human_bytes};
+use crate::storage::{self, Kind};
 use crate::sys::peak_rss;
 use crate::tar::{Hygiene, Skipped};
 use crate::throttle::{self, Limits, RateReport};
@@ -137,7 +138,9 @@ impl Summary {
     /// The file cannot be written.
     pub fn write_report(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).expect("serializable");
-        fs::write(path, text + "\n")
+        storage::sink(path)
+            .create_stream(path)
+            .and_then(|mut f| f.write_all((text + "\n").as_bytes()))
             .with_context(|| format!("--report {}: cannot write", path.display()))
     }
 
@@ -322,7 +325,11 @@ fn free_space(output: &std::path::Path) -> Option<FreeSpace> {
                 a
             }
         })
-        .find(|a| a.is_dir())?;
+        .find(|a| {
+            storage::source(a)
+                .stat(a)
+                .is_ok_and(|s| s.kind == Kind::Dir)
+        })?;
     let bytes = crate::sys::free_space(dir).ok()?;
     Some(FreeSpace {
         path: dir.display().to_string(),

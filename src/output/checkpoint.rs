@@ -7,14 +7,12 @@
 //! with a shuffle, almost no shard is complete before the exchange's last round, while each
 //! rank's readers finish a prefix of their samples round after round.
 
-use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::sys::FileStamp;
+use crate::storage::{self, FileStamp};
 
 /// The directory inside the staging directory that holds the records.
 pub const DIR_NAME: &str = ".resume";
@@ -129,7 +127,8 @@ pub fn read_checkpoint(staging: &Path) -> Result<Option<Checkpoint>> {
 /// # Errors
 /// It cannot be written or synced.
 pub fn write_plan(staging: &Path, plan: &PlanRecord) -> Result<()> {
-    fs::create_dir_all(dir(staging))
+    storage::sink(staging)
+        .create_dir_all(&dir(staging))
         .with_context(|| format!("{}: cannot create", dir(staging).display()))?;
     write_json(&dir(staging).join(PLAN), plan)
 }
@@ -149,7 +148,8 @@ pub fn write_checkpoint(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
 /// # Errors
 /// It cannot be written, or a shard cannot be stat'ed.
 pub fn record_all(staging: &Path, all: (u64, u64), shards: &[String]) -> Result<()> {
-    if !dir(staging).join(PLAN).exists() {
+    let plan = dir(staging).join(PLAN);
+    if storage::source(&plan).stat(&plan).is_err() {
         return Ok(());
     }
     let mut latest = read_checkpoint(staging)?.unwrap_or_default();
@@ -160,7 +160,7 @@ pub fn record_all(staging: &Path, all: (u64, u64), shards: &[String]) -> Result<
         .iter()
         .map(|name| {
             let path = staging.join(name);
-            FileStamp::read(&path)
+            storage::stamp(&path)
                 .map(|stamp| (name.clone(), stamp))
                 .with_context(|| format!("{}: cannot stat", path.display()))
         })
@@ -177,7 +177,7 @@ pub fn record_all(staging: &Path, all: (u64, u64), shards: &[String]) -> Result<
 pub fn check_shards(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
     for (name, then) in &checkpoint.shards {
         let path = staging.join(name);
-        let now = FileStamp::read(&path).with_context(|| {
+        let now = storage::stamp(&path).with_context(|| {
             format!(
                 "cannot --resume: the staging shard {} that the earlier attempt completed is gone; rerun without --resume to start over",
                 path.display()
@@ -197,12 +197,13 @@ pub fn check_shards(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
 
 /// Removes the records: the staging shards can no longer be resumed from.
 pub fn forget(staging: &Path) {
-    let _ = fs::remove_file(dir(staging).join(CHECKPOINT));
-    let _ = fs::remove_file(dir(staging).join(PLAN));
+    let sink = storage::sink(staging);
+    let _ = sink.remove_file(&dir(staging).join(CHECKPOINT));
+    let _ = sink.remove_file(&dir(staging).join(PLAN));
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
-    match fs::read(path) {
+    match storage::source(path).read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
             .with_context(|| format!("{}: cannot parse", path.display())),
@@ -213,21 +214,16 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
 
 /// Written aside, synced, renamed over, and the directory synced.
 fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
-    let tmp = path.with_extension("tmp");
     let text = serde_json::to_vec(value).expect("serializable");
-    let written = fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(&text)?;
-        f.sync_data()
-    });
-    written
-        .and_then(|()| fs::rename(&tmp, path))
-        .and_then(|()| fs::File::open(path.parent().expect("in a directory"))?.sync_all())
+    storage::sink(path)
+        .replace(path, &text)
         .with_context(|| format!("{}: cannot write", path.display()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn done_ranges_merge_and_answer_membership() {

@@ -1,12 +1,19 @@
 //! Finishing touches on written shards: compression and digests.
 
-use std::fs::File;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use crate::storage::{self, Sequential};
 use crate::tar::Codec;
 use crate::throttle::PacedWrite;
+
+/// A sequential reader of the object at `path` (`what` it is for, in the message).
+fn read_seq(path: &Path, what: &str) -> Result<Sequential> {
+    let shard =
+        storage::open(path).with_context(|| format!("{}: cannot {what}", path.display()))?;
+    Ok(Sequential::new(shard))
+}
 
 /// Compresses the finished plain shard at `plain` into the file `to` with `codec`, streaming
 /// (bounded memory), syncs it and removes the plain shard. Returns the compressed size.
@@ -14,9 +21,11 @@ use crate::throttle::PacedWrite;
 /// # Errors
 /// Reading, writing or syncing fails (the message names the file).
 pub fn compress_shard(plain: &Path, to: &Path, codec: Codec) -> Result<u64> {
-    let mut src =
-        File::open(plain).with_context(|| format!("{}: cannot reopen", plain.display()))?;
-    let dst = File::create(to).with_context(|| format!("{}: cannot create", to.display()))?;
+    let mut src = read_seq(plain, "reopen")?;
+    let sink = storage::sink(to);
+    let dst = sink
+        .create_stream(to)
+        .with_context(|| format!("{}: cannot create", to.display()))?;
     let out = std::io::BufWriter::with_capacity(1 << 20, PacedWrite(dst));
     let ctx = || format!("compressing {} into {}", plain.display(), to.display());
     let out = match codec {
@@ -37,13 +46,11 @@ pub fn compress_shard(plain: &Path, to: &Path, codec: Codec) -> Result<u64> {
         .map_err(|e| e.into_error())
         .with_context(ctx)?
         .0;
-    file.sync_all()
-        .with_context(|| format!("{}: cannot sync", to.display()))?;
     let size = file
-        .metadata()
-        .with_context(|| format!("{}: cannot stat", to.display()))?
-        .len();
-    std::fs::remove_file(plain).with_context(|| format!("{}: cannot remove", plain.display()))?;
+        .finish()
+        .with_context(|| format!("{}: cannot sync", to.display()))?;
+    sink.remove_file(plain)
+        .with_context(|| format!("{}: cannot remove", plain.display()))?;
     Ok(size)
 }
 
@@ -53,7 +60,7 @@ pub fn compress_shard(plain: &Path, to: &Path, codec: Codec) -> Result<u64> {
 /// The file cannot be read.
 pub fn md5_file(path: &Path) -> Result<[u8; 16]> {
     use md5::Digest;
-    let mut file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    let mut file = read_seq(path, "open")?;
     let mut hasher = md5::Md5::new();
     std::io::copy(&mut file, &mut hasher)
         .with_context(|| format!("{}: cannot read", path.display()))?;

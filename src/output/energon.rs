@@ -21,7 +21,7 @@
 //! SQLite: nothing is decoded or bound row by row), then creates energon's indexes. Rank 0 never
 //! holds any rows. `--energon-no-sqlite` leaves the file out: energon's training reader needs only
 //! `.tar.idx`, `.info.json` and `split.yaml`; looking samples up by key needs it (see
-//! docs/performance-scale.md).
+//! docs/performance.md).
 
 use std::fs;
 use std::io::Write;

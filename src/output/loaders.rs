@@ -2,13 +2,14 @@
 //! once the shard is complete: one header-only pass over it ([`members`]), then each loader's
 //! files ([`energon`], [`dali`]).
 
-use std::fs;
+use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 
 use crate::config::LoaderIndexes;
 use crate::output::{dali, energon, members};
+use crate::storage;
 use crate::tar::key::LoaderNames;
 use crate::tar::Sample;
 
@@ -38,7 +39,9 @@ pub fn write_shard(
     }
     if loaders.dali {
         let idx = dali::index_path(path);
-        fs::write(&idx, dali::index_text(&samples))
+        storage::sink(&idx)
+            .create_stream(&idx)
+            .and_then(|mut f| f.write_all(dali::index_text(&samples).as_bytes()))
             .with_context(|| format!("{}: cannot write", idx.display()))?;
     }
     Ok(())

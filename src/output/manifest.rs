@@ -1,7 +1,5 @@
 //! `index.json`: a webdataset wids shard index, plus what reshard knows about the run.
 
-use std::fs::File;
-use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -11,6 +9,7 @@ use super::{gpu::GpuShare, stats::Stats};
 use crate::config::Balance;
 use crate::plan::placement::{GroupPlan, StratifyReport};
 use crate::plan::Equalize;
+use crate::storage;
 use crate::tar::{Hygiene, Skipped};
 
 /// The manifest written as `DIR/index.json`. wids reads `__kind__`, `wids_version` and
@@ -162,12 +161,10 @@ impl Manifest {
     /// # Errors
     /// The file cannot be written.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let mut f =
-            File::create(path).with_context(|| format!("{}: cannot create", path.display()))?;
         let mut text = serde_json::to_vec_pretty(self).expect("serializable");
         text.push(b'\n');
-        f.write_all(&text)
-            .and_then(|()| f.sync_all())
+        storage::sink(path)
+            .write(path, &text)
             .with_context(|| format!("{}: cannot write", path.display()))
     }
 }

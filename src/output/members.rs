@@ -4,11 +4,11 @@
 //! the layout, but not its members' names and data offsets: those live in the headers, which
 //! the exchange moves verbatim without parsing.
 
-use std::fs::File;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+use crate::storage::{self, Sequential};
 use crate::tar::headers::{Member, Seekable, Walk};
 use crate::tar::key::{extension, sample_key, LoaderNames};
 use crate::tar::{HeaderReader, Sample};
@@ -51,12 +51,15 @@ pub fn read_samples(
     names: LoaderNames,
     layout: &[Sample],
 ) -> Result<Vec<SampleParts>> {
-    let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-    let len = file
-        .metadata()
+    let shard = storage::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    let len = shard
+        .stamp()
         .with_context(|| format!("{}: cannot stat", path.display()))?
-        .len();
-    let mut walk = Walk::new(Seekable(HeaderReader::new(file)), Some(len));
+        .size;
+    let mut walk = Walk::new(
+        Seekable(HeaderReader::new(Sequential::new(shard))),
+        Some(len),
+    );
     let shown = format!(
         "output shard {}",
         path.file_name().unwrap_or_default().to_string_lossy()

@@ -7,14 +7,12 @@
 //! Megatron-Energon's `.tar.idx`, a different format that `--energon` writes beside the shards.
 //! Outputs written under that name are still read.
 
-use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::UNIX_EPOCH;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::storage::{self, mtime_ns};
 use crate::tar::{Sample, ShardIndex, Skipped};
 
 /// The directory, inside an output, that holds reshard's own files.
@@ -67,19 +65,13 @@ fn named(shard: &Path, index_dir: Option<&Path>, suffix: &str) -> PathBuf {
     dir.join(format!("{name}{suffix}"))
 }
 
-fn mtime_ns(meta: &fs::Metadata) -> u128 {
-    meta.modified()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos())
-}
-
 /// Saves the index of the shard file at `shard` (already complete and synced) into `dir`.
 ///
 /// # Errors
 /// The shard cannot be stat'ed or the index file cannot be written.
 pub fn save(dir: &Path, shard: &Path, samples: impl Iterator<Item = Sample>) -> Result<()> {
-    let meta = fs::metadata(shard).with_context(|| format!("{}: cannot stat", shard.display()))?;
+    let stamp =
+        storage::stamp(shard).with_context(|| format!("{}: cannot stat", shard.display()))?;
     let saved = Saved {
         format: FORMAT,
         name: shard
@@ -87,18 +79,16 @@ pub fn save(dir: &Path, shard: &Path, samples: impl Iterator<Item = Sample>) -> 
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned(),
-        size: meta.len(),
-        mtime_ns: mtime_ns(&meta),
+        size: stamp.size,
+        mtime_ns: mtime_ns(&stamp),
         samples: samples.map(|s| (s.start, s.len)).collect(),
         skipped: Skipped::default(),
     };
     let path = path_for(shard, Some(dir));
     let bytes =
         bincode::serde::encode_to_vec(&saved, bincode::config::standard()).expect("encodable");
-    let mut f =
-        File::create(&path).with_context(|| format!("{}: cannot create", path.display()))?;
-    f.write_all(&bytes)
-        .and_then(|()| f.sync_all())
+    storage::sink(&path)
+        .write(&path, &bytes)
         .with_context(|| format!("{}: cannot write", path.display()))
 }
 
@@ -108,7 +98,7 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
     let old = named(shard, index_dir, OLD_SUFFIX);
     let Some((path, bytes)) = [path, old]
         .into_iter()
-        .find_map(|p| fs::read(&p).ok().map(|b| (p, b)))
+        .find_map(|p| storage::source(&p).read(&p).ok().map(|b| (p, b)))
     else {
         return Lookup::Missing;
     };
@@ -117,7 +107,7 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
         Ok((s, _)) => s,
         Err(e) => return Lookup::Stale(format!("{}: unreadable ({e})", path.display())),
     };
-    let Ok(meta) = fs::metadata(shard) else {
+    let Ok(stamp) = storage::stamp(shard) else {
         return Lookup::Missing;
     };
     if saved.format != FORMAT {
@@ -127,13 +117,13 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
             saved.format
         ));
     }
-    if saved.size != meta.len() || saved.mtime_ns != mtime_ns(&meta) {
+    if saved.size != stamp.size || saved.mtime_ns != mtime_ns(&stamp) {
         return Lookup::Stale(format!(
             "{} changed since {} was saved (size {} -> {}, or modification time)",
             shard.display(),
             path.display(),
             saved.size,
-            meta.len()
+            stamp.size
         ));
     }
     // Reshard's own output was checked when it was written: no keys, no hygiene checks here.
@@ -157,6 +147,8 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::{self, File};
+    use std::time::UNIX_EPOCH;
 
     #[test]
     fn saved_index_round_trips_and_goes_stale() {

@@ -1,8 +1,6 @@
 //! Output shards: one writer rank per shard, files sized up front, samples placed with
 //! positioned writes in whatever order they arrive.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -11,6 +9,7 @@ use anyhow::{anyhow, Context, Result};
 
 use crate::key_map::Template;
 use crate::plan::ShardLayout;
+use crate::storage::{self, Input, Output};
 use crate::sys;
 use crate::tar::Codec;
 use crate::throttle;
@@ -120,7 +119,7 @@ const MIN_WRITEBACK: u64 = 64 << 10;
 pub struct OutputShards {
     /// The shards of `files`, ascending.
     shards: Vec<u64>,
-    files: Vec<(PathBuf, File)>,
+    files: Vec<(PathBuf, Box<dyn Output>)>,
     /// Whole pages written since the last [`OutputShards::start_writeback`]: (file, start, end).
     complete: Mutex<Vec<(usize, u64, u64)>>,
     page: u64,
@@ -135,22 +134,18 @@ impl OutputShards {
     /// # Errors
     /// A file cannot be created or sized (the message names it).
     pub fn create(dir: &Path, names: &ShardNames, layout: &ShardLayout) -> Result<Self> {
+        let sink = storage::sink(dir);
         let mut files = Vec::with_capacity(layout.shard_bytes.len());
         for (&shard, &bytes) in layout.shards.iter().zip(&layout.shard_bytes) {
             let path = dir.join(names.plain(shard));
             // `--split` shards live in a directory per split, which any of its writers makes.
             if let Some(parent) = path.parent().filter(|p| *p != dir) {
-                std::fs::create_dir_all(parent)
+                sink.create_dir_all(parent)
                     .with_context(|| format!("{}: cannot create", parent.display()))?;
             }
-            let file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .with_context(|| format!("{}: cannot create output shard", path.display()))?;
-            file.set_len(bytes).with_context(|| {
+            let file = sink.create(&path, bytes).with_context(|| {
                 format!(
-                    "{}: cannot size output shard to {bytes} bytes",
+                    "{}: cannot create output shard of {bytes} bytes",
                     path.display()
                 )
             })?;
@@ -168,11 +163,10 @@ impl OutputShards {
         let mut files = Vec::with_capacity(layout.shard_bytes.len());
         for (&shard, &bytes) in layout.shards.iter().zip(&layout.shard_bytes) {
             let path = dir.join(names.plain(shard));
-            let file = OpenOptions::new()
-                .write(true)
-                .open(&path)
+            let file = storage::sink(&path)
+                .reopen(&path)
                 .with_context(|| format!("{}: cannot reopen output shard", path.display()))?;
-            let len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+            let len = file.size().unwrap_or(u64::MAX);
             if len != bytes {
                 anyhow::bail!(
                     "{}: the earlier run left it {len} bytes long, but the plan lays it out in {bytes}: cannot resume",
@@ -184,7 +178,7 @@ impl OutputShards {
         Ok(Self::of(layout, files))
     }
 
-    fn of(layout: &ShardLayout, files: Vec<(PathBuf, File)>) -> Self {
+    fn of(layout: &ShardLayout, files: Vec<(PathBuf, Box<dyn Output>)>) -> Self {
         OutputShards {
             shards: layout.shards.clone(),
             complete: Mutex::new(Vec::new()),
@@ -212,7 +206,7 @@ impl OutputShards {
         let i = self.file_of(shard);
         let (path, file) = &self.files[i];
         throttle::write(data.len() as u64);
-        file.write_all_at(data, offset).with_context(|| {
+        file.write_at(data, offset).with_context(|| {
             format!(
                 "{}: cannot write {} bytes at byte offset {offset}",
                 path.display(),
@@ -224,9 +218,9 @@ impl OutputShards {
         Ok(())
     }
 
-    /// Copies `len` bytes at `src_offset` of the input file `src` to `offset` of shard `shard`,
-    /// inside the kernel (`copy_file_range`) where the filesystems allow it, through a bounce
-    /// buffer where they do not. For samples that stay on this rank: no user-space copy at all.
+    /// Copies `len` bytes at `src_offset` of the input `src` to `offset` of shard `shard`,
+    /// inside the storage ([`Output::copy_from`]: `copy_file_range` between local files) where
+    /// it allows, through a bounce buffer where it does not. For samples that stay on this rank: no user-space copy at all.
     ///
     /// # Errors
     /// A read or write fails, or the input ends early (it changed since it was indexed); the
@@ -235,7 +229,7 @@ impl OutputShards {
         &self,
         shard: u64,
         offset: u64,
-        src: &File,
+        src: &dyn Input,
         src_path: &Path,
         src_offset: u64,
         len: u64,
@@ -252,39 +246,32 @@ impl OutputShards {
         throttle::read(len);
         while done < len {
             if in_kernel {
-                let off_in = i64::try_from(src_offset + done).context("offset overflow")?;
-                let off_out = i64::try_from(offset + done).context("offset overflow")?;
                 let want = usize::try_from(len - done)
                     .unwrap_or(usize::MAX)
                     .min(1 << 30);
-                match sys::copy_file_range(src, off_in, file, off_out, want) {
-                    Ok(0) => return Err(ended(src_offset + done)),
-                    Ok(n) => {
+                match file.copy_from(src, src_offset + done, offset + done, want) {
+                    Some(Ok(0)) => return Err(ended(src_offset + done)),
+                    Some(Ok(n)) => {
                         throttle::write(n as u64);
                         done += n as u64;
                         continue;
                     }
-                    Err(e) => {
-                        match e.raw_os_error() {
-                            Some(libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {
-                                self.no_copy_range.store(true, Ordering::Relaxed);
-                                in_kernel = false;
-                                continue;
-                            }
-                            Some(libc::EINTR) => continue,
-                            _ => {
-                                return Err(e).with_context(|| {
-                                    format!(
-                                        "copying {} bytes from {} at byte offset {} to {} at byte offset {}",
-                                        len - done,
-                                        src_path.display(),
-                                        src_offset + done,
-                                        path.display(),
-                                        offset + done
-                                    )
-                                })
-                            }
-                        }
+                    None => {
+                        self.no_copy_range.store(true, Ordering::Relaxed);
+                        in_kernel = false;
+                        continue;
+                    }
+                    Some(Err(e)) => {
+                        return Err(e).with_context(|| {
+                            format!(
+                            "copying {} bytes from {} at byte offset {} to {} at byte offset {}",
+                            len - done,
+                            src_path.display(),
+                            src_offset + done,
+                            path.display(),
+                            offset + done
+                        )
+                        })
                     }
                 }
             }
@@ -334,7 +321,7 @@ impl OutputShards {
             if end - start >= MIN_WRITEBACK {
                 // Only a hint: where the filesystem does not support it, the final sync does
                 // all the work.
-                sys::start_writeback(&self.files[file].1, start, end - start);
+                self.files[file].1.start_writeback(start, end - start);
             }
         }
     }

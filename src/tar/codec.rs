@@ -1,14 +1,14 @@
 //! How a shard's bytes are stored, and the one way to open a shard for reading its tar stream:
-//! sniff the codec from the first bytes, open the file, and decompress when compressed.
+//! sniff the codec from the first bytes, open the shard in its storage, and decompress when
+//! compressed.
 
-use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::sys::read_up_to;
+use crate::storage::{self, Sequential, Shard};
 
 /// How a shard's bytes are stored, told by its first bytes (never by its name).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,24 +32,23 @@ impl Codec {
         }
     }
 
-    /// Reads the first bytes of the file at `path` to tell its codec.
+    /// Reads the first bytes of the open shard `shard` (at `path`) to tell its codec.
     ///
     /// # Errors
-    /// The file cannot be read.
-    pub fn sniff(path: &Path) -> Result<Codec> {
-        let mut f = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    /// The shard cannot be read.
+    pub fn sniff(shard: &Shard, path: &Path) -> Result<Codec> {
         let mut head = [0u8; 4];
-        let n = read_up_to(&mut f, &mut head)
+        let n = storage::read_up_to_at(shard.as_ref(), &mut head, 0)
             .with_context(|| format!("{}: cannot read", path.display()))?;
         Ok(Codec::from_magic(&head[..n]))
     }
 
-    /// A reader of the decompressed stream of `file` (buffered).
+    /// A reader of the decompressed stream of `shard` from its first byte (buffered).
     ///
     /// # Errors
     /// The decoder cannot start (zstd's context allocation).
-    pub fn decoder(self, file: File) -> io::Result<Box<dyn Read + Send>> {
-        let buffered = BufReader::with_capacity(1 << 20, file);
+    pub fn decoder(self, shard: Shard) -> io::Result<Box<dyn Read + Send>> {
+        let buffered = BufReader::with_capacity(1 << 20, Sequential::new(shard));
         Ok(match self {
             Codec::Plain => Box::new(buffered),
             Codec::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(buffered)),
@@ -60,30 +59,30 @@ impl Codec {
 
 /// A shard opened by [`open`] for reading its tar stream from the start.
 pub enum Opened {
-    /// A plain tar: the file itself, unbuffered and seekable; offsets are file offsets.
-    Plain(File),
+    /// A plain tar: the shard itself, for positioned reads; offsets are file offsets.
+    Plain(Shard),
     /// A compressed tar: its decompressed stream (buffered); offsets are those of this stream.
     Decompressed(Codec, Box<dyn Read + Send>),
 }
 
-/// Tells the codec of the shard at `path` and opens it, positioned at its first byte.
+/// Opens the shard at `path` in its storage ([`storage::source`]) and tells its codec.
 ///
 /// # Errors
-/// The file cannot be opened or read (the message names it).
-pub fn open_file(path: &Path) -> Result<(Codec, File)> {
-    let codec = Codec::sniff(path)?;
-    let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
-    Ok((codec, file))
+/// The shard cannot be opened or read (the message names it).
+pub fn open_file(path: &Path) -> Result<(Codec, Shard)> {
+    let shard = storage::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    let codec = Codec::sniff(&shard, path)?;
+    Ok((codec, shard))
 }
 
-/// The decompressed stream of `file`, the shard at `path` stored with `codec` (the file itself,
-/// buffered, for [`Codec::Plain`]).
+/// The decompressed stream of `shard`, the shard at `path` stored with `codec` (the shard itself,
+/// buffered, for [`Codec::Plain`]), from its first byte.
 ///
 /// # Errors
 /// The decoder cannot start (the message names the file).
-pub fn decompress(codec: Codec, file: File, path: &Path) -> Result<Box<dyn Read + Send>> {
+pub fn decompress(codec: Codec, shard: Shard, path: &Path) -> Result<Box<dyn Read + Send>> {
     codec
-        .decoder(file)
+        .decoder(shard)
         .with_context(|| format!("{}: cannot start decompressing", path.display()))
 }
 

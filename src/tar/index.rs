@@ -11,7 +11,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use crate::sys;
+use crate::storage::Sequential;
 use crate::tar::codec::{self, Opened};
 use crate::tar::group::{Grouper, Rules, ShardIndex};
 use crate::tar::headers::{Forward, Member, Seekable, Source, Walk};
@@ -34,8 +34,8 @@ pub fn index_file(path: &Path) -> Result<ShardIndex> {
 /// # Errors
 /// As [`index_file`], plus the violations the rules say to abort on.
 pub fn index_file_with(path: &Path, rules: &Rules) -> Result<ShardIndex> {
-    let file = match codec::open(path)? {
-        Opened::Plain(file) => file,
+    let shard = match codec::open(path)? {
+        Opened::Plain(shard) => shard,
         Opened::Decompressed(codec, stream) => {
             // No seeking in a compressed stream: the whole shard is decompressed once, and
             // offsets are those of the decompressed stream.
@@ -44,14 +44,14 @@ pub fn index_file_with(path: &Path, rules: &Rules) -> Result<ShardIndex> {
                 .with_context(|| codec::stream_name(path, codec));
         }
     };
-    let len = file
-        .metadata()
+    let len = shard
+        .stamp()
         .with_context(|| format!("{}: cannot stat", path.display()))?
-        .len();
+        .size;
     // Headers are small reads spread over the file: readahead would pull in the data between
     // them (most of the shard for ~100 KiB samples), so ask for none.
-    sys::advise_random(&file);
-    index_reader_with(HeaderReader::new(file), len, rules)
+    shard.advise_random();
+    index_reader_with(HeaderReader::new(Sequential::new(shard)), len, rules)
         .with_context(|| path.display().to_string())
 }
 
@@ -73,7 +73,7 @@ pub fn key_at(path: &Path, start: u64, len: u64) -> Result<String> {
 pub fn keys_at(path: &Path, samples: &[(u64, u64)]) -> Result<Vec<String>> {
     // A plain shard seeks to each sample; a compressed one is one forward stream.
     let (mut plain, mut stream) = match codec::open(path)? {
-        Opened::Plain(file) => (Some(file), None),
+        Opened::Plain(shard) => (Some(Sequential::new(shard)), None),
         Opened::Decompressed(_, decoder) => (None, Some(decoder)),
     };
     // Where the decompressed stream is.

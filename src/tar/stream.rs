@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+use crate::storage::Sequential;
 use crate::tar::codec::{self, Opened};
 
 /// Read buffer per open stream.
@@ -28,8 +29,8 @@ impl TarStream {
     /// As [`codec::open`].
     pub fn open(path: &Path) -> Result<Self> {
         let (inner, name): (Box<dyn Read + Send>, String) = match codec::open(path)? {
-            Opened::Plain(file) => (
-                Box::new(file),
+            Opened::Plain(shard) => (
+                Box::new(Sequential::new(shard)),
                 codec::stream_name(path, codec::Codec::Plain),
             ),
             Opened::Decompressed(codec, stream) => (stream, codec::stream_name(path, codec)),

@@ -3,7 +3,6 @@
 //! collected for the report, never raised.
 
 use std::collections::HashSet;
-use std::fs;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -14,6 +13,7 @@ use crate::config::VerifyConfig;
 use crate::input::{expand_specs, InputShard};
 use crate::output::manifest::ShardEntry;
 use crate::plan::Equalize;
+use crate::storage::{self, Kind};
 
 /// One output shard, as the verifier expects to find it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -112,8 +112,10 @@ pub(super) fn share(comm: &impl Comm, cfg: &VerifyConfig) -> Result<(Setup, Opti
 fn prepare(cfg: &VerifyConfig) -> Result<(Setup, Lead)> {
     let inputs = input_shards(&cfg.inputs)?;
     let dir = &cfg.output;
-    let meta = fs::metadata(dir).with_context(|| format!("--output {}", dir.display()))?;
-    if !meta.is_dir() {
+    let stat = storage::source(dir)
+        .stat(dir)
+        .with_context(|| format!("--output {}", dir.display()))?;
+    if stat.kind != Kind::Dir {
         bail!("--output {}: not a directory", dir.display());
     }
 
@@ -133,7 +135,11 @@ fn prepare(cfg: &VerifyConfig) -> Result<(Setup, Lead)> {
     for name in split_names(index.as_ref()) {
         // The output's index.json lists every split's shards: the multiset check then shows
         // that the splits together hold the input, each sample in one split only.
-        if dir.join(&name).is_dir() {
+        let split = dir.join(&name);
+        if storage::source(&split)
+            .stat(&split)
+            .is_ok_and(|s| s.kind == Kind::Dir)
+        {
             problems.extend(unlisted_shard_problems(&dir.join(&name), &outputs)?);
         }
         if let Some(ix) = &index {
@@ -158,9 +164,9 @@ fn prepare(cfg: &VerifyConfig) -> Result<(Setup, Lead)> {
 fn input_shards(specs: &[String]) -> Result<Vec<InputShard>> {
     let mut inputs = Vec::new();
     for path in expand_specs(specs)? {
-        let size = fs::metadata(&path)
+        let size = storage::stamp(&path)
             .with_context(|| format!("input {}", path.display()))?
-            .len();
+            .size;
         inputs.push(InputShard { path, size });
     }
     Ok(inputs)
@@ -168,7 +174,7 @@ fn input_shards(specs: &[String]) -> Result<Vec<InputShard>> {
 
 /// index.json, or `None` (and a problem) when it cannot be read or is not a wids index.
 fn read_index(index_path: &Path, problems: &mut Vec<String>) -> Option<IndexView> {
-    match fs::read(index_path) {
+    match storage::source(index_path).read(index_path) {
         Ok(bytes) => match serde_json::from_slice::<IndexView>(&bytes) {
             Ok(v) => Some(v),
             Err(e) => {
@@ -221,8 +227,8 @@ fn listed_outputs(
 /// One listed shard: its file's size, and whether the file is there and as large as listed.
 fn listed_output(dir: &Path, entry: &ShardEntry, problems: &mut Vec<String>) -> OutputShard {
     let path = dir.join(&entry.url);
-    let size = match fs::metadata(&path) {
-        Ok(m) if m.is_file() => Some(m.len()),
+    let size = match storage::source(&path).stat(&path) {
+        Ok(s) if s.kind == Kind::File => Some(s.stamp.size),
         Ok(_) => {
             problems.push(format!(
                 "{}: listed in index.json but not a regular file",
@@ -321,7 +327,7 @@ fn found_outputs(dir: &Path) -> Result<Vec<OutputShard>> {
     let mut outputs = Vec::new();
     for name in shard_like_files(dir)? {
         let path = dir.join(&name);
-        let size = fs::metadata(&path).ok().map(|m| m.len());
+        let size = storage::stamp(&path).ok().map(|s| s.size);
         outputs.push(OutputShard {
             name,
             path,
@@ -358,12 +364,14 @@ fn is_inside(url: &str) -> bool {
 /// energon's `*.tar.idx` indexes), sorted by name in byte order.
 fn shard_like_files(dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
-    for entry in fs::read_dir(dir).with_context(|| format!("--output {}", dir.display()))? {
-        let entry = entry.with_context(|| format!("--output {}", dir.display()))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
+    let entries = storage::source(dir)
+        .list(dir)
+        .with_context(|| format!("--output {}", dir.display()))?;
+    for entry in entries {
+        let name = entry.name.to_string_lossy().into_owned();
         let tar_like = (name.ends_with(".tar") || name.contains(".tar."))
             && !name.ends_with(crate::output::energon::TAR_IDX_SUFFIX);
-        if tar_like && entry.file_type().is_ok_and(|t| t.is_file()) {
+        if tar_like && entry.kind == Kind::File {
             names.push(name);
         }
     }

@@ -10,7 +10,7 @@ use super::stages::{Job, Packed, Stages, CHUNK_HEADER};
 use crate::comm::wire::{ChunkHeader, Wire};
 use crate::input::InputShard;
 use crate::plan::placement::LocalSample;
-use crate::sys;
+use crate::storage::{self, Input};
 use crate::tar::codec::stream_name;
 use crate::tar::headers::{expect_header, BLOCK};
 use crate::tar::Codec;
@@ -184,14 +184,14 @@ fn fill(
 /// Reads the first block of the sample at `start` of the plain shard `file` (`len` bytes long)
 /// into `head`: how many bytes that is (a sample is at least one block).
 fn read_head(
-    file: &std::fs::File,
+    file: &dyn Input,
     path: &std::path::Path,
     start: u64,
     len: u64,
     head: &mut [u8; BLOCK as usize],
 ) -> Result<usize> {
     let want = len.min(BLOCK) as usize;
-    let got = sys::read_up_to_at(file, &mut head[..want], start)
+    let got = storage::read_up_to_at(file, &mut head[..want], start)
         .with_context(|| format!("{}: cannot read at byte offset {start}", path.display()))?;
     if got < want {
         return Err(anyhow!(
@@ -238,10 +238,10 @@ fn copy_own(
     let (file, codec) = reader.file(s.shard as usize)?;
     if codec == Codec::Plain {
         let mut head = [0u8; BLOCK as usize];
-        let h = read_head(file, &input.path, s.start, n, &mut head)?;
+        let h = read_head(file.as_ref(), &input.path, s.start, n, &mut head)?;
         check_first_block(&head[..h], input, codec, s.start)?;
         job.output
-            .copy_in(shard, at, file, &input.path, s.start, n)?;
+            .copy_in(shard, at, file.as_ref(), &input.path, s.start, n)?;
         return Ok(n);
     }
     let mut buf = vec![0u8; n.min(4 << 20) as usize];

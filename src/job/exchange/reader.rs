@@ -1,14 +1,13 @@
 //! Sequential reader over a rank's input shards.
 
 use std::collections::BTreeSet;
-use std::fs::File;
 use std::io::{self, Read};
 use std::ops::Range;
 
 use anyhow::{anyhow, Context, Result};
 
 use crate::input::InputShard;
-use crate::sys;
+use crate::storage::{self, Shard};
 use crate::tar::codec::{self, Codec};
 use crate::throttle::{self, PacedRead};
 
@@ -17,7 +16,7 @@ use crate::throttle::{self, PacedRead};
 pub(super) struct InputReader<'a> {
     inputs: &'a [InputShard],
     /// The open input: shard, file, and how it is stored.
-    file: Option<(usize, File, Codec)>,
+    file: Option<(usize, Shard, Codec)>,
     /// For a compressed shard: the decompressed stream and its position.
     stream: Option<(usize, u64, Box<dyn Read + Send>)>,
     window: Vec<u8>,
@@ -77,7 +76,7 @@ impl<'a> InputReader<'a> {
     }
 
     /// The open input file of `shard` and its codec (the last one opened stays open).
-    pub(super) fn file(&mut self, shard: usize) -> Result<(&File, Codec)> {
+    pub(super) fn file(&mut self, shard: usize) -> Result<(&Shard, Codec)> {
         if self.file.as_ref().is_none_or(|(s, _, _)| *s != shard) {
             let path = &self.inputs[shard].path;
             let (codec, f) = codec::open_file(path)?;
@@ -109,9 +108,8 @@ impl<'a> InputReader<'a> {
                 self.drain_open()?;
             }
             let (file, codec) = self.file(shard)?;
-            let file = file
-                .try_clone()
-                .with_context(|| format!("{}: cannot reopen", path.display()))?;
+            // A stream of its own from the first byte (a restart reads from the top).
+            let file = file.clone();
             let decoder = Box::new(PacedRead(codec::decompress(codec, file, &path)?));
             self.stream = Some((shard, 0, decoder));
         }
@@ -175,7 +173,7 @@ impl<'a> InputReader<'a> {
             if out.len() >= self.window.len() / 2 {
                 let file = self.file(shard)?.0;
                 throttle::read(out.len() as u64);
-                sys::read_up_to_at(file, out, offset)
+                storage::read_up_to_at(file.as_ref(), out, offset)
                     .with_context(|| {
                         format!("{}: cannot read at byte offset {offset}", path.display())
                     })
@@ -191,10 +189,11 @@ impl<'a> InputReader<'a> {
             let want = (self.window.len() as u64).min(size.saturating_sub(offset)) as usize;
             let mut window = std::mem::take(&mut self.window);
             throttle::read(want as u64);
-            let got = sys::read_up_to_at(self.file(shard)?.0, &mut window[..want], offset)
-                .with_context(|| {
-                    format!("{}: cannot read at byte offset {offset}", path.display())
-                });
+            let got =
+                storage::read_up_to_at(self.file(shard)?.0.as_ref(), &mut window[..want], offset)
+                    .with_context(|| {
+                        format!("{}: cannot read at byte offset {offset}", path.display())
+                    });
             self.window = window;
             let got = got?;
             if got == 0 {
@@ -216,4 +215,31 @@ fn drain(mut decoder: Box<dyn Read + Send>, path: &std::path::Path) -> Result<()
         )
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// A compressed shard read at an offset before the stream's position starts its stream
+    /// again from the first byte (a restarted stream of a shared descriptor would continue
+    /// where the last one stopped).
+    #[test]
+    fn a_compressed_stream_restarts_from_its_first_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.tar.gz");
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&data).unwrap();
+        std::fs::write(&path, gz.finish().unwrap()).unwrap();
+        let inputs = [InputShard { path, size: 0 }];
+        let mut reader = InputReader::new(&inputs, 1 << 16, &[]);
+        let mut buf = [0u8; 100];
+        reader.read(0, 150_000, &mut buf).unwrap();
+        assert_eq!(buf[..], data[150_000..150_100]);
+        reader.read(0, 1_000, &mut buf).unwrap();
+        assert_eq!(buf[..], data[1_000..1_100]);
+    }
 }

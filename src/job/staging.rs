@@ -1,0 +1,133 @@
+//! The staging directory's layout: where the output is assembled before the publishing rename,
+//! and what reshard keeps inside it besides the shards. One type names every part, so no phase
+//! joins these names itself.
+//!
+//! ```text
+//! .OUT.reshard-tmp/
+//!   .reshard-owner      the owning run's token (see crate::job::lock)
+//!   .reshard/           saved indexes of the shards (published with the output)
+//!   .heartbeats/        the ranks' watchdog heartbeats during the exchange (removed before
+//!                       publishing)
+//!   .resume/            the plan record and checkpoints for --resume (removed after publishing)
+//!   index.json, shards
+//! ```
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::output::{checkpoint, saved_index};
+
+/// The file, inside the staging directory, that names the run owning it.
+const OWNER_FILE: &str = ".reshard-owner";
+/// Where the ranks' watchdogs leave heartbeats during the exchange.
+const HEARTBEATS: &str = ".heartbeats";
+
+/// A staging directory (borrowed: the path lives in the job's set-up).
+#[derive(Debug, Clone, Copy)]
+pub struct Staging<'a>(&'a Path);
+
+impl<'a> Staging<'a> {
+    /// The staging directory at `dir`.
+    pub fn at(dir: &'a Path) -> Self {
+        Staging(dir)
+    }
+
+    /// The directory itself.
+    pub fn dir(&self) -> &'a Path {
+        self.0
+    }
+
+    /// The file naming the run that owns the directory.
+    pub fn owner_file(&self) -> PathBuf {
+        self.0.join(OWNER_FILE)
+    }
+
+    /// The file a new owner's token is written to before it is renamed to [`Self::owner_file`].
+    pub fn owner_file_tmp(&self) -> PathBuf {
+        self.0.join(format!("{OWNER_FILE}.tmp"))
+    }
+
+    /// Where the watchdogs leave heartbeats.
+    pub fn heartbeats(&self) -> PathBuf {
+        self.0.join(HEARTBEATS)
+    }
+
+    /// Where the shards' saved indexes go (without `--split`).
+    pub fn saved_indexes(&self) -> PathBuf {
+        self.0.join(saved_index::DIR_NAME)
+    }
+
+    /// Where the plan record and the checkpoints for `--resume` are.
+    pub fn resume_records(&self) -> PathBuf {
+        self.0.join(checkpoint::DIR_NAME)
+    }
+
+    /// Whether something is at the staging directory's path.
+    pub fn present(&self) -> bool {
+        self.0.exists()
+    }
+
+    /// Creates the staging directory with the saved-index and heartbeat directories inside.
+    ///
+    /// # Errors
+    /// It exists already, or a directory cannot be made.
+    pub fn create(&self) -> io::Result<()> {
+        fs::create_dir(self.0)
+            .and_then(|()| fs::create_dir(self.saved_indexes()))
+            .and_then(|()| fs::create_dir(self.heartbeats()))
+    }
+
+    /// `--resume`: removes what an earlier attempt's finish phase may have left (saved indexes,
+    /// heartbeats, index.json), so that this attempt makes them again.
+    ///
+    /// # Errors
+    /// The directories cannot be made again.
+    pub fn prepare_resume(&self) -> io::Result<()> {
+        let _ = fs::remove_dir_all(self.saved_indexes());
+        let _ = fs::remove_dir_all(self.heartbeats());
+        let _ = fs::remove_file(self.0.join("index.json"));
+        fs::create_dir_all(self.saved_indexes())
+            .and_then(|()| fs::create_dir_all(self.heartbeats()))
+    }
+
+    /// Removes the heartbeats (before publishing: they are no part of the output). Whatever
+    /// fails to go stays: it is not the output's.
+    pub fn remove_heartbeats(&self) {
+        let _ = fs::remove_dir_all(self.heartbeats());
+    }
+
+    /// Removes the whole staging directory.
+    ///
+    /// # Errors
+    /// Something in it cannot be removed.
+    pub fn remove(&self) -> io::Result<()> {
+        fs::remove_dir_all(self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creates_its_parts_and_prepares_a_resume() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join(".out.reshard-tmp");
+        let staging = Staging::at(&dir);
+        assert!(!staging.present());
+        staging.create().unwrap();
+        assert!(staging.heartbeats().is_dir() && staging.saved_indexes().is_dir());
+        // A second run must not take over a directory it did not remove.
+        assert!(staging.create().is_err());
+        fs::write(staging.heartbeats().join("0"), b"beat").unwrap();
+        fs::write(dir.join("index.json"), b"{}").unwrap();
+        staging.prepare_resume().unwrap();
+        assert!(!dir.join("index.json").exists());
+        assert_eq!(fs::read_dir(staging.heartbeats()).unwrap().count(), 0);
+        staging.remove_heartbeats();
+        assert!(!staging.heartbeats().exists());
+        staging.remove().unwrap();
+        assert!(!staging.present());
+    }
+}

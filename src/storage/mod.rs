@@ -1,0 +1,407 @@
+//! The storage seam: where shards are read from ([`Source`]) and where outputs go ([`Sink`]).
+//!
+//! Every phase and `verify` reach files through these two traits, never through `std::fs`, so a
+//! new backend (object storage), a throttle or a fault injector is one new file wrapping or
+//! implementing them plus its registration in [`source`] and [`sink`].
+//!
+//! A location is a path as the user wrote it; its scheme picks the backend. Today that is
+//! [`posix`] for every plain path, and in unit tests [`memory`] for `mem://…`. A backend that
+//! lacks something POSIX has (object storage has no rename and no write at an offset) says so in
+//! its [`Capabilities`]; the caller asks before it relies on it.
+
+use std::any::Any;
+use std::ffi::OsString;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use crate::sys::FileStamp;
+
+#[cfg(test)]
+pub mod memory;
+pub mod posix;
+
+/// What a location is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    /// A symbolic link, seen without following it ([`Source::stat_link`], listings).
+    Link,
+    /// Anything else: a device, a socket, a pipe.
+    Other,
+}
+
+/// What a stat of a location tells: its kind and its stamp (size, times, identity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    pub kind: Kind,
+    pub stamp: FileStamp,
+}
+
+/// One entry of a listing: its name inside the listed directory (or prefix) and its kind, as the
+/// listing tells it without following symbolic links.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub name: OsString,
+    pub kind: Kind,
+}
+
+/// Where shards (and small metadata files next to them) are read from.
+pub trait Source: Send + Sync {
+    /// The kind and stamp of `path`, following symbolic links.
+    ///
+    /// # Errors
+    /// It does not exist or cannot be examined.
+    fn stat(&self, path: &Path) -> io::Result<Stat>;
+
+    /// The kind and stamp of `path` itself: a symbolic link is [`Kind::Link`], not what it
+    /// points at.
+    ///
+    /// # Errors
+    /// It does not exist or cannot be examined.
+    fn stat_link(&self, path: &Path) -> io::Result<Stat>;
+
+    /// The entries of the directory (or prefix) `path`, in no particular order.
+    ///
+    /// # Errors
+    /// It is not a directory or cannot be listed.
+    fn list(&self, path: &Path) -> io::Result<Vec<Entry>>;
+
+    /// One name for the object at `path`, the same for every path that names it (two inputs
+    /// naming one file are told by it).
+    ///
+    /// # Errors
+    /// It does not exist.
+    fn canonical(&self, path: &Path) -> io::Result<PathBuf>;
+
+    /// The whole content of the small file at `path` (an input list, an `index.json`).
+    ///
+    /// # Errors
+    /// It cannot be read.
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+
+    /// Opens the shard at `path` for positioned reads (and, through [`Sequential`], streams).
+    ///
+    /// # Errors
+    /// It cannot be opened.
+    fn open(&self, path: &Path) -> io::Result<Shard>;
+}
+
+/// An input shard opened by a [`Source`]: shared by the threads that read it.
+pub type Shard = Arc<dyn Input>;
+
+/// An open input: read at any offset without a cursor, so threads may share it.
+pub trait Input: Send + Sync {
+    /// Reads up to `buf.len()` bytes at `offset`: the count read, 0 at the end.
+    ///
+    /// # Errors
+    /// The read fails.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+
+    /// The stamp of the open object now (what it is, not what the path names now).
+    ///
+    /// # Errors
+    /// It cannot be examined.
+    fn stamp(&self) -> io::Result<FileStamp>;
+
+    /// Says that reads will be scattered (headers only), so the backend reads ahead nothing.
+    /// Only a hint.
+    fn advise_random(&self) {}
+
+    /// The backend's own type, for fast paths between two objects of one backend
+    /// ([`Output::copy_from`]).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Reads until `buf` is full or the input ends, at `offset` of `input`: the count read.
+/// Interrupted reads are retried.
+///
+/// # Errors
+/// A read fails.
+pub fn read_up_to_at(input: &dyn Input, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read_at(&mut buf[n..], offset + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// A sequential, seekable stream over an [`Input`]: its own position, so several streams of one
+/// open shard never move each other (a `dup`ed descriptor would share its offset).
+#[derive(Clone)]
+pub struct Sequential {
+    input: Shard,
+    pos: u64,
+}
+
+impl Sequential {
+    /// A stream of `input` from its first byte.
+    pub fn new(input: Shard) -> Self {
+        Sequential { input, pos: 0 }
+    }
+}
+
+impl Read for Sequential {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.input.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for Sequential {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let base = match to {
+            SeekFrom::Start(p) => {
+                self.pos = p;
+                return Ok(p);
+            }
+            SeekFrom::Current(d) => (self.pos, d),
+            SeekFrom::End(d) => (self.input.stamp()?.size, d),
+        };
+        self.pos = base
+            .0
+            .checked_add_signed(base.1)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek before byte 0"))?;
+        Ok(self.pos)
+    }
+}
+
+/// What a [`Sink`] can do beyond creating, writing whole objects and removing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// [`Output::write_at`] at any offset, in any order (POSIX); without it an output is written
+    /// front to back once ([`Sink::create_stream`]).
+    pub positioned_writes: bool,
+    /// [`Sink::publish`] and [`Sink::exchange`] are atomic renames; without them the manifest
+    /// written last is what "published" means.
+    pub rename: bool,
+}
+
+/// Where outputs go: the staging area, its shards and metadata, and their publishing. What is
+/// there is examined and read back through the [`Source`] of the same location.
+pub trait Sink: Send + Sync {
+    /// What this backend can do; callers ask before relying on renames or positioned writes.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Makes the directory (prefix) `path` and its parents; nothing where it exists.
+    ///
+    /// # Errors
+    /// It cannot be made.
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+
+    /// Creates the new object `path`, `len` bytes of zeros, for positioned writes.
+    ///
+    /// # Errors
+    /// It exists already (`AlreadyExists`), or cannot be created or sized; `Unsupported`
+    /// without [`Capabilities::positioned_writes`].
+    fn create(&self, path: &Path, len: u64) -> io::Result<Box<dyn Output>>;
+
+    /// Opens the existing object `path` for positioned writes (what it holds stays).
+    ///
+    /// # Errors
+    /// It does not exist or cannot be opened.
+    fn reopen(&self, path: &Path) -> io::Result<Box<dyn Output>>;
+
+    /// Creates (or replaces the content of) the small object `path` with `bytes`, durable when
+    /// this returns (a saved index, a marker).
+    ///
+    /// # Errors
+    /// It cannot be created, written or synced.
+    fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+
+    /// Replaces `path` with `bytes` atomically: a reader sees the old content or the new, never
+    /// a part (POSIX: written aside, synced, renamed over, the directory synced).
+    ///
+    /// # Errors
+    /// It cannot be written; what was at `path` stays.
+    fn replace(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+
+    /// Creates (or truncates) `path` for writing front to back (on object storage, one
+    /// upload). Dropped without [`Writer::finish`], what was written may not be durable.
+    ///
+    /// # Errors
+    /// It cannot be created.
+    fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Writer>>;
+
+    /// Renames `from` to `to` only if nothing is at `to`, atomically.
+    ///
+    /// # Errors
+    /// `to` exists (`AlreadyExists`), or the backend cannot rename (`Unsupported`, see
+    /// [`Capabilities::rename`]); nothing is renamed.
+    fn publish(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    /// Renames `from` to `to` as the backend's plain rename does (POSIX `rename(2)`: a directory
+    /// replaces only an empty directory, a file replaces a file).
+    ///
+    /// # Errors
+    /// It cannot, or the backend has no rename (`Unsupported`).
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    /// Makes the names in the directory `dir` durable (renames, creations). Nothing where the
+    /// backend has no directories.
+    ///
+    /// # Errors
+    /// The sync fails.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+
+    /// Creates the symbolic link `link` pointing at `points_to`.
+    ///
+    /// # Errors
+    /// It cannot, or the backend has no links (`Unsupported`).
+    fn symlink(&self, points_to: &Path, link: &Path) -> io::Result<()>;
+
+    /// Atomically swaps `a` and `b`.
+    ///
+    /// # Errors
+    /// Either is missing, or the backend cannot (`Unsupported`); nothing is renamed.
+    fn exchange(&self, a: &Path, b: &Path) -> io::Result<()>;
+
+    /// Removes the object `path`.
+    ///
+    /// # Errors
+    /// It does not exist or cannot be removed.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+
+    /// Removes the directory (prefix) `path` and everything in it.
+    ///
+    /// # Errors
+    /// It does not exist or something in it cannot be removed.
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
+}
+
+/// An output object open for positioned writes.
+pub trait Output: Send + Sync {
+    /// Writes all of `data` at `offset`.
+    ///
+    /// # Errors
+    /// The write fails (disk full, I/O error).
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
+
+    /// The object's size now.
+    ///
+    /// # Errors
+    /// It cannot be examined.
+    fn size(&self) -> io::Result<u64>;
+
+    /// Makes the data written so far durable (the length does not change).
+    ///
+    /// # Errors
+    /// The sync fails.
+    fn sync_data(&self) -> io::Result<()>;
+
+    /// Makes the data and the metadata (length, times) durable.
+    ///
+    /// # Errors
+    /// The sync fails.
+    fn sync_all(&self) -> io::Result<()>;
+
+    /// Starts writing `len` bytes at `offset` back to the disk without waiting. Only a hint.
+    fn start_writeback(&self, _offset: u64, _len: u64) {}
+
+    /// The fast path for a sample that stays on its rank: copies up to `len` bytes at
+    /// `src_offset` of `src` to `offset` of this output inside the backend (`copy_file_range`
+    /// between two local files). `None` where this pair of objects has no such path, or it
+    /// turned out unsupported: the caller reads and writes instead.
+    fn copy_from(
+        &self,
+        _src: &dyn Input,
+        _src_offset: u64,
+        _offset: u64,
+        _len: usize,
+    ) -> Option<io::Result<usize>> {
+        None
+    }
+}
+
+/// An output written front to back ([`Sink::create_stream`]).
+pub trait Writer: Write + Send {
+    /// Makes everything written durable and ends the object: its size.
+    ///
+    /// # Errors
+    /// The sync (the upload's completion) fails.
+    fn finish(self: Box<Self>) -> io::Result<u64>;
+}
+
+/// The scheme of `path` (`mem` for `mem://…`), if it names one.
+fn scheme(path: &Path) -> Option<&str> {
+    let s = path.to_str()?;
+    let (scheme, _) = s.split_once("://")?;
+    (!scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_lowercase())).then_some(scheme)
+}
+
+/// The backend that holds `path`: its scheme picks it; a plain path is POSIX.
+pub fn source(path: &Path) -> &'static dyn Source {
+    match scheme(path) {
+        #[cfg(test)]
+        Some("mem") => &memory::Memory,
+        _ => &posix::Posix,
+    }
+}
+
+/// The backend that `path` is written to: its scheme picks it; a plain path is POSIX.
+pub fn sink(path: &Path) -> &'static dyn Sink {
+    match scheme(path) {
+        #[cfg(test)]
+        Some("mem") => &memory::Memory,
+        _ => &posix::Posix,
+    }
+}
+
+/// Opens the shard at `path` in its [`source`].
+///
+/// # Errors
+/// It cannot be opened.
+pub fn open(path: &Path) -> io::Result<Shard> {
+    source(path).open(path)
+}
+
+/// The stamp of `path` in its [`source`] now.
+///
+/// # Errors
+/// It cannot be examined.
+pub fn stamp(path: &Path) -> io::Result<FileStamp> {
+    source(path).stat(path).map(|s| s.stamp)
+}
+
+/// The modification time of `stamp` in nanoseconds since the epoch, 0 before it (how plan
+/// records and saved indexes note a file's version).
+pub fn mtime_ns(stamp: &FileStamp) -> u128 {
+    u128::try_from(stamp.mtime_ns).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_pick_backends() {
+        assert_eq!(scheme(Path::new("mem://t/a.tar")), Some("mem"));
+        assert_eq!(scheme(Path::new("/data/a.tar")), None);
+        assert_eq!(scheme(Path::new("./x://y")), None);
+    }
+
+    #[test]
+    fn sequential_streams_do_not_move_each_other() {
+        let path = Path::new("mem://seq/a");
+        memory::put(path, b"0123456789".to_vec());
+        let shard = open(path).unwrap();
+        let (mut a, mut b) = (Sequential::new(shard.clone()), Sequential::new(shard));
+        let mut buf = [0u8; 4];
+        a.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"0123");
+        b.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"0123");
+        a.seek(SeekFrom::End(-2)).unwrap();
+        let mut rest = Vec::new();
+        a.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, b"89");
+        assert!(a.seek(SeekFrom::Current(-100)).is_err());
+    }
+}

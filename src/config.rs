@@ -67,6 +67,58 @@ pub struct RunConfig {
 
 pub use crate::throttle::{IoConfig, IoPriority};
 
+/// What the planning phases need of a [`RunConfig`], each phase its own part, with the values
+/// derived from several flags decided once (`crate::cli::resolve::plan_settings`) instead of
+/// in each phase.
+#[derive(Debug, Clone)]
+pub struct PlanSettings {
+    pub index: IndexSettings,
+    pub place: PlaceSettings,
+    pub layout: LayoutSettings,
+}
+
+/// What the index phase needs.
+#[derive(Debug, Clone)]
+pub struct IndexSettings {
+    pub rules: Rules,
+    /// `--index DIR`: where saved indexes are looked for.
+    pub index: Option<PathBuf>,
+    /// Whether saved indexes may stand in for the tar headers: not when the rules need what
+    /// only the headers hold (keys, labels, member names).
+    pub reuse_saved: bool,
+    pub progress: ProgressConfig,
+}
+
+/// What the place phase needs: the order, the groups and the sizing.
+#[derive(Debug, Clone)]
+pub struct PlaceSettings {
+    pub order: OrderSpec,
+    pub split: Option<SplitSettings>,
+    pub seed: u64,
+    pub epoch: u64,
+    pub equalize: Equalize,
+    pub sizing: Sizing,
+    /// Output shard names: `PREFIX-NNNNNN.tar`.
+    pub prefix: String,
+}
+
+/// What the split assignment needs (`--split`): a function of the seed and the input alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitSettings {
+    pub splits: Splits,
+    pub seed: u64,
+}
+
+/// What the layout phase needs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayoutSettings {
+    pub balance: Balance,
+    pub gpus: Option<GpuLayout>,
+    /// How many of the first groups the GPUs train on: with `--split` the first split (one
+    /// group), else every shard (`None`).
+    pub gpu_groups: Option<usize>,
+}
+
 /// `--split`: the splits, and how the ones after the first (the training split, which the
 /// sizing flags size) are sized.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,8 +11,9 @@ use anyhow::{anyhow, bail, Result};
 
 use super::args::{Command, CompressArg, EqualizeArg, GenerateArgs, PlanArgs, RunArgs, VerifyArgs};
 use crate::config::{
-    Balance, EnergonDataset, GenerateConfig, GpuLayout, HeaderFormat, IoConfig, Keep,
-    LoaderIndexes, ProgressConfig, RunConfig, Splits, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
+    Balance, EnergonDataset, GenerateConfig, GpuLayout, HeaderFormat, IndexSettings, IoConfig,
+    Keep, LayoutSettings, LoaderIndexes, PlaceSettings, PlanSettings, ProgressConfig, RunConfig,
+    SplitSettings, Splits, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
 };
 use crate::generate::DEFAULT_SAMPLES;
 use crate::plan::order::{OrderBy, OrderSpec};
@@ -177,6 +178,45 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
         plot: args.plot.clone(),
         io: io_config(args)?,
     })
+}
+
+/// What each planning phase needs of `cfg`, with the values that depend on several flags
+/// decided here once: whether saved indexes can stand in for the headers, which groups the
+/// GPUs train on.
+pub fn plan_settings(cfg: &RunConfig) -> PlanSettings {
+    let rules = &cfg.rules;
+    // A saved index holds byte ranges only, not keys, labels or member names: the loader
+    // indexes' name and duplicate checks need the headers, and must fail while indexing,
+    // before any data moves, not in the finish phase.
+    let needs_headers = rules.keep_keys
+        || rules.read_member.is_some()
+        || rules.loader_names != LoaderNames::default();
+    PlanSettings {
+        index: IndexSettings {
+            rules: rules.clone(),
+            index: cfg.index.clone(),
+            reuse_saved: !needs_headers,
+            progress: cfg.progress,
+        },
+        place: PlaceSettings {
+            order: cfg.order.clone(),
+            split: cfg.split.clone().map(|splits| SplitSettings {
+                splits,
+                seed: cfg.seed,
+            }),
+            seed: cfg.seed,
+            epoch: cfg.epoch,
+            equalize: cfg.equalize,
+            sizing: cfg.sizing,
+            prefix: cfg.prefix.clone(),
+        },
+        layout: LayoutSettings {
+            balance: cfg.balance,
+            gpus: cfg.gpus,
+            // With `--split`, the GPUs train on the first split.
+            gpu_groups: cfg.split.as_ref().map(|_| 1),
+        },
+    }
 }
 
 /// `--max-read-rate`, `--max-write-rate`, `--io-priority` and `--nice`.
@@ -682,5 +722,42 @@ mod tests {
         }
         assert!(keep_series(Some(0), p("e-{epoch}").as_deref()).is_err());
         assert!(keep_series(Some(1), None).is_err());
+    }
+
+    fn settings(flags: &str) -> PlanSettings {
+        use clap::Parser;
+        let argv = format!("reshard run --input in.tar --output out --seed 1 {flags}");
+        let cli = super::super::Cli::try_parse_from(argv.split_whitespace()).unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("run")
+        };
+        plan_settings(&run_config(&args, false).unwrap())
+    }
+
+    #[test]
+    fn saved_indexes_stand_in_for_headers_only_when_nothing_needs_the_headers() {
+        assert!(settings("--shards 2 --index idx").index.reuse_saved);
+        for flags in [
+            "--order key",
+            "--order content:cls:int",
+            "--stratify-by cls",
+            "--energon",
+            "--dali-index",
+        ] {
+            let index = settings(&format!("--shards 2 --index idx {flags}")).index;
+            assert!(!index.reuse_saved, "{flags}");
+            assert_eq!(index.index, Some(PathBuf::from("idx")));
+        }
+    }
+
+    #[test]
+    fn the_gpus_train_on_the_first_split() {
+        let plain = settings("--gpus 2 --workers 1").layout;
+        assert_eq!(plain.gpu_groups, None);
+        let split = settings("--gpus 2 --workers 1 --split train=0.9,val=rest");
+        assert_eq!(split.layout.gpu_groups, Some(1));
+        let assign = split.place.split.unwrap();
+        assert_eq!(assign.seed, split.place.seed);
+        assert_eq!(assign.splits.spec.names(), ["train", "val"]);
     }
 }

@@ -10,8 +10,9 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::comm::wire::gather_concat;
 use crate::comm::{agree, broadcast_result, everywhere, exclusive_sum, Comm};
-use crate::config::{ProgressConfig, ProgressMode, RunConfig};
+use crate::config::{IndexSettings, ProgressConfig, ProgressMode};
 use crate::input::InputShard;
+use crate::job::context::Shared;
 use crate::job::duplicates;
 use crate::output::saved_index::{self, Lookup};
 use crate::plan::assign_inputs;
@@ -20,7 +21,6 @@ use crate::progress::Progress;
 use crate::report::narrate;
 use crate::size::count;
 use crate::storage::{self, FileStamp};
-use crate::tar::key::LoaderNames;
 use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
 
 /// What the index phase leaves on every rank.
@@ -58,12 +58,13 @@ pub struct Index {
 /// # Errors
 /// Bad input on any rank (agreed), a sample split across two shards, a duplicate key under
 /// `--on-duplicate abort`, or no samples at all.
-pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<Index> {
-    let (rank, ranks, lead) = (comm.rank(), comm.size(), comm.rank() == 0);
+pub fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Result<Index> {
+    let (comm, inputs) = (ctx.comm, ctx.inputs);
+    let (rank, ranks, lead) = (comm.rank(), comm.size(), ctx.lead());
     let sizes: Vec<u64> = inputs.iter().map(|s| s.size).collect();
     let mine = assign_inputs(&sizes, ranks)[rank].clone();
     let reused = AtomicUsize::new(0);
-    if let Some(dir) = cfg.index.as_deref().filter(|_| needs_headers(&cfg.rules)) {
+    if let Some(dir) = settings.index.as_deref().filter(|_| !settings.reuse_saved) {
         narrate(
             lead,
             format_args!(
@@ -72,14 +73,9 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
             ),
         );
     }
-    let indexed = index_shards(
-        inputs,
-        mine.clone(),
-        cfg.index.as_deref(),
-        &cfg.rules,
-        &reused,
-        &mut |work| report_progress(comm, cfg.progress, inputs, work),
-    );
+    let indexed = index_shards(inputs, mine.clone(), settings, &reused, &mut |work| {
+        report_progress(comm, settings.progress, inputs, work)
+    });
     let Indexed {
         local,
         skipped,
@@ -101,8 +97,9 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig, inputs: &[InputShard]) -> Result<I
     )?;
     // After the split check: a split sample is also a key in two shards, and the more
     // specific message wins.
-    let across_shards = if cfg.rules.checks_duplicates() {
-        let found = duplicates::find(comm, inputs, &local, &key_hashes, cfg.rules.on_duplicate);
+    let rules = &settings.rules;
+    let across_shards = if rules.checks_duplicates() {
+        let found = duplicates::find(comm, inputs, &local, &key_hashes, rules.on_duplicate);
         agree(comm, found)?
     } else {
         0
@@ -254,8 +251,7 @@ fn report_progress(comm: &impl Comm, cfg: ProgressConfig, inputs: &[InputShard],
 fn index_shards(
     inputs: &[InputShard],
     mine: std::ops::Range<usize>,
-    index_dir: Option<&Path>,
-    rules: &Rules,
+    settings: &IndexSettings,
     reused: &AtomicUsize,
     watch: &mut dyn FnMut(&Work),
 ) -> Result<Indexed> {
@@ -282,7 +278,7 @@ fn index_shards(
                     let r = storage::stamp(path)
                         .with_context(|| format!("input {}: cannot stat", path.display()))
                         .and_then(|stamp| {
-                            index_one(path, index_dir, rules, reused).map(|idx| (stamp, idx))
+                            index_one(path, settings, reused).map(|idx| (stamp, idx))
                         });
                     let failed = r.is_err();
                     results.lock().unwrap()[i - mine.start] = Some(r);
@@ -297,27 +293,16 @@ fn index_shards(
         }
         watch(&work);
     });
-    collect(results.into_inner().unwrap(), mine, rules)
-}
-
-/// Whether the rules need what only the headers hold. A saved index holds byte ranges only, not
-/// keys, labels or member names: the loader indexes' name and duplicate checks need the
-/// headers, and must fail while indexing, before any data moves, not in the finish phase.
-fn needs_headers(rules: &Rules) -> bool {
-    rules.keep_keys || rules.read_member.is_some() || rules.loader_names != LoaderNames::default()
+    collect(results.into_inner().unwrap(), mine, &settings.rules)
 }
 
 /// One input shard's index: its saved index when it still matches, else its tar headers.
-fn index_one(
-    path: &Path,
-    index_dir: Option<&Path>,
-    rules: &Rules,
-    reused: &AtomicUsize,
-) -> Result<ShardIndex> {
-    let saved = if needs_headers(rules) {
-        Lookup::Missing
+fn index_one(path: &Path, settings: &IndexSettings, reused: &AtomicUsize) -> Result<ShardIndex> {
+    let rules = &settings.rules;
+    let saved = if settings.reuse_saved {
+        saved_index::load(path, settings.index.as_deref())
     } else {
-        saved_index::load(path, index_dir)
+        Lookup::Missing
     };
     match saved {
         Lookup::Found(idx) => {

@@ -5,8 +5,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::comm::wire::{self, gather_concat, Received, Sink};
 use crate::comm::{agree, exclusive_sum, Comm};
-use crate::config::{Balance, RunConfig};
+use crate::config::{Balance, LayoutSettings};
 use crate::input::InputShard;
+use crate::job::context::Shared;
 use crate::job::index::Index;
 use crate::job::place::Placed;
 use crate::output::manifest::ShardEntry;
@@ -39,20 +40,20 @@ pub struct Laid {
 /// # Errors
 /// An internal inconsistency (a position received twice or never), or a key that cannot be
 /// read back for the manifest's lists of dropped and repeated samples.
-pub fn run(
-    comm: &impl Comm,
-    cfg: &RunConfig,
-    inputs: &[InputShard],
+pub fn run<C: Comm>(
+    ctx: &Shared<'_, C>,
+    settings: &LayoutSettings,
     index: &Index,
     placed: &Placed,
 ) -> Result<Laid> {
+    let (comm, inputs) = (ctx.comm, ctx.inputs);
     let (rank, ranks) = (comm.rank(), comm.size());
     let local = &index.local;
     let placement = &placed.placement;
     let records = |f: &mut dyn FnMut(u64, u64)| {
         placement.for_each(local.len(), &mut |i, p| f(p, local[i].len));
     };
-    let planned = match cfg.balance {
+    let planned = match settings.balance {
         Balance::Count => {
             let sizes: Vec<ShardGroup> = placed
                 .groups
@@ -98,12 +99,11 @@ pub fn run(
             md5sum: None,
         })
         .collect();
-    // With `--split`, the GPUs train on the first split.
-    let gpu_shards = match cfg.split {
-        Some(_) => placed.groups[0].shards as usize,
+    let gpu_shards = match settings.gpu_groups {
+        Some(n) => placed.groups[..n].iter().map(|g| g.shards as usize).sum(),
         None => shard_samples.len(),
     };
-    let gpus = cfg
+    let gpus = settings
         .gpus
         .map(|g| GpuShare::new(g, &shard_samples[..gpu_shards]));
     Ok(Laid {

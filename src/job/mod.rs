@@ -19,7 +19,13 @@
 //! |            | [`publish`]   | manifest; one rename; `--link`, `--keep`                        |
 //! |            | [`owned`]     | what `--force` and `--keep` may replace or remove              |
 //! |            | [`summary`]   | per-rank figures gathered for the summary and `--report`      |
+//!
+//! The planning phases (index, place, split, layout) take settings of their own
+//! ([`crate::config::PlanSettings`], decided once by [`crate::cli::resolve::plan_settings`]) and
+//! the context every phase shares ([`context::Shared`]: the ranks and the input shards); their
+//! pure planning lives in [`crate::plan`].
 
+pub mod context;
 pub mod duplicates;
 pub mod exchange;
 pub mod expand;
@@ -52,6 +58,7 @@ use crate::report::mixing::Mixing;
 use crate::report::picture::{self, Picture};
 use crate::report::{narrate, PlanReport};
 use crate::size::{count, human_bytes};
+use context::Shared;
 use exchange::{Buffers, ExchangeStats};
 use expand::{Lead, Setup};
 use index::Index;
@@ -149,14 +156,19 @@ fn run_phases(
     narrate_start(comm, setup);
     agree(comm, crate::throttle::start(&cfg.io, comm.size()))?;
     times.start("index");
-    let mut index = index::run(comm, cfg, &setup.inputs)?;
+    let settings = crate::cli::resolve::plan_settings(cfg);
+    let ctx = Shared {
+        comm,
+        inputs: &setup.inputs,
+    };
+    let mut index = index::run(&ctx, &settings.index)?;
     hooks::kill_at(comm.rank(), "index");
     let samples = index.samples;
     let stopped = |e| interrupt::with_samples(e, samples);
     interrupt::check(comm).map_err(stopped)?;
     times.start("plan");
-    let placed = place::run(comm, cfg, &setup.inputs, &mut index)?;
-    let laid = layout::run(comm, cfg, &setup.inputs, &index, &placed)?;
+    let placed = place::run(&ctx, &settings.place, &mut index)?;
+    let laid = layout::run(&ctx, &settings.layout, &index, &placed)?;
     hooks::kill_at(comm.rank(), "plan");
     let planned = Planned {
         index,

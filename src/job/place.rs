@@ -2,28 +2,29 @@
 //! plain shuffle needs no communication beyond the group sizes (the permutation answers it);
 //! every other order is a distributed sort ([`crate::comm::sort`]).
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 
-use crate::config::RunConfig;
-use crate::input::InputShard;
+use crate::comm::sort::global_ranks;
+use crate::comm::{agree, agree_once, everywhere, Comm};
+use crate::config::{PlaceSettings, Splits};
+use crate::job::context::Shared;
 use crate::job::index::Index;
+use crate::job::runs::total_runs;
+use crate::job::split::{self, Assigned, Labels, Own};
+use crate::key_map::KeyMap;
 use crate::output::ShardNames;
+use crate::plan::groups::{
+    describe_sizing, local_sums, size_groups, Grouping, LocalSamples, OrderJob, SplitGroups,
+};
+use crate::plan::order::{OrderBy, OrderSpec};
+use crate::plan::permute::Permutation;
+use crate::plan::placement::{GroupPlan, Placement, StratifyReport};
+use crate::plan::positions::{rank_positions, split_permutations, split_positions, Deals};
+use crate::plan::runs::Runs;
+use crate::plan::sort_items::{sort_items, SortItems};
 use crate::report::narrate;
 use crate::size::{count, human_bytes};
 use crate::tar::key_at;
-
-use crate::comm::sort::{global_ranks, Item};
-use crate::comm::{agree, agree_once, everywhere, Comm};
-use crate::config::Splits;
-use crate::job::runs::Runs;
-use crate::job::split::{self, Assigned, Labels, Own};
-use crate::key_map::{KeyMap, SKIPPED as KEY_MAP_SKIPPED};
-use crate::plan::deal::Deal;
-use crate::plan::order::{Missing, OrderBy, OrderSpec};
-use crate::plan::permute::Permutation;
-use crate::plan::placement::{GroupPlan, LocalSample, Placement, StratifyReport, DROPPED, SKIPPED};
-use crate::plan::sort_key::{label_key, of_key, value_key};
-use crate::plan::{Equalize, ShardPlan, Sizing, Targets};
 
 /// What the place phase leaves on every rank.
 pub struct Placed {
@@ -49,13 +50,12 @@ pub struct Placed {
 /// # Errors
 /// As [`positions`], a key map that fails to load or differs between ranks, or two shards that
 /// would get one name.
-pub fn run(
-    comm: &impl Comm,
-    cfg: &RunConfig,
-    inputs: &[InputShard],
+pub fn run<C: Comm>(
+    ctx: &Shared<'_, C>,
+    settings: &PlaceSettings,
     index: &mut Index,
 ) -> Result<Placed> {
-    let lead = comm.rank() == 0;
+    let (comm, inputs, lead) = (ctx.comm, ctx.inputs, ctx.lead());
     let keys = std::mem::take(&mut index.keys);
     let contents = std::mem::take(&mut index.contents);
     let local = &index.local;
@@ -72,12 +72,11 @@ pub fn run(
             s.start
         )
     };
-    let key_map = load_key_map(comm, cfg, &keys, &describe)?;
-    let assigned = match &cfg.split {
-        Some(splits) => Some(split::assign(
+    let key_map = load_key_map(comm, &settings.order, &keys, &describe)?;
+    let assigned = match &settings.split {
+        Some(split) => Some(split::assign(
             comm,
-            splits,
-            cfg.seed,
+            split,
             &Own {
                 inputs,
                 samples: local,
@@ -85,23 +84,24 @@ pub fn run(
                 total: index.samples,
             },
             &Labels {
-                spec: &cfg.order,
+                spec: &settings.order,
                 contents: &contents,
                 describe: &describe,
             },
         )?),
         None => None,
     };
-    let grouping = Grouping::of(key_map.as_ref(), cfg.split.as_ref().zip(assigned.as_ref()));
+    let splits = settings.split.as_ref().map(|s| &s.splits);
+    let grouping = grouping(key_map.as_ref(), splits.zip(assigned.as_ref()));
     let mut ordered = positions(
         comm,
         &OrderJob {
-            spec: &cfg.order,
+            spec: &settings.order,
             groups: grouping.as_ref(),
-            seed: cfg.seed,
-            epoch: cfg.epoch,
-            equalize: cfg.equalize,
-            sizing: cfg.sizing,
+            seed: settings.seed,
+            epoch: settings.epoch,
+            equalize: settings.equalize,
+            sizing: settings.sizing,
             samples: index.samples,
             sample_bytes: index.sample_bytes,
         },
@@ -122,8 +122,8 @@ pub fn run(
         st.labels = labels;
         st.split_deviation = Some(worst);
     }
-    let placed = Placed::new(cfg, ordered, key_map.as_ref().map(|(map, _)| map));
-    narrate_placed(lead, cfg, index, &placed);
+    let placed = Placed::new(settings, ordered, key_map.as_ref().map(|(map, _)| map));
+    narrate_placed(lead, &settings.order, index, &placed);
     placed
         .names
         .check_distinct(placed.shards)
@@ -136,14 +136,14 @@ pub fn run(
 /// groups.
 fn load_key_map(
     comm: &impl Comm,
-    cfg: &RunConfig,
+    order: &OrderSpec,
     keys: &[Vec<u8>],
     describe: &dyn Fn(usize) -> String,
 ) -> Result<Option<(KeyMap, Vec<u32>)>> {
-    let Some(path) = &cfg.order.key_map else {
+    let Some(path) = &order.key_map else {
         return Ok(None);
     };
-    let loaded = KeyMap::load(path, cfg.order.unmatched.clone(), keys, describe);
+    let loaded = KeyMap::load(path, order.unmatched.clone(), keys, describe);
     let (map, group_of) = agree_once(comm, loaded)?;
     let digests = comm.all_gather(map.digest() >> 1);
     if digests.iter().any(|&d| d != digests[0]) {
@@ -159,7 +159,7 @@ fn load_key_map(
 }
 
 impl Placed {
-    fn new(cfg: &RunConfig, ordered: Ordered, key_map: Option<&KeyMap>) -> Placed {
+    fn new(settings: &PlaceSettings, ordered: Ordered, key_map: Option<&KeyMap>) -> Placed {
         let Ordered {
             placement,
             groups,
@@ -170,36 +170,20 @@ impl Placed {
         let output_samples: u64 = groups.iter().map(|g| g.output_samples).sum();
         let dropped = groups.iter().map(|g| g.targets.dropped()).sum();
         let repeated = groups.iter().map(|g| g.targets.repeated()).sum();
-        let sizing = match key_map {
-            None if cfg.split.is_some() => format!(
-                "{} splits, each sized on its own: {}",
-                groups.len(),
-                groups
-                    .iter()
-                    .map(|g| format!("{} ({})", g.split.as_deref().unwrap_or(""), g.sizing))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ),
-            None => groups[0].sizing.clone(),
-            Some(map) => format!(
-                "{} key-map groups, each sized on its own: {}",
-                map.groups.len(),
-                groups
-                    .iter()
-                    .map(|g| format!("{} ({})", g.template.as_deref().unwrap_or(""), g.sizing))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ),
-        };
+        let sizing = describe_sizing(
+            &groups,
+            key_map.map(|map| map.groups.len()),
+            settings.split.is_some(),
+        );
         let names = match key_map {
-            None if cfg.split.is_some() => ShardNames::Splits {
-                prefix: cfg.prefix.clone(),
+            None if settings.split.is_some() => ShardNames::Splits {
+                prefix: settings.prefix.clone(),
                 splits: groups
                     .iter()
                     .map(|g| (g.shard_start, g.split.clone().unwrap_or_default()))
                     .collect(),
             },
-            None => ShardNames::Prefix(cfg.prefix.clone()),
+            None => ShardNames::Prefix(settings.prefix.clone()),
             Some(map) => ShardNames::Groups(
                 groups
                     .iter()
@@ -225,7 +209,7 @@ impl Placed {
 }
 
 /// Rank 0 says what the plan is.
-fn narrate_placed(lead: bool, cfg: &RunConfig, index: &Index, placed: &Placed) {
+fn narrate_placed(lead: bool, order: &OrderSpec, index: &Index, placed: &Placed) {
     narrate(
         lead,
         format_args!(
@@ -234,7 +218,7 @@ fn narrate_placed(lead: bool, cfg: &RunConfig, index: &Index, placed: &Placed) {
             human_bytes(index.sample_bytes),
             count(placed.shards, "shard"),
             placed.sizing,
-            cfg.order.describe()
+            order.describe()
         ),
     );
     if placed.unmatched > 0 {
@@ -266,83 +250,26 @@ pub struct Ordered {
     pub stratify: Option<StratifyReport>,
 }
 
-/// The groups of output shards, each sized on its own: a key map's templates or `--split`'s
-/// splits, and the group of every local sample.
-pub struct Grouping<'a> {
-    /// The key map's templates, or the split names.
-    pub names: Vec<String>,
-    /// Per local sample: its group, or [`KEY_MAP_SKIPPED`].
-    pub group_of: &'a [u32],
-    /// `Some` for `--split`.
-    pub split: Option<SplitGroups<'a>>,
-}
-
-/// What `--split` adds to its groups.
-pub struct SplitGroups<'a> {
-    /// Per split: `--split-shards` (`None`: the sizing flags for the first split, the first
-    /// split's mean shard size for the others).
-    pub shards: &'a [Option<u64>],
-    /// Per local sample: its rank inside its split.
-    pub rank: &'a [u64],
-}
-
-impl<'a> Grouping<'a> {
-    fn of(
-        key_map: Option<&'a (KeyMap, Vec<u32>)>,
-        split: Option<(&'a Splits, &'a Assigned)>,
-    ) -> Option<Grouping<'a>> {
-        if let Some((map, group_of)) = key_map {
-            return Some(Grouping {
-                names: map.groups.iter().map(|t| t.text.clone()).collect(),
-                group_of,
-                split: None,
-            });
-        }
-        split.map(|(splits, assigned)| Grouping {
-            names: splits.spec.names(),
-            group_of: &assigned.split_of,
-            split: Some(SplitGroups {
-                shards: &splits.shards,
-                rank: &assigned.rank,
-            }),
-        })
+/// The key map's groups, or else `--split`'s.
+fn grouping<'a>(
+    key_map: Option<&'a (KeyMap, Vec<u32>)>,
+    split: Option<(&'a Splits, &'a Assigned)>,
+) -> Option<Grouping<'a>> {
+    if let Some((map, group_of)) = key_map {
+        return Some(Grouping {
+            names: map.groups.iter().map(|t| t.text.clone()).collect(),
+            group_of,
+            split: None,
+        });
     }
-}
-
-/// What `place` needs to know about the job.
-pub struct OrderJob<'a> {
-    pub spec: &'a OrderSpec,
-    /// The key map's or the splits' groups.
-    pub groups: Option<&'a Grouping<'a>>,
-    pub seed: u64,
-    pub epoch: u64,
-    pub equalize: Equalize,
-    pub sizing: Sizing,
-    /// Samples and sample bytes over all ranks.
-    pub samples: u64,
-    pub sample_bytes: u64,
-}
-
-impl OrderJob<'_> {
-    fn group_of(&self) -> Option<&[u32]> {
-        self.groups.map(|g| g.group_of)
-    }
-
-    fn split(&self) -> Option<&SplitGroups<'_>> {
-        self.groups.and_then(|g| g.split.as_ref())
-    }
-}
-
-/// What `place` needs to know about this rank's samples (in input order).
-pub struct LocalSamples<'a> {
-    pub first_global: u64,
-    pub samples: &'a [LocalSample],
-    /// Keys, when [`OrderSpec::needs_keys`].
-    pub keys: &'a [Vec<u8>],
-    /// Member contents, when [`OrderSpec::member`].
-    pub contents: &'a [Option<Vec<u8>>],
-    /// `FILE: sample "KEY"` for messages.
-    pub describe: &'a dyn Fn(usize) -> String,
+    split.map(|(splits, assigned)| Grouping {
+        names: splits.spec.names(),
+        group_of: &assigned.split_of,
+        split: Some(SplitGroups {
+            shards: &splits.shards,
+            rank: &assigned.rank,
+        }),
+    })
 }
 
 /// The output position of every local sample, and the groups of output shards.
@@ -356,7 +283,9 @@ pub fn positions(
     job: &OrderJob<'_>,
     local: &LocalSamples<'_>,
 ) -> Result<Ordered> {
-    let (groups, unmatched) = size_groups(comm, job, local)?;
+    let lead = comm.rank() == 0;
+    let sums = comm.all_sum(&local_sums(job, local.samples));
+    let (groups, unmatched) = size_groups(job, &sums).map_err(|e| everywhere(lead, e))?;
     let permutation = Permutation::new(job.seed, job.epoch, job.samples);
     if job.spec.is_shuffle() && job.groups.is_none() {
         return Ok(Ordered {
@@ -370,13 +299,7 @@ pub fn positions(
             stratify: None,
         });
     }
-    // Inside each split, its own permutation of the split's ranks, for this epoch.
-    let in_split: Vec<Permutation> = match job.split() {
-        Some(_) => (0..groups.len())
-            .map(|k| Permutation::in_split(job.seed, job.epoch, groups[k].samples, k as u16))
-            .collect(),
-        None => Vec::new(),
-    };
+    let in_split = split_permutations(job, &groups);
     let plain_split = job.spec.by == OrderBy::Shuffle && job.spec.stratify_by.is_none();
     if let (Some(split), true) = (job.split(), plain_split) {
         return Ok(Ordered {
@@ -386,27 +309,17 @@ pub fn positions(
             stratify: None,
         });
     }
-    let sortable = agree(
-        comm,
-        sort_items(job, local, &groups, &permutation, &in_split),
-    )?;
     let SortItems {
         items,
         owners,
         mut first,
-    } = sortable;
+    } = agree(
+        comm,
+        sort_items(job, local, &groups, &permutation, &in_split),
+    )?;
     // Stratified: each group (one, or one per split) is dealt on its own.
-    let deals: Option<Vec<Deal>> = job.spec.stratify_by.is_some().then(|| {
-        groups
-            .iter()
-            .map(|g| Deal::new(g.output_samples, g.shards))
-            .collect()
-    });
-    let deviation = |a: u64, n: u64| {
-        let deals = deals.as_ref().expect("stratified");
-        let k = groups.partition_point(|g| g.out_start <= a) - 1;
-        deals[k].deviation(a - groups[k].out_start, n)
-    };
+    let deals = job.spec.stratify_by.is_some().then(|| Deals::new(&groups));
+    let deviation = |a: u64, n: u64| deals.as_ref().expect("stratified").deviation(a, n);
     let mut runs = Runs::default();
     let ranks = global_ranks(comm, &items, &mut |start, bucket| {
         if deals.is_some() {
@@ -415,13 +328,13 @@ pub fn positions(
     })?;
     drop(items);
     let mut again = match &deals {
-        Some(deals) => deal_positions(job, &groups, deals, &ranks, &owners, &mut first),
+        Some(deals) => deals.positions(job, &ranks, &owners, &mut first),
         None => rank_positions(job, &groups, &ranks, &owners, &mut first),
     };
     again.sort_unstable();
     let stratify = match &job.spec.stratify_by {
         Some(ext) if deals.is_some() => {
-            let (labels, worst) = runs.total(comm, &deviation)?;
+            let (labels, worst) = total_runs(comm, &runs, &deviation)?;
             Some(StratifyReport {
                 ext: ext.clone(),
                 labels,
@@ -439,303 +352,343 @@ pub fn positions(
     })
 }
 
-/// `--split` with the plain shuffle: sample of rank `r` in split `k` goes to position
-/// π_k(r) of the split, by its own permutation; no communication.
-fn split_positions(
-    job: &OrderJob<'_>,
-    split: &SplitGroups<'_>,
-    groups: &[GroupPlan],
-    in_split: &[Permutation],
-) -> Placement {
-    let group_of = job.group_of().expect("split groups");
-    let mut first = Vec::with_capacity(group_of.len());
-    let mut again = Vec::new();
-    for (i, (&k, &r)) in group_of.iter().zip(split.rank).enumerate() {
-        let k = k as usize;
-        let group = &groups[k];
-        let q = in_split[k].apply(r);
-        let mut at = group.targets.of(q);
-        first.push(match at.next() {
-            Some(p) => group.out_start + p,
-            None => DROPPED | (group.rank_start + q),
-        });
-        if let Some(p) = at.next() {
-            again.push((i as u64, group.out_start + p));
-        }
-    }
-    Placement::Listed { first, again }
-}
+#[cfg(test)]
+mod tests {
+    //! The output position of every sample of a small input under each order, stratification,
+    //! key map, split and `--equalize`, on 1 and 3 in-process ranks. The expected values were
+    //! recorded from the place phase before its planning moved to `plan/`.
 
-/// Every group's samples, bytes and shard count (summed over all ranks), and the samples no
-/// group claimed.
-fn size_groups(
-    comm: &impl Comm,
-    job: &OrderJob<'_>,
-    local: &LocalSamples<'_>,
-) -> Result<(Vec<GroupPlan>, u64)> {
-    let lead = comm.rank() == 0;
-    let group_of = job.group_of();
-    let ngroups = job.groups.map_or(1, |g| g.names.len());
-    // Per group: samples, then bytes; then the unmatched samples.
-    let mut sums = vec![0u64; 2 * ngroups + 1];
-    for (i, sample) in local.samples.iter().enumerate() {
-        match group_of.as_ref().map(|g| g[i]) {
-            Some(KEY_MAP_SKIPPED) => sums[2 * ngroups] += 1,
-            g => {
-                let g = g.unwrap_or(0) as usize;
-                sums[g] += 1;
-                sums[ngroups + g] += sample.len;
-            }
-        }
+    use super::*;
+    use crate::comm::local::LocalComm;
+    use crate::key_map::SKIPPED as KEY_MAP_SKIPPED;
+    use crate::plan::order::{Missing, OrderSpec, ValueKind};
+    use crate::plan::placement::LocalSample;
+    use crate::plan::{Equalize, Sizing};
+    use Equalize::{Drop, None as Keep, Pad};
+
+    const N: u64 = 23;
+
+    /// One case: the order, the groups (`group_of` over all samples, split ranks, split shard
+    /// counts), the sizing and `--equalize`.
+    struct Case {
+        spec: OrderSpec,
+        names: Vec<String>,
+        group_of: Option<Vec<u32>>,
+        split: Option<Vec<Option<u64>>>,
+        sizing: Sizing,
+        equalize: Equalize,
     }
-    let sums = comm.all_sum(&sums);
-    let unmatched = sums[2 * ngroups];
-    let mut groups: Vec<GroupPlan> = Vec::with_capacity(ngroups);
-    let (mut rank_start, mut out_start, mut shard_start) = (0, 0, 0);
-    for g in 0..ngroups {
-        let (n, bytes) = (sums[g], sums[ngroups + g]);
-        let name = job.groups.map(|gr| gr.names[g].clone());
-        let (sizing, default) = group_sizing(job, g, n, &groups);
-        let split_shards = job.split().is_some() && g > 0 && matches!(sizing, Sizing::Count(_));
-        let (shards, sizing) = if n == 0 {
-            (0, "no samples".to_string())
-        } else {
-            // `--split-shards N` is sized as `--shards N` is, and named as given.
-            let flag = |text: String| {
-                if split_shards {
-                    text.replacen("--shards", "--split-shards", 1)
-                } else {
-                    text
-                }
-            };
-            let (shards, why) = sizing.shards(n, bytes).map_err(|e| {
-                let e = anyhow!(flag(format!("{e:#}")));
-                let e = match (&name, job.split()) {
-                    (Some(t), None) => e.context(format!("key-map group {t:?}")),
-                    (Some(t), Some(_)) => e.context(format!("split {t:?}")),
-                    (None, _) => e,
-                };
-                everywhere(lead, e)
-            })?;
-            (shards, format!("{default}{}", flag(why)))
-        };
-        let targets = Targets::new(n, shards.max(1), job.equalize);
-        let (template, split) = match job.split() {
-            Some(_) => (None, name),
-            None => (name, None),
-        };
-        groups.push(GroupPlan {
-            template,
-            split,
-            samples: n,
-            sample_bytes: bytes,
-            shards,
+
+    fn case(spec: OrderSpec, sizing: Sizing, equalize: Equalize) -> Case {
+        Case {
+            spec,
+            names: Vec::new(),
+            group_of: None,
+            split: None,
             sizing,
-            output_samples: targets.positions(),
-            rank_start,
-            out_start,
-            shard_start,
-            targets,
+            equalize,
+        }
+    }
+
+    fn spec(by: OrderBy, descending: bool, stratify: bool) -> OrderSpec {
+        OrderSpec {
+            by,
+            descending,
+            missing: Missing::Last,
+            stratify_by: stratify.then(|| "cls".to_string()),
+            ..OrderSpec::default()
+        }
+    }
+
+    fn content(g: u64) -> Option<Vec<u8>> {
+        (g != 5).then(|| format!("{}", (g * 5) % 11 % 3).into_bytes())
+    }
+
+    /// Every group of 7 samples loses one to `--unmatched skip`; the rest go round three groups.
+    fn key_map_case(by: OrderBy, sizing: Sizing, equalize: Equalize) -> Case {
+        let mut c = case(spec(by, false, false), sizing, equalize);
+        c.spec.key_map = Some("map.json".into());
+        c.names = vec!["a/{}".into(), "b/{}".into(), "c/{}".into()];
+        c.group_of = Some(
+            (0..N)
+                .map(|g| {
+                    if g % 7 == 0 {
+                        KEY_MAP_SKIPPED
+                    } else {
+                        (g % 3) as u32
+                    }
+                })
+                .collect(),
+        );
+        c
+    }
+
+    /// Splits train (3 of 5), val, test; val sized by `--split-shards 2`.
+    fn split_case(by: OrderBy, stratify: bool, sizing: Sizing, val: Option<u64>) -> Case {
+        let mut c = case(spec(by, false, stratify), sizing, Equalize::None);
+        c.names = vec!["train".into(), "val".into(), "test".into()];
+        c.group_of = Some((0..N).map(|g| [0, 0, 0, 1, 2][(g % 5) as usize]).collect());
+        c.split = Some(vec![None, val, None]);
+        c
+    }
+
+    /// The samples of ranks 1..=`ranks` as contiguous runs; the answer of every sample, in
+    /// global order: `p`, `p/q` (written twice), `-` (not written); then the groups.
+    fn place(c: &Case, ranks: usize) -> Result<String, String> {
+        let samples: Vec<LocalSample> = (0..N)
+            .map(|g| LocalSample {
+                shard: 0,
+                start: g * 1024,
+                len: 100 + (g * 37) % 50,
+            })
+            .collect();
+        let keys: Vec<Vec<u8>> = (0..N)
+            .map(|g| format!("k{:02}", (g * 7) % N).into_bytes())
+            .collect();
+        let contents: Vec<Option<Vec<u8>>> = (0..N).map(content).collect();
+        // Inside each split, ranks in input order.
+        let split_rank: Vec<u64> = match &c.group_of {
+            Some(of) => (0..N as usize)
+                .map(|g| of[..g].iter().filter(|&&k| k == of[g]).count() as u64)
+                .collect(),
+            None => Vec::new(),
+        };
+        let results = LocalComm::run(ranks, |comm| {
+            let per = N.div_ceil(ranks as u64);
+            let a = (per * comm.rank() as u64).min(N) as usize;
+            let b = (per * (comm.rank() as u64 + 1)).min(N) as usize;
+            let grouping = c.group_of.as_ref().map(|of| Grouping {
+                names: c.names.clone(),
+                group_of: &of[a..b],
+                split: c.split.as_ref().map(|shards| SplitGroups {
+                    shards,
+                    rank: &split_rank[a..b],
+                }),
+            });
+            let job = OrderJob {
+                spec: &c.spec,
+                groups: grouping.as_ref(),
+                seed: 11,
+                epoch: 2,
+                equalize: c.equalize,
+                sizing: c.sizing,
+                samples: N,
+                sample_bytes: samples.iter().map(|s| s.len).sum(),
+            };
+            let describe = |i: usize| format!("sample {}", a + i);
+            let local = LocalSamples {
+                first_global: a as u64,
+                samples: &samples[a..b],
+                keys: &keys[a..b],
+                contents: &contents[a..b],
+                describe: &describe,
+            };
+            let ordered = positions(comm, &job, &local).map_err(|e| format!("{e:#}"))?;
+            let answers: Vec<String> = (0..b - a)
+                .map(|i| {
+                    match (
+                        ordered.placement.position(i, 0),
+                        ordered.placement.position(i, 1),
+                    ) {
+                        (Some(p), Some(q)) => format!("{p}/{q}"),
+                        (Some(p), None) => format!("{p}"),
+                        // Not written: dropped (its rank in the order, for the manifest's
+                        // list) or unmatched.
+                        _ => match ordered.placement.equalized(i) {
+                            Some((rank, true)) => format!("x{rank}"),
+                            _ => "-".to_string(),
+                        },
+                    }
+                })
+                .collect();
+            let groups: Vec<String> = ordered
+                .groups
+                .iter()
+                .map(|g| format!("{}x{}:{}", g.shards, g.output_samples, g.sizing))
+                .collect();
+            let stratify = ordered
+                .stratify
+                .map(|s| format!(" labels {} worst {:.4}", s.labels, s.worst_deviation))
+                .unwrap_or_default();
+            Ok::<_, String>((answers, groups, ordered.unmatched, stratify))
         });
-        rank_start += n;
-        out_start += targets.positions();
-        shard_start += shards;
+        let mut answers = Vec::new();
+        let mut rest = String::new();
+        for r in results {
+            let (a, groups, unmatched, stratify) = r?;
+            answers.extend(a);
+            rest = format!("| {} | unmatched {unmatched}{stratify}", groups.join("; "));
+        }
+        Ok(format!("{} {rest}", answers.join(" ")))
     }
-    if shard_start == 0 {
-        return Err(everywhere(
-            lead,
-            anyhow!(
-                "no sample matched the key map: nothing to write ({unmatched} unmatched, skipped)"
-            ),
-        ));
-    }
-    Ok((groups, unmatched))
-}
 
-/// How group `g` (of `n` samples) is sized, and what to say about a default: the sizing flags,
-/// except for the splits after the first, which `--split-shards` sizes, or else the first
-/// split's mean shard size; with `--gpus`, a multiple of the GPU count near that size (one
-/// loader worker each), so that every GPU gets evaluation shards.
-fn group_sizing(job: &OrderJob<'_>, g: usize, n: u64, sized: &[GroupPlan]) -> (Sizing, String) {
-    let Some(split) = job.split().filter(|_| g > 0) else {
-        return (job.sizing, String::new());
-    };
-    if let Some(count) = split.shards[g] {
-        return (Sizing::Count(count), String::new());
-    }
-    let first = &sized[0];
-    let size = (first.sample_bytes / first.shards.max(1)).max(1);
-    let name = first.split.as_deref().unwrap_or("the first split");
-    match job.sizing {
-        Sizing::Gpus { gpus, .. } if gpus <= n => (
-            Sizing::Gpus {
-                gpus,
-                workers: 1,
-                size,
-            },
-            format!("no --split-shards, so a multiple of the GPUs near {name}'s mean shard size: "),
-        ),
-        _ => (
-            Sizing::Size(size),
-            format!("no --split-shards, so {name}'s mean shard size: "),
-        ),
-    }
-}
-
-/// What the distributed sort sorts: one item per (local sample, copy) with its sort key, the
-/// owner of each item, and the positions already known (dropped or skipped samples).
-struct SortItems {
-    items: Vec<Item>,
-    owners: Vec<(u32, u8)>,
-    first: Vec<u64>,
-}
-
-/// The sort items of this rank's samples.
-fn sort_items(
-    job: &OrderJob<'_>,
-    local: &LocalSamples<'_>,
-    groups: &[GroupPlan],
-    permutation: &Permutation,
-    in_split: &[Permutation],
-) -> Result<SortItems> {
-    let spec = job.spec;
-    let count = local.samples.len();
-    let global = |i: usize| local.first_global + i as u64;
-    let group_of = job.group_of();
-    let mut items: Vec<Item> = Vec::new();
-    let mut owners: Vec<(u32, u8)> = Vec::new();
-    let mut first = vec![SKIPPED; count];
-    for i in 0..count {
-        let mut key = Vec::new();
-        if let Some(g) = &group_of {
-            if g[i] == KEY_MAP_SKIPPED {
+    fn check(c: &Case, expected: &str) {
+        for ranks in [1, 3] {
+            let got = place(c, ranks).unwrap_or_else(|e| format!("error: {e}"));
+            if std::env::var_os("RESHARD_CAPTURE").is_some() {
+                println!("CAPTURE {ranks} {got}");
                 continue;
             }
-            key.extend(g[i].to_be_bytes());
-        }
-        if let Some(ext) = &spec.stratify_by {
-            key.extend(label_key(local.contents[i].as_deref(), ext, spec, || {
-                (local.describe)(i)
-            })?);
-            // Within its group: its split's own permutation, or the global one.
-            let (group, q) = match job.split() {
-                Some(split) => {
-                    let k = group_of.expect("split groups")[i] as usize;
-                    (&groups[k], in_split[k].apply(split.rank[i]))
-                }
-                None => (&groups[0], permutation.apply(global(i))),
-            };
-            if q >= group.targets.positions() {
-                first[i] = DROPPED | (group.rank_start + q);
-            }
-            for (copy, tie) in group.targets.of(q).enumerate() {
-                items.push(Item {
-                    key: key.clone(),
-                    tie,
-                });
-                owners.push((i as u32, copy as u8));
-            }
-            continue;
-        }
-        match &spec.by {
-            OrderBy::Shuffle => key.extend(permutation.apply(global(i)).to_be_bytes()),
-            OrderBy::Key => key.extend(of_key(&local.keys[i], spec.descending)),
-            OrderBy::Content { ext, kind } => {
-                let value = local.contents[i].as_deref();
-                let encoded = match value {
-                    None => Err(format!("has no .{ext} member")),
-                    Some(v) => value_key(Some(v), *kind, spec.descending)
-                        .map_err(|why| format!(".{ext}: {why}")),
-                };
-                match (encoded, spec.missing) {
-                    (Ok(k), _) => key.extend(k),
-                    (Err(_), Missing::Last) => key.push(1),
-                    (Err(why), Missing::Error) => bail!(
-                        "{} {why} (--order {}; --missing last places such samples last)",
-                        (local.describe)(i),
-                        spec.describe()
-                    ),
-                }
-            }
-        }
-        items.push(Item {
-            key,
-            tie: global(i),
-        });
-        owners.push((i as u32, 0));
-    }
-    Ok(SortItems {
-        items,
-        owners,
-        first,
-    })
-}
-
-/// Stratified: deals each group's label-sorted order to its shards, and shuffles each shard's
-/// slots with a permutation of its own. Returns the second copies' positions.
-fn deal_positions(
-    job: &OrderJob<'_>,
-    groups: &[GroupPlan],
-    deals: &[Deal],
-    ranks: &[u64],
-    owners: &[(u32, u8)],
-    first: &mut [u64],
-) -> Vec<(u64, u64)> {
-    let mut by_shard: Vec<(u64, u64, usize)> = ranks
-        .iter()
-        .enumerate()
-        .map(|(k, &j)| {
-            let g = groups.partition_point(|g| g.out_start <= j) - 1;
-            let (s, slot) = deals[g].place(j - groups[g].out_start);
-            (groups[g].shard_start + s, slot, k)
-        })
-        .collect();
-    by_shard.sort_unstable();
-    let mut again = Vec::new();
-    let mut current: Option<(u64, u64, Permutation)> = None;
-    for (s, slot, k) in by_shard {
-        if current.as_ref().map(|c| c.0) != Some(s) {
-            let g = &groups[groups.partition_point(|g| g.shard_start <= s) - 1];
-            let plan = ShardPlan::by_count(g.output_samples, g.shards, 1);
-            let shard = plan.shard_positions(s - g.shard_start);
-            let size = shard.end - shard.start;
-            let start = g.out_start + shard.start;
-            current = Some((s, start, Permutation::member(job.seed, job.epoch, size, s)));
-        }
-        let (_, start, perm) = current.as_ref().unwrap();
-        let p = start + perm.apply(slot);
-        let (i, copy) = owners[k];
-        if copy == 0 {
-            first[i as usize] = p;
-        } else {
-            again.push((u64::from(i), p));
+            assert_eq!(got, expected, "{ranks} ranks");
         }
     }
-    again
-}
 
-/// Sorted: the sample of rank `j` in its group's order goes to the group's position `j` (or is
-/// dropped, or also written again by `--equalize pad`). Returns the second copies' positions.
-fn rank_positions(
-    job: &OrderJob<'_>,
-    groups: &[GroupPlan],
-    ranks: &[u64],
-    owners: &[(u32, u8)],
-    first: &mut [u64],
-) -> Vec<(u64, u64)> {
-    let group_of = job.group_of();
-    let mut again = Vec::new();
-    for (k, &j) in ranks.iter().enumerate() {
-        let (i, _) = owners[k];
-        let group = &groups[group_of.as_ref().map_or(0, |g| g[i as usize] as usize)];
-        let mut at = group.targets.of(j - group.rank_start);
-        first[i as usize] = match at.next() {
-            Some(p) => group.out_start + p,
-            None => DROPPED | j,
+    fn int() -> OrderBy {
+        OrderBy::Content {
+            ext: "cls".into(),
+            kind: ValueKind::Int,
+        }
+    }
+
+    /// The plain shuffle: the permutation alone, with `--equalize drop` and `pad`.
+    #[test]
+    fn every_position_in_the_shuffle() {
+        check(
+            &case(spec(OrderBy::Shuffle, false, false), Sizing::Count(4), Keep),
+            "8 12 18 22 7 16 9 10 21 19 11 0 15 4 2 17 6 20 14 1 3 5 13 | 4x23:--shards 4 | \
+            unmatched 0",
+        );
+        check(
+            &case(spec(OrderBy::Shuffle, false, false), Sizing::Count(5), Drop),
+            "8 12 18 x22 7 16 9 10 x21 19 11 0 15 4 2 17 6 x20 14 1 3 5 13 | 5x20:--shards 5 \
+            | unmatched 0",
+        );
+        check(
+            &case(spec(OrderBy::Shuffle, false, false), Sizing::Count(5), Pad),
+            "8 12 18 22 7 16 9 10 21 19 11 0/23 15 4 2 17 6 20 14 1/24 3 5 13 | 5x25:--shards \
+            5 | unmatched 0",
+        );
+    }
+
+    /// `--order key` and `--order content:cls:int`, ascending and descending (sample 5 has no
+    /// label: `--missing last`).
+    #[test]
+    fn every_position_in_sorted() {
+        check(
+            &case(spec(OrderBy::Key, false, false), Sizing::Count(4), Pad),
+            "0/23 7 14 21 5 12 19 3 10 17 1 8 15 22 6 13 20 4 11 18 2 9 16 | 4x24:--shards 4 \
+            | unmatched 0",
+        );
+        check(
+            &case(spec(OrderBy::Key, true, false), Sizing::Count(3), Drop),
+            "x22 15 8 1 17 10 3 19 12 5 x21 14 7 0 16 9 2 18 11 4 20 13 6 | 3x21:--shards 3 | \
+            unmatched 0",
+        );
+        check(
+            &case(spec(int(), false, false), Sizing::Count(4), Keep),
+            "0 16 8 9 1 22 17 18 10 11 2 3 19 12 13 4 5 20 21 14 15 6 7 | 4x23:--shards 4 | \
+            unmatched 0",
+        );
+        check(
+            &case(spec(int(), true, false), Sizing::Size(700), Keep),
+            "14 0 6 7 15 22 1 2 8 9 16 17 3 10 11 18 19 4 5 12 13 20 21 | 4x23:--shard-size \
+            700 B: 4 shards of 715 B on average | unmatched 0",
+        );
+    }
+
+    /// `--stratify-by cls`: labels dealt to shards, each shard shuffled on its own.
+    #[test]
+    fn every_position_in_stratified() {
+        check(
+            &case(spec(OrderBy::Shuffle, false, true), Sizing::Count(4), Keep),
+            "18 21 2 14 12 13 1 6 11 19 3 20 5 17 22 16 7 8 15 0 10 4 9 | 4x23:--shards 4 | \
+            unmatched 0 labels 4 worst 0.7391",
+        );
+        check(
+            &case(spec(OrderBy::Shuffle, false, true), Sizing::Count(5), Drop),
+            "16 4 10 x22 14 18 19 0 x21 15 1 3 13 5 17 11 8 x20 9 12 2 7 6 | 5x20:--shards 5 \
+            | unmatched 0 labels 4 worst 0.8000",
+        );
+    }
+
+    /// A key map's groups, each sized on its own, some samples unmatched.
+    #[test]
+    fn every_position_with_key_map() {
+        check(
+            &key_map_case(OrderBy::Shuffle, Sizing::Count(2), Keep),
+            "- 11 16 5 9 15 0 - 18 4 10 13 2 7 - 3 8 17 1 6 14 - 12 | 2x6:--shards 2; \
+            2x7:--shards 2; 2x6:--shards 2 | unmatched 4",
+        );
+        check(
+            &key_map_case(OrderBy::Key, Sizing::Count(3), Drop),
+            "- 8 17 5 7 16 4 - 15 3 6 14 2 x12 - 1 11 13 0 10 12 - 9 | 3x6:--shards 3; \
+            3x6:--shards 3; 3x6:--shards 3 | unmatched 4",
+        );
+    }
+
+    /// `--split`: each split shuffled, stratified or sorted on its own, sized by `--split-shards`
+    /// or the first split's mean shard size (a multiple of the GPUs with `--gpus`).
+    #[test]
+    fn every_position_with_split() {
+        let gpus = Sizing::Gpus {
+            gpus: 2,
+            workers: 1,
+            size: 600,
         };
-        if let Some(p) = at.next() {
-            again.push((u64::from(i), group.out_start + p));
-        }
+        check(
+            &split_case(OrderBy::Shuffle, false, Sizing::Size(600), Some(2)),
+            "7 1 10 16 22 2 3 9 15 19 13 14 4 17 20 12 6 11 18 21 5 0 8 | 3x15:--shard-size \
+            600 B: 3 shards of 618 B on average; 2x4:--split-shards 2; 1x4:no \
+            --split-shards, so train's mean shard size: --shard-size 618 B: 1 shards of 502 \
+            B on average | unmatched 0",
+        );
+        check(
+            &split_case(OrderBy::Shuffle, true, Sizing::Count(3), None),
+            "14 0 12 15 19 11 7 3 17 20 10 2 13 18 22 6 8 5 16 21 9 1 4 | 3x15:--shards 3; \
+            1x4:no --split-shards, so train's mean shard size: --shard-size 618 B: 1 shards \
+            of 504 B on average; 1x4:no --split-shards, so train's mean shard size: \
+            --shard-size 618 B: 1 shards of 502 B on average | unmatched 0 labels 8 worst \
+            0.6667",
+        );
+        check(
+            &split_case(OrderBy::Key, false, Sizing::Count(2), Some(1)),
+            "0 5 10 17 19 8 13 3 15 21 1 6 11 18 20 9 14 4 16 22 2 7 12 | 2x15:--shards 2; \
+            1x4:--split-shards 1; 1x4:no --split-shards, so train's mean shard size: \
+            --shard-size 927 B: 1 shards of 502 B on average | unmatched 0",
+        );
+        check(
+            &split_case(OrderBy::Shuffle, false, gpus, None),
+            "7 1 10 16 22 2 3 9 15 19 13 14 4 17 20 12 6 11 18 21 5 0 8 | 4x15:--gpus 2 \
+            --workers 1: 2 x 2 shards, mean 463 B nearest --shard-size 600 B; 2x4:no \
+            --split-shards, so a multiple of the GPUs near train's mean shard size: --gpus 2 \
+            --workers 1: 1 x 2 shards, mean 252 B nearest --shard-size 463 B; 2x4:no \
+            --split-shards, so a multiple of the GPUs near train's mean shard size: --gpus 2 \
+            --workers 1: 1 x 2 shards, mean 251 B nearest --shard-size 463 B | unmatched 0",
+        );
+        check(
+            &split_case(OrderBy::Shuffle, false, Sizing::Count(2), Some(100)),
+            "error: split \"val\": --split-shards 100 is more than the 4 samples in the input: \
+            every shard needs at least one sample",
+        );
     }
-    again
+
+    /// `--split` with `--equalize drop` and `pad`: each split's shards equal on their own (the
+    /// dropped samples keep their rank in the split's order, for the manifest's list).
+    #[test]
+    fn every_position_with_split_and_equalize() {
+        let mut c = split_case(OrderBy::Shuffle, false, Sizing::Count(2), Some(3));
+        c.equalize = Drop;
+        check(
+            &c,
+            "7 1 10 15 20 2 3 9 14 17 13 x14 4 16 18 12 6 11 x18 19 5 0 8 | 2x14:--shards 2; \
+            3x3:--split-shards 3; 1x4:no --split-shards, so train's mean shard size: \
+            --shard-size 927 B: 1 shards of 502 B on average | unmatched 0",
+        );
+        c.equalize = Pad;
+        check(
+            &c,
+            "7 1 10 17/21 25 2 3 9 16/20 22 13 14 4 18 23 12 6 11 19 24 5 0/15 8 | \
+            2x16:--shards 2; 3x6:--split-shards 3; 1x4:no --split-shards, so train's mean \
+            shard size: --shard-size 927 B: 1 shards of 502 B on average | unmatched 0",
+        );
+        let mut c = split_case(OrderBy::Key, false, Sizing::Count(4), None);
+        c.equalize = Drop;
+        check(
+            &c,
+            "0 5 10 14 16 8 x13 3 12 18 1 6 11 15 17 9 x14 4 13 19 2 7 x12 | 4x12:--shards 4; \
+            1x4:no --split-shards, so train's mean shard size: --shard-size 463 B: 1 shards \
+            of 504 B on average; 1x4:no --split-shards, so train's mean shard size: \
+            --shard-size 463 B: 1 shards of 502 B on average | unmatched 0",
+        );
+    }
 }

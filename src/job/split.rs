@@ -10,12 +10,13 @@ use anyhow::{bail, Result};
 
 use crate::comm::sort::{global_ranks, Item};
 use crate::comm::{agree, agree_once, everywhere, exclusive_sum, Comm};
-use crate::config::Splits;
+use crate::config::SplitSettings;
 use crate::input::{split_names, InputShard};
-use crate::job::runs::Runs;
+use crate::job::runs::total_runs;
 use crate::plan::order::OrderSpec;
 use crate::plan::permute::Permutation;
 use crate::plan::placement::LocalSample;
+use crate::plan::runs::Runs;
 use crate::plan::sort_key::label_key;
 use crate::plan::split::SplitDeal;
 
@@ -60,12 +61,11 @@ pub struct Own<'a> {
 /// rank.
 pub fn assign(
     comm: &impl Comm,
-    splits: &Splits,
-    seed: u64,
+    settings: &SplitSettings,
     own: &Own<'_>,
     labels: &Labels<'_>,
 ) -> Result<Assigned> {
-    let lead = comm.rank() == 0;
+    let (lead, splits, seed) = (comm.rank() == 0, &settings.splits, settings.seed);
     let names = splits.spec.names();
     if let Some(of_input) = agree_once(comm, inherited(own.inputs, &names))? {
         let kept = keep_splits(comm, &of_input, own.samples, names.len());
@@ -111,7 +111,7 @@ pub fn assign(
             let ranks = global_ranks(comm, &items, &mut |start, bucket| {
                 runs = Runs::of(start, bucket, &deviation);
             })?;
-            (ranks, Some(runs.total(comm, &deviation)?))
+            (ranks, Some(total_runs(comm, &runs, &deviation)?))
         }
     };
     let (split_of, rank): (Vec<u32>, Vec<u64>) = split_ranks

@@ -1,17 +1,24 @@
 //! Pure planning, unit-tested without MPI: which rank reads which input shards ([`assign`]),
 //! how many shards ([`sizing`]), which output shard each position falls in and which rank writes
 //! it ([`shards`]), where each sample lands inside its shard ([`layout`]), the seeded permutation
-//! ([`permute`]), the orders beyond it ([`order`], [`sort_key`], [`deal`]) and each rank's answer
-//! to where its samples go ([`placement`]); `--split` ([`split`]).
+//! ([`permute`]), the orders beyond it ([`order`], [`sort_key`], [`deal`]), the groups of output
+//! shards and their sizes ([`groups`]), what the distributed sort sorts ([`sort_items`]), the
+//! positions it leads to ([`positions`]), the runs of equal labels in the sorted order
+//! ([`runs`]) and each rank's answer to where its samples go
+//! ([`placement`]); `--split` ([`split`]).
 
 pub mod assign;
 pub mod deal;
+pub mod groups;
 pub mod layout;
 pub mod order;
 pub mod permute;
 pub mod placement;
+pub mod positions;
+pub mod runs;
 pub mod shards;
 pub mod sizing;
+pub mod sort_items;
 pub mod sort_key;
 pub mod split;
 

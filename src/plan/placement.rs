@@ -1,7 +1,7 @@
 //! The output position of every sample a rank reads: its answer to "where does this go?".
 
 use super::permute::Permutation;
-use super::sizing::Targets;
+use super::sizing::{Equalize, Targets};
 
 /// A sample this rank reads: which input shard, and its byte range there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +119,55 @@ pub struct GroupPlan {
     pub shard_start: u64,
     #[serde(skip)]
     pub targets: Targets,
+}
+
+impl GroupPlan {
+    /// A group of `samples` samples of `bytes` bytes in `shards` shards, placed after `prev`:
+    /// its ranks, positions and shards start where those of `prev` end. No template, split or
+    /// sizing text yet.
+    pub fn after(
+        prev: Option<&GroupPlan>,
+        (samples, bytes): (u64, u64),
+        shards: u64,
+        equalize: Equalize,
+    ) -> GroupPlan {
+        let targets = Targets::new(samples, shards.max(1), equalize);
+        let (rank_start, out_start, shard_start) = prev.map_or((0, 0, 0), |p| {
+            (
+                p.rank_start + p.samples,
+                p.out_start + p.output_samples,
+                p.shard_start + p.shards,
+            )
+        });
+        GroupPlan {
+            template: None,
+            split: None,
+            samples,
+            sample_bytes: bytes,
+            shards,
+            sizing: String::new(),
+            output_samples: targets.positions(),
+            rank_start,
+            out_start,
+            shard_start,
+            targets,
+        }
+    }
+
+    /// Groups of (samples, shards), one after the other (bytes: one per sample).
+    #[cfg(test)]
+    pub fn chain(sizes: &[(u64, u64)], equalize: Equalize) -> Vec<GroupPlan> {
+        let mut groups: Vec<GroupPlan> = Vec::new();
+        for &(samples, shards) in sizes {
+            groups.push(GroupPlan::after(
+                groups.last(),
+                (samples, samples),
+                shards,
+                equalize,
+            ));
+        }
+        groups
+    }
 }
 
 /// `--stratify-by`: what the manifest reports.

@@ -69,8 +69,10 @@ pub fn paused_run(dir: &Dir, hold: Hold) -> JoinHandle<RunOutput> {
         .env(hold.var(), "600")
         .timeout(TIMEOUT * 2);
     let job = std::thread::spawn(move || cmd.output());
-    wait_until("run A pauses", || {
-        staging(dir).join(hold.marker(0)).exists()
+    // Every rank: a rank that paused after `release` would sleep out the whole pause, and one
+    // still on its way there may yet write into the staging directory.
+    wait_until("both ranks of run A pause", || {
+        (0..2).all(|rank| staging(dir).join(hold.marker(rank)).exists())
     });
     job
 }

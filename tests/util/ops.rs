@@ -9,6 +9,12 @@ use super::{have_python, Dir};
 
 /// Width and height of a PNG, decoded by the `png` crate (which checks its structure).
 pub fn png_size(path: &Path) -> (u32, u32) {
+    let (_, info) = decode_png(path);
+    (info.width, info.height)
+}
+
+/// The pixels of the PNG at `path` and what they are, decoded by the `png` crate.
+fn decode_png(path: &Path) -> (Vec<u8>, png::OutputInfo) {
     let file = File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut reader = png::Decoder::new(file)
         .read_info()
@@ -17,7 +23,7 @@ pub fn png_size(path: &Path) -> (u32, u32) {
     let info = reader
         .next_frame(&mut pixels)
         .unwrap_or_else(|e| panic!("{}: a broken PNG: {e}", path.display()));
-    (info.width, info.height)
+    (pixels, info)
 }
 
 /// Checks that `path` is well-formed XML whose root is an SVG element, with Python's parser,
@@ -128,14 +134,7 @@ pub fn svg_texts(path: &Path) -> Vec<SvgText> {
 /// (no share) to dark blue (the largest share); text and axes are grey or black, never bluer
 /// than red.
 pub fn matrix_shades(path: &Path) -> [(usize, usize); 2] {
-    let file = File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut reader = png::Decoder::new(file)
-        .read_info()
-        .unwrap_or_else(|e| panic!("{}: not a PNG: {e}", path.display()));
-    let mut pixels = vec![0; reader.output_buffer_size()];
-    let info = reader
-        .next_frame(&mut pixels)
-        .unwrap_or_else(|e| panic!("{}: a broken PNG: {e}", path.display()));
+    let (pixels, info) = decode_png(path);
     let channels = info.color_type.samples();
     let (w, h) = (info.width as usize, info.height as usize);
     let mut counts = [(0, 0); 2];

@@ -848,8 +848,8 @@ impl<'a> Visit<'a> for FsReach {
 }
 
 /// Files of `src/` whose release code still reaches the file system directly, not through
-/// `storage::Source`/`storage::Sink` (the seam itself, `src/storage/posix.rs`, and the staging
-/// type, `src/job/staging.rs`, may). Every entry says why it is here; the rule fails when a file
+/// `storage::Source`/`storage::Sink` (the POSIX backend itself, `src/storage/posix.rs`, may; the
+/// staging type, `src/job/staging.rs`, goes through the sink like every phase). Every entry says why it is here; the rule fails when a file
 /// not listed reaches the file system and when a listed file no longer does, so the list can
 /// only shrink.
 const FS_NOT_YET_ROUTED: [(&str, &str); 3] = [
@@ -875,7 +875,7 @@ const FS_NOT_YET_ROUTED: [(&str, &str); 3] = [
 #[test]
 fn storage_is_reached_through_the_seam() {
     let [src, _] = crates();
-    let seam = ["src/storage/posix.rs", "src/job/staging.rs"];
+    let seam = ["src/storage/posix.rs"];
     let allowed: BTreeMap<&str, &str> = FS_NOT_YET_ROUTED.into_iter().collect();
     let (mut wrong, mut reaching) = (Vec::new(), BTreeSet::new());
     for m in src.modules.iter().chain(&src.others) {
@@ -894,8 +894,7 @@ fn storage_is_reached_through_the_seam() {
         if !allowed.contains_key(file.as_str()) {
             for (line, what) in reach.lines {
                 wrong.push(format!(
-                    "{file}:{line}: {what}: reach storage through crate::storage (Source, Sink) \
-                     or the staging type"
+                    "{file}:{line}: {what}: reach storage through crate::storage (Source, Sink)"
                 ));
             }
         }

@@ -524,6 +524,56 @@ mod tests {
         assert!(names.contains(&"val/shard-000001.tar".to_string()));
     }
 
+    /// The whole job (expand, lock, staging, index, plan, exchange, finish with digests,
+    /// publish) on `mem://` locations, which `std::fs` cannot reach: every byte it writes goes
+    /// through the seam, and the bytes are the ones a run on the file system writes.
+    #[test]
+    fn the_whole_job_runs_on_a_backend_that_is_not_a_file_system() {
+        use crate::storage::{self, memory};
+        let tmp = tempfile::tempdir().unwrap();
+        let on_disk = write_inputs(tmp.path(), 4);
+        let root = Path::new("mem://whole-job");
+        storage::sink(root).create_dir_all(root).unwrap();
+        for spec in &on_disk {
+            let path = Path::new(spec);
+            let name = path.file_name().unwrap();
+            memory::put(&root.join("in").join(name), fs::read(path).unwrap());
+        }
+        let run_on = |inputs: Vec<String>, out: &Path| {
+            let mut cfg = config(inputs, out.to_path_buf(), 1 << 20);
+            cfg.checksum = true;
+            let results = LocalComm::run(3, |c| run(c, &job_settings(&cfg)).map(|_| ()));
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+        };
+        let (mem_out, disk_out) = (root.join("out"), tmp.path().join("out"));
+        run_on(vec![root.join("in").display().to_string()], &mem_out);
+        run_on(on_disk, &disk_out);
+
+        for s in 0..5 {
+            let name = shard_file_name("shard", s);
+            let written = memory::get(&mem_out.join(&name)).expect("published in memory");
+            assert_eq!(written, fs::read(disk_out.join(&name)).unwrap(), "{name}");
+        }
+        let manifest = |bytes: Vec<u8>| -> Vec<(String, Option<String>)> {
+            let m: Manifest = serde_json::from_slice(&bytes).unwrap();
+            m.shardlist.into_iter().map(|e| (e.url, e.md5sum)).collect()
+        };
+        let in_memory = manifest(memory::get(&mem_out.join("index.json")).unwrap());
+        assert_eq!(
+            in_memory,
+            manifest(fs::read(disk_out.join("index.json")).unwrap())
+        );
+        assert!(in_memory.iter().all(|(_, md5)| md5.is_some()));
+        let source = storage::source(root);
+        for gone in [".out.reshard-tmp", ".out.reshard-lock"] {
+            assert!(source.stat(&root.join(gone)).is_err(), "{gone} left behind");
+        }
+        assert!(
+            !Path::new("mem:").exists(),
+            "nothing went to the file system"
+        );
+    }
+
     #[test]
     fn a_failure_on_one_rank_stops_all_and_publishes_nothing() {
         let tmp = tempfile::tempdir().unwrap();

@@ -265,12 +265,11 @@ impl StagingLock {
     /// # Errors
     /// The mark cannot be written.
     pub fn mark_staging(&self, staging: &Path) -> Result<()> {
-        let (mark, tmp) = (
-            Staging::at(staging).owner_file(),
-            Staging::at(staging).owner_file_tmp(),
-        );
-        storage::write_unsynced(&tmp, format!("{}\n", self.owner.token).as_bytes())
-            .and_then(|()| storage::sink(&mark).rename(&tmp, &mark))
+        // Replaced atomically (POSIX: written aside and renamed; object storage: one PUT): a
+        // newcomer reading it sees the old token or this one, never a part.
+        let mark = Staging::at(staging).owner_file();
+        storage::sink(&mark)
+            .replace(&mark, format!("{}\n", self.owner.token).as_bytes())
             .with_context(|| format!("{}: cannot write", mark.display()))
     }
 

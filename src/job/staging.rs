@@ -43,11 +43,6 @@ impl<'a> Staging<'a> {
         self.0.join(OWNER_FILE)
     }
 
-    /// The file a new owner's token is written to before it is renamed to [`Self::owner_file`].
-    pub fn owner_file_tmp(&self) -> PathBuf {
-        self.0.join(format!("{OWNER_FILE}.tmp"))
-    }
-
     /// Where the watchdogs leave heartbeats.
     pub fn heartbeats(&self) -> PathBuf {
         self.0.join(HEARTBEATS)

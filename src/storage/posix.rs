@@ -1,5 +1,5 @@
 //! The POSIX backend: local and network file systems through `std::fs` and [`crate::sys`].
-//! The only file (with the staging type) that touches `std::fs`.
+//! The only file that touches `std::fs` for storage.
 
 use std::any::Any;
 use std::fs::{self, File, OpenOptions};

@@ -67,6 +67,105 @@ pub struct RunConfig {
 
 pub use crate::throttle::{IoConfig, IoPriority};
 
+/// What every phase of a job needs of a [`RunConfig`], each phase its own part, decided once
+/// (`crate::cli::resolve::job_settings`, pure): `crate::job` never sees the request as typed.
+#[derive(Debug, Clone)]
+pub struct JobSettings {
+    pub expand: ExpandSettings,
+    pub plan: PlanSettings,
+    pub exchange: ExchangeSettings,
+    pub finish: FinishSettings,
+    pub publish: PublishSettings,
+    pub resume: ResumeSettings,
+    pub report: ReportSettings,
+    /// `--dry-run` or `reshard plan`: the phases stop after planning.
+    pub dry_run: bool,
+    /// `--plot FILE` (a plan only).
+    pub plot: Option<PathBuf>,
+    /// Whether the free-space check runs before data moves.
+    pub space_check: bool,
+    pub io: IoConfig,
+}
+
+/// What the expand phase needs: the input specs, and the output with what may replace or
+/// remove what is there.
+#[derive(Debug, Clone)]
+pub struct ExpandSettings {
+    pub inputs: Vec<String>,
+    /// `None` when only planning without an output.
+    pub output: Option<PathBuf>,
+    pub dry_run: bool,
+    pub resume: bool,
+    pub force: bool,
+    pub link: Option<PathBuf>,
+    pub keep: Option<Keep>,
+    pub epoch: u64,
+    pub lock_stale_after: Duration,
+}
+
+/// What the exchange phase needs.
+#[derive(Debug, Clone, Copy)]
+pub struct ExchangeSettings {
+    pub mem_limit: u64,
+    pub stall_timeout: Duration,
+    pub progress: ProgressConfig,
+}
+
+/// What the finish phase needs: what becomes of each finished shard.
+#[derive(Debug, Clone)]
+pub struct FinishSettings {
+    pub compress: Codec,
+    pub checksum: bool,
+    pub loaders: LoaderIndexes,
+}
+
+/// What the publish phase needs: the manifest's account of the request, energon's metadata,
+/// and what happens around the rename.
+#[derive(Debug, Clone)]
+pub struct PublishSettings {
+    pub force: bool,
+    pub compress: Codec,
+    pub loaders: LoaderIndexes,
+    pub link: Option<PathBuf>,
+    pub keep: Option<Keep>,
+    pub seed: u64,
+    pub epoch: u64,
+    pub equalize: Equalize,
+    pub balance: Balance,
+    /// The order as the manifest and the reports describe it.
+    pub order: String,
+    /// `--key-map FILE`.
+    pub key_map: Option<PathBuf>,
+    /// Whether `--split` was asked for.
+    pub split: bool,
+}
+
+/// What `--resume` records and compares: the arguments that shape the staging shards, as
+/// (flag, value) (the key map's stamp is added when recorded: that is I/O), and the checkpoints.
+#[derive(Debug, Clone)]
+pub struct ResumeSettings {
+    pub arguments: Vec<(String, String)>,
+    /// `--key-map FILE`, whose size and time a plan record holds too.
+    pub key_map: Option<PathBuf>,
+    pub mem_limit: u64,
+    /// `--checkpoint-every` (zero: every round).
+    pub checkpoint_every: Duration,
+}
+
+/// What the summary and the plan report need besides the phases' results.
+#[derive(Debug, Clone)]
+pub struct ReportSettings {
+    pub equalize: Equalize,
+    pub balance: Balance,
+    /// The order as the reports describe it.
+    pub order: String,
+    pub sizing: Sizing,
+    /// Where the output would go (the plan's free-space note).
+    pub output: Option<PathBuf>,
+    pub limits: crate::throttle::Limits,
+    pub mem_limit: u64,
+}
+
 /// What the planning phases need of a [`RunConfig`], each phase its own part, with the values
 /// derived from several flags decided once (`crate::cli::resolve::plan_settings`) instead of
 /// in each phase.

@@ -14,7 +14,6 @@
 //! * samples are laid out in contiguous runs: shard 0 holds the first samples, and so on, with
 //!   per-shard counts from [`shard_counts`].
 
-use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Write};
 use std::ops::Range;
 use std::path::Path;
@@ -25,6 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use tar::{Builder, EntryType, Header};
 
 use crate::config::{GenerateConfig, HeaderFormat};
+use crate::storage;
 
 /// Modification time of every member (2023-11-14T22:13:20Z), fixed so output is reproducible.
 pub const MTIME: u64 = 1_700_000_000;
@@ -78,16 +78,18 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
 
 /// Creates `dir` if needed and refuses to mix with shards of an earlier dataset.
 fn prepare_output(dir: &Path, prefix: &str) -> Result<()> {
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let entries = fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    storage::sink(dir)
+        .create_dir_all(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let entries = storage::source(dir)
+        .list(dir)
+        .with_context(|| format!("reading {}", dir.display()))?;
     let head = format!("{prefix}-");
     let mut clashes = Vec::new();
     for entry in entries {
-        let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
-        let name = entry.file_name();
-        if let Some(name) = name.to_str() {
+        if let Some(name) = entry.name.to_str() {
             if name.starts_with(&head) && name.ends_with(".tar") {
-                clashes.push(entry.path());
+                clashes.push(dir.join(name));
             }
         }
     }
@@ -322,16 +324,17 @@ fn write_shard(
     let name = crate::output::shard_file_name(&cfg.prefix, index);
     let path = cfg.output.join(&name);
     let tmp = cfg.output.join(format!(".{name}.tmp"));
+    let sink = storage::sink(&path);
     let result = write_tar(cfg, base_rng, &tmp, range);
     let bytes = match result {
         Ok(bytes) => bytes,
         Err(e) => {
-            let _ = fs::remove_file(&tmp);
+            let _ = sink.remove_file(&tmp);
             return Err(e);
         }
     };
-    fs::rename(&tmp, &path).with_context(|| {
-        let _ = fs::remove_file(&tmp);
+    sink.rename(&tmp, &path).with_context(|| {
+        let _ = sink.remove_file(&tmp);
         format!("renaming {} to {}", tmp.display(), path.display())
     })?;
     Ok(bytes)
@@ -344,7 +347,7 @@ fn write_tar(
     range: Range<u64>,
 ) -> Result<u64> {
     let ctx = || format!("writing {}", path.display());
-    let file = File::create(path).with_context(ctx)?;
+    let file = storage::sink(path).create_stream(path).with_context(ctx)?;
     let mut builder = Builder::new(BufWriter::with_capacity(WRITE_BUFFER, file));
     for i in range {
         let s = Sample::new(cfg, base_rng, i);
@@ -386,8 +389,9 @@ fn write_tar(
         .into_inner()
         .map_err(io::IntoInnerError::into_error)
         .with_context(ctx)?;
-    let len = file.metadata().with_context(ctx)?.len();
-    Ok(len)
+    // Closed unsynced, as a test data set needs no more.
+    drop(file);
+    storage::stamp(path).map(|s| s.size).with_context(ctx)
 }
 
 #[cfg(test)]
@@ -396,6 +400,7 @@ mod tests {
     use crate::cli::resolve::generate_config;
     use crate::cli::GenerateArgs;
     use std::collections::BTreeMap;
+    use std::fs::{self, File};
     use std::path::PathBuf;
     use std::process::Command;
 

@@ -111,7 +111,7 @@ fn job(
     cfg: &RunConfig,
     then_verify: Option<&VerifyConfig>,
 ) -> anyhow::Result<Exit> {
-    let outcome = match reshard::job::run(comm, cfg) {
+    let outcome = match reshard::job::run(comm, &reshard::cli::resolve::job_settings(cfg)) {
         Ok(o) => o,
         Err(e) if e.downcast_ref::<PeerFailed>().is_some() => return Err(e),
         Err(e) => return Err(e.context(format!("rank {} of {}", comm.rank(), comm.size()))),

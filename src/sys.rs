@@ -367,6 +367,22 @@ pub fn process_start(pid: u32) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
+/// Fills `buf` from the OS's random source (`/dev/urandom`).
+///
+/// # Errors
+/// It cannot be read.
+pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(buf))
+}
+
+/// A file of this machine itself, not of the job's storage (a system font), whole.
+///
+/// # Errors
+/// It cannot be read.
+pub fn read_machine_file(path: &Path) -> io::Result<Vec<u8>> {
+    std::fs::read(path)
+}
+
 /// This process's peak resident set size in bytes (VmHWM), if the platform reports it.
 pub fn peak_rss() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

@@ -12,10 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use crate::comm::Aborter;
 use crate::exit::Exit;
+use crate::storage;
 
 /// Watches for progress; dropping it stops watching.
 pub struct Watchdog {
@@ -63,8 +64,8 @@ impl Watchdog {
                         // an empty one.
                         let path = dir.join(format!("rank-{rank:06}"));
                         let tmp = dir.join(format!(".rank-{rank:06}"));
-                        let _ = std::fs::write(&tmp, format!("{round} {host}\n"))
-                            .and_then(|()| std::fs::rename(&tmp, &path));
+                        let _ = storage::write_unsynced(&tmp, format!("{round} {host}\n").as_bytes())
+                            .and_then(|()| storage::sink(&path).rename(&tmp, &path));
                     }
                 };
                 heartbeat(0);
@@ -138,15 +139,19 @@ fn suspects(dir: &Path, (me, ranks): (usize, usize), my_round: u64, timeout: Dur
     let mut behind = Vec::new();
     for rank in (0..ranks).filter(|&r| r != me) {
         let path = dir.join(format!("rank-{rank:06}"));
-        let Ok(meta) = std::fs::metadata(&path) else {
+        let source = storage::source(&path);
+        let Ok(stat) = source.stat(&path) else {
             silent.push(format!("rank {rank} (never reached the exchange)"));
             continue;
         };
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let text = source.read(&path).unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
         let mut words = text.split_whitespace();
         let round: Option<u64> = words.next().and_then(|w| w.parse().ok());
         let host = words.next().unwrap_or("?").to_string();
-        let age = meta.modified().ok().and_then(|t| t.elapsed().ok());
+        let modified =
+            u64::try_from(stat.stamp.mtime_ns).map(|ns| UNIX_EPOCH + Duration::from_nanos(ns));
+        let age = modified.ok().and_then(|t| t.elapsed().ok());
         if age.is_none_or(|a| a > stale_after) {
             let secs = age.map_or("?".into(), |a| a.as_secs().to_string());
             silent.push(format!("rank {rank} on {host} (silent for {secs} s)"));

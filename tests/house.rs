@@ -788,7 +788,8 @@ fn the_rules_read_code_not_comments_or_strings() {
 
 /// Where release code reaches the file system past the storage seam: `std::fs` or
 /// `std::os::unix::fs` named in a `use` or a path, or a `Path` method that asks the file system
-/// (`exists`, `is_dir`, …). Unit tests (`#[cfg(test)]`) are left out: their fixtures are files.
+/// (`exists`, `is_dir`, …), or SQLite opening a database file (`rusqlite::Connection::open`).
+/// Unit tests (`#[cfg(test)]`) are left out: their fixtures are files.
 #[derive(Default)]
 struct FsReach {
     lines: Vec<(usize, String)>,
@@ -815,7 +816,10 @@ impl<'a> Visit<'a> for FsReach {
     }
     fn visit_path(&mut self, p: &'a syn::Path) {
         let segments: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
-        if is_fs_path(&segments) {
+        // SQLite opens its database file itself, past any backend.
+        let sqlite_open = segments.first().is_some_and(|s| s == "rusqlite")
+            && segments.last().is_some_and(|s| s.starts_with("open"));
+        if is_fs_path(&segments) || sqlite_open {
             let line = p.segments[0].ident.span().start().line;
             self.lines.push((line, segments.join("::")));
         }
@@ -844,40 +848,34 @@ impl<'a> Visit<'a> for FsReach {
 }
 
 /// Files of `src/` whose release code still reaches the file system directly, not through
-/// `storage::Source`/`storage::Sink` (the seam itself, `src/storage/posix.rs`, and the staging
-/// type, `src/job/staging.rs`, may). Every entry says why it is here; the rule fails when a file
+/// `storage::Source`/`storage::Sink` (the POSIX backend itself, `src/storage/posix.rs`, may; the
+/// staging type, `src/job/staging.rs`, goes through the sink like every phase). Every entry says why it is here; the rule fails when a file
 /// not listed reaches the file system and when a listed file no longer does, so the list can
 /// only shrink.
-const FS_NOT_YET_ROUTED: [(&str, &str); 8] = [
+const FS_NOT_YET_ROUTED: [(&str, &str); 3] = [
     (
         "src/sys.rs",
-        "the libc layer under storage::posix: its calls take std::fs::File",
-    ),
-    (
-        "src/generate.rs",
-        "`reshard generate` writes test data sets: a tool, not a phase",
+        "the layer under storage::posix (its libc calls take the std::fs::File the backend \
+         opened) and the machine's own files, which no storage backend holds: /proc, \
+         /dev/urandom, system fonts",
     ),
     (
         "src/hooks.rs",
-        "test hooks' marker files, only in builds with the test-hooks feature",
+        "test hooks' marker files, compiled only with the test-hooks feature: an integration \
+         test and the rank it pauses meet in a local file, whatever the output's backend",
     ),
-    (
-        "src/job/lock.rs",
-        "the lock file: O_EXCL create, read, positioned heartbeat writes",
-    ),
-    ("src/job/space.rs", "free space of the output's file system"),
     (
         "src/output/energon.rs",
-        "energon's .nv-meta files and .tar.idx",
+        "SQLite opens index.sqlite and the per-shard row files itself and needs a local file; \
+         every other energon file goes through the seam (on object storage these two would be \
+         built in local scratch and uploaded)",
     ),
-    ("src/report/picture.rs", "writes the --report picture"),
-    ("src/watchdog.rs", "heartbeat files during the exchange"),
 ];
 
 #[test]
 fn storage_is_reached_through_the_seam() {
     let [src, _] = crates();
-    let seam = ["src/storage/posix.rs", "src/job/staging.rs"];
+    let seam = ["src/storage/posix.rs"];
     let allowed: BTreeMap<&str, &str> = FS_NOT_YET_ROUTED.into_iter().collect();
     let (mut wrong, mut reaching) = (Vec::new(), BTreeSet::new());
     for m in src.modules.iter().chain(&src.others) {
@@ -896,8 +894,7 @@ fn storage_is_reached_through_the_seam() {
         if !allowed.contains_key(file.as_str()) {
             for (line, what) in reach.lines {
                 wrong.push(format!(
-                    "{file}:{line}: {what}: reach storage through crate::storage (Source, Sink) \
-                     or the staging type"
+                    "{file}:{line}: {what}: reach storage through crate::storage (Source, Sink)"
                 ));
             }
         }

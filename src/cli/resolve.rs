@@ -11,9 +11,10 @@ use anyhow::{anyhow, bail, Result};
 
 use super::args::{Command, CompressArg, EqualizeArg, GenerateArgs, PlanArgs, RunArgs, VerifyArgs};
 use crate::config::{
-    Balance, EnergonDataset, GenerateConfig, GpuLayout, HeaderFormat, IndexSettings, IoConfig,
-    Keep, LayoutSettings, LoaderIndexes, PlaceSettings, PlanSettings, ProgressConfig, RunConfig,
-    SplitSettings, Splits, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
+    Balance, EnergonDataset, ExchangeSettings, ExpandSettings, FinishSettings, GenerateConfig,
+    GpuLayout, HeaderFormat, IndexSettings, IoConfig, JobSettings, Keep, LayoutSettings,
+    LoaderIndexes, PlaceSettings, PlanSettings, ProgressConfig, PublishSettings, ReportSettings,
+    ResumeSettings, RunConfig, SplitSettings, Splits, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
 };
 use crate::generate::DEFAULT_SAMPLES;
 use crate::plan::order::{OrderBy, OrderSpec};
@@ -178,6 +179,95 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
         plot: args.plot.clone(),
         io: io_config(args)?,
     })
+}
+
+/// What every phase of a job needs of `cfg`, each its own settings, decided here once.
+pub fn job_settings(cfg: &RunConfig) -> JobSettings {
+    JobSettings {
+        expand: ExpandSettings {
+            inputs: cfg.inputs.clone(),
+            output: cfg.output.clone(),
+            dry_run: cfg.dry_run,
+            resume: cfg.resume,
+            force: cfg.force,
+            link: cfg.link.clone(),
+            keep: cfg.keep.clone(),
+            epoch: cfg.epoch,
+            lock_stale_after: cfg.lock_stale_after,
+        },
+        plan: plan_settings(cfg),
+        exchange: ExchangeSettings {
+            mem_limit: cfg.mem_limit,
+            stall_timeout: cfg.stall_timeout,
+            progress: cfg.progress,
+        },
+        finish: FinishSettings {
+            compress: cfg.compress,
+            checksum: cfg.checksum,
+            loaders: cfg.loaders.clone(),
+        },
+        publish: PublishSettings {
+            force: cfg.force,
+            compress: cfg.compress,
+            loaders: cfg.loaders.clone(),
+            link: cfg.link.clone(),
+            keep: cfg.keep.clone(),
+            seed: cfg.seed,
+            epoch: cfg.epoch,
+            equalize: cfg.equalize,
+            balance: cfg.balance,
+            order: cfg.order.describe(),
+            key_map: cfg.order.key_map.clone(),
+            split: cfg.split.is_some(),
+        },
+        resume: ResumeSettings {
+            arguments: resume_arguments(cfg),
+            key_map: cfg.order.key_map.clone(),
+            mem_limit: cfg.mem_limit,
+            checkpoint_every: cfg.checkpoint_every,
+        },
+        report: ReportSettings {
+            equalize: cfg.equalize,
+            balance: cfg.balance,
+            order: cfg.order.describe(),
+            sizing: cfg.sizing,
+            output: cfg.output.clone(),
+            limits: cfg.io.limits,
+            mem_limit: cfg.mem_limit,
+        },
+        dry_run: cfg.dry_run,
+        plot: cfg.plot.clone(),
+        space_check: cfg.space_check,
+        io: cfg.io,
+    }
+}
+
+/// Every argument that shapes the staging shards, as (flag, value), for `--resume` to record
+/// and compare. Not the rank count or the memory budget: a resumed run may use others. Not what
+/// only the finish phase uses (`--compress`, `--checksum`): the staging shards are plain either
+/// way. The key map's stamp is added by the phase that records it.
+fn resume_arguments(cfg: &RunConfig) -> Vec<(String, String)> {
+    let args = [
+        ("reshard version", env!("CARGO_PKG_VERSION").to_string()),
+        ("--shards/--shard-size/--gpus", cfg.sizing.flags()),
+        ("--equalize", cfg.equalize.flag().to_string()),
+        ("--balance", cfg.balance.flag().to_string()),
+        ("--seed", cfg.seed.to_string()),
+        ("--epoch", cfg.epoch.to_string()),
+        ("--prefix", cfg.prefix.clone()),
+        ("--order and its options", cfg.order.flags()),
+        (
+            "--split/--split-shards",
+            cfg.split
+                .as_ref()
+                .map_or_else(|| "none".into(), Splits::flags),
+        ),
+        (
+            "--require-ext/--on-incomplete/--on-duplicate",
+            cfg.rules.flags(),
+        ),
+    ];
+    args.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
 /// What each planning phase needs of `cfg`, with the values that depend on several flags
@@ -724,14 +814,47 @@ mod tests {
         assert!(keep_series(Some(1), None).is_err());
     }
 
-    fn settings(flags: &str) -> PlanSettings {
+    fn request(flags: &str) -> RunConfig {
         use clap::Parser;
         let argv = format!("reshard run --input in.tar --output out --seed 1 {flags}");
         let cli = super::super::Cli::try_parse_from(argv.split_whitespace()).unwrap();
         let Command::Run(args) = cli.command else {
             panic!("run")
         };
-        plan_settings(&run_config(&args, false).unwrap())
+        run_config(&args, false).unwrap()
+    }
+
+    fn settings(flags: &str) -> PlanSettings {
+        plan_settings(&request(flags))
+    }
+
+    /// A resumed run may change what does not shape the staging shards (the finish phase's
+    /// compression and digests, the memory budget), and nothing else.
+    #[test]
+    fn resume_records_what_shapes_the_staging_shards() {
+        let first = job_settings(&request("--shards 2"));
+        for same in ["--compress zst --checksum", "--mem-limit 64MiB", "--force"] {
+            let again = job_settings(&request(&format!("--shards 2 {same}")));
+            assert_eq!(again.resume.arguments, first.resume.arguments, "{same}");
+        }
+        for other in [
+            "3",
+            "2 --epoch 2",
+            "2 --order key",
+            "2 --prefix p",
+            "2 --equalize drop",
+        ] {
+            let again = job_settings(&request(&format!("--shards {other}")));
+            assert_ne!(again.resume.arguments, first.resume.arguments, "{other}");
+        }
+        let mapped = job_settings(&request("--shards 2 --key-map m.tsv"));
+        assert_eq!(mapped.resume.key_map, Some(PathBuf::from("m.tsv")));
+        assert_eq!(mapped.publish.key_map, mapped.resume.key_map);
+        assert!(
+            job_settings(&request("--shards 2 --split a=0.5,b=rest"))
+                .publish
+                .split
+        );
     }
 
     #[test]

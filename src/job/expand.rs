@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::config::RunConfig;
+use crate::config::{ExpandSettings, ResumeSettings};
 use crate::input::{expand_specs, InputShard};
 use crate::job::link::check_link;
 use crate::job::lock::{lock_path, StagingLock};
@@ -72,23 +72,23 @@ impl Setup {
 /// reshard output), a `--link` that is not a
 /// symbolic link, a staging directory that cannot be created, or one that `--resume` cannot
 /// continue (a [`crate::cli::resolve::UsageError`]).
-pub fn prepare(cfg: &RunConfig) -> Result<(Setup, Lead)> {
-    let (inputs, records) = expand_inputs(cfg)?;
-    let Some(out) = &cfg.output else {
+pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(Setup, Lead)> {
+    let (inputs, records) = expand_inputs(settings)?;
+    let Some(out) = &settings.output else {
         // Only planning, without an output to check.
         return Ok((Setup::planning(inputs), Lead::default()));
     };
     let (target, staging) = output_paths(out)?;
     // Before anything is checked or touched: another live run may be writing this output.
-    let lock = (!cfg.dry_run)
-        .then(|| StagingLock::acquire(&lock_path(&staging), out, cfg.lock_stale_after))
+    let lock = (!settings.dry_run)
+        .then(|| StagingLock::acquire(&lock_path(&staging), out, settings.lock_stale_after))
         .transpose()?;
-    check_output(cfg, out, &target, &staging, &inputs)?;
-    if cfg.dry_run {
+    check_output(settings, out, &target, &staging, &inputs)?;
+    if settings.dry_run {
         // Checked as `run` would, but nothing is created, removed or written.
-        if let Some(keep) = &cfg.keep {
+        if let Some(keep) = &settings.keep {
             // --link would point at the new output by then, so only the output itself is spared.
-            for old in outputs_beyond(&target, keep, cfg.epoch, None)? {
+            for old in outputs_beyond(&target, keep, settings.epoch, None)? {
                 crate::errln!(
                     "reshard: --keep {} would remove the older output {}",
                     keep.count,
@@ -103,8 +103,8 @@ pub fn prepare(cfg: &RunConfig) -> Result<(Setup, Lead)> {
         // to continue or remove.
         lock.set_aside_staging(&staging)?;
     }
-    let resume = if cfg.resume {
-        continue_staging(cfg, &staging, &records)?
+    let resume = if settings.resume {
+        continue_staging(resuming, &staging, &records)?
     } else {
         None
     };
@@ -143,7 +143,7 @@ impl Setup {
 /// `--resume`: what the staging directory an earlier attempt left holds to continue from, once
 /// checked against this request; `None` (and a note) when there is nothing to continue.
 fn continue_staging(
-    cfg: &RunConfig,
+    resuming: &ResumeSettings,
     staging: &Path,
     inputs: &[InputRecord],
 ) -> Result<Option<Resume>> {
@@ -159,7 +159,7 @@ fn continue_staging(
         );
         return Ok(None);
     };
-    resume::check_same_request(&plan, &resume::arguments(cfg), inputs, staging)?;
+    resume::check_same_request(&plan, &resume::arguments(resuming), inputs, staging)?;
     let checkpoint = checkpoint::read_checkpoint(staging)?.unwrap_or_default();
     crate::errln!(
         "reshard: --resume: continuing the run in {}: {} durably in place ({}; that run had {}, {} per rank)",
@@ -180,8 +180,8 @@ fn continue_staging(
 }
 
 /// The input spec, expanded, with every shard's size; and rank 0's records of them.
-fn expand_inputs(cfg: &RunConfig) -> Result<(Vec<InputShard>, Vec<InputRecord>)> {
-    let paths = expand_specs(&cfg.inputs)?;
+fn expand_inputs(settings: &ExpandSettings) -> Result<(Vec<InputShard>, Vec<InputRecord>)> {
+    let paths = expand_specs(&settings.inputs)?;
     let mut inputs = Vec::with_capacity(paths.len());
     let mut records = Vec::with_capacity(paths.len());
     for path in paths {
@@ -223,7 +223,7 @@ fn output_paths(out: &Path) -> Result<(PathBuf, PathBuf)> {
 /// `--force` anything but an empty directory or a reshard output, and a `--link` that is not a
 /// symbolic link.
 fn check_output(
-    cfg: &RunConfig,
+    settings: &ExpandSettings,
     out: &Path,
     target: &Path,
     staging: &Path,
@@ -251,7 +251,7 @@ fn check_output(
                 .list(target)
                 .with_context(|| format!("--output {}: cannot list it", out.display()))?
                 .is_empty();
-            if non_empty && !cfg.force {
+            if non_empty && !settings.force {
                 bail!(
                     "--output {}: exists and is not empty (use --force to replace it if it is an output of reshard)",
                     out.display()
@@ -260,11 +260,11 @@ fn check_output(
         }
         Err(_) => {}
     }
-    if cfg.force {
+    if settings.force {
         // Refused now, before any work, and checked again when publishing.
         check_replaceable(target, "before the run")?;
     }
-    if let Some(link) = &cfg.link {
+    if let Some(link) = &settings.link {
         check_link(link)?;
     }
     Ok(())

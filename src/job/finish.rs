@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::comm::wire::gather_concat;
 use crate::comm::{agree, gather, Comm};
-use crate::config::RunConfig;
+use crate::config::FinishSettings;
 use crate::hooks;
 use crate::input::InputShard;
 use crate::job::expand::Setup;
@@ -37,7 +37,7 @@ pub struct Finished {
 /// synced, compressed, indexed or read back; agreed on every rank.
 pub fn run(
     comm: &impl Comm,
-    cfg: &RunConfig,
+    settings: &FinishSettings,
     setup: &Setup,
     planned: &Planned,
     output: OutputShards,
@@ -49,14 +49,14 @@ pub fn run(
     hooks::pause_before_finish(staging, comm.rank());
     // Before anything is written by path: a run taken over while it was silent stops here.
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
-    if comm.rank() == 0 && cfg.compress != Codec::Plain {
+    if comm.rank() == 0 && settings.compress != Codec::Plain {
         // Compressing replaces the plain staging shards a resumed run would continue: from
         // here on, a failed run starts over (ordered before any compression by the next agree).
         checkpoint::forget(staging);
     }
     // An input that changed while it was read may have fed stale or torn samples: refuse.
     agree(comm, check_unchanged(&setup.inputs, index))?;
-    let lead_plain = comm.rank() == 0 && cfg.compress == Codec::Plain;
+    let lead_plain = comm.rank() == 0 && settings.compress == Codec::Plain;
     // Every shard complete and synced: a failure from here on resumes without moving data.
     let synced = output.sync().and_then(|()| {
         let all = (lead_plain && index.samples > 0).then_some((0, index.samples));
@@ -68,7 +68,7 @@ pub fn run(
         all.map_or(Ok(()), |all| checkpoint::record_all(staging, all, &names()))
     });
     agree(comm, synced)?;
-    let (sizes, sums) = agree(comm, finish_shards(cfg, staging, laid, &placed.names))?;
+    let (sizes, sums) = agree(comm, finish_shards(settings, staging, laid, &placed.names))?;
     // Gathered in the writers' order; the manifest lists shards in shard order.
     let plan = &laid.plan;
     let file_bytes = gather_concat::<u64>(comm, 0, &sizes);
@@ -81,7 +81,7 @@ pub fn run(
 /// Compresses (`--compress`), saves the index of and digests (`--checksum`) each of this
 /// writer's shards: their file sizes and digests.
 fn finish_shards(
-    cfg: &RunConfig,
+    settings: &FinishSettings,
     staging: &Path,
     laid: &Laid,
     names: &ShardNames,
@@ -91,11 +91,11 @@ fn finish_shards(
     let mut sums = Vec::new();
     for (k, &s) in layout.shards.iter().enumerate() {
         let plain = staging.join(names.plain(s));
-        let published = staging.join(names.published(s, cfg.compress));
-        let size = if cfg.compress == Codec::Plain {
+        let published = staging.join(names.published(s, settings.compress));
+        let size = if settings.compress == Codec::Plain {
             layout.shard_bytes[k]
         } else {
-            compress_shard(&plain, &published, cfg.compress)?
+            compress_shard(&plain, &published, settings.compress)?
         };
         sizes.push(size);
         let samples: Vec<Sample> = plan
@@ -120,8 +120,8 @@ fn finish_shards(
                 .with_context(|| format!("{}: cannot create", dir.display()))?;
         }
         saved_index::save(&dir, &published, samples.iter().copied())?;
-        loaders::write_shard(&cfg.loaders, staging, &plain, s, &samples)?;
-        if cfg.checksum {
+        loaders::write_shard(&settings.loaders, staging, &plain, s, &samples)?;
+        if settings.checksum {
             sums.extend(md5_file(&published)?);
         }
     }

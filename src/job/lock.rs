@@ -21,9 +21,7 @@
 //! and again before publishing ([`StagingLock::check_owned`]): it fails instead of publishing
 //! another run's files.
 
-use std::fs;
-use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::FileExt;
+use std::io::{self, ErrorKind};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -33,6 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 
 use crate::job::staging::Staging;
+use crate::storage;
 use crate::sys;
 
 /// The default `--lock-stale-after`: how long a lock whose pid cannot be checked must show no
@@ -266,12 +265,11 @@ impl StagingLock {
     /// # Errors
     /// The mark cannot be written.
     pub fn mark_staging(&self, staging: &Path) -> Result<()> {
-        let (mark, tmp) = (
-            Staging::at(staging).owner_file(),
-            Staging::at(staging).owner_file_tmp(),
-        );
-        fs::write(&tmp, format!("{}\n", self.owner.token))
-            .and_then(|()| fs::rename(&tmp, &mark))
+        // Replaced atomically (POSIX: written aside and renamed; object storage: one PUT): a
+        // newcomer reading it sees the old token or this one, never a part.
+        let mark = Staging::at(staging).owner_file();
+        storage::sink(&mark)
+            .replace(&mark, format!("{}\n", self.owner.token).as_bytes())
             .with_context(|| format!("{}: cannot write", mark.display()))
     }
 
@@ -296,7 +294,7 @@ impl StagingLock {
             );
         }
         let mark = Staging::at(staging).owner_file();
-        let found = fs::read_to_string(&mark).unwrap_or_default();
+        let found = read_text(&mark).unwrap_or_default();
         if found.trim() != self.owner.token {
             bail!(
                 "{}: the staging directory is not this run's any more ({} does not hold this \
@@ -316,7 +314,9 @@ impl StagingLock {
     pub fn check_before_publish(&self, staging: &Path) -> Result<()> {
         self.check_owned(staging)?;
         let mark = Staging::at(staging).owner_file();
-        fs::remove_file(&mark).with_context(|| format!("{}: cannot remove", mark.display()))
+        storage::sink(&mark)
+            .remove_file(&mark)
+            .with_context(|| format!("{}: cannot remove", mark.display()))
     }
 
     /// Why the lock file is not this run's any more, if it is not.
@@ -340,10 +340,10 @@ impl StagingLock {
         let Some(t) = self.took_over.as_ref().filter(|t| !t.surely_dead) else {
             return Ok(None);
         };
-        if fs::symlink_metadata(staging).is_err() {
+        if storage::source(staging).stat_link(staging).is_err() {
             return Ok(None);
         }
-        let mark = fs::read_to_string(Staging::at(staging).owner_file()).unwrap_or_default();
+        let mark = read_text(&Staging::at(staging).owner_file()).unwrap_or_default();
         let token = [mark.trim(), t.from.token.as_str()]
             .into_iter()
             .find(|t| is_token(t))
@@ -352,14 +352,16 @@ impl StagingLock {
                 str::to_string,
             );
         let aside = aside_path(staging, &token);
-        fs::rename(staging, &aside).with_context(|| {
-            format!(
-                "{}: cannot move the staging directory of the run that held {} aside to {}",
-                staging.display(),
-                self.path.display(),
-                aside.display()
-            )
-        })?;
+        storage::sink(staging)
+            .rename(staging, &aside)
+            .with_context(|| {
+                format!(
+                    "{}: cannot move the staging directory of the run that held {} aside to {}",
+                    staging.display(),
+                    self.path.display(),
+                    aside.display()
+                )
+            })?;
         crate::errln!(
             "reshard: moved {} aside to {}: it belongs to the run that held {} ({}), which may \
              only be suspended, so it is not removed. That run removes it if it wakes (it then \
@@ -382,9 +384,9 @@ impl StagingLock {
             return true;
         }
         let aside = aside_path(staging, &self.owner.token);
-        let mine = fs::read_to_string(Staging::at(&aside).owner_file())
+        let mine = read_text(&Staging::at(&aside).owner_file())
             .is_ok_and(|m| m.trim() == self.owner.token);
-        if mine && fs::remove_dir_all(&aside).is_ok() {
+        if mine && storage::sink(&aside).remove_dir_all(&aside).is_ok() {
             crate::errln!(
                 "reshard: removed {}: this run's staging directory, which the run that took \
                  over {} had moved aside",
@@ -403,7 +405,7 @@ impl Drop for StagingLock {
             let _ = t.join();
         }
         if self.lock_lost().is_none() {
-            let _ = fs::remove_file(&self.path);
+            let _ = storage::sink(&self.path).remove_file(&self.path);
         }
     }
 }
@@ -463,16 +465,14 @@ fn busy(output: &Path, lock: &Path, holder: &Owner) -> String {
 }
 
 /// Creates `path` holding `owner`, atomically and only if it does not exist.
-fn create_exclusive(path: &Path, owner: &Owner) -> std::io::Result<()> {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = path.with_file_name(format!("{name}.{}", owner.token));
-    let mut f = fs::File::create(&tmp)?;
-    let written = f
-        .write_all(owner.render().as_bytes())
-        .and_then(|()| f.sync_all())
-        .and_then(|()| fs::hard_link(&tmp, path));
-    let _ = fs::remove_file(&tmp);
-    written
+fn create_exclusive(path: &Path, owner: &Owner) -> io::Result<()> {
+    storage::sink(path).create_new(path, owner.render().as_bytes())
+}
+
+/// The small file at `path` as text (a lock, a staging directory's owner mark).
+fn read_text(path: &Path) -> io::Result<String> {
+    let bytes = storage::source(path).read(path)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// The holder named in `path`, or `None` if it does not exist (any more).
@@ -480,7 +480,7 @@ fn create_exclusive(path: &Path, owner: &Owner) -> std::io::Result<()> {
 /// # Errors
 /// It cannot be read, or it is not a reshard lock (then it is left alone).
 fn read_owner(path: &Path) -> Result<Option<Owner>> {
-    match fs::read_to_string(path) {
+    match read_text(path) {
         Ok(text) => match Owner::parse(&text) {
             Some(o) => Ok(Some(o)),
             None if text.is_empty() => Ok(None),
@@ -572,9 +572,9 @@ fn take_over(
                         path.display(),
                         dead.who()
                     );
-                    let _ = fs::remove_file(path);
+                    let _ = storage::sink(path).remove_file(path);
                 }
-                let _ = fs::remove_file(&guard);
+                let _ = storage::sink(&guard).remove_file(&guard);
                 return Ok(replaced);
             }
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
@@ -610,7 +610,7 @@ fn clear_stale_guard(guard: &Path, me: &Owner, stale_after: Duration) -> Result<
                     guard.display(),
                     holder.who()
                 );
-                let _ = fs::remove_file(guard);
+                let _ = storage::sink(guard).remove_file(guard);
             }
             Ok(true)
         }
@@ -618,33 +618,30 @@ fn clear_stale_guard(guard: &Path, me: &Owner, stale_after: Duration) -> Result<
 }
 
 /// Moves the heartbeat of the lock at `path` if `owner` still holds it: `Ok(None)`, or why it
-/// does not. The check and the write go through one open file, so that a lock another run put
-/// in its place meanwhile is never written to; opened and closed each time, so that the write
-/// reaches a network filesystem's server at once.
-fn rewrite_beat(path: &Path, owner: &Owner) -> std::io::Result<Option<String>> {
-    let mut f = match fs::OpenOptions::new().read(true).write(true).open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Some("it was removed".into())),
-        Err(e) => return Err(e),
+/// does not. The check and the write go to the one object read ([`storage::Sink::update`]), so
+/// that a lock another run put in its place meanwhile is never written to. The beat is last and
+/// of fixed width, so only its digits change.
+fn rewrite_beat(path: &Path, owner: &Owner) -> io::Result<Option<String>> {
+    let mut why = None;
+    let mut check = |old: &[u8]| {
+        match Owner::parse(&String::from_utf8_lossy(old)) {
+            Some(now) if now.same_holder(owner) => return Some(owner.render().into_bytes()),
+            Some(now) => why = Some(format!("{} holds it now", now.who())),
+            None => why = Some("it holds something else now".into()),
+        }
+        None
     };
-    let mut text = String::new();
-    f.read_to_string(&mut text)?;
-    match Owner::parse(&text) {
-        Some(now) if now.same_holder(owner) => {}
-        Some(now) => return Ok(Some(format!("{} holds it now", now.who()))),
-        None => return Ok(Some("it holds something else now".into())),
+    match storage::sink(path).update(path, &mut check) {
+        Ok(_) => Ok(why),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(Some("it was removed".into())),
+        Err(e) => Err(e),
     }
-    let text = owner.render();
-    let at = text.rfind("beat ").expect("rendered") + "beat ".len();
-    f.write_all_at(&text.as_bytes()[at..], at as u64)?;
-    Ok(None)
 }
 
 /// 128 bits from the OS's random source, as 32 hex digits.
 fn new_token() -> Result<String> {
     let mut bytes = [0u8; 16];
-    fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
+    sys::random_bytes(&mut bytes)
         .context("/dev/urandom: cannot read a token for the output's lock")?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
@@ -663,6 +660,7 @@ fn now_secs() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     const OUT: &str = "out";
 

@@ -49,7 +49,7 @@ pub mod summary;
 use anyhow::Result;
 
 use crate::comm::{agree, broadcast_result, Comm};
-use crate::config::RunConfig;
+use crate::config::{ExchangeSettings, JobSettings, ResumeSettings};
 use crate::hooks;
 use crate::output::checkpoint::{self, Done, InputRecord};
 use crate::output::OutputShards;
@@ -90,20 +90,20 @@ pub struct Planned {
 /// or on another ([`crate::comm::PeerFailed`]). On error nothing is published, and the staging
 /// directory is removed unless a checkpoint makes it worth a `--resume`; except after the
 /// publishing rename ([`publish::CleanupFailed`]), where the new output is live.
-pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
+pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
     let lead = comm.rank() == 0;
     let mut times = PhaseTimes::default();
     times.start("expand");
     // Rank 0 holds the output's lock until the job has published or given up.
     let mut mine = Lead::default();
     let prepared = lead.then(|| {
-        expand::prepare(cfg).map(|(setup, held)| {
+        expand::prepare(&settings.expand, &settings.resume).map(|(setup, held)| {
             mine = held;
             setup
         })
     });
     let setup: Setup = broadcast_result(comm, 0, prepared)?;
-    let result = run_phases(comm, cfg, &setup, lead.then_some(&mine), &mut times);
+    let result = run_phases(comm, settings, &setup, lead.then_some(&mine), &mut times);
     if let (true, Err(e), Some(staging)) = (lead, &result, &setup.staging) {
         // Every rank has left the failed phase (failures are agreed collectively). A staging
         // directory another run took over is that run's.
@@ -145,7 +145,7 @@ fn abandon(staging: &std::path::Path, interrupted: Option<&interrupt::Interrupte
 /// The phases after expand. `mine`: rank 0's records of the inputs and the output's lock.
 fn run_phases(
     comm: &impl Comm,
-    cfg: &RunConfig,
+    settings: &JobSettings,
     setup: &Setup,
     mine: Option<&Lead>,
     times: &mut PhaseTimes,
@@ -154,54 +154,62 @@ fn run_phases(
     let inputs = mine.map(|m| &m.inputs[..]);
     let lock = mine.and_then(|m| m.lock.as_ref());
     narrate_start(comm, setup);
-    agree(comm, crate::throttle::start(&cfg.io, comm.size()))?;
+    agree(comm, crate::throttle::start(&settings.io, comm.size()))?;
     times.start("index");
-    let settings = crate::cli::resolve::plan_settings(cfg);
+    let plan = &settings.plan;
     let ctx = Shared {
         comm,
         inputs: &setup.inputs,
     };
-    let mut index = index::run(&ctx, &settings.index)?;
+    let mut index = index::run(&ctx, &plan.index)?;
     hooks::kill_at(comm.rank(), "index");
     let samples = index.samples;
     let stopped = |e| interrupt::with_samples(e, samples);
     interrupt::check(comm).map_err(stopped)?;
     times.start("plan");
-    let placed = place::run(&ctx, &settings.place, &mut index)?;
-    let laid = layout::run(&ctx, &settings.layout, &index, &placed)?;
+    let placed = place::run(&ctx, &plan.place, &mut index)?;
+    let laid = layout::run(&ctx, &plan.layout, &index, &placed)?;
     hooks::kill_at(comm.rank(), "plan");
     let planned = Planned {
         index,
         placed,
         laid,
     };
-    if cfg.dry_run {
+    if settings.dry_run {
         times.stop();
-        let report = lead.then(|| Box::new(summary::plan_report(cfg, setup, &planned)));
-        if let Some(path) = &cfg.plot {
+        let report =
+            lead.then(|| Box::new(summary::plan_report(&settings.report, setup, &planned)));
+        if let Some(path) = &settings.plot {
             plot_plan(comm, path, setup, &planned, report.as_deref())?;
         }
         return Ok(Outcome::Planned(report));
     }
     interrupt::check(comm).map_err(stopped)?;
-    if cfg.space_check {
+    if settings.space_check {
         space::check(comm, setup.staging()?, &planned.laid.shard_bytes)?;
     }
-    let output = staging_shards(comm, cfg, setup, inputs, &planned)?;
+    let output = staging_shards(comm, &settings.resume, setup, inputs, &planned)?;
     times.start("exchange");
-    let stats = exchange_phase(comm, cfg, setup, &planned, &output).map_err(stopped)?;
+    let stats = exchange_phase(
+        comm,
+        (&settings.exchange, &settings.resume),
+        setup,
+        &planned,
+        &output,
+    )
+    .map_err(stopped)?;
     interrupt::check(comm).map_err(stopped)?;
     times.start("finish");
-    let finished = finish::run(comm, cfg, setup, &planned, output, lock)?;
+    let finished = finish::run(comm, &settings.finish, setup, &planned, output, lock)?;
     let staging = setup.staging()?;
     crate::hooks::pause_before_publish(staging, comm.rank());
     // The last moment to stop: publishing is one rename.
     interrupt::check(comm).map_err(stopped)?;
     // Before publish writes the manifests into the staging directory; again before its rename.
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
-    publish::run(comm, cfg, setup, &planned, &finished, lock)?;
+    publish::run(comm, &settings.publish, setup, &planned, &finished, lock)?;
     times.stop();
-    let summary = summary::gather(comm, cfg, setup, &planned, &stats, times)?;
+    let summary = summary::gather(comm, &settings.report, setup, &planned, &stats, times)?;
     Ok(Outcome::Ran(Box::new(summary)))
 }
 
@@ -209,7 +217,7 @@ fn run_phases(
 /// checked and the shards an earlier attempt left reopened (`--resume`).
 fn staging_shards(
     comm: &impl Comm,
-    cfg: &RunConfig,
+    resuming: &ResumeSettings,
     setup: &Setup,
     inputs: Option<&[InputRecord]>,
     planned: &Planned,
@@ -217,7 +225,7 @@ fn staging_shards(
     let (staging, resume) = (setup.staging()?, setup.resume.as_ref());
     let (names, layout) = (&planned.placed.names, &planned.laid.layout);
     if resume.is_some() {
-        resume::record_plan(comm, cfg, staging, resume, inputs, planned)?;
+        resume::record_plan(comm, resuming, staging, resume, inputs, planned)?;
         let output = agree(comm, OutputShards::reopen(staging, names, layout))?;
         let checked = resume
             .filter(|_| comm.rank() == 0)
@@ -227,7 +235,7 @@ fn staging_shards(
     }
     let output = agree(comm, OutputShards::create(staging, names, layout))?;
     // Recorded once every shard exists: a plan record promises them to a resumed run.
-    resume::record_plan(comm, cfg, staging, None, inputs, planned)?;
+    resume::record_plan(comm, resuming, staging, None, inputs, planned)?;
     Ok(output)
 }
 
@@ -297,7 +305,7 @@ fn narrate_start(comm: &impl Comm, setup: &Setup) {
 /// The exchange, with a progress display on rank 0.
 fn exchange_phase(
     comm: &impl Comm,
-    cfg: &RunConfig,
+    (settings, resuming): (&ExchangeSettings, &ResumeSettings),
     setup: &Setup,
     planned: &Planned,
     output: &OutputShards,
@@ -305,7 +313,13 @@ fn exchange_phase(
     let ranks = comm.size();
     let layout = &planned.laid.layout;
     let total_out = comm.all_sum(&[layout.sample_bytes()])[0];
-    let mut progress = Progress::new(cfg.progress, comm.rank() == 0, "exchange", total_out, None);
+    let mut progress = Progress::new(
+        settings.progress,
+        comm.rank() == 0,
+        "exchange",
+        total_out,
+        None,
+    );
     let nothing = Done::default();
     let resume = setup.resume.as_ref();
     let job = exchange::Job {
@@ -323,12 +337,12 @@ fn exchange_phase(
     let stats = exchange::run(
         comm,
         &job,
-        Buffers::for_job(cfg.mem_limit, ranks, total_out / ranks as u64),
+        Buffers::for_job(settings.mem_limit, ranks, total_out / ranks as u64),
         exchange::Stall {
-            timeout: cfg.stall_timeout,
+            timeout: settings.stall_timeout,
             heartbeats: Some(Staging::at(staging).heartbeats()),
         },
-        resume::checkpoints(cfg, staging, resume),
+        resume::checkpoints(resuming, staging, resume),
         &mut |d| progress.update(d),
     )?;
     progress.finish();
@@ -341,8 +355,10 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use super::*;
+    use crate::cli::resolve::job_settings;
     use crate::comm::local::LocalComm;
     use crate::config::Balance;
+    use crate::config::RunConfig;
     use crate::output::manifest::Manifest;
     use crate::output::shard_file_name;
     use crate::tar::{Codec, Rules};
@@ -423,7 +439,7 @@ mod tests {
             let out = tmp.path().join(format!("out-{ranks}"));
             // A 1 MiB budget forces many rounds and chunked samples on the larger rank counts.
             let cfg = config(inputs.clone(), out.clone(), 1 << 20);
-            let results = LocalComm::run(ranks, |c| match run(c, &cfg) {
+            let results = LocalComm::run(ranks, |c| match run(c, &job_settings(&cfg)) {
                 Ok(Outcome::Ran(s)) => Ok((s.samples, s.shards)),
                 Ok(Outcome::Planned(_)) => panic!("not a dry run"),
                 Err(e) => Err(e),
@@ -481,7 +497,7 @@ mod tests {
                 spec: "train=0.8,val=0.1,test=rest".parse().unwrap(),
                 shards: vec![None, Some(2), None],
             });
-            let results = LocalComm::run(ranks, |c| run(c, &cfg).map(|_| ()));
+            let results = LocalComm::run(ranks, |c| run(c, &job_settings(&cfg)).map(|_| ()));
             assert!(results.iter().all(Result::is_ok), "{results:?}");
             let counts: Vec<u64> = ["train", "val", "test"]
                 .iter()
@@ -508,6 +524,56 @@ mod tests {
         assert!(names.contains(&"val/shard-000001.tar".to_string()));
     }
 
+    /// The whole job (expand, lock, staging, index, plan, exchange, finish with digests,
+    /// publish) on `mem://` locations, which `std::fs` cannot reach: every byte it writes goes
+    /// through the seam, and the bytes are the ones a run on the file system writes.
+    #[test]
+    fn the_whole_job_runs_on_a_backend_that_is_not_a_file_system() {
+        use crate::storage::{self, memory};
+        let tmp = tempfile::tempdir().unwrap();
+        let on_disk = write_inputs(tmp.path(), 4);
+        let root = Path::new("mem://whole-job");
+        storage::sink(root).create_dir_all(root).unwrap();
+        for spec in &on_disk {
+            let path = Path::new(spec);
+            let name = path.file_name().unwrap();
+            memory::put(&root.join("in").join(name), fs::read(path).unwrap());
+        }
+        let run_on = |inputs: Vec<String>, out: &Path| {
+            let mut cfg = config(inputs, out.to_path_buf(), 1 << 20);
+            cfg.checksum = true;
+            let results = LocalComm::run(3, |c| run(c, &job_settings(&cfg)).map(|_| ()));
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+        };
+        let (mem_out, disk_out) = (root.join("out"), tmp.path().join("out"));
+        run_on(vec![root.join("in").display().to_string()], &mem_out);
+        run_on(on_disk, &disk_out);
+
+        for s in 0..5 {
+            let name = shard_file_name("shard", s);
+            let written = memory::get(&mem_out.join(&name)).expect("published in memory");
+            assert_eq!(written, fs::read(disk_out.join(&name)).unwrap(), "{name}");
+        }
+        let manifest = |bytes: Vec<u8>| -> Vec<(String, Option<String>)> {
+            let m: Manifest = serde_json::from_slice(&bytes).unwrap();
+            m.shardlist.into_iter().map(|e| (e.url, e.md5sum)).collect()
+        };
+        let in_memory = manifest(memory::get(&mem_out.join("index.json")).unwrap());
+        assert_eq!(
+            in_memory,
+            manifest(fs::read(disk_out.join("index.json")).unwrap())
+        );
+        assert!(in_memory.iter().all(|(_, md5)| md5.is_some()));
+        let source = storage::source(root);
+        for gone in [".out.reshard-tmp", ".out.reshard-lock"] {
+            assert!(source.stat(&root.join(gone)).is_err(), "{gone} left behind");
+        }
+        assert!(
+            !Path::new("mem:").exists(),
+            "nothing went to the file system"
+        );
+    }
+
     #[test]
     fn a_failure_on_one_rank_stops_all_and_publishes_nothing() {
         let tmp = tempfile::tempdir().unwrap();
@@ -518,7 +584,9 @@ mod tests {
         let out = tmp.path().join("out");
         let cfg = config(inputs, out.clone(), 1 << 20);
         let results = LocalComm::run(3, |c| {
-            run(c, &cfg).map(|_| ()).map_err(|e| format!("{e:#}"))
+            run(c, &job_settings(&cfg))
+                .map(|_| ())
+                .map_err(|e| format!("{e:#}"))
         });
         let real: Vec<&String> = results
             .iter()

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use crate::comm::{broadcast_result, Comm};
-use crate::config::RunConfig;
+use crate::config::PublishSettings;
 use crate::hooks;
 use crate::job::expand::Setup;
 use crate::job::finish::Finished;
@@ -37,7 +37,7 @@ use crate::storage;
 /// `--keep` (a [`CleanupFailed`]: the new output is live).
 pub fn run(
     comm: &impl Comm,
-    cfg: &RunConfig,
+    settings: &PublishSettings,
     setup: &Setup,
     planned: &Planned,
     finished: &Finished,
@@ -47,16 +47,16 @@ pub fn run(
     let published = (comm.rank() == 0).then(|| {
         let (staging, target) = (setup.staging()?, setup.target()?);
         Staging::at(staging).remove_heartbeats();
-        let info = run_info(comm.size(), cfg, setup, planned, finished);
-        let shardlist = shard_list(cfg, &planned.placed, &planned.laid, finished);
+        let info = run_info(comm.size(), settings, setup, planned, finished);
+        let shardlist = shard_list(settings, &planned.placed, &planned.laid, finished);
         // The checkpoint records stay until the rename: a failure before it leaves a finished
         // staging directory that `--resume` publishes without moving data again.
-        energon_meta(cfg, staging, planned)
+        energon_meta(settings, staging, planned)
             .and_then(|()| write_manifests(staging, &Manifest::new(shardlist, info)))
             .and_then(|()| lock.map_or(Ok(()), |l| l.check_before_publish(staging)))
-            .and_then(|()| publish(cfg.force, staging, target))
+            .and_then(|()| publish(settings.force, staging, target))
             .and_then(|replaced| {
-                after_publish(cfg, staging, target, replaced).map_err(|e| {
+                after_publish(settings, staging, target, replaced).map_err(|e| {
                     e.context(CleanupFailed {
                         output: target.to_path_buf(),
                     })
@@ -85,8 +85,8 @@ impl std::fmt::Display for CleanupFailed {
 }
 
 /// `--energon`: `.nv-meta/`, from the rows every writer left in the staging directory.
-fn energon_meta(cfg: &RunConfig, staging: &Path, planned: &Planned) -> Result<()> {
-    let Some(dataset) = &cfg.loaders.energon else {
+fn energon_meta(settings: &PublishSettings, staging: &Path, planned: &Planned) -> Result<()> {
+    let Some(dataset) = &settings.loaders.energon else {
         return Ok(());
     };
     let placed = &planned.placed;
@@ -96,9 +96,9 @@ fn energon_meta(cfg: &RunConfig, staging: &Path, planned: &Planned) -> Result<()
         &energon::Meta {
             names: &names,
             counts: &planned.laid.shard_samples,
-            parts: &energon_parts(cfg, planned, &names),
+            parts: &energon_parts(settings, planned, &names),
             dataset,
-            key_index: cfg.loaders.energon_key_index,
+            key_index: settings.loaders.energon_key_index,
         },
     )
 }
@@ -107,12 +107,12 @@ fn energon_meta(cfg: &RunConfig, staging: &Path, planned: &Planned) -> Result<()
 /// usual `train`, `val` and `test` empty where no split has that name); otherwise every shard in
 /// `train`.
 fn energon_parts(
-    cfg: &RunConfig,
+    settings: &PublishSettings,
     planned: &Planned,
     names: &[String],
 ) -> Vec<(String, Vec<String>)> {
     let placed = &planned.placed;
-    let Some(splits) = placed.names.split_parts(placed.shards, cfg.compress) else {
+    let Some(splits) = placed.names.split_parts(placed.shards, settings.compress) else {
         return energon::unsplit_parts(names);
     };
     let mut parts: Vec<(String, Vec<String>)> =
@@ -128,7 +128,7 @@ fn energon_parts(
 /// The manifest's `reshard` object: what was run and what it made.
 fn run_info(
     ranks: usize,
-    cfg: &RunConfig,
+    settings: &PublishSettings,
     setup: &Setup,
     planned: &Planned,
     finished: &Finished,
@@ -137,8 +137,8 @@ fn run_info(
     let inputs = &setup.inputs;
     RunInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
-        seed: cfg.seed,
-        epoch: cfg.epoch,
+        seed: settings.seed,
+        epoch: settings.epoch,
         shards: placed.shards,
         samples: index.samples,
         sample_bytes: index.sample_bytes,
@@ -151,8 +151,8 @@ fn run_info(
         skipped: index.skipped,
         ranks,
         sizing: placed.sizing.clone(),
-        equalize: cfg.equalize,
-        balance: cfg.balance,
+        equalize: settings.equalize,
+        balance: settings.balance,
         output_samples: placed.output_samples,
         dropped: laid.dropped_keys.clone(),
         repeated: laid.repeated_keys.clone(),
@@ -160,14 +160,14 @@ fn run_info(
         shard_bytes: Stats::of(&laid.shard_bytes),
         gpus: laid.gpus,
         hygiene: index.hygiene,
-        order: cfg.order.describe(),
+        order: settings.order.clone(),
         stratify: placed.stratify.clone(),
-        key_map: cfg.order.key_map.as_ref().map(|path| KeyMapInfo {
+        key_map: settings.key_map.as_ref().map(|path| KeyMapInfo {
             file: path.display().to_string(),
             unmatched: placed.unmatched,
             groups: placed.groups.clone(),
         }),
-        splits: cfg.split.as_ref().map(|_| placed.groups.clone()),
+        splits: settings.split.then(|| placed.groups.clone()),
         split: None,
     }
 }
@@ -189,14 +189,14 @@ fn write_manifests(staging: &Path, manifest: &Manifest) -> Result<()> {
 /// The manifest's shard list: the published names and file sizes, and with `--checksum` each
 /// shard's MD5.
 fn shard_list(
-    cfg: &RunConfig,
+    settings: &PublishSettings,
     placed: &Placed,
     laid: &Laid,
     finished: &Finished,
 ) -> Vec<ShardEntry> {
     let mut shardlist = laid.shardlist.clone();
     for (s, entry) in shardlist.iter_mut().enumerate() {
-        entry.url = placed.names.published(s as u64, cfg.compress);
+        entry.url = placed.names.published(s as u64, settings.compress);
         entry.filesize = finished.file_bytes[s];
     }
     for (entry, sum) in shardlist.iter_mut().zip(finished.md5.chunks_exact(16)) {
@@ -207,7 +207,12 @@ fn shard_list(
 
 /// Once the output is published: its checkpoint records go, the output it replaced (now at
 /// the staging name) is removed, then `--link` and `--keep` act.
-fn after_publish(cfg: &RunConfig, staging: &Path, target: &Path, replaced: bool) -> Result<()> {
+fn after_publish(
+    settings: &PublishSettings,
+    staging: &Path,
+    target: &Path,
+    replaced: bool,
+) -> Result<()> {
     let sink = storage::sink(target);
     let records = checkpoint::dir(target);
     if storage::source(&records).stat(&records).is_ok() {
@@ -223,10 +228,10 @@ fn after_publish(cfg: &RunConfig, staging: &Path, target: &Path, replaced: bool)
             )
         })?;
     }
-    if let Some(link) = &cfg.link {
+    if let Some(link) = &settings.link {
         point_link(link, target)?;
     }
-    if let Some(keep) = &cfg.keep {
+    if let Some(keep) = &settings.keep {
         for aside in unfinished_removals(target, keep)? {
             crate::errln!(
                 "reshard: --keep: finishing the removal of {} (an earlier run moved it aside)",
@@ -235,7 +240,7 @@ fn after_publish(cfg: &RunConfig, staging: &Path, target: &Path, replaced: bool)
             sink.remove_dir_all(&aside)
                 .with_context(|| format!("--keep: cannot remove {}", aside.display()))?;
         }
-        for old in outputs_beyond(target, keep, cfg.epoch, cfg.link.as_deref())? {
+        for old in outputs_beyond(target, keep, settings.epoch, settings.link.as_deref())? {
             crate::errln!(
                 "reshard: --keep {}: removing the older output {}",
                 keep.count,

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::resolve::UsageError;
 use crate::comm::{agree, Comm};
-use crate::config::{RunConfig, Splits};
+use crate::config::ResumeSettings;
 use crate::input::InputShard;
 use crate::job::exchange::Checkpoints;
 use crate::job::Planned;
@@ -32,38 +32,18 @@ pub struct Resume {
     pub digest: String,
 }
 
-/// Every argument that shapes the staging shards, as (flag, value). Not the rank count or the
-/// memory budget: a resumed run may use others. Not what only the finish phase uses
-/// (`--compress`, `--checksum`): the staging shards are plain either way.
-pub fn arguments(cfg: &RunConfig) -> Vec<(String, String)> {
-    let mut args = vec![
-        ("reshard version", env!("CARGO_PKG_VERSION").to_string()),
-        ("--shards/--shard-size/--gpus", cfg.sizing.flags()),
-        ("--equalize", cfg.equalize.flag().to_string()),
-        ("--balance", cfg.balance.flag().to_string()),
-        ("--seed", cfg.seed.to_string()),
-        ("--epoch", cfg.epoch.to_string()),
-        ("--prefix", cfg.prefix.clone()),
-        ("--order and its options", cfg.order.flags()),
-        (
-            "--split/--split-shards",
-            cfg.split
-                .as_ref()
-                .map_or_else(|| "none".into(), Splits::flags),
-        ),
-        (
-            "--require-ext/--on-incomplete/--on-duplicate",
-            cfg.rules.flags(),
-        ),
-    ];
-    if let Some(map) = &cfg.order.key_map {
+/// The arguments that shape the staging shards, as `--resume` records and compares them: those
+/// decided when the request was resolved, and the key map's size and time now.
+pub fn arguments(settings: &ResumeSettings) -> Vec<(String, String)> {
+    let mut args = settings.arguments.clone();
+    if let Some(map) = &settings.key_map {
         let stamp = storage::stamp(map).map_or_else(
             |_| "missing".to_string(),
             |s| format!("{} bytes, modified {}", s.size, storage::mtime_ns(&s)),
         );
-        args.push(("--key-map file", stamp));
+        args.push(("--key-map file".to_string(), stamp));
     }
-    args.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    args
 }
 
 /// An input shard as a plan record names it, from its stamp.
@@ -141,7 +121,7 @@ pub fn check_same_request(
 /// agreed on every rank.
 pub fn record_plan(
     comm: &impl Comm,
-    cfg: &RunConfig,
+    settings: &ResumeSettings,
     staging: &Path,
     resume: Option<&Resume>,
     inputs: Option<&[InputRecord]>,
@@ -158,11 +138,11 @@ pub fn record_plan(
         (0, None) => checkpoint::write_plan(
             staging,
             &PlanRecord {
-                arguments: arguments(cfg),
+                arguments: arguments(settings),
                 inputs: inputs.map(<[InputRecord]>::to_vec).unwrap_or_default(),
                 digest,
                 ranks: comm.size(),
-                mem_limit: cfg.mem_limit,
+                mem_limit: settings.mem_limit,
             },
         ),
         _ => Ok(()),
@@ -173,13 +153,13 @@ pub fn record_plan(
 /// The checkpoints of this run's exchange: rank 0 adds the ranges that became durable to those
 /// an earlier attempt recorded, and replaces the checkpoint file.
 pub fn checkpoints<'a>(
-    cfg: &RunConfig,
+    settings: &ResumeSettings,
     staging: &'a Path,
     resume: Option<&Resume>,
 ) -> Checkpoints<'a> {
     let mut latest = resume.map(|r| r.checkpoint.clone()).unwrap_or_default();
     Checkpoints {
-        every: cfg.checkpoint_every,
+        every: settings.checkpoint_every,
         record: Box::new(move |ranges| {
             latest.done = latest.done.with(ranges);
             latest.samples = latest.done.count();

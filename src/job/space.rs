@@ -2,25 +2,24 @@
 //! whose output's file system clearly cannot hold it is refused at once instead of failing with
 //! ENOSPC mid-exchange (`--no-space-check` starts it anyway).
 
-use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use anyhow::{bail, Result};
 
 use crate::comm::{agree, Comm};
 use crate::size::human_bytes;
+use crate::storage::{self, Kind};
 
 /// The bytes the staging directory still needs: the shards' bytes less what its files already
 /// hold on disk (a resumed run's earlier attempt).
 pub fn still_needed(staging: &Path, shard_bytes: u64) -> u64 {
-    let allocated: u64 = fs::read_dir(staging)
+    let source = storage::source(staging);
+    let allocated: u64 = source
+        .list(staging)
         .into_iter()
         .flatten()
-        .flatten()
-        .filter_map(|e| e.metadata().ok())
-        .filter(|m| m.is_file())
-        .map(|m| m.blocks() * 512)
+        .filter(|e| e.kind == Kind::File)
+        .filter_map(|e| source.allocated(&staging.join(&e.name)).ok())
         .sum();
     shard_bytes.saturating_sub(allocated)
 }
@@ -41,8 +40,8 @@ pub fn check(comm: &impl Comm, staging: &Path, shard_bytes: &[u64]) -> Result<()
 
 fn fits(staging: &Path, shard_bytes: u64) -> Result<()> {
     let needed = still_needed(staging, shard_bytes);
-    // Where the file system cannot say, nothing is refused.
-    let Ok(free) = crate::sys::free_space(staging) else {
+    // Where the backend cannot say, nothing is refused.
+    let Ok(Some(free)) = storage::sink(staging).free_space(staging) else {
         return Ok(());
     };
     if needed > free {
@@ -56,4 +55,28 @@ fn fits(staging: &Path, shard_bytes: u64) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::memory;
+
+    /// The check on a backend that is not a file system: what the staging area holds counts, and
+    /// a backend that knows its free space refuses an output that does not fit.
+    #[test]
+    fn counts_what_is_there_and_refuses_what_does_not_fit() {
+        let staging = Path::new("mem://space/.out.reshard-tmp");
+        memory::put(&staging.join("shard-000000.tar"), vec![1; 400]);
+        assert_eq!(still_needed(staging, 1000), 600);
+        assert!(
+            fits(staging, 1000).is_ok(),
+            "free space unknown: not refused"
+        );
+        memory::set_capacity(Path::new("mem://space"), 900);
+        // 500 free, 600 needed.
+        let refused = fits(staging, 1000).unwrap_err().to_string();
+        assert!(refused.contains("needs 600 B more"), "{refused}");
+        assert!(fits(staging, 900).is_ok());
+    }
 }

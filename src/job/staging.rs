@@ -12,11 +12,11 @@
 //!   index.json, shards
 //! ```
 
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::output::{checkpoint, saved_index};
+use crate::storage::{self, Sink};
 
 /// The file, inside the staging directory, that names the run owning it.
 const OWNER_FILE: &str = ".reshard-owner";
@@ -43,11 +43,6 @@ impl<'a> Staging<'a> {
         self.0.join(OWNER_FILE)
     }
 
-    /// The file a new owner's token is written to before it is renamed to [`Self::owner_file`].
-    pub fn owner_file_tmp(&self) -> PathBuf {
-        self.0.join(format!("{OWNER_FILE}.tmp"))
-    }
-
     /// Where the watchdogs leave heartbeats.
     pub fn heartbeats(&self) -> PathBuf {
         self.0.join(HEARTBEATS)
@@ -65,17 +60,28 @@ impl<'a> Staging<'a> {
 
     /// Whether something is at the staging directory's path.
     pub fn present(&self) -> bool {
-        self.0.exists()
+        storage::source(self.0).stat(self.0).is_ok()
+    }
+
+    fn sink(&self) -> &'static dyn Sink {
+        storage::sink(self.0)
     }
 
     /// Creates the staging directory with the saved-index and heartbeat directories inside.
+    /// Only the run holding the output's lock creates it, so asking first is no race.
     ///
     /// # Errors
     /// It exists already, or a directory cannot be made.
     pub fn create(&self) -> io::Result<()> {
-        fs::create_dir(self.0)
-            .and_then(|()| fs::create_dir(self.saved_indexes()))
-            .and_then(|()| fs::create_dir(self.heartbeats()))
+        if self.present() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{}: exists already", self.0.display()),
+            ));
+        }
+        let sink = self.sink();
+        sink.create_dir_all(&self.saved_indexes())
+            .and_then(|()| sink.create_dir_all(&self.heartbeats()))
     }
 
     /// `--resume`: removes what an earlier attempt's finish phase may have left (saved indexes,
@@ -84,17 +90,18 @@ impl<'a> Staging<'a> {
     /// # Errors
     /// The directories cannot be made again.
     pub fn prepare_resume(&self) -> io::Result<()> {
-        let _ = fs::remove_dir_all(self.saved_indexes());
-        let _ = fs::remove_dir_all(self.heartbeats());
-        let _ = fs::remove_file(self.0.join("index.json"));
-        fs::create_dir_all(self.saved_indexes())
-            .and_then(|()| fs::create_dir_all(self.heartbeats()))
+        let sink = self.sink();
+        let _ = sink.remove_dir_all(&self.saved_indexes());
+        let _ = sink.remove_dir_all(&self.heartbeats());
+        let _ = sink.remove_file(&self.0.join("index.json"));
+        sink.create_dir_all(&self.saved_indexes())
+            .and_then(|()| sink.create_dir_all(&self.heartbeats()))
     }
 
     /// Removes the heartbeats (before publishing: they are no part of the output). Whatever
     /// fails to go stays: it is not the output's.
     pub fn remove_heartbeats(&self) {
-        let _ = fs::remove_dir_all(self.heartbeats());
+        let _ = self.sink().remove_dir_all(&self.heartbeats());
     }
 
     /// Removes the whole staging directory.
@@ -102,13 +109,14 @@ impl<'a> Staging<'a> {
     /// # Errors
     /// Something in it cannot be removed.
     pub fn remove(&self) -> io::Result<()> {
-        fs::remove_dir_all(self.0)
+        self.sink().remove_dir_all(self.0)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn creates_its_parts_and_prepares_a_resume() {

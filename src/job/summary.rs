@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::comm::Comm;
-use crate::config::RunConfig;
+use crate::config::ReportSettings;
 use crate::job::exchange::ExchangeStats;
 use crate::job::expand::Setup;
 use crate::job::Planned;
@@ -230,7 +230,7 @@ impl Summary {
 /// Gathers every rank's figures into the summary (complete on rank 0).
 pub fn gather(
     comm: &impl Comm,
-    cfg: &RunConfig,
+    settings: &ReportSettings,
     setup: &Setup,
     planned: &Planned,
     stats: &ExchangeStats,
@@ -287,19 +287,22 @@ pub fn gather(
         reused_samples,
         reused_bytes,
         reused_shards,
-        mem_limit: cfg.mem_limit,
+        mem_limit: settings.mem_limit,
         rank_spread,
         per_rank,
-        rate_limits: rate_limits(comm, cfg, times.total()),
+        rate_limits: rate_limits(comm, settings, times.total()),
     })
 }
 
 /// Each limit given, with what all ranks moved through it and the longest wait on it.
-fn rate_limits(comm: &impl Comm, cfg: &RunConfig, seconds: f64) -> Vec<RateReport> {
+fn rate_limits(comm: &impl Comm, settings: &ReportSettings, seconds: f64) -> Vec<RateReport> {
     let (read, write) = throttle::tallies();
     let bytes = comm.all_sum(&[read.bytes, write.bytes]);
     let waits = [read.waited, write.waited].map(|w| comm.all_gather(w.as_nanos() as u64));
-    let limits = [("read", cfg.io.limits.read), ("write", cfg.io.limits.write)];
+    let limits = [
+        ("read", settings.limits.read),
+        ("write", settings.limits.write),
+    ];
     (0..2)
         .filter_map(|i| {
             limits[i].1.map(|limit| RateReport {
@@ -330,7 +333,7 @@ fn free_space(output: &std::path::Path) -> Option<FreeSpace> {
                 .stat(a)
                 .is_ok_and(|s| s.kind == Kind::Dir)
         })?;
-    let bytes = crate::sys::free_space(dir).ok()?;
+    let bytes = storage::sink(dir).free_space(dir).ok()??;
     Some(FreeSpace {
         path: dir.display().to_string(),
         bytes,
@@ -349,7 +352,7 @@ fn at_limits(limits: Limits, read_bytes: u64, write_bytes: u64) -> Option<AtLimi
 }
 
 /// What `reshard plan` and `--dry-run` print (on rank 0).
-pub fn plan_report(cfg: &RunConfig, setup: &Setup, planned: &Planned) -> PlanReport {
+pub fn plan_report(settings: &ReportSettings, setup: &Setup, planned: &Planned) -> PlanReport {
     let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
     let sizes: Vec<u64> = setup.inputs.iter().map(|s| s.size).collect();
     let shard_bytes = Stats::of(&laid.shard_bytes);
@@ -361,8 +364,8 @@ pub fn plan_report(cfg: &RunConfig, setup: &Setup, planned: &Planned) -> PlanRep
         input_shard_samples: Stats::of(&laid.input_counts),
         shards: placed.shards,
         sizing: placed.sizing.clone(),
-        equalize: cfg.equalize,
-        balance: cfg.balance,
+        equalize: settings.equalize,
+        balance: settings.balance,
         output_samples: placed.output_samples,
         dropped: placed.dropped,
         repeated: placed.repeated,
@@ -376,14 +379,14 @@ pub fn plan_report(cfg: &RunConfig, setup: &Setup, planned: &Planned) -> PlanRep
                 shard_bytes.max,
                 laid.shard_bytes.iter().sum(),
             ),
-            &cfg.sizing,
+            &settings.sizing,
         )
-        .with_free_space(cfg.output.as_deref().and_then(free_space)),
-        order: cfg.order.describe(),
+        .with_free_space(settings.output.as_deref().and_then(free_space)),
+        order: settings.order.clone(),
         stratify: placed.stratify.clone(),
         per_shard: laid.shardlist.clone(),
         at_limits: at_limits(
-            cfg.io.limits,
+            settings.limits,
             index.sample_bytes,
             laid.shard_bytes.iter().sum(),
         ),

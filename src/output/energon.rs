@@ -23,8 +23,6 @@
 //! `.tar.idx`, `.info.json` and `split.yaml`; looking samples up by key needs it (see
 //! docs/performance.md).
 
-use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -32,6 +30,7 @@ use md5::Digest;
 
 use crate::config::EnergonDataset;
 use crate::output::members::SampleParts;
+use crate::storage;
 
 /// Energon's metadata directory.
 pub const META_DIR: &str = ".nv-meta";
@@ -119,12 +118,14 @@ pub fn write_shard(
     key_index: bool,
 ) -> Result<()> {
     let idx = tar_idx_path(shard_path);
-    fs::write(&idx, tar_idx_bytes(samples))
+    storage::write_unsynced(&idx, &tar_idx_bytes(samples))
         .with_context(|| format!("{}: cannot write", idx.display()))?;
     let dir = staging.join(ROWS_DIR);
-    fs::create_dir_all(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    storage::sink(&dir)
+        .create_dir_all(&dir)
+        .with_context(|| format!("{}: cannot create", dir.display()))?;
     let digest = digest_path(staging, shard);
-    fs::write(&digest, rows_digest(samples))
+    storage::write_unsynced(&digest, &rows_digest(samples))
         .with_context(|| format!("{}: cannot write", digest.display()))?;
     if key_index {
         write_rows(&rows_path(staging, shard), samples)?;
@@ -136,7 +137,7 @@ pub fn write_shard(
 /// journal, no sync (rank 0 reads it after the agreement that follows the finish phase).
 fn write_rows(path: &Path, samples: &[SampleParts]) -> Result<()> {
     let shown = path.display().to_string();
-    let _ = fs::remove_file(path);
+    let _ = storage::sink(path).remove_file(path);
     let db = rusqlite::Connection::open(path).with_context(|| format!("{shown}: cannot create"))?;
     db.execute_batch("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;")
         .and_then(|()| db.execute_batch(SHARD_SCHEMA))
@@ -207,18 +208,21 @@ pub fn write_meta(staging: &Path, meta: &Meta<'_>) -> Result<()> {
         }
     }
     let dir = staging.join(META_DIR);
-    fs::create_dir_all(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    let sink = storage::sink(&dir);
+    sink.create_dir_all(&dir)
+        .with_context(|| format!("{}: cannot create", dir.display()))?;
     let info = info_json(meta.names, meta.counts);
     let mut digest = md5::Md5::new();
     digest.update(info.as_bytes());
     for shard in 0..meta.names.len() as u64 {
         let path = digest_path(staging, shard);
-        digest.update(fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?);
+        let rows = storage::source(&path).read(&path);
+        digest.update(rows.with_context(|| format!("{}: cannot read", path.display()))?);
     }
     if meta.key_index {
         write_sqlite(staging, &dir.join("index.sqlite"), meta.names)?;
     }
-    let _ = fs::remove_dir_all(staging.join(ROWS_DIR));
+    let _ = sink.remove_dir_all(&staging.join(ROWS_DIR));
     let uuid = uuid_of(&digest.finalize());
     for (file, text) in [
         (".info.json", info),
@@ -227,10 +231,7 @@ pub fn write_meta(staging: &Path, meta: &Meta<'_>) -> Result<()> {
         ("index.uuid", uuid),
     ] {
         let path = dir.join(file);
-        let mut f = fs::File::create(&path)
-            .with_context(|| format!("{}: cannot create", path.display()))?;
-        f.write_all(text.as_bytes())
-            .and_then(|()| f.sync_all())
+        sink.write(&path, text.as_bytes())
             .with_context(|| format!("{}: cannot write", path.display()))?;
     }
     Ok(())
@@ -281,7 +282,7 @@ CREATE INDEX IF NOT EXISTS idx_sample_parts_full ON sample_parts(tar_file_id, sa
 /// same order whatever the rank count, so the file is the same too.
 fn write_sqlite(staging: &Path, path: &Path, names: &[String]) -> Result<()> {
     let shown = path.display().to_string();
-    let _ = fs::remove_file(path);
+    let _ = storage::sink(path).remove_file(path);
     let db = rusqlite::Connection::open(path).with_context(|| format!("{shown}: cannot create"))?;
     // A staging file: nothing to roll back to, and it is synced once complete.
     db.execute_batch("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;")
@@ -290,14 +291,15 @@ fn write_sqlite(staging: &Path, path: &Path, names: &[String]) -> Result<()> {
     for (shard, name) in names.iter().enumerate() {
         let rows = rows_path(staging, shard as u64);
         copy_shard(&db, &rows, shard as i64, name)?;
-        let _ = fs::remove_file(&rows);
+        let _ = storage::sink(&rows).remove_file(&rows);
     }
     db.execute_batch(INDEXES)
         .with_context(|| format!("{shown}: cannot finish"))?;
     db.close()
         .map_err(|(_, e)| e)
         .with_context(|| format!("{shown}: cannot close"))?;
-    fs::File::open(path)
+    storage::sink(path)
+        .reopen(path)
         .and_then(|f| f.sync_all())
         .with_context(|| format!("{shown}: cannot sync"))
 }

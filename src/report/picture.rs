@@ -10,13 +10,14 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
 use super::axis::Axis;
 use super::mixing::Mixing;
+use crate::storage;
 
 /// Pixels (PNG) or user units (SVG).
 pub const SIZE: (u32, u32) = (1200, 900);
@@ -65,7 +66,7 @@ fn font_ready() -> bool {
     *READY.get_or_init(|| {
         FONTS
             .iter()
-            .find_map(|p| std::fs::read(p).ok())
+            .find_map(|p| crate::sys::read_machine_file(Path::new(p)).ok())
             .is_some_and(|bytes| {
                 // Registered fonts live for the whole process.
                 let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
@@ -74,26 +75,21 @@ fn font_ready() -> bool {
     })
 }
 
-/// Draws `picture` to `path` (SVG or PNG, by its extension). Returns a warning when no font was
-/// found and the picture has no text.
+/// Draws `picture` to `path` (SVG or PNG, by its extension), in memory and then written through
+/// the storage seam (so `--plot` may name any location an output may). Returns a warning when no
+/// font was found and the picture has no text.
 ///
 /// # Errors
 /// An unknown extension, or the file cannot be written.
 pub fn draw(path: &Path, picture: &Picture<'_>) -> Result<Option<String>> {
     let text = font_ready();
-    let wrote = match format_of(path)? {
-        "svg" => paint(
-            SVGBackend::new(path, SIZE).into_drawing_area(),
-            picture,
-            text,
-        ),
-        _ => paint(
-            BitMapBackend::new(path, SIZE).into_drawing_area(),
-            picture,
-            text,
-        ),
+    let drawn = match format_of(path)? {
+        "svg" => svg(picture, text),
+        _ => png(picture, text),
     };
-    wrote.map_err(|e| anyhow!("--plot {}: cannot draw: {e}", path.display()))?;
+    let bytes = drawn.map_err(|e| anyhow!("--plot {}: cannot draw: {e}", path.display()))?;
+    storage::write_unsynced(path, &bytes)
+        .with_context(|| format!("--plot {}: cannot write", path.display()))?;
     Ok((!text).then(|| {
         format!(
             "{}: drawn without text: no TrueType font found (looked for {}); install \
@@ -105,6 +101,36 @@ pub fn draw(path: &Path, picture: &Picture<'_>) -> Result<Option<String>> {
 }
 
 type Drawn = std::result::Result<(), String>;
+
+/// The picture as an SVG document.
+fn svg(picture: &Picture<'_>, text: bool) -> std::result::Result<Vec<u8>, String> {
+    let mut doc = String::new();
+    paint(
+        SVGBackend::with_string(&mut doc, SIZE).into_drawing_area(),
+        picture,
+        text,
+    )?;
+    Ok(doc.into_bytes())
+}
+
+/// The picture as a PNG file (RGB, 8 bits a channel).
+fn png(picture: &Picture<'_>, text: bool) -> std::result::Result<Vec<u8>, String> {
+    let mut rgb = vec![0u8; SIZE.0 as usize * SIZE.1 as usize * 3];
+    paint(
+        BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area(),
+        picture,
+        text,
+    )?;
+    let mut file = Vec::new();
+    let mut encoder = ::png::Encoder::new(&mut file, SIZE.0, SIZE.1);
+    encoder.set_color(::png::ColorType::Rgb);
+    encoder.set_depth(::png::BitDepth::Eight);
+    encoder
+        .write_header()
+        .and_then(|mut w| w.write_image_data(&rgb))
+        .map_err(err)?;
+    Ok(file)
+}
 
 fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
@@ -382,14 +408,20 @@ mod tests {
                 );
                 continue;
             }
-            let svg = dir.path().join(format!("p{text}.svg"));
-            paint(SVGBackend::new(&svg, SIZE).into_drawing_area(), &p, text).unwrap();
-            let written = std::fs::read_to_string(&svg).unwrap();
+            let written = String::from_utf8(svg(&p, text).unwrap()).unwrap();
             assert!(written.starts_with("<svg") && written.contains("<rect"));
-            let png = dir.path().join(format!("p{text}.png"));
-            paint(BitMapBackend::new(&png, SIZE).into_drawing_area(), &p, text).unwrap();
-            assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+            let file = png(&p, text).unwrap();
+            let info = ::png::Decoder::new(&file[..]).read_info().unwrap();
+            assert_eq!((info.info().width, info.info().height), SIZE);
         }
+        // Written through the seam: on a file system, and where std::fs cannot reach.
+        let on_disk = dir.path().join("p.png");
+        draw(&on_disk, &p).unwrap();
+        assert!(std::fs::read(&on_disk).unwrap().starts_with(b"\x89PNG"));
+        let in_memory = Path::new("mem://picture/p.svg");
+        draw(in_memory, &p).unwrap();
+        let doc = crate::storage::memory::get(in_memory).expect("written");
+        assert!(doc.starts_with(b"<svg"));
         assert!(format_of(Path::new("x.SVG")).is_ok());
         assert!(format_of(Path::new("x.pdf")).is_err());
     }

@@ -28,6 +28,8 @@ struct Object {
 struct Store {
     objects: BTreeMap<PathBuf, Object>,
     dirs: BTreeSet<PathBuf>,
+    /// The size of a part of the store (a prefix), where a test set one ([`set_capacity`]).
+    capacity: BTreeMap<PathBuf, u64>,
 }
 
 static STORE: Mutex<Option<Store>> = Mutex::new(None);
@@ -51,6 +53,12 @@ pub fn put(path: &Path, bytes: Vec<u8>) {
         ino: NEXT_INO.fetch_add(1, Ordering::Relaxed),
     };
     with(|s| s.objects.insert(path.to_path_buf(), object));
+}
+
+/// Gives the part of the store under `prefix` a size: [`Sink::free_space`] of a path under it
+/// then says what the objects under `prefix` leave of it (each test its own prefix).
+pub fn set_capacity(prefix: &Path, bytes: u64) {
+    with(|s| s.capacity.insert(prefix.to_path_buf(), bytes));
 }
 
 /// The bytes of the object at `path`.
@@ -126,6 +134,10 @@ impl Source for Memory {
 
     fn open(&self, path: &Path) -> io::Result<Shard> {
         Ok(Arc::new(object(path)?))
+    }
+
+    fn allocated(&self, path: &Path) -> io::Result<u64> {
+        Ok(stamp(&object(path)?).size)
     }
 }
 
@@ -323,6 +335,46 @@ impl Sink for Memory {
             s.dirs.retain(|k| !k.starts_with(path));
         });
         Ok(())
+    }
+
+    fn create_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        with(|s| {
+            if s.objects.contains_key(path) {
+                return Err(io::ErrorKind::AlreadyExists.into());
+            }
+            let object = Object {
+                bytes: Arc::new(RwLock::new(bytes.to_vec())),
+                ino: NEXT_INO.fetch_add(1, Ordering::Relaxed),
+            };
+            s.objects.insert(path.to_path_buf(), object);
+            Ok(())
+        })
+    }
+
+    fn update(
+        &self,
+        path: &Path,
+        change: &mut dyn FnMut(&[u8]) -> Option<Vec<u8>>,
+    ) -> io::Result<bool> {
+        // The object found, not whatever is at `path` when the change is ready.
+        let found = object(path)?;
+        let mut bytes = found.bytes.write().unwrap();
+        let Some(new) = change(&bytes) else {
+            return Ok(false);
+        };
+        *bytes = new;
+        Ok(true)
+    }
+
+    fn free_space(&self, path: &Path) -> io::Result<Option<u64>> {
+        Ok(with(|s| {
+            let (prefix, size) = path.ancestors().find_map(|a| s.capacity.get_key_value(a))?;
+            let used: u64 = (s.objects.iter())
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(_, o)| o.bytes.read().unwrap().len() as u64)
+                .sum();
+            Some(size.saturating_sub(used))
+        }))
     }
 }
 

@@ -86,6 +86,17 @@ pub trait Source: Send + Sync {
     /// # Errors
     /// It cannot be opened.
     fn open(&self, path: &Path) -> io::Result<Shard>;
+
+    /// The bytes the object at `path` takes on its storage now (POSIX: its allocated blocks, so
+    /// a file sized up front but not yet written takes none). The space check counts what a
+    /// resumed run's staging area already holds with it. Added after the first edition of the
+    /// seam; by default the object's size, right for a store that bills what was written.
+    ///
+    /// # Errors
+    /// It does not exist or cannot be examined.
+    fn allocated(&self, path: &Path) -> io::Result<u64> {
+        self.stat(path).map(|s| s.stamp.size)
+    }
 }
 
 /// An input shard opened by a [`Source`]: shared by the threads that read it.
@@ -274,6 +285,52 @@ pub trait Sink: Send + Sync {
     /// # Errors
     /// It does not exist or something in it cannot be removed.
     fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
+
+    // The methods below came after the first edition of the seam (the output's lock and the
+    // space check); each has a default, so a backend written before them still builds.
+
+    /// Creates the small object `path` holding `bytes`, atomically and only if nothing is at
+    /// `path`: another run sees nothing or all of `bytes`, never a part, and of two runs creating
+    /// it one fails (POSIX: written aside, synced, hard-linked into place, which NFS does
+    /// atomically too; object storage: a conditional PUT, `If-None-Match: *`). The output's lock
+    /// is made with it.
+    ///
+    /// # Errors
+    /// Something is at `path` (`AlreadyExists`), it cannot be written, or the backend cannot
+    /// create exclusively (`Unsupported`, the default).
+    fn create_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let _ = (path, bytes);
+        Err(io::ErrorKind::Unsupported.into())
+    }
+
+    /// Reads the small object `path` and, where `change` returns new content for it, writes
+    /// that to the very object read (POSIX: one open file; object storage: a PUT conditional on
+    /// the version read), so that an object another run put at `path` in between is never
+    /// written. Not atomic for readers; meant for content of fixed width (the lock's heartbeat).
+    /// Returns whether it wrote.
+    ///
+    /// # Errors
+    /// Nothing is at `path` (`NotFound`), it cannot be read or written, or the backend cannot
+    /// (`Unsupported`, the default).
+    fn update(
+        &self,
+        path: &Path,
+        change: &mut dyn FnMut(&[u8]) -> Option<Vec<u8>>,
+    ) -> io::Result<bool> {
+        let _ = (path, change);
+        Err(io::ErrorKind::Unsupported.into())
+    }
+
+    /// The bytes that can still be written below `path`, where the backend knows (POSIX:
+    /// `statvfs`); `None` where it does not (the default; object storage), and then no run is
+    /// refused for space.
+    ///
+    /// # Errors
+    /// The backend knows but cannot tell now.
+    fn free_space(&self, path: &Path) -> io::Result<Option<u64>> {
+        let _ = path;
+        Ok(None)
+    }
 }
 
 /// An output object open for positioned writes.
@@ -370,6 +427,16 @@ pub fn stamp(path: &Path) -> io::Result<FileStamp> {
     source(path).stat(path).map(|s| s.stamp)
 }
 
+/// Writes the small object `path` front to back with `bytes`, not waiting until it is durable
+/// (what `std::fs::write` does on POSIX): for files that a later sync covers or that may be lost
+/// in a crash (a shard's loader index before the finish phase's sync, a watchdog heartbeat).
+///
+/// # Errors
+/// It cannot be created or written.
+pub fn write_unsynced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    sink(path).create_stream(path)?.write_all(bytes)
+}
+
 /// The modification time of `stamp` in nanoseconds since the epoch, 0 before it (how plan
 /// records and saved indexes note a file's version).
 pub fn mtime_ns(stamp: &FileStamp) -> u128 {
@@ -385,6 +452,67 @@ mod tests {
         assert_eq!(scheme(Path::new("mem://t/a.tar")), Some("mem"));
         assert_eq!(scheme(Path::new("/data/a.tar")), None);
         assert_eq!(scheme(Path::new("./x://y")), None);
+    }
+
+    /// What the lock and the space check ask of a backend, the same on POSIX and in memory.
+    fn lock_and_space_methods(root: &Path) {
+        let (source, sink) = (source(root), sink(root));
+        sink.create_dir_all(root).unwrap();
+        let lock = root.join("lock");
+        sink.create_new(&lock, b"run A beat 0").unwrap();
+        let again = sink.create_new(&lock, b"run B beat 0").unwrap_err();
+        assert_eq!(again.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(source.read(&lock).unwrap(), b"run A beat 0");
+        // Nothing left beside it (POSIX writes aside first).
+        let names: Vec<_> = source
+            .list(root)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names, [OsString::from("lock")]);
+
+        let beat = |to: &'static [u8]| {
+            move |old: &[u8]| old.starts_with(b"run A").then(|| [&old[..11], to].concat())
+        };
+        assert!(sink.update(&lock, &mut beat(b"1")).unwrap());
+        assert_eq!(source.read(&lock).unwrap(), b"run A beat 1");
+        sink.remove_file(&lock).unwrap();
+        sink.create_new(&lock, b"run B beat 7").unwrap();
+        assert!(
+            !sink.update(&lock, &mut beat(b"2")).unwrap(),
+            "not A's any more"
+        );
+        assert_eq!(source.read(&lock).unwrap(), b"run B beat 7");
+        sink.remove_file(&lock).unwrap();
+        let gone = sink.update(&lock, &mut beat(b"3")).unwrap_err();
+        assert_eq!(gone.kind(), io::ErrorKind::NotFound);
+
+        let shard = root.join("shard");
+        let out = sink.create(&shard, 1 << 20).unwrap();
+        let before = source.allocated(&shard).unwrap();
+        out.write_at(&[1u8; 8192], 0).unwrap();
+        out.sync_all().unwrap();
+        assert!(source.allocated(&shard).unwrap() >= before.max(8192));
+        sink.remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn lock_and_space_methods_in_memory() {
+        let root = Path::new("mem://lock-and-space");
+        lock_and_space_methods(root);
+        assert_eq!(sink(root).free_space(root).unwrap(), None, "unknown");
+        memory::set_capacity(root, 1000);
+        memory::put(&root.join("a"), vec![0; 300]);
+        assert_eq!(sink(root).free_space(&root.join("x")).unwrap(), Some(700));
+    }
+
+    #[test]
+    fn lock_and_space_methods_on_posix() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("d");
+        lock_and_space_methods(&root);
+        assert!(sink(tmp.path()).free_space(tmp.path()).unwrap().is_some());
     }
 
     #[test]

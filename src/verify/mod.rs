@@ -373,7 +373,9 @@ mod tests {
             unreachable!()
         };
         let cfg = run_config(&args, false).unwrap();
-        for r in LocalComm::run(2, |c| crate::job::run(c, &cfg).map(|_| ())) {
+        for r in LocalComm::run(2, |c| {
+            crate::job::run(c, &crate::cli::resolve::job_settings(&cfg)).map(|_| ())
+        }) {
             r.unwrap();
         }
     }

@@ -6,6 +6,7 @@
 #                     [--np "1 2 4"] [--dir bench-data] [--warm | --warm-only] [--repeat 1]
 #                     [--run-args "--checkpoint-every 0"]
 #   examples/bench.sh --tmpfs [DIR] [...]   (input and outputs in RAM: the software's own cost)
+#   examples/bench.sh --bin PATH [...]      (time this reshard binary instead of building one)
 #   examples/bench.sh --beside [...]   (a reshuffle beside training: see examples/bench-beside.sh)
 #
 # Prints one table row per command: wall time, MB/s, ratio to cp, user and system CPU seconds
@@ -30,7 +31,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SIZE=2GiB MEANS=100KiB IN_SHARDS=64 OUT_SHARDS=64 SKEW=3 MEM=1GiB NPS="1 2 4" DIR=bench-data WARM=0
-REPEAT=1 WARM_ONLY=0 RUN_ARGS="" TMPFS=0 SET=""
+REPEAT=1 WARM_ONLY=0 RUN_ARGS="" TMPFS=0 SET="" BIN=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --size) SIZE=$2; shift 2;;
@@ -45,11 +46,12 @@ while [ $# -gt 0 ]; do
     --warm) WARM=1; shift;;
     --warm-only) WARM_ONLY=1; shift;;
     --run-args) RUN_ARGS=$2; shift 2;;
+    --bin) BIN=$(realpath "$2"); shift 2;;
     --repeat) REPEAT=$2; SET+=" repeat"; shift 2;;
     --tmpfs) TMPFS=1; shift
       if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then DIR=$1; SET+=" dir"; shift; fi;;
     --beside) shift; exec examples/bench-beside.sh "$@";;
-    -h|--help) sed -n '2,28p' "$0"; exit 0;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2;;
   esac
 done
@@ -70,8 +72,10 @@ read -r -a MEAN_LIST <<< "$MEANS"
 if mpirun --version 2>/dev/null | grep -qi "open mpi"; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 fi
-cargo build --release --quiet
-BIN=$PWD/target/release/reshard
+if [ -z "$BIN" ]; then
+  cargo build --release --quiet
+  BIN=$PWD/target/release/reshard
+fi
 mkdir -p "$DIR"
 # What ends every timed command: the whole machine's sync, or (tmpfs) only the tmpfs's, so that
 # other processes' dirty pages on the disk are not timed.

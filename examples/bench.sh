@@ -5,6 +5,8 @@
 #                     [--in-shards 64] [--out-shards 64] [--skew 3] [--mem-limit 1GiB]
 #                     [--np "1 2 4"] [--dir bench-data] [--warm | --warm-only] [--repeat 1]
 #                     [--run-args "--checkpoint-every 0"]
+#   examples/bench.sh --tmpfs [DIR] [...]   (input and outputs in RAM: the software's own cost)
+#   examples/bench.sh --bin PATH [...]      (time this reshard binary instead of building one)
 #   examples/bench.sh --beside [...]   (a reshuffle beside training: see examples/bench-beside.sh)
 #
 # Prints one table row per command: wall time, MB/s, ratio to cp, user and system CPU seconds
@@ -19,31 +21,50 @@
 # comma- or space-separated list of mean sample sizes: each gets its own dataset of --size bytes,
 # its own runs and its own table; --sweep is --mean 4KiB,100KiB,1MiB. Figures, never assertions:
 # this script does not fail on slow results.
+#
+# --tmpfs [DIR] puts the input, reshard's output and cp's copy on a tmpfs (default
+# /dev/shm/reshard-bench; refused if DIR is not on a tmpfs), so no disk is involved and the
+# figures measure the software's own cost. Unless given, it implies --mean 4KiB,100KiB --np "1 2"
+# --repeat 3; runs are warm by nature (nothing to drop), and `sync -f` syncs only the tmpfs. The
+# inputs stay in RAM for the next run: `rm -rf DIR` frees them. Needs about 3x --size of free RAM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SIZE=2GiB MEANS=100KiB IN_SHARDS=64 OUT_SHARDS=64 SKEW=3 MEM=1GiB NPS="1 2 4" DIR=bench-data WARM=0
-REPEAT=1 WARM_ONLY=0 RUN_ARGS=""
+REPEAT=1 WARM_ONLY=0 RUN_ARGS="" TMPFS=0 SET="" BIN=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --size) SIZE=$2; shift 2;;
-    --mean) MEANS=$2; shift 2;;
-    --sweep) MEANS=4KiB,100KiB,1MiB; shift;;
+    --mean) MEANS=$2; SET+=" mean"; shift 2;;
+    --sweep) MEANS=4KiB,100KiB,1MiB; SET+=" mean"; shift;;
     --in-shards) IN_SHARDS=$2; shift 2;;
     --out-shards) OUT_SHARDS=$2; shift 2;;
     --skew) SKEW=$2; shift 2;;
     --mem-limit) MEM=$2; shift 2;;
-    --np) NPS=$2; shift 2;;
-    --dir) DIR=$2; shift 2;;
+    --np) NPS=$2; SET+=" np"; shift 2;;
+    --dir) DIR=$2; SET+=" dir"; shift 2;;
     --warm) WARM=1; shift;;
     --warm-only) WARM_ONLY=1; shift;;
     --run-args) RUN_ARGS=$2; shift 2;;
-    --repeat) REPEAT=$2; shift 2;;
+    --bin) BIN=$(realpath "$2"); shift 2;;
+    --repeat) REPEAT=$2; SET+=" repeat"; shift 2;;
+    --tmpfs) TMPFS=1; shift
+      if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then DIR=$1; SET+=" dir"; shift; fi;;
     --beside) shift; exec examples/bench-beside.sh "$@";;
-    -h|--help) sed -n '2,21p' "$0"; exit 0;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2;;
   esac
 done
+if [ $TMPFS = 1 ]; then
+  case "$SET" in *dir*) ;; *) DIR=/dev/shm/reshard-bench;; esac
+  case "$SET" in *mean*) ;; *) MEANS=4KiB,100KiB;; esac
+  case "$SET" in *np*) ;; *) NPS="1 2";; esac
+  case "$SET" in *repeat*) ;; *) REPEAT=3;; esac
+  mkdir -p "$DIR"
+  fs=$(stat -f -c %T "$DIR")
+  [ "$fs" = tmpfs ] || { echo "bench.sh: --tmpfs: $DIR is on $fs, not on a tmpfs" >&2; exit 2; }
+  WARM_ONLY=1
+fi
 MEANS=${MEANS//,/ }
 read -r -a MEAN_LIST <<< "$MEANS"
 [ ${#MEAN_LIST[@]} -gt 0 ] || { echo "bench.sh: --mean needs at least one size" >&2; exit 2; }
@@ -51,9 +72,18 @@ read -r -a MEAN_LIST <<< "$MEANS"
 if mpirun --version 2>/dev/null | grep -qi "open mpi"; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 fi
-cargo build --release --quiet
-BIN=$PWD/target/release/reshard
+if [ -z "$BIN" ]; then
+  cargo build --release --quiet
+  BIN=$PWD/target/release/reshard
+fi
 mkdir -p "$DIR"
+# What ends every timed command: the whole machine's sync, or (tmpfs) only the tmpfs's, so that
+# other processes' dirty pages on the disk are not timed.
+SYNC_DIR=""
+[ $TMPFS = 1 ] && SYNC_DIR=$DIR
+export SYNC_DIR
+# shellcheck disable=SC2016 # expanded by the sh -c that runs it
+SYNC='if [ -n "$SYNC_DIR" ]; then sync -f "$SYNC_DIR"; else sync; fi'
 
 can_drop=0
 if [ -w /proc/sys/vm/drop_caches ]; then can_drop=1; fi
@@ -81,9 +111,11 @@ TIMES="$DIR/times.tsv" # cache, command, seconds, max RSS, phases, repeat, user,
 record() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$TIMES"; }
 
 caches=cold
-[ $can_drop = 1 ] || { echo "(not root: cannot drop the page cache; all runs are warm)" >&2; caches=warm; }
+[ $TMPFS = 1 ] && can_drop=0
+[ $can_drop = 1 ] || [ $TMPFS = 1 ] || { echo "(not root: cannot drop the page cache; all runs are warm)" >&2; caches=warm; }
 [ $WARM = 1 ] && [ $can_drop = 1 ] && caches="cold warm"
 [ $WARM_ONLY = 1 ] && caches=warm
+[ $TMPFS = 1 ] && caches=tmpfs
 read -r -a EXTRA <<< "$RUN_ARGS"
 
 for MEAN in "${MEAN_LIST[@]}"; do
@@ -98,6 +130,7 @@ for MEAN in "${MEAN_LIST[@]}"; do
   BYTES=$(du -sb --exclude=.complete "$INPUT" | cut -f1)
 
   : > "$TIMES"
+  load0=$(cut -d' ' -f1-3 /proc/loadavg)
   for cache in $caches; do
     for rep in $(seq "$REPEAT"); do
       rm -rf "$DIR/cp-out"
@@ -105,7 +138,7 @@ for MEAN in "${MEAN_LIST[@]}"; do
       drop "$cache"
       t0=$(now_s)
       # shellcheck disable=SC2016 # $1 and $2 are expanded by sh -c
-      timed "$CPU" sh -c 'cp -r "$1" "$2" && sync' sh "$INPUT" "$DIR/cp-out"
+      timed "$CPU" sh -c 'cp -r "$1" "$2" && '"$SYNC" sh "$INPUT" "$DIR/cp-out"
       t1=$(now_s)
       read -r user sys < <(cpu_of "$CPU")
       rm -rf "$DIR/cp-out"
@@ -116,7 +149,7 @@ for MEAN in "${MEAN_LIST[@]}"; do
         drop "$cache"
         t0=$(now_s)
         # shellcheck disable=SC2016 # $@ is expanded by sh -c
-        timed "$CPU" sh -c '"$@" && sync' sh mpirun -np "$np" "$BIN" run --input "$INPUT" \
+        timed "$CPU" sh -c '"$@" && '"$SYNC" sh mpirun -np "$np" "$BIN" run --input "$INPUT" \
           --output "$DIR/out" --shards "$OUT_SHARDS" --seed 7 --mem-limit "$MEM" \
           --report "$DIR/report.json" ${EXTRA[@]+"${EXTRA[@]}"} > "$DIR/run.log" 2>&1 || { cat "$DIR/run.log" "$CPU" >&2; exit 1; }
         t1=$(now_s)
@@ -167,6 +200,6 @@ for cache in dict.fromkeys(r[0] for r in rows):
         print(f"{cache:<6} {command:<16} {s:>8.2f} {span:>13} {size / s / 1e6:>6.0f} {s / cp:>6.2f} "
               f"{user:>7.2f} {system:>7.2f} {per_gib:>7.2f} {vs_cp:>6.2f} {m[3]:>8} {m[8]:>12}  {m[4]}")
 PY
-  echo "data: $BYTES bytes in $IN_SHARDS shards at $INPUT; mem-limit $MEM; $(nproc) cores; median of $REPEAT" >&2
+  echo "data: $BYTES bytes in $IN_SHARDS shards at $INPUT; mem-limit $MEM; $(nproc) cores; median of $REPEAT; load average $load0 before, $(cut -d' ' -f1-3 /proc/loadavg) after" >&2
 done
 echo "user, sys, CPU/GiB: medians over the repeats, in CPU seconds; CPU/cp: median of (user + sys) / cp's in the same repeat" >&2

@@ -21,20 +21,18 @@ pub(super) fn write_rounds(
         st.dog.touch();
         let busy = std::time::Instant::now();
         if failure.lock().unwrap().is_none() {
-            let segments = d
+            let segments: Vec<&[u8]> = d
                 .from
                 .iter()
                 .map(|r| &d.recv[r.clone()])
-                .chain([&d.send[d.own.clone()]]);
-            for segment in segments {
-                match place(job, segment) {
-                    Ok(n) => {
-                        written.fetch_add(n, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        failure.lock().unwrap().get_or_insert(e);
-                        break;
-                    }
+                .chain([&d.send[d.own.clone()]])
+                .collect();
+            match place_round(job, &segments) {
+                Ok(n) => {
+                    written.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    failure.lock().unwrap().get_or_insert(e);
                 }
             }
         }
@@ -59,9 +57,37 @@ pub(super) fn write_rounds(
     }
 }
 
-/// Writes every chunk of one sender's segment at its place. Returns the sample bytes written.
-fn place(job: &Job<'_>, mut segment: &[u8]) -> Result<u64> {
+/// One chunk of a round, where it goes: shard, byte offset in the shard, and its bytes.
+struct Placed<'a> {
+    shard: u64,
+    at: u64,
+    body: &'a [u8],
+}
+
+/// Writes every chunk of a round's segments (one per sender) at its place, shard by shard and
+/// each shard's chunks by ascending offset. Returns the sample bytes written.
+///
+/// Why in output order: a shuffled round lands all over each shard, and the page cache pays
+/// for that. On tmpfs, 524,288 writes of 6.9 KiB into 64 files took 2.4-2.7 s of system CPU in
+/// random order, 2.0 s sorted within each of 16 batches (one per round), 1.7 s within 4 and
+/// 1.3 s in file order (2026-11-25, a C program on this VM): the lookups and allocations of
+/// pages near the last ones hit the CPU's caches.
+fn place_round(job: &Job<'_>, segments: &[&[u8]]) -> Result<u64> {
+    let mut chunks = Vec::new();
+    for &segment in segments {
+        chunks_of(job, segment, &mut chunks)?;
+    }
+    chunks.sort_unstable_by_key(|c| (c.shard, c.at));
     let mut written = 0;
+    for c in &chunks {
+        job.output.write_at(c.shard, c.at, c.body)?;
+        written += c.body.len() as u64;
+    }
+    Ok(written)
+}
+
+/// Decodes the chunks of one sender's segment and where each goes, onto `chunks`.
+fn chunks_of<'a>(job: &Job<'_>, mut segment: &'a [u8], chunks: &mut Vec<Placed<'a>>) -> Result<()> {
     while !segment.is_empty() {
         let ChunkHeader {
             position,
@@ -74,11 +100,12 @@ fn place(job: &Job<'_>, mut segment: &[u8]) -> Result<u64> {
             .filter(|&(_, len)| offset + n <= len)
             .with_context(|| format!("internal error: chunk for position {position} (+{offset}, {n} bytes) does not belong here"))?;
         debug_assert!(offset + n <= len);
-        let shard = job.plan.shard_of(position);
-        let body = &segment[CHUNK_HEADER..CHUNK_HEADER + n as usize];
-        job.output.write_at(shard, at + offset, body)?;
-        written += n;
+        chunks.push(Placed {
+            shard: job.plan.shard_of(position),
+            at: at + offset,
+            body: &segment[CHUNK_HEADER..CHUNK_HEADER + n as usize],
+        });
         segment = &segment[CHUNK_HEADER + n as usize..];
     }
-    Ok(written)
+    Ok(())
 }

@@ -92,7 +92,7 @@ pub struct Planned {
 /// publishing rename ([`publish::CleanupFailed`]), where the new output is live.
 pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
     let lead = comm.rank() == 0;
-    let mut times = PhaseTimes::default();
+    let mut times = PhaseTimes::for_rank(comm.rank());
     times.start("expand");
     // Rank 0 holds the output's lock until the job has published or given up.
     let mut mine = Lead::default();
@@ -166,8 +166,9 @@ fn run_phases(
     let samples = index.samples;
     let stopped = |e| interrupt::with_samples(e, samples);
     interrupt::check(comm).map_err(stopped)?;
-    times.start("plan");
+    times.start_with("plan", "place");
     let placed = place::run(&ctx, &settings.place, &mut index)?;
+    times.detail("layout");
     let laid = layout::run(&ctx, &settings.layout, &index, &placed)?;
     hooks::kill_at(comm.rank(), "plan");
     let planned = Planned {
@@ -187,6 +188,7 @@ fn run_phases(
     if cfg.space_check {
         space::check(comm, setup.staging()?, &planned.laid.shard_bytes)?;
     }
+    times.detail("staging");
     let output = staging_shards(comm, cfg, setup, inputs, &planned)?;
     times.start("exchange");
     let stats = exchange_phase(comm, cfg, setup, &planned, &output).map_err(stopped)?;
@@ -199,6 +201,7 @@ fn run_phases(
     interrupt::check(comm).map_err(stopped)?;
     // Before publish writes the manifests into the staging directory; again before its rename.
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
+    times.detail("publish");
     publish::run(comm, cfg, setup, &planned, &finished, lock)?;
     times.stop();
     let summary = summary::gather(comm, cfg, setup, &planned, &stats, times)?;

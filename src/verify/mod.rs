@@ -201,12 +201,10 @@ fn output_side(comm: &impl Comm, setup: &Setup) -> Digested {
 fn owners_compare(
     comm: &impl Comm,
     setup: &Setup,
-    mut records: Vec<Record>,
+    inputs: Vec<Record>,
     outputs: Vec<Record>,
 ) -> Tally {
-    records.extend(outputs);
-    let received = route_records(comm, &records);
-    drop(records);
+    let received = route_records(comm, [inputs, outputs]);
     let mixing = Mixing::new(setup.outputs.len() as u64, setup.inputs.len() as u64);
     compare(received, setup.equalize, setup.outputs.len(), mixing)
 }

@@ -5,7 +5,7 @@
 //! the tests turn on (see `Cargo.toml`); in every other build they do nothing and their variables
 //! are not even named in the binary. Two switches stay in every build because they are for users
 //! (README, slurm/README and examples/netbench.sh tell users to set them) and only observe or
-//! bound a run: `RESHARD_TRACE_ROUNDS` and `RESHARD_FINALIZE_TIMEOUT`.
+//! bound a run: `RESHARD_TRACE_ROUNDS`, `RESHARD_TRACE_PHASES` and `RESHARD_FINALIZE_TIMEOUT`.
 //!
 //! Test hooks:
 //! - `RESHARD_TEST_PANIC_RANK=r`: rank r panics as the exchange starts (a panic must abort every
@@ -32,6 +32,8 @@
 //!
 //! Diagnostics, in every build:
 //! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timings on stderr.
+//! - `RESHARD_TRACE_PHASES`: every rank prints each phase's wall and CPU time and peak memory on
+//!   stderr (what grows with the number of samples, phase by phase).
 //! - `RESHARD_FINALIZE_TIMEOUT=seconds`: the finalize deadline (default 10 s).
 
 use std::time::Duration;
@@ -61,6 +63,11 @@ pub fn skip(test: &str, reason: &str) {
 /// `RESHARD_TRACE_ROUNDS`.
 pub fn trace_rounds() -> bool {
     std::env::var_os("RESHARD_TRACE_ROUNDS").is_some()
+}
+
+/// `RESHARD_TRACE_PHASES`.
+pub fn trace_phases() -> bool {
+    std::env::var_os("RESHARD_TRACE_PHASES").is_some()
 }
 
 /// The finalize deadline: `RESHARD_FINALIZE_TIMEOUT` seconds (fractions allowed) if it is a

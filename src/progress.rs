@@ -171,13 +171,37 @@ pub struct PhaseTimes {
     pub phases: Vec<(&'static str, f64)>,
     #[serde(skip)]
     current: Option<(&'static str, Instant)>,
+    /// `RESHARD_TRACE_PHASES`: the finer phases, on every rank.
+    #[serde(skip)]
+    trace: Option<PhaseTrace>,
 }
 
 impl PhaseTimes {
+    /// Times for `rank`, traced phase by phase if `RESHARD_TRACE_PHASES` is set.
+    pub fn for_rank(rank: usize) -> Self {
+        PhaseTimes {
+            trace: PhaseTrace::from_env(rank),
+            ..PhaseTimes::default()
+        }
+    }
+
     /// Ends the running phase (if any) and starts `name`.
     pub fn start(&mut self, name: &'static str) {
+        self.start_with(name, name);
+    }
+
+    /// Starts `name`, whose first part the trace calls `part`.
+    pub fn start_with(&mut self, name: &'static str, part: &'static str) {
         self.stop();
         self.current = Some((name, Instant::now()));
+        self.detail(part);
+    }
+
+    /// Starts `name` as a part of the running phase: only the trace sees it.
+    pub fn detail(&mut self, name: &'static str) {
+        if let Some(trace) = &mut self.trace {
+            trace.start(name);
+        }
     }
 
     /// Ends the running phase.
@@ -185,9 +209,61 @@ impl PhaseTimes {
         if let Some((name, t)) = self.current.take() {
             self.phases.push((name, t.elapsed().as_secs_f64()));
         }
+        if let Some(trace) = &mut self.trace {
+            trace.stop();
+        }
     }
 
     pub fn total(&self) -> f64 {
         self.phases.iter().map(|p| p.1).sum()
+    }
+}
+
+/// `RESHARD_TRACE_PHASES`: each rank's own figures per phase, finer than [`PhaseTimes`] (which
+/// are rank 0's wall times of five groups). A line per phase on stderr:
+/// `reshard: trace: rank R phase NAME: wall W s, cpu C s, peak P KiB, resident R KiB` —
+/// the peak is this phase's alone (the kernel's peak restarts at each phase), the CPU time is
+/// the whole process's (every thread), so both hold on a machine other jobs share.
+#[derive(Debug, Clone)]
+pub struct PhaseTrace {
+    rank: usize,
+    current: Option<(&'static str, Instant, f64)>,
+}
+
+impl PhaseTrace {
+    /// A trace for `rank` if `RESHARD_TRACE_PHASES` is set.
+    pub fn from_env(rank: usize) -> Option<Self> {
+        crate::hooks::trace_phases().then(|| PhaseTrace::new(rank))
+    }
+
+    /// A trace for `rank` (`examples/metadata_scale.rs` traces its phases alike).
+    pub fn new(rank: usize) -> Self {
+        PhaseTrace {
+            rank,
+            current: None,
+        }
+    }
+
+    /// Ends the running phase (if any) and starts `name`.
+    pub fn start(&mut self, name: &'static str) {
+        self.stop();
+        crate::sys::restart_peak_rss();
+        self.current = Some((name, Instant::now(), crate::sys::cpu_seconds()));
+    }
+
+    /// Ends the running phase and prints its line.
+    pub fn stop(&mut self) {
+        let Some((name, t, cpu)) = self.current.take() else {
+            return;
+        };
+        let kib = |b: Option<u64>| b.unwrap_or(0) / 1024;
+        crate::sys::stderr_line(&format!(
+            "reshard: trace: rank {} phase {name}: wall {:.3} s, cpu {:.3} s, peak {} KiB, resident {} KiB",
+            self.rank,
+            t.elapsed().as_secs_f64(),
+            crate::sys::cpu_seconds() - cpu,
+            kib(crate::sys::restart_peak_rss()),
+            kib(crate::sys::resident()),
+        ));
     }
 }

@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Tells the kernel that `file` is read at scattered offsets, so that it reads ahead nothing
@@ -383,12 +383,47 @@ pub fn read_machine_file(path: &Path) -> io::Result<Vec<u8>> {
     std::fs::read(path)
 }
 
-/// This process's peak resident set size in bytes (VmHWM), if the platform reports it.
-pub fn peak_rss() -> Option<u64> {
+/// The highest peak resident set size that [`restart_peak_rss`] has cleared: the kernel's peak
+/// then starts again from the current size, but this process's peak is still the larger one.
+static PEAK_BEFORE_RESTART: AtomicU64 = AtomicU64::new(0);
+
+/// A `kB` field of `/proc/self/status` (`VmHWM:`, `VmRSS:`), in bytes.
+fn status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// This process's peak resident set size in bytes (VmHWM, or a higher peak from before a
+/// [`restart_peak_rss`]), if the platform reports it.
+pub fn peak_rss() -> Option<u64> {
+    status_bytes("VmHWM:").map(|b| b.max(PEAK_BEFORE_RESTART.load(Ordering::Relaxed)))
+}
+
+/// This process's resident set size now, in bytes (VmRSS).
+pub fn resident() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+/// The peak resident set size since the last restart (or the start), in bytes; then the kernel's
+/// peak starts again from the current size (`5` into `/proc/self/clear_refs`), so that the next
+/// call reports the next period's peak alone. [`peak_rss`] still reports the whole run's.
+pub fn restart_peak_rss() -> Option<u64> {
+    let peak = status_bytes("VmHWM:")?;
+    PEAK_BEFORE_RESTART.fetch_max(peak, Ordering::Relaxed);
+    std::fs::write("/proc/self/clear_refs", "5").ok()?;
+    Some(peak)
+}
+
+/// CPU seconds this process used so far, user and system, over all its threads.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes the struct it is given; zeroed is a valid rusage.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF and a valid pointer; the call cannot fail with these.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
 /// A one-line `/proc` file, trimmed; empty if it cannot be read.
@@ -539,6 +574,21 @@ mod tests {
         assert!(pid_namespace().starts_with("pid:["), "{}", pid_namespace());
         assert_eq!(boot_id().len(), 36, "{}", boot_id());
         assert!(peak_rss().is_some_and(|b| b > 0));
+    }
+
+    #[test]
+    fn a_restarted_peak_counts_the_next_period_alone_and_the_whole_peak_stays() {
+        let before = restart_peak_rss().unwrap();
+        // 256 MiB touched, then freed: the period's peak holds it, the next period's does not.
+        let big = vec![1u8; 256 << 20];
+        std::hint::black_box(&big);
+        drop(big);
+        let period = restart_peak_rss().unwrap();
+        assert!(period >= 256 << 20, "{period}");
+        let next = restart_peak_rss().unwrap();
+        assert!(next < period - (128 << 20), "{next} after {period}");
+        assert!(peak_rss().unwrap() >= period.max(before));
+        assert!(resident().unwrap() > 0 && cpu_seconds() > 0.0);
     }
 
     #[test]

@@ -110,3 +110,131 @@ fn peak_rss_of_every_rank_follows_the_budget() {
         );
     }
 }
+
+/// The `RESHARD_TRACE_PHASES` lines of rank `rank`: (phase, peak KiB), in the order printed.
+fn traced(res: &RunOutput, rank: usize) -> Vec<(String, u64)> {
+    let head = format!("reshard: trace: rank {rank} phase ");
+    res.stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix(&head))
+        .map(|l| {
+            let (phase, rest) = l.split_once(": wall ").expect("a phase's figures");
+            let peak = rest
+                .split(", ")
+                .find_map(|f| f.strip_prefix("peak "))
+                .and_then(|f| f.strip_suffix(" KiB"))
+                .and_then(|f| f.parse().ok())
+                .unwrap_or_else(|| res.fail(&format!("no peak in {l:?}")));
+            (phase.to_string(), peak)
+        })
+        .collect()
+}
+
+#[test]
+fn every_rank_traces_each_phase_with_its_own_peak_and_the_run_keeps_the_whole_peak() {
+    let dir = Dir::new("trace-phases");
+    // Enough data for the exchange to fill its read window (8 MiB under the default budget),
+    // which it frees at its end: a peak the later phases do not share.
+    dir.generate(
+        "in",
+        &[
+            "--shards",
+            "2",
+            "--total-size",
+            "32MiB",
+            "--mean-size",
+            "256KiB",
+        ],
+    );
+    let np = 2;
+    let mut cmd = dir.mpi(np);
+    cmd.args(["run", "--input", "in", "--output", "out", "--shards", "4"])
+        .args(["--seed", "1", "--report", "rep.json"])
+        .env("RESHARD_TRACE_PHASES", "1");
+    let res = cmd.output();
+    res.check(res.code() == Some(0), "expected success");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("rep.json")).unwrap()).unwrap();
+    let phases = [
+        "expand", "index", "place", "layout", "staging", "exchange", "finish", "publish",
+    ];
+    for rank in 0..np {
+        let lines = traced(&res, rank);
+        let names: Vec<&str> = lines.iter().map(|l| l.0.as_str()).collect();
+        res.check(
+            names == phases,
+            &format!("rank {rank} traced {names:?}, expected {phases:?}"),
+        );
+        res.check(
+            lines.iter().all(|l| l.1 > 0),
+            &format!("rank {rank}: every phase has a peak"),
+        );
+        let peak_of = |phase: &str| lines.iter().find(|l| l.0 == phase).unwrap().1;
+        res.check(
+            peak_of("exchange") > peak_of("publish") + 4096,
+            &format!("rank {rank}: the exchange's buffers must not count in the publish phase's own peak"),
+        );
+        // Restarting the kernel's peak per phase must not lose the run's peak from the report.
+        let whole = report["per_rank"][rank]["peak_rss"].as_u64().unwrap();
+        let highest = lines.iter().map(|l| l.1).max().unwrap() * 1024;
+        res.check(
+            whole >= highest,
+            &format!("rank {rank}: report's peak {whole} below a phase's peak {highest}"),
+        );
+    }
+    // verify traces its own phases.
+    let mut verify = dir.mpi(np);
+    verify
+        .args(["verify", "--input", "in", "--output", "out"])
+        .env("RESHARD_TRACE_PHASES", "1");
+    let res = verify.output();
+    res.check(res.code() == Some(0), "verify must pass");
+    for rank in 0..np {
+        let names: Vec<String> = traced(&res, rank).into_iter().map(|l| l.0).collect();
+        let expected = [
+            "verify setup",
+            "verify inputs",
+            "verify outputs",
+            "verify compare",
+            "verify report",
+        ];
+        res.check(
+            names == expected,
+            &format!("verify rank {rank} traced {names:?}"),
+        );
+    }
+}
+
+#[test]
+fn verify_lets_go_of_its_records_before_the_exchange() {
+    let dir = Dir::new("verify-peak");
+    // Header-only samples: the records, not the data, are what verify holds.
+    let samples = 200_000u64;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/header_only_set.py");
+    dir.program("python3")
+        .arg(&script)
+        .args(["in", &samples.to_string(), "4"])
+        .assert_success();
+    dir.command()
+        .args([
+            "run", "--input", "in", "--output", "out", "--shards", "4", "--seed", "1",
+        ])
+        .assert_success();
+    let mut verify = dir.command();
+    verify
+        .args(["verify", "--input", "in", "--output", "out"])
+        .env("RESHARD_TRACE_PHASES", "1");
+    let res = verify.output();
+    res.check(res.code() == Some(0), "verify must pass");
+    let lines = traced(&res, 0);
+    let peak_of = |phase: &str| lines.iter().find(|l| l.0 == phase).unwrap().1;
+    let per_sample = (peak_of("verify compare") - peak_of("verify setup")) * 1024 / samples;
+    println!("verify compare: {per_sample} bytes per sample at the peak");
+    // Each sample's two records: 96 bytes in memory, 80 sent, 80 received, 96 decoded. Holding
+    // the records through the exchange (and concatenating the two sides) peaked at 272 bytes.
+    res.check(
+        per_sample < 225,
+        &format!("verify held {per_sample} bytes per sample at its peak; 176 once the records go before the exchange"),
+    );
+}

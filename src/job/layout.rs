@@ -135,8 +135,11 @@ fn route(
 }
 
 /// The length at every position of `runs` (ascending), in that order, from received records,
-/// each exactly once.
-fn lens_at(
+/// each exactly once. (Public for `examples/metadata_scale.rs`, which drives a rank's layout.)
+///
+/// # Errors
+/// A position received twice, never, or outside `runs` (an internal inconsistency).
+pub fn lens_at(
     runs: &[std::ops::Range<u64>],
     recv: &Received<(u64, u64)>,
     rank: usize,

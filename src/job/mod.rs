@@ -92,7 +92,7 @@ pub struct Planned {
 /// publishing rename ([`publish::CleanupFailed`]), where the new output is live.
 pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
     let lead = comm.rank() == 0;
-    let mut times = PhaseTimes::default();
+    let mut times = PhaseTimes::for_rank(comm.rank());
     times.start("expand");
     // Rank 0 holds the output's lock until the job has published or given up.
     let mut mine = Lead::default();
@@ -166,8 +166,9 @@ fn run_phases(
     let samples = index.samples;
     let stopped = |e| interrupt::with_samples(e, samples);
     interrupt::check(comm).map_err(stopped)?;
-    times.start("plan");
+    times.start_with("plan", "place");
     let placed = place::run(&ctx, &plan.place, &mut index)?;
+    times.detail("layout");
     let laid = layout::run(&ctx, &plan.layout, &index, &placed)?;
     hooks::kill_at(comm.rank(), "plan");
     let planned = Planned {
@@ -188,6 +189,7 @@ fn run_phases(
     if settings.space_check {
         space::check(comm, setup.staging()?, &planned.laid.shard_bytes)?;
     }
+    times.detail("staging");
     let output = staging_shards(comm, &settings.resume, setup, inputs, &planned)?;
     times.start("exchange");
     let stats = exchange_phase(
@@ -207,6 +209,7 @@ fn run_phases(
     interrupt::check(comm).map_err(stopped)?;
     // Before publish writes the manifests into the staging directory; again before its rename.
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
+    times.detail("publish");
     publish::run(comm, &settings.publish, setup, &planned, &finished, lock)?;
     times.stop();
     let summary = summary::gather(comm, &settings.report, setup, &planned, &stats, times)?;

@@ -40,6 +40,7 @@ pub use digest::Digest128;
 pub use report::{Mismatches, Shuffle, VerifyReport};
 
 use crate::comm::wire::{decode_concat, encode_values as encode};
+use crate::progress::PhaseTimes;
 use crate::size::count;
 use problems::{check_outputs, data_problems, Found};
 use records::{digest_inputs, route_records, Record};
@@ -69,6 +70,9 @@ pub struct Verdict {
 /// directory does not exist, or another rank failed ([`crate::comm::PeerFailed`]).
 pub fn verify(comm: &impl Comm, cfg: &VerifyConfig) -> Result<Verdict> {
     let started = Instant::now();
+    // Only for `RESHARD_TRACE_PHASES`: the report carries the total time alone.
+    let mut times = PhaseTimes::for_rank(comm.rank());
+    times.start("verify setup");
     let (setup, lead) = setup::share(comm, cfg)?;
     narrate(
         comm.rank() == 0,
@@ -79,15 +83,20 @@ pub fn verify(comm: &impl Comm, cfg: &VerifyConfig) -> Result<Verdict> {
             count(comm.size() as u64, "rank")
         ),
     );
+    times.start("verify inputs");
     let inputs = input_side(comm, &setup, cfg.ignore_zeros)?;
+    times.start("verify outputs");
     let outputs = output_side(comm, &setup);
+    times.start("verify compare");
     let tally = owners_compare(comm, &setup, inputs.records, outputs.records);
     let bytes = inputs.bytes + outputs.bytes;
+    times.start("verify report");
     let findings = gather_findings(comm, &setup, &tally, &outputs.problems, bytes);
     let report = lead.map(|lead| {
         let counts = (inputs.samples, outputs.samples);
         lead_report(cfg, &setup, lead, counts, findings, started)
     });
+    times.stop();
     if let Some(path) = &cfg.plot {
         plot(comm, path, &setup, &tally, report.as_ref())?;
     }
@@ -192,12 +201,10 @@ fn output_side(comm: &impl Comm, setup: &Setup) -> Digested {
 fn owners_compare(
     comm: &impl Comm,
     setup: &Setup,
-    mut records: Vec<Record>,
+    inputs: Vec<Record>,
     outputs: Vec<Record>,
 ) -> Tally {
-    records.extend(outputs);
-    let received = route_records(comm, &records);
-    drop(records);
+    let received = route_records(comm, [inputs, outputs]);
     let mixing = Mixing::new(setup.outputs.len() as u64, setup.inputs.len() as u64);
     compare(received, setup.equalize, setup.outputs.len(), mixing)
 }

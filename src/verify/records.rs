@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 
 use super::digest::Digest128;
-use crate::comm::wire::{route, Sink, Wire};
+use crate::comm::wire::{route_owned, Sink, Wire};
 use crate::comm::Comm;
 use crate::input::InputShard;
 use crate::tar::TarStream;
@@ -68,10 +68,12 @@ impl Record {
 }
 
 /// Sends every record to the rank that owns its digest; returns the records this rank owns.
-pub(super) fn route_records(comm: &impl Comm, records: &[Record]) -> Vec<Record> {
+pub(super) fn route_records(comm: &impl Comm, sides: [Vec<Record>; 2]) -> Vec<Record> {
     let ranks = comm.size();
-    route(comm, &|sink: Sink<'_, Record>| {
-        for r in records {
+    // Both sides' records are let go once encoded: they, the send and the receive buffer would
+    // be 96 + 80 + 80 bytes per sample at once.
+    route_owned(comm, sides, &|sides, sink: Sink<'_, Record>| {
+        for r in sides.iter().flatten() {
             sink(r.owner(ranks), r);
         }
     })

@@ -4,7 +4,7 @@
 #
 #   examples/netbench.sh [--size 2GiB] [--rate 1gbit] [--nodes 4] [--ppn 1] [--mean 100KiB]
 #                        [--in-shards 64] [--out-shards 64] [--mem-limit 1GiB]
-#                        [--dir netbench-data] [--cold]
+#                        [--dir netbench-data] [--cold] [--bin PATH]
 #
 # Builds a cluster of NODES network namespaces with tests/cluster/simcluster.sh (each node's link
 # capped at RATE in both directions), generates the dataset once (kept in DIR), measures this
@@ -16,12 +16,13 @@
 # so a node's share of it is B/n and its storage stages take D / B. --cold drops the page cache
 # before each measurement and the run. Needs root, iproute2, MPICH, python3. Figures only: it
 # never fails on a slow result. Per-round timings of every rank (RESHARD_TRACE_ROUNDS=1) are in
-# DIR/run.log.
+# DIR/run.log (examples/timeline.py DIR/run.log summarizes them). --bin runs that reshard binary
+# instead of building this checkout (to interleave runs of two builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SIZE=2GiB RATE=1gbit NODES=4 PPN=1 MEAN=100KiB IN_SHARDS=64 OUT_SHARDS=64 MEM=1GiB
-DIR=netbench-data COLD=0
+DIR=netbench-data COLD=0 BIN=
 while (($# > 0)); do
   case $1 in
     --size) SIZE=$2; shift 2 ;;
@@ -34,6 +35,7 @@ while (($# > 0)); do
     --mem-limit) MEM=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --cold) COLD=1; shift ;;
+    --bin) BIN=$(realpath "$2"); shift 2 ;;
     -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "netbench.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -54,8 +56,10 @@ RATE_BYTES=$(rate_bytes "$RATE")
 # with eager sends. Set UCX_RNDV_THRESH yourself to compare.
 export UCX_RNDV_THRESH=${UCX_RNDV_THRESH:-inf}
 
-cargo build --release --quiet
-BIN=$PWD/target/release/reshard
+if [[ -z $BIN ]]; then
+  cargo build --release --quiet
+  BIN=$PWD/target/release/reshard
+fi
 SIM=$PWD/tests/cluster/simcluster.sh
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)

@@ -47,6 +47,46 @@ pub trait Comm {
     /// A handle that ends the whole job with a code, callable from any thread (the stall
     /// watchdog's, while the main thread is blocked in a collective).
     fn aborter(&self) -> Aborter;
+    /// A round of [`Comm::start_round`] in flight: it owns the round's buffers until it
+    /// completes.
+    type Round;
+    /// Starts one round of a pipelined exchange and returns at once: `out.header` goes to every
+    /// other rank, and `out.send[out.segments[d]]` (at most `slot` bytes) to rank `d`. Every rank
+    /// starts the same rounds in the same order with the same `slot`, and any number of them may
+    /// be in flight: a round's messages never match another round's. Unlike
+    /// [`Comm::all_to_all`], nothing waits for the other ranks, so a rank whose transfers are done
+    /// goes on with the next round while slower pairs finish this one.
+    fn start_round(&self, out: Outgoing, slot: usize) -> Self::Round;
+    /// Completes `round` if everything it sends and receives has moved (then its buffers come
+    /// back with what arrived), else hands it back. Rounds in flight advance only while their
+    /// rank calls this (or another transport call): call it often.
+    ///
+    /// # Errors
+    /// None: `Err` is the round, still in flight.
+    fn test_round(&self, round: Self::Round) -> Result<Arrived, Self::Round>;
+}
+
+/// What one rank hands to [`Comm::start_round`]; the transport owns it until the round completes.
+#[derive(Debug, Default)]
+pub struct Outgoing {
+    /// A few bytes for every other rank (the same for all), such as the round's status.
+    pub header: Vec<u8>,
+    pub send: Vec<u8>,
+    /// `send[segments[d]]` goes to rank `d`; this rank's own segment is not sent.
+    pub segments: Vec<Range<usize>>,
+    /// Where the round is received: its allocation is reused (grown to `slot` bytes per rank).
+    pub recv: Vec<u8>,
+}
+
+/// A completed round: the buffers handed to [`Comm::start_round`] and what arrived.
+#[derive(Debug)]
+pub struct Arrived {
+    /// The bytes `Outgoing::send` and `Outgoing::segments`, as handed over.
+    pub out: Outgoing,
+    /// Every rank's header, by rank (this rank's own included).
+    pub headers: Vec<Vec<u8>>,
+    /// The range of `out.recv` each rank sent (empty for this rank).
+    pub from: Vec<Range<usize>>,
 }
 
 /// Ends the whole job with the given exit status; see [`Comm::aborter`].

@@ -10,6 +10,7 @@ mod pack;
 mod reader;
 mod rounds;
 mod stages;
+mod timeline;
 mod writer;
 
 use std::path::PathBuf;
@@ -144,6 +145,7 @@ pub fn run(
             stall.heartbeats,
             comm.aborter(),
         ),
+        zero: timeline::Zero::start(comm.rank()),
     };
     hooks::inject_fault(stages.me);
     let mut pacer = Pacer::new(checkpoints);

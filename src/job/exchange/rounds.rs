@@ -3,11 +3,13 @@
 
 use std::ops::Range;
 use std::sync::mpsc::{Receiver, SyncSender};
+use std::time::Instant;
 
 use anyhow::{anyhow, Result};
 
 use super::checkpoint::Pacer;
 use super::stages::{Delivery, ExchangeStats, Packed, Stages};
+use super::timeline::Timeline;
 use crate::comm::wire::RoundStatus;
 use crate::comm::{Comm, PeerFailed};
 use crate::hooks;
@@ -41,12 +43,10 @@ pub(super) fn exchange_rounds(
     let write_failure = &st.write_failure;
     let (ranks, me) = (comm.size(), comm.rank());
     let mut stats = ExchangeStats::default();
-    let trace = hooks::trace_rounds();
     loop {
-        let t0 = std::time::Instant::now();
         // None once the reader has packed everything.
         let mut round = ends.packed.recv().ok();
-        let t_read = t0.elapsed();
+        let posted = Instant::now();
         let mut failure = round.as_mut().and_then(|r| r.error.take());
         if failure.is_none() {
             // A copy: the writer keeps its failure and stops writing.
@@ -72,7 +72,6 @@ pub(super) fn exchange_rounds(
             ..pacer.status(comm, st)
         }
         .all_sum(comm);
-        let t_status = t0.elapsed();
         if status.failed > 0 {
             let e = failure.unwrap_or_else(|| anyhow!(PeerFailed { ranks: Vec::new() }));
             return (Err(e), stats);
@@ -86,7 +85,10 @@ pub(super) fn exchange_rounds(
         };
         stats.rounds += 1;
         stats.bytes_sent += payload;
-        let (send, used) = round.map_or((Vec::new(), vec![0; ranks]), |r| (r.buf, r.used));
+        let (send, used, packing) = round
+            .map_or((Vec::new(), vec![0; ranks], posted..posted), |r| {
+                (r.buf, r.used, r.packing)
+            });
         // Empty segments as 0..0: a rank whose reader has finished sends from an empty buffer.
         let segment = |d: usize| {
             if used[d] == 0 {
@@ -104,13 +106,14 @@ pub(super) fn exchange_rounds(
             .expect("the writer returns receive buffers");
         st.dog
             .beat(n, || format!("in the all-to-all of exchange round {n}"));
-        let t_buffer = t0.elapsed();
         let from = comm.all_to_all(&send, &ranges, &mut recv);
-        if trace {
-            let out = ranges.iter().map(Range::len).sum::<usize>();
-            let times = [t_read, t_status, t_buffer, t0.elapsed()];
-            trace_round(me, n, times, (out, recv.len()));
-        }
+        let timeline = st.zero.map(|zero| Timeline {
+            zero,
+            pack: packing.clone(),
+            exchange: posted..Instant::now(),
+            out: ranges.iter().map(Range::len).sum(),
+            into: recv.len(),
+        });
         st.dog
             .beat(n, || format!("handing exchange round {n} to the writer"));
         let delivery = Delivery {
@@ -120,6 +123,7 @@ pub(super) fn exchange_rounds(
             send,
             round: n,
             sync,
+            timeline,
         };
         ends.deliver
             .send(delivery)
@@ -127,17 +131,4 @@ pub(super) fn exchange_rounds(
         moved.so_far += status.payload;
         (moved.report)(moved.so_far);
     }
-}
-
-/// `RESHARD_TRACE_ROUNDS`: one round's timings, from the times since its start at which the
-/// reader delivered, the status returned, the writer freed a buffer and the all-to-all ended.
-fn trace_round(me: usize, n: u64, t: [std::time::Duration; 4], (out, into): (usize, usize)) {
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    crate::errln!(
-        "reshard: rank {me} round {n}: reader {:.0} ms, status {:.0} ms, writer {:.0} ms, all-to-all {:.0} ms ({out} B out, {into} B in)",
-        ms(t[0]),
-        ms(t[1] - t[0]),
-        ms(t[2] - t[1]),
-        ms(t[3] - t[2]),
-    );
 }

@@ -270,4 +270,49 @@ mod tests {
         assert_eq!(out.iter().map(|o| o.0).collect::<Vec<_>>(), [0, 1, 3, 6]);
         assert!(out.iter().all(|o| o.1 == 10 && o.2));
     }
+
+    #[test]
+    fn rounds_in_flight_each_bring_their_own_data_and_headers() {
+        let slot = 8;
+        let out = LocalComm::run(3, |c| {
+            let me = c.rank();
+            // Both rounds are started before either is waited for. In round k, rank r sends
+            // d + k bytes of value 10 * r + k to rank d.
+            let started: Vec<_> = (0..2u8)
+                .map(|k| {
+                    let send = vec![10 * me as u8 + k; c.size() * slot];
+                    let segments = (0..c.size())
+                        .map(|d| d * slot..d * slot + d + usize::from(k))
+                        .collect();
+                    let header = vec![k, me as u8];
+                    let out = Outgoing {
+                        header,
+                        send,
+                        segments,
+                        recv: Vec::new(),
+                    };
+                    c.start_round(out, slot)
+                })
+                .collect();
+            let mut arrived = Vec::new();
+            for mut round in started {
+                arrived.push(loop {
+                    match c.test_round(round) {
+                        Ok(a) => break a,
+                        Err(r) => round = r,
+                    }
+                });
+            }
+            (0..2u8).zip(arrived).all(|(k, a)| {
+                (0..c.size()).all(|s| {
+                    let got = &a.out.recv[a.from[s].clone()];
+                    let want = if s == me { 0 } else { me + usize::from(k) };
+                    a.headers[s] == [k, s as u8]
+                        && got.len() == want
+                        && got.iter().all(|&b| b == 10 * s as u8 + k)
+                })
+            })
+        });
+        assert_eq!(out, [true, true, true]);
+    }
 }

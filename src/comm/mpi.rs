@@ -1,5 +1,6 @@
 //! The MPI transport: the only module that touches MPI.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -379,8 +380,9 @@ const ROUND_TAG: i32 = 27;
 /// pair's data moves as `pieces` messages of at most `piece` bytes (the last ones may be short
 /// or empty), so that no count exceeds what one MPI call carries.
 pub struct MpiRound {
-    requests: Vec<mpi::ffi::MPI_Request>,
-    statuses: Vec<mpi::ffi::MPI_Status>,
+    /// Written by MPI when posted (hence uninitialized until then), completed by MPI_Testall.
+    requests: Vec<MaybeUninit<mpi::ffi::MPI_Request>>,
+    statuses: Vec<MaybeUninit<mpi::ffi::MPI_Status>>,
     out: Outgoing,
     /// Every rank's header, received in place.
     headers: Vec<u8>,
@@ -400,12 +402,11 @@ impl MpiRound {
             // Untouched pages of a fresh allocation stay unmapped until data lands there.
             out.recv = vec![0u8; size * slot];
         }
-        let mut headers = vec![0u8; size * hlen];
         let mut round = MpiRound {
             requests: Vec::with_capacity(2 * (size - 1) * (1 + pieces)),
             statuses: Vec::new(),
             out,
-            headers: Vec::new(),
+            headers: vec![0u8; size * hlen],
             slot,
             piece,
             receives: vec![None; size],
@@ -415,16 +416,16 @@ impl MpiRound {
         // Receives first, so that data finds its place rather than a bounce buffer.
         for r in peers.clone() {
             let at = r * hlen;
-            round.post_recv(world, r, headers[at..at + hlen].as_mut_ptr(), hlen);
+            let to = round.headers[at..at + hlen].as_mut_ptr();
+            round.post_recv(world, r, to, hlen);
             round.receives[r] = Some(round.requests.len());
-            let base = round.out.recv[r * slot..].as_mut_ptr();
             for k in 0..pieces {
-                let n = piece.min(slot - (k * piece).min(slot));
-                // SAFETY: k * piece + n <= slot, inside rank r's slot of the receive buffer.
-                round.post_recv(world, r, unsafe { base.add(k * piece) }, n);
+                let at = r * slot + k * piece;
+                let n = piece.min(slot - k * piece);
+                let to = round.out.recv[at..at + n].as_mut_ptr();
+                round.post_recv(world, r, to, n);
             }
         }
-        round.headers = headers;
         for r in peers {
             let header = round.out.header.as_ptr();
             round.post_send(world, r, header, hlen);
@@ -437,16 +438,13 @@ impl MpiRound {
                 round.post_send(world, r, data, hi - lo);
             }
         }
-        round.statuses = vec![
-            // SAFETY: MPI_Status is a plain C struct, all zeros is a valid value.
-            unsafe { std::mem::zeroed() };
-            round.requests.len()
-        ];
+        round.statuses = vec![MaybeUninit::uninit(); round.requests.len()];
         round
     }
 
     fn post_recv(&mut self, world: mpi::ffi::MPI_Comm, from: usize, at: *mut u8, n: usize) {
-        let mut request = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
+        self.requests.push(MaybeUninit::uninit());
+        let request = self.requests.last_mut().expect("pushed").as_mut_ptr();
         // SAFETY: `at..at + n` lies in a buffer this round owns and does not touch until the
         // request completed; MPI writes at most `n` bytes there.
         unsafe {
@@ -457,14 +455,14 @@ impl MpiRound {
                 from as i32,
                 ROUND_TAG,
                 world,
-                &mut request,
+                request,
             );
         }
-        self.requests.push(request);
     }
 
     fn post_send(&mut self, world: mpi::ffi::MPI_Comm, to: usize, at: *const u8, n: usize) {
-        let mut request = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
+        self.requests.push(MaybeUninit::uninit());
+        let request = self.requests.last_mut().expect("pushed").as_mut_ptr();
         // SAFETY: `at..at + n` lies in a buffer this round owns and does not change until the
         // request completed.
         unsafe {
@@ -475,10 +473,9 @@ impl MpiRound {
                 to as i32,
                 ROUND_TAG,
                 world,
-                &mut request,
+                request,
             );
         }
-        self.requests.push(request);
     }
 
     /// Everything that arrived, if every request completed (which also drives MPI's progress).
@@ -488,9 +485,9 @@ impl MpiRound {
         unsafe {
             mpi::ffi::MPI_Testall(
                 count(self.requests.len()),
-                self.requests.as_mut_ptr(),
+                self.requests.as_mut_ptr().cast(),
                 &mut flag,
-                self.statuses.as_mut_ptr(),
+                self.statuses.as_mut_ptr().cast(),
             );
         }
         if flag == 0 {
@@ -510,7 +507,11 @@ impl MpiRound {
                     let mut n = 0;
                     // SAFETY: the status of a completed receive of bytes.
                     unsafe {
-                        mpi::ffi::MPI_Get_count(s, u8::equivalent_datatype().as_raw(), &mut n);
+                        mpi::ffi::MPI_Get_count(
+                            s.as_ptr(),
+                            u8::equivalent_datatype().as_raw(),
+                            &mut n,
+                        );
                     }
                     usize::try_from(n).expect("a received count")
                 })
@@ -533,8 +534,8 @@ impl Drop for MpiRound {
             unsafe {
                 mpi::ffi::MPI_Waitall(
                     count(self.requests.len()),
-                    self.requests.as_mut_ptr(),
-                    self.statuses.as_mut_ptr(),
+                    self.requests.as_mut_ptr().cast(),
+                    self.statuses.as_mut_ptr().cast(),
                 );
             }
         }

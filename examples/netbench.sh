@@ -140,10 +140,12 @@ BEGIN {
     rounds, mem, cpu, cores
   nb = split(before, b, " "); split(after, a, " ")
   printf "received per node  model (1 - 1/%d) * D / %d = %.1f MiB\n", n, n, mib(cross)
+  busiest = 0
   for (i = 0; i < nb / 4; i++) {
     rx = a[4 * i + 3] - b[4 * i + 3]; tx = a[4 * i + 4] - b[4 * i + 4]
     printf "  node %d           %8.1f MiB received (%.2fx the model), %.1f MiB sent\n",
       i, mib(rx), rx / cross, mib(tx)
+    busiest = max(busiest, max(rx, tx))
   }
   read_t = rs; write_t = ws; net_t = cross / rate
   pred = max(read_t, max(net_t, write_t))
@@ -152,4 +154,8 @@ BEGIN {
   printf "predicted          %8.2f s   (the slowest stage; without overlap the sum: %.2f s)\n",
     pred, read_t + net_t + write_t
   printf "measured/predicted %8.2f   (exchange phase / network stage: %.2f)\n", wall / pred, exch / net_t
+  # Whole input shards and whole samples make some node carry more than its share by the model;
+  # the exchange cannot end before its link has carried it.
+  printf "busiest link       %8.1f MiB: %.2f s at %s (exchange phase / that: %.2f)\n",
+    mib(busiest), busiest / rate, rname, exch / (busiest / rate)
 }'

@@ -11,7 +11,8 @@
 //! rank receives alike, so every rank makes the same decisions at the same round. A round is
 //! started only once the round two before it is settled; so when round `n` says "stop", no rank
 //! has started round `n + 2`, and each one completes round `n + 1` (starting an empty one if its
-//! reader had not packed it yet) before it leaves: nobody is left waiting for a message.
+//! reader had not packed it yet) before it leaves: nobody is left waiting for a message. (With
+//! three in flight and only `n + 1` completed, runs hung at their end: see [`Flight::finish`].)
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -259,12 +260,14 @@ impl<C: Comm> Flight<'_, '_, '_, '_, C> {
         });
     }
 
-    /// Completes every round still in flight: when a round said stop, the next one may have been
-    /// started by some ranks, so each rank starts it too (empty, if it had not) and waits for it:
-    /// no rank is left waiting for a message. Returns the first failure this rank had put in
-    /// one of those rounds.
+    /// Completes every round still in flight. When round `n` said stop, a rank may have started
+    /// rounds up to `n + ROUNDS_IN_FLIGHT - 1` (no later: each needs the one `ROUNDS_IN_FLIGHT`
+    /// before it settled), so every rank starts those it had not (empty) and waits for all: no
+    /// rank is left waiting for a message. Returns the first failure this rank had put in one of
+    /// them.
     fn finish(&mut self) -> Option<anyhow::Error> {
-        if self.rounds.is_empty() {
+        let settled = self.started - self.rounds.len() as u64;
+        while self.started < settled + ROUNDS_IN_FLIGHT as u64 - 1 {
             let ranks = self.comm.size();
             let mut header = vec![0u8; RoundStatus::WIDTH];
             RoundStatus::default().encode(&mut header);

@@ -81,7 +81,7 @@ pub struct Outgoing {
 /// A completed round: the buffers handed to [`Comm::start_round`] and what arrived.
 #[derive(Debug)]
 pub struct Arrived {
-    /// The bytes `Outgoing::send` and `Outgoing::segments`, as handed over.
+    /// The buffers as handed over, `recv` now holding what arrived.
     pub out: Outgoing,
     /// Every rank's header, by rank (this rank's own included).
     pub headers: Vec<Vec<u8>>,

@@ -4,7 +4,7 @@
 #
 #   examples/netbench.sh [--size 2GiB] [--rate 1gbit] [--nodes 4] [--ppn 1] [--mean 100KiB]
 #                        [--in-shards 64] [--out-shards 64] [--mem-limit 1GiB]
-#                        [--dir netbench-data] [--cold]
+#                        [--dir netbench-data] [--cold] [--bin PATH]
 #
 # Builds a cluster of NODES network namespaces with tests/cluster/simcluster.sh (each node's link
 # capped at RATE in both directions), generates the dataset once (kept in DIR), measures this
@@ -16,12 +16,13 @@
 # so a node's share of it is B/n and its storage stages take D / B. --cold drops the page cache
 # before each measurement and the run. Needs root, iproute2, MPICH, python3. Figures only: it
 # never fails on a slow result. Per-round timings of every rank (RESHARD_TRACE_ROUNDS=1) are in
-# DIR/run.log.
+# DIR/run.log (examples/timeline.py DIR/run.log summarizes them). --bin runs that reshard binary
+# instead of building this checkout (to interleave runs of two builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SIZE=2GiB RATE=1gbit NODES=4 PPN=1 MEAN=100KiB IN_SHARDS=64 OUT_SHARDS=64 MEM=1GiB
-DIR=netbench-data COLD=0
+DIR=netbench-data COLD=0 BIN=
 while (($# > 0)); do
   case $1 in
     --size) SIZE=$2; shift 2 ;;
@@ -34,6 +35,7 @@ while (($# > 0)); do
     --mem-limit) MEM=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --cold) COLD=1; shift ;;
+    --bin) BIN=$(realpath "$2"); shift 2 ;;
     -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "netbench.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -54,8 +56,10 @@ RATE_BYTES=$(rate_bytes "$RATE")
 # with eager sends. Set UCX_RNDV_THRESH yourself to compare.
 export UCX_RNDV_THRESH=${UCX_RNDV_THRESH:-inf}
 
-cargo build --release --quiet
-BIN=$PWD/target/release/reshard
+if [[ -z $BIN ]]; then
+  cargo build --release --quiet
+  BIN=$PWD/target/release/reshard
+fi
 SIM=$PWD/tests/cluster/simcluster.sh
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
@@ -136,10 +140,12 @@ BEGIN {
     rounds, mem, cpu, cores
   nb = split(before, b, " "); split(after, a, " ")
   printf "received per node  model (1 - 1/%d) * D / %d = %.1f MiB\n", n, n, mib(cross)
+  busiest = 0
   for (i = 0; i < nb / 4; i++) {
     rx = a[4 * i + 3] - b[4 * i + 3]; tx = a[4 * i + 4] - b[4 * i + 4]
     printf "  node %d           %8.1f MiB received (%.2fx the model), %.1f MiB sent\n",
       i, mib(rx), rx / cross, mib(tx)
+    busiest = max(busiest, max(rx, tx))
   }
   read_t = rs; write_t = ws; net_t = cross / rate
   pred = max(read_t, max(net_t, write_t))
@@ -148,4 +154,8 @@ BEGIN {
   printf "predicted          %8.2f s   (the slowest stage; without overlap the sum: %.2f s)\n",
     pred, read_t + net_t + write_t
   printf "measured/predicted %8.2f   (exchange phase / network stage: %.2f)\n", wall / pred, exch / net_t
+  # Whole input shards and whole samples make some node carry more than its share by the model;
+  # the exchange cannot end before its link has carried it.
+  printf "busiest link       %8.1f MiB: %.2f s at %s (exchange phase / that: %.2f)\n",
+    mib(busiest), busiest / rate, rname, exch / (busiest / rate)
 }'

@@ -26,12 +26,14 @@
 //! - `RESHARD_TEST_CHECKPOINT_BYTES=n`: a checkpoint after every n sample bytes each rank moved
 //!   on average, instead of 256 MiB (so that a test sees the rule with little data).
 //! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop
-//!   signal came), so that a test can signal a job surely in the middle of its exchange.
+//!   signal came), so that a test can signal a job surely in the middle of its exchange;
+//!   `ms:r`: only rank r's rounds do (so that a test sees the other ranks go on without it).
 //! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
 //!   MPI_Finalize, as MPI_Finalize does when it hangs (the finalize deadline must end the job).
 //!
 //! Diagnostics, in every build:
-//! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timings on stderr.
+//! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timeline on stderr (when it was
+//!   packed, in flight and written, per rank; `examples/timeline.py` summarizes them).
 //! - `RESHARD_TRACE_PHASES`: every rank prints each phase's wall and CPU time and peak memory on
 //!   stderr (what grows with the number of samples, phase by phase).
 //! - `RESHARD_FINALIZE_TIMEOUT=seconds`: the finalize deadline (default 10 s).
@@ -174,14 +176,21 @@ mod test_hooks {
     }
 
     /// `RESHARD_TEST_SLOW_ROUNDS`: waits before an exchange round.
-    pub fn slow_round() {
+    pub fn slow_round(rank: usize) {
         if crate::sys::stop_signal().is_some() {
             return;
         }
-        if let Some(ms) = std::env::var("RESHARD_TEST_SLOW_ROUNDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
+        let Ok(v) = std::env::var("RESHARD_TEST_SLOW_ROUNDS") else {
+            return;
+        };
+        let (ms, only) = match v.split_once(':') {
+            Some((ms, r)) => (ms, r.trim().parse::<usize>().ok()),
+            None => (v.as_str(), None),
+        };
+        if only.is_some_and(|r| r != rank) {
+            return;
+        }
+        if let Ok(ms) = ms.trim().parse() {
             std::thread::sleep(Duration::from_millis(ms));
         }
     }
@@ -211,7 +220,7 @@ mod test_hooks {
     pub fn checkpoint_bytes(default: u64) -> u64 {
         default
     }
-    pub fn slow_round() {}
+    pub fn slow_round(_rank: usize) {}
     pub fn hang_finalize(_rank: usize, _env: impl Fn(&str) -> Option<String>) -> bool {
         false
     }

@@ -31,6 +31,7 @@ mod real_data;
 mod real_tars;
 mod release;
 mod resume;
+mod rounds;
 mod run;
 mod signals;
 mod sizing;

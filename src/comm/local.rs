@@ -2,16 +2,22 @@
 //! pipeline, collectives included, without MPI.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::ops::Range;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::Comm;
+use super::{Arrived, Comm, Outgoing};
 
 struct Shared {
     barrier: AbortableBarrier,
     slots: Mutex<Vec<Option<Arc<dyn Any + Send + Sync>>>>,
+    /// Messages of rounds in flight: (round, from, to) -> (header, data).
+    mail: Mutex<HashMap<(u64, usize, usize), Message>>,
 }
+
+type Message = (Vec<u8>, Vec<u8>);
 
 /// A barrier that a panicking rank can break, so that a failing test fails instead of leaving
 /// the other ranks waiting forever (what `MPI_Abort` does for the MPI transport).
@@ -36,6 +42,12 @@ impl AbortableBarrier {
         assert!(!state.2, "another in-process rank panicked");
     }
 
+    /// Panics if another rank panicked (a rank polling for a round that will never complete).
+    fn check(&self) {
+        let aborted = self.state.lock().unwrap_or_else(|p| p.into_inner()).2;
+        assert!(!aborted, "another in-process rank panicked");
+    }
+
     fn abort(&self) {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).2 = true;
         self.cv.notify_all();
@@ -47,6 +59,16 @@ pub struct LocalComm {
     rank: usize,
     size: usize,
     shared: Arc<Shared>,
+    /// Rounds this rank started.
+    rounds: AtomicU64,
+}
+
+/// A round of [`LocalComm::start_round`] in flight.
+#[derive(Debug)]
+pub struct LocalRound {
+    number: u64,
+    out: Outgoing,
+    slot: usize,
 }
 
 impl LocalComm {
@@ -63,6 +85,7 @@ impl LocalComm {
                 cv: Condvar::new(),
             },
             slots: Mutex::new(vec![None; size]),
+            mail: Mutex::new(HashMap::new()),
         });
         std::thread::scope(|scope| {
             let handles: Vec<_> = (0..size)
@@ -71,6 +94,7 @@ impl LocalComm {
                         rank,
                         size,
                         shared: Arc::clone(&shared),
+                        rounds: AtomicU64::new(0),
                     };
                     let f = &f;
                     scope.spawn(move || {
@@ -167,6 +191,47 @@ impl Comm for LocalComm {
         // waiting in a collective panics.
         let shared = Arc::clone(&self.shared);
         Arc::new(move |_code| shared.barrier.abort())
+    }
+
+    type Round = LocalRound;
+
+    fn start_round(&self, out: Outgoing, slot: usize) -> LocalRound {
+        let number = self.rounds.fetch_add(1, Ordering::Relaxed);
+        let mut mail = self.shared.mail.lock().unwrap_or_else(|p| p.into_inner());
+        for (to, r) in out.segments.iter().enumerate() {
+            if to != self.rank {
+                assert!(r.len() <= slot, "a segment larger than the round's slot");
+                let message = (out.header.clone(), out.send[r.clone()].to_vec());
+                mail.insert((number, self.rank, to), message);
+            }
+        }
+        LocalRound { number, out, slot }
+    }
+
+    fn test_round(&self, mut round: LocalRound) -> Result<Arrived, LocalRound> {
+        self.shared.barrier.check();
+        let mut mail = self.shared.mail.lock().unwrap_or_else(|p| p.into_inner());
+        let key = |from| (round.number, from, self.rank);
+        let others = (0..self.size).filter(|&s| s != self.rank);
+        if !others.clone().all(|s| mail.contains_key(&key(s))) {
+            return Err(round);
+        }
+        let recv = &mut round.out.recv;
+        recv.resize(recv.len().max(self.size * round.slot), 0);
+        let mut headers = vec![round.out.header.clone(); self.size];
+        let mut from = vec![0..0; self.size];
+        for s in others {
+            let (header, data) = mail.remove(&key(s)).expect("checked above");
+            let at = s * round.slot;
+            recv[at..at + data.len()].copy_from_slice(&data);
+            headers[s] = header;
+            from[s] = at..at + data.len();
+        }
+        Ok(Arrived {
+            out: round.out,
+            headers,
+            from,
+        })
     }
 }
 

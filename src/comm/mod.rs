@@ -47,6 +47,46 @@ pub trait Comm {
     /// A handle that ends the whole job with a code, callable from any thread (the stall
     /// watchdog's, while the main thread is blocked in a collective).
     fn aborter(&self) -> Aborter;
+    /// A round of [`Comm::start_round`] in flight: it owns the round's buffers until it
+    /// completes.
+    type Round;
+    /// Starts one round of a pipelined exchange and returns at once: `out.header` goes to every
+    /// other rank, and `out.send[out.segments[d]]` (at most `slot` bytes) to rank `d`. Every rank
+    /// starts the same rounds in the same order with the same `slot`, and any number of them may
+    /// be in flight: a round's messages never match another round's. Unlike
+    /// [`Comm::all_to_all`], nothing waits for the other ranks, so a rank whose transfers are done
+    /// goes on with the next round while slower pairs finish this one.
+    fn start_round(&self, out: Outgoing, slot: usize) -> Self::Round;
+    /// Completes `round` if everything it sends and receives has moved (then its buffers come
+    /// back with what arrived), else hands it back. Rounds in flight advance only while their
+    /// rank calls this (or another transport call): call it often.
+    ///
+    /// # Errors
+    /// None: `Err` is the round, still in flight.
+    fn test_round(&self, round: Self::Round) -> Result<Arrived, Self::Round>;
+}
+
+/// What one rank hands to [`Comm::start_round`]; the transport owns it until the round completes.
+#[derive(Debug, Default)]
+pub struct Outgoing {
+    /// A few bytes for every other rank (the same for all), such as the round's status.
+    pub header: Vec<u8>,
+    pub send: Vec<u8>,
+    /// `send[segments[d]]` goes to rank `d`; this rank's own segment is not sent.
+    pub segments: Vec<Range<usize>>,
+    /// Where the round is received: its allocation is reused (grown to `slot` bytes per rank).
+    pub recv: Vec<u8>,
+}
+
+/// A completed round: the buffers handed to [`Comm::start_round`] and what arrived.
+#[derive(Debug)]
+pub struct Arrived {
+    /// The buffers as handed over, `recv` now holding what arrived.
+    pub out: Outgoing,
+    /// Every rank's header, by rank (this rank's own included).
+    pub headers: Vec<Vec<u8>>,
+    /// The range of `out.recv` each rank sent (empty for this rank).
+    pub from: Vec<Range<usize>>,
 }
 
 /// Ends the whole job with the given exit status; see [`Comm::aborter`].
@@ -229,5 +269,50 @@ mod tests {
         });
         assert_eq!(out.iter().map(|o| o.0).collect::<Vec<_>>(), [0, 1, 3, 6]);
         assert!(out.iter().all(|o| o.1 == 10 && o.2));
+    }
+
+    #[test]
+    fn rounds_in_flight_each_bring_their_own_data_and_headers() {
+        let slot = 8;
+        let out = LocalComm::run(3, |c| {
+            let me = c.rank();
+            // Both rounds are started before either is waited for. In round k, rank r sends
+            // d + k bytes of value 10 * r + k to rank d.
+            let started: Vec<_> = (0..2u8)
+                .map(|k| {
+                    let send = vec![10 * me as u8 + k; c.size() * slot];
+                    let segments = (0..c.size())
+                        .map(|d| d * slot..d * slot + d + usize::from(k))
+                        .collect();
+                    let header = vec![k, me as u8];
+                    let out = Outgoing {
+                        header,
+                        send,
+                        segments,
+                        recv: Vec::new(),
+                    };
+                    c.start_round(out, slot)
+                })
+                .collect();
+            let mut arrived = Vec::new();
+            for mut round in started {
+                arrived.push(loop {
+                    match c.test_round(round) {
+                        Ok(a) => break a,
+                        Err(r) => round = r,
+                    }
+                });
+            }
+            (0..2u8).zip(arrived).all(|(k, a)| {
+                (0..c.size()).all(|s| {
+                    let got = &a.out.recv[a.from[s].clone()];
+                    let want = if s == me { 0 } else { me + usize::from(k) };
+                    a.headers[s] == [k, s as u8]
+                        && got.len() == want
+                        && got.iter().all(|&b| b == 10 * s as u8 + k)
+                })
+            })
+        });
+        assert_eq!(out, [true, true, true]);
     }
 }

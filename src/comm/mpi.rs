@@ -1,5 +1,6 @@
 //! The MPI transport: the only module that touches MPI.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use mpi::Count;
 use crate::hooks;
 use crate::sys;
 
-use super::{hydra, launcher, Comm};
+use super::{hydra, launcher, Arrived, Comm, Outgoing};
 use crate::exit::Exit;
 
 /// MPI for the length of the run: dropping it finalizes MPI.
@@ -354,5 +355,189 @@ impl Comm for MpiComm {
                 mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code.code());
             }
         })
+    }
+
+    type Round = MpiRound;
+
+    fn start_round(&self, out: Outgoing, slot: usize) -> MpiRound {
+        MpiRound::start(self, out, slot)
+    }
+
+    fn test_round(&self, mut round: MpiRound) -> Result<Arrived, MpiRound> {
+        round.test().ok_or(round)
+    }
+}
+
+/// The tag of the pipelined exchange's messages (no other point-to-point traffic uses the world).
+const ROUND_TAG: i32 = 27;
+
+/// A round of [`MpiComm::start_round`] in flight. Its requests point into the buffers it owns
+/// (a vector's heap memory stays where it is when the vector moves), and it never gives them
+/// back, nor frees them, before every request completed: dropped in flight, it waits.
+///
+/// Messages of one pair match in the order they were posted (MPI's non-overtaking rule), and
+/// every rank posts its rounds in the same order, so rounds need no tags of their own. Each
+/// pair's data moves as `pieces` messages of at most `piece` bytes (the last ones may be short
+/// or empty), so that no count exceeds what one MPI call carries.
+pub struct MpiRound {
+    /// Written by MPI when posted (hence uninitialized until then), completed by MPI_Testall.
+    requests: Vec<MaybeUninit<mpi::ffi::MPI_Request>>,
+    statuses: Vec<MaybeUninit<mpi::ffi::MPI_Status>>,
+    out: Outgoing,
+    /// Every rank's header, received in place.
+    headers: Vec<u8>,
+    slot: usize,
+    piece: usize,
+    /// Index in `requests` of each rank's first data receive (none for this rank).
+    receives: Vec<Option<usize>>,
+}
+
+impl MpiRound {
+    fn start(comm: &MpiComm, mut out: Outgoing, slot: usize) -> Self {
+        let (size, me) = (comm.size(), comm.rank());
+        let piece = slot.min(comm.max_round).max(1);
+        let pieces = slot.div_ceil(piece).max(1);
+        let hlen = out.header.len();
+        if out.recv.len() < size * slot {
+            // Untouched pages of a fresh allocation stay unmapped until data lands there.
+            out.recv = vec![0u8; size * slot];
+        }
+        let mut round = MpiRound {
+            requests: Vec::with_capacity(2 * (size - 1) * (1 + pieces)),
+            statuses: Vec::new(),
+            out,
+            headers: vec![0u8; size * hlen],
+            slot,
+            piece,
+            receives: vec![None; size],
+        };
+        let world = comm.world.as_raw();
+        let peers = (0..size).filter(|&r| r != me);
+        // Receives first, so that data finds its place rather than a bounce buffer.
+        for r in peers.clone() {
+            let at = r * hlen;
+            let to = round.headers[at..at + hlen].as_mut_ptr();
+            round.post_recv(world, r, to, hlen);
+            round.receives[r] = Some(round.requests.len());
+            for k in 0..pieces {
+                let at = r * slot + k * piece;
+                let n = piece.min(slot - k * piece);
+                let to = round.out.recv[at..at + n].as_mut_ptr();
+                round.post_recv(world, r, to, n);
+            }
+        }
+        for r in peers {
+            let header = round.out.header.as_ptr();
+            round.post_send(world, r, header, hlen);
+            let seg = round.out.segments[r].clone();
+            assert!(seg.len() <= slot, "a segment larger than the round's slot");
+            for k in 0..pieces {
+                let lo = (seg.start + k * piece).min(seg.end);
+                let hi = (lo + piece).min(seg.end);
+                let data = round.out.send[lo..hi].as_ptr();
+                round.post_send(world, r, data, hi - lo);
+            }
+        }
+        round.statuses = vec![MaybeUninit::uninit(); round.requests.len()];
+        round
+    }
+
+    fn post_recv(&mut self, world: mpi::ffi::MPI_Comm, from: usize, at: *mut u8, n: usize) {
+        self.requests.push(MaybeUninit::uninit());
+        let request = self.requests.last_mut().expect("pushed").as_mut_ptr();
+        // SAFETY: `at..at + n` lies in a buffer this round owns and does not touch until the
+        // request completed; MPI writes at most `n` bytes there.
+        unsafe {
+            mpi::ffi::MPI_Irecv(
+                at.cast(),
+                count(n),
+                u8::equivalent_datatype().as_raw(),
+                from as i32,
+                ROUND_TAG,
+                world,
+                request,
+            );
+        }
+    }
+
+    fn post_send(&mut self, world: mpi::ffi::MPI_Comm, to: usize, at: *const u8, n: usize) {
+        self.requests.push(MaybeUninit::uninit());
+        let request = self.requests.last_mut().expect("pushed").as_mut_ptr();
+        // SAFETY: `at..at + n` lies in a buffer this round owns and does not change until the
+        // request completed.
+        unsafe {
+            mpi::ffi::MPI_Isend(
+                at.cast(),
+                count(n),
+                u8::equivalent_datatype().as_raw(),
+                to as i32,
+                ROUND_TAG,
+                world,
+                request,
+            );
+        }
+    }
+
+    /// Everything that arrived, if every request completed (which also drives MPI's progress).
+    fn test(&mut self) -> Option<Arrived> {
+        let mut flag = 0;
+        // SAFETY: as many statuses as requests; completed requests become MPI_REQUEST_NULL.
+        unsafe {
+            mpi::ffi::MPI_Testall(
+                count(self.requests.len()),
+                self.requests.as_mut_ptr().cast(),
+                &mut flag,
+                self.statuses.as_mut_ptr().cast(),
+            );
+        }
+        if flag == 0 {
+            return None;
+        }
+        let size = self.receives.len();
+        let hlen = self.out.header.len();
+        let mut from = vec![0..0; size];
+        let mut headers = vec![self.out.header.clone(); size];
+        for (r, first) in self.receives.iter().enumerate() {
+            let Some(first) = *first else { continue };
+            headers[r] = self.headers[r * hlen..(r + 1) * hlen].to_vec();
+            let pieces = self.slot.div_ceil(self.piece).max(1);
+            let got: usize = self.statuses[first..first + pieces]
+                .iter()
+                .map(|s| {
+                    let mut n = 0;
+                    // SAFETY: the status of a completed receive of bytes.
+                    unsafe {
+                        mpi::ffi::MPI_Get_count(
+                            s.as_ptr(),
+                            u8::equivalent_datatype().as_raw(),
+                            &mut n,
+                        );
+                    }
+                    usize::try_from(n).expect("a received count")
+                })
+                .sum();
+            from[r] = r * self.slot..r * self.slot + got;
+        }
+        self.requests.clear();
+        Some(Arrived {
+            out: std::mem::take(&mut self.out),
+            headers,
+            from,
+        })
+    }
+}
+
+impl Drop for MpiRound {
+    fn drop(&mut self) {
+        if !self.requests.is_empty() {
+            // SAFETY: the buffers the requests point into are still owned here.
+            unsafe {
+                mpi::ffi::MPI_Waitall(
+                    count(self.requests.len()),
+                    self.requests.as_mut_ptr().cast(),
+                    self.statuses.as_mut_ptr().cast(),
+                );
+            }
+        }
     }
 }

@@ -98,8 +98,8 @@ impl Wire for ChunkHeader {
     }
 }
 
-/// What each rank says before every exchange round, in one sum over all ranks: each field is a
-/// count, so the sum tells every rank the same outcome at once.
+/// What each rank says with every exchange round, to every other rank; combined
+/// ([`RoundStatus::combine`]), it tells every rank the same outcome.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RoundStatus {
     /// Ranks that failed (each says 1 or 0): any, and every rank stops.
@@ -108,44 +108,53 @@ pub struct RoundStatus {
     pub payload: u64,
     /// Ranks asking for a checkpoint (only rank 0 asks).
     pub checkpoint: u64,
-    /// Ranks whose writer synced the checkpoint in flight: all, and it is durable.
+    /// The last round after which this rank's writer synced its shards. Combined, the least
+    /// over all ranks: a checkpoint of round `n` is durable once that reaches `n`. (A round
+    /// number, not a yes or no, because a status is written while earlier rounds are still in
+    /// flight: it must not speak of a checkpoint that a later round replaced.)
     pub synced: u64,
     /// Ranks that received a stop signal (SIGINT, SIGTERM): any, and every rank checkpoints and
     /// ends.
     pub stopping: u64,
 }
 
-impl RoundStatus {
-    /// Words of an encoded status.
-    pub const WORDS: usize = 5;
-
-    /// The words this status adds to the reduction.
-    pub fn encode(&self) -> [u64; Self::WORDS] {
-        [
+impl Wire for RoundStatus {
+    const WIDTH: usize = 40;
+    fn encode(&self, out: &mut [u8]) {
+        let words = [
             self.failed,
             self.payload,
             self.checkpoint,
             self.synced,
             self.stopping,
-        ]
-    }
-
-    /// A status from the words of [`RoundStatus::encode`] (or their sum).
-    pub fn decode(words: &[u64]) -> Self {
-        let [failed, payload, checkpoint, synced, stopping] =
-            words.try_into().expect("a round status is 5 words");
-        RoundStatus {
-            failed,
-            payload,
-            checkpoint,
-            synced,
-            stopping,
+        ];
+        for (i, w) in words.iter().enumerate() {
+            out[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
         }
     }
+    fn decode(bytes: &[u8]) -> Self {
+        RoundStatus {
+            failed: u64_at(bytes, 0),
+            payload: u64_at(bytes, 8),
+            checkpoint: u64_at(bytes, 16),
+            synced: u64_at(bytes, 24),
+            stopping: u64_at(bytes, 32),
+        }
+    }
+}
 
-    /// The sum of every rank's status (a collective).
-    pub fn all_sum(&self, comm: &impl Comm) -> Self {
-        Self::decode(&comm.all_sum(&self.encode()))
+impl RoundStatus {
+    /// Every rank's status of one round, combined: the counts add up, `synced` is the least.
+    pub fn combine(all: impl IntoIterator<Item = RoundStatus>) -> Self {
+        all.into_iter()
+            .reduce(|a, b| RoundStatus {
+                failed: a.failed + b.failed,
+                payload: a.payload + b.payload,
+                checkpoint: a.checkpoint + b.checkpoint,
+                synced: a.synced.min(b.synced),
+                stopping: a.stopping + b.stopping,
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -307,7 +316,7 @@ mod tests {
     }
 
     #[test]
-    fn round_statuses_round_trip_and_sum_field_by_field() {
+    fn round_statuses_round_trip_and_combine_field_by_field() {
         let s = RoundStatus {
             failed: 1,
             payload: 2,
@@ -315,29 +324,25 @@ mod tests {
             synced: 4,
             stopping: 5,
         };
-        assert_eq!(s.encode(), [1, 2, 3, 4, 5]);
-        assert_eq!(RoundStatus::decode(&s.encode()), s);
-        let results = LocalComm::run(3, |c| {
-            let r = c.rank() as u64;
-            let mine = RoundStatus {
-                failed: u64::from(r == 1),
-                payload: 10 * r,
-                checkpoint: u64::from(r == 0),
-                synced: 1,
-                stopping: u64::from(r == 2),
-            };
-            Ok::<_, anyhow::Error>(mine.all_sum(c))
-        });
+        let mut bytes = [0u8; RoundStatus::WIDTH];
+        s.encode(&mut bytes);
+        assert_eq!(RoundStatus::decode(&bytes), s);
+        assert_eq!(bytes[24..32], 4u64.to_le_bytes());
+        let of_rank = |r: u64| RoundStatus {
+            failed: u64::from(r == 1),
+            payload: 10 * r,
+            checkpoint: u64::from(r == 0),
+            synced: 7 - r,
+            stopping: u64::from(r == 2),
+        };
         let want = RoundStatus {
             failed: 1,
             payload: 30,
             checkpoint: 1,
-            synced: 3,
+            synced: 5,
             stopping: 1,
         };
-        for r in results {
-            assert_eq!(r.unwrap(), want);
-        }
+        assert_eq!(RoundStatus::combine((0..3).map(of_rank)), want);
     }
 
     #[test]

@@ -62,25 +62,22 @@ impl<'a> Pacer<'a> {
         }
     }
 
-    /// This rank's part of the round status: rank 0 asks for a checkpoint; a rank whose writer
-    /// synced the pending one says so, and a rank that received a stop signal.
+    /// This rank's part of the round status: rank 0 asks for a checkpoint; every rank says how
+    /// far its writer synced, and whether it received a stop signal.
     pub(super) fn status(&self, comm: &impl Comm, st: &Stages<'_, '_>) -> RoundStatus {
         let due = self.last.elapsed() >= self.checkpoints.every
             || self.moved >= self.every_bytes.saturating_mul(comm.size() as u64);
         let ask = comm.rank() == 0 && self.pending.is_none() && due;
-        let synced = self
-            .pending
-            .is_some_and(|(n, _)| st.synced.load(Ordering::Acquire) >= n);
         let stop = crate::sys::stop_signal().is_some();
         RoundStatus {
             checkpoint: u64::from(ask),
-            synced: u64::from(synced),
+            synced: st.synced.load(Ordering::Acquire),
             stopping: u64::from(stop),
             ..RoundStatus::default()
         }
     }
 
-    /// Acts on the summed status of round `n`, in which all ranks move `status.payload` sample
+    /// Acts on the combined status of round `n`, in which all ranks move `status.payload` sample
     /// bytes and this rank packed its samples up to local index `through`. Returns whether the
     /// writer must sync after placing round `n`.
     ///
@@ -103,7 +100,7 @@ impl<'a> Pacer<'a> {
             let signal = comm.all_max(&[crate::sys::stop_signal().map_or(0, |s| s as u64)])[0];
             self.stopping = Some(i32::try_from(signal).unwrap_or(15));
         }
-        if self.pending.is_some() && status.synced == comm.size() as u64 {
+        if self.pending.is_some_and(|(m, _)| status.synced >= m) {
             let (_, range) = self.pending.take().expect("pending");
             let ranges = gather_concat::<(u64, u64)>(comm, 0, &vec![range]);
             let recorded = match (comm.rank() == 0, ranges) {

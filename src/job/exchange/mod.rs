@@ -10,6 +10,7 @@ mod pack;
 mod reader;
 mod rounds;
 mod stages;
+mod timeline;
 mod writer;
 
 use std::path::PathBuf;
@@ -89,18 +90,19 @@ pub struct Stall {
     pub heartbeats: Option<PathBuf>,
 }
 
-/// Buffers in flight: the reader fills one send buffer while the main thread exchanges another
-/// and the writer places this rank's own share of a third; the main thread receives into one
-/// receive buffer while the writer places the other. Reading, exchanging and writing overlap.
-const SEND_BUFFERS: usize = 3;
+/// Buffers in flight: the reader fills one send buffer while two more are in flight
+/// ([`rounds::ROUNDS_IN_FLIGHT`]) and the writer places this rank's own share of a fourth; two
+/// receive buffers are in flight while the writer places the third. Reading, exchanging and
+/// writing overlap, and so do consecutive rounds on the network.
+const SEND_BUFFERS: usize = 2 + rounds::ROUNDS_IN_FLIGHT;
 
-const RECV_BUFFERS: usize = 2;
+const RECV_BUFFERS: usize = 1 + rounds::ROUNDS_IN_FLIGHT;
 
 /// Runs the exchange to completion on every rank. `progress` is called after each round with the
 /// sample bytes moved so far by all ranks together (and those an earlier attempt had placed).
 ///
 /// Three stages overlap: a reader thread packs rounds, the calling thread (the only one that
-/// calls MPI) exchanges them, and a writer thread places what arrives. Now and then the writers
+/// calls MPI) exchanges them, two at a time, and a writer thread places what arrives. Now and then the writers
 /// sync and rank 0 records which samples are durable ([`Checkpoints`]).
 ///
 /// # Errors
@@ -144,6 +146,7 @@ pub fn run(
             stall.heartbeats,
             comm.aborter(),
         ),
+        zero: timeline::Zero::start(comm.rank()),
     };
     hooks::inject_fault(stages.me);
     let mut pacer = Pacer::new(checkpoints);

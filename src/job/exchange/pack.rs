@@ -51,6 +51,7 @@ pub(super) fn pack_rounds(
                 payload,
                 through: cursor.sample,
                 error,
+                packing: busy..std::time::Instant::now(),
             })
             .is_err()
             || stop
@@ -66,6 +67,7 @@ pub(super) fn pack_rounds(
             payload: 0,
             through: cursor.sample,
             error: Some(e),
+            packing: std::time::Instant::now()..std::time::Instant::now(),
         });
     }
 }

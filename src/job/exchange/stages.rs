@@ -4,6 +4,9 @@
 use std::ops::Range;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
+use std::time::Instant;
+
+use super::timeline::{Timeline, Zero};
 
 use crate::comm::wire::{ChunkHeader, Wire};
 use crate::input::InputShard;
@@ -45,6 +48,8 @@ pub struct Packed {
     /// Local samples before this one are all packed or copied (or were done before).
     pub through: usize,
     pub error: Option<anyhow::Error>,
+    /// When the reader started and finished packing it (for `RESHARD_TRACE_ROUNDS`).
+    pub packing: Range<Instant>,
 }
 
 /// What the writer places: the chunks received from other ranks, and this rank's own segment of
@@ -57,6 +62,8 @@ pub struct Delivery {
     /// The round, and whether the writer syncs its shards once it placed it (a checkpoint).
     pub round: u64,
     pub sync: bool,
+    /// The round's timeline so far, when tracing: the writer adds its part and prints it.
+    pub timeline: Option<Timeline>,
 }
 
 /// What the three stages share: the job, the writer's first failure, the bytes placed, and the
@@ -73,6 +80,8 @@ pub struct Stages<'a, 'j> {
     pub read_nanos: AtomicU64,
     pub write_nanos: AtomicU64,
     pub dog: Watchdog,
+    /// `RESHARD_TRACE_ROUNDS`: the zero of this rank's round timeline.
+    pub zero: Option<Zero>,
 }
 
 /// What the exchange moved, as seen by this rank.

@@ -51,6 +51,9 @@ pub(super) fn write_rounds(
         }
         st.write_nanos
             .fetch_add(busy.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if let Some(t) = &d.timeline {
+            t.print(st.me, d.round, busy..std::time::Instant::now());
+        }
         // The other ends may be gone after a failure; the buffers are then simply dropped.
         let _ = free_send.send(d.send);
         let _ = free_recv.send(d.recv);

@@ -32,6 +32,7 @@ mod real_tars;
 mod release;
 mod resume;
 mod run;
+mod s3;
 mod signals;
 mod sizing;
 mod slurm;

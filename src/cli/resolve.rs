@@ -422,6 +422,10 @@ fn missing_required(args: &RunArgs, dry_run: bool) -> Result<()> {
 fn output(args: &RunArgs, dry_run: bool) -> Result<Option<PathBuf>> {
     Ok(match (&args.output, dry_run) {
         (Some(o), _) if o.as_os_str().is_empty() => bail!("--output must not be empty"),
+        (Some(o), _) if crate::storage::is_object_store(o) => bail!(
+            "--output {}: writing to object storage is not supported yet (reading is): write to a file system and upload from there",
+            o.display()
+        ),
         (Some(o), _) => Some(PathBuf::from(epoch_template(o, args.epoch))),
         (None, true) => None,
         (None, false) => bail!("--output DIR is required (or plan only with --dry-run)"),
@@ -655,6 +659,12 @@ pub fn generate_config(args: &GenerateArgs) -> Result<GenerateConfig> {
     check_prefix(&args.prefix)?;
     if args.output.as_os_str().is_empty() {
         bail!("--output must not be empty");
+    }
+    if crate::storage::is_object_store(&args.output) {
+        bail!(
+            "--output {}: reshard generate writes to a file system only",
+            args.output.display()
+        );
     }
     let mean_size = parse_size(&args.mean_size)
         .map_err(|e| anyhow!("--mean-size {:?}: {e}", args.mean_size))?;

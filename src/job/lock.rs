@@ -641,7 +641,7 @@ fn rewrite_beat(path: &Path, owner: &Owner) -> std::io::Result<Option<String>> {
 }
 
 /// 128 bits from the OS's random source, as 32 hex digits.
-fn new_token() -> Result<String> {
+pub fn new_token() -> Result<String> {
     let mut bytes = [0u8; 16];
     fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))

@@ -45,6 +45,7 @@ pub mod space;
 pub mod split;
 pub mod staging;
 pub mod summary;
+pub mod upload;
 
 use anyhow::Result;
 
@@ -97,8 +98,10 @@ pub fn run(comm: &impl Comm, cfg: &RunConfig) -> Result<Outcome> {
     // Rank 0 holds the output's lock until the job has published or given up.
     let mut mine = Lead::default();
     let prepared = lead.then(|| {
+        let remote = upload::prepare(cfg)?;
         expand::prepare(cfg).map(|(setup, held)| {
             mine = held;
+            mine.remote = remote;
             setup
         })
     });
@@ -200,6 +203,8 @@ fn run_phases(
     // Before publish writes the manifests into the staging directory; again before its rename.
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
     publish::run(comm, cfg, setup, &planned, &finished, lock)?;
+    let remote = mine.and_then(|m| m.remote.as_ref());
+    upload::run(comm, cfg, setup.target()?, remote)?;
     times.stop();
     let summary = summary::gather(comm, cfg, setup, &planned, &stats, times)?;
     Ok(Outcome::Ran(Box::new(summary)))
@@ -375,6 +380,7 @@ mod tests {
         RunConfig {
             inputs,
             output: Some(output),
+            upload: None,
             sizing: crate::plan::Sizing::Count(5),
             equalize: crate::plan::Equalize::None,
             balance: Balance::Count,

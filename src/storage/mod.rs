@@ -225,6 +225,18 @@ pub trait Sink: Send + Sync {
     /// It cannot be written; what was at `path` stays.
     fn replace(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
 
+    /// Creates the small object `path` with `bytes` only if nothing is there, atomically (a
+    /// lock: S3's PUT with `If-None-Match: *`).
+    ///
+    /// # Errors
+    /// Something is there (`AlreadyExists`); the backend cannot (`Unsupported`).
+    fn write_new(&self, path: &Path, _bytes: &[u8]) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{}: no conditional create here", path.display()),
+        ))
+    }
+
     /// Creates (or truncates) `path` for writing front to back (on object storage, one
     /// upload). Dropped without [`Writer::finish`], what was written may not be durable.
     ///
@@ -361,6 +373,7 @@ pub fn sink(path: &Path) -> &'static dyn Sink {
     match scheme(path) {
         #[cfg(test)]
         Some("mem") => &memory::Memory,
+        Some(s3::SCHEME) => &s3::S3,
         _ => &posix::Posix,
     }
 }

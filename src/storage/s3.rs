@@ -21,9 +21,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as Key;
-use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt};
+use object_store::{
+    GetOptions, GetRange, MultipartUpload, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode,
+    PutOptions, PutPayload,
+};
 
-use super::{Entry, FileStamp, Input, Kind, Shard, Source, Stat};
+use super::{
+    Capabilities, Entry, FileStamp, Input, Kind, Output, Shard, Sink, Source, Stat, Writer,
+};
 
 /// The scheme this backend serves.
 pub const SCHEME: &str = "s3";
@@ -33,6 +38,18 @@ pub const SCHEME: &str = "s3";
 /// shard of small samples streams it once in 8 MiB requests; a sample larger than the window
 /// costs one request of its own.
 const READ_AHEAD: usize = 8 << 20;
+
+/// The first part size of a multipart upload. S3 takes parts of 5 MiB to 5 GiB (the last one
+/// smaller), at most 10,000 of them, and parts of one upload may differ in size: a stream does
+/// not know its length up front, so its parts double every [`PARTS_PER_SIZE`] parts
+/// ([`Upload::part_size`]); 10,000 parts then carry up to about 16 TiB.
+const PART: usize = 16 << 20;
+
+/// How many parts of one size before the size doubles.
+const PARTS_PER_SIZE: usize = 1000;
+
+/// The largest part: under S3's 5 GiB.
+const MAX_PART: usize = 4 << 30;
 
 /// Buckets and keys of `s3://` locations.
 pub struct S3;
@@ -156,6 +173,18 @@ fn error(loc: &Location, e: object_store::Error) -> io::Error {
             format!(
                 "access denied to bucket {} key {}: check the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) and the bucket's policy",
                 loc.bucket, loc.key
+            ),
+        ),
+        E::AlreadyExists { .. } => io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("exists already in bucket {}", loc.bucket),
+        ),
+        E::NotImplemented { .. } => io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "the store of bucket {} cannot do this ({})",
+                loc.bucket,
+                plain(&e)
             ),
         ),
         E::Precondition { .. } | E::NotModified { .. } => io::Error::other(
@@ -365,6 +394,208 @@ impl Input for S3Input {
     }
 }
 
+fn unsupported(path: &Path, what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("{}: object storage has no {what}", path.display()),
+    )
+}
+
+impl S3 {
+    fn put(&self, path: &Path, bytes: &[u8], mode: PutMode) -> io::Result<()> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        let key = loc.object()?;
+        let payload = PutPayload::from(bytes.to_vec());
+        block_on(store.put_opts(&key, payload, PutOptions::from(mode)))
+            .map(|_| ())
+            .map_err(|e| error(&loc, e))
+    }
+}
+
+impl Sink for S3 {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            positioned_writes: false,
+            rename: false,
+        }
+    }
+
+    fn create_dir_all(&self, _path: &Path) -> io::Result<()> {
+        // A prefix exists once an object is under it.
+        Ok(())
+    }
+
+    fn create(&self, path: &Path, _len: u64) -> io::Result<Box<dyn Output>> {
+        Err(unsupported(path, "writes at an offset"))
+    }
+
+    fn reopen(&self, path: &Path) -> io::Result<Box<dyn Output>> {
+        Err(unsupported(path, "writes at an offset"))
+    }
+
+    fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.put(path, bytes, PutMode::Overwrite)
+    }
+
+    fn replace(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        // A PUT is atomic: a reader sees the old object or the new one.
+        self.put(path, bytes, PutMode::Overwrite)
+    }
+
+    fn write_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.put(path, bytes, PutMode::Create).map_err(|e| {
+            if e.kind() == io::ErrorKind::Unsupported {
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "{e}: reshard needs conditional writes (PUT with If-None-Match) to make sure one run at a time writes an output"
+                    ),
+                )
+            } else {
+                e
+            }
+        })
+    }
+
+    fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
+        let loc = Location::parse(path)?;
+        Ok(Box::new(Upload {
+            store: loc.store()?,
+            key: loc.object()?,
+            loc,
+            buf: Vec::new(),
+            parts: 0,
+            upload: None,
+            written: 0,
+        }))
+    }
+
+    fn publish(&self, from: &Path, _to: &Path) -> io::Result<()> {
+        Err(unsupported(from, "rename"))
+    }
+
+    fn rename(&self, from: &Path, _to: &Path) -> io::Result<()> {
+        Err(unsupported(from, "rename"))
+    }
+
+    fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
+        // A completed PUT is durable.
+        Ok(())
+    }
+
+    fn symlink(&self, _points_to: &Path, link: &Path) -> io::Result<()> {
+        Err(unsupported(link, "symbolic links"))
+    }
+
+    fn exchange(&self, a: &Path, _b: &Path) -> io::Result<()> {
+        Err(unsupported(a, "rename"))
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        block_on(store.delete(&loc.object()?)).map_err(|e| error(&loc, e))
+    }
+
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        let prefix = loc.object()?;
+        block_on(async {
+            use futures_util::TryStreamExt;
+            let keys: Vec<ObjectMeta> = store.list(Some(&prefix)).try_collect().await?;
+            for meta in keys {
+                store.delete(&meta.location).await?;
+            }
+            Ok(())
+        })
+        .map_err(|e| error(&loc, e))
+    }
+}
+
+/// An object written front to back: one PUT when it stays under a part, else a multipart
+/// upload whose parts go out as they fill. Dropped unfinished, its upload is aborted, so no
+/// parts are left behind to be billed.
+struct Upload {
+    store: Arc<AmazonS3>,
+    loc: Location,
+    key: Key,
+    buf: Vec<u8>,
+    /// Parts sent so far.
+    parts: usize,
+    upload: Option<Box<dyn MultipartUpload>>,
+    written: u64,
+}
+
+impl Upload {
+    /// The size of the part after `sent` parts.
+    fn part_size(sent: usize) -> usize {
+        let doublings = u32::try_from(sent / PARTS_PER_SIZE).unwrap_or(u32::MAX);
+        PART.checked_shl(doublings)
+            .unwrap_or(MAX_PART)
+            .min(MAX_PART)
+    }
+
+    /// Sends the first `n` bytes of the buffer as the next part.
+    fn send_part(&mut self, n: usize) -> io::Result<()> {
+        if self.upload.is_none() {
+            let started = block_on(self.store.put_multipart(&self.key));
+            self.upload = Some(started.map_err(|e| error(&self.loc, e))?);
+        }
+        let rest = self.buf.split_off(n);
+        let data = PutPayload::from(std::mem::replace(&mut self.buf, rest));
+        let upload = self.upload.as_mut().expect("started above");
+        self.parts += 1;
+        block_on(upload.put_part(data)).map_err(|e| error(&self.loc, e))
+    }
+}
+
+impl io::Write for Upload {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        self.written += data.len() as u64;
+        while self.buf.len() >= Upload::part_size(self.parts) {
+            self.send_part(Upload::part_size(self.parts))?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Writer for Upload {
+    fn finish(mut self: Box<Self>) -> io::Result<u64> {
+        if self.upload.is_none() {
+            let payload = PutPayload::from(std::mem::take(&mut self.buf));
+            block_on(self.store.put(&self.key, payload)).map_err(|e| error(&self.loc, e))?;
+            return Ok(self.written);
+        }
+        if !self.buf.is_empty() {
+            self.send_part(self.buf.len())?;
+        }
+        let mut upload = self.upload.take().expect("a multipart upload");
+        match block_on(upload.complete()) {
+            Ok(_) => Ok(self.written),
+            Err(e) => {
+                let _ = block_on(upload.abort());
+                Err(error(&self.loc, e))
+            }
+        }
+    }
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        if let Some(mut upload) = self.upload.take() {
+            // Unfinished: its parts would stay (and be billed) until aborted.
+            let _ = block_on(upload.abort());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,5 +615,15 @@ mod tests {
         assert!(Location::parse(Path::new("/local/k")).is_err());
         let bad = Location::parse(Path::new("s3://data/a//b")).unwrap();
         assert!(bad.object().is_err());
+    }
+
+    #[test]
+    fn parts_respect_the_stores_limits() {
+        assert_eq!(Upload::part_size(0), PART);
+        const { assert!(PART >= 5 << 20) };
+        // 10,000 parts carry more than 10 TiB; no part exceeds 5 GiB.
+        let total: u64 = (0..10_000).map(|i| Upload::part_size(i) as u64).sum();
+        assert!(total > 10 << 40, "{total}");
+        assert!((0..10_000).all(|i| Upload::part_size(i) <= 5 << 30));
     }
 }

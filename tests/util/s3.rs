@@ -48,6 +48,8 @@ elif op == "put":
     for f in sorted(src.rglob("*")):
         if f.is_file():
             s3.upload_file(str(f), bucket, prefix + "/" + f.relative_to(src).as_posix())
+elif op == "put1":
+    s3.upload_file(sys.argv[3], bucket, sys.argv[4])
 elif op == "get":
     prefix, dst = sys.argv[3], pathlib.Path(sys.argv[4])
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
@@ -55,6 +57,21 @@ elif op == "get":
             f = dst / o["Key"][len(prefix) + 1:]
             f.parent.mkdir(parents=True, exist_ok=True)
             s3.download_file(bucket, o["Key"], str(f))
+elif op == "wds":
+    # webdataset reads the output the manifest lists, each shard streamed from S3 by `pipe:`.
+    import json, webdataset
+    prefix = sys.argv[3]
+    index = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "/index.json")["Body"].read())
+    cat = ("import boto3, os, sys; sys.stdout.buffer.write(boto3.client('s3', endpoint_url="
+           "os.environ['AWS_ENDPOINT_URL']).get_object(Bucket=sys.argv[1], Key=sys.argv[2])"
+           "['Body'].read())")
+    urls = [f"pipe:{sys.executable} -c \"{cat}\" {bucket} {prefix}/{s['url']}"
+            for s in index["shardlist"]]
+    for sample in webdataset.WebDataset(urls, shardshuffle=False):
+        print(sample["__key__"])
+elif op == "uploads":
+    for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+        print(u["Key"])
 elif op == "ls":
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=sys.argv[3]):
         for o in page.get("Contents", []):
@@ -216,6 +233,36 @@ impl Server {
     /// Uploads every file under `from` to `s3://bucket/prefix/…`.
     pub fn put(&self, dir: &Dir, from: &Path, bucket: &str, prefix: &str) {
         self.client(dir, &["put", bucket, from.to_str().unwrap(), prefix]);
+    }
+
+    /// Downloads every object under `s3://bucket/prefix/` into `to`.
+    pub fn get(&self, dir: &Dir, bucket: &str, prefix: &str, to: &Path) {
+        self.client(dir, &["get", bucket, prefix, to.to_str().unwrap()]);
+    }
+
+    /// The keys under `s3://bucket/prefix` (every key that starts with it), in order.
+    pub fn keys(&self, dir: &Dir, bucket: &str, prefix: &str) -> Vec<String> {
+        let out = self.client(dir, &["ls", bucket, prefix]);
+        out.stdout.lines().map(str::to_string).collect()
+    }
+
+    /// The keys of the bucket's unfinished multipart uploads.
+    pub fn uploads(&self, dir: &Dir, bucket: &str) -> Vec<String> {
+        let out = self.client(dir, &["uploads", bucket]);
+        out.stdout.lines().map(str::to_string).collect()
+    }
+
+    /// The sample keys webdataset reads from the output at `s3://bucket/prefix`, following its
+    /// manifest, in order.
+    pub fn webdataset_keys(&self, dir: &Dir, bucket: &str, prefix: &str) -> Vec<String> {
+        let out = self.client(dir, &["wds", bucket, prefix]);
+        out.stdout.lines().map(str::to_string).collect()
+    }
+
+    /// Puts `bytes` at `s3://bucket/key`.
+    pub fn put_bytes(&self, dir: &Dir, bucket: &str, key: &str, bytes: &[u8]) {
+        let file = dir.create_bytes(format!("put-{}", key.replace('/', "_")), bytes);
+        self.client(dir, &["put1", bucket, file.to_str().unwrap(), key]);
     }
 
     /// The secret the server's clients sign with: no output of reshard may show it.

@@ -3,7 +3,7 @@
 //! files, and clear refusals before any work for a missing bucket, a missing key and a wrong secret.
 
 use crate::util::runs::run;
-use crate::util::s3::server;
+use crate::util::s3::{server, Server};
 use crate::util::verifier::assert_same_output;
 use crate::util::{Dir, RunOutput};
 
@@ -134,8 +134,14 @@ fn s3_input_errors_name_bucket_and_key_and_hide_the_secret() {
 
 /// `reshard run` from `input` to `s3://BUCKET/PREFIX` under `mpirun -np NP`, staged in the
 /// test's own scratch directory, with `extra` arguments.
-fn run_to_s3(dir: &Dir, np: usize, input: &str, output: &str, extra: &[&str]) -> RunOutput {
-    let s3 = server("run_to_s3").unwrap();
+fn run_to_s3(
+    dir: &Dir,
+    s3: &Server,
+    np: usize,
+    input: &str,
+    output: &str,
+    extra: &[&str],
+) -> RunOutput {
     let mut cmd = dir.mpi(np);
     cmd.args(["run", "--input", input, "--output", output])
         .args(["--seed", "9", "--scratch"])
@@ -160,6 +166,7 @@ fn s3_output_is_the_local_bytes_and_webdataset_reads_it() {
         let prefix = format!("out/np{np}");
         let out = run_to_s3(
             &dir,
+            s3,
             np,
             &format!("s3://{bucket}/in"),
             &format!("s3://{bucket}/{prefix}"),
@@ -177,7 +184,14 @@ fn s3_output_is_the_local_bytes_and_webdataset_reads_it() {
     }
     // Local input to S3 too; nothing else is left: no lock, no unfinished upload, no staged
     // copy on the scratch directory.
-    let out = run_to_s3(&dir, 2, "in", &format!("s3://{bucket}/out/from-local"), &[]);
+    let out = run_to_s3(
+        &dir,
+        s3,
+        2,
+        "in",
+        &format!("s3://{bucket}/out/from-local"),
+        &[],
+    );
     out.check(out.code() == Some(0), "expected success");
     s3.get(&dir, &bucket, "out/from-local", &dir.join("got-local"));
     assert_same_output(
@@ -214,7 +228,7 @@ fn s3_output_is_one_run_at_a_time_and_replaces_only_reshard_outputs() {
         "out/.a.reshard-lock",
         b"reshard lock\ntoken 00\n",
     );
-    let out = run_to_s3(&dir, 2, &input, &format!("s3://{bucket}/out/a"), &[]);
+    let out = run_to_s3(&dir, s3, 2, &input, &format!("s3://{bucket}/out/a"), &[]);
     out.check(out.code() != Some(0), "expected a refusal");
     out.stderr_has("another run is writing it");
     out.stderr_has(&format!("s3://{bucket}/out/.a.reshard-lock"));
@@ -222,7 +236,7 @@ fn s3_output_is_one_run_at_a_time_and_replaces_only_reshard_outputs() {
     // An output prefix holding someone else's object: refused, with --force too; it stays.
     s3.put_bytes(&dir, &bucket, "out/b/notes.txt", b"mine");
     for force in [&[][..], &["--force"][..]] {
-        let out = run_to_s3(&dir, 1, &input, &format!("s3://{bucket}/out/b"), force);
+        let out = run_to_s3(&dir, s3, 1, &input, &format!("s3://{bucket}/out/b"), force);
         out.check(out.code() != Some(0), "expected a refusal");
         out.stderr_has(&format!("--output s3://{bucket}/out/b"));
     }
@@ -230,12 +244,12 @@ fn s3_output_is_one_run_at_a_time_and_replaces_only_reshard_outputs() {
     // A reshard output is replaced with --force: of its objects, those the new manifest does
     // not name go; an object the old manifest did not list stays.
     let c = format!("s3://{bucket}/out/c");
-    let first = run_to_s3(&dir, 2, &input, &c, &["--shards", "6"]);
+    let first = run_to_s3(&dir, s3, 2, &input, &c, &["--shards", "6"]);
     first.check(first.code() == Some(0), "expected success");
     s3.put_bytes(&dir, &bucket, "out/c/README", b"kept");
-    let again = run_to_s3(&dir, 2, &input, &c, &[]);
+    let again = run_to_s3(&dir, s3, 2, &input, &c, &[]);
     again.check(again.code() != Some(0), "replaced without --force");
-    let forced = run_to_s3(&dir, 2, &input, &c, &["--force"]);
+    let forced = run_to_s3(&dir, s3, 2, &input, &c, &["--force"]);
     forced.check(forced.code() == Some(0), "expected success");
     let keys: Vec<String> = s3
         .keys(&dir, &bucket, "out/c/")
@@ -246,4 +260,91 @@ fn s3_output_is_one_run_at_a_time_and_replaces_only_reshard_outputs() {
     let mut want = vec!["out/c/README".to_string(), "out/c/index.json".to_string()];
     want.extend(shards);
     assert_eq!(keys, want);
+}
+
+/// Waits (bounded) until every file of `paths` exists.
+fn wait_for(paths: &[std::path::PathBuf]) {
+    for _ in 0..2400 {
+        if paths.iter().all(|p| p.exists()) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("no rank paused in its upload: {paths:?}");
+}
+
+#[test]
+fn s3_server_killed_mid_upload_publishes_nothing_and_the_rerun_cleans_up() {
+    let test = "s3_server_killed_mid_upload_publishes_nothing_and_the_rerun_cleans_up";
+    let dir = Dir::new("s3-kill");
+    let Some(mut s3) = crate::util::s3::Server::private(&dir, test) else {
+        return;
+    };
+    // Two output shards of about 24 MiB: multipart uploads of 16 MiB parts.
+    dir.generate(
+        "in",
+        &[
+            "--shards",
+            "2",
+            "--samples",
+            "400",
+            "--mean-size",
+            "120KiB",
+            "--seed",
+            "4",
+        ],
+    );
+    run(&dir, Some(2), &["in"], "local", 2, 9, &[]);
+    let bucket = s3.bucket(&dir, test);
+    let target = format!("s3://{bucket}/out/x");
+    let mut cmd = dir.mpi(2);
+    cmd.args(["run", "--input", "in", "--output", &target, "--shards", "2"])
+        .args(["--seed", "9", "--scratch"])
+        .arg(dir.join("scratch"))
+        .env("RESHARD_TEST_PAUSE_UPLOAD", "100")
+        .env("AWS_MAX_ATTEMPTS", "2");
+    s3.with_env(&mut cmd);
+    let markers: Vec<_> = (0..2)
+        .map(|r| {
+            dir.join(format!(
+                "scratch/reshard-scratch/{bucket}/out/.paused-upload-{r}"
+            ))
+        })
+        .collect();
+    let failed = std::thread::scope(|scope| {
+        let run = scope.spawn(|| cmd.output());
+        wait_for(&markers);
+        s3.kill();
+        for m in &markers {
+            std::fs::remove_file(m).unwrap();
+        }
+        run.join().unwrap()
+    });
+    failed.check(failed.code() != Some(0), "expected a failure");
+    failed.stderr_has(&format!("nothing is published at {target}"));
+    failed.no_debug_text();
+    s3.restart();
+    s3.wait_ready(&dir);
+    let keys = s3.keys(&dir, &bucket, "out/x/");
+    assert!(!keys.contains(&"out/x/index.json".to_string()), "{keys:?}");
+    // The aborts could not reach the dead server: the uploads stay until the next run.
+    assert_eq!(s3.uploads(&dir, &bucket).len(), 2, "{keys:?}");
+    // The dead run's lock stays (no takeover on object storage yet): refused until the user
+    // removes it, as the message says.
+    let held = run_to_s3(&dir, &s3, 2, "in", &target, &["--shards", "2"]);
+    held.check(held.code() != Some(0), "the dead run's lock was ignored");
+    held.stderr_has("if no run is live, remove that object");
+    s3.remove(&dir, &bucket, "out/.x.reshard-lock");
+    let again = run_to_s3(&dir, &s3, 2, "in", &target, &["--shards", "2"]);
+    again.check(again.code() == Some(0), "expected success");
+    again.stderr_has("aborted 2 unfinished multipart upload(s)");
+    assert_eq!(s3.uploads(&dir, &bucket), Vec::<String>::new());
+    let keys = s3.keys(&dir, &bucket, "out/");
+    assert!(
+        keys.iter()
+            .all(|k| !k.contains("/.reshard-") && !k.contains("reshard-lock")),
+        "{keys:?}"
+    );
+    s3.get(&dir, &bucket, "out/x", &dir.join("got"));
+    assert_same_output(&dir.join("local"), &dir.join("got"), &["ranks", "inputs"]);
 }

@@ -23,6 +23,11 @@ use crate::storage::{self, Kind, Source};
 /// The manifest: written last, it is what makes the output exist.
 const MANIFEST: &str = "index.json";
 
+/// The object that marks an upload under way: the names it uploads, so that the next run can
+/// remove what a run that failed left (written before the first shard, removed after the
+/// manifest).
+const INCOMPLETE: &str = ".reshard-incomplete";
+
 /// How much of a file one read moves into an upload.
 const CHUNK: usize = 8 << 20;
 
@@ -119,12 +124,14 @@ pub fn prepare(cfg: &RunConfig) -> Result<Option<RemoteLock>> {
     storage::sink(parent)
         .create_dir_all(parent)
         .with_context(|| format!("--scratch: cannot create {}", parent.display()))?;
-    let replaced = replaced_objects(cfg.force, target)?;
     if cfg.dry_run {
+        replaced_objects(cfg.force, target)?;
         return Ok(None);
     }
     let mut lock = RemoteLock::acquire(target)?;
-    lock.replaced = replaced;
+    // Holding the lock, what a failed run left is this run's to clear.
+    clean_up_failed_run(target)?;
+    lock.replaced = replaced_objects(cfg.force, target)?;
     if storage::source(local).stat(&local.join(MANIFEST)).is_ok() {
         // A copy an earlier attempt staged and did not finish uploading: ours to remove.
         storage::sink(local)
@@ -224,7 +231,7 @@ fn is_shard(rel: &str) -> bool {
 }
 
 /// Uploads the local file `rel` under `local` to the same name under `target`.
-fn upload_file(local: &Path, target: &Path, rel: &str) -> Result<u64> {
+fn upload_file(local: &Path, target: &Path, rel: &str, rank: usize) -> Result<u64> {
     let (from, to) = (local.join(rel), target.join(rel));
     let input = storage::open(&from).with_context(|| format!("{}: cannot open", from.display()))?;
     let mut out = storage::sink(&to)
@@ -241,6 +248,10 @@ fn upload_file(local: &Path, target: &Path, rel: &str) -> Result<u64> {
         out.write_all(&buf[..n])
             .with_context(|| format!("{}: upload failed at byte {at}", to.display()))?;
         at += n as u64;
+        if at == 2 * CHUNK as u64 {
+            // The first 16 MiB part is out: a multipart upload is under way.
+            crate::hooks::pause_in_upload(local.parent().unwrap_or(local), rank);
+        }
     }
     out.finish()
         .with_context(|| format!("{}: the upload did not complete", to.display()))
@@ -268,24 +279,11 @@ pub fn run(
         files_under(storage::source(local), local, Path::new(""), &mut files).map(|()| files)
     });
     let files: Vec<(String, u64)> = broadcast_result(comm, 0, listed)?;
-    if let Some(lock) = lock {
-        // The replaced output stops being an output before any of its objects is overwritten.
-        let old = target.join(MANIFEST);
-        if !lock.replaced.is_empty() {
-            let removed = storage::sink(&old).remove_file(&old);
-            agree(
-                comm,
-                removed.with_context(|| format!("{}: cannot remove", old.display())),
-            )?;
-        } else {
-            agree(comm, Ok(()))?;
-        }
-    } else {
-        agree(comm, Ok(()))?;
-    }
+    let begun = lock.map_or(Ok(()), |l| begin(target, &files, l));
+    agree(comm, begun)?;
     let mine = share(&files, comm.rank(), comm.size());
     let sent: Result<u64> = mine.iter().try_fold(0, |sum, f| {
-        upload_file(local, target, &f.0).map(|n| sum + n)
+        upload_file(local, target, &f.0, comm.rank()).map(|n| sum + n)
     });
     agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local))?;
     let finished = (comm.rank() == 0).then(|| finish(target, local, &files, lock));
@@ -302,6 +300,67 @@ pub fn run(
         ),
     );
     Ok(())
+}
+
+/// Rank 0 before any object is uploaded: the names it will upload recorded in the marker of an
+/// upload under way, and with `--force` the replaced output's manifest removed (it stops being
+/// an output before any of its objects is overwritten).
+fn begin(target: &Path, files: &[(String, u64)], lock: &RemoteLock) -> Result<()> {
+    let marker = target.join(INCOMPLETE);
+    let names: String = files.iter().map(|f| format!("{}\n", f.0)).collect();
+    storage::sink(&marker)
+        .write(&marker, names.as_bytes())
+        .with_context(|| format!("{}: cannot write", marker.display()))?;
+    if lock.replaced.is_empty() {
+        return Ok(());
+    }
+    let old = target.join(MANIFEST);
+    storage::sink(&old)
+        .remove_file(&old)
+        .with_context(|| format!("{}: cannot remove", old.display()))
+}
+
+/// What a failed run left at `target`: unfinished multipart uploads aborted, and with no
+/// manifest, the objects its marker names removed; how many objects went.
+fn clean_up_failed_run(target: &Path) -> Result<usize> {
+    let sink = storage::sink(target);
+    let aborted = sink.abort_unfinished(target).with_context(|| {
+        format!(
+            "{}: cannot abort the unfinished uploads of an earlier run",
+            target.display()
+        )
+    })?;
+    if aborted > 0 {
+        crate::errln!("reshard: aborted {aborted} unfinished multipart upload(s) an earlier run left under {}", target.display());
+    }
+    let source = storage::source(target);
+    let marker = target.join(INCOMPLETE);
+    let Ok(names) = source.read(&marker) else {
+        return Ok(0);
+    };
+    if source.stat(&target.join(MANIFEST)).is_ok() {
+        return Ok(0);
+    }
+    let names = String::from_utf8_lossy(&names).into_owned();
+    let mut removed = 0;
+    for name in names
+        .lines()
+        .filter(|n| !n.is_empty() && !n.split('/').any(|p| p == ".."))
+    {
+        let path = target.join(name);
+        match sink.remove_file(&path) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("{}: cannot remove", path.display())),
+        }
+    }
+    sink.remove_file(&marker)
+        .with_context(|| format!("{}: cannot remove", marker.display()))?;
+    crate::errln!(
+        "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
+        target.display()
+    );
+    Ok(removed)
 }
 
 fn not_published(target: &Path, local: &Path) -> String {
@@ -321,10 +380,20 @@ fn finish(
     lock: Option<&RemoteLock>,
 ) -> Result<()> {
     for (rel, _) in files.iter().filter(|f| !is_shard(&f.0) && f.0 != MANIFEST) {
-        upload_file(local, target, rel).with_context(|| not_published(target, local))?;
+        upload_file(local, target, rel, 0).with_context(|| not_published(target, local))?;
     }
     lock.map_or(Ok(()), RemoteLock::check_owned)?;
-    upload_file(local, target, MANIFEST).with_context(|| not_published(target, local))?;
+    upload_file(local, target, MANIFEST, 0).with_context(|| not_published(target, local))?;
+    let marker = target.join(INCOMPLETE);
+    storage::sink(&marker)
+        .remove_file(&marker)
+        .with_context(|| {
+            format!(
+                "{} is published; removing {} failed",
+                target.display(),
+                marker.display()
+            )
+        })?;
     let new: Vec<&str> = files.iter().map(|f| f.0.as_str()).collect();
     for old in lock.map(|l| &l.replaced[..]).unwrap_or_default() {
         if !new.contains(&old.as_str()) {

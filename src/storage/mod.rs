@@ -237,6 +237,16 @@ pub trait Sink: Send + Sync {
         ))
     }
 
+    /// Aborts the unfinished uploads that writers to objects under `dir` left (a run that died
+    /// with the store unreachable could not abort them): how many. Nothing where writes leave
+    /// nothing unfinished behind.
+    ///
+    /// # Errors
+    /// They cannot be listed or aborted.
+    fn abort_unfinished(&self, _dir: &Path) -> io::Result<usize> {
+        Ok(0)
+    }
+
     /// Creates (or truncates) `path` for writing front to back (on object storage, one
     /// upload). Dropped without [`Writer::finish`], what was written may not be durable.
     ///

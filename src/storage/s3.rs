@@ -20,11 +20,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as Key;
 use object_store::{
-    GetOptions, GetRange, MultipartUpload, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode,
-    PutOptions, PutPayload,
+    GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
 };
+use object_store::{MultipartId, RetryConfig};
 
 use super::{
     Capabilities, Entry, FileStamp, Input, Kind, Output, Shard, Sink, Source, Stat, Writer,
@@ -138,6 +139,16 @@ fn store(bucket: &str) -> io::Result<Arc<AmazonS3>> {
         // A store on the local network or loopback without TLS: the user named it so.
         builder = builder.with_allow_http(true);
     }
+    if let Some(attempts) = std::env::var("AWS_MAX_ATTEMPTS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        // As the AWS SDKs read it: attempts in all, the first included.
+        builder = builder.with_retry(RetryConfig {
+            max_retries: attempts.saturating_sub(1),
+            ..RetryConfig::default()
+        });
+    }
     if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none()
     {
         builder = builder.with_region("us-east-1");
@@ -240,6 +251,19 @@ impl S3 {
         block_on(store.head(&key)).map_err(|e| not_found(loc, &store, e))
     }
 
+    /// Whether any object's key starts with the prefix `loc/` (one page of a listing at most).
+    fn has_objects(&self, loc: &Location) -> io::Result<bool> {
+        use futures_util::StreamExt;
+        let store = loc.store()?;
+        let prefix = loc.object()?;
+        let first = block_on(async { store.list(Some(&prefix)).next().await });
+        match first {
+            None => Ok(false),
+            Some(Ok(_)) => Ok(true),
+            Some(Err(e)) => Err(error(loc, e)),
+        }
+    }
+
     /// The objects and sub-prefixes directly under the prefix `loc` (as a directory).
     fn list_under(&self, loc: &Location) -> io::Result<(Vec<ObjectMeta>, Vec<Key>)> {
         let store = loc.store()?;
@@ -266,10 +290,10 @@ impl Source for S3 {
                 Err(e) => return Err(error(&loc, e)),
             }
         }
-        // No object by that name: a prefix with something under it is a directory (the listing
-        // of a missing bucket fails naming it).
-        let (objects, prefixes) = self.list_under(&loc)?;
-        if objects.is_empty() && prefixes.is_empty() {
+        // No object by that name: a prefix with an object under it is a directory (the listing
+        // of a missing bucket fails naming it). Objects, not sub-prefixes: some stores (SeaweedFS)
+        // keep a folder whose objects were all removed.
+        if !self.has_objects(&loc)? {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 format!("no such object or prefix in bucket {}", loc.bucket),
@@ -465,7 +489,6 @@ impl Sink for S3 {
             key: loc.object()?,
             loc,
             buf: Vec::new(),
-            parts: 0,
             upload: None,
             written: 0,
         }))
@@ -498,6 +521,33 @@ impl Sink for S3 {
         block_on(store.delete(&loc.object()?)).map_err(|e| error(&loc, e))
     }
 
+    fn abort_unfinished(&self, dir: &Path) -> io::Result<usize> {
+        let loc = Location::parse(dir)?;
+        let store = loc.store()?;
+        let prefix = loc.object()?;
+        block_on(async {
+            use futures_util::TryStreamExt;
+            let all: Vec<ObjectMeta> = store.list(Some(&prefix)).try_collect().await?;
+            let mut aborted = 0;
+            for journal in all.iter().map(|m| &m.location) {
+                let Some(key) = object_of(journal) else {
+                    continue;
+                };
+                let id = store.get(journal).await?.bytes().await?;
+                let id = String::from_utf8_lossy(&id).into_owned();
+                match store.abort_multipart(&key, &id).await {
+                    // Gone already (completed, aborted, or expired by a lifecycle rule).
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+                store.delete(journal).await?;
+                aborted += 1;
+            }
+            Ok(aborted)
+        })
+        .map_err(|e| error(&loc, e))
+    }
+
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
         let loc = Location::parse(path)?;
         let store = loc.store()?;
@@ -514,17 +564,47 @@ impl Sink for S3 {
     }
 }
 
+/// The folder, beside a multipart upload's object, of the journal objects that name unfinished
+/// uploads: a run that died with the server (and could not abort) leaves its upload ids there
+/// for the next run to abort ([`Sink::abort_unfinished`]).
+const JOURNAL: &str = ".reshard-multipart";
+
+/// The journal object of a multipart upload to `key`.
+fn journal_of(key: &Key) -> Key {
+    let text = key.as_ref();
+    let (dir, name) = text.rsplit_once('/').unwrap_or(("", text));
+    let path = if dir.is_empty() {
+        format!("{JOURNAL}/{name}")
+    } else {
+        format!("{dir}/{JOURNAL}/{name}")
+    };
+    Key::from(path.as_str())
+}
+
+/// The object a journal object `journal` speaks for.
+fn object_of(journal: &Key) -> Option<Key> {
+    let text = journal.as_ref();
+    let (dir, name) = text
+        .rsplit_once(&format!("/{JOURNAL}/"))
+        .or_else(|| text.strip_prefix(&format!("{JOURNAL}/")).map(|n| ("", n)))?;
+    let path = if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    };
+    Key::parse(path).ok()
+}
+
 /// An object written front to back: one PUT when it stays under a part, else a multipart
-/// upload whose parts go out as they fill. Dropped unfinished, its upload is aborted, so no
-/// parts are left behind to be billed.
+/// upload whose parts go out as they fill, its id in a journal object until it is completed or
+/// aborted. Dropped unfinished, its upload is aborted, so no parts are left behind to be billed.
 struct Upload {
     store: Arc<AmazonS3>,
     loc: Location,
     key: Key,
     buf: Vec<u8>,
-    /// Parts sent so far.
-    parts: usize,
-    upload: Option<Box<dyn MultipartUpload>>,
+    /// The multipart upload's id and its parts so far.
+    upload: Option<(MultipartId, Vec<PartId>)>,
     written: u64,
 }
 
@@ -537,17 +617,32 @@ impl Upload {
             .min(MAX_PART)
     }
 
+    fn sent(&self) -> usize {
+        self.upload.as_ref().map_or(0, |u| u.1.len())
+    }
+
+    /// Starts the multipart upload and journals its id.
+    fn start(&self) -> object_store::Result<MultipartId> {
+        block_on(async {
+            let id = self.store.create_multipart(&self.key).await?;
+            let journal = PutPayload::from(id.clone().into_bytes());
+            self.store.put(&journal_of(&self.key), journal).await?;
+            Ok(id)
+        })
+    }
+
     /// Sends the first `n` bytes of the buffer as the next part.
     fn send_part(&mut self, n: usize) -> io::Result<()> {
         if self.upload.is_none() {
-            let started = block_on(self.store.put_multipart(&self.key));
-            self.upload = Some(started.map_err(|e| error(&self.loc, e))?);
+            let id = self.start().map_err(|e| error(&self.loc, e))?;
+            self.upload = Some((id, Vec::new()));
         }
         let rest = self.buf.split_off(n);
         let data = PutPayload::from(std::mem::replace(&mut self.buf, rest));
-        let upload = self.upload.as_mut().expect("started above");
-        self.parts += 1;
-        block_on(upload.put_part(data)).map_err(|e| error(&self.loc, e))
+        let (id, parts) = self.upload.as_mut().expect("started above");
+        let part = block_on(self.store.put_part(&self.key, id, parts.len(), data));
+        parts.push(part.map_err(|e| error(&self.loc, e))?);
+        Ok(())
     }
 }
 
@@ -555,8 +650,8 @@ impl io::Write for Upload {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         self.buf.extend_from_slice(data);
         self.written += data.len() as u64;
-        while self.buf.len() >= Upload::part_size(self.parts) {
-            self.send_part(Upload::part_size(self.parts))?;
+        while self.buf.len() >= Upload::part_size(self.sent()) {
+            self.send_part(Upload::part_size(self.sent()))?;
         }
         Ok(data.len())
     }
@@ -576,22 +671,33 @@ impl Writer for Upload {
         if !self.buf.is_empty() {
             self.send_part(self.buf.len())?;
         }
-        let mut upload = self.upload.take().expect("a multipart upload");
-        match block_on(upload.complete()) {
-            Ok(_) => Ok(self.written),
-            Err(e) => {
-                let _ = block_on(upload.abort());
-                Err(error(&self.loc, e))
-            }
+        let (id, parts) = self.upload.take().expect("a multipart upload");
+        let done = block_on(async {
+            self.store.complete_multipart(&self.key, &id, parts).await?;
+            self.store.delete(&journal_of(&self.key)).await
+        });
+        if let Err(e) = done {
+            abort(&self.store, &self.key, &id);
+            return Err(error(&self.loc, e));
         }
+        Ok(self.written)
     }
+}
+
+/// Aborts the multipart upload `id` of `key` and removes its journal; quietly, on a failure
+/// path (an abort that fails leaves the journal for the next run).
+fn abort(store: &AmazonS3, key: &Key, id: &MultipartId) {
+    let _ = block_on(async {
+        store.abort_multipart(key, id).await?;
+        store.delete(&journal_of(key)).await
+    });
 }
 
 impl Drop for Upload {
     fn drop(&mut self) {
-        if let Some(mut upload) = self.upload.take() {
+        if let Some((id, _)) = self.upload.take() {
             // Unfinished: its parts would stay (and be billed) until aborted.
-            let _ = block_on(upload.abort());
+            abort(&self.store, &self.key, &id);
         }
     }
 }
@@ -615,6 +721,17 @@ mod tests {
         assert!(Location::parse(Path::new("/local/k")).is_err());
         let bad = Location::parse(Path::new("s3://data/a//b")).unwrap();
         assert!(bad.object().is_err());
+    }
+
+    #[test]
+    fn journals_name_their_objects() {
+        for key in ["out/x/shard-000001.tar", "shard.tar", "a/b/c/d.tar"] {
+            let key = Key::parse(key).unwrap();
+            let journal = journal_of(&key);
+            assert!(journal.as_ref().contains(JOURNAL), "{journal}");
+            assert_eq!(object_of(&journal), Some(key));
+        }
+        assert_eq!(object_of(&Key::parse("out/x/shard.tar").unwrap()), None);
     }
 
     #[test]

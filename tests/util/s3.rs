@@ -22,6 +22,9 @@ const SECRET_KEY: &str = "reshard-test-secret-0123456789";
 pub struct Server {
     pub endpoint: String,
     python: PathBuf,
+    /// A test's own server (see [`Server::private`]): the command that starts it again, and
+    /// the running process.
+    own: Option<(Command, Child)>,
 }
 
 /// The S3 operations the tests need, in boto3; retried while the server is still starting.
@@ -48,6 +51,8 @@ elif op == "put":
     for f in sorted(src.rglob("*")):
         if f.is_file():
             s3.upload_file(str(f), bucket, prefix + "/" + f.relative_to(src).as_posix())
+elif op == "rm":
+    s3.delete_object(Bucket=bucket, Key=sys.argv[3])
 elif op == "put1":
     s3.upload_file(sys.argv[3], bucket, sys.argv[4])
 elif op == "get":
@@ -129,22 +134,8 @@ fn remove_dead_servers_data() {
     }
 }
 
-fn start() -> Option<Server> {
-    let python = test_python()?;
-    let weed = weed(&python)?;
-    let ok = Command::new(&python)
-        .args(["-c", "import boto3"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        return None;
-    }
-    remove_dead_servers_data();
-    let data = std::env::temp_dir().join(format!("reshard-test-s3-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&data);
-    fs::create_dir_all(&data).unwrap();
-    let ports = free_ports(12);
+/// `weed mini` on `ports` (the S3 port is the seventh), its data in `data`.
+fn weed_mini(weed: &Path, data: &Path, ports: &[u16]) -> Command {
     let names = [
         "master.port",
         "master.port.grpc",
@@ -164,20 +155,46 @@ fn start() -> Option<Server> {
         .arg(format!("-dir={}", data.display()))
         .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"])
         .args(["-webdav=false"])
-        .args(names.iter().zip(&ports).map(|(n, p)| format!("-{n}={p}")))
+        .args(names.iter().zip(ports).map(|(n, p)| format!("-{n}={p}")))
         .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
         .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
         .stdin(Stdio::null())
         .stdout(fs::File::create(data.with_extension("log")).unwrap())
         .stderr(Stdio::null());
-    // SAFETY: prctl(2) in the child before exec: the server dies with the thread that started
-    // it, which lives as long as this test binary (below), so no server outlives the tests.
+    cmd
+}
+
+/// Makes the process `cmd` starts receive SIGKILL when the thread that started it ends.
+fn dies_with_its_thread(cmd: &mut Command) {
+    // SAFETY: prctl(2) in the child before exec, async-signal-safe, on the child alone.
     unsafe {
         cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             Ok(())
         });
     }
+}
+
+fn start() -> Option<Server> {
+    let python = test_python()?;
+    let weed = weed(&python)?;
+    let ok = Command::new(&python)
+        .args(["-c", "import boto3"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        return None;
+    }
+    remove_dead_servers_data();
+    let data = std::env::temp_dir().join(format!("reshard-test-s3-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&data);
+    fs::create_dir_all(&data).unwrap();
+    let ports = free_ports(12);
+    let mut cmd = weed_mini(&weed, &data, &ports);
+    // The thread that starts it lives as long as this test binary (below), so no server
+    // outlives the tests.
+    dies_with_its_thread(&mut cmd);
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         let child: std::io::Result<Child> = cmd.spawn();
@@ -190,10 +207,47 @@ fn start() -> Option<Server> {
     Some(Server {
         endpoint: format!("http://127.0.0.1:{}", ports[6]),
         python,
+        own: None,
     })
 }
 
 impl Server {
+    /// A server of the calling test's own, to stop and start again (in `dir`, dying with the
+    /// test's thread); `None` (after reporting a skip) where the tools are missing.
+    pub fn private(dir: &Dir, test: &str) -> Option<Server> {
+        server(test)?;
+        let python = test_python()?;
+        let weed = weed(&python)?;
+        let data = dir.create_dir("weed");
+        let ports = free_ports(12);
+        let mut cmd = weed_mini(&weed, &data, &ports);
+        dies_with_its_thread(&mut cmd);
+        let child = cmd.spawn().expect("start weed mini");
+        Some(Server {
+            endpoint: format!("http://127.0.0.1:{}", ports[6]),
+            python,
+            own: Some((cmd, child)),
+        })
+    }
+
+    /// Kills this private server (SIGKILL: no goodbye to its clients).
+    pub fn kill(&mut self) {
+        let (_, child) = self.own.as_mut().expect("a private server");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Waits until the server accepts writes again (a bucket made).
+    pub fn wait_ready(&self, dir: &Dir) {
+        self.bucket(dir, "ready");
+    }
+
+    /// Starts this private server again on its ports and data.
+    pub fn restart(&mut self) {
+        let (cmd, child) = self.own.as_mut().expect("a private server");
+        *child = cmd.spawn().expect("start weed mini again");
+    }
+
     /// The environment that points an S3 client at this server.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![
@@ -265,8 +319,22 @@ impl Server {
         self.client(dir, &["put1", bucket, file.to_str().unwrap(), key]);
     }
 
+    /// Removes the object `s3://bucket/key`.
+    pub fn remove(&self, dir: &Dir, bucket: &str, key: &str) {
+        self.client(dir, &["rm", bucket, key]);
+    }
+
     /// The secret the server's clients sign with: no output of reshard may show it.
     pub fn secret(&self) -> &'static str {
         SECRET_KEY
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some((_, child)) = self.own.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

@@ -21,8 +21,10 @@ pub const MIN_MEM_LIMIT: u64 = 1 << 20;
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub inputs: Vec<String>,
-    /// `None` when only planning.
+    /// `None` when only planning. For an `s3://` output, where it is staged on `--scratch`.
     pub output: Option<PathBuf>,
+    /// An `s3://` output: where the staged output is uploaded ([`crate::job::upload`]).
+    pub upload: Option<PathBuf>,
     pub sizing: Sizing,
     pub equalize: Equalize,
     pub balance: Balance,
@@ -77,6 +79,7 @@ pub struct JobSettings {
     pub finish: FinishSettings,
     pub publish: PublishSettings,
     pub resume: ResumeSettings,
+    pub upload: UploadSettings,
     pub report: ReportSettings,
     /// `--dry-run` or `reshard plan`: the phases stop after planning.
     pub dry_run: bool,
@@ -85,6 +88,18 @@ pub struct JobSettings {
     /// Whether the free-space check runs before data moves.
     pub space_check: bool,
     pub io: IoConfig,
+}
+
+/// What uploading an `s3://` output needs ([`crate::job::upload`]): where the staged output is
+/// uploaded to and from, and what may be replaced there.
+#[derive(Debug, Clone, Default)]
+pub struct UploadSettings {
+    /// The `s3://` URL of the output; `None` for an output on a file system.
+    pub target: Option<PathBuf>,
+    /// The staged local output on `--scratch` that is uploaded.
+    pub local: Option<PathBuf>,
+    pub force: bool,
+    pub dry_run: bool,
 }
 
 /// What the expand phase needs: the input specs, and the output with what may replace or
@@ -164,6 +179,8 @@ pub struct ReportSettings {
     pub output: Option<PathBuf>,
     pub limits: crate::throttle::Limits,
     pub mem_limit: u64,
+    /// An `s3://` output: the URL it is uploaded to, which the summary names.
+    pub uploaded_to: Option<PathBuf>,
 }
 
 /// What the planning phases need of a [`RunConfig`], each phase its own part, with the values

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 pub use test_hooks::{
     checkpoint_bytes, hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round,
-    pause_before_finish, pause_before_publish, slow_round,
+    pause_before_finish, pause_before_publish, pause_in_upload, slow_round,
 };
 
 /// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
@@ -152,6 +152,16 @@ mod test_hooks {
         );
     }
 
+    /// `RESHARD_TEST_PAUSE_UPLOAD`: a window in the middle of a multipart upload of an `s3://`
+    /// output (a part sent, more to come), in which a test stops the server; the marker
+    /// `.paused-upload-RANK` is in `dir`, the scratch directory's folder of the output.
+    pub fn pause_in_upload(dir: &Path, rank: usize) {
+        pause(
+            "RESHARD_TEST_PAUSE_UPLOAD",
+            &dir.join(format!(".paused-upload-{rank}")),
+        );
+    }
+
     /// Sleeps the seconds `var` says, or until the test removes `marker`.
     fn pause(var: &str, marker: &Path) {
         let _ = std::fs::remove_file(marker);
@@ -217,6 +227,7 @@ mod test_hooks {
     pub fn kill_at(_rank: usize, _at: &str) {}
     pub fn pause_before_finish(_staging: &Path, _rank: usize) {}
     pub fn pause_before_publish(_staging: &Path, _rank: usize) {}
+    pub fn pause_in_upload(_dir: &Path, _rank: usize) {}
     pub fn checkpoint_bytes(default: u64) -> u64 {
         default
     }

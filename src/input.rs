@@ -96,7 +96,8 @@ fn read_list(list: &Path) -> Result<Vec<PathBuf>> {
             continue;
         }
         let p = Path::new(line);
-        let p = if p.is_absolute() {
+        // An `s3://` location is absolute too.
+        let p = if p.is_absolute() || storage::is_object_store(p) {
             p.to_path_buf()
         } else {
             base.join(p)
@@ -121,8 +122,11 @@ fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
         let is_tar = [".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd"]
             .iter()
             .any(|ext| lower.ends_with(ext));
-        // Following a link: a link to a shard is a shard.
-        if is_tar && kind(&dir.join(&name)) == Some(Kind::File) {
+        // Following a link: a link to a shard is a shard. A file as listed needs no stat (on
+        // object storage that would be a request per shard).
+        let file = entry.kind == Kind::File
+            || (entry.kind == Kind::Link && kind(&dir.join(&name)) == Some(Kind::File));
+        if is_tar && file {
             names.push(name);
         }
     }

@@ -33,6 +33,7 @@ mod release;
 mod resume;
 mod rounds;
 mod run;
+mod s3;
 mod signals;
 mod sizing;
 mod slurm;

@@ -86,6 +86,11 @@ pub struct RunArgs {
     )]
     pub output: Option<PathBuf>,
 
+    /// With an `s3://` output: the directory the output is assembled in before it is uploaded
+    /// (every rank must see it). Default: $TMPDIR (else /tmp), in reshard-scratch/BUCKET/KEY.
+    #[arg(help_heading = "Output and loaders", long, value_name = "DIR")]
+    pub scratch: Option<PathBuf>,
+
     /// Number of output shards. Exactly one of --shards, --shard-size and --gpus chooses it.
     #[arg(help_heading = "Sizing", long, value_name = "N", conflicts_with_all = ["shard_size", "gpus"])]
     pub shards: Option<u64>,

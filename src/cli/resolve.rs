@@ -14,7 +14,7 @@ use crate::config::{
     Balance, EnergonDataset, ExchangeSettings, ExpandSettings, FinishSettings, GenerateConfig,
     GpuLayout, HeaderFormat, IndexSettings, IoConfig, JobSettings, Keep, LayoutSettings,
     LoaderIndexes, PlaceSettings, PlanSettings, ProgressConfig, PublishSettings, ReportSettings,
-    ResumeSettings, RunConfig, SplitSettings, Splits, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
+    ResumeSettings, RunConfig, UploadSettings, SplitSettings, Splits, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
 };
 use crate::generate::DEFAULT_SAMPLES;
 use crate::plan::order::{OrderBy, OrderSpec};
@@ -71,7 +71,11 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
     Ok(match command {
         Command::Run(args) => {
             let config = Box::new(run_config(&args, false).map_err(UsageError)?);
-            let then_verify = match (args.verify, &config.output) {
+            // An `s3://` output is checked where it was uploaded (its staged copy is gone).
+            let then_verify = match (
+                args.verify,
+                config.upload.as_ref().or(config.output.as_ref()),
+            ) {
                 (true, Some(output)) => Some(VerifyConfig {
                     inputs: config.inputs.clone(),
                     output: output.clone(),
@@ -109,6 +113,7 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     check_flags_fit_the_command(args, dry_run)?;
     let keep = keep_series(args.keep, args.output.as_deref())?;
     let output = output(args, dry_run)?;
+    let (output, upload) = staged(args, output)?;
     check_prefix(&args.prefix)?;
     let mem_limit = parse_size(&args.mem_limit)
         .map_err(|e| anyhow!("--mem-limit {:?}: {e}", args.mem_limit))?;
@@ -141,6 +146,7 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     Ok(RunConfig {
         inputs: args.inputs.clone(),
         output,
+        upload,
         sizing,
         equalize,
         balance: args.balance,
@@ -220,6 +226,12 @@ pub fn job_settings(cfg: &RunConfig) -> JobSettings {
             key_map: cfg.order.key_map.clone(),
             split: cfg.split.is_some(),
         },
+        upload: UploadSettings {
+            target: cfg.upload.clone(),
+            local: cfg.output.clone(),
+            force: cfg.force,
+            dry_run: cfg.dry_run,
+        },
         resume: ResumeSettings {
             arguments: resume_arguments(cfg),
             key_map: cfg.order.key_map.clone(),
@@ -234,6 +246,7 @@ pub fn job_settings(cfg: &RunConfig) -> JobSettings {
             output: cfg.output.clone(),
             limits: cfg.io.limits,
             mem_limit: cfg.mem_limit,
+            uploaded_to: cfg.upload.clone(),
         },
         dry_run: cfg.dry_run,
         plot: cfg.plot.clone(),
@@ -518,6 +531,42 @@ fn output(args: &RunArgs, dry_run: bool) -> Result<Option<PathBuf>> {
     })
 }
 
+/// An `s3://` output: the local path it is staged at (`--scratch`, default `$TMPDIR`, in
+/// `reshard-scratch/BUCKET/KEY`) and the URL it is uploaded to. `--link` and `--keep` act on
+/// a file system only.
+fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, Option<PathBuf>)> {
+    let Some(url) = output
+        .as_ref()
+        .filter(|o| crate::storage::is_object_store(o))
+        .cloned()
+    else {
+        if args.scratch.is_some() {
+            bail!("--scratch is where an s3:// output is staged: it needs --output s3://…");
+        }
+        return Ok((output, None));
+    };
+    if args.link.is_some() {
+        bail!("--link points a symbolic link at the output: object storage has no links (point the readers at the output's index.json instead)");
+    }
+    if args.keep.is_some() {
+        bail!("--keep removes older outputs of a series on a file system: not with an s3:// output yet");
+    }
+    let text = url.to_string_lossy();
+    let rest = text.trim_start_matches("s3://").trim_end_matches('/');
+    if rest
+        .split('/')
+        .any(|p| p.is_empty() || p == "." || p == "..")
+        || !rest.contains('/')
+    {
+        bail!("--output {text}: expected s3://BUCKET/PREFIX/NAME (a key under the bucket, no empty, '.' or '..' parts)");
+    }
+    let scratch = args.scratch.clone().unwrap_or_else(|| {
+        std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from)
+    });
+    let local = scratch.join("reshard-scratch").join(rest);
+    Ok((Some(local), Some(PathBuf::from(format!("s3://{rest}")))))
+}
+
 /// Replaces `{epoch}` in a path with the epoch number: `--output 'data/epoch-{epoch}'`.
 fn epoch_template(path: &Path, epoch: u64) -> String {
     path.to_string_lossy().replace(EPOCH, &epoch.to_string())
@@ -745,6 +794,12 @@ pub fn generate_config(args: &GenerateArgs) -> Result<GenerateConfig> {
     check_prefix(&args.prefix)?;
     if args.output.as_os_str().is_empty() {
         bail!("--output must not be empty");
+    }
+    if crate::storage::is_object_store(&args.output) {
+        bail!(
+            "--output {}: reshard generate writes to a file system only",
+            args.output.display()
+        );
     }
     let mean_size = parse_size(&args.mean_size)
         .map_err(|e| anyhow!("--mean-size {:?}: {e}", args.mean_size))?;

@@ -37,6 +37,8 @@ pub struct Setup {
 #[derive(Default)]
 pub struct Lead {
     pub lock: Option<StagingLock>,
+    /// An `s3://` output's lock (taken before this phase, see [`crate::job::upload`]).
+    pub remote: Option<crate::job::upload::RemoteLock>,
     pub inputs: Vec<InputRecord>,
 }
 
@@ -125,6 +127,7 @@ pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(
         Lead {
             lock,
             inputs: records,
+            remote: None,
         },
     ))
 }

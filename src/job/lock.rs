@@ -639,7 +639,7 @@ fn rewrite_beat(path: &Path, owner: &Owner) -> io::Result<Option<String>> {
 }
 
 /// 128 bits from the OS's random source, as 32 hex digits.
-fn new_token() -> Result<String> {
+pub fn new_token() -> Result<String> {
     let mut bytes = [0u8; 16];
     sys::random_bytes(&mut bytes)
         .context("/dev/urandom: cannot read a token for the output's lock")?;

@@ -45,6 +45,7 @@ pub mod space;
 pub mod split;
 pub mod staging;
 pub mod summary;
+pub mod upload;
 
 use anyhow::Result;
 
@@ -97,8 +98,10 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
     // Rank 0 holds the output's lock until the job has published or given up.
     let mut mine = Lead::default();
     let prepared = lead.then(|| {
+        let remote = upload::prepare(&settings.upload)?;
         expand::prepare(&settings.expand, &settings.resume).map(|(setup, held)| {
             mine = held;
+            mine.remote = remote;
             setup
         })
     });
@@ -211,6 +214,9 @@ fn run_phases(
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
     times.detail("publish");
     publish::run(comm, &settings.publish, setup, &planned, &finished, lock)?;
+    times.detail("upload");
+    let remote = mine.and_then(|m| m.remote.as_ref());
+    upload::run(comm, &settings.upload, setup.target()?, remote)?;
     times.stop();
     let summary = summary::gather(comm, &settings.report, setup, &planned, &stats, times)?;
     Ok(Outcome::Ran(Box::new(summary)))
@@ -394,6 +400,7 @@ mod tests {
         RunConfig {
             inputs,
             output: Some(output),
+            upload: None,
             sizing: crate::plan::Sizing::Count(5),
             equalize: crate::plan::Equalize::None,
             balance: Balance::Count,

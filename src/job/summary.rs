@@ -268,7 +268,11 @@ pub fn gather(
         peak_rss: Spread::of(&peak_rss),
     };
     Ok(Summary {
-        output: setup.target()?.to_path_buf(),
+        // An `s3://` output is where it was uploaded, not where it was staged.
+        output: match &settings.uploaded_to {
+            Some(url) => url.clone(),
+            None => setup.target()?.to_path_buf(),
+        },
         inputs: setup.inputs.len(),
         input_bytes: setup.inputs.iter().map(|s| s.size).sum(),
         samples: index.samples,

@@ -5,7 +5,8 @@
 //! implementing them plus its registration in [`source`] and [`sink`].
 //!
 //! A location is a path as the user wrote it; its scheme picks the backend. Today that is
-//! [`posix`] for every plain path, and in unit tests [`memory`] for `mem://…`. A backend that
+//! [`posix`] for every plain path, [`s3`] for `s3://bucket/key`, and in unit tests [`memory`]
+//! for `mem://…`. A backend that
 //! lacks something POSIX has (object storage has no rename and no write at an offset) says so in
 //! its [`Capabilities`]; the caller asks before it relies on it.
 
@@ -20,6 +21,7 @@ pub use crate::sys::FileStamp;
 #[cfg(test)]
 pub mod memory;
 pub mod posix;
+pub mod s3;
 
 /// What a location is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,6 +236,16 @@ pub trait Sink: Send + Sync {
     /// It cannot be written; what was at `path` stays.
     fn replace(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
 
+    /// Aborts the unfinished uploads that writers to objects under `dir` left (a run that died
+    /// with the store unreachable could not abort them): how many. Nothing where writes leave
+    /// nothing unfinished behind.
+    ///
+    /// # Errors
+    /// They cannot be listed or aborted.
+    fn abort_unfinished(&self, _dir: &Path) -> io::Result<usize> {
+        Ok(0)
+    }
+
     /// Creates (or truncates) `path` for writing front to back (on object storage, one
     /// upload). Dropped without [`Writer::finish`], what was written may not be durable.
     ///
@@ -390,7 +402,15 @@ pub trait Writer: Write + Send {
 fn scheme(path: &Path) -> Option<&str> {
     let s = path.to_str()?;
     let (scheme, _) = s.split_once("://")?;
-    (!scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_lowercase())).then_some(scheme)
+    // RFC 3986's letter then letters and digits (`s3`), in lower case.
+    let mut bytes = scheme.bytes();
+    let first = bytes.next().is_some_and(|b| b.is_ascii_lowercase());
+    (first && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())).then_some(scheme)
+}
+
+/// Whether `path` names object storage (`s3://…`).
+pub fn is_object_store(path: &Path) -> bool {
+    scheme(path) == Some(s3::SCHEME)
 }
 
 /// The backend that holds `path`: its scheme picks it; a plain path is POSIX.
@@ -398,6 +418,7 @@ pub fn source(path: &Path) -> &'static dyn Source {
     match scheme(path) {
         #[cfg(test)]
         Some("mem") => &memory::Memory,
+        Some(s3::SCHEME) => &s3::S3,
         _ => &posix::Posix,
     }
 }
@@ -407,6 +428,7 @@ pub fn sink(path: &Path) -> &'static dyn Sink {
     match scheme(path) {
         #[cfg(test)]
         Some("mem") => &memory::Memory,
+        Some(s3::SCHEME) => &s3::S3,
         _ => &posix::Posix,
     }
 }
@@ -450,6 +472,8 @@ mod tests {
     #[test]
     fn schemes_pick_backends() {
         assert_eq!(scheme(Path::new("mem://t/a.tar")), Some("mem"));
+        assert_eq!(scheme(Path::new("s3://bucket/a.tar")), Some("s3"));
+        assert_eq!(scheme(Path::new("3s://bucket/a.tar")), None);
         assert_eq!(scheme(Path::new("/data/a.tar")), None);
         assert_eq!(scheme(Path::new("./x://y")), None);
     }

@@ -17,6 +17,7 @@ pub mod lock;
 pub mod ops;
 pub mod permutation;
 pub mod runs;
+pub mod s3;
 pub mod samples;
 pub mod slurm;
 pub mod splits;

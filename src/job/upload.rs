@@ -1,0 +1,449 @@
+//! Phase "upload" of an `s3://` output: objects cannot be written at an offset and cannot be
+//! renamed, so the whole POSIX pipeline runs on a scratch directory (`--scratch`) and its
+//! published output is then uploaded: every rank its share of the shards (balanced by bytes,
+//! multipart for large ones), then rank 0 the loader metadata, and the manifest `index.json`
+//! last. A reader that follows the manifest never sees a partial output: until `index.json`
+//! is written, the output does not exist.
+//!
+//! One run per output: a lock object beside the output, created with a conditional PUT
+//! (`If-None-Match: *`), holding this run's token; checked before the manifest is written and
+//! removed at the end. `--force` replaces only a reshard output, and removes only the objects
+//! its manifest lists.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+use crate::comm::{agree, broadcast_result, Comm};
+use crate::config::UploadSettings;
+use crate::size::human_bytes;
+use crate::storage::{self, Kind, Source};
+
+/// The manifest: written last, it is what makes the output exist.
+const MANIFEST: &str = "index.json";
+
+/// The object that marks an upload under way: the names it uploads, so that the next run can
+/// remove what a run that failed left (written before the first shard, removed after the
+/// manifest).
+const INCOMPLETE: &str = ".reshard-incomplete";
+
+/// How much of a file one read moves into an upload.
+const CHUNK: usize = 8 << 20;
+
+/// The lock of an `s3://` output, held by rank 0 from before any work until the end.
+pub struct RemoteLock {
+    path: PathBuf,
+    token: String,
+    /// Objects of the reshard output `--force` replaces (its manifest's names), removed once
+    /// the new manifest is written.
+    replaced: Vec<String>,
+}
+
+/// The lock object of the output `target`: beside it, hidden, outside its prefix.
+fn lock_path(target: &Path) -> PathBuf {
+    let name = target.file_name().unwrap_or_default().to_string_lossy();
+    target.with_file_name(format!(".{name}.reshard-lock"))
+}
+
+impl RemoteLock {
+    /// Takes the lock of `target` with a conditional PUT.
+    ///
+    /// # Errors
+    /// Another run holds it, or the store has no conditional PUT.
+    fn acquire(target: &Path) -> Result<Self> {
+        let path = lock_path(target);
+        let token = crate::job::lock::new_token()?;
+        let body = format!(
+            "reshard lock\ntoken {token}\nhost {}\npid {}\n",
+            crate::sys::hostname(),
+            std::process::id()
+        );
+        match storage::sink(&path).create_new(&path, body.as_bytes()) {
+            Ok(()) => Ok(RemoteLock {
+                path,
+                token,
+                replaced: Vec::new(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let holder = storage::source(&path)
+                    .read(&path)
+                    .map(|b| String::from_utf8_lossy(&b).replace('\n', " "))
+                    .unwrap_or_default();
+                bail!(
+                    "--output {}: another run is writing it (its lock {} holds: {}); if no run is live, remove that object and run again",
+                    target.display(),
+                    path.display(),
+                    holder.trim()
+                )
+            }
+            Err(e) => Err(e).with_context(|| {
+                format!(
+                    "--output {}: cannot take the lock {}",
+                    target.display(),
+                    path.display()
+                )
+            }),
+        }
+    }
+
+    /// That the lock still holds this run's token (right before the manifest is written).
+    fn check_owned(&self) -> Result<()> {
+        let held = storage::source(&self.path).read(&self.path).ok();
+        let ours = held.is_some_and(|b| {
+            String::from_utf8_lossy(&b).contains(&format!("token {}\n", self.token))
+        });
+        if !ours {
+            bail!(
+                "{}: this run no longer holds the output's lock (removed or taken over): nothing is published",
+                self.path.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RemoteLock {
+    fn drop(&mut self) {
+        if self.check_owned().is_ok() {
+            let _ = storage::sink(&self.path).remove_file(&self.path);
+        }
+    }
+}
+
+/// Rank 0, before any work: the scratch directory made, the lock taken, the output checked
+/// (empty, or with `--force` a reshard output), an earlier attempt's staged copy removed.
+///
+/// # Errors
+/// The lock is held or cannot be taken, or the output holds something that is not reshard's.
+pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
+    let (Some(target), Some(local)) = (&cfg.target, &cfg.local) else {
+        return Ok(None);
+    };
+    let parent = local.parent().unwrap_or(Path::new("."));
+    storage::sink(parent)
+        .create_dir_all(parent)
+        .with_context(|| format!("--scratch: cannot create {}", parent.display()))?;
+    if cfg.dry_run {
+        replaced_objects(cfg.force, target)?;
+        return Ok(None);
+    }
+    let mut lock = RemoteLock::acquire(target)?;
+    // Holding the lock, what a failed run left is this run's to clear.
+    clean_up_failed_run(target)?;
+    lock.replaced = replaced_objects(cfg.force, target)?;
+    if storage::source(local).stat(&local.join(MANIFEST)).is_ok() {
+        // A copy an earlier attempt staged and did not finish uploading: ours to remove.
+        storage::sink(local)
+            .remove_dir_all(local)
+            .with_context(|| format!("{}: cannot remove the staged copy", local.display()))?;
+    }
+    Ok(Some(lock))
+}
+
+/// What is at the output now: nothing, or with `--force` a reshard output whose manifest's
+/// objects the new output replaces.
+fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
+    let source = storage::source(target);
+    let present = match source.stat(target) {
+        Ok(s) => s.kind == Kind::Dir,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(e).with_context(|| format!("--output {}", target.display())),
+    };
+    if !present {
+        return Ok(Vec::new());
+    }
+    if !force {
+        bail!(
+            "--output {}: exists and is not empty (use --force to replace it if it is an output of reshard)",
+            target.display()
+        );
+    }
+    let manifest = target.join(MANIFEST);
+    let names = source
+        .read(&manifest)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .filter(|v| v["reshard"].is_object())
+        .and_then(|v| {
+            v["shardlist"].as_array().map(|a| {
+                a.iter()
+                    .filter_map(|s| s["url"].as_str().map(String::from))
+                    .collect()
+            })
+        });
+    let Some(mut names): Option<Vec<String>> = names else {
+        bail!(
+            "--output {}: --force replaces only an output of reshard, and {} is not one (no reshard index.json)",
+            target.display(),
+            target.display()
+        );
+    };
+    names.retain(|n| !n.is_empty() && !n.starts_with('/') && !n.split('/').any(|p| p == ".."));
+    Ok(names)
+}
+
+/// Every file under `dir`, as (path relative to it, size), sorted by path.
+fn files_under(
+    source: &dyn Source,
+    dir: &Path,
+    rel: &Path,
+    out: &mut Vec<(String, u64)>,
+) -> Result<()> {
+    let here = dir.join(rel);
+    let entries = source
+        .list(&here)
+        .with_context(|| format!("{}: cannot list", here.display()))?;
+    for e in entries {
+        let name = rel.join(&e.name);
+        if e.kind == Kind::Dir {
+            files_under(source, dir, &name, out)?;
+        } else {
+            let size = source.stat(&dir.join(&name))?.stamp.size;
+            out.push((name.to_string_lossy().into_owned(), size));
+        }
+    }
+    out.sort();
+    Ok(())
+}
+
+/// The files of `files` that rank `rank` of `ranks` uploads: the shards dealt largest first to
+/// the rank with the fewest bytes so far (every rank computes the same deal); the manifest and
+/// the other metadata are rank 0's, after the shards.
+fn share(files: &[(String, u64)], rank: usize, ranks: usize) -> Vec<&(String, u64)> {
+    let mut order: Vec<&(String, u64)> = files.iter().filter(|f| is_shard(&f.0)).collect();
+    order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut load = vec![0u64; ranks];
+    let mut mine = Vec::new();
+    for f in order {
+        let least = (0..ranks).min_by_key(|&r| (load[r], r)).unwrap_or(0);
+        load[least] += f.1;
+        if least == rank {
+            mine.push(f);
+        }
+    }
+    mine
+}
+
+/// A shard (uploaded by any rank) rather than metadata (rank 0's, after every shard).
+fn is_shard(rel: &str) -> bool {
+    !rel.contains('/') && !rel.starts_with('.') && rel != MANIFEST
+}
+
+/// Uploads the local file `rel` under `local` to the same name under `target`.
+fn upload_file(local: &Path, target: &Path, rel: &str, rank: usize) -> Result<u64> {
+    let (from, to) = (local.join(rel), target.join(rel));
+    let input = storage::open(&from).with_context(|| format!("{}: cannot open", from.display()))?;
+    let mut out = storage::sink(&to)
+        .create_stream(&to)
+        .with_context(|| format!("{}: cannot start the upload", to.display()))?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut at = 0u64;
+    loop {
+        let n = storage::read_up_to_at(input.as_ref(), &mut buf, at)
+            .with_context(|| format!("{}: read failed at byte {at}", from.display()))?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])
+            .with_context(|| format!("{}: upload failed at byte {at}", to.display()))?;
+        at += n as u64;
+        if at == 2 * CHUNK as u64 {
+            // The first 16 MiB part is out: a multipart upload is under way.
+            crate::hooks::pause_in_upload(local.parent().unwrap_or(local), rank);
+        }
+    }
+    out.finish()
+        .with_context(|| format!("{}: the upload did not complete", to.display()))
+}
+
+/// Every rank uploads its share of the published local output; rank 0 then writes the
+/// metadata, checks the lock, writes the manifest, removes what `--force` replaced and the
+/// local copy.
+///
+/// # Errors
+/// An upload fails (its multipart upload is aborted; nothing is published: no manifest), the
+/// lock was lost, or removing what was replaced fails after the manifest is written.
+pub fn run(
+    comm: &impl Comm,
+    cfg: &UploadSettings,
+    local: &Path,
+    lock: Option<&RemoteLock>,
+) -> Result<()> {
+    let Some(target) = &cfg.target else {
+        return Ok(());
+    };
+    let started = Instant::now();
+    let listed = (comm.rank() == 0).then(|| {
+        let mut files = Vec::new();
+        files_under(storage::source(local), local, Path::new(""), &mut files).map(|()| files)
+    });
+    let files: Vec<(String, u64)> = broadcast_result(comm, 0, listed)?;
+    let begun = lock.map_or(Ok(()), |l| begin(target, &files, l));
+    agree(comm, begun)?;
+    let mine = share(&files, comm.rank(), comm.size());
+    let sent: Result<u64> = mine.iter().try_fold(0, |sum, f| {
+        upload_file(local, target, &f.0, comm.rank()).map(|n| sum + n)
+    });
+    agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local))?;
+    let finished = (comm.rank() == 0).then(|| finish(target, local, &files, lock));
+    broadcast_result(comm, 0, finished)?;
+    let bytes: u64 = files.iter().map(|f| f.1).sum();
+    crate::report::narrate::narrate(
+        comm.rank() == 0,
+        format_args!(
+            "uploaded {} objects ({}) to {} in {:.2} s",
+            files.len(),
+            human_bytes(bytes),
+            target.display(),
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    Ok(())
+}
+
+/// Rank 0 before any object is uploaded: the names it will upload recorded in the marker of an
+/// upload under way, and with `--force` the replaced output's manifest removed (it stops being
+/// an output before any of its objects is overwritten).
+fn begin(target: &Path, files: &[(String, u64)], lock: &RemoteLock) -> Result<()> {
+    let marker = target.join(INCOMPLETE);
+    let names: String = files.iter().map(|f| format!("{}\n", f.0)).collect();
+    storage::sink(&marker)
+        .write(&marker, names.as_bytes())
+        .with_context(|| format!("{}: cannot write", marker.display()))?;
+    if lock.replaced.is_empty() {
+        return Ok(());
+    }
+    let old = target.join(MANIFEST);
+    storage::sink(&old)
+        .remove_file(&old)
+        .with_context(|| format!("{}: cannot remove", old.display()))
+}
+
+/// What a failed run left at `target`: unfinished multipart uploads aborted, and with no
+/// manifest, the objects its marker names removed; how many objects went.
+fn clean_up_failed_run(target: &Path) -> Result<usize> {
+    let sink = storage::sink(target);
+    let aborted = sink.abort_unfinished(target).with_context(|| {
+        format!(
+            "{}: cannot abort the unfinished uploads of an earlier run",
+            target.display()
+        )
+    })?;
+    if aborted > 0 {
+        crate::errln!("reshard: aborted {aborted} unfinished multipart upload(s) an earlier run left under {}", target.display());
+    }
+    let source = storage::source(target);
+    let marker = target.join(INCOMPLETE);
+    let Ok(names) = source.read(&marker) else {
+        return Ok(0);
+    };
+    if source.stat(&target.join(MANIFEST)).is_ok() {
+        return Ok(0);
+    }
+    let names = String::from_utf8_lossy(&names).into_owned();
+    let mut removed = 0;
+    for name in names
+        .lines()
+        .filter(|n| !n.is_empty() && !n.split('/').any(|p| p == ".."))
+    {
+        let path = target.join(name);
+        match sink.remove_file(&path) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("{}: cannot remove", path.display())),
+        }
+    }
+    sink.remove_file(&marker)
+        .with_context(|| format!("{}: cannot remove", marker.display()))?;
+    crate::errln!(
+        "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
+        target.display()
+    );
+    Ok(removed)
+}
+
+fn not_published(target: &Path, local: &Path) -> String {
+    format!(
+        "nothing is published at {} (no {MANIFEST} written); the finished output stays in {}",
+        target.display(),
+        local.display()
+    )
+}
+
+/// Rank 0 after every shard is up: the metadata, the lock checked, the manifest, then what
+/// `--force` replaced and the local copy removed.
+fn finish(
+    target: &Path,
+    local: &Path,
+    files: &[(String, u64)],
+    lock: Option<&RemoteLock>,
+) -> Result<()> {
+    for (rel, _) in files.iter().filter(|f| !is_shard(&f.0) && f.0 != MANIFEST) {
+        upload_file(local, target, rel, 0).with_context(|| not_published(target, local))?;
+    }
+    lock.map_or(Ok(()), RemoteLock::check_owned)?;
+    upload_file(local, target, MANIFEST, 0).with_context(|| not_published(target, local))?;
+    let marker = target.join(INCOMPLETE);
+    storage::sink(&marker)
+        .remove_file(&marker)
+        .with_context(|| {
+            format!(
+                "{} is published; removing {} failed",
+                target.display(),
+                marker.display()
+            )
+        })?;
+    let new: Vec<&str> = files.iter().map(|f| f.0.as_str()).collect();
+    for old in lock.map(|l| &l.replaced[..]).unwrap_or_default() {
+        if !new.contains(&old.as_str()) {
+            let path = target.join(old);
+            storage::sink(&path).remove_file(&path).with_context(|| {
+                format!(
+                    "{} is published; removing {} of the output it replaced failed",
+                    target.display(),
+                    path.display()
+                )
+            })?;
+        }
+    }
+    storage::sink(local).remove_dir_all(local).with_context(|| {
+        format!(
+            "{} is published; removing the staged copy {} failed",
+            target.display(),
+            local.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_dealt_by_bytes_and_metadata_is_rank_0s_after_them() {
+        let files: Vec<(String, u64)> = [
+            ("index.json", 5),
+            ("s-0.tar", 100),
+            ("s-1.tar", 60),
+            ("s-2.tar", 50),
+            (".reshard/s-0.tar.reshard-layout", 1),
+        ]
+        .iter()
+        .map(|(n, s)| ((*n).to_string(), *s))
+        .collect();
+        let names = |r| {
+            share(&files, r, 2)
+                .iter()
+                .map(|f| f.0.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(0), ["s-0.tar"]);
+        assert_eq!(names(1), ["s-1.tar", "s-2.tar"]);
+        assert_eq!(share(&files, 0, 1).len(), 3);
+        assert_eq!(
+            lock_path(Path::new("s3://b/p/epoch-1")),
+            Path::new("s3://b/p/.epoch-1.reshard-lock")
+        );
+    }
+}

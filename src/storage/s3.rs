@@ -1,0 +1,746 @@
+//! The S3 backend: `s3://bucket/key` locations in S3 or any S3-compatible store, read through
+//! the `object_store` crate (SigV4, the `AWS_*` variables, retries with backoff on 5xx, 503
+//! SlowDown and dropped connections).
+//!
+//! `object_store` is asynchronous; reshard's phases are not. One small current-thread runtime
+//! per process runs every request, and each call blocks on it (`block_on` may be entered from
+//! several threads at once: the first drives the I/O, the others wait for their own futures).
+//!
+//! An object store has no directories: a "directory" is a key prefix ending in `/`, listed with
+//! ListObjectsV2 and the delimiter `/`. A path's canonical name is its URL: objects have no
+//! links or second names.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::path::Path as Key;
+use object_store::{
+    GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+};
+use object_store::{MultipartId, RetryConfig};
+
+use super::{
+    Capabilities, Entry, FileStamp, Input, Kind, Output, Shard, Sink, Source, Stat, Writer,
+};
+
+/// The scheme this backend serves.
+pub const SCHEME: &str = "s3";
+
+/// How much one ranged GET fetches at least: the tar header walk reads 512 bytes per member,
+/// and a request per member would cost a round trip per sample. With this window, indexing a
+/// shard of small samples streams it once in 8 MiB requests; a sample larger than the window
+/// costs one request of its own.
+const READ_AHEAD: usize = 8 << 20;
+
+/// The first part size of a multipart upload. S3 takes parts of 5 MiB to 5 GiB (the last one
+/// smaller), at most 10,000 of them, and parts of one upload may differ in size: a stream does
+/// not know its length up front, so its parts double every [`PARTS_PER_SIZE`] parts
+/// ([`Upload::part_size`]); 10,000 parts then carry up to about 16 TiB.
+const PART: usize = 16 << 20;
+
+/// How many parts of one size before the size doubles.
+const PARTS_PER_SIZE: usize = 1000;
+
+/// The largest part: under S3's 5 GiB.
+const MAX_PART: usize = 4 << 30;
+
+/// Buckets and keys of `s3://` locations.
+pub struct S3;
+
+/// A location parsed: its bucket and its key (no leading or trailing `/`; empty for the
+/// bucket's root).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Location {
+    bucket: String,
+    key: String,
+}
+
+impl Location {
+    fn parse(path: &Path) -> io::Result<Location> {
+        let text = path.to_str().unwrap_or_default();
+        let rest = text
+            .strip_prefix("s3://")
+            .ok_or_else(|| invalid(path, "expected s3://bucket/key"))?;
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(invalid(path, "no bucket named (expected s3://bucket/key)"));
+        }
+        Ok(Location {
+            bucket: bucket.to_string(),
+            key: key.trim_matches('/').to_string(),
+        })
+    }
+
+    /// The key as the client takes it.
+    fn object(&self) -> io::Result<Key> {
+        Key::parse(&self.key).map_err(|_| {
+            invalid(
+                Path::new(&self.url()),
+                "the key has an empty, '.' or '..' part",
+            )
+        })
+    }
+
+    fn url(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.key)
+    }
+
+    fn store(&self) -> io::Result<Arc<AmazonS3>> {
+        store(&self.bucket)
+    }
+}
+
+fn invalid(path: &Path, why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{}: {why}", path.display()),
+    )
+}
+
+/// The runtime every request runs on.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime for S3 requests (a timer and a socket driver)")
+    })
+}
+
+fn block_on<F: Future>(f: F) -> F::Output {
+    runtime().block_on(f)
+}
+
+/// The client of `bucket`, made once per process from the environment: the `AWS_*` variables
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
+/// `AWS_ENDPOINT_URL` for an S3-compatible store, which implies path-style addressing unless
+/// `AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`), else the instance's or the web identity's role.
+fn store(bucket: &str) -> io::Result<Arc<AmazonS3>> {
+    static STORES: Mutex<Option<HashMap<String, Arc<AmazonS3>>>> = Mutex::new(None);
+    let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
+    let stores = stores.get_or_insert_with(HashMap::new);
+    if let Some(s) = stores.get(bucket) {
+        return Ok(s.clone());
+    }
+    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    let endpoint = std::env::var("AWS_ENDPOINT_URL_S3")
+        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
+        .unwrap_or_default();
+    if endpoint.starts_with("http://") {
+        // A store on the local network or loopback without TLS: the user named it so.
+        builder = builder.with_allow_http(true);
+    }
+    if let Some(attempts) = std::env::var("AWS_MAX_ATTEMPTS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        // As the AWS SDKs read it: attempts in all, the first included.
+        builder = builder.with_retry(RetryConfig {
+            max_retries: attempts.saturating_sub(1),
+            ..RetryConfig::default()
+        });
+    }
+    if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+    {
+        builder = builder.with_region("us-east-1");
+    }
+    let s = Arc::new(builder.build().map_err(|e| {
+        io::Error::other(format!(
+            "s3://{bucket}: cannot set up the S3 client ({}); check the AWS_* variables",
+            plain(&e)
+        ))
+    })?);
+    stores.insert(bucket.to_string(), s.clone());
+    Ok(s)
+}
+
+/// The client's message without its debug decorations.
+fn plain(e: &object_store::Error) -> String {
+    e.to_string()
+}
+
+/// An error of the client for `loc`, as an `io::Error` whose message names the bucket (the
+/// caller's context names the whole location, as for a POSIX error) and what to do; never a
+/// credential (the client's messages carry URLs and the store's error codes, never the
+/// request's headers).
+fn error(loc: &Location, e: object_store::Error) -> io::Error {
+    use object_store::Error as E;
+    match e {
+        E::NotFound { .. } => io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no such object in bucket {}", loc.bucket),
+        ),
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "access denied to bucket {} key {}: check the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) and the bucket's policy",
+                loc.bucket, loc.key
+            ),
+        ),
+        E::AlreadyExists { .. } => io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("exists already in bucket {}", loc.bucket),
+        ),
+        E::NotImplemented { .. } => io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "the store of bucket {} cannot do this ({})",
+                loc.bucket,
+                plain(&e)
+            ),
+        ),
+        E::Precondition { .. } | E::NotModified { .. } => io::Error::other(
+            "the object changed while reshard read it (its ETag differs): run again on an input that stays unchanged",
+        ),
+        e if plain(&e).contains("NoSuchBucket") => io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("bucket {} does not exist", loc.bucket),
+        ),
+        e => io::Error::other(plain(&e)),
+    }
+}
+
+/// A not-found object's better message: when the bucket itself is missing, say so.
+fn not_found(loc: &Location, store: &AmazonS3, e: object_store::Error) -> io::Error {
+    if !matches!(e, object_store::Error::NotFound { .. }) {
+        return error(loc, e);
+    }
+    let probe = block_on(store.list_with_delimiter(Some(&Key::from("")))).err();
+    match probe {
+        Some(p)
+            if plain(&p).contains("NoSuchBucket")
+                || matches!(p, object_store::Error::NotFound { .. }) =>
+        {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("bucket {} does not exist", loc.bucket),
+            )
+        }
+        _ => error(loc, e),
+    }
+}
+
+/// A stamp from an object's metadata: its size, its modification time, and a hash of its ETag
+/// in place of the inode, so that a replaced object with the same size and second differs.
+fn stamp_of(meta: &ObjectMeta) -> FileStamp {
+    let mtime = i128::from(meta.last_modified.timestamp_nanos_opt().unwrap_or(0));
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    meta.e_tag.hash(&mut hasher);
+    FileStamp {
+        size: meta.size,
+        mtime_ns: mtime,
+        ctime_ns: mtime,
+        dev: 0,
+        ino: hasher.finish(),
+    }
+}
+
+impl S3 {
+    fn head(&self, loc: &Location) -> io::Result<ObjectMeta> {
+        let store = loc.store()?;
+        let key = loc.object()?;
+        block_on(store.head(&key)).map_err(|e| not_found(loc, &store, e))
+    }
+
+    /// Whether any object's key starts with the prefix `loc/` (one page of a listing at most).
+    fn has_objects(&self, loc: &Location) -> io::Result<bool> {
+        use futures_util::StreamExt;
+        let store = loc.store()?;
+        let prefix = loc.object()?;
+        let first = block_on(async { store.list(Some(&prefix)).next().await });
+        match first {
+            None => Ok(false),
+            Some(Ok(_)) => Ok(true),
+            Some(Err(e)) => Err(error(loc, e)),
+        }
+    }
+
+    /// The objects and sub-prefixes directly under the prefix `loc` (as a directory).
+    fn list_under(&self, loc: &Location) -> io::Result<(Vec<ObjectMeta>, Vec<Key>)> {
+        let store = loc.store()?;
+        let prefix = loc.object()?;
+        let listed =
+            block_on(store.list_with_delimiter(Some(&prefix))).map_err(|e| error(loc, e))?;
+        Ok((listed.objects, listed.common_prefixes))
+    }
+}
+
+impl Source for S3 {
+    fn stat(&self, path: &Path) -> io::Result<Stat> {
+        let loc = Location::parse(path)?;
+        if !loc.key.is_empty() && !path.to_string_lossy().ends_with('/') {
+            let store = loc.store()?;
+            match block_on(store.head(&loc.object()?)) {
+                Ok(meta) => {
+                    return Ok(Stat {
+                        kind: Kind::File,
+                        stamp: stamp_of(&meta),
+                    })
+                }
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(error(&loc, e)),
+            }
+        }
+        // No object by that name: a prefix with an object under it is a directory (the listing
+        // of a missing bucket fails naming it). Objects, not sub-prefixes: some stores (SeaweedFS)
+        // keep a folder whose objects were all removed.
+        if !self.has_objects(&loc)? {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no such object or prefix in bucket {}", loc.bucket),
+            ));
+        }
+        Ok(Stat {
+            kind: Kind::Dir,
+            stamp: FileStamp::default(),
+        })
+    }
+
+    fn stat_link(&self, path: &Path) -> io::Result<Stat> {
+        Source::stat(self, path)
+    }
+
+    fn list(&self, path: &Path) -> io::Result<Vec<Entry>> {
+        let loc = Location::parse(path)?;
+        let (objects, prefixes) = self.list_under(&loc)?;
+        let name = |k: &Key| OsString::from(k.filename().unwrap_or_default());
+        let files = objects.iter().map(|o| Entry {
+            name: name(&o.location),
+            kind: Kind::File,
+        });
+        let dirs = prefixes.iter().map(|p| Entry {
+            name: name(p),
+            kind: Kind::Dir,
+        });
+        Ok(files.chain(dirs).collect())
+    }
+
+    fn canonical(&self, path: &Path) -> io::Result<PathBuf> {
+        let loc = Location::parse(path)?;
+        Ok(PathBuf::from(loc.url().trim_end_matches('/')))
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        let key = loc.object()?;
+        let got = block_on(async { store.get(&key).await?.bytes().await });
+        got.map(|b| b.to_vec())
+            .map_err(|e| not_found(&loc, &store, e))
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Shard> {
+        let loc = Location::parse(path)?;
+        let meta = self.head(&loc)?;
+        Ok(Arc::new(S3Input {
+            store: loc.store()?,
+            key: loc.object()?,
+            loc,
+            meta,
+            window: Mutex::new(Window::default()),
+        }))
+    }
+}
+
+/// The bytes of the last read-ahead: `data` from `start`.
+#[derive(Default)]
+struct Window {
+    start: u64,
+    data: Vec<u8>,
+}
+
+/// An object open for ranged reads: the version seen when it was opened (every GET carries
+/// `If-Match` with its ETag, so a replaced object fails the read instead of mixing versions).
+struct S3Input {
+    store: Arc<AmazonS3>,
+    loc: Location,
+    key: Key,
+    meta: ObjectMeta,
+    window: Mutex<Window>,
+}
+
+impl S3Input {
+    /// The bytes `from..to` of the object, one GET.
+    fn fetch(&self, from: u64, to: u64) -> io::Result<Vec<u8>> {
+        let options = GetOptions {
+            if_match: self.meta.e_tag.clone(),
+            range: Some(GetRange::Bounded(from..to)),
+            ..GetOptions::default()
+        };
+        let got = block_on(async { self.store.get_opts(&self.key, options).await?.bytes().await });
+        got.map(|b| b.to_vec()).map_err(|e| error(&self.loc, e))
+    }
+}
+
+impl Input for S3Input {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let size = self.meta.size;
+        if offset >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(size - offset).unwrap_or(usize::MAX));
+        if want >= READ_AHEAD {
+            // A large read (the exchange's chunks) is its own request, not copied twice.
+            let data = self.fetch(offset, offset + want as u64)?;
+            buf[..data.len()].copy_from_slice(&data);
+            return Ok(data.len());
+        }
+        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let end = window.start + window.data.len() as u64;
+        if offset < window.start || offset + want as u64 > end {
+            let to = (offset + READ_AHEAD as u64).min(size);
+            window.data = self.fetch(offset, to)?;
+            window.start = offset;
+        }
+        let from = usize::try_from(offset - window.start).unwrap_or(usize::MAX);
+        let n = want.min(window.data.len().saturating_sub(from));
+        buf[..n].copy_from_slice(&window.data[from..from + n]);
+        Ok(n)
+    }
+
+    fn stamp(&self) -> io::Result<FileStamp> {
+        Ok(stamp_of(&self.meta))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn unsupported(path: &Path, what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("{}: object storage has no {what}", path.display()),
+    )
+}
+
+impl S3 {
+    fn put(&self, path: &Path, bytes: &[u8], mode: PutMode) -> io::Result<()> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        let key = loc.object()?;
+        let payload = PutPayload::from(bytes.to_vec());
+        block_on(store.put_opts(&key, payload, PutOptions::from(mode)))
+            .map(|_| ())
+            .map_err(|e| error(&loc, e))
+    }
+}
+
+impl Sink for S3 {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            positioned_writes: false,
+            rename: false,
+        }
+    }
+
+    fn create_dir_all(&self, _path: &Path) -> io::Result<()> {
+        // A prefix exists once an object is under it.
+        Ok(())
+    }
+
+    fn create(&self, path: &Path, _len: u64) -> io::Result<Box<dyn Output>> {
+        Err(unsupported(path, "writes at an offset"))
+    }
+
+    fn reopen(&self, path: &Path) -> io::Result<Box<dyn Output>> {
+        Err(unsupported(path, "writes at an offset"))
+    }
+
+    fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.put(path, bytes, PutMode::Overwrite)
+    }
+
+    fn replace(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        // A PUT is atomic: a reader sees the old object or the new one.
+        self.put(path, bytes, PutMode::Overwrite)
+    }
+
+    fn create_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.put(path, bytes, PutMode::Create).map_err(|e| {
+            if e.kind() == io::ErrorKind::Unsupported {
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "{e}: reshard needs conditional writes (PUT with If-None-Match) to make sure one run at a time writes an output"
+                    ),
+                )
+            } else {
+                e
+            }
+        })
+    }
+
+    fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
+        let loc = Location::parse(path)?;
+        Ok(Box::new(Upload {
+            store: loc.store()?,
+            key: loc.object()?,
+            loc,
+            buf: Vec::new(),
+            upload: None,
+            written: 0,
+        }))
+    }
+
+    fn publish(&self, from: &Path, _to: &Path) -> io::Result<()> {
+        Err(unsupported(from, "rename"))
+    }
+
+    fn rename(&self, from: &Path, _to: &Path) -> io::Result<()> {
+        Err(unsupported(from, "rename"))
+    }
+
+    fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
+        // A completed PUT is durable.
+        Ok(())
+    }
+
+    fn symlink(&self, _points_to: &Path, link: &Path) -> io::Result<()> {
+        Err(unsupported(link, "symbolic links"))
+    }
+
+    fn exchange(&self, a: &Path, _b: &Path) -> io::Result<()> {
+        Err(unsupported(a, "rename"))
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        block_on(store.delete(&loc.object()?)).map_err(|e| error(&loc, e))
+    }
+
+    fn abort_unfinished(&self, dir: &Path) -> io::Result<usize> {
+        let loc = Location::parse(dir)?;
+        let store = loc.store()?;
+        let prefix = loc.object()?;
+        block_on(async {
+            use futures_util::TryStreamExt;
+            let all: Vec<ObjectMeta> = store.list(Some(&prefix)).try_collect().await?;
+            let mut aborted = 0;
+            for journal in all.iter().map(|m| &m.location) {
+                let Some(key) = object_of(journal) else {
+                    continue;
+                };
+                let id = store.get(journal).await?.bytes().await?;
+                let id = String::from_utf8_lossy(&id).into_owned();
+                match store.abort_multipart(&key, &id).await {
+                    // Gone already (completed, aborted, or expired by a lifecycle rule).
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+                store.delete(journal).await?;
+                aborted += 1;
+            }
+            Ok(aborted)
+        })
+        .map_err(|e| error(&loc, e))
+    }
+
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        let prefix = loc.object()?;
+        block_on(async {
+            use futures_util::TryStreamExt;
+            let keys: Vec<ObjectMeta> = store.list(Some(&prefix)).try_collect().await?;
+            for meta in keys {
+                store.delete(&meta.location).await?;
+            }
+            Ok(())
+        })
+        .map_err(|e| error(&loc, e))
+    }
+}
+
+/// The folder, beside a multipart upload's object, of the journal objects that name unfinished
+/// uploads: a run that died with the server (and could not abort) leaves its upload ids there
+/// for the next run to abort ([`Sink::abort_unfinished`]).
+const JOURNAL: &str = ".reshard-multipart";
+
+/// The journal object of a multipart upload to `key`.
+fn journal_of(key: &Key) -> Key {
+    let text = key.as_ref();
+    let (dir, name) = text.rsplit_once('/').unwrap_or(("", text));
+    let path = if dir.is_empty() {
+        format!("{JOURNAL}/{name}")
+    } else {
+        format!("{dir}/{JOURNAL}/{name}")
+    };
+    Key::from(path.as_str())
+}
+
+/// The object a journal object `journal` speaks for.
+fn object_of(journal: &Key) -> Option<Key> {
+    let text = journal.as_ref();
+    let (dir, name) = text
+        .rsplit_once(&format!("/{JOURNAL}/"))
+        .or_else(|| text.strip_prefix(&format!("{JOURNAL}/")).map(|n| ("", n)))?;
+    let path = if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    };
+    Key::parse(path).ok()
+}
+
+/// An object written front to back: one PUT when it stays under a part, else a multipart
+/// upload whose parts go out as they fill, its id in a journal object until it is completed or
+/// aborted. Dropped unfinished, its upload is aborted, so no parts are left behind to be billed.
+struct Upload {
+    store: Arc<AmazonS3>,
+    loc: Location,
+    key: Key,
+    buf: Vec<u8>,
+    /// The multipart upload's id and its parts so far.
+    upload: Option<(MultipartId, Vec<PartId>)>,
+    written: u64,
+}
+
+impl Upload {
+    /// The size of the part after `sent` parts.
+    fn part_size(sent: usize) -> usize {
+        let doublings = u32::try_from(sent / PARTS_PER_SIZE).unwrap_or(u32::MAX);
+        PART.checked_shl(doublings)
+            .unwrap_or(MAX_PART)
+            .min(MAX_PART)
+    }
+
+    fn sent(&self) -> usize {
+        self.upload.as_ref().map_or(0, |u| u.1.len())
+    }
+
+    /// Starts the multipart upload and journals its id.
+    fn start(&self) -> object_store::Result<MultipartId> {
+        block_on(async {
+            let id = self.store.create_multipart(&self.key).await?;
+            let journal = PutPayload::from(id.clone().into_bytes());
+            self.store.put(&journal_of(&self.key), journal).await?;
+            Ok(id)
+        })
+    }
+
+    /// Sends the first `n` bytes of the buffer as the next part.
+    fn send_part(&mut self, n: usize) -> io::Result<()> {
+        if self.upload.is_none() {
+            let id = self.start().map_err(|e| error(&self.loc, e))?;
+            self.upload = Some((id, Vec::new()));
+        }
+        let rest = self.buf.split_off(n);
+        let data = PutPayload::from(std::mem::replace(&mut self.buf, rest));
+        let (id, parts) = self.upload.as_mut().expect("started above");
+        let part = block_on(self.store.put_part(&self.key, id, parts.len(), data));
+        parts.push(part.map_err(|e| error(&self.loc, e))?);
+        Ok(())
+    }
+}
+
+impl io::Write for Upload {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        self.written += data.len() as u64;
+        while self.buf.len() >= Upload::part_size(self.sent()) {
+            self.send_part(Upload::part_size(self.sent()))?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Writer for Upload {
+    fn finish(mut self: Box<Self>) -> io::Result<u64> {
+        if self.upload.is_none() {
+            let payload = PutPayload::from(std::mem::take(&mut self.buf));
+            block_on(self.store.put(&self.key, payload)).map_err(|e| error(&self.loc, e))?;
+            return Ok(self.written);
+        }
+        if !self.buf.is_empty() {
+            self.send_part(self.buf.len())?;
+        }
+        let (id, parts) = self.upload.take().expect("a multipart upload");
+        let done = block_on(async {
+            self.store.complete_multipart(&self.key, &id, parts).await?;
+            self.store.delete(&journal_of(&self.key)).await
+        });
+        if let Err(e) = done {
+            abort(&self.store, &self.key, &id);
+            return Err(error(&self.loc, e));
+        }
+        Ok(self.written)
+    }
+}
+
+/// Aborts the multipart upload `id` of `key` and removes its journal; quietly, on a failure
+/// path (an abort that fails leaves the journal for the next run).
+fn abort(store: &AmazonS3, key: &Key, id: &MultipartId) {
+    let _ = block_on(async {
+        store.abort_multipart(key, id).await?;
+        store.delete(&journal_of(key)).await
+    });
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        if let Some((id, _)) = self.upload.take() {
+            // Unfinished: its parts would stay (and be billed) until aborted.
+            abort(&self.store, &self.key, &id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_parse_into_bucket_and_key() {
+        let loc = Location::parse(Path::new("s3://data/train/a-0.tar")).unwrap();
+        assert_eq!(loc.bucket, "data");
+        assert_eq!(loc.key, "train/a-0.tar");
+        let root = Location::parse(Path::new("s3://data/")).unwrap();
+        assert_eq!(root.key, "");
+        assert_eq!(
+            Location::parse(Path::new("s3://data/train/")).unwrap().key,
+            "train"
+        );
+        assert!(Location::parse(Path::new("s3:///k")).is_err());
+        assert!(Location::parse(Path::new("/local/k")).is_err());
+        let bad = Location::parse(Path::new("s3://data/a//b")).unwrap();
+        assert!(bad.object().is_err());
+    }
+
+    #[test]
+    fn journals_name_their_objects() {
+        for key in ["out/x/shard-000001.tar", "shard.tar", "a/b/c/d.tar"] {
+            let key = Key::parse(key).unwrap();
+            let journal = journal_of(&key);
+            assert!(journal.as_ref().contains(JOURNAL), "{journal}");
+            assert_eq!(object_of(&journal), Some(key));
+        }
+        assert_eq!(object_of(&Key::parse("out/x/shard.tar").unwrap()), None);
+    }
+
+    #[test]
+    fn parts_respect_the_stores_limits() {
+        assert_eq!(Upload::part_size(0), PART);
+        const { assert!(PART >= 5 << 20) };
+        // 10,000 parts carry more than 10 TiB; no part exceeds 5 GiB.
+        let total: u64 = (0..10_000).map(|i| Upload::part_size(i) as u64).sum();
+        assert!(total > 10 << 40, "{total}");
+        assert!((0..10_000).all(|i| Upload::part_size(i) <= 5 << 30));
+    }
+}

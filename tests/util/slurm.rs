@@ -429,10 +429,12 @@ AccountingStorageType=accounting_storage/none
             let waiting: Vec<(String, String)> = ids
                 .iter()
                 .map(|&id| (self.job_field(id, "JobState"), self.job_field(id, "Reason")))
+                // No state at all is a query that failed (slurmctld busy on a loaded machine: an
+                // ended job stays listed for MinJobAge), not an ended job: keep waiting.
                 .filter(|(state, _)| {
                     matches!(
                         state.as_str(),
-                        "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "SUSPENDED"
+                        "" | "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "SUSPENDED"
                     )
                 })
                 .collect();

@@ -7,11 +7,10 @@
 //! process-wide pacers ([`read`], [`write`]) add the real clock, the sleep, and the tally of
 //! bytes and time spent waiting that progress and the summary print.
 //!
-//! The hooks live where bytes cross the storage boundary (the exchange's reader, the index's
-//! decompression, the writer's positioned writes and in-kernel copies). Once the storage seam
-//! (`src/storage/`) lands, they move into a throttling `Source`/`Sink` wrapper.
+//! The pacers are called from one place: [`crate::storage::paced`], the wrapper of the storage
+//! seam's backends that [`crate::storage::source`] and [`crate::storage::sink`] hand out while a
+//! limit is set, so every byte any phase reads or writes through the seam counts once.
 
-use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -135,18 +134,20 @@ impl Pacer {
         }
     }
 
-    fn pace(&self, bytes: u64) {
+    /// Counts `bytes` and takes them from the bucket: how long the caller must wait for them.
+    fn take(&self, bytes: u64) -> Duration {
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        let Some(bucket) = &self.bucket else { return };
+        // Nothing moved in this direction: no wait for its debt either.
+        let (Some(bucket), 1..) = (&self.bucket, bytes) else {
+            return Duration::ZERO;
+        };
         let now = self.start.elapsed().as_secs_f64();
-        // Reserve under the lock, sleep outside it: other threads queue behind the debt.
-        let wait = bucket.lock().unwrap().take(now, bytes);
-        if wait > 0.0 {
-            let wait = Duration::from_secs_f64(wait);
-            std::thread::sleep(wait);
-            self.waited_nanos
-                .fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
-        }
+        Duration::from_secs_f64(bucket.lock().unwrap().take(now, bytes))
+    }
+
+    fn waited(&self, wait: Duration) {
+        self.waited_nanos
+            .fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
     }
 
     fn tally(&self) -> Tally {
@@ -208,44 +209,36 @@ pub fn start(io: &IoConfig, ranks: usize) -> Result<()> {
     Ok(())
 }
 
-/// Paces `bytes` read from the input (returns at once without a read limit).
-pub fn read(bytes: u64) {
-    if let Some((r, _)) = PACERS.get() {
-        r.pace(bytes);
+/// Whether this run has a rate limit: then [`crate::storage`] hands out its backends wrapped
+/// in [`crate::storage::paced`], which calls [`pace`] and [`charge`] for every byte they move.
+pub fn limited() -> bool {
+    JOB.get()
+        .is_some_and(|l| l.read.is_some() || l.write.is_some())
+}
+
+/// Counts `read` bytes read and `written` bytes written and waits until both limits allow
+/// them: one wait, the longer of the two, so a transfer that both reads and writes (an
+/// in-kernel copy) takes as long as its slower limit, not the sum of both. Reservations are
+/// made under the buckets' locks and the sleep outside them: other threads queue behind the debt.
+pub fn pace(read: u64, written: u64) {
+    let Some((r, w)) = PACERS.get() else { return };
+    let (wait_r, wait_w) = (r.take(read), w.take(written));
+    let wait = wait_r.max(wait_w);
+    if !wait.is_zero() {
+        std::thread::sleep(wait);
+        r.waited(wait_r);
+        w.waited(wait_w);
     }
 }
 
-/// Paces `bytes` written to the output (returns at once without a write limit).
-pub fn write(bytes: u64) {
-    if let Some((_, w)) = PACERS.get() {
-        w.pace(bytes);
-    }
-}
-
-/// A reader paced by the read limit: the bytes it returns count (for a decompressor, the
-/// decompressed bytes: more than the storage serves, so the limit errs on the safe side).
-pub struct PacedRead<R>(pub R);
-
-impl<R: Read> Read for PacedRead<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.0.read(buf)?;
-        read(n as u64);
-        Ok(n)
-    }
-}
-
-/// A writer paced by the write limit.
-pub struct PacedWrite<W>(pub W);
-
-impl<W: Write> Write for PacedWrite<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.0.write(buf)?;
-        write(n as u64);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.0.flush()
+/// Counts `read` and `written` bytes and takes them from the buckets without waiting: for
+/// small objects (markers, locks, heartbeats), which a limit must never delay (a heartbeat
+/// queued behind a writer's debt would make a live rank look stalled). The transfers after
+/// them wait for their bytes.
+pub fn charge(read: u64, written: u64) {
+    if let Some((r, w)) = PACERS.get() {
+        r.take(read);
+        w.take(written);
     }
 }
 

@@ -53,6 +53,100 @@ fn a_limited_run_never_beats_its_limit_and_writes_the_same_bytes() {
     }
 }
 
+/// The bytes of the files directly in `dir` whose names end with `ext`.
+fn bytes_of(dir: &std::path::Path, ext: &str) -> u64 {
+    let files = fs::read_dir(dir).unwrap().map(|e| e.unwrap().path());
+    files
+        .filter(|p| p.to_string_lossy().ends_with(ext))
+        .map(|p| fs::metadata(p).unwrap().len())
+        .sum()
+}
+
+/// What the `--report` at `report` says each limit moved: (read, written), `None` for a
+/// direction without a limit.
+fn moved(dir: &Dir, report: &str) -> (Option<u64>, Option<u64>) {
+    let text = fs::read_to_string(dir.join(report)).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let limits = summary["rate_limits"].as_array().unwrap();
+    let bytes = |what: &str| {
+        let limit = limits.iter().find(|l| l["what"] == what);
+        limit.map(|l| l["bytes"].as_u64().unwrap())
+    };
+    (bytes("read"), bytes("write"))
+}
+
+/// Every phase's bytes go through the storage seam's pacing wrapper, each once: the summary's
+/// counts (limits too high to wait on) hold the input and the output once, plus the index's
+/// header reads and small metadata, never twice (an in-kernel copy counted by both its input
+/// and its output, or a hook left beside the wrapper, would double them).
+#[test]
+fn every_byte_through_the_storage_seam_counts_once() {
+    let dir = Dir::new("rate-once");
+    sized(&dir, "in", "2MiB", "64KiB", 3);
+    let input = bytes_of(&dir.join("in"), ".tar");
+    let high = [
+        "--max-read-rate",
+        "100GiB/s",
+        "--max-write-rate",
+        "100GiB/s",
+    ];
+    for np in [1, 2] {
+        let out = format!("out-np{np}");
+        let report = format!("{out}.json");
+        run(
+            &dir,
+            Some(np),
+            &["in"],
+            &out,
+            3,
+            7,
+            &[&high[..], &["--report", &report]].concat(),
+        );
+        // The shards' end-of-archive blocks are the zeros they were created with, never written.
+        let samples = bytes_of(&dir.join(&out), ".tar") - 3 * 1024;
+        let (Some(read), Some(written)) = moved(&dir, &report) else {
+            panic!("np {np}: no figures for both limits in {report}");
+        };
+        assert!(
+            (input..input + input / 2).contains(&read),
+            "np {np}: read {read} bytes of a {input}-byte input"
+        );
+        assert!(
+            (samples..samples + samples / 4).contains(&written),
+            "np {np}: wrote {written} bytes for {samples} bytes of samples"
+        );
+    }
+}
+
+/// A path that was not paced while the hooks sat beside the phases' calls is paced through the
+/// seam: `--checksum` reads the finished output back to digest it, and with a read limit those
+/// reads wait for it too, so the run reads input and output at the limit (the hooks paced only
+/// the input: half the time).
+#[test]
+fn the_checksums_read_back_keeps_to_the_read_limit() {
+    let dir = Dir::new("rate-checksum");
+    sized(&dir, "in", "4MiB", "64KiB", 3);
+    let input = bytes_of(&dir.join("in"), ".tar");
+    run(&dir, Some(2), &["in"], "free", 3, 7, &["--checksum"]);
+    let start = Instant::now();
+    let flags = ["--checksum", "--max-read-rate", RATE, "--report", "r.json"];
+    let res = run(&dir, Some(2), &["in"], "limited", 3, 7, &flags);
+    let took = start.elapsed();
+    let output = bytes_of(&dir.join("limited"), ".tar");
+    // 4 MiB in and 4 MiB back at 4 MiB/s: as long as the 8 MiB of the test above.
+    assert!(
+        took >= AT_LEAST,
+        "read {input} + {output} bytes at {RATE} in {took:?}\n{}",
+        res.report()
+    );
+    let read = moved(&dir, "r.json").0.unwrap();
+    assert!(
+        read >= input + output,
+        "read {read} bytes: the {input}-byte input and the {output}-byte output read back"
+    );
+    assert_same_output(&dir.join("free"), &dir.join("limited"), &[]);
+}
+
 #[test]
 fn nonsensical_limits_are_usage_errors_naming_the_flag() {
     let dir = Dir::new("rate-refused");

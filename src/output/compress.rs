@@ -6,7 +6,6 @@ use anyhow::{Context, Result};
 
 use crate::storage::{self, Sequential};
 use crate::tar::Codec;
-use crate::throttle::PacedWrite;
 
 /// A sequential reader of the object at `path` (`what` it is for, in the message).
 fn read_seq(path: &Path, what: &str) -> Result<Sequential> {
@@ -26,7 +25,7 @@ pub fn compress_shard(plain: &Path, to: &Path, codec: Codec) -> Result<u64> {
     let dst = sink
         .create_stream(to)
         .with_context(|| format!("{}: cannot create", to.display()))?;
-    let out = std::io::BufWriter::with_capacity(1 << 20, PacedWrite(dst));
+    let out = std::io::BufWriter::with_capacity(1 << 20, dst);
     let ctx = || format!("compressing {} into {}", plain.display(), to.display());
     let out = match codec {
         Codec::Plain => unreachable!("only compressed shards are compressed"),
@@ -44,8 +43,7 @@ pub fn compress_shard(plain: &Path, to: &Path, codec: Codec) -> Result<u64> {
     let file = out
         .into_inner()
         .map_err(|e| e.into_error())
-        .with_context(ctx)?
-        .0;
+        .with_context(ctx)?;
     let size = file
         .finish()
         .with_context(|| format!("{}: cannot sync", to.display()))?;

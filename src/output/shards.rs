@@ -12,7 +12,6 @@ use crate::plan::ShardLayout;
 use crate::storage::{self, Input, Output};
 use crate::sys;
 use crate::tar::Codec;
-use crate::throttle;
 
 /// The file name of output shard `index` (while it is written: always a plain tar). `reshard
 /// generate` names its shards the same way.
@@ -205,7 +204,6 @@ impl OutputShards {
     pub fn write_at(&self, shard: u64, offset: u64, data: &[u8]) -> Result<()> {
         let i = self.file_of(shard);
         let (path, file) = &self.files[i];
-        throttle::write(data.len() as u64);
         file.write_at(data, offset).with_context(|| {
             format!(
                 "{}: cannot write {} bytes at byte offset {offset}",
@@ -243,7 +241,6 @@ impl OutputShards {
             )
         };
         let (mut done, mut in_kernel) = (0u64, !self.no_copy_range.load(Ordering::Relaxed));
-        throttle::read(len);
         while done < len {
             if in_kernel {
                 let want = usize::try_from(len - done)
@@ -252,7 +249,6 @@ impl OutputShards {
                 match file.copy_from(src, src_offset + done, offset + done, want) {
                     Some(Ok(0)) => return Err(ended(src_offset + done)),
                     Some(Ok(n)) => {
-                        throttle::write(n as u64);
                         done += n as u64;
                         continue;
                     }

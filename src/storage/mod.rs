@@ -20,8 +20,11 @@ pub use crate::sys::FileStamp;
 
 #[cfg(test)]
 pub mod memory;
+pub mod paced;
 pub mod posix;
 pub mod s3;
+
+use paced::Paced;
 
 /// What a location is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -413,23 +416,44 @@ pub fn is_object_store(path: &Path) -> bool {
     scheme(path) == Some(s3::SCHEME)
 }
 
-/// The backend that holds `path`: its scheme picks it; a plain path is POSIX.
+/// The backend that holds `path`: its scheme picks it; a plain path is POSIX. While the run has
+/// a rate limit, the backend wrapped in [`Paced`].
 pub fn source(path: &Path) -> &'static dyn Source {
-    match scheme(path) {
-        #[cfg(test)]
-        Some("mem") => &memory::Memory,
-        Some(s3::SCHEME) => &s3::S3,
-        _ => &posix::Posix,
+    paced_while_limited(sources(path))
+}
+
+/// The backend that `path` is written to: its scheme picks it; a plain path is POSIX. While the
+/// run has a rate limit, the backend wrapped in [`Paced`].
+pub fn sink(path: &Path) -> &'static dyn Sink {
+    paced_while_limited(sinks(path))
+}
+
+/// Of a backend and its [`Paced`] twin, the twin while the run has a rate limit.
+fn paced_while_limited<T: ?Sized>((backend, paced): (&'static T, &'static T)) -> &'static T {
+    if crate::throttle::limited() {
+        paced
+    } else {
+        backend
     }
 }
 
-/// The backend that `path` is written to: its scheme picks it; a plain path is POSIX.
-pub fn sink(path: &Path) -> &'static dyn Sink {
+/// The backend that holds `path`, as it is and wrapped in [`Paced`].
+fn sources(path: &Path) -> (&'static dyn Source, &'static dyn Source) {
     match scheme(path) {
         #[cfg(test)]
-        Some("mem") => &memory::Memory,
-        Some(s3::SCHEME) => &s3::S3,
-        _ => &posix::Posix,
+        Some("mem") => (&memory::Memory, &Paced(&memory::Memory)),
+        Some(s3::SCHEME) => (&s3::S3, &Paced(&s3::S3)),
+        _ => (&posix::Posix, &Paced(&posix::Posix)),
+    }
+}
+
+/// The backend that `path` is written to, as it is and wrapped in [`Paced`].
+fn sinks(path: &Path) -> (&'static dyn Sink, &'static dyn Sink) {
+    match scheme(path) {
+        #[cfg(test)]
+        Some("mem") => (&memory::Memory, &Paced(&memory::Memory)),
+        Some(s3::SCHEME) => (&s3::S3, &Paced(&s3::S3)),
+        _ => (&posix::Posix, &Paced(&posix::Posix)),
     }
 }
 
@@ -456,7 +480,10 @@ pub fn stamp(path: &Path) -> io::Result<FileStamp> {
 /// # Errors
 /// It cannot be created or written.
 pub fn write_unsynced(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    sink(path).create_stream(path)?.write_all(bytes)
+    // A small file (a heartbeat among them): counted against the write limit but never waiting
+    // for it, as [`Paced`]'s other small objects.
+    crate::throttle::charge(0, bytes.len() as u64);
+    sinks(path).0.create_stream(path)?.write_all(bytes)
 }
 
 /// The modification time of `stamp` in nanoseconds since the epoch, 0 before it (how plan
@@ -480,7 +507,13 @@ mod tests {
 
     /// What the lock and the space check ask of a backend, the same on POSIX and in memory.
     fn lock_and_space_methods(root: &Path) {
-        let (source, sink) = (source(root), sink(root));
+        lock_and_space_methods_of(root, source(root), sink(root));
+        // The same through the rate limits' wrapper: each later method forwarded, not answered
+        // by the trait's default.
+        lock_and_space_methods_of(root, sources(root).1, sinks(root).1);
+    }
+
+    fn lock_and_space_methods_of(root: &Path, source: &dyn Source, sink: &dyn Sink) {
         sink.create_dir_all(root).unwrap();
         let lock = root.join("lock");
         sink.create_new(&lock, b"run A beat 0").unwrap();
@@ -528,7 +561,9 @@ mod tests {
         assert_eq!(sink(root).free_space(root).unwrap(), None, "unknown");
         memory::set_capacity(root, 1000);
         memory::put(&root.join("a"), vec![0; 300]);
-        assert_eq!(sink(root).free_space(&root.join("x")).unwrap(), Some(700));
+        for sink in [sink(root), sinks(root).1] {
+            assert_eq!(sink.free_space(&root.join("x")).unwrap(), Some(700));
+        }
     }
 
     #[test]
@@ -536,7 +571,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("d");
         lock_and_space_methods(&root);
-        assert!(sink(tmp.path()).free_space(tmp.path()).unwrap().is_some());
+        for sink in [sink(tmp.path()), sinks(tmp.path()).1] {
+            assert!(sink.free_space(tmp.path()).unwrap().is_some());
+        }
     }
 
     #[test]

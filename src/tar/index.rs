@@ -17,7 +17,6 @@ use crate::tar::group::{Grouper, Rules, ShardIndex};
 use crate::tar::headers::{Forward, Member, Seekable, Source, Walk};
 use crate::tar::key::{extension, sample_key};
 use crate::tar::reader::HeaderReader;
-use crate::throttle::PacedRead;
 
 /// Indexes the shard file at `path`, reading only its headers.
 ///
@@ -40,7 +39,7 @@ pub fn index_file_with(path: &Path, rules: &Rules) -> Result<ShardIndex> {
             // No seeking in a compressed stream: the whole shard is decompressed once, and
             // offsets are those of the decompressed stream.
             // Read to its end, so that the decoder checks the stream's checksum.
-            return index_walk(Walk::new(Forward(PacedRead(stream)), None), rules)
+            return index_walk(Walk::new(Forward(stream), None), rules)
                 .with_context(|| codec::stream_name(path, codec));
         }
     };

@@ -9,7 +9,6 @@ use anyhow::{anyhow, Context, Result};
 use crate::input::InputShard;
 use crate::storage::{self, Shard};
 use crate::tar::codec::{self, Codec};
-use crate::throttle::{self, PacedRead};
 
 /// Reads at least this large go straight into the caller's buffer instead of through the
 /// window: a second copy of their bytes costs more than a system call of their own (on tmpfs,
@@ -81,10 +80,7 @@ impl<'a> InputReader<'a> {
             let path = self.inputs[shard].path.clone();
             let (codec, file) = codec::open_file(&path)?;
             if codec != Codec::Plain {
-                drain(
-                    Box::new(PacedRead(codec::decompress(codec, file, &path)?)),
-                    &path,
-                )?;
+                drain(Box::new(codec::decompress(codec, file, &path)?), &path)?;
             }
         }
         Ok(())
@@ -136,7 +132,7 @@ impl<'a> InputReader<'a> {
             let (file, codec) = self.file(shard)?;
             // A stream of its own from the first byte (a restart reads from the top).
             let file = file.clone();
-            let decoder = Box::new(PacedRead(codec::decompress(codec, file, &path)?));
+            let decoder = Box::new(codec::decompress(codec, file, &path)?);
             self.stream = Some((shard, 0, decoder));
         }
         let (_, pos, decoder) = self.stream.as_mut().unwrap();
@@ -198,7 +194,6 @@ impl<'a> InputReader<'a> {
             };
             if out.len() as u64 >= DIRECT.min(self.window.len() as u64 / 2) {
                 let file = self.file(shard)?.0;
-                throttle::read(out.len() as u64);
                 storage::read_up_to_at(file.as_ref(), out, offset)
                     .with_context(|| {
                         format!("{}: cannot read at byte offset {offset}", path.display())
@@ -218,7 +213,6 @@ impl<'a> InputReader<'a> {
             }
             let want = want as usize;
             let mut window = std::mem::take(&mut self.window);
-            throttle::read(want as u64);
             let got =
                 storage::read_up_to_at(self.file(shard)?.0.as_ref(), &mut window[..want], offset)
                     .with_context(|| {

@@ -725,6 +725,28 @@ mod tests {
     }
 
     #[test]
+    fn a_sparse_member_is_refused_only_where_a_loader_index_reads_it() {
+        let mut entries = files(&["a.jpg", "a.cls"]);
+        entries[1].sparse = true;
+        let idx = group(&Rules::default(), &entries).unwrap();
+        assert_eq!(ranges(&idx), [(0, 2048)], "moved verbatim, holes and all");
+        let dali = Rules {
+            loader_names: LoaderNames {
+                energon: false,
+                dali: true,
+            },
+            ..Rules::default()
+        };
+        let err = group(&dali, &entries).unwrap_err().to_string();
+        assert!(
+            err.starts_with("byte offset 1024: member \"a.cls\" is stored sparse"),
+            "{err}"
+        );
+        entries[1].sparse = false;
+        assert_eq!(ranges(&group(&dali, &entries).unwrap()), [(0, 2048)]);
+    }
+
+    #[test]
     fn the_duplicate_policy_errs_warns_or_keeps() {
         let mut w = Warnings::default();
         let err = OnDuplicate::Abort.apply("dup", &mut w).unwrap_err();

@@ -891,6 +891,22 @@ mod tests {
     }
 
     #[test]
+    fn only_regular_and_sparse_members_hold_file_data() {
+        // Labels are read, and loader indexes written, from these only.
+        let files = [EntryKind::Regular, EntryKind::Sparse];
+        assert!(files.iter().all(|k| k.is_file()));
+        let others = [
+            EntryKind::HardLink,
+            EntryKind::Symlink,
+            EntryKind::Directory,
+            EntryKind::GlobalHeader,
+            EntryKind::Label,
+            EntryKind::Other(b'6'),
+        ];
+        assert!(others.iter().all(|k| !k.is_file()));
+    }
+
+    #[test]
     fn a_file_that_is_not_a_tar_is_named_by_its_first_bytes() {
         let cases: [(&[u8], &str); 15] = [
             (&[0xff, 0xd8, 0xff, 0xe0], "a JPEG image"),

@@ -194,6 +194,29 @@ fn resume_refuses_other_arguments_or_inputs() {
     f.set_modified(mtime + Duration::from_secs(7)).unwrap();
     refused(&["--resume"], input.file_name().unwrap().to_str().unwrap());
     f.set_modified(mtime).unwrap();
+    // A plan that differs although the arguments and inputs match (here: the record's digest
+    // edited, as a changed file the plan reads would change the plan): refused after planning.
+    let plan = staging.join(".resume/plan.json");
+    let recorded = fs::read_to_string(&plan).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&recorded).unwrap();
+    let digest = json["digest"].as_str().unwrap().to_string();
+    assert_eq!(digest.len(), 64, "{digest}");
+    json["digest"] = format!(
+        "{}{}",
+        &digest[..63],
+        if digest.ends_with('0') { '1' } else { '0' }
+    )
+    .into();
+    fs::write(&plan, json.to_string()).unwrap();
+    let res = job(&dir, Some(2), "out", &["--resume"]).assert_code(2);
+    res.stderr_has("the plan differs from that run's although the arguments and inputs match");
+    res.no_debug_text();
+    res.check(!dir.join("out").exists(), "nothing may be published");
+    res.check(
+        staging.join(".resume/checkpoint.json").exists(),
+        "the refused run must keep what the killed one left",
+    );
+    fs::write(&plan, &recorded).unwrap();
     // --resume only where a run writes.
     job(&dir, None, "out", &["--resume", "--dry-run"]).assert_code(2);
     // As it was: resumed.

@@ -522,7 +522,7 @@ fn judge(path: &Path, holder: &Owner, me: &Owner, window: Duration) -> Holder {
             _ => return Holder::Changed,
         }
         let silent = watched.elapsed();
-        if !told && silent >= QUIET_NOTE && silent < window {
+        if note_due(told, silent, window) {
             told = true;
             crate::errln!(
                 "reshard: {}: held by {}, whose pid cannot be checked from here (another \
@@ -537,6 +537,12 @@ fn judge(path: &Path, holder: &Owner, me: &Owner, window: Duration) -> Holder {
         }
     }
     Holder::Dead { surely: false }
+}
+
+/// Whether [`judge`] tells that a silent holder will be taken for dead: once, after
+/// [`QUIET_NOTE`] of silence, and only while the window runs (the note says how much is left).
+fn note_due(told: bool, silent: Duration, window: Duration) -> bool {
+    !told && silent >= QUIET_NOTE && silent < window
 }
 
 /// Removes the stale lock of `dead` through the takeover guard, so that two newcomers never
@@ -788,6 +794,40 @@ mod tests {
             assert_eq!(judge(&path, &other, &me, window), Holder::Alive);
             beating.join().unwrap();
         }
+    }
+
+    #[test]
+    fn a_lock_that_changed_hands_while_watched_is_looked_at_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(".x.reshard-lock");
+        let me = Owner::me().unwrap();
+        let (first, mut second) = (elsewhere(), elsewhere());
+        assert_ne!(first.token, second.token);
+        // The newcomer read `first`; by the time it looks again, `second` holds the lock (and
+        // has beaten): that is not `first` being alive.
+        second.beat = first.beat + 1;
+        create_exclusive(&path, &second).unwrap();
+        let window = Duration::from_millis(600);
+        assert_eq!(judge(&path, &first, &me, window), Holder::Changed);
+        fs::remove_file(&path).unwrap();
+        assert_eq!(judge(&path, &first, &me, window), Holder::Changed);
+    }
+
+    #[test]
+    fn the_takeover_note_comes_once_after_a_quiet_spell_inside_the_window() {
+        let s = Duration::from_secs;
+        let window = s(10);
+        assert!(!note_due(
+            false,
+            QUIET_NOTE - Duration::from_millis(1),
+            window
+        ));
+        assert!(note_due(false, QUIET_NOTE, window));
+        assert!(note_due(false, s(5), window));
+        assert!(!note_due(true, s(5), window), "once");
+        // At or past the window's end the holder is taken over now: nothing left to announce.
+        assert!(!note_due(false, window, window));
+        assert!(!note_due(false, s(11), window));
     }
 
     /// A run that holds `path` as `owner` without a heartbeat (a suspended run).

@@ -396,7 +396,7 @@ mod tests {
         specs
     }
 
-    fn config(inputs: Vec<String>, output: PathBuf, mem_limit: u64) -> RunConfig {
+    pub(super) fn config(inputs: Vec<String>, output: PathBuf, mem_limit: u64) -> RunConfig {
         RunConfig {
             inputs,
             output: Some(output),

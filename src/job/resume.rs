@@ -300,4 +300,107 @@ mod tests {
             assert!(msg.contains(needle) && msg.contains("/s"), "{msg}");
         }
     }
+
+    #[test]
+    fn every_argument_that_shapes_the_staging_shards_is_recorded() {
+        let cfg = crate::job::tests::config(vec!["a.tar".into()], "out".into(), 1 << 30);
+        let args = arguments(&cfg);
+        let value = |flag: &str| {
+            args.iter()
+                .find(|(f, _)| f == flag)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("{flag} not recorded: {args:?}"))
+        };
+        assert_eq!(value("reshard version"), env!("CARGO_PKG_VERSION"));
+        assert_eq!(value("--shards/--shard-size/--gpus"), "--shards 5");
+        assert_eq!(value("--equalize"), "none");
+        assert_eq!(value("--balance"), "count");
+        assert_eq!(value("--seed"), "3");
+        assert_eq!(value("--epoch"), "0");
+        assert_eq!(value("--prefix"), "shard");
+        assert_eq!(value("--split/--split-shards"), "none");
+        assert_eq!(
+            value("--require-ext/--on-incomplete/--on-duplicate"),
+            cfg.rules.flags()
+        );
+        assert_eq!(args.len(), 10, "{args:?}");
+        // What a resumed run may change is not recorded: it would refuse a legal resume.
+        let mut other = cfg.clone();
+        other.mem_limit = 1 << 20;
+        other.inputs.push("b.tar".into());
+        assert_eq!(arguments(&other), args);
+        // With a key map, its file's size and time: an edited map reorders the output.
+        let tmp = tempfile::tempdir().unwrap();
+        let map = tmp.path().join("map.json");
+        std::fs::write(&map, "{}").unwrap();
+        other.order.key_map = Some(map.clone());
+        let args = arguments(&other);
+        assert!(args[10].0 == "--key-map file" && args[10].1.starts_with("2 bytes, modified "));
+        std::fs::remove_file(&map).unwrap();
+        assert_eq!(arguments(&other)[10].1, "missing");
+    }
+
+    #[test]
+    fn an_input_is_recorded_by_path_size_and_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("a.tar");
+        std::fs::write(&path, [0u8; 1024]).unwrap();
+        let stamp = storage::stamp(&path).unwrap();
+        let input = InputShard {
+            path: path.clone(),
+            size: 1024,
+        };
+        let r = input_record(&input, &stamp);
+        assert_eq!(r.path, path.display().to_string());
+        assert_eq!(r.size, 1024);
+        assert_eq!(r.mtime_ns, storage::mtime_ns(&stamp));
+        assert!(r.mtime_ns > 0);
+    }
+
+    #[test]
+    fn each_checkpoint_adds_to_what_the_earlier_attempt_recorded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = tmp.path();
+        std::fs::create_dir_all(checkpoint::dir(staging)).unwrap();
+        let cfg = crate::job::tests::config(Vec::new(), "out".into(), 1 << 30);
+        let earlier = Resume {
+            checkpoint: Checkpoint {
+                done: checkpoint::Done::of([(0, 10)]),
+                samples: 10,
+                checkpoints: 3,
+                shards: Vec::new(),
+            },
+            digest: String::new(),
+        };
+        let mut c = checkpoints(&cfg, staging, Some(&earlier));
+        assert_eq!(c.every, cfg.checkpoint_every);
+        (c.record)(vec![(10, 15), (20, 20)]).unwrap();
+        (c.record)(vec![(30, 32)]).unwrap();
+        let latest = checkpoint::read_checkpoint(staging).unwrap().unwrap();
+        assert_eq!(latest.done, checkpoint::Done::of([(0, 15), (30, 32)]));
+        assert_eq!(latest.samples, 17);
+        assert_eq!(latest.checkpoints, 5);
+        // A first attempt starts from nothing.
+        let mut c = checkpoints(&cfg, staging, None);
+        (c.record)(vec![(4, 6)]).unwrap();
+        let latest = checkpoint::read_checkpoint(staging).unwrap().unwrap();
+        assert_eq!((latest.samples, latest.checkpoints), (2, 1));
+    }
+
+    #[test]
+    fn the_plan_hash_is_built_as_documented() {
+        // splitmix64's first two outputs from seed 0 (its published reference values).
+        const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+        assert_eq!(mix(GOLDEN), 0xe220_a839_7b1d_cdaf);
+        assert_eq!(mix(GOLDEN.wrapping_mul(2)), 0x6e78_9e6a_a1b9_65f4);
+        // The fold over the words, from the golden ratio: mix(acc ^ w) + w.
+        assert_eq!(hash(&[]), GOLDEN);
+        // Computed outside this code (Python, from the construction above).
+        assert_eq!(hash(&[5, 1 << 40, 7]), 0xa2ae_3084_2f2e_01e3);
+        assert_ne!(
+            hash(&[1, 2]),
+            hash(&[2, 1]),
+            "the order of the words counts"
+        );
+    }
 }

@@ -125,6 +125,7 @@ mod tests {
         let staging = Staging::at(&dir);
         assert!(!staging.present());
         staging.create().unwrap();
+        assert!(staging.present());
         assert!(staging.heartbeats().is_dir() && staging.saved_indexes().is_dir());
         // A second run must not take over a directory it did not remove.
         assert!(staging.create().is_err());
@@ -137,5 +138,23 @@ mod tests {
         assert!(!staging.heartbeats().exists());
         staging.remove().unwrap();
         assert!(!staging.present());
+    }
+
+    #[test]
+    fn names_every_part_inside_the_directory() {
+        let dir = Path::new("/o/.out.reshard-tmp");
+        let staging = Staging::at(dir);
+        assert_eq!(staging.dir(), dir);
+        assert_eq!(staging.owner_file(), dir.join(".reshard-owner"));
+        // The token is renamed into place: the temporary file must sit next to the owner file
+        // (one directory, so the rename is atomic) and be another file.
+        let tmp = staging.owner_file_tmp();
+        assert_eq!(tmp.parent(), Some(dir));
+        assert_ne!(tmp, staging.owner_file());
+        assert_eq!(staging.heartbeats(), dir.join(".heartbeats"));
+        // Where the modules that read them look.
+        assert_eq!(staging.saved_indexes(), dir.join(saved_index::DIR_NAME));
+        assert_eq!(staging.resume_records(), checkpoint::dir(dir));
+        assert_eq!(staging.resume_records(), dir.join(".resume"));
     }
 }

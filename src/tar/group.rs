@@ -149,10 +149,15 @@ impl Warnings {
 
     /// Counts a warning, and prints it to stderr while fewer than [`Warnings::SHOWN`] were.
     pub fn warn(&mut self, what: &str) {
-        self.count += 1;
-        if self.count <= Self::SHOWN {
+        if self.count_one() {
             crate::errln!("reshard: warning: {what}");
         }
+    }
+
+    /// Counts a warning; whether it is among the first [`Warnings::SHOWN`] (and so printed).
+    fn count_one(&mut self) -> bool {
+        self.count += 1;
+        self.count <= Self::SHOWN
     }
 }
 
@@ -538,4 +543,294 @@ fn skip_message(member: &Member, kind: &Kind<'_>, link: bool) -> (String, &'stat
         ),
         "",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member of `kind` named `path` whose records span `start..end` (one header block, then
+    /// its data).
+    fn member(path: &str, kind: EntryKind, start: u64, end: u64) -> Member {
+        Member {
+            start,
+            header: start,
+            data: start + 512,
+            stored: end - start - 512,
+            end,
+            kind,
+            path: path.as_bytes().to_vec(),
+            link: Vec::new(),
+            sparse: false,
+        }
+    }
+
+    /// Regular files, one block of data each, back to back from offset 0.
+    fn files(paths: &[&str]) -> Vec<Member> {
+        let mut at = 0;
+        let mut v = Vec::new();
+        for p in paths {
+            v.push(member(p, EntryKind::Regular, at, at + 1024));
+            at += 1024;
+        }
+        v
+    }
+
+    /// The samples as (start, len).
+    fn ranges(idx: &ShardIndex) -> Vec<(u64, u64)> {
+        idx.samples.iter().map(|s| (s.start, s.len)).collect()
+    }
+
+    fn group(rules: &Rules, members: &[Member]) -> Result<ShardIndex> {
+        let mut g = Grouper::new(rules);
+        for m in members {
+            g.push(m, None)?;
+        }
+        g.finish()
+    }
+
+    fn duplicates(on_duplicate: OnDuplicate) -> Rules {
+        Rules {
+            on_duplicate,
+            ..Rules::default()
+        }
+    }
+
+    fn required(on_incomplete: OnIncomplete) -> Rules {
+        Rules {
+            require_ext: vec!["jpg".into(), "cls".into()],
+            on_incomplete,
+            ..Rules::default()
+        }
+    }
+
+    #[test]
+    fn the_rules_read_back_as_the_flags_that_set_them() {
+        // `--resume` compares this text with the interrupted run's: were two policies to read
+        // the same, a resume could switch policy halfway through an output.
+        let rules = Rules {
+            require_ext: vec!["jpg".into(), "cls".into()],
+            on_incomplete: OnIncomplete::Exclude,
+            on_duplicate: OnDuplicate::Warn,
+            loader_names: LoaderNames {
+                energon: true,
+                dali: true,
+            },
+            ..Rules::default()
+        };
+        assert_eq!(
+            rules.flags(),
+            "--require-ext jpg,cls --on-incomplete exclude --on-duplicate warn --energon --dali-index"
+        );
+        let incomplete = [
+            OnIncomplete::Abort,
+            OnIncomplete::Warn,
+            OnIncomplete::Exclude,
+        ];
+        let flags: Vec<_> = incomplete.iter().map(|o| o.flag()).collect();
+        assert_eq!(flags, ["abort", "warn", "exclude"]);
+        let duplicate = [
+            OnDuplicate::Abort,
+            OnDuplicate::Warn,
+            OnDuplicate::Keep,
+            OnDuplicate::Unique,
+        ];
+        let flags: Vec<_> = duplicate.iter().map(|o| o.flag()).collect();
+        assert_eq!(flags, ["abort", "warn", "keep", "unique (--energon)"]);
+    }
+
+    #[test]
+    fn counters_travel_as_arrays_in_field_order() {
+        // The ranks sum these arrays field by field: a swapped or dropped field would move a
+        // count into another's column of the summary.
+        let s = Skipped {
+            directories: 1,
+            keyless_files: 2,
+            other_entries: 3,
+            global_headers: 4,
+        };
+        assert_eq!(s.to_array(), [1, 2, 3, 4]);
+        assert_eq!(Skipped::from_array([1, 2, 3, 4]), s);
+        assert_eq!(s.total(), 10);
+        let h = Hygiene {
+            incomplete: 5,
+            excluded: 6,
+            duplicates: 7,
+        };
+        assert_eq!(h.to_array(), [5, 6, 7]);
+        assert_eq!(Hygiene::from_array([5, 6, 7]), h);
+    }
+
+    #[test]
+    fn skipped_entries_are_counted_by_kind_and_end_the_sample() {
+        let dir = |p, at| member(p, EntryKind::Directory, at, at + 512);
+        let entries = vec![
+            member("a.jpg", EntryKind::Regular, 0, 1024),
+            dir("d/", 1024),
+            dir("e/", 1536),
+            member("README", EntryKind::Regular, 2048, 3072),
+            member("pax", EntryKind::GlobalHeader, 3072, 4096),
+            member("pax", EntryKind::GlobalHeader, 4096, 5120),
+            member("pax", EntryKind::GlobalHeader, 5120, 6144),
+            member("vol", EntryKind::Label, 6144, 6656),
+            member("fifo.x", EntryKind::Other(b'6'), 6656, 7168),
+            member("b.jpg", EntryKind::Regular, 7168, 8192),
+        ];
+        let idx = group(&Rules::default(), &entries).unwrap();
+        assert_eq!(
+            idx.skipped,
+            Skipped {
+                directories: 2,
+                keyless_files: 1,
+                other_entries: 2,
+                global_headers: 3,
+            }
+        );
+        assert_eq!(ranges(&idx), [(0, 1024), (7168, 1024)]);
+        assert_eq!(idx.edge_keys, Some(("a".into(), "b".into())));
+    }
+
+    #[test]
+    fn a_link_named_like_the_open_sample_is_refused_and_others_are_skipped() {
+        let mut entries = files(&["a.jpg", "a.lnk", "b.jpg"]);
+        entries[1].kind = EntryKind::Symlink;
+        entries[1].link = b"a.jpg".to_vec();
+        let err = format!("{:#}", group(&Rules::default(), &entries).unwrap_err());
+        assert!(
+            err.contains("byte offset 1024: member \"a.lnk\" is a symbolic link")
+                && err.contains("in sample \"a\"")
+                && err.contains("--dereference"),
+            "{err}"
+        );
+        // A link with a key of its own, which no member shares, is left out like any other
+        // non-regular entry.
+        entries[1].path = b"z.lnk".to_vec();
+        let idx = group(&Rules::default(), &entries).unwrap();
+        assert_eq!(idx.samples.len(), 2);
+        assert_eq!(idx.skipped.other_entries, 1);
+    }
+
+    #[test]
+    fn members_of_one_key_form_one_sample_unless_zero_blocks_separate_them() {
+        let idx = group(&Rules::default(), &files(&["a.jpg", "a.cls", "b.jpg"])).unwrap();
+        assert_eq!(ranges(&idx), [(0, 2048), (2048, 1024)]);
+        // A zero block read past (--ignore-zeros) between two members of "a": the sample's range
+        // must not hold it, so the members become two samples.
+        let gap = [
+            member("a.jpg", EntryKind::Regular, 0, 1024),
+            member("a.cls", EntryKind::Regular, 1536, 2560),
+        ];
+        let idx = group(&Rules::default(), &gap).unwrap();
+        assert_eq!(ranges(&idx), [(0, 1024), (1536, 1024)]);
+    }
+
+    #[test]
+    fn a_sparse_member_is_refused_only_where_a_loader_index_reads_it() {
+        let mut entries = files(&["a.jpg", "a.cls"]);
+        entries[1].sparse = true;
+        let idx = group(&Rules::default(), &entries).unwrap();
+        assert_eq!(ranges(&idx), [(0, 2048)], "moved verbatim, holes and all");
+        let dali = Rules {
+            loader_names: LoaderNames {
+                energon: false,
+                dali: true,
+            },
+            ..Rules::default()
+        };
+        let err = group(&dali, &entries).unwrap_err().to_string();
+        assert!(
+            err.starts_with("byte offset 1024: member \"a.cls\" is stored sparse"),
+            "{err}"
+        );
+        entries[1].sparse = false;
+        assert_eq!(ranges(&group(&dali, &entries).unwrap()), [(0, 2048)]);
+    }
+
+    #[test]
+    fn the_duplicate_policy_errs_warns_or_keeps() {
+        let mut w = Warnings::default();
+        let err = OnDuplicate::Abort.apply("dup", &mut w).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "dup (--on-duplicate abort; warn or keep accept it)"
+        );
+        let err = OnDuplicate::Unique.apply("dup", &mut w).unwrap_err();
+        assert!(err.to_string().contains("energon requires unique"), "{err}");
+        assert_eq!(w.count, 0, "an error is not also a warning");
+        OnDuplicate::Keep.apply("dup", &mut w).unwrap();
+        assert_eq!(w.count, 0, "keep is silent");
+        OnDuplicate::Warn.apply("dup", &mut w).unwrap();
+        assert_eq!(w.count, 1);
+    }
+
+    #[test]
+    fn every_warning_is_counted_and_the_first_five_shown() {
+        let mut w = Warnings::default();
+        let shown: Vec<bool> = (0..7).map(|_| w.count_one()).collect();
+        assert_eq!(shown, [true, true, true, true, true, false, false]);
+        let mut w = Warnings::default();
+        for _ in 0..3 {
+            w.warn("test warning");
+        }
+        assert_eq!(w.count, 3);
+    }
+
+    #[test]
+    fn a_repeated_extension_is_a_duplicate_unless_duplicates_are_kept() {
+        let entries = files(&["a.jpg", "a.cls", "a.jpg", "b.jpg"]);
+        let err = group(&duplicates(OnDuplicate::Abort), &entries).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("byte offset 2048: sample \"a\" has a second .jpg member"),
+            "{err}"
+        );
+        let idx = group(&duplicates(OnDuplicate::Warn), &entries).unwrap();
+        assert_eq!(idx.hygiene.duplicates, 1);
+        assert_eq!(idx.samples.len(), 2, "the member stays in its sample");
+        // Keys are hashed, for the check across samples, only when duplicates are looked for.
+        assert_eq!(idx.key_hashes, [key_hash(b"a"), key_hash(b"b")]);
+        let idx = group(&duplicates(OnDuplicate::Keep), &entries).unwrap();
+        assert_eq!(idx.hygiene, Hygiene::default());
+        assert!(idx.key_hashes.is_empty());
+        assert!(!duplicates(OnDuplicate::Keep).checks_duplicates());
+        assert!(duplicates(OnDuplicate::Unique).checks_duplicates());
+        // Distinct extensions are no duplicate, whatever the policy.
+        let idx = group(&duplicates(OnDuplicate::Abort), &files(&["a.jpg", "a.cls"])).unwrap();
+        assert_eq!(idx.hygiene.duplicates, 0);
+    }
+
+    #[test]
+    fn an_incomplete_sample_aborts_is_kept_with_a_warning_or_left_out() {
+        let entries = files(&["a.jpg", "a.cls", "b.jpg", "c.cls", "c.jpg", "d.cls"]);
+        let err = group(&required(OnIncomplete::Abort), &entries).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "byte offset 2048: sample \"b\" lacks .cls (has .jpg) (--require-ext; --on-incomplete warn or exclude accept it)"
+        );
+        let idx = group(&required(OnIncomplete::Warn), &entries).unwrap();
+        assert_eq!(idx.samples.len(), 4);
+        assert_eq!(
+            idx.hygiene,
+            Hygiene {
+                incomplete: 2,
+                excluded: 0,
+                duplicates: 0
+            }
+        );
+        let idx = group(&required(OnIncomplete::Exclude), &entries).unwrap();
+        assert_eq!(
+            ranges(&idx),
+            [(0, 2048), (3072, 2048)],
+            "a and c, complete, stay"
+        );
+        assert_eq!(
+            idx.hygiene,
+            Hygiene {
+                incomplete: 0,
+                excluded: 2,
+                duplicates: 0
+            }
+        );
+        assert_eq!(idx.edge_keys, Some(("a".into(), "c".into())));
+    }
 }

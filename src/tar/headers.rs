@@ -865,4 +865,73 @@ mod tests {
         let e = format!("{:#}", w.next_member().unwrap_err());
         assert!(e.contains("truncated"), "{e}");
     }
+
+    #[test]
+    fn a_ustar_prefix_is_part_of_the_path_and_other_headers_have_none() {
+        let dir = "p".repeat(120);
+        let mut h = header("k.jpg", b'0', 0, b"ustar\x0000");
+        h[345..345 + dir.len()].copy_from_slice(dir.as_bytes());
+        set_checksum(&mut h, false);
+        let bytes = [&h[..], &[0u8; 1024]].concat();
+        assert_eq!(
+            walk_all(&bytes).unwrap()[0].path,
+            format!("{dir}/k.jpg").into_bytes()
+        );
+        // An old GNU header keeps other fields (access and change times) where ustar's prefix
+        // is: they are no part of the path.
+        let mut h = header("k.jpg", b'0', 0, b"ustar  \0");
+        h[345..357].copy_from_slice(b"14717334450\0");
+        set_checksum(&mut h, false);
+        let bytes = [&h[..], &[0u8; 1024]].concat();
+        assert_eq!(walk_all(&bytes).unwrap()[0].path, b"k.jpg");
+    }
+
+    #[test]
+    fn only_regular_and_sparse_members_hold_file_data() {
+        // Labels are read, and loader indexes written, from these only.
+        let files = [EntryKind::Regular, EntryKind::Sparse];
+        assert!(files.iter().all(|k| k.is_file()));
+        let others = [
+            EntryKind::HardLink,
+            EntryKind::Symlink,
+            EntryKind::Directory,
+            EntryKind::GlobalHeader,
+            EntryKind::Label,
+            EntryKind::Other(b'6'),
+        ];
+        assert!(others.iter().all(|k| !k.is_file()));
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_tar_is_named_by_its_first_bytes() {
+        let cases: [(&[u8], &str); 15] = [
+            (&[0xff, 0xd8, 0xff, 0xe0], "a JPEG image"),
+            (b"\x89PNG\r\n", "a PNG image"),
+            (b"GIF89a", "a GIF image"),
+            (b"RIFF\0\0\0\0WEBPVP8 ", "a WebP image"),
+            (b"RIFF\0\0\0\0WAVE", "a RIFF file (WAV or AVI)"),
+            (&[0x1f, 0x8b, 8], "gzip-compressed data"),
+            (&[0x28, 0xb5, 0x2f, 0xfd], "zstd-compressed data"),
+            (b"BZh9", "bzip2-compressed data"),
+            (b"\xfd7zXZ\0", "xz-compressed data"),
+            (b"PK\x03\x04", "a zip archive"),
+            (b"070701", "a cpio archive"),
+            (b"%PDF-1.7", "a PDF document"),
+            (b"\x93NUMPY\x01", "a NumPy array (.npy)"),
+            (b"\x7fELF\x02", "an ELF executable"),
+            (b"070700", ""),
+        ];
+        for (head, kind) in cases {
+            let said = describe_start(head);
+            if kind.is_empty() {
+                assert!(said.starts_with("it starts with text"), "{said}");
+            } else {
+                assert!(
+                    said.starts_with(&format!("it starts like {kind} (")),
+                    "{said}"
+                );
+            }
+        }
+        assert_eq!(describe_start(&[0, 1, 2]), "its first bytes are 00 01 02");
+    }
 }

@@ -340,18 +340,23 @@ mod tests {
         assert!(err.contains("gzip"), "{err}");
     }
 
+    /// The tar `bytes` written in `dir` as it is and gzip-compressed.
+    fn plain_and_gzip(dir: &Path, bytes: &[u8]) -> [std::path::PathBuf; 2] {
+        let plain = dir.join("s.tar");
+        std::fs::write(&plain, bytes).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        io::Write::write_all(&mut gz, bytes).unwrap();
+        let packed = dir.join("s.tgz");
+        std::fs::write(&packed, gz.finish().unwrap()).unwrap();
+        [plain, packed]
+    }
+
     #[test]
     fn key_at_reads_plain_and_compressed_shards() {
         let dir = tempfile::tempdir().unwrap();
         let long = format!("{}/long.jpg", "d".repeat(120));
         let bytes = tar_of(&[("a.jpg", b"1"), (&long, b"2")]);
-        let plain = dir.path().join("s.tar");
-        std::fs::write(&plain, &bytes).unwrap();
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        io::Write::write_all(&mut gz, &bytes).unwrap();
-        let packed = dir.path().join("s.tgz");
-        std::fs::write(&packed, gz.finish().unwrap()).unwrap();
-        for path in [&plain, &packed] {
+        for path in &plain_and_gzip(dir.path(), &bytes) {
             let idx = index_file(path).unwrap();
             assert_eq!(
                 key_at(path, idx.samples[0].start, idx.samples[0].len).unwrap(),
@@ -365,6 +370,36 @@ mod tests {
             assert_eq!(idx.edge_keys, Some(("a".to_string(), want.clone())));
             let both: Vec<(u64, u64)> = idx.samples.iter().map(|s| (s.start, s.len)).collect();
             assert_eq!(keys_at(path, &both).unwrap(), ["a".to_string(), want]);
+        }
+    }
+
+    #[test]
+    fn the_walk_goes_on_after_reading_a_label() {
+        // Labels of 1 and 700 bytes (one block, two): after each read the walk must be where
+        // it thinks, or the next header is read at the wrong offset.
+        let big = [b'7'; 700];
+        let bytes = tar_of(&[
+            ("a.jpg", b"12345"),
+            ("a.cls", b"3"),
+            ("b.cls", &big),
+            ("b.jpg", b"x"),
+            ("c.jpg", b"y"),
+        ]);
+        let rules = Rules {
+            read_member: Some(("cls".into(), 1000)),
+            ..Rules::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        for path in &plain_and_gzip(dir.path(), &bytes) {
+            let idx = index_file_with(path, &rules).unwrap();
+            let starts: Vec<u64> = idx.samples.iter().map(|s| s.start).collect();
+            assert_eq!(starts, [0, 2048, 4608], "{}", path.display());
+            assert_eq!(
+                idx.contents,
+                [Some(b"3".to_vec()), Some(big.to_vec()), None],
+                "{}",
+                path.display()
+            );
         }
     }
 

@@ -304,7 +304,10 @@ mod tests {
     #[test]
     fn every_argument_that_shapes_the_staging_shards_is_recorded() {
         let cfg = crate::job::tests::config(vec!["a.tar".into()], "out".into(), 1 << 30);
-        let args = arguments(&cfg);
+        let recorded = |cfg: &crate::config::RunConfig| {
+            arguments(&crate::cli::resolve::job_settings(cfg).resume)
+        };
+        let args = recorded(&cfg);
         let value = |flag: &str| {
             args.iter()
                 .find(|(f, _)| f == flag)
@@ -328,16 +331,16 @@ mod tests {
         let mut other = cfg.clone();
         other.mem_limit = 1 << 20;
         other.inputs.push("b.tar".into());
-        assert_eq!(arguments(&other), args);
+        assert_eq!(recorded(&other), args);
         // With a key map, its file's size and time: an edited map reorders the output.
         let tmp = tempfile::tempdir().unwrap();
         let map = tmp.path().join("map.json");
         std::fs::write(&map, "{}").unwrap();
         other.order.key_map = Some(map.clone());
-        let args = arguments(&other);
+        let args = recorded(&other);
         assert!(args[10].0 == "--key-map file" && args[10].1.starts_with("2 bytes, modified "));
         std::fs::remove_file(&map).unwrap();
-        assert_eq!(arguments(&other)[10].1, "missing");
+        assert_eq!(recorded(&other)[10].1, "missing");
     }
 
     #[test]
@@ -363,6 +366,7 @@ mod tests {
         let staging = tmp.path();
         std::fs::create_dir_all(checkpoint::dir(staging)).unwrap();
         let cfg = crate::job::tests::config(Vec::new(), "out".into(), 1 << 30);
+        let settings = crate::cli::resolve::job_settings(&cfg).resume;
         let earlier = Resume {
             checkpoint: Checkpoint {
                 done: checkpoint::Done::of([(0, 10)]),
@@ -372,7 +376,7 @@ mod tests {
             },
             digest: String::new(),
         };
-        let mut c = checkpoints(&cfg, staging, Some(&earlier));
+        let mut c = checkpoints(&settings, staging, Some(&earlier));
         assert_eq!(c.every, cfg.checkpoint_every);
         (c.record)(vec![(10, 15), (20, 20)]).unwrap();
         (c.record)(vec![(30, 32)]).unwrap();
@@ -381,7 +385,7 @@ mod tests {
         assert_eq!(latest.samples, 17);
         assert_eq!(latest.checkpoints, 5);
         // A first attempt starts from nothing.
-        let mut c = checkpoints(&cfg, staging, None);
+        let mut c = checkpoints(&settings, staging, None);
         (c.record)(vec![(4, 6)]).unwrap();
         let latest = checkpoint::read_checkpoint(staging).unwrap().unwrap();
         assert_eq!((latest.samples, latest.checkpoints), (2, 1));

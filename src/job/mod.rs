@@ -214,7 +214,9 @@ fn run_phases(
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
     times.detail("publish");
     publish::run(comm, &settings.publish, setup, &planned, &finished, lock)?;
-    times.detail("upload");
+    if settings.upload.target.is_some() {
+        times.detail("upload");
+    }
     let remote = mine.and_then(|m| m.remote.as_ref());
     upload::run(comm, &settings.upload, setup.target()?, remote)?;
     times.stop();

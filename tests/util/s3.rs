@@ -154,14 +154,43 @@ fn weed_mini(weed: &Path, data: &Path, ports: &[u16]) -> Command {
     cmd.arg("mini")
         .arg(format!("-dir={}", data.display()))
         .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"])
-        .args(["-webdav=false"])
+        // No anonymous statistics sent out from a test (the default reports to a URL).
+        .args(["-webdav=false", "-master.telemetry=false"])
         .args(names.iter().zip(ports).map(|(n, p)| format!("-{n}={p}")))
         .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
         .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
         .stdin(Stdio::null())
         .stdout(fs::File::create(data.with_extension("log")).unwrap())
-        .stderr(Stdio::null());
+        .stderr(fs::File::create(data.with_extension("err")).unwrap());
     cmd
+}
+
+/// Starts `weed mini` on fresh ports until one start listens on its S3 port: a start may
+/// lose a port picked free to another process (two copies of the suite at once) and exit.
+fn start_listening(weed: &Path, data: &Path) -> (Command, Child, Vec<u16>) {
+    let mut failures = String::new();
+    for _ in 0..3 {
+        let ports = free_ports(12);
+        let mut cmd = weed_mini(weed, data, &ports);
+        dies_with_its_thread(&mut cmd);
+        let mut child = cmd.spawn().expect("start weed mini");
+        let started = std::time::Instant::now();
+        while started.elapsed() < std::time::Duration::from_secs(180) {
+            if std::net::TcpStream::connect(("127.0.0.1", ports[6])).is_ok() {
+                return (cmd, child, ports);
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                let err = fs::read_to_string(data.with_extension("err")).unwrap_or_default();
+                let tail: Vec<&str> = err.lines().rev().take(5).collect();
+                let _ = writeln!(failures, "weed mini exited ({status}): {tail:?}");
+                break;
+            }
+            thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("weed mini did not listen on its S3 port:\n{failures}");
 }
 
 /// Makes the process `cmd` starts receive SIGKILL when the thread that started it ends.
@@ -219,10 +248,7 @@ impl Server {
         let python = test_python()?;
         let weed = weed(&python)?;
         let data = dir.create_dir("weed");
-        let ports = free_ports(12);
-        let mut cmd = weed_mini(&weed, &data, &ports);
-        dies_with_its_thread(&mut cmd);
-        let child = cmd.spawn().expect("start weed mini");
+        let (cmd, child, ports) = start_listening(&weed, &data);
         Some(Server {
             endpoint: format!("http://127.0.0.1:{}", ports[6]),
             python,

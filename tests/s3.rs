@@ -212,6 +212,36 @@ fn s3_output_is_the_local_bytes_and_webdataset_reads_it() {
     assert_eq!(read.len(), 120, "{read:?}");
 }
 
+/// An output on S3 read back as the next run's input: the saved indexes written beside its
+/// shards (stamped with the objects' own size, modification time and ETag when uploaded) stand
+/// in for the tar headers, so no shard is streamed twice, and the bytes are those of the same
+/// two runs on a file system.
+#[test]
+fn s3_output_is_the_next_input_and_its_saved_indexes_are_reused() {
+    let test = "s3_output_is_the_next_input_and_its_saved_indexes_are_reused";
+    let dir = Dir::new("s3-reuse");
+    let Some(bucket) = dataset(&dir, test) else {
+        return;
+    };
+    let s3 = server(test).unwrap();
+    run(&dir, Some(2), &["in"], "local", 5, 9, &[]);
+    let local = run(&dir, Some(2), &["local"], "local-2", 5, 9, &[]);
+    local.stderr_has("reused the saved index of 5 of 5");
+    let epoch1 = format!("s3://{bucket}/epoch-1");
+    let out = run_to_s3(&dir, s3, 2, &format!("s3://{bucket}/in"), &epoch1, &[]);
+    out.check(out.code() == Some(0), "expected success");
+    for np in [1, 2] {
+        let to = format!("from-s3-{np}");
+        let again = run_s3(&dir, np, &epoch1, &to);
+        again.stderr_has("reused the saved index of 5 of 5");
+        again.check(
+            !again.stderr.contains("re-indexing"),
+            "a saved index was stale",
+        );
+        assert_same_output(&dir.join("local-2"), &dir.join(&to), &["ranks", "inputs"]);
+    }
+}
+
 #[test]
 fn s3_output_is_one_run_at_a_time_and_replaces_only_reshard_outputs() {
     let test = "s3_output_is_one_run_at_a_time_and_replaces_only_reshard_outputs";

@@ -14,7 +14,8 @@ use crate::config::{
     Balance, EnergonDataset, ExchangeSettings, ExpandSettings, FinishSettings, GenerateConfig,
     GpuLayout, HeaderFormat, IndexSettings, IoConfig, JobSettings, Keep, LayoutSettings,
     LoaderIndexes, PlaceSettings, PlanSettings, ProgressConfig, PublishSettings, ReportSettings,
-    ResumeSettings, RunConfig, UploadSettings, SplitSettings, Splits, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
+    ResumeSettings, RunConfig, SplitSettings, Splits, UploadSettings, VerifyConfig, EPOCH,
+    MIN_MEM_LIMIT,
 };
 use crate::generate::DEFAULT_SAMPLES;
 use crate::plan::order::{OrderBy, OrderSpec};

@@ -14,7 +14,6 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::future::Future;
-use std::hash::{Hash, Hasher};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -231,16 +230,19 @@ fn not_found(loc: &Location, store: &AmazonS3, e: object_store::Error) -> io::Er
 
 /// A stamp from an object's metadata: its size, its modification time, and a hash of its ETag
 /// in place of the inode, so that a replaced object with the same size and second differs.
+/// The hash (64-bit FNV-1a) is the same in every build: saved indexes and checkpoints keep it.
 fn stamp_of(meta: &ObjectMeta) -> FileStamp {
     let mtime = i128::from(meta.last_modified.timestamp_nanos_opt().unwrap_or(0));
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    meta.e_tag.hash(&mut hasher);
+    let tag = meta.e_tag.as_deref().unwrap_or_default();
+    let hash = tag.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
     FileStamp {
         size: meta.size,
         mtime_ns: mtime,
         ctime_ns: mtime,
         dev: 0,
-        ino: hasher.finish(),
+        ino: hash,
     }
 }
 

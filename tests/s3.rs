@@ -75,6 +75,33 @@ fn s3_input_gives_the_local_bytes_at_every_rank_count() {
     );
 }
 
+/// Shards of several read windows (8 MiB) each, with samples across window ends and some larger
+/// than a window: read with windows requested ahead (and large samples in parallel ranged
+/// GETs), to the bytes of the local run; the summary counts the requests.
+#[test]
+fn s3_input_of_many_windows_gives_the_local_bytes() {
+    let test = "s3_input_of_many_windows_gives_the_local_bytes";
+    let dir = Dir::new("s3-windows");
+    let Some(s3) = server(test) else {
+        return;
+    };
+    // 30 and 40 MiB; the largest sample 11 MiB.
+    let args = ["--shards", "2", "--samples", "48", "--mean-size", "1500KiB"];
+    dir.generate(
+        "in",
+        &[&args[..], &["--sigma", "1.3", "--seed", "5"]].concat(),
+    );
+    let bucket = s3.bucket(&dir, test);
+    s3.put(&dir, &dir.join("in"), &bucket, "in");
+    run(&dir, Some(2), &["in"], "local", 5, 9, &[]);
+    for np in [1, 2] {
+        let out = format!("from-s3-{np}");
+        let got = run_s3(&dir, np, &format!("s3://{bucket}/in"), &out);
+        got.check(got.stdout.contains("s3 requests: "), "no request count");
+        assert_same_output(&dir.join("local"), &dir.join(&out), &["ranks", "inputs"]);
+    }
+}
+
 /// Runs reshard on `input` with `env` changed, expecting a failure that names every needle,
 /// shows no secret, and left no output.
 fn refused(dir: &Dir, input: &str, env: &[(&str, &str)], needles: &[&str]) {

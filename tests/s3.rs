@@ -267,6 +267,35 @@ fn s3_output_is_the_next_input_and_its_saved_indexes_are_reused() {
         );
         assert_same_output(&dir.join("local-2"), &dir.join(&to), &["ranks", "inputs"]);
     }
+    // With the saved indexes the index phase reads no shard; without them it streams each one
+    // once more: the report's GET bytes tell.
+    let get_bytes = |input: &str, report: &str| {
+        let mut cmd = dir.mpi(2);
+        cmd.args(["run", "--input", input, "--output", report])
+            .args(["--shards", "5", "--seed", "9", "--report"])
+            .arg(dir.join(format!("{report}.json")));
+        s3.with_env(&mut cmd).assert_success();
+        let text = std::fs::read_to_string(dir.join(format!("{report}.json"))).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let got = v["s3"]["get_bytes"]
+            .as_u64()
+            .expect("s3.get_bytes in the report");
+        (got, v["input_bytes"].as_u64().unwrap())
+    };
+    let (reused, input) = get_bytes(&epoch1, "report-reused");
+    assert!(
+        reused >= input && reused < input * 5 / 4,
+        "GET bytes {reused} with saved indexes, of {input}"
+    );
+    for i in 0..5 {
+        let layout = format!("epoch-1/.reshard/shard-{i:06}.tar.reshard-layout");
+        s3.remove(&dir, &bucket, &layout);
+    }
+    let (indexed, _) = get_bytes(&epoch1, "report-indexed");
+    assert!(
+        indexed >= reused + input * 3 / 4,
+        "GET bytes {reused} with saved indexes, {indexed} without, of {input}"
+    );
 }
 
 #[test]

@@ -41,6 +41,9 @@ pub const SCHEME: &str = "s3";
 /// costs one request of its own.
 const READ_AHEAD: usize = 8 << 20;
 
+/// The window of an object's first read: small, as that read may be the only one.
+const FIRST_WINDOW: usize = 64 << 10;
+
 /// How many windows an open object requests ahead of the one being read, at most: a stream of
 /// one GET at a time waits a round trip and a server's first byte per window; a few in flight
 /// keep the connection busy.
@@ -429,6 +432,8 @@ impl Window {
 #[derive(Default)]
 struct Ahead {
     window: Window,
+    /// Whether a second window was needed: until then nothing is requested ahead.
+    streaming: bool,
     /// Each starting where the one before it ends, the first where `window` ends.
     queue: VecDeque<Pending>,
 }
@@ -534,7 +539,13 @@ impl S3Input {
             };
             return Ok(());
         }
-        let to = (offset + READ_AHEAD as u64).min(self.meta.size);
+        // The first read of an object may be its only one (telling a shard's codec from its
+        // first bytes, before or after the data is read elsewhere): a small window, and a
+        // stream, with windows requested ahead, from the second on.
+        let first = ahead.window.data.is_empty() && !ahead.streaming;
+        ahead.streaming = !first;
+        let len = if first { FIRST_WINDOW } else { READ_AHEAD };
+        let to = (offset + len as u64).min(self.meta.size);
         ahead.window = Window {
             start: offset,
             data: self.fetch(offset, to)?,
@@ -546,6 +557,9 @@ impl S3Input {
     /// process's read-ahead budget has room: a stream then waits for one request's latency
     /// only at its start, not at every window.
     fn top_up(&self, ahead: &mut Ahead) {
+        if !ahead.streaming {
+            return;
+        }
         let window_end = ahead.window.start + ahead.window.data.len() as u64;
         let mut next = ahead.queue.back().map_or(window_end, |p| p.range.end);
         while ahead.queue.len() < AHEAD_WINDOWS && next < self.meta.size {

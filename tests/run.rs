@@ -436,10 +436,10 @@ fn np_1_and_np_4_outputs_differ_in_ranks_and_layout_mtimes_only() {
 }
 
 /// Where a saved layout (bincode, variable-length integers) holds the shard's modification time:
-/// after the format (1), the name (its length, then its bytes) and the size, as a u64 marker
-/// (253) and 8 bytes.
+/// after the format (2), the name (its length, then its bytes) and the size, as a u64 marker
+/// (253) and 8 bytes; the object version after it is 0 on a file system.
 fn mtime_field(bytes: &[u8], name: &str) -> std::ops::Range<usize> {
-    assert_eq!(bytes[0], 1, "format 1");
+    assert_eq!(bytes[0], 2, "format 2");
     assert_eq!(bytes[1] as usize, name.len());
     assert_eq!(&bytes[2..2 + name.len()], name.as_bytes());
     let size_at = 2 + name.len();
@@ -452,5 +452,6 @@ fn mtime_field(bytes: &[u8], name: &str) -> std::ops::Range<usize> {
     };
     let at = size_at + size_len;
     assert_eq!(bytes[at], 253, "a u64-sized mtime");
+    assert_eq!(bytes[at + 9], 0, "no object version on a file system");
     at..at + 9
 }

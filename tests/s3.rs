@@ -75,6 +75,33 @@ fn s3_input_gives_the_local_bytes_at_every_rank_count() {
     );
 }
 
+/// Shards of several read windows (8 MiB) each, with samples across window ends and some larger
+/// than a window: read with windows requested ahead (and large samples in parallel ranged
+/// GETs), to the bytes of the local run; the summary counts the requests.
+#[test]
+fn s3_input_of_many_windows_gives_the_local_bytes() {
+    let test = "s3_input_of_many_windows_gives_the_local_bytes";
+    let dir = Dir::new("s3-windows");
+    let Some(s3) = server(test) else {
+        return;
+    };
+    // 30 and 40 MiB; the largest sample 11 MiB.
+    let args = ["--shards", "2", "--samples", "48", "--mean-size", "1500KiB"];
+    dir.generate(
+        "in",
+        &[&args[..], &["--sigma", "1.3", "--seed", "5"]].concat(),
+    );
+    let bucket = s3.bucket(&dir, test);
+    s3.put(&dir, &dir.join("in"), &bucket, "in");
+    run(&dir, Some(2), &["in"], "local", 5, 9, &[]);
+    for np in [1, 2] {
+        let out = format!("from-s3-{np}");
+        let got = run_s3(&dir, np, &format!("s3://{bucket}/in"), &out);
+        got.check(got.stdout.contains("s3 requests: "), "no request count");
+        assert_same_output(&dir.join("local"), &dir.join(&out), &["ranks", "inputs"]);
+    }
+}
+
 /// Runs reshard on `input` with `env` changed, expecting a failure that names every needle,
 /// shows no secret, and left no output.
 fn refused(dir: &Dir, input: &str, env: &[(&str, &str)], needles: &[&str]) {
@@ -210,6 +237,65 @@ fn s3_output_is_the_local_bytes_and_webdataset_reads_it() {
     // webdataset, following the manifest, reads every sample over S3.
     let read = s3.webdataset_keys(&dir, &bucket, "out/np3");
     assert_eq!(read.len(), 120, "{read:?}");
+}
+
+/// An output on S3 read back as the next run's input: the saved indexes written beside its
+/// shards (stamped with the objects' own size, modification time and ETag when uploaded) stand
+/// in for the tar headers, so no shard is streamed twice, and the bytes are those of the same
+/// two runs on a file system.
+#[test]
+fn s3_output_is_the_next_input_and_its_saved_indexes_are_reused() {
+    let test = "s3_output_is_the_next_input_and_its_saved_indexes_are_reused";
+    let dir = Dir::new("s3-reuse");
+    let Some(bucket) = dataset(&dir, test) else {
+        return;
+    };
+    let s3 = server(test).unwrap();
+    run(&dir, Some(2), &["in"], "local", 5, 9, &[]);
+    let local = run(&dir, Some(2), &["local"], "local-2", 5, 9, &[]);
+    local.stderr_has("reused the saved index of 5 of 5");
+    let epoch1 = format!("s3://{bucket}/epoch-1");
+    let out = run_to_s3(&dir, s3, 2, &format!("s3://{bucket}/in"), &epoch1, &[]);
+    out.check(out.code() == Some(0), "expected success");
+    for np in [1, 2] {
+        let to = format!("from-s3-{np}");
+        let again = run_s3(&dir, np, &epoch1, &to);
+        again.stderr_has("reused the saved index of 5 of 5");
+        again.check(
+            !again.stderr.contains("re-indexing"),
+            "a saved index was stale",
+        );
+        assert_same_output(&dir.join("local-2"), &dir.join(&to), &["ranks", "inputs"]);
+    }
+    // With the saved indexes the index phase reads no shard; without them it streams each one
+    // once more: the report's GET bytes tell.
+    let get_bytes = |input: &str, report: &str| {
+        let mut cmd = dir.mpi(2);
+        cmd.args(["run", "--input", input, "--output", report])
+            .args(["--shards", "5", "--seed", "9", "--report"])
+            .arg(dir.join(format!("{report}.json")));
+        s3.with_env(&mut cmd).assert_success();
+        let text = std::fs::read_to_string(dir.join(format!("{report}.json"))).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let got = v["s3"]["get_bytes"]
+            .as_u64()
+            .expect("s3.get_bytes in the report");
+        (got, v["input_bytes"].as_u64().unwrap())
+    };
+    let (reused, input) = get_bytes(&epoch1, "report-reused");
+    assert!(
+        reused >= input && reused < input * 5 / 4,
+        "GET bytes {reused} with saved indexes, of {input}"
+    );
+    for i in 0..5 {
+        let layout = format!("epoch-1/.reshard/shard-{i:06}.tar.reshard-layout");
+        s3.remove(&dir, &bucket, &layout);
+    }
+    let (indexed, _) = get_bytes(&epoch1, "report-indexed");
+    assert!(
+        indexed >= reused + input * 3 / 4,
+        "GET bytes {reused} with saved indexes, {indexed} without, of {input}"
+    );
 }
 
 #[test]

@@ -129,7 +129,58 @@ pub struct Summary {
     pub per_rank: Vec<RankStats>,
     /// `--max-read-rate`, `--max-write-rate`: how the run kept to each limit given.
     pub rate_limits: Vec<RateReport>,
+    /// Requests to object storage, over all ranks (none without an `s3://` input or output).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Traffic>,
 }
+
+/// Requests to object storage and the bytes they moved, summed over the ranks.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct S3Traffic {
+    pub gets: u64,
+    pub get_bytes: u64,
+    /// PUTs of whole objects and parts of multipart uploads.
+    pub puts: u64,
+    pub put_bytes: u64,
+}
+
+impl S3Traffic {
+    /// Every rank's requests so far, summed; `None` when no rank made any.
+    fn gather(comm: &impl Comm) -> Option<S3Traffic> {
+        let [gets, get_bytes, puts, put_bytes]: [u64; 4] = comm
+            .all_sum(&storage::s3::traffic())
+            .try_into()
+            .expect("four sums");
+        (gets + puts > 0).then_some(S3Traffic {
+            gets,
+            get_bytes,
+            puts,
+            put_bytes,
+        })
+    }
+
+    /// One line: the requests, and per GiB they moved.
+    fn render(&self) -> String {
+        let per_gib = |requests: u64, bytes: u64| {
+            if bytes == 0 {
+                String::new()
+            } else {
+                format!(", {:.0} per GiB", requests as f64 / (bytes as f64 / GIB))
+            }
+        };
+        format!(
+            "  s3 requests: {} GET ({}{}), {} PUT ({}{})\n",
+            self.gets,
+            human_bytes(self.get_bytes),
+            per_gib(self.gets, self.get_bytes),
+            self.puts,
+            human_bytes(self.put_bytes),
+            per_gib(self.puts, self.put_bytes)
+        )
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 impl Summary {
     /// Writes the summary as JSON to `path`.
@@ -222,6 +273,9 @@ impl Summary {
         for r in &self.rate_limits {
             s += &r.render();
         }
+        if let Some(t) = &self.s3 {
+            s += &t.render();
+        }
         s += &self.rank_spread.render();
         s
     }
@@ -295,6 +349,7 @@ pub fn gather(
         rank_spread,
         per_rank,
         rate_limits: rate_limits(comm, settings, times.total()),
+        s3: S3Traffic::gather(comm),
     })
 }
 

@@ -17,6 +17,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::UploadSettings;
+use crate::output::saved_index;
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
 
@@ -257,6 +258,34 @@ fn upload_file(local: &Path, target: &Path, rel: &str, rank: usize) -> Result<u6
         .with_context(|| format!("{}: the upload did not complete", to.display()))
 }
 
+/// The saved index of the shard `shard`, relative to the output, if the output has one.
+fn layout_of(shard: &str) -> String {
+    format!("{}/{shard}{}", saved_index::DIR_NAME, saved_index::SUFFIX)
+}
+
+/// Whether `rel` is the saved index of one of the shards of `files` (written by the rank that
+/// uploads the shard, [`restamp_layout`], not copied with the other metadata).
+fn is_shard_layout(rel: &str, files: &[(String, u64)]) -> bool {
+    files
+        .iter()
+        .any(|f| is_shard(&f.0) && layout_of(&f.0) == rel)
+}
+
+/// After the shard `shard` is uploaded: its saved index, if any, written beside it with the
+/// object's stamp (size, modification time, ETag), so that the next run reading this output
+/// from the store reuses it instead of streaming the shard to read its headers.
+fn restamp_layout(local: &Path, target: &Path, shard: &str, files: &[(String, u64)]) -> Result<()> {
+    let layout = layout_of(shard);
+    if !files.iter().any(|f| f.0 == layout) {
+        return Ok(());
+    }
+    saved_index::copy_restamped(
+        &local.join(&layout),
+        &target.join(shard),
+        &target.join(&layout),
+    )
+}
+
 /// Every rank uploads its share of the published local output; rank 0 then writes the
 /// metadata, checks the lock, writes the manifest, removes what `--force` replaced and the
 /// local copy.
@@ -283,7 +312,9 @@ pub fn run(
     agree(comm, begun)?;
     let mine = share(&files, comm.rank(), comm.size());
     let sent: Result<u64> = mine.iter().try_fold(0, |sum, f| {
-        upload_file(local, target, &f.0, comm.rank()).map(|n| sum + n)
+        let n = upload_file(local, target, &f.0, comm.rank())?;
+        restamp_layout(local, target, &f.0, &files)?;
+        Ok(sum + n)
     });
     agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local))?;
     let finished = (comm.rank() == 0).then(|| finish(target, local, &files, lock));
@@ -379,7 +410,10 @@ fn finish(
     files: &[(String, u64)],
     lock: Option<&RemoteLock>,
 ) -> Result<()> {
-    for (rel, _) in files.iter().filter(|f| !is_shard(&f.0) && f.0 != MANIFEST) {
+    let metadata = files
+        .iter()
+        .filter(|f| !is_shard(&f.0) && f.0 != MANIFEST && !is_shard_layout(&f.0, files));
+    for (rel, _) in metadata {
         upload_file(local, target, rel, 0).with_context(|| not_published(target, local))?;
     }
     lock.map_or(Ok(()), RemoteLock::check_owned)?;

@@ -6,18 +6,25 @@
 //! The name is reshard's own: the earlier `NAME.idx` (`shard-000000.tar.idx`) read like
 //! Megatron-Energon's `.tar.idx`, a different format that `--energon` writes beside the shards.
 //! Outputs written under that name are still read.
+//!
+//! On object storage a shard's modification time is when its upload completed, not when the
+//! scratch copy was written: the upload phase saves the index again with the object's stamp
+//! ([`copy_restamped`]), and the object's ETag (as its stamp's identity) is matched too, since
+//! two uploads in one second of one size would otherwise look the same.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::storage::{self, mtime_ns};
+use crate::storage::{self, mtime_ns, FileStamp};
 use crate::tar::{Sample, ShardIndex, Skipped};
 
 /// The directory, inside an output, that holds reshard's own files.
 pub const DIR_NAME: &str = ".reshard";
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
+/// The format before the object version was saved (still read: a file-system shard's).
+const FORMAT_1: u32 = 1;
 /// What follows a shard's file name in its saved index's name.
 pub const SUFFIX: &str = ".reshard-layout";
 /// The suffix outputs written before it had (still read).
@@ -30,9 +37,70 @@ struct Saved {
     name: String,
     size: u64,
     mtime_ns: u128,
+    /// On object storage the object's version (its stamp's identity, a hash of its ETag);
+    /// 0 on a file system, where the inode differs between hosts and is not compared.
+    version: u64,
     /// (start, length) of every sample, in file order.
     samples: Vec<(u64, u64)>,
     skipped: Skipped,
+}
+
+/// A saved index of format 1: no version.
+#[derive(Deserialize)]
+struct SavedV1 {
+    _format: u32,
+    name: String,
+    size: u64,
+    mtime_ns: u128,
+    samples: Vec<(u64, u64)>,
+    skipped: Skipped,
+}
+
+impl Saved {
+    fn decode(bytes: &[u8]) -> std::result::Result<Saved, String> {
+        let config = bincode::config::standard();
+        let (format, _): (u32, _) =
+            bincode::serde::decode_from_slice(bytes, config).map_err(|e| e.to_string())?;
+        if format == FORMAT_1 {
+            let (old, _): (SavedV1, _) =
+                bincode::serde::decode_from_slice(bytes, config).map_err(|e| e.to_string())?;
+            // In memory it is of the current format: encoded again, it has a version.
+            return Ok(Saved {
+                format: FORMAT,
+                name: old.name,
+                size: old.size,
+                mtime_ns: old.mtime_ns,
+                version: 0,
+                samples: old.samples,
+                skipped: old.skipped,
+            });
+        }
+        bincode::serde::decode_from_slice(bytes, config)
+            .map(|(s, _)| s)
+            .map_err(|e| e.to_string())
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        bincode::serde::encode_to_vec(self, bincode::config::standard()).expect("encodable")
+    }
+
+    /// Notes `stamp` as the shard's, taken of the shard at `shard`.
+    fn stamped(mut self, shard: &Path, stamp: &FileStamp) -> Saved {
+        self.size = stamp.size;
+        self.mtime_ns = mtime_ns(stamp);
+        self.version = version(shard, stamp);
+        self
+    }
+}
+
+/// The version a saved index notes of the shard at `shard`: its identity on object storage,
+/// where it is the object's ETag; 0 on a file system.
+fn version(shard: &Path, stamp: &FileStamp) -> u64 {
+    if storage::is_object_store(shard) {
+        stamp.ino
+    } else {
+        0
+    }
 }
 
 /// What a lookup found.
@@ -79,17 +147,47 @@ pub fn save(dir: &Path, shard: &Path, samples: impl Iterator<Item = Sample>) -> 
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned(),
-        size: stamp.size,
-        mtime_ns: mtime_ns(&stamp),
+        size: 0,
+        mtime_ns: 0,
+        version: 0,
         samples: samples.map(|s| (s.start, s.len)).collect(),
         skipped: Skipped::default(),
-    };
+    }
+    .stamped(shard, &stamp);
     let path = path_for(shard, Some(dir));
-    let bytes =
-        bincode::serde::encode_to_vec(&saved, bincode::config::standard()).expect("encodable");
     storage::sink(&path)
-        .write(&path, &bytes)
+        .write(&path, &saved.encode())
         .with_context(|| format!("{}: cannot write", path.display()))
+}
+
+/// Writes the saved index `from` (of a shard now copied to `shard`, e.g. uploaded) to `to`,
+/// noting the copy's stamp: the copy's modification time (and on object storage its version)
+/// is not the original's, so the index as saved would be stale beside the copy.
+///
+/// # Errors
+/// `from` cannot be read or decoded, the copy cannot be stat'ed or differs in size, or `to`
+/// cannot be written.
+pub fn copy_restamped(from: &Path, shard: &Path, to: &Path) -> Result<()> {
+    let bytes = storage::source(from)
+        .read(from)
+        .with_context(|| format!("{}: cannot read", from.display()))?;
+    let saved = Saved::decode(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: unreadable saved index ({e})", from.display()))?;
+    let stamp =
+        storage::stamp(shard).with_context(|| format!("{}: cannot stat", shard.display()))?;
+    if stamp.size != saved.size {
+        anyhow::bail!(
+            "{}: {} bytes, but its saved index {} says {}: the copy is not the shard",
+            shard.display(),
+            stamp.size,
+            from.display(),
+            saved.size
+        );
+    }
+    let saved = saved.stamped(shard, &stamp);
+    storage::sink(to)
+        .write(to, &saved.encode())
+        .with_context(|| format!("{}: cannot write", to.display()))
 }
 
 /// Looks for a saved index of the shard at `shard` whose size and modification time match.
@@ -102,9 +200,8 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
     else {
         return Lookup::Missing;
     };
-    let saved: Saved = match bincode::serde::decode_from_slice(&bytes, bincode::config::standard())
-    {
-        Ok((s, _)) => s,
+    let saved = match Saved::decode(&bytes) {
+        Ok(s) => s,
         Err(e) => return Lookup::Stale(format!("{}: unreadable ({e})", path.display())),
     };
     let Ok(stamp) = storage::stamp(shard) else {
@@ -117,9 +214,12 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
             saved.format
         ));
     }
-    if saved.size != stamp.size || saved.mtime_ns != mtime_ns(&stamp) {
+    if saved.size != stamp.size
+        || saved.mtime_ns != mtime_ns(&stamp)
+        || saved.version != version(shard, &stamp)
+    {
         return Lookup::Stale(format!(
-            "{} changed since {} was saved (size {} -> {}, or modification time)",
+            "{} changed since {} was saved (size {} -> {}, or modification time, or object version)",
             shard.display(),
             path.display(),
             saved.size,
@@ -181,6 +281,25 @@ mod tests {
         // Touching the shard makes the saved index stale.
         fs::write(&shard, vec![1u8; 4096 + 512]).unwrap();
         assert!(matches!(load(&shard, None), Lookup::Stale(_)));
+    }
+
+    /// An index saved in format 1 (before the object version) is still read, as version 0.
+    #[test]
+    fn format_1_is_still_read() {
+        let old = (
+            FORMAT_1,
+            "s.tar".to_string(),
+            4096u64,
+            7u128,
+            vec![(0u64, 1024u64)],
+            Skipped::default(),
+        );
+        let bytes = bincode::serde::encode_to_vec(&old, bincode::config::standard()).unwrap();
+        let saved = Saved::decode(&bytes).unwrap();
+        assert_eq!((saved.size, saved.mtime_ns, saved.version), (4096, 7, 0));
+        assert_eq!(saved.samples, [(0, 1024)]);
+        let now = Saved::decode(&saved.encode()).unwrap();
+        assert_eq!((now.format, now.samples), (FORMAT, vec![(0, 1024)]));
     }
 
     /// A shard rewritten in place with the same size (another epoch's bytes) is told apart by

@@ -12,11 +12,12 @@
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::future::Future;
-use std::hash::{Hash, Hasher};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use object_store::aws::{AmazonS3, AmazonS3Builder};
@@ -39,6 +40,55 @@ pub const SCHEME: &str = "s3";
 /// shard of small samples streams it once in 8 MiB requests; a sample larger than the window
 /// costs one request of its own.
 const READ_AHEAD: usize = 8 << 20;
+
+/// The window of an object's first read: small, as that read may be the only one.
+const FIRST_WINDOW: usize = 64 << 10;
+
+/// How many windows an open object requests ahead of the one being read, at most: a stream of
+/// one GET at a time waits a round trip and a server's first byte per window; a few in flight
+/// keep the connection busy.
+const AHEAD_WINDOWS: usize = 4;
+
+/// The bytes of windows requested ahead in one process (one rank), over every open object:
+/// the index phase streams up to 32 shards at once, and their read-ahead together stays within
+/// this. Not part of `--mem-limit`, as the one window per open object is not.
+const AHEAD_BUDGET: usize = 64 << 20;
+
+/// GETs and their bytes, PUTs (and parts) and theirs, in this process: the run's summary
+/// reports them per GiB moved ([`traffic`]).
+static GETS: Counter = Counter::new();
+static PUTS: Counter = Counter::new();
+
+/// A count of requests and of their bytes.
+struct Counter {
+    requests: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Counter {
+    const fn new() -> Counter {
+        Counter {
+            requests: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        }
+    }
+}
+
+fn count(counter: &Counter, bytes: usize) {
+    counter.requests.fetch_add(1, Ordering::Relaxed);
+    counter.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+/// This process's requests so far: (GETs, bytes they read, PUTs and parts, bytes they wrote).
+pub fn traffic() -> [u64; 4] {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    [
+        load(&GETS.requests),
+        load(&GETS.bytes),
+        load(&PUTS.requests),
+        load(&PUTS.bytes),
+    ]
+}
 
 /// The first part size of a multipart upload. S3 takes parts of 5 MiB to 5 GiB (the last one
 /// smaller), at most 10,000 of them, and parts of one upload may differ in size: a stream does
@@ -105,14 +155,22 @@ fn invalid(path: &Path, why: &str) -> io::Error {
     )
 }
 
-/// The runtime every request runs on.
+/// The runtime every request runs on. A thread of its own drives it for good, so that the
+/// read-ahead requests spawned on it ([`S3Input::top_up`]) make progress while the reading
+/// threads are busy elsewhere; a thread's own `block_on` polls its future on that thread.
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_current_thread()
+        let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .expect("a tokio runtime for S3 requests (a timer and a socket driver)")
+            .expect("a tokio runtime for S3 requests (a timer and a socket driver)");
+        let handle = rt.handle().clone();
+        std::thread::Builder::new()
+            .name("reshard-s3".into())
+            .spawn(move || handle.block_on(std::future::pending::<()>()))
+            .expect("a thread to drive S3 requests");
+        rt
     })
 }
 
@@ -231,16 +289,19 @@ fn not_found(loc: &Location, store: &AmazonS3, e: object_store::Error) -> io::Er
 
 /// A stamp from an object's metadata: its size, its modification time, and a hash of its ETag
 /// in place of the inode, so that a replaced object with the same size and second differs.
+/// The hash (64-bit FNV-1a) is the same in every build: saved indexes and checkpoints keep it.
 fn stamp_of(meta: &ObjectMeta) -> FileStamp {
     let mtime = i128::from(meta.last_modified.timestamp_nanos_opt().unwrap_or(0));
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    meta.e_tag.hash(&mut hasher);
+    let tag = meta.e_tag.as_deref().unwrap_or_default();
+    let hash = tag.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
     FileStamp {
         size: meta.size,
         mtime_ns: mtime,
         ctime_ns: mtime,
         dev: 0,
-        ino: hasher.finish(),
+        ino: hash,
     }
 }
 
@@ -334,6 +395,9 @@ impl Source for S3 {
         let store = loc.store()?;
         let key = loc.object()?;
         let got = block_on(async { store.get(&key).await?.bytes().await });
+        if let Ok(b) = &got {
+            count(&GETS, b.len());
+        }
         got.map(|b| b.to_vec())
             .map_err(|e| not_found(&loc, &store, e))
     }
@@ -346,7 +410,7 @@ impl Source for S3 {
             key: loc.object()?,
             loc,
             meta,
-            window: Mutex::new(Window::default()),
+            ahead: Mutex::new(Ahead::default()),
         }))
     }
 }
@@ -358,6 +422,61 @@ struct Window {
     data: Vec<u8>,
 }
 
+impl Window {
+    fn holds(&self, offset: u64) -> bool {
+        offset >= self.start && offset < self.start + self.data.len() as u64
+    }
+}
+
+/// The windows of one open object: the one being read, and the next ones, requested ahead.
+#[derive(Default)]
+struct Ahead {
+    window: Window,
+    /// Whether a second window was needed: until then nothing is requested ahead.
+    streaming: bool,
+    /// Each starting where the one before it ends, the first where `window` ends.
+    queue: VecDeque<Pending>,
+}
+
+/// A window requested ahead: its range, the request under way, and its share of the
+/// process's read-ahead budget, given back when it becomes the window being read or is dropped.
+struct Pending {
+    range: std::ops::Range<u64>,
+    task: tokio::task::JoinHandle<object_store::Result<Vec<u8>>>,
+    _reserved: Reserved,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // Not read (a jump elsewhere, or the object closed): the request is of no use.
+        self.task.abort();
+    }
+}
+
+/// Bytes of the read-ahead budget ([`AHEAD_BUDGET`]) held.
+struct Reserved(usize);
+
+/// Bytes of every open object's windows requested ahead, in this process.
+static AHEAD_HELD: AtomicUsize = AtomicUsize::new(0);
+
+impl Reserved {
+    /// `n` bytes of the budget, if that many are free.
+    fn take(n: usize) -> Option<Reserved> {
+        AHEAD_HELD
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + n <= AHEAD_BUDGET).then_some(held + n)
+            })
+            .ok()
+            .map(|_| Reserved(n))
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        AHEAD_HELD.fetch_sub(self.0, Ordering::AcqRel);
+    }
+}
+
 /// An object open for ranged reads: the version seen when it was opened (every GET carries
 /// `If-Match` with its ETag, so a replaced object fails the read instead of mixing versions).
 struct S3Input {
@@ -365,19 +484,96 @@ struct S3Input {
     loc: Location,
     key: Key,
     meta: ObjectMeta,
-    window: Mutex<Window>,
+    ahead: Mutex<Ahead>,
 }
 
 impl S3Input {
-    /// The bytes `from..to` of the object, one GET.
-    fn fetch(&self, from: u64, to: u64) -> io::Result<Vec<u8>> {
+    /// The request for the bytes `range` of the object, one GET, not yet under way.
+    fn request(
+        &self,
+        range: std::ops::Range<u64>,
+    ) -> impl Future<Output = object_store::Result<Vec<u8>>> + Send + 'static {
         let options = GetOptions {
             if_match: self.meta.e_tag.clone(),
-            range: Some(GetRange::Bounded(from..to)),
+            range: Some(GetRange::Bounded(range)),
             ..GetOptions::default()
         };
-        let got = block_on(async { self.store.get_opts(&self.key, options).await?.bytes().await });
-        got.map(|b| b.to_vec()).map_err(|e| error(&self.loc, e))
+        let (store, key) = (self.store.clone(), self.key.clone());
+        async move {
+            let got = store.get_opts(&key, options).await?.bytes().await?;
+            count(&GETS, got.len());
+            Ok(got.to_vec())
+        }
+    }
+
+    /// The bytes `from..to` of the object: one GET per [`READ_AHEAD`] bytes, all in flight at
+    /// once.
+    fn fetch(&self, from: u64, to: u64) -> io::Result<Vec<u8>> {
+        let step = READ_AHEAD as u64;
+        let parts: Vec<_> = (from..to)
+            .step_by(READ_AHEAD)
+            .map(|at| self.request(at..(at + step).min(to)))
+            .collect();
+        let got = block_on(futures_util::future::try_join_all(parts));
+        got.map(|parts| parts.concat())
+            .map_err(|e| error(&self.loc, e))
+    }
+
+    /// The window that holds `offset`: the current one, the next one requested ahead (the
+    /// stream goes on), or else (a jump) one fetched now, with what was requested ahead dropped.
+    fn seek(&self, ahead: &mut Ahead, offset: u64) -> io::Result<()> {
+        if ahead.window.holds(offset) {
+            return Ok(());
+        }
+        while let Some(next) = ahead.queue.pop_front() {
+            if !next.range.contains(&offset) {
+                continue;
+            }
+            let start = next.range.start;
+            let mut next = next;
+            let got = block_on(&mut next.task)
+                .map_err(|e| io::Error::other(format!("{}: {e}", self.loc.url())))?;
+            ahead.window = Window {
+                start,
+                data: got.map_err(|e| error(&self.loc, e))?,
+            };
+            return Ok(());
+        }
+        // The first read of an object may be its only one (telling a shard's codec from its
+        // first bytes, before or after the data is read elsewhere): a small window, and a
+        // stream, with windows requested ahead, from the second on.
+        let first = ahead.window.data.is_empty() && !ahead.streaming;
+        ahead.streaming = !first;
+        let len = if first { FIRST_WINDOW } else { READ_AHEAD };
+        let to = (offset + len as u64).min(self.meta.size);
+        ahead.window = Window {
+            start: offset,
+            data: self.fetch(offset, to)?,
+        };
+        Ok(())
+    }
+
+    /// Requests the windows after the ones held, up to [`AHEAD_WINDOWS`] of them, while the
+    /// process's read-ahead budget has room: a stream then waits for one request's latency
+    /// only at its start, not at every window.
+    fn top_up(&self, ahead: &mut Ahead) {
+        if !ahead.streaming {
+            return;
+        }
+        let window_end = ahead.window.start + ahead.window.data.len() as u64;
+        let mut next = ahead.queue.back().map_or(window_end, |p| p.range.end);
+        while ahead.queue.len() < AHEAD_WINDOWS && next < self.meta.size {
+            let end = (next + READ_AHEAD as u64).min(self.meta.size);
+            let Some(reserved) = Reserved::take((end - next) as usize) else {
+                return;
+            };
+            ahead.queue.push_back(Pending {
+                range: next..end,
+                task: runtime().spawn(self.request(next..end)),
+                _reserved: reserved,
+            });
+            next = end;
+        }
     }
 }
 
@@ -390,20 +586,25 @@ impl Input for S3Input {
         let want = buf
             .len()
             .min(usize::try_from(size - offset).unwrap_or(usize::MAX));
-        if want >= READ_AHEAD {
-            // A large read (the exchange's chunks) is its own request, not copied twice.
+        let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        let streaming = ahead.window.holds(offset)
+            || ahead
+                .queue
+                .front()
+                .is_some_and(|p| p.range.contains(&offset));
+        if want >= READ_AHEAD && !streaming {
+            // A large read elsewhere (a large sample, a chunk) goes straight into the caller's
+            // buffer, its GETs in flight at once.
+            drop(ahead);
             let data = self.fetch(offset, offset + want as u64)?;
             buf[..data.len()].copy_from_slice(&data);
             return Ok(data.len());
         }
-        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
-        let end = window.start + window.data.len() as u64;
-        if offset < window.start || offset + want as u64 > end {
-            let to = (offset + READ_AHEAD as u64).min(size);
-            window.data = self.fetch(offset, to)?;
-            window.start = offset;
-        }
+        self.seek(&mut ahead, offset)?;
+        self.top_up(&mut ahead);
+        let window = &ahead.window;
         let from = usize::try_from(offset - window.start).unwrap_or(usize::MAX);
+        // Up to the window's end: the caller reads on ([`super::read_up_to_at`]) from the next.
         let n = want.min(window.data.len().saturating_sub(from));
         buf[..n].copy_from_slice(&window.data[from..from + n]);
         Ok(n)
@@ -431,6 +632,7 @@ impl S3 {
         let store = loc.store()?;
         let key = loc.object()?;
         let payload = PutPayload::from(bytes.to_vec());
+        count(&PUTS, bytes.len());
         block_on(store.put_opts(&key, payload, PutOptions::from(mode)))
             .map(|_| ())
             .map_err(|e| error(&loc, e))
@@ -639,6 +841,7 @@ impl Upload {
         }
         let rest = self.buf.split_off(n);
         let data = PutPayload::from(std::mem::replace(&mut self.buf, rest));
+        count(&PUTS, data.content_length());
         let (id, parts) = self.upload.as_mut().expect("started above");
         let part = block_on(self.store.put_part(&self.key, id, parts.len(), data));
         parts.push(part.map_err(|e| error(&self.loc, e))?);
@@ -665,6 +868,7 @@ impl Writer for Upload {
     fn finish(mut self: Box<Self>) -> io::Result<u64> {
         if self.upload.is_none() {
             let payload = PutPayload::from(std::mem::take(&mut self.buf));
+            count(&PUTS, payload.content_length());
             block_on(self.store.put(&self.key, payload)).map_err(|e| error(&self.loc, e))?;
             return Ok(self.written);
         }

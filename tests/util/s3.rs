@@ -126,7 +126,7 @@ fn remove_dead_servers_data() {
         let Some(pid) = name.strip_prefix("reshard-test-s3-") else {
             continue;
         };
-        let pid = pid.trim_end_matches(".log");
+        let pid = pid.trim_end_matches(".log").trim_end_matches(".err");
         if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
             let _ = fs::remove_dir_all(e.path());
             let _ = fs::remove_file(e.path());
@@ -219,20 +219,17 @@ fn start() -> Option<Server> {
     let data = std::env::temp_dir().join(format!("reshard-test-s3-{}", std::process::id()));
     let _ = fs::remove_dir_all(&data);
     fs::create_dir_all(&data).unwrap();
-    let ports = free_ports(12);
-    let mut cmd = weed_mini(&weed, &data, &ports);
     // The thread that starts it lives as long as this test binary (below), so no server
     // outlives the tests.
-    dies_with_its_thread(&mut cmd);
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
-        let child: std::io::Result<Child> = cmd.spawn();
-        let _ = tx.send(child.map(|c| c.id()));
+        let (_cmd, _child, ports) = start_listening(&weed, &data);
+        let _ = tx.send(ports);
         loop {
             thread::park();
         }
     });
-    rx.recv().unwrap().expect("start weed mini");
+    let ports = rx.recv().expect("weed mini listening");
     Some(Server {
         endpoint: format!("http://127.0.0.1:{}", ports[6]),
         python,

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use reshard::cli::resolve::{self, Task, UsageError};
 use reshard::comm::launcher::LauncherMismatch;
-use reshard::comm::mpi::{MpiComm, MpiRuntime};
+use reshard::comm::mpi::{end_before_work, MpiComm, MpiRuntime};
 use reshard::comm::{agree, Comm, PeerFailed};
 use reshard::config::{RunConfig, VerifyConfig};
 use reshard::exit::Exit;
@@ -17,14 +17,14 @@ use reshard::job::Outcome;
 fn main() -> ExitCode {
     match reshard::cli::parse() {
         Ok(cli) => run(cli.command).unwrap_or_else(failed).into(),
-        Err(exit) => exit.into(),
+        Err(exit) => end_before_work(exit).into(),
     }
 }
 
 fn run(command: reshard::cli::Command) -> anyhow::Result<Exit> {
     let task = match resolve::task(command) {
         Ok(task) => task,
-        Err(e) => return Ok(failed_before_mpi(e.into())),
+        Err(e) => return Ok(end_before_work(failed_before_mpi(e.into()))),
     };
     match task {
         Task::Generate(cfg) => {

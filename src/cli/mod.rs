@@ -23,8 +23,11 @@ use crate::exit::Exit;
 pub fn parse() -> Result<Cli, Exit> {
     Cli::try_parse().map_err(|e| {
         // --help and --version end here too, on stdout with exit code 0.
+        // Under a launcher, one rank prints them for the job.
         if e.exit_code() == 0 {
-            let _ = e.print();
+            if crate::comm::launcher::speaks_for_the_job() {
+                let _ = e.print();
+            }
             return Exit::Success;
         }
         // A usage error: every rank of the job has it, and one says it, in one write.

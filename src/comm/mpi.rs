@@ -55,6 +55,24 @@ impl MpiRuntime {
     }
 }
 
+/// Ends a process that stops before any work (a usage error, `--help`) with `code`. Under a
+/// launcher it first joins MPI and leaves it again, so that the launcher sees its processes start
+/// and end as in any job: MPICH's hydra, whose processes all exited before it had finished
+/// setting them up, was seen to die of SIGPIPE (`mpirun -np 4 reshard run --bogus` on a loaded
+/// machine, about 1 in 60), losing the message and the exit status. No collective is made: a
+/// peer may have gone on to a job of its own.
+pub fn end_before_work(code: Exit) -> Exit {
+    if launcher::launcher_rank(|k| std::env::var(k).ok()).is_none() {
+        return code;
+    }
+    flush_stdio();
+    match MpiRuntime::init(1) {
+        Ok(mpi) => mpi.finalize(code),
+        // A launcher that does not match the MPI library: the code stands.
+        Err(_) => code,
+    }
+}
+
 impl MpiRuntime {
     /// Ends the job on this rank: agrees with every rank on the exit status (the worst of all
     /// ranks' `code`s), then finalizes MPI. Call it on every rank once the job's output is
@@ -69,6 +87,13 @@ impl MpiRuntime {
     pub fn finish(self, code: Exit) -> Exit {
         flush_stdio();
         let code = Exit::from_worst(self.comm.all_max(&[code as u64])[0]);
+        self.finalize(code)
+    }
+
+    /// Finalizes MPI under the deadline of [`MpiRuntime::finish`], without agreeing on `code`
+    /// first: for a process that ends before any work, whose peers may not all be here.
+    fn finalize(self, code: Exit) -> Exit {
+        flush_stdio();
         let rank = self.comm.rank();
         let timeout = hooks::finalize_timeout(|k| std::env::var(k).ok());
         let finalized = Arc::new(AtomicBool::new(false));

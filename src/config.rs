@@ -124,6 +124,8 @@ pub struct ExchangeSettings {
     pub mem_limit: u64,
     pub stall_timeout: Duration,
     pub progress: ProgressConfig,
+    /// The rate limits: rounds are sized to move within the stall timeout at them.
+    pub limits: crate::throttle::Limits,
 }
 
 /// What the finish phase needs: what becomes of each finished shard.

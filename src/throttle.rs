@@ -83,6 +83,16 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// One rank's share of the lower of the two limits, bytes per second (`None` without
+    /// limits).
+    pub fn slowest_share(&self, ranks: usize) -> Option<f64> {
+        [self.read, self.write]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|r| share(r, ranks))
+    }
+
     /// Seconds the job's data movement takes at least at these limits: `read_bytes` read and
     /// `written` bytes written, each at its limit (the slower decides); `None` without limits.
     pub fn least_seconds(&self, read_bytes: u64, written: u64) -> Option<f64> {

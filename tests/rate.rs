@@ -53,6 +53,30 @@ fn a_limited_run_never_beats_its_limit_and_writes_the_same_bytes() {
     }
 }
 
+/// A limit makes rounds slow, not stalled. At 64 KiB/s (32 KiB/s a rank) a round of the size
+/// the data alone would give took longer than a 3 s `--stall-timeout`, and the ranks waiting
+/// for it at the round's end ended the healthy job as stalled (exit 75). Rounds are now sized
+/// to the limit and the timeout, and samples larger than a round are no longer copied whole.
+#[test]
+fn a_slow_limit_is_not_taken_for_a_stall() {
+    let dir = Dir::new("rate-stall");
+    sized(&dir, "in", "512KiB", "48KiB", 4);
+    run(&dir, Some(2), &["in"], "free", 3, 7, &[]);
+    for flag in ["--max-write-rate", "--max-read-rate"] {
+        let out = format!("slow{flag}");
+        run(
+            &dir,
+            Some(2),
+            &["in"],
+            &out,
+            3,
+            7,
+            &[flag, "64KiB/s", "--stall-timeout", "3"],
+        );
+        assert_same_output(&dir.join("free"), &dir.join(&out), &[]);
+    }
+}
+
 /// The bytes of the files directly in `dir` whose names end with `ext`.
 fn bytes_of(dir: &std::path::Path, ext: &str) -> u64 {
     let files = fs::read_dir(dir).unwrap().map(|e| e.unwrap().path());

@@ -207,6 +207,7 @@ pub fn job_settings(cfg: &RunConfig) -> JobSettings {
             mem_limit: cfg.mem_limit,
             stall_timeout: cfg.stall_timeout,
             progress: cfg.progress,
+            limits: cfg.io.limits,
         },
         finish: FinishSettings {
             compress: cfg.compress,

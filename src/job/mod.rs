@@ -348,7 +348,11 @@ fn exchange_phase(
     let stats = exchange::run(
         comm,
         &job,
-        Buffers::for_job(settings.mem_limit, ranks, total_out / ranks as u64),
+        Buffers::for_job(settings.mem_limit, ranks, total_out / ranks as u64).within_stall(
+            settings.stall_timeout,
+            settings.limits.slowest_share(ranks),
+            ranks,
+        ),
         exchange::Stall {
             timeout: settings.stall_timeout,
             heartbeats: Some(Staging::at(staging).heartbeats()),

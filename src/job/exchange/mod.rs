@@ -47,15 +47,20 @@ impl Buffers {
     /// receive buffers in flight (each holds `per_destination` bytes for every rank).
     pub fn for_budget(budget: u64, ranks: usize) -> Self {
         let budget = usize::try_from(budget).unwrap_or(usize::MAX);
-        let read_window = (budget / 16).clamp(64 << 10, 8 << 20);
+        let read_window = (budget / 16).clamp(MIN_READ_WINDOW, 8 << 20);
         let buffer = budget.saturating_sub(read_window) / (SEND_BUFFERS + RECV_BUFFERS);
-        let per_destination = (buffer / ranks).max(CHUNK_HEADER + 512);
+        let per_destination = (buffer / ranks).max(MIN_PER_DESTINATION);
         Buffers {
             per_destination,
             read_window,
         }
     }
 }
+
+/// The smallest read window.
+const MIN_READ_WINDOW: usize = 64 << 10;
+/// The smallest segment: one chunk header and a block of data.
+const MIN_PER_DESTINATION: usize = CHUNK_HEADER + 512;
 
 /// Rounds a rank's data is split into at least (budget permitting): the reader, the exchange and
 /// the writer overlap except while the first round is read and the last one written, so with
@@ -79,6 +84,31 @@ impl Buffers {
             .per_destination
             .min(usize::try_from(share).unwrap_or(usize::MAX));
         b
+    }
+}
+
+/// The part of the stall timeout one round may take at a rank's share of a rate limit.
+/// A round reads and writes up to about twice its send buffer on a rank (its segments, then
+/// as much again in copies of its own samples), and a few rounds queue behind the writer: an
+/// eighth of the timeout per buffer leaves the waiting peers half of it to spare.
+const ROUNDS_PER_STALL: f64 = 16.0;
+
+impl Buffers {
+    /// Rounds small enough that a rank moving at `share` bytes per second (its share of the
+    /// lower rate limit) finishes each well within `stall` (the timeout): a paced rank's peers
+    /// wait for it at every round's end, and a round that took longer than the timeout would
+    /// make them end a healthy job as stalled. Without a limit or a timeout, unchanged.
+    pub fn within_stall(mut self, stall: Duration, share: Option<f64>, ranks: usize) -> Self {
+        let Some(share) = share.filter(|_| !stall.is_zero()) else {
+            return self;
+        };
+        let round = (share * stall.as_secs_f64() / ROUNDS_PER_STALL) as usize;
+        self.read_window = self.read_window.min(round).max(MIN_READ_WINDOW);
+        self.per_destination = self
+            .per_destination
+            .min(round / ranks.max(1))
+            .max(MIN_PER_DESTINATION);
+        self
     }
 }
 
@@ -227,5 +257,25 @@ mod tests {
             Buffers::for_job(gib, 4, 1 << 20).per_destination as u64,
             MIN_SEGMENT
         );
+    }
+
+    #[test]
+    fn a_round_at_the_rate_limit_takes_a_sixteenth_of_the_stall_timeout() {
+        let gib = 1u64 << 30;
+        let b = Buffers::for_job(gib, 2, gib);
+        let stall = Duration::from_secs(120);
+        // No limit, or no timeout: as the budget and the data say.
+        assert_eq!(b.within_stall(stall, None, 2), b);
+        assert_eq!(b.within_stall(Duration::ZERO, Some(1.0), 2), b);
+        // 1 MiB/s a rank for 120 s: 7.5 MiB a round, split among the destinations.
+        let slow = b.within_stall(stall, Some(f64::from(1 << 20)), 2);
+        assert_eq!(slow.per_destination, (120 << 20) / 16 / 2);
+        assert_eq!(slow.read_window, b.read_window.min((120 << 20) / 16));
+        // A fast limit leaves the rounds alone.
+        assert_eq!(b.within_stall(stall, Some(1e12), 2), b);
+        // Never below one chunk and block a segment, nor 64 KiB a window.
+        let crawl = b.within_stall(Duration::from_secs(1), Some(1.0), 4);
+        assert_eq!(crawl.per_destination, MIN_PER_DESTINATION);
+        assert_eq!(crawl.read_window, MIN_READ_WINDOW);
     }
 }

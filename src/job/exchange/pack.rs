@@ -138,7 +138,9 @@ fn fill(
         };
         let shard = job.plan.shard_of(position);
         let dest = job.plan.writer_of(shard);
-        if dest == me && in_kernel(reader, s, used.len())? {
+        // Only a sample that fits in a round: a round moves about a buffer's worth, which
+        // keeps it within the stall timeout under a rate limit (`Buffers::within_stall`).
+        if dest == me && s.len <= send.len() as u64 && in_kernel(reader, s, used.len())? {
             if done.copied >= send.len() as u64 {
                 break;
             }

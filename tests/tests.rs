@@ -34,6 +34,7 @@ mod resume;
 mod rounds;
 mod run;
 mod s3;
+mod s3_loaders;
 mod signals;
 mod sizing;
 mod slurm;

@@ -2,6 +2,7 @@
 """Reads a reshard output written with --energon through Megatron-Energon's own readers.
 
     python3 read_energon.py DIR [--split train] [--no-key-index]
+    MSC_CONFIG=msc.yaml python3 read_energon.py msc://PROFILE/PREFIX ...   (an output in a bucket)
 
 reshard --energon writes .nv-meta/ (.info.json, split.yaml, dataset.yaml, index.sqlite,
 index.uuid) and NAME.tar.idx beside each shard, so that `energon prepare` is not needed. This
@@ -52,18 +53,20 @@ def main():
     ap.add_argument("--no-key-index", action="store_true",
                     help="read by position only (written with --energon-no-sqlite)")
     args = ap.parse_args()
-    path = EPath(os.path.abspath(args.dir))
+    # A directory, or a URL energon reads through its Multi-Storage Client: msc://PROFILE/PREFIX
+    # (the profile in the file MSC_CONFIG names says which bucket and endpoint).
+    path = EPath(args.dir if "://" in args.dir else os.path.abspath(args.dir))
     meta = WebdatasetMeta.from_config(path, split_part=args.split, split_config="split.yaml")
     by_position = ShardInfosITarReader(path, meta.shards)
     by_key = None if args.no_key_index else SqliteITarEntryReader(path)
-    with open(os.path.join(args.dir, "index.json")) as f:
-        everything = sum(s["nsamples"] for s in json.load(f)["shardlist"])
+
+    def samples_listed(index):
+        return sum(s["nsamples"] for s in json.loads(index.read_text())["shardlist"])
+
+    everything = samples_listed(path / "index.json")
     # A --split output: the split's own index.json lists its samples; index.sqlite holds all.
-    split_index = os.path.join(args.dir, args.split, "index.json")
-    listed = everything
-    if os.path.exists(split_index):
-        with open(split_index) as f:
-            listed = sum(s["nsamples"] for s in json.load(f)["shardlist"])
+    split_index = path / args.split / "index.json"
+    listed = samples_listed(split_index) if split_index.is_file() else everything
     problems = []
     seen = set()
     for i in range(len(by_position)):

@@ -2,6 +2,7 @@
 """Random access to a reshard output with wids: `wids.ShardListDataset("DIR/index.json")`.
 
     python3 read_wids.py DIR [--keys jpg,cls,json] [--seed 0]
+    python3 read_wids.py s3://BUCKET/PREFIX ...   (needs the AWS CLI: wids runs `aws s3 cp`)
 
 wids reads the index.json reshard writes as it is: its length is the sum of the shards'
 "nsamples", and `dataset[i]` opens the right shard and returns sample i (a dict of raw member
@@ -30,7 +31,9 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
+import tempfile
 import types
 import typing
 
@@ -67,7 +70,7 @@ def stub_torch_if_missing():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("dir", help="a reshard output directory (with index.json)")
+    ap.add_argument("dir", help="a reshard output directory (with index.json), or s3://BUCKET/PREFIX")
     ap.add_argument("--keys", help="expected member extensions, comma separated (default: the first sample's)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random access order")
     args = ap.parse_args()
@@ -75,15 +78,29 @@ def main():
     stubbed = stub_torch_if_missing()
     import wids
 
-    index_path = os.path.join(args.dir, "index.json")
-    with open(index_path) as f:
+    remote = "://" in args.dir
+    if remote:
+        # An output in a bucket (s3://BUCKET/PREFIX): wids fetches index.json and each shard
+        # with its own handler for the URL's scheme (`aws s3 cp` for s3://, which takes the
+        # endpoint and credentials from the AWS_* variables), into a cache directory.
+        cache = tempfile.mkdtemp(prefix="read-wids-")
+        index_path = args.dir.rstrip("/") + "/index.json"
+        local_index = os.path.join(cache, "index.json")
+        wids.wids_dl.download_file(index_path, local_index)
+    else:
+        index_path = local_index = os.path.join(args.dir, "index.json")
+    with open(local_index) as f:
         index = json.load(f)
     nsamples = sum(s["nsamples"] for s in index["shardlist"])
 
     # transformations=[]: raw bytes (the default decodes images with PIL).
-    # localname=identity: the shards are local files, open them in place; for remote URLs give
-    # cache_dir=... instead and wids downloads each shard once.
-    dataset = wids.ShardListDataset(index_path, transformations=[], localname=lambda url: url)
+    # localname=identity: local shards are opened in place; remote ones are downloaded into
+    # the cache directory, each once.
+    if remote:
+        where = {"cache_dir": os.path.join(cache, "shards")}
+    else:
+        where = {"localname": lambda url: url}
+    dataset = wids.ShardListDataset(index_path, transformations=[], **where)
     print(f"{args.dir}: len(dataset) = {len(dataset)}" + (" (torch stand-in)" if stubbed else ""))
 
     problems = []
@@ -132,6 +149,8 @@ def main():
         if key != key_at.get(i):
             problems.append(f"dataset[{i}] is {key!r} now, {key_at.get(i)!r} before")
 
+    if remote:
+        shutil.rmtree(cache, ignore_errors=True)
     print(
         f"read {len(order)} samples in ShardedSampler order and {len(probes)} at random indices, "
         f"{len(seen)} distinct keys, members {sorted(want or [])}"

@@ -5,20 +5,24 @@
 //! - JSON `{"fish-%06d.tar": ["regex", ...], ...}`: a sample goes to the group one of whose
 //!   patterns matches somewhere in its key (anchor with `^…$` for a whole-key match). A key
 //!   matching patterns of two groups is an error.
-//! - Lines `key<TAB>template`: exact keys. Every rank streams the file and keeps only the lines
-//!   for its own samples, so memory stays O(N/P) however long the map is.
+//! - Lines `key<TAB>template`: exact keys. Each rank reads 1/P of the file and the lines travel
+//!   to the ranks that own their keys, which answer every rank's look-ups ([`lines`]), so time,
+//!   reads and memory stay O(N/P) per rank however long the map is.
 //!
 //! Groups are ordered by template (byte order), the same on every rank. A template holds one
 //! `%d`, `%Nd` or `%0Nd` for the shard's number within its group (`%%` is a literal `%`), and
 //! names a `.tar` file (`.tar` is appended when missing).
 
-use std::collections::{BTreeSet, HashMap};
-use std::io::{BufRead, BufReader, Read};
+mod lines;
+
+use std::collections::BTreeSet;
+use std::io::Read;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use regex::bytes::RegexSet;
 
+use crate::comm::{agree_once, Comm};
 use crate::storage::{self, Sequential};
 
 /// A shard name template: `fish-%06d.tar` names shard 7 of its group `fish-000007.tar`.
@@ -161,33 +165,35 @@ pub struct KeyMap {
 pub const SKIPPED: u32 = u32::MAX;
 
 impl KeyMap {
-    /// Reads the key map and gives each of `keys` its group (an index into `groups`, or
-    /// [`SKIPPED`]). The lines form is read once, keeping only the lines for `keys`. `shard_of(i)`
-    /// names the input shard of key `i` for messages.
+    /// Reads the key map and gives each of `keys` (this rank's) its group (an index into
+    /// `groups`, or [`SKIPPED`]). Collective: every rank calls it. `shard_of(i)` names the input
+    /// shard of key `i` for messages.
     ///
     /// # Errors
     /// The file cannot be read, or a line, pattern or template is malformed (named with the file
     /// and line); a key claimed by two groups or (with `--unmatched error`) by none, naming the
-    /// input file and the key; for the lines form, a key mapped twice.
+    /// input file and the key; for the lines form, a key mapped again to another group. Errors
+    /// before the look-ups are the same on every rank; the ranks must agree on the outcome.
     pub fn load(
+        comm: &impl Comm,
         path: &Path,
         unmatched: Unmatched,
         keys: &[Vec<u8>],
         shard_of: &dyn Fn(usize) -> String,
     ) -> Result<(KeyMap, Vec<u32>)> {
         let shown = path.display();
-        let mut head = Vec::new();
-        let file =
-            storage::open(path).with_context(|| format!("{shown}: cannot open the key map"))?;
-        Sequential::new(file)
-            .take(4096)
-            .read_to_end(&mut head)
-            .with_context(|| format!("{shown}: cannot read the key map"))?;
-        let json = head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+        // Every rank takes the same form: the lines form is read by all of them together.
+        let json = agree_once(comm, Self::is_json(path))?;
+        let forms = comm.all_gather(u64::from(json));
+        if forms.iter().any(|&f| f != forms[0]) {
+            return Err(anyhow!(
+                "{shown}: the ranks read different key maps (not the same file on every node)"
+            ));
+        }
         let mut templates: BTreeSet<String> = BTreeSet::new();
         let mut pattern_list: Vec<(String, String)> = Vec::new();
-        // Lines form: the template (and line) each local key is mapped to.
-        let mut hits: Vec<Option<(String, u64)>> = Vec::new();
+        // Lines form: the template each local key is mapped to.
+        let mut hits: Vec<Option<String>> = Vec::new();
         if json {
             let text = storage::source(path)
                 .read(path)
@@ -204,26 +210,13 @@ impl KeyMap {
                 templates.insert(t);
             }
         } else {
-            let mut local: HashMap<&[u8], Vec<usize>> = HashMap::with_capacity(keys.len());
-            for (i, k) in keys.iter().enumerate() {
-                local.entry(k.as_slice()).or_default().push(i);
-            }
-            hits = vec![None; keys.len()];
-            for_each_line(path, &mut |line, key, t| {
-                if !templates.contains(t) {
-                    templates.insert(t.to_string());
-                }
-                for &i in local.get(key.as_bytes()).into_iter().flatten() {
-                    match &hits[i] {
-                        Some((first, at)) if first != t => bail!(
-                            "{shown}:{line}: key {key:?} is mapped again (first on line {at}) to another group"
-                        ),
-                        Some(_) => {}
-                        None => hits[i] = Some((t.to_string(), line)),
-                    }
-                }
-                Ok(())
-            })?;
+            let found = lines::find(comm, path, keys)?;
+            hits = found
+                .hits
+                .iter()
+                .map(|h| h.map(|t| found.templates[t as usize].clone()))
+                .collect();
+            templates.extend(found.templates);
         }
         if let Unmatched::Group(t) = &unmatched {
             templates.insert(t.clone());
@@ -255,11 +248,24 @@ impl KeyMap {
             Some(_) => map.matches(path, keys, shard_of)?,
             None => hits
                 .into_iter()
-                .map(|h| h.and_then(|(t, _)| map.group(&t)))
+                .map(|h| h.and_then(|t| map.group(&t)))
                 .collect(),
         };
         let groups = map.resolve_unmatched(path, keys, found, shard_of)?;
         Ok((map, groups))
+    }
+
+    /// Whether the map at `path` is the JSON form: its first non-blank byte is `{`.
+    fn is_json(path: &Path) -> Result<bool> {
+        let shown = path.display();
+        let mut head = Vec::new();
+        let file =
+            storage::open(path).with_context(|| format!("{shown}: cannot open the key map"))?;
+        Sequential::new(file)
+            .take(4096)
+            .read_to_end(&mut head)
+            .with_context(|| format!("{shown}: cannot read the key map"))?;
+        Ok(head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{'))
     }
 
     /// A digest of the groups and patterns, for checking that every rank read the same map.
@@ -344,33 +350,10 @@ impl KeyMap {
     }
 }
 
-/// Calls `f(line number, key, template)` for every non-blank line of the lines form.
-fn for_each_line(path: &Path, f: &mut dyn FnMut(u64, &str, &str) -> Result<()>) -> Result<()> {
-    let shown = path.display();
-    let file = storage::open(path).with_context(|| format!("{shown}: cannot open the key map"))?;
-    for (n, line) in BufReader::with_capacity(1 << 20, Sequential::new(file))
-        .lines()
-        .enumerate()
-    {
-        let line = line.with_context(|| format!("{shown}:{}: cannot read", n + 1))?;
-        let line = line.trim_end_matches('\r');
-        if line.trim().is_empty() {
-            continue;
-        }
-        let Some((key, template)) = line.split_once('\t') else {
-            bail!(
-                "{shown}:{}: expected `key<TAB>template` (or a JSON object), got {line:?}",
-                n + 1
-            );
-        };
-        f(n as u64 + 1, key, template)?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::comm::local::LocalComm;
 
     #[test]
     fn templates_format_like_printf() {
@@ -394,9 +377,12 @@ mod tests {
         ks: &[&str],
     ) -> Result<(Vec<String>, Vec<u32>), String> {
         let keys: Vec<Vec<u8>> = ks.iter().map(|k| k.as_bytes().to_vec()).collect();
-        KeyMap::load(path, unmatched, &keys, &|_| "in.tar".into())
-            .map(|(map, got)| (map.groups.into_iter().map(|g| g.text).collect(), got))
-            .map_err(|e| format!("{e:#}"))
+        LocalComm::run(1, |c| {
+            KeyMap::load(c, path, unmatched.clone(), &keys, &|_| "in.tar".into())
+                .map(|(map, got)| (map.groups.into_iter().map(|g| g.text).collect(), got))
+                .map_err(|e| format!("{e:#}"))
+        })
+        .remove(0)
     }
 
     #[test]

@@ -373,6 +373,38 @@ fn key_map_lines(dir: &Dir, want: &[Got]) {
     expect_a.sort();
     assert_eq!(shards[0].0, "a-0.tar");
     assert_eq!(group_a, expect_a);
+    // The ranks read the map together, each a part: its first problem in file order is said
+    // once, with its line, at any rank count. Line 2 is malformed, a later line maps a key again.
+    let mut bad = lines.clone();
+    bad.insert_str(bad.find('\n').unwrap() + 1, "no tab here\n");
+    bad.push_str(&format!("{}\tc-%d\n", want[0].key));
+    dir.create_bytes("bad.txt", bad.as_bytes());
+    let mut clash = lines.clone();
+    clash.push_str(&format!("{}\tc-%d\n", want[1].key));
+    dir.create_bytes("clash.txt", clash.as_bytes());
+    let again = format!(
+        "clash.txt:{}: key {:?} is mapped again (first on line 2)",
+        want.len() + 1,
+        want[1].key
+    );
+    for np in [1, 3] {
+        for (map, says) in [
+            ("bad.txt", "bad.txt:2: expected `key<TAB>template`"),
+            ("clash.txt", again.as_str()),
+        ] {
+            let mut c = dir.mpi(np);
+            c.args([
+                "run", "--input", "in", "--output", "refused", "--shards", "2",
+            ])
+            .args(["--key-map", map, "--order", "key"]);
+            let res = c.assert_code(1);
+            let said = res.stderr.matches(says).count();
+            res.check(
+                said == 1,
+                &format!("{says:?} must be said once, not {said} times"),
+            );
+        }
+    }
 }
 
 #[test]

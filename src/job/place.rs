@@ -143,7 +143,7 @@ fn load_key_map(
     let Some(path) = &order.key_map else {
         return Ok(None);
     };
-    let loaded = KeyMap::load(path, order.unmatched.clone(), keys, describe);
+    let loaded = KeyMap::load(comm, path, order.unmatched.clone(), keys, describe);
     let (map, group_of) = agree_once(comm, loaded)?;
     let digests = comm.all_gather(map.digest() >> 1);
     if digests.iter().any(|&d| d != digests[0]) {

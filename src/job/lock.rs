@@ -415,36 +415,51 @@ impl Drop for StagingLock {
 /// a lock found gone or in other hands is recorded in `lost`, and then there is nothing left to
 /// keep alive.
 fn heartbeat(path: &Path, mut owner: Owner, stopped: &Receiver<()>, lost: &Mutex<Option<String>>) {
-    let mut failing = false;
+    let mut writes = Writes::default();
     while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(BEAT) {
         owner.beat += 1;
-        match rewrite_beat(path, &owner) {
-            Ok(None) => {
-                if failing {
-                    crate::errln!(
-                        "reshard: {}: the heartbeat is written again",
-                        path.display()
-                    );
-                }
-                failing = false;
-            }
+        let written = match rewrite_beat(path, &owner) {
             Ok(Some(why)) => {
                 if let Ok(mut l) = lost.lock() {
                     *l = Some(why);
                 }
                 return;
             }
-            Err(e) => {
-                if !failing {
-                    crate::errln!(
-                        "reshard: warning: {}: cannot write the lock's heartbeat ({e}); trying \
-                         again every second (a run that cannot check this one's pid takes the \
-                         output over if it stays silent for --lock-stale-after)",
-                        path.display()
-                    );
-                }
-                failing = true;
-            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Some(line) = writes.after(path, written) {
+            crate::errln!("{line}");
+        }
+    }
+}
+
+/// Whether the heartbeat's writes fail: each failing spell is told once, when it starts, and
+/// once when it ends (a write failing every second must not print a line every second).
+#[derive(Default)]
+struct Writes {
+    failing: bool,
+}
+
+impl Writes {
+    /// The line to print after a write of the heartbeat, if it starts or ends a failing spell.
+    fn after(&mut self, path: &Path, written: io::Result<()>) -> Option<String> {
+        let was_failing = std::mem::replace(&mut self.failing, written.is_err());
+        match written {
+            Ok(()) => was_failing.then(|| {
+                format!(
+                    "reshard: {}: the heartbeat is written again",
+                    path.display()
+                )
+            }),
+            Err(e) => (!was_failing).then(|| {
+                format!(
+                    "reshard: warning: {}: cannot write the lock's heartbeat ({e}); trying \
+                     again every second (a run that cannot check this one's pid takes the \
+                     output over if it stays silent for --lock-stale-after)",
+                    path.display()
+                )
+            }),
         }
     }
 }
@@ -968,5 +983,144 @@ mod tests {
         let err = StagingLock::acquire(&path, Path::new(OUT), window).map(|_| ());
         let msg = format!("{:#}", err.unwrap_err());
         assert!(msg.contains(&guard.display().to_string()), "{msg}");
+    }
+
+    #[test]
+    fn a_lock_that_cannot_be_made_or_read_is_reported_as_such() {
+        let tmp = tempfile::tempdir().unwrap();
+        let window = Duration::from_millis(600);
+        let acquire = |path: &Path| {
+            let got = StagingLock::acquire(path, Path::new(OUT), window).map(|_| ());
+            format!("{:#}", got.unwrap_err())
+        };
+        let nowhere = tmp.path().join("missing").join(".out.reshard-lock");
+        let msg = acquire(&nowhere);
+        assert!(
+            msg.contains("cannot create the staging directory's lock")
+                && msg.contains(&nowhere.display().to_string()),
+            "{msg}"
+        );
+        // A directory where the lock is: it exists but cannot be read.
+        let path = tmp.path().join(".out.reshard-lock");
+        fs::create_dir(&path).unwrap();
+        let msg = acquire(&path);
+        assert!(msg.contains("cannot read the output's lock"), "{msg}");
+        fs::remove_dir(&path).unwrap();
+        // Not a lock of reshard's: left alone.
+        fs::write(&path, b"mine\n").unwrap();
+        let msg = acquire(&path);
+        assert!(msg.contains("not a reshard lock file"), "{msg}");
+        assert_eq!(fs::read(&path).unwrap(), b"mine\n");
+        // An empty file is a lock still being written (object storage): no holder yet.
+        fs::write(&path, b"").unwrap();
+        assert_eq!(read_owner(&path).unwrap(), None);
+    }
+
+    #[test]
+    fn a_takeover_guard_that_cannot_be_created_is_reported() {
+        let tmp = tempfile::tempdir().unwrap();
+        // A lock name so long that the guard's (and the file it is written to first) is over
+        // the file system's limit of 255 bytes while the lock's own fits.
+        let path = tmp
+            .path()
+            .join(format!(".{}.reshard-lock", "o".repeat(220)));
+        let mut dead = Owner::me().unwrap();
+        dead.pid = u32::MAX - 1;
+        create_exclusive(&path, &dead).unwrap();
+        let got = StagingLock::acquire(&path, Path::new(OUT), STALE_AFTER).map(|_| ());
+        let msg = format!("{:#}", got.unwrap_err());
+        assert!(msg.contains("cannot create the takeover guard"), "{msg}");
+        assert_eq!(read_owner(&path).unwrap(), Some(dead), "left as it was");
+    }
+
+    #[test]
+    fn a_run_that_holds_its_lock_cleans_up_after_itself() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = tmp.path().join(".out.reshard-tmp");
+        let lock = StagingLock::acquire(&lock_path(&staging), Path::new(OUT), STALE_AFTER).unwrap();
+        assert!(lock.may_clean_up(&staging));
+    }
+
+    #[test]
+    fn a_lock_removed_under_its_run_is_lost() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = tmp.path().join(".out.reshard-tmp");
+        fs::create_dir(&staging).unwrap();
+        let path = lock_path(&staging);
+        // Without a heartbeat, the check itself finds it gone.
+        let paused = silent(&path, elsewhere());
+        paused.mark_staging(&staging).unwrap();
+        fs::remove_file(&path).unwrap();
+        let msg = format!("{:#}", paused.check_owned(&staging).unwrap_err());
+        assert!(msg.contains("(it was removed)"), "{msg}");
+        drop(paused);
+        // With one, the heartbeat finds it gone first.
+        let lock = StagingLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
+        fs::remove_file(&path).unwrap();
+        wait_for("the heartbeat notices", || {
+            lock.lost.lock().unwrap().is_some()
+        });
+        let why = lock.lost.lock().unwrap().clone();
+        assert_eq!(why.as_deref(), Some("it was removed"));
+    }
+
+    #[test]
+    fn a_dead_guard_is_cleared_within_one_takeover_and_a_live_one_stays() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(".out.reshard-lock");
+        let guard = guard_path(&path);
+        let me = Owner::me().unwrap();
+        let mut dead = Owner::me().unwrap();
+        dead.pid = u32::MAX - 1;
+        create_exclusive(&path, &dead).unwrap();
+        create_exclusive(&guard, &dead).unwrap();
+        assert!(take_over(&path, &dead, &me, true, STALE_AFTER).unwrap());
+        assert!(!path.exists() && !guard.exists());
+        // A guard whose holder lives (this process) is not cleared: wait for it.
+        create_exclusive(&path, &dead).unwrap();
+        create_exclusive(&guard, &me).unwrap();
+        assert!(!clear_stale_guard(&guard, &me, STALE_AFTER).unwrap());
+        assert!(!take_over(&path, &dead, &me, true, STALE_AFTER).unwrap());
+        assert!(path.exists() && guard.exists());
+    }
+
+    #[test]
+    fn a_busy_output_says_for_how_long_its_run_has_held_it() {
+        let mut holder = elsewhere();
+        holder.since = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            - 3600;
+        let msg = busy(Path::new(OUT), Path::new(".out.reshard-lock"), &holder);
+        // 3600 s, or a second more if the clock ticked between.
+        assert!(
+            msg.contains(&format!("({}, for 360", holder.who())),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_failing_heartbeat_is_told_once_when_it_starts_and_once_when_it_ends() {
+        let path = Path::new(".out.reshard-lock");
+        let mut writes = Writes::default();
+        let failed = || Err(io::Error::from(ErrorKind::PermissionDenied));
+        let said: Vec<Option<String>> = [Ok(()), failed(), failed(), failed(), Ok(()), Ok(())]
+            .into_iter()
+            .chain([failed(), Ok(())])
+            .map(|w| writes.after(path, w))
+            .collect();
+        let told: Vec<usize> = (0..said.len()).filter(|&i| said[i].is_some()).collect();
+        assert_eq!(told, [1, 4, 6, 7], "{said:?}");
+        let line = said[1].as_deref().unwrap();
+        assert!(
+            line.contains("cannot write the lock's heartbeat")
+                && line.contains(".out.reshard-lock"),
+            "{line}"
+        );
+        assert!(said[4]
+            .as_deref()
+            .unwrap()
+            .contains("the heartbeat is written again"));
     }
 }

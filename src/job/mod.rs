@@ -379,7 +379,7 @@ mod tests {
     use crate::tar::{Codec, Rules};
 
     /// Writes `shards` small tar files with uneven sample counts and sizes.
-    fn write_inputs(dir: &Path, shards: usize) -> Vec<String> {
+    pub(super) fn write_inputs(dir: &Path, shards: usize) -> Vec<String> {
         let mut specs = Vec::new();
         let mut n = 0u32;
         for s in 0..shards {
@@ -437,6 +437,29 @@ mod tests {
             plot: None,
             loaders: crate::config::LoaderIndexes::default(),
             io: crate::config::IoConfig::default(),
+        }
+    }
+
+    /// The plan the planning phases make for `cfg` on `comm` (its output is left out: nothing
+    /// is locked or written).
+    pub(super) fn planned(comm: &impl Comm, cfg: &RunConfig) -> Planned {
+        let mut cfg = cfg.clone();
+        cfg.output = None;
+        let settings = job_settings(&cfg);
+        let prepared = (comm.rank() == 0)
+            .then(|| expand::prepare(&settings.expand, &settings.resume).map(|(setup, _)| setup));
+        let setup: Setup = broadcast_result(comm, 0, prepared).unwrap();
+        let ctx = Shared {
+            comm,
+            inputs: &setup.inputs,
+        };
+        let mut index = index::run(&ctx, &settings.plan.index).unwrap();
+        let placed = place::run(&ctx, &settings.plan.place, &mut index).unwrap();
+        let laid = layout::run(&ctx, &settings.plan.layout, &index, &placed).unwrap();
+        Planned {
+            index,
+            placed,
+            laid,
         }
     }
 

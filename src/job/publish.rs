@@ -354,3 +354,209 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .sync_dir(dir)
         .with_context(|| format!("{}: cannot sync directory", dir.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+    use crate::cli::resolve::job_settings;
+    use crate::comm::local::LocalComm;
+    use crate::config::{Balance, EnergonDataset, LoaderIndexes};
+    use crate::output::saved_index;
+    use crate::plan::Equalize;
+    use crate::tar::Codec;
+
+    /// A finished staging directory holding one shard, and the output it is published as.
+    fn staged(root: &Path) -> (PathBuf, PathBuf) {
+        let staging = root.join(".out.reshard-tmp");
+        fs::create_dir(&staging).unwrap();
+        fs::write(staging.join("shard-000000.tar"), b"new").unwrap();
+        (staging, root.join("out"))
+    }
+
+    /// What an earlier reshard run published at `dir`: its index.json and `.reshard/`.
+    fn reshard_output(dir: &Path) {
+        fs::create_dir_all(dir.join(saved_index::DIR_NAME)).unwrap();
+        let index = format!(r#"{{"__kind__": "{}", "reshard": {{}}}}"#, Manifest::KIND);
+        fs::write(dir.join("index.json"), index).unwrap();
+        fs::write(dir.join("shard-000000.tar"), b"old").unwrap();
+    }
+
+    fn settings(link: Option<PathBuf>) -> PublishSettings {
+        PublishSettings {
+            force: false,
+            compress: Codec::Plain,
+            loaders: LoaderIndexes::default(),
+            link,
+            keep: None,
+            seed: 0,
+            epoch: 0,
+            equalize: Equalize::None,
+            balance: Balance::Count,
+            order: String::new(),
+            key_map: None,
+            split: false,
+        }
+    }
+
+    #[test]
+    fn the_staging_directory_becomes_the_output_where_nothing_or_an_empty_directory_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (staging, target) = staged(tmp.path());
+        assert!(
+            !publish(false, &staging, &target).unwrap(),
+            "nothing replaced"
+        );
+        assert_eq!(fs::read(target.join("shard-000000.tar")).unwrap(), b"new");
+        assert!(!staging.exists());
+
+        fs::remove_dir_all(&target).unwrap();
+        let (staging, target) = staged(tmp.path());
+        fs::create_dir(&target).unwrap();
+        assert!(!publish(false, &staging, &target).unwrap());
+        assert_eq!(fs::read(target.join("shard-000000.tar")).unwrap(), b"new");
+        // With --force too, when there is nothing to replace.
+        fs::remove_dir_all(&target).unwrap();
+        let (staging, target) = staged(tmp.path());
+        assert!(!publish(true, &staging, &target).unwrap());
+        assert_eq!(fs::read(target.join("shard-000000.tar")).unwrap(), b"new");
+    }
+
+    #[test]
+    fn what_appeared_at_the_output_during_the_run_is_never_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (staging, target) = staged(tmp.path());
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("notes.txt"), b"mine").unwrap();
+        let msg = format!("{:#}", publish(false, &staging, &target).unwrap_err());
+        assert!(
+            msg.contains("a directory holding notes.txt")
+                && msg.contains("appeared there during the run")
+                && msg.contains(&staging.display().to_string()),
+            "{msg}"
+        );
+        assert_eq!(fs::read(target.join("notes.txt")).unwrap(), b"mine");
+        assert_eq!(fs::read(staging.join("shard-000000.tar")).unwrap(), b"new");
+
+        // Without --force, an output of another run is not replaced either.
+        fs::remove_dir_all(&target).unwrap();
+        reshard_output(&target);
+        let msg = format!("{:#}", publish(false, &staging, &target).unwrap_err());
+        assert!(msg.contains("an output of another reshard run"), "{msg}");
+        assert_eq!(fs::read(target.join("shard-000000.tar")).unwrap(), b"old");
+
+        // With --force, anything but an output of reshard is refused as well.
+        fs::remove_dir_all(&target).unwrap();
+        fs::write(&target, b"a file").unwrap();
+        assert!(publish(true, &staging, &target).is_err());
+        assert_eq!(fs::read(&target).unwrap(), b"a file");
+        assert!(staging.join("shard-000000.tar").exists());
+    }
+
+    #[test]
+    fn a_rename_that_fails_otherwise_says_so_and_publishes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (staging, _) = staged(tmp.path());
+        let target = tmp.path().join("gone").join("out");
+        let msg = format!(
+            "{:#}",
+            rename_without_replacing(&staging, &target).unwrap_err()
+        );
+        assert!(
+            msg.contains("cannot rename") && msg.contains(&target.display().to_string()),
+            "{msg}"
+        );
+        assert!(staging.join("shard-000000.tar").exists());
+    }
+
+    #[test]
+    fn force_exchanges_with_an_older_output_which_then_goes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (staging, target) = staged(tmp.path());
+        reshard_output(&target);
+        fs::create_dir_all(checkpoint::dir(&staging)).unwrap();
+        assert!(publish(true, &staging, &target).unwrap(), "replaced");
+        assert_eq!(fs::read(target.join("shard-000000.tar")).unwrap(), b"new");
+        assert_eq!(
+            fs::read(staging.join("shard-000000.tar")).unwrap(),
+            b"old",
+            "the replaced output waits at the staging name"
+        );
+
+        let link = tmp.path().join("current");
+        fs::write(&link, b"").unwrap();
+        fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink("elsewhere", &link).unwrap();
+        after_publish(&settings(Some(link.clone())), &staging, &target, true).unwrap();
+        assert!(!staging.exists(), "the replaced output is removed");
+        assert!(!checkpoint::dir(&target).exists(), "the records go");
+        assert_eq!(fs::read_link(&link).unwrap(), Path::new("out"));
+        assert_eq!(fs::read(link.join("shard-000000.tar")).unwrap(), b"new");
+        let leftovers: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(leftovers.len(), 2, "{leftovers:?}");
+    }
+
+    #[test]
+    fn a_failing_step_is_reported_with_what_to_know() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("missing");
+        let msg = format!("{:#}", sync_dir(&missing).unwrap_err());
+        assert!(msg.contains(&missing.display().to_string()), "{msg}");
+        let failed = CleanupFailed { output: missing };
+        assert_eq!(
+            failed.to_string(),
+            format!(
+                "published {} (the new output is live and complete); clean-up failed",
+                tmp.path().join("missing").display()
+            )
+        );
+    }
+
+    /// The split parts of energon's split.yaml, from a whole in-process run with `--energon`.
+    fn energon_parts_of(split: Option<&str>) -> String {
+        let tmp = tempfile::tempdir().unwrap();
+        let inputs = (0..2)
+            .map(|s| {
+                let path = tmp.path().join(format!("in-{s}.tar"));
+                let mut b = tar::Builder::new(fs::File::create(&path).unwrap());
+                for k in 0..10 {
+                    let mut h = tar::Header::new_gnu();
+                    h.set_size(3);
+                    h.set_mode(0o644);
+                    b.append_data(&mut h, format!("k{s}{k:02}.cls"), &b"abc"[..])
+                        .unwrap();
+                }
+                b.finish().unwrap();
+                path.display().to_string()
+            })
+            .collect();
+        let out = tmp.path().join("out");
+        let mut cfg = crate::job::tests::config(inputs, out.clone(), 1 << 20);
+        cfg.sizing = crate::plan::Sizing::Count(2);
+        cfg.loaders.energon = Some(EnergonDataset::Crude);
+        cfg.split = split.map(|spec| crate::config::Splits {
+            spec: spec.parse().unwrap(),
+            shards: vec![None, Some(1)],
+        });
+        let results = LocalComm::run(1, |c| crate::job::run(c, &job_settings(&cfg)).map(|_| ()));
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        fs::read_to_string(out.join(".nv-meta").join("split.yaml")).unwrap()
+    }
+
+    #[test]
+    fn energon_parts_are_the_splits_and_its_usual_names() {
+        assert_eq!(
+            energon_parts_of(None),
+            "split_parts:\n  train:\n  - shard-{000000..000001}.tar\n  val: []\n  test: []\nexclude: []\n"
+        );
+        // A split named as energon's own is its part; the usual parts no split has are empty.
+        assert_eq!(
+            energon_parts_of(Some("train=0.5,holdout=rest")),
+            "split_parts:\n  train:\n  - train/shard-{000000..000001}.tar\n  holdout:\n  - holdout/shard-000000.tar\n  val: []\n  test: []\nexclude: []\n"
+        );
+    }
+}

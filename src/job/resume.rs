@@ -407,4 +407,43 @@ mod tests {
             "the order of the words counts"
         );
     }
+
+    /// The digest of the plan of `cfg` on each rank of a world of `ranks`.
+    fn digests(ranks: usize, cfg: &crate::config::RunConfig) -> Vec<String> {
+        use crate::comm::local::LocalComm;
+        LocalComm::run(ranks, |c| {
+            Ok::<_, ()>(digest(c, &crate::job::tests::planned(c, cfg)))
+        })
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
+    }
+
+    #[test]
+    fn the_plan_digest_is_one_for_any_rank_count_and_changes_with_the_plan() {
+        use crate::job::tests::{config, write_inputs};
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = config(write_inputs(tmp.path(), 3), tmp.path().join("out"), 1 << 20);
+        let one = digests(1, &cfg);
+        assert_eq!(one[0].len(), 64, "{}", one[0]);
+        for ranks in 2..=4 {
+            assert!(
+                digests(ranks, &cfg).iter().all(|d| d == &one[0]),
+                "{ranks} ranks"
+            );
+        }
+        // Another order (seed), other shard names, another sizing: each a plan of its own.
+        let mut seed = cfg.clone();
+        seed.seed += 1;
+        let mut names = cfg.clone();
+        names.prefix = "part".into();
+        let mut sizing = cfg.clone();
+        sizing.sizing = crate::plan::Sizing::Count(4);
+        let mut all = vec![one[0].clone()];
+        for other in [seed, names, sizing] {
+            let d = digests(2, &other);
+            assert!(!all.contains(&d[0]), "{d:?}");
+            all.push(d[0].clone());
+        }
+    }
 }

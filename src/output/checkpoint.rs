@@ -296,4 +296,75 @@ mod tests {
         let e = format!("{:#}", check_shards(staging, &c).unwrap_err());
         assert!(e.contains("is gone"), "{e}");
     }
+
+    fn plan() -> PlanRecord {
+        PlanRecord {
+            arguments: Vec::new(),
+            inputs: Vec::new(),
+            digest: String::new(),
+            ranks: 1,
+            mem_limit: 1,
+        }
+    }
+
+    #[test]
+    fn an_empty_set_is_one_without_a_sample() {
+        assert!(Done::default().is_empty());
+        assert!(Done::of([(3, 3), (5, 4)]).is_empty());
+        assert!(!Done::of([(3, 4)]).is_empty());
+    }
+
+    #[test]
+    fn the_records_belong_to_their_staging_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        fs::create_dir(&a).unwrap();
+        fs::create_dir(&b).unwrap();
+        write_plan(&a, &plan()).unwrap();
+        write_checkpoint(&a, &Checkpoint::default()).unwrap();
+        assert!(read_plan(&b).unwrap().is_none() && read_checkpoint(&b).unwrap().is_none());
+        // They move with it (the publishing rename), and go with its own directory.
+        let moved = tmp.path().join("moved");
+        fs::rename(&a, &moved).unwrap();
+        assert_eq!(read_plan(&moved).unwrap(), Some(plan()));
+        assert!(dir(&moved).starts_with(&moved));
+    }
+
+    #[test]
+    fn records_that_cannot_be_read_or_parsed_are_errors_not_absent() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir(tmp.path()).join(CHECKPOINT)).unwrap();
+        let e = format!("{:#}", read_checkpoint(tmp.path()).unwrap_err());
+        assert!(e.contains("checkpoint.json: cannot read"), "{e}");
+        fs::write(dir(tmp.path()).join(PLAN), b"{").unwrap();
+        let e = format!("{:#}", read_plan(tmp.path()).unwrap_err());
+        assert!(e.contains("plan.json: cannot parse"), "{e}");
+    }
+
+    #[test]
+    fn the_last_checkpoint_adds_everything_and_counts_itself() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = tmp.path();
+        fs::write(staging.join("a.tar"), [1u8; 10]).unwrap();
+        let shards = ["a.tar".to_string()];
+        // No plan recorded: nothing to resume, nothing recorded.
+        record_all(staging, (0, 9), &shards).unwrap();
+        assert!(read_checkpoint(staging).unwrap().is_none());
+        write_plan(staging, &plan()).unwrap();
+        let earlier = Checkpoint {
+            done: Done::of([(0, 4)]),
+            samples: 4,
+            checkpoints: 2,
+            shards: Vec::new(),
+        };
+        write_checkpoint(staging, &earlier).unwrap();
+        record_all(staging, (0, 9), &shards).unwrap();
+        let c = read_checkpoint(staging).unwrap().unwrap();
+        assert_eq!(
+            (c.done.ranges(), c.samples, c.checkpoints),
+            (&[(0, 9)][..], 9, 3)
+        );
+        assert_eq!(c.shards.len(), 1);
+        assert_eq!(c.shards[0].0, "a.tar");
+    }
 }

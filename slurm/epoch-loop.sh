@@ -21,6 +21,10 @@
 # documentation or a measurement: it is not measured here, from a login node it would be wrong);
 # with neither set, no rate limit. A limit that is too low delays train(e+1), which waits for
 # the reshuffle: `reshard plan --max-write-rate R` says how long the reshuffle then takes.
+# Half is the point the issue's targets are set at (issue 26; docs/performance.md, "Rate limits
+# beside training", has the figures). Where the reshuffle shares training's nodes, their CPUs
+# are contended too (on the 2-core test VM the CPU, not the disk, is what slowed the reader):
+# OVERLAP_NICE=N adds `--nice N` (default empty: the nice value is left as it is).
 #
 # and, when $DATA_ROOT/epoch-FIRST_EPOCH does not exist yet, shuffle(FIRST_EPOCH) first. Every
 # shuffle reads the original INPUT with the same SEED and its own EPOCH, so each epoch is an
@@ -57,6 +61,7 @@ RESHARD_SBATCH_ARGS=${RESHARD_SBATCH_ARGS-}          # for the reshuffle jobs on
 STORAGE_BANDWIDTH=${STORAGE_BANDWIDTH:-}             # e.g. 4GiB/s: the file system's for one job
 OVERLAP_RATE=${OVERLAP_RATE:-}                       # default: half of STORAGE_BANDWIDTH
 OVERLAP_IO_PRIORITY=${OVERLAP_IO_PRIORITY:-low}      # idle, low or normal
+OVERLAP_NICE=${OVERLAP_NICE:-}                       # e.g. 10: --nice for overlapping reshuffles
 DRY_RUN=${DRY_RUN:-0}
 SBATCH=${SBATCH:-sbatch}
 
@@ -105,6 +110,9 @@ if [ -z "$OVERLAP_RATE" ] && [ -n "$STORAGE_BANDWIDTH" ]; then
     fi
 fi
 overlap_args="--io-priority $OVERLAP_IO_PRIORITY"
+if [ -n "$OVERLAP_NICE" ]; then
+    overlap_args="$overlap_args --nice $OVERLAP_NICE"
+fi
 if [ -n "$OVERLAP_RATE" ]; then
     overlap_args="$overlap_args --max-read-rate $OVERLAP_RATE --max-write-rate $OVERLAP_RATE"
 fi

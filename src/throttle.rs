@@ -252,21 +252,28 @@ pub fn charge(read: u64, written: u64) {
     }
 }
 
-/// For a progress line: each limit and how long this rank has waited on it so far, e.g.
-/// `, write limit 4.00 MiB/s (rank 0 waited 1.5 s)`; empty without limits.
+/// For a progress line: each limit, the rate this rank achieved so far against its share of it,
+/// and how long its threads waited on it, e.g.
+/// `, write limit 4.00 MiB/s (rank 0: 1.95 MiB/s of its 2.00 MiB/s share, waited 1.5 s over its
+/// threads)`; empty without limits. Rank 0's own figures: the job's would need a collective.
 pub fn progress_note() -> String {
-    let (Some(limits), (read, write)) = (JOB.get(), tallies()) else {
+    let (Some(limits), Some((r, w))) = (JOB.get(), PACERS.get()) else {
         return String::new();
     };
     let mut s = String::new();
-    for (what, limit, tally) in [("read", limits.read, read), ("write", limits.write, write)] {
-        if let Some(rate) = limit {
-            s += &format!(
-                ", {what} limit {}/s (rank 0 waited {:.1} s)",
-                human_bytes(rate),
-                tally.waited.as_secs_f64()
-            );
-        }
+    for (what, limit, pacer) in [("read", limits.read, r), ("write", limits.write, w)] {
+        let (Some(rate), Some(bucket)) = (limit, &pacer.bucket) else {
+            continue;
+        };
+        let tally = pacer.tally();
+        let secs = pacer.start.elapsed().as_secs_f64().max(1e-9);
+        s += &format!(
+            ", {what} limit {}/s (rank 0: {}/s of its {}/s share, waited {:.1} s over its threads)",
+            human_bytes(rate),
+            human_bytes((tally.bytes as f64 / secs) as u64),
+            human_bytes(bucket.lock().unwrap().rate as u64),
+            tally.waited.as_secs_f64()
+        );
     }
     s
 }

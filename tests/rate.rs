@@ -47,7 +47,8 @@ fn a_limited_run_never_beats_its_limit_and_writes_the_same_bytes() {
                     .contains(&format!("{what} limit 4.00 MiB/s: achieved")),
                 "the summary names the limit and the rate achieved",
             );
-            res.stderr_has(&format!("{what} limit 4.00 MiB/s (rank 0 waited"));
+            res.stderr_has(&format!("{what} limit 4.00 MiB/s (rank 0: "));
+            res.stderr_has(&format!("/s of its {} share, waited", share(np)));
             assert_same_output(&dir.join(&free), &dir.join(&out), &[]);
         }
     }
@@ -75,6 +76,11 @@ fn a_slow_limit_is_not_taken_for_a_stall() {
         );
         assert_same_output(&dir.join("free"), &dir.join(&out), &[]);
     }
+}
+
+/// One rank's share of [`RATE`] among `np` ranks, as progress lines print it.
+fn share(np: usize) -> String {
+    format!("{:.2} MiB/s", 4.0 / np as f64)
 }
 
 /// The bytes of the files directly in `dir` whose names end with `ext`.
@@ -308,6 +314,15 @@ fn the_epoch_loop_limits_only_the_reshuffles_that_overlap_training() {
     assert!(!submitted[0].contains("--io-priority"), "{}", submitted[0]);
     let half = "--max-read-rate\\ 2147483648/s\\ --max-write-rate\\ 2147483648/s";
     assert!(submitted[1].contains("--io-priority\\ low\\ ") && submitted[1].contains(half));
+    assert!(!submitted[1].contains("--nice"), "{}", submitted[1]);
+    let res = loop_with(&[("OVERLAP_NICE", "10")]).assert_success();
+    let niced: Vec<&str> = res
+        .stderr
+        .lines()
+        .filter(|l| l.contains("reshuffle-"))
+        .collect();
+    assert!(!niced[0].contains("--nice"), "{}", niced[0]);
+    assert!(niced[1].contains("--nice\\ 10"), "{}", res.report());
     let res = loop_with(&[("OVERLAP", "0"), ("STORAGE_BANDWIDTH", "4GiB/s")]).assert_success();
     res.check(
         !res.stderr.contains("--io-priority"),

@@ -32,6 +32,13 @@ pub trait Comm {
         let _ = poll;
         self.all_sum(values)
     }
+    /// [`Comm::all_gather`] for agreement points, where a rank may wait long for another
+    /// (rank 0 writing energon's `index.sqlite` while the others wait to agree on it): a rank
+    /// that waits sleeps between polls instead of spinning on a core another rank of its node
+    /// may need.
+    fn all_gather_idle(&self, value: u64) -> Vec<u64> {
+        self.all_gather(value)
+    }
     /// `root`'s `data` on every rank (the argument is ignored elsewhere).
     fn broadcast(&self, root: usize, data: Vec<u8>) -> Vec<u8>;
     /// Personalized all-to-all: `send[ranges[d]]` goes to rank `d`. Fills `recv` (reusing its
@@ -127,7 +134,7 @@ pub fn agree_once<T>(comm: &impl Comm, local: Result<T>) -> Result<T> {
 }
 
 fn settle<T>(comm: &impl Comm, local: Result<T>, once: bool) -> Result<T> {
-    let failed = comm.all_gather(u64::from(local.is_err()));
+    let failed = comm.all_gather_idle(u64::from(local.is_err()));
     if failed.iter().all(|&f| f == 0) {
         return local;
     }

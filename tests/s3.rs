@@ -159,6 +159,78 @@ fn s3_input_errors_name_bucket_and_key_and_hide_the_secret() {
     );
 }
 
+/// Credentials, region and endpoint from a named profile of the AWS shared files (no `AWS_*`
+/// key, region or endpoint variable set): the local bytes; a profile that is not there is
+/// refused before any work, naming it, without showing a secret.
+#[test]
+fn s3_credentials_come_from_a_named_profile() {
+    let test = "s3_credentials_come_from_a_named_profile";
+    let dir = Dir::new("s3-profile");
+    let Some(bucket) = dataset(&dir, test) else {
+        return;
+    };
+    let s3 = server(test).unwrap();
+    run(&dir, Some(2), &["in"], "local", 5, 9, &[]);
+    let env: std::collections::HashMap<_, _> = s3.env().into_iter().collect();
+    let credentials = dir.create_bytes(
+        "aws/credentials",
+        format!(
+            "[default]\naws_access_key_id = nobody\naws_secret_access_key = wrong-secret\n\n[lab]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
+            env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
+        )
+        .as_bytes(),
+    );
+    let config = dir.create_bytes(
+        "aws/config",
+        format!(
+            "[profile lab]\nregion = us-east-1\nendpoint_url = {}\n",
+            env["AWS_ENDPOINT_URL"]
+        )
+        .as_bytes(),
+    );
+    let with_profile = |profile: &str, out: &str| {
+        let mut cmd = dir.mpi(2);
+        cmd.args([
+            "run",
+            "--input",
+            &format!("s3://{bucket}/in"),
+            "--output",
+            out,
+        ])
+        .args(["--shards", "5", "--seed", "9"]);
+        s3.with_env(&mut cmd);
+        for k in [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_ENDPOINT_URL",
+            "AWS_REGION",
+        ] {
+            cmd.env_remove(k);
+        }
+        cmd.env("AWS_PROFILE", profile)
+            .env("AWS_SHARED_CREDENTIALS_FILE", &credentials)
+            .env("AWS_CONFIG_FILE", &config);
+        cmd.output()
+    };
+    let got = with_profile("lab", "from-profile");
+    got.check(got.code() == Some(0), "expected success");
+    assert_same_output(
+        &dir.join("local"),
+        &dir.join("from-profile"),
+        &["ranks", "inputs"],
+    );
+    let missing = with_profile("nobody", "none");
+    missing.check(missing.code() != Some(0), "expected a refusal");
+    missing.stderr_has("AWS_PROFILE nobody: no such profile in");
+    missing.stderr_has(&credentials.display().to_string());
+    missing.check(
+        !missing.stderr.contains(s3.secret()) && !missing.stderr.contains("wrong-secret"),
+        "a secret is shown",
+    );
+    missing.no_debug_text();
+    missing.check(!dir.join("none").exists(), "an output was made");
+}
+
 /// `reshard run` from `input` to `s3://BUCKET/PREFIX` under `mpirun -np NP`, staged in the
 /// test's own scratch directory, with `extra` arguments.
 fn run_to_s3(

@@ -8,6 +8,7 @@
 #   examples/bench.sh --tmpfs [DIR] [...]   (input and outputs in RAM: the software's own cost)
 #   examples/bench.sh --bin PATH [...]      (time this reshard binary instead of building one)
 #   examples/bench.sh --beside [...]   (a reshuffle beside training: see examples/bench-beside.sh)
+#   examples/bench.sh --s3 [...]       (s3:// in and out against s5cmd: see examples/bench-s3.sh)
 #
 # Prints one table row per command: wall time, MB/s, ratio to cp, user and system CPU seconds
 # (summed over every process of the command: mpirun, its proxies and all ranks), CPU seconds per
@@ -51,7 +52,8 @@ while [ $# -gt 0 ]; do
     --tmpfs) TMPFS=1; shift
       if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then DIR=$1; SET+=" dir"; shift; fi;;
     --beside) shift; exec examples/bench-beside.sh "$@";;
-    -h|--help) sed -n '2,29p' "$0"; exit 0;;
+    --s3) shift; exec examples/bench-s3.sh "$@";;
+    -h|--help) sed -n '2,30p' "$0"; exit 0;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2;;
   esac
 done

@@ -100,6 +100,10 @@ pub struct UploadSettings {
     pub local: Option<PathBuf>,
     pub force: bool,
     pub dry_run: bool,
+    /// `--resume`: a staged output an earlier attempt did not finish uploading is continued.
+    pub resume: bool,
+    /// `--lock-stale-after`: the lock object's rules are those of a file system's lock.
+    pub lock_stale_after: Duration,
 }
 
 /// What the expand phase needs: the input specs, and the output with what may replace or
@@ -155,6 +159,9 @@ pub struct PublishSettings {
     pub key_map: Option<PathBuf>,
     /// Whether `--split` was asked for.
     pub split: bool,
+    /// The output is staged for an upload (`s3://`): its `--resume` records stay in it until
+    /// the upload is done, so that a failed upload can be resumed.
+    pub staged_for_upload: bool,
 }
 
 /// What `--resume` records and compares: the arguments that shape the staging shards, as

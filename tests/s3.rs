@@ -159,6 +159,78 @@ fn s3_input_errors_name_bucket_and_key_and_hide_the_secret() {
     );
 }
 
+/// Credentials, region and endpoint from a named profile of the AWS shared files (no `AWS_*`
+/// key, region or endpoint variable set): the local bytes; a profile that is not there is
+/// refused before any work, naming it, without showing a secret.
+#[test]
+fn s3_credentials_come_from_a_named_profile() {
+    let test = "s3_credentials_come_from_a_named_profile";
+    let dir = Dir::new("s3-profile");
+    let Some(bucket) = dataset(&dir, test) else {
+        return;
+    };
+    let s3 = server(test).unwrap();
+    run(&dir, Some(2), &["in"], "local", 5, 9, &[]);
+    let env: std::collections::HashMap<_, _> = s3.env().into_iter().collect();
+    let credentials = dir.create_bytes(
+        "aws/credentials",
+        format!(
+            "[default]\naws_access_key_id = nobody\naws_secret_access_key = wrong-secret\n\n[lab]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
+            env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
+        )
+        .as_bytes(),
+    );
+    let config = dir.create_bytes(
+        "aws/config",
+        format!(
+            "[profile lab]\nregion = us-east-1\nendpoint_url = {}\n",
+            env["AWS_ENDPOINT_URL"]
+        )
+        .as_bytes(),
+    );
+    let with_profile = |profile: &str, out: &str| {
+        let mut cmd = dir.mpi(2);
+        cmd.args([
+            "run",
+            "--input",
+            &format!("s3://{bucket}/in"),
+            "--output",
+            out,
+        ])
+        .args(["--shards", "5", "--seed", "9"]);
+        s3.with_env(&mut cmd);
+        for k in [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_ENDPOINT_URL",
+            "AWS_REGION",
+        ] {
+            cmd.env_remove(k);
+        }
+        cmd.env("AWS_PROFILE", profile)
+            .env("AWS_SHARED_CREDENTIALS_FILE", &credentials)
+            .env("AWS_CONFIG_FILE", &config);
+        cmd.output()
+    };
+    let got = with_profile("lab", "from-profile");
+    got.check(got.code() == Some(0), "expected success");
+    assert_same_output(
+        &dir.join("local"),
+        &dir.join("from-profile"),
+        &["ranks", "inputs"],
+    );
+    let missing = with_profile("nobody", "none");
+    missing.check(missing.code() != Some(0), "expected a refusal");
+    missing.stderr_has("AWS_PROFILE nobody: no such profile in");
+    missing.stderr_has(&credentials.display().to_string());
+    missing.check(
+        !missing.stderr.contains(s3.secret()) && !missing.stderr.contains("wrong-secret"),
+        "a secret is shown",
+    );
+    missing.no_debug_text();
+    missing.check(!dir.join("none").exists(), "an output was made");
+}
+
 /// `reshard run` from `input` to `s3://BUCKET/PREFIX` under `mpirun -np NP`, staged in the
 /// test's own scratch directory, with `extra` arguments.
 fn run_to_s3(
@@ -307,18 +379,51 @@ fn s3_output_is_one_run_at_a_time_and_replaces_only_reshard_outputs() {
     };
     let s3 = server(test).unwrap();
     let input = format!("s3://{bucket}/in");
-    // A lock another run holds: refused before any work, naming the lock.
+    // A lock a live run holds (this test's own process, on this host): refused before any
+    // work, naming the lock and its holder, however long it has been silent.
+    let lock = |boot: &str| {
+        let pidns = std::fs::read_link("/proc/self/ns/pid").unwrap();
+        format!(
+            "reshard staging lock\ntoken {}\nhost elsewhere\nboot {boot}\npidns {}\npid {}\nstart 0\nsince 1\nbeat {:020}\n",
+            "ab".repeat(16),
+            pidns.display(),
+            std::process::id(),
+            0
+        )
+    };
+    let here = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     s3.put_bytes(
         &dir,
         &bucket,
         "out/.a.reshard-lock",
-        b"reshard lock\ntoken 00\n",
+        lock(here.trim()).as_bytes(),
     );
-    let out = run_to_s3(&dir, s3, 2, &input, &format!("s3://{bucket}/out/a"), &[]);
+    let stale = ["--lock-stale-after", "2"];
+    let a = format!("s3://{bucket}/out/a");
+    let out = run_to_s3(&dir, s3, 2, &input, &a, &stale);
     out.check(out.code() != Some(0), "expected a refusal");
-    out.stderr_has("another run is writing it");
+    out.stderr_has("another reshard run is writing it");
+    out.stderr_has(&format!("pid {} on elsewhere", std::process::id()));
     out.stderr_has(&format!("s3://{bucket}/out/.a.reshard-lock"));
     assert_eq!(s3.keys(&dir, &bucket, "out/a/"), Vec::<String>::new());
+    // The lock of a run on another machine (its pid cannot be checked from here) whose
+    // heartbeat has not moved for --lock-stale-after: taken over.
+    s3.put_bytes(
+        &dir,
+        &bucket,
+        "out/.a.reshard-lock",
+        lock("another-boot").as_bytes(),
+    );
+    let out = run_to_s3(&dir, s3, 2, &input, &a, &stale);
+    out.check(
+        out.code() == Some(0),
+        "the dead run's lock was not taken over",
+    );
+    out.stderr_has(&format!("taking over s3://{bucket}/out/.a.reshard-lock"));
+    out.stderr_has("has not moved its heartbeat for 2 s");
+    let keys = s3.keys(&dir, &bucket, "out/");
+    assert!(keys.contains(&"out/a/index.json".to_string()), "{keys:?}");
+    assert!(!keys.iter().any(|k| k.contains("reshard-lock")), "{keys:?}");
     // An output prefix holding someone else's object: refused, with --force too; it stays.
     s3.put_bytes(&dir, &bucket, "out/b/notes.txt", b"mine");
     for force in [&[][..], &["--force"][..]] {
@@ -348,6 +453,17 @@ fn s3_output_is_one_run_at_a_time_and_replaces_only_reshard_outputs() {
     assert_eq!(keys, want);
 }
 
+/// Waits (bounded, generously) until `cond` holds.
+fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..600 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    panic!("never: {what}");
+}
+
 /// Waits (bounded) until every file of `paths` exists.
 fn wait_for(paths: &[std::path::PathBuf]) {
     for _ in 0..2400 {
@@ -360,8 +476,8 @@ fn wait_for(paths: &[std::path::PathBuf]) {
 }
 
 #[test]
-fn s3_server_killed_mid_upload_publishes_nothing_and_the_rerun_cleans_up() {
-    let test = "s3_server_killed_mid_upload_publishes_nothing_and_the_rerun_cleans_up";
+fn s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_staged_output() {
+    let test = "s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_staged_output";
     let dir = Dir::new("s3-kill");
     let Some(mut s3) = crate::util::s3::Server::private(&dir, test) else {
         return;
@@ -387,7 +503,7 @@ fn s3_server_killed_mid_upload_publishes_nothing_and_the_rerun_cleans_up() {
     cmd.args(["run", "--input", "in", "--output", &target, "--shards", "2"])
         .args(["--seed", "9", "--scratch"])
         .arg(dir.join("scratch"))
-        .env("RESHARD_TEST_PAUSE_UPLOAD", "100")
+        .env("RESHARD_TEST_PAUSE_UPLOAD", "300")
         .env("AWS_MAX_ATTEMPTS", "2");
     s3.with_env(&mut cmd);
     let markers: Vec<_> = (0..2)
@@ -400,6 +516,12 @@ fn s3_server_killed_mid_upload_publishes_nothing_and_the_rerun_cleans_up() {
     let failed = std::thread::scope(|scope| {
         let run = scope.spawn(|| cmd.output());
         wait_for(&markers);
+        // The live run's lock object has a heartbeat (a conditional PUT on the ETag read) that
+        // a run on another machine watches before it takes a silent lock for dead.
+        let lock = || s3.cat(&dir, &bucket, "out/.x.reshard-lock");
+        let first = lock();
+        assert!(first.starts_with("reshard staging lock\n"), "{first}");
+        wait_until("the lock's heartbeat moves", || lock() != first);
         s3.kill();
         for m in &markers {
             std::fs::remove_file(m).unwrap();
@@ -408,6 +530,7 @@ fn s3_server_killed_mid_upload_publishes_nothing_and_the_rerun_cleans_up() {
     });
     failed.check(failed.code() != Some(0), "expected a failure");
     failed.stderr_has(&format!("nothing is published at {target}"));
+    failed.stderr_has("rerun with the same arguments and --resume to upload it");
     failed.no_debug_text();
     s3.restart();
     s3.wait_ready(&dir);
@@ -415,15 +538,16 @@ fn s3_server_killed_mid_upload_publishes_nothing_and_the_rerun_cleans_up() {
     assert!(!keys.contains(&"out/x/index.json".to_string()), "{keys:?}");
     // The aborts could not reach the dead server: the uploads stay until the next run.
     assert_eq!(s3.uploads(&dir, &bucket).len(), 2, "{keys:?}");
-    // The dead run's lock stays (no takeover on object storage yet): refused until the user
-    // removes it, as the message says.
-    let held = run_to_s3(&dir, &s3, 2, "in", &target, &["--shards", "2"]);
-    held.check(held.code() != Some(0), "the dead run's lock was ignored");
-    held.stderr_has("if no run is live, remove that object");
-    s3.remove(&dir, &bucket, "out/.x.reshard-lock");
-    let again = run_to_s3(&dir, &s3, 2, "in", &target, &["--shards", "2"]);
+    // The dead run's lock is taken over (its pid is gone), its uploads aborted, and --resume
+    // continues from the output it staged: no data moves again, every object is uploaded.
+    let again = run_to_s3(&dir, &s3, 2, "in", &target, &["--shards", "2", "--resume"]);
     again.check(again.code() == Some(0), "expected success");
+    again.stderr_has(&format!("taking over s3://{bucket}/out/.x.reshard-lock"));
+    again.stderr_has("is gone");
     again.stderr_has("aborted 2 unfinished multipart upload(s)");
+    again.stderr_has("was staged but not uploaded completely: continuing from it");
+    again.stderr_has("continuing the run in");
+    again.stderr_has("400 samples durably in place");
     assert_eq!(s3.uploads(&dir, &bucket), Vec::<String>::new());
     let keys = s3.keys(&dir, &bucket, "out/");
     assert!(
@@ -431,6 +555,7 @@ fn s3_server_killed_mid_upload_publishes_nothing_and_the_rerun_cleans_up() {
             .all(|k| !k.contains("/.reshard-") && !k.contains("reshard-lock")),
         "{keys:?}"
     );
+    assert!(!keys.iter().any(|k| k.contains("/.resume")), "{keys:?}");
     s3.get(&dir, &bucket, "out/x", &dir.join("got"));
     assert_same_output(&dir.join("local"), &dir.join("got"), &["ranks", "inputs"]);
 }

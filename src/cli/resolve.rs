@@ -227,12 +227,15 @@ pub fn job_settings(cfg: &RunConfig) -> JobSettings {
             order: cfg.order.describe(),
             key_map: cfg.order.key_map.clone(),
             split: cfg.split.is_some(),
+            staged_for_upload: cfg.upload.is_some(),
         },
         upload: UploadSettings {
             target: cfg.upload.clone(),
             local: cfg.output.clone(),
             force: cfg.force,
             dry_run: cfg.dry_run,
+            resume: cfg.resume,
+            lock_stale_after: cfg.lock_stale_after,
         },
         resume: ResumeSettings {
             arguments: resume_arguments(cfg),

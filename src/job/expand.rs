@@ -218,7 +218,7 @@ fn output_paths(out: &Path) -> Result<(PathBuf, PathBuf)> {
             parent.display()
         )
     })?;
-    let staging = parent.join(format!(".{}.reshard-tmp", name.to_string_lossy()));
+    let staging = crate::job::staging::path_for(&parent, name);
     Ok((parent.join(name), staging))
 }
 

@@ -306,6 +306,22 @@ impl StagingLock {
         Ok(())
     }
 
+    /// That this run still holds the lock itself (an output without a staging directory of
+    /// its own to check: an `s3://` output, right before its manifest is written).
+    ///
+    /// # Errors
+    /// Another run took the lock over, or it was removed.
+    pub fn check_held(&self) -> Result<()> {
+        let lost = self.lost.lock().map(|l| l.clone()).unwrap_or_default();
+        if let Some(why) = lost.or_else(|| self.lock_lost()) {
+            bail!(
+                "{}: this run lost the output's lock ({why}): nothing is published",
+                self.path.display()
+            );
+        }
+        Ok(())
+    }
+
     /// [`Self::check_owned`], right before the publishing rename, and then the owner's mark is
     /// taken out of the staging directory so that it is not published with it.
     ///

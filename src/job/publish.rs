@@ -215,7 +215,8 @@ fn after_publish(
 ) -> Result<()> {
     let sink = storage::sink(target);
     let records = checkpoint::dir(target);
-    if storage::source(&records).stat(&records).is_ok() {
+    // A staged output is not the output yet: until it is uploaded, `--resume` continues it.
+    if !settings.staged_for_upload && storage::source(&records).stat(&records).is_ok() {
         sink.remove_dir_all(&records)
             .with_context(|| format!("{}: cannot remove", records.display()))?;
     }

@@ -27,6 +27,11 @@ const HEARTBEATS: &str = ".heartbeats";
 #[derive(Debug, Clone, Copy)]
 pub struct Staging<'a>(&'a Path);
 
+/// The staging directory of the output `NAME` in `parent`: beside it, `.NAME.reshard-tmp`.
+pub fn path_for(parent: &Path, name: &std::ffi::OsStr) -> PathBuf {
+    parent.join(format!(".{}.reshard-tmp", name.to_string_lossy()))
+}
+
 impl<'a> Staging<'a> {
     /// The staging directory at `dir`.
     pub fn at(dir: &'a Path) -> Self {

@@ -11,13 +11,14 @@
 //! its manifest lists.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::UploadSettings;
-use crate::output::saved_index;
+use crate::job::lock::StagingLock;
+use crate::output::{checkpoint, saved_index};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
 
@@ -32,10 +33,14 @@ const INCOMPLETE: &str = ".reshard-incomplete";
 /// How much of a file one read moves into an upload.
 const CHUNK: usize = 8 << 20;
 
-/// The lock of an `s3://` output, held by rank 0 from before any work until the end.
+/// The lock of an `s3://` output, held by rank 0 from before any work until the end: the
+/// lock of a file system's output ([`StagingLock`]) on an object created with a conditional
+/// PUT, so with the same rules: a token unique to the run, the owner's host, boot, PID
+/// namespace, pid and start time, and a heartbeat it rewrites every second (a conditional PUT
+/// on the ETag it read). A holder dead by its pid (this host, boot and PID namespace) is taken
+/// over at once; any other once its heartbeat has not moved for `--lock-stale-after`.
 pub struct RemoteLock {
-    path: PathBuf,
-    token: String,
+    lock: StagingLock,
     /// Objects of the reshard output `--force` replaces (its manifest's names), removed once
     /// the new manifest is written.
     replaced: Vec<String>,
@@ -48,67 +53,21 @@ fn lock_path(target: &Path) -> PathBuf {
 }
 
 impl RemoteLock {
-    /// Takes the lock of `target` with a conditional PUT.
+    /// Takes the lock of `target`, taking over one whose holder is dead.
     ///
     /// # Errors
-    /// Another run holds it, or the store has no conditional PUT.
-    fn acquire(target: &Path) -> Result<Self> {
-        let path = lock_path(target);
-        let token = crate::job::lock::new_token()?;
-        let body = format!(
-            "reshard lock\ntoken {token}\nhost {}\npid {}\n",
-            crate::sys::hostname(),
-            std::process::id()
-        );
-        match storage::sink(&path).create_new(&path, body.as_bytes()) {
-            Ok(()) => Ok(RemoteLock {
-                path,
-                token,
-                replaced: Vec::new(),
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let holder = storage::source(&path)
-                    .read(&path)
-                    .map(|b| String::from_utf8_lossy(&b).replace('\n', " "))
-                    .unwrap_or_default();
-                bail!(
-                    "--output {}: another run is writing it (its lock {} holds: {}); if no run is live, remove that object and run again",
-                    target.display(),
-                    path.display(),
-                    holder.trim()
-                )
-            }
-            Err(e) => Err(e).with_context(|| {
-                format!(
-                    "--output {}: cannot take the lock {}",
-                    target.display(),
-                    path.display()
-                )
-            }),
-        }
+    /// Another live run holds it, or the store has no conditional PUT.
+    fn acquire(target: &Path, stale_after: Duration) -> Result<Self> {
+        let lock = StagingLock::acquire(&lock_path(target), target, stale_after)?;
+        Ok(RemoteLock {
+            lock,
+            replaced: Vec::new(),
+        })
     }
 
     /// That the lock still holds this run's token (right before the manifest is written).
     fn check_owned(&self) -> Result<()> {
-        let held = storage::source(&self.path).read(&self.path).ok();
-        let ours = held.is_some_and(|b| {
-            String::from_utf8_lossy(&b).contains(&format!("token {}\n", self.token))
-        });
-        if !ours {
-            bail!(
-                "{}: this run no longer holds the output's lock (removed or taken over): nothing is published",
-                self.path.display()
-            );
-        }
-        Ok(())
-    }
-}
-
-impl Drop for RemoteLock {
-    fn drop(&mut self) {
-        if self.check_owned().is_ok() {
-            let _ = storage::sink(&self.path).remove_file(&self.path);
-        }
+        self.lock.check_held()
     }
 }
 
@@ -129,17 +88,51 @@ pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
         replaced_objects(cfg.force, target)?;
         return Ok(None);
     }
-    let mut lock = RemoteLock::acquire(target)?;
+    let mut lock = RemoteLock::acquire(target, cfg.lock_stale_after)?;
     // Holding the lock, what a failed run left is this run's to clear.
     clean_up_failed_run(target)?;
     lock.replaced = replaced_objects(cfg.force, target)?;
     if storage::source(local).stat(&local.join(MANIFEST)).is_ok() {
-        // A copy an earlier attempt staged and did not finish uploading: ours to remove.
-        storage::sink(local)
-            .remove_dir_all(local)
-            .with_context(|| format!("{}: cannot remove the staged copy", local.display()))?;
+        // A copy an earlier attempt staged and did not finish uploading: ours to continue
+        // (`--resume`) or to remove.
+        if !(cfg.resume && restage(local)?) {
+            storage::sink(local)
+                .remove_dir_all(local)
+                .with_context(|| format!("{}: cannot remove the staged copy", local.display()))?;
+        }
     }
     Ok(Some(lock))
+}
+
+/// `--resume` after a failed upload: the staged copy, finished and still holding its
+/// `--resume` records, is moved back to the staging directory it was published from, where the
+/// expand phase finds it and checks it as any attempt to continue (same arguments and inputs,
+/// then the same plan): every sample is in place, so no data moves again, and the output is
+/// published on the scratch directory and uploaded once more. Whether it was moved.
+fn restage(local: &Path) -> Result<bool> {
+    let records = checkpoint::dir(local);
+    let (Some(parent), Some(name)) = (local.parent(), local.file_name()) else {
+        return Ok(false);
+    };
+    let staging = crate::job::staging::path_for(parent, name);
+    let source = storage::source(local);
+    if source.stat(&records).is_err() || source.stat(&staging).is_ok() {
+        return Ok(false);
+    }
+    storage::sink(local)
+        .rename(local, &staging)
+        .with_context(|| {
+            format!(
+                "{}: cannot move the staged copy back to {} to resume its upload",
+                local.display(),
+                staging.display()
+            )
+        })?;
+    crate::errln!(
+        "reshard: --resume: {} was staged but not uploaded completely: continuing from it",
+        local.display()
+    );
+    Ok(true)
 }
 
 /// What is at the output now: nothing, or with `--force` a reshard output whose manifest's
@@ -196,6 +189,10 @@ fn files_under(
         .list(&here)
         .with_context(|| format!("{}: cannot list", here.display()))?;
     for e in entries {
+        if rel.as_os_str().is_empty() && e.name == checkpoint::DIR_NAME {
+            // The `--resume` records of the staged copy, no part of the output.
+            continue;
+        }
         let name = rel.join(&e.name);
         if e.kind == Kind::Dir {
             files_under(source, dir, &name, out)?;
@@ -396,7 +393,7 @@ fn clean_up_failed_run(target: &Path) -> Result<usize> {
 
 fn not_published(target: &Path, local: &Path) -> String {
     format!(
-        "nothing is published at {} (no {MANIFEST} written); the finished output stays in {}",
+        "nothing is published at {} (no {MANIFEST} written); the finished output stays in {}: rerun with the same arguments and --resume to upload it without moving data again",
         target.display(),
         local.display()
     )

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 pub use crate::sys::FileStamp;
 
+pub mod aws_profile;
 #[cfg(test)]
 pub mod memory;
 pub mod paced;

@@ -28,6 +28,7 @@ use object_store::{
 };
 use object_store::{MultipartId, RetryConfig};
 
+use super::aws_profile;
 use super::{
     Capabilities, Entry, FileStamp, Input, Kind, Output, Shard, Sink, Source, Stat, Writer,
 };
@@ -189,10 +190,8 @@ fn store(bucket: &str) -> io::Result<Arc<AmazonS3>> {
     if let Some(s) = stores.get(bucket) {
         return Ok(s.clone());
     }
-    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-    let endpoint = std::env::var("AWS_ENDPOINT_URL_S3")
-        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
-        .unwrap_or_default();
+    let builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    let (mut builder, endpoint) = with_profile(builder, bucket)?;
     if endpoint.starts_with("http://") {
         // A store on the local network or loopback without TLS: the user named it so.
         builder = builder.with_allow_http(true);
@@ -207,10 +206,6 @@ fn store(bucket: &str) -> io::Result<Arc<AmazonS3>> {
             ..RetryConfig::default()
         });
     }
-    if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none()
-    {
-        builder = builder.with_region("us-east-1");
-    }
     let s = Arc::new(builder.build().map_err(|e| {
         io::Error::other(format!(
             "s3://{bucket}: cannot set up the S3 client ({}); check the AWS_* variables",
@@ -219,6 +214,56 @@ fn store(bucket: &str) -> io::Result<Arc<AmazonS3>> {
     })?);
     stores.insert(bucket.to_string(), s.clone());
     Ok(s)
+}
+
+/// The builder with what the named profile of the AWS shared files gives where the variables
+/// do not ([`aws_profile`]): the keys, the region (else `us-east-1`) and the endpoint; and the
+/// endpoint in use.
+///
+/// # Errors
+/// The profile named cannot be found or gets its keys in a way reshard does not follow.
+fn with_profile(
+    mut builder: AmazonS3Builder,
+    bucket: &str,
+) -> io::Result<(AmazonS3Builder, String)> {
+    let set = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let profile = aws_profile::selected()?.unwrap_or_default();
+    if set("AWS_ACCESS_KEY_ID").is_none() {
+        match (&profile.access_key_id, &profile.secret_access_key) {
+            (Some(id), Some(secret)) => {
+                builder = builder
+                    .with_access_key_id(id)
+                    .with_secret_access_key(secret);
+                if let Some(token) = &profile.session_token {
+                    builder = builder.with_token(token);
+                }
+            }
+            _ => {
+                if let Some(how) = &profile.other_source {
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "s3://{bucket}: the AWS profile {} gets its keys by {how}, which reshard does not follow; export them for it: eval \"$(aws configure export-credentials --profile {} --format env)\"",
+                            profile.name, profile.name
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    if set("AWS_REGION").is_none() && set("AWS_DEFAULT_REGION").is_none() {
+        builder = builder.with_region(profile.region.as_deref().unwrap_or("us-east-1"));
+    }
+    let endpoint = set("AWS_ENDPOINT_URL_S3").or_else(|| set("AWS_ENDPOINT_URL"));
+    let endpoint = match (endpoint, &profile.endpoint_url) {
+        (Some(e), _) => e,
+        (None, Some(e)) => {
+            builder = builder.with_endpoint(e);
+            e.clone()
+        }
+        (None, None) => String::new(),
+    };
+    Ok((builder, endpoint))
 }
 
 /// The client's message without its debug decorations.
@@ -682,6 +727,44 @@ impl Sink for S3 {
                 e
             }
         })
+    }
+
+    fn update(
+        &self,
+        path: &Path,
+        change: &mut dyn FnMut(&[u8]) -> Option<Vec<u8>>,
+    ) -> io::Result<bool> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        let key = loc.object()?;
+        let (meta, bytes) = block_on(async {
+            let got = store.get(&key).await?;
+            let meta = got.meta.clone();
+            got.bytes().await.map(|b| (meta, b))
+        })
+        .map_err(|e| error(&loc, e))?;
+        count(&GETS, bytes.len());
+        let Some(new) = change(&bytes) else {
+            return Ok(false);
+        };
+        // Conditional on the ETag read (`If-Match`): another run's lock put in its place
+        // meanwhile is never overwritten.
+        let version = object_store::UpdateVersion {
+            e_tag: meta.e_tag,
+            version: meta.version,
+        };
+        count(&PUTS, new.len());
+        let opts = PutOptions::from(PutMode::Update(version));
+        match block_on(store.put_opts(&key, PutPayload::from(new.clone()), opts)) {
+            Ok(_) => Ok(true),
+            // Changed since it was read: the next look tells by whom.
+            Err(object_store::Error::Precondition { .. }) => Ok(false),
+            // A store without conditional PUT on a version: the check above stands alone.
+            Err(object_store::Error::NotImplemented { .. }) => {
+                self.put(path, &new, PutMode::Overwrite).map(|()| true)
+            }
+            Err(e) => Err(error(&loc, e)),
+        }
     }
 
     fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Writer>> {

@@ -121,6 +121,7 @@ impl Dir {
             program: reshard_exe().into_os_string(),
             args: Vec::new(),
             envs: Vec::new(),
+            removed: Vec::new(),
             timeout: TIMEOUT,
         }
     }
@@ -157,6 +158,7 @@ impl Dir {
             program: program.as_ref().to_os_string(),
             args: Vec::new(),
             envs: Vec::new(),
+            removed: Vec::new(),
             timeout: TIMEOUT,
         }
     }
@@ -221,6 +223,8 @@ pub struct TestCommand {
     program: OsString,
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
+    /// Variables of the test's environment the command does not get.
+    removed: Vec<OsString>,
     timeout: Duration,
 }
 
@@ -245,6 +249,12 @@ impl TestCommand {
     pub fn env(&mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> &mut Self {
         self.envs
             .push((key.as_ref().to_os_string(), value.as_ref().to_os_string()));
+        self
+    }
+
+    /// Keeps the environment variable `key` from the command (and every rank).
+    pub fn env_remove(&mut self, key: impl AsRef<OsStr>) -> &mut Self {
+        self.removed.push(key.as_ref().to_os_string());
         self
     }
 
@@ -297,6 +307,9 @@ impl TestCommand {
             .envs(self.envs.iter().map(|(k, v)| (k, v)))
             // Its own process group, so that a timeout kills the launcher and every rank.
             .process_group(0);
+        for key in &self.removed {
+            cmd.env_remove(key);
+        }
         cmd
     }
 

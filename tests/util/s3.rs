@@ -77,6 +77,8 @@ elif op == "wds":
 elif op == "uploads":
     for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
         print(u["Key"])
+elif op == "cat":
+    sys.stdout.buffer.write(s3.get_object(Bucket=bucket, Key=sys.argv[3])["Body"].read())
 elif op == "ls":
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=sys.argv[3]):
         for o in page.get("Contents", []):
@@ -340,6 +342,11 @@ impl Server {
     pub fn put_bytes(&self, dir: &Dir, bucket: &str, key: &str, bytes: &[u8]) {
         let file = dir.create_bytes(format!("put-{}", key.replace('/', "_")), bytes);
         self.client(dir, &["put1", bucket, file.to_str().unwrap(), key]);
+    }
+
+    /// The content of the object `s3://bucket/key`, as text.
+    pub fn cat(&self, dir: &Dir, bucket: &str, key: &str) -> String {
+        self.client(dir, &["cat", bucket, key]).stdout
     }
 
     /// Removes the object `s3://bucket/key`.

@@ -398,6 +398,7 @@ mod tests {
             order: String::new(),
             key_map: None,
             split: false,
+            staged_for_upload: false,
         }
     }
 

@@ -9,7 +9,9 @@
 # Each repeat runs, interleaved: `s5cmd cp` of the input down to a local directory (S3 -> POSIX),
 # the same download followed by an upload of the downloaded files to another prefix (S3 -> S3
 # through this machine: the bytes reshard moves), then `reshard run` from s3:// to a local
-# directory and from s3:// to s3:// (staged on --scratch in DIR) at every --np. Prints the median
+# directory and from s3:// to s3:// (staged on --scratch in DIR) at every --np, and from an
+# earlier output of reshard in the bucket (the next epoch: saved indexes, no index phase) to a
+# local directory. Prints the median
 # wall time of each command, its range, its ratio to the s5cmd command that moves the same
 # bytes, the peak RSS of each rank (reshard's --report; s5cmd's from GNU time), the requests
 # reshard made with its phase times, and the load average (1 min) before each median run. Figures, never assertions.
@@ -99,7 +101,7 @@ s5() {
 reshard() {
   local name=$1 np=$2 out=$3 l0 t0 t1; shift 3
   l0=$(load); t0=$(now_s)
-  mpirun -np "$np" "$BIN" run --input s3://bench/in --output "$out" --shards "$OUT_SHARDS" \
+  mpirun -np "$np" "$BIN" run --input "${IN:-s3://bench/in}" --output "$out" --shards "$OUT_SHARDS" \
     --seed 7 --mem-limit "$MEM" --report "$DIR/report.json" "$@" > "$DIR/run.log" 2>&1 \
     || { cat "$DIR/run.log" >&2; exit 1; }
   sync
@@ -116,6 +118,12 @@ PY
   record "$name" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{print b-a}')" "$rss" "$requests" "$rep" "$l0"
 }
 
+# The next epoch's input: an output of reshard in the bucket, with its saved indexes beside the
+# shards, as the epoch loop reads it (no index phase: each byte is read from the store once).
+rm -rf "$DIR/scratch"
+mpirun -np 1 "$BIN" run --input s3://bench/in --output s3://bench/prev --shards "$IN_SHARDS" \
+  --seed 3 --scratch "$DIR/scratch" > "$DIR/run.log" 2>&1 || { cat "$DIR/run.log" >&2; exit 1; }
+
 for rep in $(seq "$REPEAT"); do
   rm -rf "$DIR/dl"; mkdir -p "$DIR/dl"
   s5 "s5cmd S3->POSIX" "cp s3://bench/in/* $DIR/dl/"
@@ -128,6 +136,8 @@ for rep in $(seq "$REPEAT"); do
     rm -rf "$DIR/out" "$DIR/scratch"
     reshard "reshard S3->S3 np=$np" "$np" s3://bench/out/epoch --scratch "$DIR/scratch"
     "${S5[@]}" rm 's3://bench/out/*' > /dev/null
+    rm -rf "$DIR/out"
+    IN=s3://bench/prev reshard "reshard S3->POSIX np=$np, saved index" "$np" "$DIR/out"
   done
 done
 
@@ -140,14 +150,14 @@ for r in rows:
     runs.setdefault(r[0], []).append(r)
 median = lambda rs: sorted(rs, key=lambda r: float(r[1]))[(len(rs) - 1) // 2]
 base = {k: float(median(v)[1]) for k, v in runs.items() if k.startswith("s5cmd")}
-print(f"{'command':<24} {'seconds':>8} {'range':>13} {'MB/s':>6} {'ratio':>6} {'RSS MiB/rank':>13} "
+print(f"{'command':<36} {'seconds':>8} {'range':>13} {'MB/s':>6} {'ratio':>6} {'RSS MiB/rank':>13} "
       f"{'load':>5}  requests; phases of the median run (s)")
 for command, rs in runs.items():
     m = median(rs)
     secs = [float(r[1]) for r in rs]
     s = float(m[1])
     tool = "s5cmd S3->S3" if "S3->S3" in command else "s5cmd S3->POSIX"
-    print(f"{command:<24} {s:>8.2f} {min(secs):>6.2f}-{max(secs):<6.2f} {size / s / 1e6:>6.0f} "
+    print(f"{command:<36} {s:>8.2f} {min(secs):>6.2f}-{max(secs):<6.2f} {size / s / 1e6:>6.0f} "
           f"{s / base[tool]:>6.2f} {m[2]:>13} {m[5]:>5}  {m[3]}")
 PY
 echo "data: $BYTES bytes in $IN_SHARDS shards of mean sample $MEAN; $OUT_SHARDS output shards; mem-limit $MEM; $(nproc) cores; median of $REPEAT; load average now $(cut -d' ' -f1-3 /proc/loadavg); $(weed version 2>/dev/null | head -1); s5cmd $(s5cmd version)" >&2

@@ -27,6 +27,19 @@ use serde_json::Value;
 
 use super::{find_on_path, noise, skip, Dir, TestCommand};
 
+/// The job states Slurm reports once a job has ended (`scontrol show job`'s JobState).
+const ENDED_STATES: &[&str] = &[
+    "COMPLETED",
+    "CANCELLED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+];
+
 /// The repository root (where Cargo.toml is).
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -419,7 +432,7 @@ AccountingStorageType=accounting_storage/none
             .unwrap_or_default()
     }
 
-    /// Waits until none of `ids` is pending or running any more, or those left have waited for
+    /// Waits until every one of `ids` is in a final state, or those left have waited for
     /// dependencies alone for 3 s (a failed job leaves the jobs after it pending for good); false
     /// if some are still active after `within`.
     pub fn wait_jobs(&self, ids: &[u64], within: Duration) -> bool {
@@ -429,14 +442,13 @@ AccountingStorageType=accounting_storage/none
             let waiting: Vec<(String, String)> = ids
                 .iter()
                 .map(|&id| (self.job_field(id, "JobState"), self.job_field(id, "Reason")))
-                // No state at all is a query that failed (slurmctld busy on a loaded machine: an
-                // ended job stays listed for MinJobAge), not an ended job: keep waiting.
-                .filter(|(state, _)| {
-                    matches!(
-                        state.as_str(),
-                        "" | "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "SUSPENDED"
-                    )
-                })
+                // Only a final state ends the wait; anything else is a job still alive. A job
+                // with a state flag prints the flag instead of RUNNING (SIGNALING while
+                // `--signal`'s signal is pending, STAGE_OUT, RESIZING, REQUEUED, ...), so a list
+                // of the live states let the time-limit test take a signalled job for an ended
+                // one and then read it RUNNING (under a load of 20, with a copy of the suite
+                // beside it). No state at all is a query that failed (slurmctld busy).
+                .filter(|(state, _)| !ENDED_STATES.contains(&state.as_str()))
                 .collect();
             if waiting.is_empty() {
                 return true;

@@ -274,3 +274,182 @@ impl Output for PosixOutput {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! What only the POSIX backend has: links, kinds other than files and directories, one
+    //! canonical name, allocated blocks, the free space and the in-kernel copy. The contract
+    //! both backends keep is tested in `storage::tests`.
+    use std::os::unix::fs::symlink;
+    use std::os::unix::net::UnixListener;
+
+    use super::*;
+    use crate::storage::memory::{self, Memory};
+
+    fn kind_or_error(stat: io::Result<Stat>) -> Result<Kind, io::ErrorKind> {
+        stat.map(|s| s.kind).map_err(|e| e.kind())
+    }
+
+    /// `stat` follows links and `stat_link` does not (a dangling link is a link, not nothing);
+    /// a listing tells each entry's own kind; a socket is neither file, directory nor link.
+    #[test]
+    fn kinds_are_told_with_and_without_following_links() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        fs::write(d.join("file"), b"12345").unwrap();
+        fs::create_dir(d.join("dir")).unwrap();
+        symlink("file", d.join("to-file")).unwrap();
+        symlink("dir", d.join("to-dir")).unwrap();
+        symlink("nothing", d.join("dangling")).unwrap();
+        let _socket = UnixListener::bind(d.join("socket")).unwrap();
+
+        let (file, dir, link, other) = (
+            Ok(Kind::File),
+            Ok(Kind::Dir),
+            Ok(Kind::Link),
+            Ok(Kind::Other),
+        );
+        let kinds = [
+            ("dangling", Err(io::ErrorKind::NotFound), link),
+            ("dir", dir, dir),
+            ("file", file, file),
+            ("socket", other, other),
+            ("to-dir", dir, link),
+            ("to-file", file, link),
+        ];
+        for (name, followed, itself) in kinds {
+            let path = d.join(name);
+            assert_eq!(kind_or_error(Posix.stat(&path)), followed, "stat {name}");
+            assert_eq!(
+                kind_or_error(Posix.stat_link(&path)),
+                itself,
+                "stat_link {name}"
+            );
+        }
+        let through_link = Posix.stat(&d.join("to-file")).unwrap().stamp;
+        assert_eq!(through_link, Posix.stat(&d.join("file")).unwrap().stamp);
+        let link_itself = Posix.stat_link(&d.join("to-file")).unwrap().stamp;
+        assert_eq!(
+            link_itself.size, 4,
+            "the link's own size: its target's name"
+        );
+
+        let mut listed = Posix.list(d).unwrap();
+        listed.sort_by(|a, b| a.name.cmp(&b.name));
+        let listed: Vec<_> = listed.into_iter().map(|e| (e.name, Ok(e.kind))).collect();
+        let want: Vec<(std::ffi::OsString, _)> = kinds
+            .iter()
+            .map(|&(name, _, itself)| (name.into(), itself))
+            .collect();
+        assert_eq!(listed, want);
+        assert!(Posix.list(&d.join("file")).is_err(), "not a directory");
+    }
+
+    /// Every path that names one file has the same canonical name, absolute.
+    #[test]
+    fn one_file_has_one_canonical_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        fs::create_dir(d.join("dir")).unwrap();
+        fs::write(d.join("dir/f"), b"").unwrap();
+        symlink("dir/f", d.join("link")).unwrap();
+        let name = Posix.canonical(&d.join("dir/f")).unwrap();
+        assert!(
+            name.is_absolute() && name.ends_with("dir/f"),
+            "{}",
+            name.display()
+        );
+        for other in ["link", "dir/../dir/./f"] {
+            assert_eq!(Posix.canonical(&d.join(other)).unwrap(), name, "{other}");
+        }
+        let missing = Posix.canonical(&d.join("missing")).unwrap_err();
+        assert_eq!(missing.kind(), io::ErrorKind::NotFound);
+    }
+
+    /// A file sized up front takes no blocks until written; written, it takes at least its
+    /// bytes, counted in 512-byte blocks.
+    #[test]
+    fn allocated_counts_the_blocks_written_not_the_length() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("shard");
+        let out = Posix.create(&path, 1 << 20).unwrap();
+        out.sync_all().unwrap();
+        let sized = Posix.allocated(&path).unwrap();
+        assert!(sized < 1 << 20, "{sized} bytes allocated before any write");
+        out.write_at(&[1u8; 65536], 0).unwrap();
+        out.sync_all().unwrap();
+        let written = Posix.allocated(&path).unwrap();
+        assert!(
+            written >= 65536 && written % 512 == 0,
+            "{written} bytes allocated"
+        );
+    }
+
+    /// A directory that is not there cannot be synced, nor a file replaced in it (nothing is
+    /// written); the free space of a path that is not there is an error, not a number.
+    #[test]
+    fn syncs_replacements_and_free_space_fail_where_nothing_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("missing");
+        Posix.sync_dir(tmp.path()).unwrap();
+        assert_eq!(
+            Posix.sync_dir(&missing).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+        let replace = Posix.replace(&missing.join("f"), b"x").unwrap_err();
+        assert_eq!(replace.kind(), io::ErrorKind::NotFound);
+        assert!(
+            Posix.free_space(tmp.path()).unwrap().is_some(),
+            "statvfs knows"
+        );
+        let free = Posix.free_space(&missing).unwrap_err();
+        assert_eq!(free.kind(), io::ErrorKind::NotFound);
+        assert_eq!(
+            Posix.capabilities(),
+            Capabilities {
+                positioned_writes: true,
+                rename: true
+            }
+        );
+    }
+
+    /// Between two local files the copy happens in the kernel, each range at its offsets, and
+    /// says how much it copied (0 past the source's end). Offsets the kernel cannot take are
+    /// an error; an input of another backend, or one the kernel cannot copy from (a device),
+    /// is declined (`None`: the caller reads and writes) and nothing is written.
+    #[test]
+    fn copy_from_copies_between_local_files_and_declines_other_inputs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (from, to) = (tmp.path().join("in"), tmp.path().join("out"));
+        fs::write(&from, b"0123456789").unwrap();
+        let input = Posix.open(&from).unwrap();
+        let out = Posix.create(&to, 12).unwrap();
+        let copy = |src: &dyn Input, src_offset, offset, len| {
+            out.copy_from(src, src_offset, offset, len)
+                .map(|r| r.map_err(|e| e.kind()))
+        };
+        assert_eq!(copy(input.as_ref(), 6, 1, 4), Some(Ok(4)));
+        assert_eq!(copy(input.as_ref(), 0, 8, 3), Some(Ok(3)));
+        assert_eq!(copy(input.as_ref(), 10, 0, 5), Some(Ok(0)), "past the end");
+        let too_far = Some(Err(io::ErrorKind::InvalidInput));
+        assert_eq!(copy(input.as_ref(), u64::MAX, 0, 1), too_far);
+        assert_eq!(copy(input.as_ref(), 0, u64::MAX, 1), too_far);
+
+        let in_memory = Path::new("mem://posix-copy/in");
+        memory::put(in_memory, b"abc".to_vec());
+        assert_eq!(
+            copy(Memory.open(in_memory).unwrap().as_ref(), 0, 0, 3),
+            None
+        );
+        let device = Posix.open(Path::new("/dev/zero")).unwrap();
+        assert_eq!(copy(device.as_ref(), 0, 0, 3), None);
+
+        out.sync_all().unwrap();
+        let want = [&[0u8][..], b"6789", &[0; 3], b"012", &[0]].concat();
+        assert_eq!(
+            fs::read(&to).unwrap(),
+            want,
+            "each range at its offset, the rest zeros"
+        );
+    }
+}

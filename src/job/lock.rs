@@ -1139,4 +1139,53 @@ mod tests {
             .unwrap()
             .contains("the heartbeat is written again"));
     }
+
+    #[test]
+    fn a_lock_taken_over_or_lost_is_no_longer_held() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(".out.reshard-lock");
+        let lock = StagingLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
+        lock.check_held().unwrap();
+        drop(lock);
+        // Without a heartbeat, the check itself reads the lock: another run's now.
+        let paused = silent(&path, elsewhere());
+        paused.check_held().unwrap();
+        let other = elsewhere();
+        fs::remove_file(&path).unwrap();
+        create_exclusive(&path, &other).unwrap();
+        let msg = format!("{:#}", paused.check_held().unwrap_err());
+        assert!(
+            msg.contains(&path.display().to_string())
+                && msg.contains(&format!("({} holds it now)", other.who()))
+                && msg.contains("nothing is published"),
+            "{msg}"
+        );
+        // What the heartbeat found stands, even with the lock back in this run's hands.
+        fs::remove_file(&path).unwrap();
+        create_exclusive(&path, &paused.owner).unwrap();
+        paused.check_held().unwrap();
+        *paused.lost.lock().unwrap() = Some("found by the heartbeat".into());
+        let msg = format!("{:#}", paused.check_held().unwrap_err());
+        assert!(msg.contains("(found by the heartbeat)"), "{msg}");
+    }
+
+    #[test]
+    fn only_a_takeover_of_a_run_that_may_live_moves_its_staging_aside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = tmp.path().join(".out.reshard-tmp");
+        let path = lock_path(&staging);
+        fs::create_dir(&staging).unwrap();
+        // No takeover: nothing to move.
+        let lock = StagingLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
+        assert_eq!(lock.set_aside_staging(&staging).unwrap(), None);
+        drop(lock);
+        // A holder whose pid proved it gone cannot wake: its staging directory stays.
+        let mut dead = Owner::me().unwrap();
+        dead.pid = u32::MAX - 1;
+        create_exclusive(&path, &dead).unwrap();
+        let lock = StagingLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
+        assert!(lock.took_over.as_ref().is_some_and(|t| t.surely_dead));
+        assert_eq!(lock.set_aside_staging(&staging).unwrap(), None);
+        assert!(staging.is_dir() && !aside_path(&staging, &dead.token).exists());
+    }
 }

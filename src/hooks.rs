@@ -28,6 +28,9 @@
 //! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop
 //!   signal came), so that a test can signal a job surely in the middle of its exchange;
 //!   `ms:r`: only rank r's rounds do (so that a test sees the other ranks go on without it).
+//! - `RESHARD_TEST_SLOW_SPEAKER=ms`: the process that speaks for the job waits that long before
+//!   it reports a failure met before MPI joined the processes (a launcher that does not match
+//!   the MPI library), so that a test sees the quiet ones wait for it.
 //! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
 //!   MPI_Finalize, as MPI_Finalize does when it hangs (the finalize deadline must end the job).
 //!
@@ -42,7 +45,7 @@ use std::time::Duration;
 
 pub use test_hooks::{
     checkpoint_bytes, hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round,
-    pause_before_finish, pause_before_publish, pause_in_upload, slow_round,
+    pause_before_finish, pause_before_publish, pause_in_upload, slow_round, slow_speaker,
 };
 
 /// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
@@ -205,6 +208,16 @@ mod test_hooks {
         }
     }
 
+    /// `RESHARD_TEST_SLOW_SPEAKER`: waits before the speaker reports a failure met before MPI.
+    pub fn slow_speaker() {
+        if let Some(ms) = std::env::var("RESHARD_TEST_SLOW_SPEAKER")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+        {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
+
     /// Test hook: `RESHARD_TEST_HANG_FINALIZE=r` makes rank r block forever where it would call
     /// MPI_Finalize (`all`: every rank), as MPI_Finalize does when it hangs.
     pub fn hang_finalize(rank: usize, env: impl Fn(&str) -> Option<String>) -> bool {
@@ -232,6 +245,7 @@ mod test_hooks {
         default
     }
     pub fn slow_round(_rank: usize) {}
+    pub fn slow_speaker() {}
     pub fn hang_finalize(_rank: usize, _env: impl Fn(&str) -> Option<String>) -> bool {
         false
     }

@@ -90,6 +90,28 @@ fn failed_before_mpi(e: anyhow::Error) -> Exit {
     }
 }
 
+/// How long a process that MPI could not join to its peers (a launcher that does not match the
+/// MPI library: each process is a world of its own) waits before it exits, when another process
+/// speaks for the job. Nothing else orders their exits, and a launcher that ends the step at
+/// the first failing task (`srun --kill-on-bad-exit`, as slurm/*.sbatch run it) killed the
+/// launcher's rank 0 before it had said why when a quiet task exited first: the job ended with
+/// 143 and no reason in its log (once in the first six runs of the suite beside a second copy
+/// of it; every time with `RESHARD_TEST_SLOW_SPEAKER`).
+const SPEAKER_HEAD_START: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Waits [`SPEAKER_HEAD_START`], or until a stop signal comes: the launcher ending the step once
+/// the speaker has exited (`--kill-on-bad-exit` sends SIGTERM to the tasks left). The process then
+/// exits with its own status, the refusal's, instead of dying of the signal: srun reported 143
+/// for the step when a task was killed, and 2 only when every task exited by itself.
+fn give_the_speaker_a_head_start() {
+    let start = std::time::Instant::now();
+    let caught = reshard::sys::catch_stop_signals().is_ok();
+    while start.elapsed() < SPEAKER_HEAD_START && !(caught && reshard::sys::stop_signal().is_some())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Runs `job` on every rank under MPI, prints its failure, then ends the job: every rank agrees on
 /// the exit status and MPI is finalized under a deadline (see [`MpiRuntime::finish`]), so that a
 /// finished job ends even where MPI_Finalize hangs.
@@ -99,7 +121,14 @@ fn under_mpi(
 ) -> anyhow::Result<Exit> {
     let mpi = match MpiRuntime::init(max_round_bytes) {
         Ok(mpi) => mpi,
-        Err(e) => return Ok(failed_before_mpi(e)),
+        Err(e) => {
+            if reshard::comm::launcher::speaks_for_the_job() {
+                reshard::hooks::slow_speaker();
+            } else {
+                give_the_speaker_a_head_start();
+            }
+            return Ok(failed_before_mpi(e));
+        }
     };
     let code = job(&mpi.comm).unwrap_or_else(failed);
     Ok(mpi.finish(code))

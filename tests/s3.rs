@@ -476,32 +476,35 @@ fn wait_for(paths: &[std::path::PathBuf]) {
 }
 
 #[test]
-fn s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_staged_output() {
-    let test = "s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_staged_output";
+fn s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_rest() {
+    let test = "s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_rest";
     let dir = Dir::new("s3-kill");
     let Some(mut s3) = crate::util::s3::Server::private(&dir, test) else {
         return;
     };
-    // Two output shards of about 24 MiB: multipart uploads of 16 MiB parts.
+    // Three output shards of about 24 MiB: multipart uploads of 16 MiB parts, two on one rank.
     dir.generate(
         "in",
         &[
             "--shards",
-            "2",
+            "3",
             "--samples",
-            "400",
+            "600",
             "--mean-size",
             "120KiB",
             "--seed",
             "4",
         ],
     );
-    run(&dir, Some(2), &["in"], "local", 2, 9, &[]);
+    run(&dir, Some(2), &["in"], "local", 3, 9, &[]);
     let bucket = s3.bucket(&dir, test);
     let target = format!("s3://{bucket}/out/x");
+    // An output of four shards there, which the killed run replaces with --force.
+    let old = run_to_s3(&dir, &s3, 2, "in", &target, &["--shards", "4"]);
+    old.check(old.code() == Some(0), "expected success");
     let mut cmd = dir.mpi(2);
-    cmd.args(["run", "--input", "in", "--output", &target, "--shards", "2"])
-        .args(["--seed", "9", "--scratch"])
+    cmd.args(["run", "--input", "in", "--output", &target, "--shards", "3"])
+        .args(["--seed", "9", "--force", "--scratch"])
         .arg(dir.join("scratch"))
         .env("RESHARD_TEST_PAUSE_UPLOAD", "300")
         .env("AWS_MAX_ATTEMPTS", "2");
@@ -515,6 +518,8 @@ fn s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_staged_o
         .collect();
     let failed = std::thread::scope(|scope| {
         let run = scope.spawn(|| cmd.output());
+        // Each rank pauses in its last shard's multipart upload: the rank with two shards has
+        // uploaded its first completely.
         wait_for(&markers);
         // The live run's lock object has a heartbeat (a conditional PUT on the ETag read) that
         // a run on another machine watches before it takes a silent lock for dead.
@@ -535,20 +540,46 @@ fn s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_staged_o
     s3.restart();
     s3.wait_ready(&dir);
     let keys = s3.keys(&dir, &bucket, "out/x/");
+    // The replaced output stopped being one before any of its objects was overwritten.
     assert!(!keys.contains(&"out/x/index.json".to_string()), "{keys:?}");
     // The aborts could not reach the dead server: the uploads stay until the next run.
     assert_eq!(s3.uploads(&dir, &bucket).len(), 2, "{keys:?}");
-    // The dead run's lock is taken over (its pid is gone), its uploads aborted, and --resume
-    // continues from the output it staged: no data moves again, every object is uploaded.
-    let again = run_to_s3(&dir, &s3, 2, "in", &target, &["--shards", "2", "--resume"]);
+    let before = s3.stamps(&dir, &bucket, "out/x/shard-");
+    // The dead run's lock is taken over (its pid is gone); without --force, the output the
+    // failed run was replacing is not replaced: refused before anything is removed or aborted.
+    let refused = run_to_s3(&dir, &s3, 2, "in", &target, &["--shards", "3", "--resume"]);
+    refused.check(refused.code() != Some(0), "expected a refusal");
+    refused.stderr_has(&format!("taking over s3://{bucket}/out/.x.reshard-lock"));
+    refused.stderr_has("is gone");
+    refused.stderr_has("an earlier run with --force was replacing the reshard output there");
+    refused.stderr_has("rerun with --force");
+    assert_eq!(s3.uploads(&dir, &bucket).len(), 2);
+    assert_eq!(s3.stamps(&dir, &bucket, "out/x/shard-"), before);
+    // With --force the dead run's uploads are aborted, and --resume continues from the output
+    // it staged: no data moves again, the shard it uploaded completely stays as it is, the
+    // others are uploaded.
+    let again = run_to_s3(
+        &dir,
+        &s3,
+        2,
+        "in",
+        &target,
+        &["--shards", "3", "--resume", "--force"],
+    );
     again.check(again.code() == Some(0), "expected success");
-    again.stderr_has(&format!("taking over s3://{bucket}/out/.x.reshard-lock"));
-    again.stderr_has("is gone");
     again.stderr_has("aborted 2 unfinished multipart upload(s)");
+    again.stderr_has("kept 1 shard(s) the earlier run uploaded completely");
     again.stderr_has("was staged but not uploaded completely: continuing from it");
     again.stderr_has("continuing the run in");
-    again.stderr_has("400 samples durably in place");
+    again.stderr_has("600 samples durably in place");
     assert_eq!(s3.uploads(&dir, &bucket), Vec::<String>::new());
+    let after = s3.stamps(&dir, &bucket, "out/x/shard-");
+    let same: Vec<&String> = after.iter().filter(|s| before.contains(s)).collect();
+    assert_eq!(
+        same.len(),
+        1,
+        "one shard kept as it was: {before:?} then {after:?}"
+    );
     let keys = s3.keys(&dir, &bucket, "out/");
     assert!(
         keys.iter()
@@ -556,6 +587,12 @@ fn s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_staged_o
         "{keys:?}"
     );
     assert!(!keys.iter().any(|k| k.contains("/.resume")), "{keys:?}");
+    // The old output's fourth shard, which the new manifest does not name, is gone.
+    let shards: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.starts_with("out/x/shard-"))
+        .collect();
+    assert_eq!(shards.len(), 3, "{keys:?}");
     s3.get(&dir, &bucket, "out/x", &dir.join("got"));
     assert_same_output(&dir.join("local"), &dir.join("got"), &["ranks", "inputs"]);
 }

@@ -25,10 +25,15 @@ use crate::storage::{self, Kind, Source};
 /// The manifest: written last, it is what makes the output exist.
 const MANIFEST: &str = "index.json";
 
-/// The object that marks an upload under way: the names it uploads, so that the next run can
-/// remove what a run that failed left (written before the first shard, removed after the
-/// manifest).
+/// The object that marks an upload under way ([`Marker`]): the names it uploads, so that the
+/// next run can remove what a run that failed left, and those of the output `--force` replaces
+/// (written before the first shard, removed after the manifest).
 const INCOMPLETE: &str = ".reshard-incomplete";
+
+/// The folder of the staged copy's `--resume` records where the rank that uploaded a shard
+/// notes the object's stamp once it (and its saved index) is up: a resumed upload keeps the
+/// objects whose stamp is still the one noted, instead of uploading them again.
+const UPLOADED: &str = "uploaded";
 
 /// How much of a file one read moves into an upload.
 const CHUNK: usize = 8 << 20;
@@ -44,6 +49,9 @@ pub struct RemoteLock {
     /// Objects of the reshard output `--force` replaces (its manifest's names), removed once
     /// the new manifest is written.
     replaced: Vec<String>,
+    /// Shards a failed attempt uploaded completely that `--resume` keeps (their stamps are the
+    /// ones it noted), with their saved indexes: not uploaded again.
+    kept: Vec<String>,
 }
 
 /// The lock object of the output `target`: beside it, hidden, outside its prefix.
@@ -62,6 +70,7 @@ impl RemoteLock {
         Ok(RemoteLock {
             lock,
             replaced: Vec::new(),
+            kept: Vec::new(),
         })
     }
 
@@ -89,19 +98,103 @@ pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
         return Ok(None);
     }
     let mut lock = RemoteLock::acquire(target, cfg.lock_stale_after)?;
-    // Holding the lock, what a failed run left is this run's to clear.
-    clean_up_failed_run(target)?;
-    lock.replaced = replaced_objects(cfg.force, target)?;
-    if storage::source(local).stat(&local.join(MANIFEST)).is_ok() {
+    let staged = storage::source(local).stat(&local.join(MANIFEST)).is_ok();
+    // Holding the lock, what a failed run left (a marker and no manifest) is this run's to
+    // clear, but for the shards it uploaded completely, which `--resume` keeps.
+    let left = Marker::read(target).filter(|_| {
+        storage::source(target)
+            .stat(&target.join(MANIFEST))
+            .is_err()
+    });
+    if left.as_ref().is_some_and(|m| !m.replaces.is_empty()) && !cfg.force {
+        bail!(
+            "--output {}: an earlier run with --force was replacing the reshard output there and did not finish: rerun with --force",
+            target.display()
+        );
+    }
+    let kept = if cfg.resume && staged && left.is_some() {
+        uploaded_before(local, target)?
+    } else {
+        Vec::new()
+    };
+    lock.replaced = match clean_up_failed_run(target, left, &kept)? {
+        // What is left of a failed run is this run's: the shards kept, and the objects of the
+        // output a failed `--force` run was replacing (its manifest already gone).
+        Some(replaced) if !(replaced.is_empty() && kept.is_empty()) => replaced,
+        _ => replaced_objects(cfg.force, target)?,
+    };
+    if staged {
         // A copy an earlier attempt staged and did not finish uploading: ours to continue
         // (`--resume`) or to remove.
-        if !(cfg.resume && restage(local)?) {
+        if cfg.resume && restage(local)? {
+            lock.kept = kept;
+        } else {
             storage::sink(local)
                 .remove_dir_all(local)
                 .with_context(|| format!("{}: cannot remove the staged copy", local.display()))?;
         }
     }
     Ok(Some(lock))
+}
+
+/// Where the upload of `shard` of the staged copy `local` is noted.
+fn upload_record(local: &Path, shard: &str) -> PathBuf {
+    checkpoint::dir(local).join(UPLOADED).join(shard)
+}
+
+/// The stamp noted for an uploaded object: size, modification time, identity (ETag's hash).
+fn stamp_line(s: &storage::FileStamp) -> String {
+    format!("{} {} {}\n", s.size, s.mtime_ns, s.ino)
+}
+
+/// After `shard` and its saved index are up: the object's stamp noted in the staged copy's
+/// records, so that a `--resume` after a failure keeps it.
+fn note_uploaded(local: &Path, target: &Path, shard: &str) -> Result<()> {
+    let to = target.join(shard);
+    let stamp = storage::stamp(&to).with_context(|| format!("{}: cannot stat", to.display()))?;
+    let record = upload_record(local, shard);
+    let parent = record.parent().unwrap_or(local);
+    storage::sink(parent)
+        .create_dir_all(parent)
+        .and_then(|()| storage::write_unsynced(&record, stamp_line(&stamp).as_bytes()))
+        .with_context(|| format!("{}: cannot write", record.display()))
+}
+
+/// The shards of the staged copy `local` that an earlier attempt noted as uploaded to `target`
+/// and that are there still as it left them (the same stamp, the staged file's size), sorted.
+/// A record that cannot be read or does not match is no reason to fail: that shard is uploaded
+/// again.
+fn uploaded_before(local: &Path, target: &Path) -> Result<Vec<String>> {
+    let records = checkpoint::dir(local).join(UPLOADED);
+    let source = storage::source(local);
+    let Ok(entries) = source.list(&records) else {
+        return Ok(Vec::new());
+    };
+    let mut kept = Vec::new();
+    for e in entries.into_iter().filter(|e| e.kind == Kind::File) {
+        let shard = e.name.to_string_lossy().into_owned();
+        let noted = source.read(&records.join(&e.name)).unwrap_or_default();
+        let Ok(staged) = source.stat(&local.join(&shard)) else {
+            continue;
+        };
+        match storage::stamp(&target.join(&shard)) {
+            Ok(now)
+                if is_shard(&shard)
+                    && now.size == staged.stamp.size
+                    && noted == stamp_line(&now).as_bytes() =>
+            {
+                kept.push(shard);
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("{}: cannot stat", target.join(&shard).display()))
+            }
+        }
+    }
+    kept.sort();
+    Ok(kept)
 }
 
 /// `--resume` after a failed upload: the staged copy, finished and still holding its
@@ -173,7 +266,7 @@ fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
             target.display()
         );
     };
-    names.retain(|n| !n.is_empty() && !n.starts_with('/') && !n.split('/').any(|p| p == ".."));
+    names.retain(|n| is_own_name(n));
     Ok(names)
 }
 
@@ -228,8 +321,9 @@ fn is_shard(rel: &str) -> bool {
     !rel.contains('/') && !rel.starts_with('.') && rel != MANIFEST
 }
 
-/// Uploads the local file `rel` under `local` to the same name under `target`.
-fn upload_file(local: &Path, target: &Path, rel: &str, rank: usize) -> Result<u64> {
+/// Uploads the local file `rel` under `local` to the same name under `target`. `last`: the
+/// rank's last shard (where a test hook may pause it).
+fn upload_file(local: &Path, target: &Path, rel: &str, rank: usize, last: bool) -> Result<u64> {
     let (from, to) = (local.join(rel), target.join(rel));
     let input = storage::open(&from).with_context(|| format!("{}: cannot open", from.display()))?;
     let mut out = storage::sink(&to)
@@ -246,8 +340,9 @@ fn upload_file(local: &Path, target: &Path, rel: &str, rank: usize) -> Result<u6
         out.write_all(&buf[..n])
             .with_context(|| format!("{}: upload failed at byte {at}", to.display()))?;
         at += n as u64;
-        if at == 2 * CHUNK as u64 {
-            // The first 16 MiB part is out: a multipart upload is under way.
+        if last && at == 2 * CHUNK as u64 {
+            // The first 16 MiB part of the rank's last shard is out: a multipart upload is
+            // under way, and the rank's other shards are up.
             crate::hooks::pause_in_upload(local.parent().unwrap_or(local), rank);
         }
     }
@@ -304,25 +399,39 @@ pub fn run(
         let mut files = Vec::new();
         files_under(storage::source(local), local, Path::new(""), &mut files).map(|()| files)
     });
-    let files: Vec<(String, u64)> = broadcast_result(comm, 0, listed)?;
+    let listed =
+        listed.map(|l| l.map(|files| (files, lock.map(|l| l.kept.clone()).unwrap_or_default())));
+    let (files, kept): (Vec<(String, u64)>, Vec<String>) = broadcast_result(comm, 0, listed)?;
     let begun = lock.map_or(Ok(()), |l| begin(target, &files, l));
     agree(comm, begun)?;
     let mine = share(&files, comm.rank(), comm.size());
-    let sent: Result<u64> = mine.iter().try_fold(0, |sum, f| {
-        let n = upload_file(local, target, &f.0, comm.rank())?;
+    let todo: Vec<_> = mine.iter().filter(|f| !kept.contains(&f.0)).collect();
+    let sent: Result<u64> = todo.iter().enumerate().try_fold(0, |sum, (i, f)| {
+        let n = upload_file(local, target, &f.0, comm.rank(), i + 1 == todo.len())?;
         restamp_layout(local, target, &f.0, &files)?;
+        note_uploaded(local, target, &f.0)?;
         Ok(sum + n)
     });
     agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local))?;
     let finished = (comm.rank() == 0).then(|| finish(target, local, &files, lock));
     broadcast_result(comm, 0, finished)?;
-    let bytes: u64 = files.iter().map(|f| f.1).sum();
+    let up_already = |f: &(String, u64)| kept.iter().any(|k| *k == f.0 || layout_of(k) == f.0);
+    let tally = |was_up: bool| {
+        let v = files.iter().filter(|f| up_already(f) == was_up);
+        (v.clone().count(), human_bytes(v.map(|f| f.1).sum()))
+    };
+    let (put, was_up) = (tally(false), tally(true));
+    let kept_note = if was_up.0 == 0 {
+        String::new()
+    } else {
+        format!("; {} objects ({}) were up already", was_up.0, was_up.1)
+    };
     crate::report::narrate::narrate(
         comm.rank() == 0,
         format_args!(
-            "uploaded {} objects ({}) to {} in {:.2} s",
-            files.len(),
-            human_bytes(bytes),
+            "uploaded {} objects ({}) to {} in {:.2} s{kept_note}",
+            put.0,
+            put.1,
             target.display(),
             started.elapsed().as_secs_f64()
         ),
@@ -330,27 +439,87 @@ pub fn run(
     Ok(())
 }
 
-/// Rank 0 before any object is uploaded: the names it will upload recorded in the marker of an
-/// upload under way, and with `--force` the replaced output's manifest removed (it stops being
-/// an output before any of its objects is overwritten).
+/// What the marker of an upload under way names: the objects the run uploads (`uploads`,
+/// removed by the next run when no manifest was written, but for those `--resume` keeps), and
+/// the objects of the reshard output `--force` replaces (`replaces`: once its manifest is
+/// removed, the marker is what still says they are reshard's, for the next run to remove).
+#[derive(Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Marker {
+    uploads: Vec<String>,
+    #[serde(default)]
+    replaces: Vec<String>,
+}
+
+impl Marker {
+    fn write(&self, target: &Path) -> Result<()> {
+        let marker = target.join(INCOMPLETE);
+        let json = serde_json::to_vec_pretty(self).expect("a marker serializes");
+        storage::sink(&marker)
+            .write(&marker, &json)
+            .with_context(|| format!("{}: cannot write", marker.display()))
+    }
+
+    /// The marker at `target`, if there is one; an older plain list of names is read as the
+    /// names uploaded.
+    fn read(target: &Path) -> Option<Marker> {
+        let bytes = storage::source(target)
+            .read(&target.join(INCOMPLETE))
+            .ok()?;
+        let names = |v: Vec<String>| v.into_iter().filter(|n| is_own_name(n)).collect();
+        Some(match serde_json::from_slice::<Marker>(&bytes) {
+            Ok(m) => Marker {
+                uploads: names(m.uploads),
+                replaces: names(m.replaces),
+            },
+            Err(_) => Marker {
+                uploads: names(
+                    String::from_utf8_lossy(&bytes)
+                        .lines()
+                        .map(String::from)
+                        .collect(),
+                ),
+                replaces: Vec::new(),
+            },
+        })
+    }
+}
+
+/// A name that stays under the output it is relative to.
+fn is_own_name(n: &str) -> bool {
+    !n.is_empty() && !n.starts_with('/') && !n.split('/').any(|p| p == "..")
+}
+
+/// Rank 0 before any object is uploaded: the names it will upload and those of the output it
+/// replaces recorded in the marker of an upload under way, and with `--force` the replaced
+/// output's manifest removed (it stops being an output before any of its objects is
+/// overwritten).
 fn begin(target: &Path, files: &[(String, u64)], lock: &RemoteLock) -> Result<()> {
-    let marker = target.join(INCOMPLETE);
-    let names: String = files.iter().map(|f| format!("{}\n", f.0)).collect();
-    storage::sink(&marker)
-        .write(&marker, names.as_bytes())
-        .with_context(|| format!("{}: cannot write", marker.display()))?;
+    Marker {
+        uploads: files.iter().map(|f| f.0.clone()).collect(),
+        replaces: lock.replaced.clone(),
+    }
+    .write(target)?;
     if lock.replaced.is_empty() {
         return Ok(());
     }
     let old = target.join(MANIFEST);
-    storage::sink(&old)
-        .remove_file(&old)
-        .with_context(|| format!("{}: cannot remove", old.display()))
+    match storage::sink(&old).remove_file(&old) {
+        // Already gone: a failed run that was replacing it removed it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r.with_context(|| format!("{}: cannot remove", old.display())),
+    }
 }
 
-/// What a failed run left at `target`: unfinished multipart uploads aborted, and with no
-/// manifest, the objects its marker names removed; how many objects went.
-fn clean_up_failed_run(target: &Path) -> Result<usize> {
+/// What a failed run left at `target`: unfinished multipart uploads aborted, and where it left
+/// a marker and no manifest (`left`), the objects the marker names removed but for the shards
+/// of `kept` (and their saved indexes), which `--resume` keeps. The marker then names only what
+/// is left of it (the kept objects, and the objects of an output a failed `--force` run was
+/// replacing), or goes. The names of that replaced output when there was such a marker.
+fn clean_up_failed_run(
+    target: &Path,
+    left: Option<Marker>,
+    kept: &[String],
+) -> Result<Option<Vec<String>>> {
     let sink = storage::sink(target);
     let aborted = sink.abort_unfinished(target).with_context(|| {
         format!(
@@ -361,20 +530,14 @@ fn clean_up_failed_run(target: &Path) -> Result<usize> {
     if aborted > 0 {
         crate::errln!("reshard: aborted {aborted} unfinished multipart upload(s) an earlier run left under {}", target.display());
     }
-    let source = storage::source(target);
-    let marker = target.join(INCOMPLETE);
-    let Ok(names) = source.read(&marker) else {
-        return Ok(0);
+    let Some(marker) = left else {
+        return Ok(None);
     };
-    if source.stat(&target.join(MANIFEST)).is_ok() {
-        return Ok(0);
-    }
-    let names = String::from_utf8_lossy(&names).into_owned();
+    let keeps = |name: &str| kept.iter().any(|k| k == name || layout_of(k) == name);
+    let (stay, gone): (Vec<String>, Vec<String>) =
+        marker.uploads.into_iter().partition(|n| keeps(n));
     let mut removed = 0;
-    for name in names
-        .lines()
-        .filter(|n| !n.is_empty() && !n.split('/').any(|p| p == ".."))
-    {
+    for name in &gone {
         let path = target.join(name);
         match sink.remove_file(&path) {
             Ok(()) => removed += 1,
@@ -382,13 +545,29 @@ fn clean_up_failed_run(target: &Path) -> Result<usize> {
             Err(e) => return Err(e).with_context(|| format!("{}: cannot remove", path.display())),
         }
     }
-    sink.remove_file(&marker)
-        .with_context(|| format!("{}: cannot remove", marker.display()))?;
+    let rest = Marker {
+        uploads: stay,
+        replaces: marker.replaces,
+    };
+    if rest == Marker::default() {
+        let path = target.join(INCOMPLETE);
+        sink.remove_file(&path)
+            .with_context(|| format!("{}: cannot remove", path.display()))?;
+    } else {
+        rest.write(target)?;
+    }
     crate::errln!(
         "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
         target.display()
     );
-    Ok(removed)
+    if !kept.is_empty() {
+        crate::errln!(
+            "reshard: --resume: kept {} shard(s) the earlier run uploaded completely to {}",
+            kept.len(),
+            target.display()
+        );
+    }
+    Ok(Some(rest.replaces))
 }
 
 fn not_published(target: &Path, local: &Path) -> String {
@@ -411,10 +590,10 @@ fn finish(
         .iter()
         .filter(|f| !is_shard(&f.0) && f.0 != MANIFEST && !is_shard_layout(&f.0, files));
     for (rel, _) in metadata {
-        upload_file(local, target, rel, 0).with_context(|| not_published(target, local))?;
+        upload_file(local, target, rel, 0, false).with_context(|| not_published(target, local))?;
     }
     lock.map_or(Ok(()), RemoteLock::check_owned)?;
-    upload_file(local, target, MANIFEST, 0).with_context(|| not_published(target, local))?;
+    upload_file(local, target, MANIFEST, 0, false).with_context(|| not_published(target, local))?;
     let marker = target.join(INCOMPLETE);
     storage::sink(&marker)
         .remove_file(&marker)
@@ -476,5 +655,114 @@ mod tests {
             lock_path(Path::new("s3://b/p/epoch-1")),
             Path::new("s3://b/p/.epoch-1.reshard-lock")
         );
+    }
+
+    #[test]
+    fn a_resumed_upload_keeps_only_the_shards_noted_and_still_as_uploaded() {
+        let local = Path::new("mem://upload-kept/local");
+        let target = Path::new("mem://upload-kept/target");
+        for dir in [local, target] {
+            storage::sink(dir).create_dir_all(dir).unwrap();
+        }
+        let put = |dir: &Path, name: &str, bytes: &[u8]| {
+            let path = dir.join(name);
+            storage::sink(&path).write(&path, bytes).unwrap();
+        };
+        for name in ["a.tar", "b.tar", "c.tar", "d.tar"] {
+            put(local, name, b"staged shard");
+            put(target, name, b"staged shard");
+        }
+        assert_eq!(
+            uploaded_before(local, target).unwrap(),
+            Vec::<String>::new()
+        );
+        for name in ["a.tar", "b.tar", "c.tar"] {
+            note_uploaded(local, target, name).unwrap();
+        }
+        // b.tar uploaded again since (another identity), c.tar gone, d.tar never noted.
+        put(target, "b.tar", b"staged shard");
+        let c = target.join("c.tar");
+        storage::sink(&c).remove_file(&c).unwrap();
+        assert_eq!(uploaded_before(local, target).unwrap(), ["a.tar"]);
+        // A staged file of another size than the object: not the object's source.
+        put(local, "a.tar", b"another staged shard");
+        assert_eq!(
+            uploaded_before(local, target).unwrap(),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn the_marker_names_uploads_and_the_replaced_output_and_reads_a_plain_list() {
+        let target = Path::new("mem://upload-marker/out");
+        storage::sink(target).create_dir_all(target).unwrap();
+        assert_eq!(Marker::read(target), None);
+        let marker = Marker {
+            uploads: vec!["s-0.tar".into(), ".reshard/s-0.tar.reshard-layout".into()],
+            replaces: vec!["old-0.tar".into()],
+        };
+        marker.write(target).unwrap();
+        assert_eq!(Marker::read(target), Some(marker));
+        let path = target.join(INCOMPLETE);
+        storage::sink(&path)
+            .write(&path, b"s-0.tar\n../escape\n/abs\n\nindex.json\n")
+            .unwrap();
+        assert_eq!(
+            Marker::read(target),
+            Some(Marker {
+                uploads: vec!["s-0.tar".into(), "index.json".into()],
+                replaces: Vec::new(),
+            })
+        );
+    }
+
+    #[test]
+    fn a_failed_runs_objects_go_but_those_kept_and_the_marker_then_names_what_is_left() {
+        let target = Path::new("mem://upload-clean/out");
+        storage::sink(target).create_dir_all(target).unwrap();
+        let names = [
+            "a.tar",
+            "b.tar",
+            ".reshard/a.tar.reshard-layout",
+            ".reshard/b.tar.reshard-layout",
+        ];
+        for n in names {
+            let path = target.join(n);
+            storage::sink(&path).write(&path, b"x").unwrap();
+        }
+        let marker = |uploads: &[&str], replaces: &[&str]| Marker {
+            uploads: uploads.iter().map(|n| (*n).to_string()).collect(),
+            replaces: replaces.iter().map(|n| (*n).to_string()).collect(),
+        };
+        let left = clean_up_failed_run(
+            target,
+            Some(marker(&names, &["old.tar"])),
+            &["a.tar".to_string()],
+        )
+        .unwrap();
+        assert_eq!(left, Some(vec!["old.tar".to_string()]));
+        let present = |n: &str| storage::source(target).stat(&target.join(n)).is_ok();
+        assert!(present("a.tar") && present(".reshard/a.tar.reshard-layout"));
+        assert!(!present("b.tar") && !present(".reshard/b.tar.reshard-layout"));
+        assert_eq!(
+            Marker::read(target),
+            Some(marker(
+                &["a.tar", ".reshard/a.tar.reshard-layout"],
+                &["old.tar"]
+            ))
+        );
+        // Nothing kept and nothing replaced: the marker goes too.
+        let left = clean_up_failed_run(
+            target,
+            Marker::read(target).map(|m| Marker {
+                replaces: Vec::new(),
+                ..m
+            }),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(left, Some(Vec::new()));
+        assert!(!present("a.tar") && !present(INCOMPLETE));
+        assert_eq!(clean_up_failed_run(target, None, &[]).unwrap(), None);
     }
 }

@@ -79,6 +79,10 @@ elif op == "uploads":
         print(u["Key"])
 elif op == "cat":
     sys.stdout.buffer.write(s3.get_object(Bucket=bucket, Key=sys.argv[3])["Body"].read())
+elif op == "stamps":
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=sys.argv[3]):
+        for o in page.get("Contents", []):
+            print(o["Key"], o["ETag"], o["LastModified"].isoformat())
 elif op == "ls":
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=sys.argv[3]):
         for o in page.get("Contents", []):
@@ -322,6 +326,13 @@ impl Server {
     /// The keys under `s3://bucket/prefix` (every key that starts with it), in order.
     pub fn keys(&self, dir: &Dir, bucket: &str, prefix: &str) -> Vec<String> {
         let out = self.client(dir, &["ls", bucket, prefix]);
+        out.stdout.lines().map(str::to_string).collect()
+    }
+
+    /// Every key under `s3://bucket/prefix` with its ETag and modification time: what changes
+    /// when an object is uploaded again, even with the same bytes.
+    pub fn stamps(&self, dir: &Dir, bucket: &str, prefix: &str) -> Vec<String> {
+        let out = self.client(dir, &["stamps", bucket, prefix]);
         out.stdout.lines().map(str::to_string).collect()
     }
 

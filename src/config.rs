@@ -104,6 +104,10 @@ pub struct UploadSettings {
     pub resume: bool,
     /// `--lock-stale-after`: the lock object's rules are those of a file system's lock.
     pub lock_stale_after: Duration,
+    /// `--keep` over a series of `s3://` outputs (the file-system publish of the staged copy
+    /// then keeps none), and the new output's epoch.
+    pub keep: Option<Keep>,
+    pub epoch: u64,
 }
 
 /// What the expand phase needs: the input specs, and the output with what may replace or

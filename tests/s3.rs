@@ -596,3 +596,94 @@ fn s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_rest() {
     s3.get(&dir, &bucket, "out/x", &dir.join("got"));
     assert_same_output(&dir.join("local"), &dir.join("got"), &["ranks", "inputs"]);
 }
+
+#[test]
+fn s3_keep_removes_only_older_reshard_outputs_of_the_series_and_finishes_what_it_began() {
+    let test =
+        "s3_keep_removes_only_older_reshard_outputs_of_the_series_and_finishes_what_it_began";
+    let dir = Dir::new("s3-keep");
+    let Some(bucket) = dataset(&dir, test) else {
+        return;
+    };
+    let s3 = server(test).unwrap();
+    let input = format!("s3://{bucket}/in");
+    let series = format!("s3://{bucket}/out/epoch-{{epoch}}");
+    // Not outputs of the series: a prefix of its name that is no reshard output, one of
+    // another name, and a user's object beside the series.
+    for key in [
+        "out/epoch-0/notes.txt",
+        "out/epochs/notes.txt",
+        "out/README",
+    ] {
+        s3.put_bytes(&dir, &bucket, key, b"mine");
+    }
+    let epoch = |e: u64, extra: &[&str]| {
+        let e = e.to_string();
+        let mut args = vec!["--epoch", e.as_str(), "--keep", "2"];
+        args.extend_from_slice(extra);
+        run_to_s3(&dir, s3, 2, &input, &series, &args)
+    };
+    let shards_of = |e: u64| {
+        s3.keys(&dir, &bucket, &format!("out/epoch-{e}/"))
+            .into_iter()
+            .filter(|k| k.ends_with(".tar"))
+            .count()
+    };
+    for e in 1..=2 {
+        let out = epoch(e, &[]);
+        out.check(out.code() == Some(0), "expected success");
+        out.check(
+            !out.stderr.contains("--keep"),
+            "nothing is beyond --keep 2 yet",
+        );
+    }
+    // A dry run says what would go and removes nothing.
+    let dry = epoch(3, &["--dry-run"]);
+    dry.check(dry.code() == Some(0), "expected success");
+    dry.stderr_has(&format!(
+        "--keep 2 would remove the older output s3://{bucket}/out/epoch-1"
+    ));
+    assert_eq!(shards_of(1), 5);
+    // Epoch 3's run dies while it removes epoch 1: epoch 3 is published, epoch 1 is no output
+    // any more (no index.json) and still holds objects.
+    let mut cmd = dir.mpi(2);
+    cmd.args(["run", "--input", &input, "--output", &series, "--seed", "9"])
+        .args(["--shards", "5", "--epoch", "3", "--keep", "2", "--scratch"])
+        .arg(dir.join("scratch"))
+        .env("RESHARD_TEST_KILL", "0:keep");
+    let killed = s3.with_env(&mut cmd).output();
+    killed.check(killed.code() != Some(0), "rank 0 was to die");
+    let keys = s3.keys(&dir, &bucket, "out/epoch-1/");
+    assert!(
+        !keys.contains(&"out/epoch-1/index.json".to_string()),
+        "{keys:?}"
+    );
+    assert_eq!(shards_of(1), 5, "{keys:?}");
+    assert!(s3
+        .keys(&dir, &bucket, "out/epoch-3/")
+        .contains(&"out/epoch-3/index.json".to_string()));
+    // Epoch 4 finishes that removal and removes epoch 2; nothing else goes.
+    let out = epoch(4, &[]);
+    out.check(out.code() == Some(0), "expected success");
+    out.stderr_has(&format!(
+        "--keep: finishing the removal of s3://{bucket}/out/epoch-1 (an earlier run began it)"
+    ));
+    out.stderr_has(&format!(
+        "--keep 2: removing the older output s3://{bucket}/out/epoch-2"
+    ));
+    let left: Vec<String> = s3
+        .keys(&dir, &bucket, "out/")
+        .into_iter()
+        .filter(|k| !k.starts_with("out/epoch-3/") && !k.starts_with("out/epoch-4/"))
+        .filter(|k| !k.contains("reshard-lock"))
+        .collect();
+    assert_eq!(
+        left,
+        [
+            "out/README",
+            "out/epoch-0/notes.txt",
+            "out/epochs/notes.txt"
+        ]
+    );
+    assert_eq!((shards_of(3), shards_of(4)), (5, 5));
+}

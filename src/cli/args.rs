@@ -246,8 +246,8 @@ pub struct RunArgs {
     /// --output, e.g. --output 'data/epoch-{epoch}'. Removes only directories next to the
     /// output whose name is that template with another epoch number (digits, as --epoch writes
     /// them: data/epoch-3, not data/epoch-03 or data/epoch-notes) that hold reshard's own
-    /// index.json and .reshard directory; never the new output, never the --link target,
-    /// nothing else.
+    /// index.json and .reshard directory (with an s3:// output: such prefixes, every object
+    /// under them); never the new output, never the --link target, nothing else.
     #[arg(help_heading = "Epochs", long, value_name = "K")]
     pub keep: Option<usize>,
 

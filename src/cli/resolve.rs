@@ -190,6 +190,9 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
 
 /// What every phase of a job needs of `cfg`, each its own settings, decided here once.
 pub fn job_settings(cfg: &RunConfig) -> JobSettings {
+    // `--keep` prunes the series where the output is published: the file system's, or the
+    // bucket's after the upload (never the staged copy's siblings on the scratch directory).
+    let local_keep = cfg.keep.clone().filter(|_| cfg.upload.is_none());
     JobSettings {
         expand: ExpandSettings {
             inputs: cfg.inputs.clone(),
@@ -198,7 +201,7 @@ pub fn job_settings(cfg: &RunConfig) -> JobSettings {
             resume: cfg.resume,
             force: cfg.force,
             link: cfg.link.clone(),
-            keep: cfg.keep.clone(),
+            keep: local_keep.clone(),
             epoch: cfg.epoch,
             lock_stale_after: cfg.lock_stale_after,
         },
@@ -219,7 +222,7 @@ pub fn job_settings(cfg: &RunConfig) -> JobSettings {
             compress: cfg.compress,
             loaders: cfg.loaders.clone(),
             link: cfg.link.clone(),
-            keep: cfg.keep.clone(),
+            keep: local_keep,
             seed: cfg.seed,
             epoch: cfg.epoch,
             equalize: cfg.equalize,
@@ -236,6 +239,8 @@ pub fn job_settings(cfg: &RunConfig) -> JobSettings {
             dry_run: cfg.dry_run,
             resume: cfg.resume,
             lock_stale_after: cfg.lock_stale_after,
+            keep: cfg.keep.clone().filter(|_| cfg.upload.is_some()),
+            epoch: cfg.epoch,
         },
         resume: ResumeSettings {
             arguments: resume_arguments(cfg),
@@ -537,8 +542,8 @@ fn output(args: &RunArgs, dry_run: bool) -> Result<Option<PathBuf>> {
 }
 
 /// An `s3://` output: the local path it is staged at (`--scratch`, default `$TMPDIR`, in
-/// `reshard-scratch/BUCKET/KEY`) and the URL it is uploaded to. `--link` and `--keep` act on
-/// a file system only.
+/// `reshard-scratch/BUCKET/KEY`) and the URL it is uploaded to. `--link` acts on a file system
+/// only; `--keep` on the uploaded series, not on the staged copy.
 fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, Option<PathBuf>)> {
     let Some(url) = output
         .as_ref()
@@ -552,9 +557,6 @@ fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, O
     };
     if args.link.is_some() {
         bail!("--link points a symbolic link at the output: object storage has no links (point the readers at the output's index.json instead)");
-    }
-    if args.keep.is_some() {
-        bail!("--keep removes older outputs of a series on a file system: not with an s3:// output yet");
     }
     let text = url.to_string_lossy();
     let rest = text.trim_start_matches("s3://").trim_end_matches('/');

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::comm::{agree, broadcast_result, Comm};
-use crate::config::UploadSettings;
+use crate::config::{Keep, UploadSettings};
 use crate::job::lock::StagingLock;
+use crate::job::series::outputs_beyond;
 use crate::output::{checkpoint, saved_index};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
@@ -29,6 +30,11 @@ const MANIFEST: &str = "index.json";
 /// next run can remove what a run that failed left, and those of the output `--force` replaces
 /// (written before the first shard, removed after the manifest).
 const INCOMPLETE: &str = ".reshard-incomplete";
+
+/// The object inside an older output of an `s3://` series that `--keep` is removing, written
+/// before its `index.json` goes and removed last: what a removal cut short leaves, for the next
+/// `--keep` run to finish (there is no rename to move it aside first, as on a file system).
+const REMOVING: &str = ".reshard-removing";
 
 /// The folder of the staged copy's `--resume` records where the rank that uploaded a shard
 /// notes the object's stamp once it (and its saved index) is up: a resumed upload keeps the
@@ -95,6 +101,15 @@ pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
         .with_context(|| format!("--scratch: cannot create {}", parent.display()))?;
     if cfg.dry_run {
         replaced_objects(cfg.force, target)?;
+        if let Some(keep) = &cfg.keep {
+            for old in outputs_beyond(target, keep, cfg.epoch, None)? {
+                crate::errln!(
+                    "reshard: --keep {} would remove the older output {}",
+                    keep.count,
+                    old.display()
+                );
+            }
+        }
         return Ok(None);
     }
     let mut lock = RemoteLock::acquire(target, cfg.lock_stale_after)?;
@@ -413,7 +428,14 @@ pub fn run(
         Ok(sum + n)
     });
     agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local))?;
-    let finished = (comm.rank() == 0).then(|| finish(target, local, &files, lock));
+    let finished = (comm.rank() == 0).then(|| {
+        finish(target, local, &files, lock)?;
+        cfg.keep.as_ref().map_or(Ok(()), |keep| {
+            prune_series(target, keep, cfg.epoch).with_context(|| {
+                format!("{} is published; --keep did not finish", target.display())
+            })
+        })
+    });
     broadcast_result(comm, 0, finished)?;
     let up_already = |f: &(String, u64)| kept.iter().any(|k| *k == f.0 || layout_of(k) == f.0);
     let tally = |was_up: bool| {
@@ -568,6 +590,76 @@ fn clean_up_failed_run(
         );
     }
     Ok(Some(rest.replaces))
+}
+
+/// `--keep` over a series of `s3://` outputs, once the new one is published: first the removals
+/// an earlier run began and did not finish, then the older outputs beyond the `keep.count`
+/// highest epochs (the rule of a file system's series: only siblings named by the template
+/// that hold reshard's own `index.json` and `.reshard/`, never the new output).
+///
+/// # Errors
+/// The series cannot be listed or an object cannot be removed.
+fn prune_series(target: &Path, keep: &Keep, epoch: u64) -> Result<()> {
+    let parent = target.parent().context("the output has no parent prefix")?;
+    let source = storage::source(parent);
+    let entries = source
+        .list(parent)
+        .with_context(|| format!("--keep: cannot list {}", parent.display()))?;
+    for e in entries {
+        let path = parent.join(&e.name);
+        let of_series = e.name.to_str().and_then(|n| keep.epoch_of(n)).is_some();
+        if e.kind == Kind::Dir
+            && of_series
+            && path != target
+            && source.stat(&path.join(REMOVING)).is_ok()
+        {
+            crate::errln!(
+                "reshard: --keep: finishing the removal of {} (an earlier run began it)",
+                path.display()
+            );
+            remove_remote_epoch(&path)?;
+        }
+    }
+    for old in outputs_beyond(target, keep, epoch, None)? {
+        crate::errln!(
+            "reshard: --keep {}: removing the older output {}",
+            keep.count,
+            old.display()
+        );
+        remove_remote_epoch(&old)?;
+    }
+    Ok(())
+}
+
+/// Removes every object of the older output `old` of an `s3://` series (as a file system's
+/// `--keep` removes its whole directory): the marker [`REMOVING`] first, then its `index.json`
+/// (it stops being an output), then the rest, the marker last.
+fn remove_remote_epoch(old: &Path) -> Result<()> {
+    let sink = storage::sink(old);
+    let marker = old.join(REMOVING);
+    sink.write(&marker, b"")
+        .with_context(|| format!("--keep: {}: cannot write", marker.display()))?;
+    let manifest = old.join(MANIFEST);
+    match sink.remove_file(&manifest) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("--keep: cannot remove {}", manifest.display()))
+        }
+        _ => {}
+    }
+    crate::hooks::kill_at(0, "keep");
+    let mut objects = Vec::new();
+    files_under(storage::source(old), old, Path::new(""), &mut objects)?;
+    for (rel, _) in objects.iter().filter(|(rel, _)| rel != REMOVING) {
+        let path = old.join(rel);
+        match sink.remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("--keep: cannot remove {}", path.display()))
+            }
+            _ => {}
+        }
+    }
+    sink.remove_file(&marker)
+        .with_context(|| format!("--keep: cannot remove {}", marker.display()))
 }
 
 fn not_published(target: &Path, local: &Path) -> String {

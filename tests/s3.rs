@@ -687,3 +687,50 @@ fn s3_keep_removes_only_older_reshard_outputs_of_the_series_and_finishes_what_it
     );
     assert_eq!((shards_of(3), shards_of(4)), (5, 5));
 }
+
+#[test]
+fn s3_throttling_and_cut_connections_are_retried_to_the_same_bytes() {
+    let test = "s3_throttling_and_cut_connections_are_retried_to_the_same_bytes";
+    let dir = Dir::new("s3-faults");
+    let Some(bucket) = dataset(&dir, test) else {
+        return;
+    };
+    let s3 = server(test).unwrap();
+    run(&dir, Some(2), &["in"], "local", 5, 9, &[]);
+    // Every 5th request throttled, every 7th cut mid-body: reading the input, its listing and
+    // heads, the lock's heartbeats, the uploads and the manifest all meet both.
+    let faulty = s3.behind_faults(&dir, 5, 7);
+    let input = format!("s3://{bucket}/in");
+    let out = run_to_s3(
+        &dir,
+        &faulty.server,
+        2,
+        &input,
+        &format!("s3://{bucket}/out/x"),
+        &[],
+    );
+    out.check(out.code() == Some(0), "expected success");
+    let (slow, cut) = (faulty.count("slowdown"), faulty.count("cut"));
+    assert!(slow >= 5 && cut >= 2, "{slow} throttled, {cut} cut");
+    s3.get(&dir, &bucket, "out/x", &dir.join("got"));
+    assert_same_output(&dir.join("local"), &dir.join("got"), &["ranks", "inputs"]);
+    // A store that throttles every request: the run fails once its attempts are spent, saying
+    // so, and publishes nothing.
+    let throttled = s3.behind_faults(&dir, 1, 0);
+    let mut cmd = dir.mpi(2);
+    cmd.args([
+        "run",
+        "--input",
+        &input,
+        "--output",
+        &format!("s3://{bucket}/out/y"),
+    ])
+    .args(["--seed", "9", "--shards", "5", "--scratch"])
+    .arg(dir.join("scratch"))
+    .env("AWS_MAX_ATTEMPTS", "2");
+    let out = throttled.server.with_env(&mut cmd).output();
+    out.check(out.code() != Some(0), "expected a failure");
+    out.stderr_has("SlowDown");
+    out.no_debug_text();
+    assert_eq!(s3.keys(&dir, &bucket, "out/y"), Vec::<String>::new());
+}

@@ -19,6 +19,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::multipart::{MultipartStore, PartId};
@@ -173,6 +174,60 @@ fn runtime() -> &'static tokio::runtime::Runtime {
             .expect("a thread to drive S3 requests");
         rt
     })
+}
+
+/// Whether `e` is a request that broke off in transit (an `object_store` `HttpError`: the
+/// connection refused, closed or reset, the answer's body cut short, a timeout; never an
+/// answer with an error status): what a flaky network or a restarting store does, worth
+/// sending again. `object_store` retries some of these itself (while it sends a request and
+/// while it streams a GET's body), but not all of them (an error it cannot classify) and not
+/// while it reads any other answer's body (a listing): those are sent again here ([`again`]).
+fn broke_off(e: &object_store::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<object_store::client::HttpError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Attempts in all for a request that broke off ([`broke_off`]): `AWS_MAX_ATTEMPTS`, else 10.
+fn attempts() -> u32 {
+    std::env::var("AWS_MAX_ATTEMPTS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(10)
+        .max(1)
+}
+
+/// How long after its first sending a request that broke off is still sent again: a store
+/// that stays unreachable fails the run after `object_store`'s own retries (up to 3 minutes),
+/// not after those retries times [`attempts`].
+const AGAIN_WITHIN: Duration = Duration::from_secs(30);
+
+/// Runs the request `op` makes, again while it breaks off ([`broke_off`]) within
+/// [`AGAIN_WITHIN`], after 50 ms, then twice as long each time up to 5 s. Only for requests
+/// that may be sent twice: reads, and writes whose second sending has the effect of one.
+async fn again<T, F, Fut>(mut op: F) -> object_store::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = object_store::Result<T>>,
+{
+    let first = std::time::Instant::now();
+    let mut wait = Duration::from_millis(50);
+    let mut tries = 1;
+    loop {
+        match op().await {
+            Err(e) if tries < attempts() && first.elapsed() < AGAIN_WITHIN && broke_off(&e) => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+                tries += 1;
+            }
+            done => return done,
+        }
+    }
 }
 
 fn block_on<F: Future>(f: F) -> F::Output {
@@ -354,7 +409,7 @@ impl S3 {
     fn head(&self, loc: &Location) -> io::Result<ObjectMeta> {
         let store = loc.store()?;
         let key = loc.object()?;
-        block_on(store.head(&key)).map_err(|e| not_found(loc, &store, e))
+        block_on(again(|| store.head(&key))).map_err(|e| not_found(loc, &store, e))
     }
 
     /// Whether any object's key starts with the prefix `loc/` (one page of a listing at most).
@@ -362,11 +417,12 @@ impl S3 {
         use futures_util::StreamExt;
         let store = loc.store()?;
         let prefix = loc.object()?;
-        let first = block_on(async { store.list(Some(&prefix)).next().await });
+        let first = block_on(again(|| async {
+            store.list(Some(&prefix)).next().await.transpose()
+        }));
         match first {
-            None => Ok(false),
-            Some(Ok(_)) => Ok(true),
-            Some(Err(e)) => Err(error(loc, e)),
+            Ok(found) => Ok(found.is_some()),
+            Err(e) => Err(error(loc, e)),
         }
     }
 
@@ -374,8 +430,8 @@ impl S3 {
     fn list_under(&self, loc: &Location) -> io::Result<(Vec<ObjectMeta>, Vec<Key>)> {
         let store = loc.store()?;
         let prefix = loc.object()?;
-        let listed =
-            block_on(store.list_with_delimiter(Some(&prefix))).map_err(|e| error(loc, e))?;
+        let listed = block_on(again(|| store.list_with_delimiter(Some(&prefix))))
+            .map_err(|e| error(loc, e))?;
         Ok((listed.objects, listed.common_prefixes))
     }
 }
@@ -385,7 +441,8 @@ impl Source for S3 {
         let loc = Location::parse(path)?;
         if !loc.key.is_empty() && !path.to_string_lossy().ends_with('/') {
             let store = loc.store()?;
-            match block_on(store.head(&loc.object()?)) {
+            let key = loc.object()?;
+            match block_on(again(|| store.head(&key))) {
                 Ok(meta) => {
                     return Ok(Stat {
                         kind: Kind::File,
@@ -439,7 +496,7 @@ impl Source for S3 {
         let loc = Location::parse(path)?;
         let store = loc.store()?;
         let key = loc.object()?;
-        let got = block_on(async { store.get(&key).await?.bytes().await });
+        let got = block_on(again(|| async { store.get(&key).await?.bytes().await }));
         if let Ok(b) = &got {
             count(&GETS, b.len());
         }
@@ -545,7 +602,9 @@ impl S3Input {
         };
         let (store, key) = (self.store.clone(), self.key.clone());
         async move {
-            let got = store.get_opts(&key, options).await?.bytes().await?;
+            let got =
+                again(|| async { store.get_opts(&key, options.clone()).await?.bytes().await })
+                    .await?;
             count(&GETS, got.len());
             Ok(got.to_vec())
         }
@@ -737,11 +796,11 @@ impl Sink for S3 {
         let loc = Location::parse(path)?;
         let store = loc.store()?;
         let key = loc.object()?;
-        let (meta, bytes) = block_on(async {
+        let (meta, bytes) = block_on(again(|| async {
             let got = store.get(&key).await?;
             let meta = got.meta.clone();
             got.bytes().await.map(|b| (meta, b))
-        })
+        }))
         .map_err(|e| error(&loc, e))?;
         count(&GETS, bytes.len());
         let Some(new) = change(&bytes) else {
@@ -803,7 +862,8 @@ impl Sink for S3 {
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         let loc = Location::parse(path)?;
         let store = loc.store()?;
-        block_on(store.delete(&loc.object()?)).map_err(|e| error(&loc, e))
+        let key = loc.object()?;
+        block_on(again(|| store.delete(&key))).map_err(|e| error(&loc, e))
     }
 
     fn abort_unfinished(&self, dir: &Path) -> io::Result<usize> {
@@ -812,7 +872,7 @@ impl Sink for S3 {
         let prefix = loc.object()?;
         block_on(async {
             use futures_util::TryStreamExt;
-            let all: Vec<ObjectMeta> = store.list(Some(&prefix)).try_collect().await?;
+            let all: Vec<ObjectMeta> = again(|| store.list(Some(&prefix)).try_collect()).await?;
             let mut aborted = 0;
             for journal in all.iter().map(|m| &m.location) {
                 let Some(key) = object_of(journal) else {
@@ -839,7 +899,7 @@ impl Sink for S3 {
         let prefix = loc.object()?;
         block_on(async {
             use futures_util::TryStreamExt;
-            let keys: Vec<ObjectMeta> = store.list(Some(&prefix)).try_collect().await?;
+            let keys: Vec<ObjectMeta> = again(|| store.list(Some(&prefix)).try_collect()).await?;
             for meta in keys {
                 store.delete(&meta.location).await?;
             }
@@ -926,7 +986,10 @@ impl Upload {
         let data = PutPayload::from(std::mem::replace(&mut self.buf, rest));
         count(&PUTS, data.content_length());
         let (id, parts) = self.upload.as_mut().expect("started above");
-        let part = block_on(self.store.put_part(&self.key, id, parts.len(), data));
+        let part = block_on(again(|| {
+            self.store
+                .put_part(&self.key, id, parts.len(), data.clone())
+        }));
         parts.push(part.map_err(|e| error(&self.loc, e))?);
         Ok(())
     }
@@ -952,7 +1015,8 @@ impl Writer for Upload {
         if self.upload.is_none() {
             let payload = PutPayload::from(std::mem::take(&mut self.buf));
             count(&PUTS, payload.content_length());
-            block_on(self.store.put(&self.key, payload)).map_err(|e| error(&self.loc, e))?;
+            block_on(again(|| self.store.put(&self.key, payload.clone())))
+                .map_err(|e| error(&self.loc, e))?;
             return Ok(self.written);
         }
         if !self.buf.is_empty() {

@@ -379,3 +379,131 @@ impl Drop for Server {
         }
     }
 }
+
+/// A proxy in front of an S3 server that fails requests the way a loaded store and a flaky
+/// network do: every `slow_down`-th request is answered `503 SlowDown` (S3's throttling
+/// answer), and every `drop`-th is cut: the server's status and headers are relayed, then half
+/// its body, then the connection is closed. Everything else is relayed unchanged (the `Host`
+/// header too, so that signed requests stay valid). Each request's fate is a line of its log.
+const PROXY: &str = r#"
+import http.client, http.server, socket, socketserver, sys, threading
+up_host, up_port = sys.argv[1], int(sys.argv[2])
+slow_down, drop = int(sys.argv[3]), int(sys.argv[4])
+log = open(sys.argv[5], "a", buffering=1)
+lock, count = threading.Lock(), [0]
+SLOW = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+        b'<Message>Please reduce your request rate.</Message></Error>')
+
+class Proxy(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *args):
+        pass
+    def relay(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else None
+        with lock:
+            count[0] += 1
+            k = count[0]
+        if slow_down and k % slow_down == 0:
+            log.write(f"slowdown {self.command} {self.path}\n")
+            self.send_response(503)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(SLOW)))
+            self.end_headers()
+            self.wfile.write(SLOW)
+            return
+        up = http.client.HTTPConnection(up_host, up_port, timeout=120)
+        up.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
+        r = up.getresponse()
+        data = r.read()
+        up.close()
+        cut = drop and k % drop == 0 and len(data) > 1
+        log.write(f"{'cut' if cut else 'ok'} {r.status} {self.command} {self.path}\n")
+        self.send_response(r.status)
+        head = self.command == "HEAD"
+        for name, value in r.getheaders():
+            # A HEAD's Content-Length is the object's, with no body: kept as it came.
+            if name.lower() not in ("transfer-encoding", "connection") and (
+                    head or name.lower() != "content-length"):
+                self.send_header(name, value)
+        if not head:
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if cut:
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+            return
+        self.wfile.write(data)
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = relay
+
+class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+
+s = Server(("127.0.0.1", 0), Proxy)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#;
+
+/// A running [`PROXY`]: the server it fronts, seen through faults.
+pub struct Faulty {
+    pub server: Server,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Faulty {
+    /// The fates of the requests so far, one word each (`slowdown`, `cut`, `ok`), counted.
+    pub fn count(&self, fate: &str) -> usize {
+        fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.split(' ').next() == Some(fate))
+            .count()
+    }
+}
+
+impl Drop for Faulty {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// This server behind a [`PROXY`] that answers every `slow_down`-th request with `503
+    /// SlowDown` and cuts every `drop`-th mid-body (0: never), logging in `dir`.
+    pub fn behind_faults(&self, dir: &Dir, slow_down: u32, drop: u32) -> Faulty {
+        let (host, port) = self
+            .endpoint
+            .trim_start_matches("http://")
+            .split_once(':')
+            .expect("host:port");
+        let log = dir.join("proxy.log");
+        let mut cmd = Command::new(&self.python);
+        cmd.args(["-c", PROXY, host, port])
+            .args([slow_down.to_string(), drop.to_string()])
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        dies_with_its_thread(&mut cmd);
+        let mut child = cmd.spawn().expect("start the proxy");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let port: u16 = line.trim().parse().expect("the proxy's port");
+        Faulty {
+            server: Server {
+                endpoint: format!("http://127.0.0.1:{port}"),
+                python: self.python.clone(),
+                own: None,
+            },
+            child,
+            log,
+        }
+    }
+}

@@ -699,7 +699,9 @@ fn s3_throttling_and_cut_connections_are_retried_to_the_same_bytes() {
     run(&dir, Some(2), &["in"], "local", 5, 9, &[]);
     // Every 5th request throttled, every 7th cut mid-body: reading the input, its listing and
     // heads, the lock's heartbeats, the uploads and the manifest all meet both.
-    let faulty = s3.behind_faults(&dir, 5, 7);
+    // The answer to the lock's conditional create is lost once: the client sends it again and
+    // finds the lock, with this run's own token, already there.
+    let faulty = s3.behind_faults(&dir, 5, 7, true);
     let input = format!("s3://{bucket}/in");
     let out = run_to_s3(
         &dir,
@@ -712,11 +714,12 @@ fn s3_throttling_and_cut_connections_are_retried_to_the_same_bytes() {
     out.check(out.code() == Some(0), "expected success");
     let (slow, cut) = (faulty.count("slowdown"), faulty.count("cut"));
     assert!(slow >= 5 && cut >= 2, "{slow} throttled, {cut} cut");
+    assert_eq!(faulty.count("lost"), 1);
     s3.get(&dir, &bucket, "out/x", &dir.join("got"));
     assert_same_output(&dir.join("local"), &dir.join("got"), &["ranks", "inputs"]);
     // A store that throttles every request: the run fails once its attempts are spent, saying
     // so, and publishes nothing.
-    let throttled = s3.behind_faults(&dir, 1, 0);
+    let throttled = s3.behind_faults(&dir, 1, 0, false);
     let mut cmd = dir.mpi(2);
     cmd.args([
         "run",

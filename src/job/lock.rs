@@ -221,6 +221,11 @@ impl StagingLock {
             let Some(holder) = read_owner(path)? else {
                 continue;
             };
+            if holder == me {
+                // Our own create: its answer was lost and the store's client sent it again
+                // (an object store over a flaky network), which then found the lock there.
+                return Ok(Self::hold(path, me, took_over));
+            }
             match judge(path, &holder, &me, stale_after) {
                 Holder::Alive => bail!(busy(output, path, &holder)),
                 Holder::Dead { surely } => {

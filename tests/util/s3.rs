@@ -383,13 +383,15 @@ impl Drop for Server {
 /// A proxy in front of an S3 server that fails requests the way a loaded store and a flaky
 /// network do: every `slow_down`-th request is answered `503 SlowDown` (S3's throttling
 /// answer), and every `drop`-th is cut: the server's status and headers are relayed, then half
-/// its body, then the connection is closed. Everything else is relayed unchanged (the `Host`
+/// its body, then the connection is closed. Optionally the answer to the first conditional
+/// create (`If-None-Match`) is lost: the server did it, the connection closes unanswered. Everything else is relayed unchanged (the `Host`
 /// header too, so that signed requests stay valid). Each request's fate is a line of its log.
 const PROXY: &str = r#"
 import http.client, http.server, socket, socketserver, sys, threading
 up_host, up_port = sys.argv[1], int(sys.argv[2])
 slow_down, drop = int(sys.argv[3]), int(sys.argv[4])
 log = open(sys.argv[5], "a", buffering=1)
+lose_create = [sys.argv[6] == "1"]
 lock, count = threading.Lock(), [0]
 SLOW = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
         b'<Message>Please reduce your request rate.</Message></Error>')
@@ -417,6 +419,12 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         r = up.getresponse()
         data = r.read()
         up.close()
+        if self.command == "PUT" and "If-None-Match" in self.headers and lose_create[0]:
+            lose_create[0] = False
+            log.write(f"lost {r.status} {self.command} {self.path}\n")
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+            return
         cut = drop and k % drop == 0 and len(data) > 1
         log.write(f"{'cut' if cut else 'ok'} {r.status} {self.command} {self.path}\n")
         self.send_response(r.status)
@@ -473,8 +481,9 @@ impl Drop for Faulty {
 
 impl Server {
     /// This server behind a [`PROXY`] that answers every `slow_down`-th request with `503
-    /// SlowDown` and cuts every `drop`-th mid-body (0: never), logging in `dir`.
-    pub fn behind_faults(&self, dir: &Dir, slow_down: u32, drop: u32) -> Faulty {
+    /// SlowDown` and cuts every `drop`-th mid-body (0: never), and with `lose_create` loses the
+    /// answer to the first conditional create; logging in `dir`.
+    pub fn behind_faults(&self, dir: &Dir, slow_down: u32, drop: u32, lose_create: bool) -> Faulty {
         let (host, port) = self
             .endpoint
             .trim_start_matches("http://")
@@ -485,6 +494,7 @@ impl Server {
         cmd.args(["-c", PROXY, host, port])
             .args([slow_down.to_string(), drop.to_string()])
             .arg(&log)
+            .arg(if lose_create { "1" } else { "0" })
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
         dies_with_its_thread(&mut cmd);

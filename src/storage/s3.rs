@@ -210,13 +210,21 @@ const AGAIN_WITHIN: Duration = Duration::from_secs(30);
 /// Runs the request `op` makes, again while it breaks off ([`broke_off`]) within
 /// [`AGAIN_WITHIN`], after 50 ms, then twice as long each time up to 5 s. Only for requests
 /// that may be sent twice: reads, and writes whose second sending has the effect of one.
-async fn again<T, F, Fut>(mut op: F) -> object_store::Result<T>
+async fn again<T, F, Fut>(op: F) -> object_store::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = object_store::Result<T>>,
+{
+    again_after(Duration::from_millis(50), op).await
+}
+
+/// [`again`], the first wait `wait`.
+async fn again_after<T, F, Fut>(mut wait: Duration, mut op: F) -> object_store::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = object_store::Result<T>>,
 {
     let first = std::time::Instant::now();
-    let mut wait = Duration::from_millis(50);
     let mut tries = 1;
     loop {
         match op().await {
@@ -1093,5 +1101,81 @@ mod tests {
         let total: u64 = (0..10_000).map(|i| Upload::part_size(i) as u64).sum();
         assert!(total > 10 << 40, "{total}");
         assert!((0..10_000).all(|i| Upload::part_size(i) <= 5 << 30));
+    }
+
+    /// An error of `object_store` as a request that broke off in transit returns it.
+    fn in_transit() -> object_store::Error {
+        let cut = io::Error::new(io::ErrorKind::ConnectionReset, "reset by peer");
+        object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(object_store::client::HttpError::new(
+                object_store::client::HttpErrorKind::Interrupted,
+                cut,
+            )),
+        }
+    }
+
+    #[test]
+    fn requests_that_broke_off_in_transit_are_told_from_answers() {
+        assert!(broke_off(&in_transit()));
+        // Deeper in the chain, as object_store wraps it.
+        let wrapped = object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(in_transit()),
+        };
+        assert!(broke_off(&wrapped));
+        let answered = object_store::Error::NotFound {
+            path: "k".into(),
+            source: "no such key".into(),
+        };
+        assert!(!broke_off(&answered));
+        let other = object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(io::Error::other("SlowDown")),
+        };
+        assert!(!broke_off(&other));
+    }
+
+    #[test]
+    fn requests_that_broke_off_are_sent_again_and_answers_are_not() {
+        use std::sync::atomic::AtomicU32;
+        let sent = AtomicU32::new(0);
+        let ms = Duration::from_millis(1);
+        // Two sendings break off, the third is answered.
+        let got = block_on(again_after(ms, || async {
+            match sent.fetch_add(1, Ordering::Relaxed) {
+                0 | 1 => Err(in_transit()),
+                n => Ok(n),
+            }
+        }));
+        assert_eq!(got.unwrap(), 2);
+        assert_eq!(sent.load(Ordering::Relaxed), 3);
+        // An answer (here: not found) is final.
+        sent.store(0, Ordering::Relaxed);
+        let got: object_store::Result<()> = block_on(again_after(ms, || async {
+            sent.fetch_add(1, Ordering::Relaxed);
+            Err(object_store::Error::NotFound {
+                path: "k".into(),
+                source: "no such key".into(),
+            })
+        }));
+        assert!(matches!(got, Err(object_store::Error::NotFound { .. })));
+        assert_eq!(sent.load(Ordering::Relaxed), 1);
+        // Never more than the attempts (10 unless AWS_MAX_ATTEMPTS says otherwise).
+        sent.store(0, Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        let got: object_store::Result<()> = block_on(again_after(ms, || async {
+            sent.fetch_add(1, Ordering::Relaxed);
+            Err(in_transit())
+        }));
+        assert!(got.is_err());
+        assert_eq!(sent.load(Ordering::Relaxed), attempts());
+        // The backoff doubles from its first wait: 9 waits from 1 ms are 511 ms.
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(511) / 2,
+            "{waited:?} for {} attempts",
+            attempts()
+        );
     }
 }

@@ -55,9 +55,11 @@ pub struct RemoteLock {
     /// Objects of the reshard output `--force` replaces (its manifest's names), removed once
     /// the new manifest is written.
     replaced: Vec<String>,
-    /// Shards a failed attempt uploaded completely that `--resume` keeps (their stamps are the
-    /// ones it noted), with their saved indexes: not uploaded again.
-    kept: Vec<String>,
+    /// Objects a failed attempt uploaded that its clean-up left in place for `--resume`
+    /// (shards noted as uploaded, still as noted, and their saved indexes): those the new
+    /// output names from the same staged files are not uploaded again ([`still_staged`]); the
+    /// others are replaced or, not named by the new manifest, removed after it.
+    preserved: Vec<String>,
 }
 
 /// The lock object of the output `target`: beside it, hidden, outside its prefix.
@@ -76,7 +78,7 @@ impl RemoteLock {
         Ok(RemoteLock {
             lock,
             replaced: Vec::new(),
-            kept: Vec::new(),
+            preserved: Vec::new(),
         })
     }
 
@@ -127,23 +129,26 @@ pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
             target.display()
         );
     }
-    let kept = if cfg.resume && staged && left.is_some() {
+    let up = if cfg.resume && staged && left.is_some() {
         uploaded_before(local, target)?
     } else {
         Vec::new()
     };
-    lock.replaced = match clean_up_failed_run(target, left, &kept)? {
-        // What is left of a failed run is this run's: the shards kept, and the objects of the
-        // output a failed `--force` run was replacing (its manifest already gone).
-        Some(replaced) if !(replaced.is_empty() && kept.is_empty()) => replaced,
+    let rest = clean_up_failed_run(target, left, &up)?;
+    lock.replaced = match rest {
+        // What is left of a failed run is this run's: the objects kept for `--resume` (the
+        // marker's uploads), and those of the output a failed `--force` run was replacing (its
+        // manifest already gone).
+        Some(m) if m != Marker::default() => {
+            lock.preserved = m.uploads;
+            m.replaces
+        }
         _ => replaced_objects(cfg.force, target)?,
     };
     if staged {
         // A copy an earlier attempt staged and did not finish uploading: ours to continue
         // (`--resume`) or to remove.
-        if cfg.resume && restage(local)? {
-            lock.kept = kept;
-        } else {
+        if !(cfg.resume && restage(local)?) {
             storage::sink(local)
                 .remove_dir_all(local)
                 .with_context(|| format!("{}: cannot remove the staged copy", local.display()))?;
@@ -157,49 +162,59 @@ fn upload_record(local: &Path, shard: &str) -> PathBuf {
     checkpoint::dir(local).join(UPLOADED).join(shard)
 }
 
-/// The stamp noted for an uploaded object: size, modification time, identity (ETag's hash).
+/// A stamp as noted: size, modification time, identity (an object's ETag hash, a file's inode).
 fn stamp_line(s: &storage::FileStamp) -> String {
-    format!("{} {} {}\n", s.size, s.mtime_ns, s.ino)
+    format!("{} {} {}", s.size, s.mtime_ns, s.ino)
 }
 
-/// After `shard` and its saved index are up: the object's stamp noted in the staged copy's
-/// records, so that a `--resume` after a failure keeps it.
+/// What is noted of an upload: the object's stamp after it, then the staged file's it came from.
+fn note_of(object: &storage::FileStamp, file: &storage::FileStamp) -> String {
+    format!("object {}\nfile {}\n", stamp_line(object), stamp_line(file))
+}
+
+/// The note of `shard`'s upload, as (object, file) lines, if there is a readable one.
+fn read_note(local: &Path, shard: &str) -> Option<(String, String)> {
+    let record = upload_record(local, shard);
+    let text = String::from_utf8(storage::source(&record).read(&record).ok()?).ok()?;
+    let mut lines = text.lines();
+    let object = lines.next()?.strip_prefix("object ")?.to_string();
+    let file = lines.next()?.strip_prefix("file ")?.to_string();
+    Some((object, file))
+}
+
+/// After `shard` and its saved index are up: the object's stamp and the staged file's noted in
+/// the staged copy's records, so that a `--resume` after a failure keeps the object while the
+/// file is the one it was uploaded from.
 fn note_uploaded(local: &Path, target: &Path, shard: &str) -> Result<()> {
-    let to = target.join(shard);
-    let stamp = storage::stamp(&to).with_context(|| format!("{}: cannot stat", to.display()))?;
+    let (to, from) = (target.join(shard), local.join(shard));
+    let object = storage::stamp(&to).with_context(|| format!("{}: cannot stat", to.display()))?;
+    let file = storage::stamp(&from).with_context(|| format!("{}: cannot stat", from.display()))?;
     let record = upload_record(local, shard);
     let parent = record.parent().unwrap_or(local);
     storage::sink(parent)
         .create_dir_all(parent)
-        .and_then(|()| storage::write_unsynced(&record, stamp_line(&stamp).as_bytes()))
+        .and_then(|()| storage::write_unsynced(&record, note_of(&object, &file).as_bytes()))
         .with_context(|| format!("{}: cannot write", record.display()))
 }
 
 /// The shards of the staged copy `local` that an earlier attempt noted as uploaded to `target`
-/// and that are there still as it left them (the same stamp, the staged file's size), sorted.
-/// A record that cannot be read or does not match is no reason to fail: that shard is uploaded
-/// again.
+/// and that are there still as it left them (the object's stamp as noted), sorted: what the
+/// clean-up of its failed run leaves in place. Whether each is kept is decided once the
+/// resumed run has its output ([`still_staged`]). A note that cannot be read or does not match
+/// is no reason to fail: that shard is uploaded again.
 fn uploaded_before(local: &Path, target: &Path) -> Result<Vec<String>> {
     let records = checkpoint::dir(local).join(UPLOADED);
-    let source = storage::source(local);
-    let Ok(entries) = source.list(&records) else {
+    let Ok(entries) = storage::source(local).list(&records) else {
         return Ok(Vec::new());
     };
-    let mut kept = Vec::new();
+    let mut up = Vec::new();
     for e in entries.into_iter().filter(|e| e.kind == Kind::File) {
         let shard = e.name.to_string_lossy().into_owned();
-        let noted = source.read(&records.join(&e.name)).unwrap_or_default();
-        let Ok(staged) = source.stat(&local.join(&shard)) else {
+        let Some((object, _)) = read_note(local, &shard).filter(|_| is_shard(&shard)) else {
             continue;
         };
         match storage::stamp(&target.join(&shard)) {
-            Ok(now)
-                if is_shard(&shard)
-                    && now.size == staged.stamp.size
-                    && noted == stamp_line(&now).as_bytes() =>
-            {
-                kept.push(shard);
-            }
+            Ok(now) if object == stamp_line(&now) => up.push(shard),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
@@ -208,8 +223,25 @@ fn uploaded_before(local: &Path, target: &Path) -> Result<Vec<String>> {
             }
         }
     }
-    kept.sort();
-    Ok(kept)
+    up.sort();
+    Ok(up)
+}
+
+/// Of the shards `up` (left in place from a failed attempt, [`uploaded_before`]), those whose
+/// staged file about to be uploaded is still the file each was uploaded from (its stamp as
+/// noted: a resumed run that continued the staged copy moves no data and leaves its shards
+/// alone, one that started over or named its shards otherwise does not): these are kept, the
+/// others uploaded again.
+fn still_staged(local: &Path, files: &[(String, u64)], up: &[String]) -> Vec<String> {
+    up.iter()
+        .filter(|shard| files.iter().any(|f| f.0 == **shard))
+        .filter(|shard| {
+            let now = storage::stamp(&local.join(shard.as_str())).ok();
+            read_note(local, shard)
+                .is_some_and(|(_, file)| now.is_some_and(|n| file == stamp_line(&n)))
+        })
+        .cloned()
+        .collect()
 }
 
 /// `--resume` after a failed upload: the staged copy, finished and still holding its
@@ -414,9 +446,21 @@ pub fn run(
         let mut files = Vec::new();
         files_under(storage::source(local), local, Path::new(""), &mut files).map(|()| files)
     });
-    let listed =
-        listed.map(|l| l.map(|files| (files, lock.map(|l| l.kept.clone()).unwrap_or_default())));
+    let listed = listed.map(|l| {
+        l.map(|files| {
+            let up = lock.map(|l| &l.preserved[..]).unwrap_or_default();
+            let kept = still_staged(local, &files, up);
+            (files, kept)
+        })
+    });
     let (files, kept): (Vec<(String, u64)>, Vec<String>) = broadcast_result(comm, 0, listed)?;
+    if comm.rank() == 0 && !kept.is_empty() {
+        crate::errln!(
+            "reshard: --resume: kept {} shard(s) the earlier run uploaded completely to {}",
+            kept.len(),
+            target.display()
+        );
+    }
     let begun = lock.map_or(Ok(()), |l| begin(target, &files, l));
     agree(comm, begun)?;
     let mine = share(&files, comm.rank(), comm.size());
@@ -516,8 +560,16 @@ fn is_own_name(n: &str) -> bool {
 /// output's manifest removed (it stops being an output before any of its objects is
 /// overwritten).
 fn begin(target: &Path, files: &[(String, u64)], lock: &RemoteLock) -> Result<()> {
+    let mut uploads: Vec<String> = files.iter().map(|f| f.0.clone()).collect();
+    uploads.extend(
+        lock.preserved
+            .iter()
+            .filter(|p| !uploads.contains(p))
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
     Marker {
-        uploads: files.iter().map(|f| f.0.clone()).collect(),
+        uploads,
         replaces: lock.replaced.clone(),
     }
     .write(target)?;
@@ -536,12 +588,12 @@ fn begin(target: &Path, files: &[(String, u64)], lock: &RemoteLock) -> Result<()
 /// a marker and no manifest (`left`), the objects the marker names removed but for the shards
 /// of `kept` (and their saved indexes), which `--resume` keeps. The marker then names only what
 /// is left of it (the kept objects, and the objects of an output a failed `--force` run was
-/// replacing), or goes. The names of that replaced output when there was such a marker.
+/// replacing), or goes; that marker is returned when there was one.
 fn clean_up_failed_run(
     target: &Path,
     left: Option<Marker>,
     kept: &[String],
-) -> Result<Option<Vec<String>>> {
+) -> Result<Option<Marker>> {
     let sink = storage::sink(target);
     let aborted = sink.abort_unfinished(target).with_context(|| {
         format!(
@@ -582,14 +634,7 @@ fn clean_up_failed_run(
         "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
         target.display()
     );
-    if !kept.is_empty() {
-        crate::errln!(
-            "reshard: --resume: kept {} shard(s) the earlier run uploaded completely to {}",
-            kept.len(),
-            target.display()
-        );
-    }
-    Ok(Some(rest.replaces))
+    Ok(Some(rest))
 }
 
 /// `--keep` over a series of `s3://` outputs, once the new one is published: first the removals
@@ -697,7 +742,8 @@ fn finish(
             )
         })?;
     let new: Vec<&str> = files.iter().map(|f| f.0.as_str()).collect();
-    for old in lock.map(|l| &l.replaced[..]).unwrap_or_default() {
+    let earlier = lock.map(|l| l.replaced.iter().chain(&l.preserved));
+    for old in earlier.into_iter().flatten() {
         if !new.contains(&old.as_str()) {
             let path = target.join(old);
             storage::sink(&path).remove_file(&path).with_context(|| {
@@ -775,11 +821,24 @@ mod tests {
         put(target, "b.tar", b"staged shard");
         let c = target.join("c.tar");
         storage::sink(&c).remove_file(&c).unwrap();
-        assert_eq!(uploaded_before(local, target).unwrap(), ["a.tar"]);
-        // A staged file of another size than the object: not the object's source.
-        put(local, "a.tar", b"another staged shard");
+        let up = uploaded_before(local, target).unwrap();
+        assert_eq!(up, ["a.tar"]);
+        // Kept while the staged file is the one it was uploaded from and the output names it.
+        let files = |names: &[&str]| -> Vec<(String, u64)> {
+            names.iter().map(|n| ((*n).to_string(), 12)).collect()
+        };
         assert_eq!(
-            uploaded_before(local, target).unwrap(),
+            still_staged(local, &files(&["a.tar", "b.tar"]), &up),
+            ["a.tar"]
+        );
+        assert_eq!(
+            still_staged(local, &files(&["a.tar.gz"]), &up),
+            Vec::<String>::new()
+        );
+        // A staged file made again (a resumed run that started over): not the object's source.
+        put(local, "a.tar", b"staged shard");
+        assert_eq!(
+            still_staged(local, &files(&["a.tar"]), &up),
             Vec::<String>::new()
         );
     }
@@ -832,7 +891,13 @@ mod tests {
             &["a.tar".to_string()],
         )
         .unwrap();
-        assert_eq!(left, Some(vec!["old.tar".to_string()]));
+        assert_eq!(
+            left,
+            Some(marker(
+                &["a.tar", ".reshard/a.tar.reshard-layout"],
+                &["old.tar"]
+            ))
+        );
         let present = |n: &str| storage::source(target).stat(&target.join(n)).is_ok();
         assert!(present("a.tar") && present(".reshard/a.tar.reshard-layout"));
         assert!(!present("b.tar") && !present(".reshard/b.tar.reshard-layout"));
@@ -853,7 +918,7 @@ mod tests {
             &[],
         )
         .unwrap();
-        assert_eq!(left, Some(Vec::new()));
+        assert_eq!(left, Some(Marker::default()));
         assert!(!present("a.tar") && !present(INCOMPLETE));
         assert_eq!(clean_up_failed_run(target, None, &[]).unwrap(), None);
     }

@@ -686,6 +686,49 @@ fn s3_keep_removes_only_older_reshard_outputs_of_the_series_and_finishes_what_it
         ]
     );
     assert_eq!((shards_of(3), shards_of(4)), (5, 5));
+    // A removal marker beside an index.json (a removal that failed before it began) does not
+    // make epoch 4 a removal to finish; a live run holding epoch 3's lock keeps it from removal.
+    s3.put_bytes(&dir, &bucket, "out/epoch-4/.reshard-removing", b"");
+    let pidns = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let holder = format!(
+        "reshard staging lock\ntoken {}\nhost elsewhere\nboot {}\npidns {}\npid {}\nstart 0\nsince 1\nbeat {:020}\n",
+        "cd".repeat(16),
+        boot.trim(),
+        pidns.display(),
+        std::process::id(),
+        0
+    );
+    s3.put_bytes(
+        &dir,
+        &bucket,
+        "out/.epoch-3.reshard-lock",
+        holder.as_bytes(),
+    );
+    let out = epoch(5, &[]);
+    out.check(out.code() == Some(0), "expected success");
+    out.stderr_has(&format!(
+        "--keep: skipped s3://{bucket}/out/epoch-3: another run holds its lock"
+    ));
+    out.check(
+        !out.stderr.contains("finishing"),
+        "epoch 4 is no removal to finish",
+    );
+    assert_eq!((shards_of(3), shards_of(4), shards_of(5)), (5, 5, 5));
+    // Its lock gone, epoch 3 goes with the next run, and epoch 4 with its marker; no lock of
+    // an epoch is left behind.
+    s3.remove(&dir, &bucket, "out/.epoch-3.reshard-lock");
+    let out = epoch(6, &[]);
+    out.check(out.code() == Some(0), "expected success");
+    assert_eq!(s3.keys(&dir, &bucket, "out/epoch-3/"), Vec::<String>::new());
+    assert_eq!(s3.keys(&dir, &bucket, "out/epoch-4/"), Vec::<String>::new());
+    assert_eq!((shards_of(5), shards_of(6)), (5, 5));
+    let locks: Vec<String> = s3
+        .keys(&dir, &bucket, "out/")
+        .into_iter()
+        .filter(|k| k.contains("reshard-lock"))
+        .collect();
+    assert_eq!(locks, Vec::<String>::new());
 }
 
 #[test]

@@ -19,6 +19,10 @@ pub trait Comm {
     fn rank(&self) -> usize;
     /// Number of ranks.
     fn size(&self) -> usize;
+    /// Ranks on this rank's node (sharing its cores and memory), this one included.
+    fn node_ranks(&self) -> usize {
+        1
+    }
     /// Every rank's `value`, indexed by rank.
     fn all_gather(&self, value: u64) -> Vec<u64>;
     /// Element-wise sum over all ranks.

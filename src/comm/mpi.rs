@@ -48,8 +48,14 @@ impl MpiRuntime {
         launcher::check(size, |k| std::env::var(k).ok())?;
         let max_round =
             usize::try_from(max_round_bytes.clamp(1, i32::MAX as u64)).unwrap_or(usize::MAX);
+        // Ranks that share this node (its memory): one collective, once.
+        let node_ranks = world.split_shared(world.rank()).size() as usize;
         Ok(MpiRuntime {
-            comm: MpiComm { world, max_round },
+            comm: MpiComm {
+                world,
+                max_round,
+                node_ranks,
+            },
             _universe: universe,
         })
     }
@@ -187,6 +193,8 @@ fn abort_on_panic() {
 pub struct MpiComm {
     world: SimpleCommunicator,
     max_round: usize,
+    /// Ranks on this node, this one included.
+    node_ranks: usize,
 }
 
 fn count(n: usize) -> Count {
@@ -273,6 +281,10 @@ impl Comm for MpiComm {
 
     fn size(&self) -> usize {
         self.world.size() as usize
+    }
+
+    fn node_ranks(&self) -> usize {
+        self.node_ranks
     }
 
     fn all_gather(&self, value: u64) -> Vec<u64> {

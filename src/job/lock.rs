@@ -532,6 +532,23 @@ fn read_owner(path: &Path) -> Result<Option<Owner>> {
     }
 }
 
+/// Whether the lock at `path` may be held by a live run, without waiting to find out: false
+/// where there is none, or its holder's pid, checkable from here, is gone (a lock
+/// [`StagingLock::acquire`] takes over at once); true for any other, and for a file there that
+/// is not a reshard lock.
+pub fn may_be_held(path: &Path) -> bool {
+    let (Ok(me), owner) = (Owner::me(), read_owner(path)) else {
+        return true;
+    };
+    match owner {
+        Ok(None) => false,
+        Ok(Some(holder)) if holder.pid_checkable_from(&me) => {
+            judge(path, &holder, &me, Duration::ZERO) == Holder::Alive
+        }
+        _ => true,
+    }
+}
+
 /// Whether the holder of the lock (or guard) at `path` lives: by its pid and start time where
 /// that pid means the same process here (same boot and PID namespace), else by its heartbeat,
 /// watched for `window`.

@@ -94,8 +94,10 @@ pub fn check_replaceable(target: &Path, when: &str) -> Result<AtOutput> {
 pub fn is_reshard_output(dir: &Path) -> bool {
     let source = storage::source(dir);
     let saved = dir.join(saved_index::DIR_NAME);
+    // In an object store a prefix has no empty directories: a `--split` output keeps its saved
+    // indexes under each split, and its own `.reshard/` is not there; its manifest tells.
     source.stat_link(dir).is_ok_and(|s| s.kind == Kind::Dir)
-        && source.stat(&saved).is_ok_and(|s| s.kind == Kind::Dir)
+        && (source.stat(&saved).is_ok_and(|s| s.kind == Kind::Dir) || storage::is_object_store(dir))
         && made_by_reshard(&dir.join("index.json"))
 }
 

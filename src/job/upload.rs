@@ -18,6 +18,7 @@ use anyhow::{bail, Context, Result};
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::{Keep, UploadSettings};
 use crate::job::lock::StagingLock;
+use crate::job::publish::CleanupFailed;
 use crate::job::series::outputs_beyond;
 use crate::output::{checkpoint, saved_index};
 use crate::size::human_bytes;
@@ -115,6 +116,22 @@ pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
         return Ok(None);
     }
     let mut lock = RemoteLock::acquire(target, cfg.lock_stale_after)?;
+    if storage::source(target).stat(&target.join(REMOVING)).is_ok() {
+        // A `--keep` run began removing this output: with its `index.json` gone, finish that
+        // (it is reshard's, and no output any more); with it there, the removal never began.
+        if half_removed(target) {
+            crate::errln!(
+                "reshard: --keep: finishing the removal of {} (an earlier run began it) before writing it again",
+                target.display()
+            );
+            remove_objects(target)?;
+        } else {
+            let marker = target.join(REMOVING);
+            storage::sink(&marker)
+                .remove_file(&marker)
+                .with_context(|| format!("{}: cannot remove", marker.display()))?;
+        }
+    }
     let staged = storage::source(local).stat(&local.join(MANIFEST)).is_ok();
     // Holding the lock, what a failed run left (a marker and no manifest) is this run's to
     // clear, but for the shards it uploaded completely, which `--resume` keeps.
@@ -317,25 +334,26 @@ fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Every file under `dir`, as (path relative to it, size), sorted by path.
+/// Every file under `dir`, as (path relative to it, size), sorted by path; without the staged
+/// copy's `--resume` records at its top when `staged` (they are no part of the output).
 fn files_under(
     source: &dyn Source,
     dir: &Path,
     rel: &Path,
     out: &mut Vec<(String, u64)>,
+    staged: bool,
 ) -> Result<()> {
     let here = dir.join(rel);
     let entries = source
         .list(&here)
         .with_context(|| format!("{}: cannot list", here.display()))?;
     for e in entries {
-        if rel.as_os_str().is_empty() && e.name == checkpoint::DIR_NAME {
-            // The `--resume` records of the staged copy, no part of the output.
+        if staged && rel.as_os_str().is_empty() && e.name == checkpoint::DIR_NAME {
             continue;
         }
         let name = rel.join(&e.name);
         if e.kind == Kind::Dir {
-            files_under(source, dir, &name, out)?;
+            files_under(source, dir, &name, out, staged)?;
         } else {
             let size = source.stat(&dir.join(&name))?.stamp.size;
             out.push((name.to_string_lossy().into_owned(), size));
@@ -444,7 +462,14 @@ pub fn run(
     let started = Instant::now();
     let listed = (comm.rank() == 0).then(|| {
         let mut files = Vec::new();
-        files_under(storage::source(local), local, Path::new(""), &mut files).map(|()| files)
+        files_under(
+            storage::source(local),
+            local,
+            Path::new(""),
+            &mut files,
+            true,
+        )
+        .map(|()| files)
     });
     let listed = listed.map(|l| {
         l.map(|files| {
@@ -475,9 +500,13 @@ pub fn run(
     let finished = (comm.rank() == 0).then(|| {
         finish(target, local, &files, lock)?;
         cfg.keep.as_ref().map_or(Ok(()), |keep| {
-            prune_series(target, keep, cfg.epoch).with_context(|| {
-                format!("{} is published; --keep did not finish", target.display())
-            })
+            prune_series(target, keep, cfg.epoch, cfg.lock_stale_after)
+                .with_context(|| {
+                    format!("{} is published; --keep did not finish", target.display())
+                })
+                .context(CleanupFailed {
+                    output: target.clone(),
+                })
         })
     });
     broadcast_result(comm, 0, finished)?;
@@ -644,7 +673,7 @@ fn clean_up_failed_run(
 ///
 /// # Errors
 /// The series cannot be listed or an object cannot be removed.
-fn prune_series(target: &Path, keep: &Keep, epoch: u64) -> Result<()> {
+fn prune_series(target: &Path, keep: &Keep, epoch: u64, stale_after: Duration) -> Result<()> {
     let parent = target.parent().context("the output has no parent prefix")?;
     let source = storage::source(parent);
     let entries = source
@@ -653,16 +682,12 @@ fn prune_series(target: &Path, keep: &Keep, epoch: u64) -> Result<()> {
     for e in entries {
         let path = parent.join(&e.name);
         let of_series = e.name.to_str().and_then(|n| keep.epoch_of(n)).is_some();
-        if e.kind == Kind::Dir
-            && of_series
-            && path != target
-            && source.stat(&path.join(REMOVING)).is_ok()
-        {
+        if e.kind == Kind::Dir && of_series && path != target && half_removed(&path) {
             crate::errln!(
                 "reshard: --keep: finishing the removal of {} (an earlier run began it)",
                 path.display()
             );
-            remove_remote_epoch(&path)?;
+            remove_remote_epoch(&path, stale_after)?;
         }
     }
     for old in outputs_beyond(target, keep, epoch, None)? {
@@ -671,16 +696,54 @@ fn prune_series(target: &Path, keep: &Keep, epoch: u64) -> Result<()> {
             keep.count,
             old.display()
         );
-        remove_remote_epoch(&old)?;
+        remove_remote_epoch(&old, stale_after)?;
     }
     Ok(())
 }
 
+/// Whether `old` is an output whose removal by `--keep` began and did not finish: its marker
+/// [`REMOVING`] there and its `index.json` gone. (A marker beside an `index.json` is a removal
+/// that failed before it began: that output stands.)
+fn half_removed(old: &Path) -> bool {
+    let source = storage::source(old);
+    source.stat(&old.join(REMOVING)).is_ok() && source.stat(&old.join(MANIFEST)).is_err()
+}
+
 /// Removes every object of the older output `old` of an `s3://` series (as a file system's
-/// `--keep` removes its whole directory): the marker [`REMOVING`] first, then its `index.json`
-/// (it stops being an output), then the rest, the marker last.
-fn remove_remote_epoch(old: &Path) -> Result<()> {
+/// `--keep` removes its whole directory), holding its lock, so that no run writes it meanwhile
+/// (one that does is left alone: "skipped"): its unfinished multipart uploads aborted, the
+/// marker [`REMOVING`] written, then its `index.json` removed (it stops being an output), then
+/// the rest, the marker last.
+fn remove_remote_epoch(old: &Path, stale_after: Duration) -> Result<()> {
+    let skipped = |why: &dyn std::fmt::Display| {
+        crate::errln!(
+            "reshard: --keep: skipped {}: {why}; the next run with --keep removes it",
+            old.display()
+        );
+    };
+    if crate::job::lock::may_be_held(&lock_path(old)) {
+        skipped(&"another run holds its lock");
+        return Ok(());
+    }
+    let _held = match RemoteLock::acquire(old, stale_after) {
+        Ok(lock) => lock,
+        Err(e) => {
+            skipped(&format_args!("{e:#}"));
+            return Ok(());
+        }
+    };
+    remove_objects(old)
+}
+
+/// [`remove_remote_epoch`]'s removal, its lock held.
+fn remove_objects(old: &Path) -> Result<()> {
     let sink = storage::sink(old);
+    sink.abort_unfinished(old).with_context(|| {
+        format!(
+            "--keep: cannot abort the unfinished uploads under {}",
+            old.display()
+        )
+    })?;
     let marker = old.join(REMOVING);
     sink.write(&marker, b"")
         .with_context(|| format!("--keep: {}: cannot write", marker.display()))?;
@@ -693,7 +756,13 @@ fn remove_remote_epoch(old: &Path) -> Result<()> {
     }
     crate::hooks::kill_at(0, "keep");
     let mut objects = Vec::new();
-    files_under(storage::source(old), old, Path::new(""), &mut objects)?;
+    files_under(
+        storage::source(old),
+        old,
+        Path::new(""),
+        &mut objects,
+        false,
+    )?;
     for (rel, _) in objects.iter().filter(|(rel, _)| rel != REMOVING) {
         let path = old.join(rel);
         match sink.remove_file(&path) {
@@ -731,6 +800,20 @@ fn finish(
     }
     lock.map_or(Ok(()), RemoteLock::check_owned)?;
     upload_file(local, target, MANIFEST, 0, false).with_context(|| not_published(target, local))?;
+    after_manifest(target, local, files, lock).context(CleanupFailed {
+        output: target.to_path_buf(),
+    })
+}
+
+/// Rank 0 once the manifest is up (the output is live: a failure here is a clean-up's): the
+/// marker of the upload removed, the objects of what was replaced or left from a failed run
+/// that the new manifest does not name removed, and the staged copy.
+fn after_manifest(
+    target: &Path,
+    local: &Path,
+    files: &[(String, u64)],
+    lock: Option<&RemoteLock>,
+) -> Result<()> {
     let marker = target.join(INCOMPLETE);
     storage::sink(&marker)
         .remove_file(&marker)

@@ -66,6 +66,7 @@ pub(super) fn exchange_rounds<C: Comm>(
         rounds: VecDeque::new(),
         started: 0,
         idle: 0,
+        crowded: crowded(comm.node_ranks()),
     };
     let mut stats = ExchangeStats::default();
     let outcome = loop {
@@ -141,6 +142,17 @@ struct Flight<'c, 's, 'a, 'j, C: Comm> {
     started: u64,
     /// Polls in a row that found nothing to do ([`Flight::idle`]).
     idle: u32,
+    /// Whether this node's ranks have fewer cores than busy threads ([`crowded`]).
+    crowded: bool,
+}
+
+/// Whether `node_ranks` ranks, each with a reader, a writer and this thread busy, have fewer
+/// cores than threads on this node: only then does a waiting exchange thread nap
+/// ([`Flight::idle`]); with a core to spare, polling on it costs no other thread anything and
+/// keeps every transfer moving at once.
+fn crowded(node_ranks: usize) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    cores < 3 * node_ranks.max(1)
 }
 
 /// Idle polls in a row that only yield the core before [`Flight::idle`] naps.
@@ -188,13 +200,14 @@ impl<C: Comm> Flight<'_, '_, '_, '_, C> {
     }
 
     /// Nothing to do this instant: gives the core to the reader and writer (and to other ranks
-    /// on this node) instead of spinning, yet comes back soon to keep MPI moving: a yield for
-    /// the first [`SPINS`] polls in a row, then a nap of [`NAP`] each. On 2 cores with two
-    /// ranks, each with a reader, a writer and this thread, the yields alone were 14-19% of
-    /// the CPU (4 KiB samples on tmpfs), taken from the other rank's writer.
+    /// on this node) instead of spinning, yet comes back soon to keep MPI moving: a yield, and
+    /// on a crowded node ([`crowded`]) after [`SPINS`] polls in a row a nap of [`NAP`] each.
+    /// On 2 cores with two ranks, each with a reader, a writer and this thread, the yields
+    /// alone were 14-19% of the CPU (4 KiB samples on tmpfs), taken from the other rank's
+    /// writer.
     fn idle(&mut self) {
         self.idle = self.idle.saturating_add(1);
-        if self.idle <= SPINS {
+        if !self.crowded || self.idle <= SPINS {
             std::thread::yield_now();
         } else {
             std::thread::sleep(NAP);

@@ -539,6 +539,7 @@ fn s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_rest() {
     failed.no_debug_text();
     s3.restart();
     s3.wait_ready(&dir);
+    s3.wait_serving(&dir, &bucket, "out/.x.reshard-lock");
     let keys = s3.keys(&dir, &bucket, "out/x/");
     // The replaced output stopped being one before any of its objects was overwritten.
     assert!(!keys.contains(&"out/x/index.json".to_string()), "{keys:?}");

@@ -271,6 +271,21 @@ impl Server {
         self.bucket(dir, "ready");
     }
 
+    /// Waits (up to 2 minutes) until the server serves the existing object `bucket/key`: a
+    /// restarted SeaweedFS accepts writes (a bucket made) a while before it serves what it held
+    /// (meanwhile a GET answers 500 InternalError).
+    pub fn wait_serving(&self, dir: &Dir, bucket: &str, key: &str) {
+        for _ in 0..240 {
+            let mut cmd = dir.program(&self.python);
+            cmd.args(["-c", CLIENT, "cat", bucket, key]);
+            if self.with_env(&mut cmd).output().code() == Some(0) {
+                return;
+            }
+            thread::sleep(std::time::Duration::from_millis(500));
+        }
+        panic!("the restarted server never served s3://{bucket}/{key}");
+    }
+
     /// Starts this private server again on its ports and data.
     pub fn restart(&mut self) {
         let (cmd, child) = self.own.as_mut().expect("a private server");

@@ -1117,6 +1117,31 @@ mod tests {
     }
 
     #[test]
+    fn an_extension_header_over_16_mib_is_refused_before_it_is_read() {
+        let with_extension = |size: u64| {
+            [
+                header("PaxHeader/k", b'x', size, b"ustar\x0000").to_vec(),
+                vec![0; MAX_EXTENSION as usize], // NULs: padding, no records
+                header("k.jpg", b'0', 0, b"ustar\x0000").to_vec(),
+                vec![0; 1024],
+            ]
+            .concat()
+        };
+        let m = walk_all(&with_extension(MAX_EXTENSION)).unwrap();
+        assert_eq!((m[0].start, m[0].path.as_slice()), (0, &b"k.jpg"[..]));
+        // One byte more, read, would take the member's header as extension data.
+        let e = format!(
+            "{:#}",
+            walk_all(&with_extension(MAX_EXTENSION + 1)).unwrap_err()
+        );
+        let want = format!(
+            "byte offset 0: an extension header of {} bytes",
+            MAX_EXTENSION + 1
+        );
+        assert!(e.contains(&want), "{e}");
+    }
+
+    #[test]
     fn a_file_that_is_not_a_tar_is_named_by_its_first_bytes() {
         let cases: [(&[u8], &str); 15] = [
             (&[0xff, 0xd8, 0xff, 0xe0], "a JPEG image"),

@@ -1142,6 +1142,33 @@ mod tests {
     }
 
     #[test]
+    fn a_damaged_header_is_a_checksum_mismatch_unless_the_file_does_not_start_like_a_tar() {
+        let damaged = |magic: &[u8; 8]| {
+            let mut h = header("k.jpg", b'0', 0, magic);
+            h[0] ^= 1;
+            h
+        };
+        let v7 = [0u8; 8]; // no magic at all
+        let first = [&damaged(b"ustar\x0000")[..], &[0u8; 1024]].concat();
+        let later = [
+            &header("a.x", b'0', 0, &v7)[..],
+            &damaged(&v7)[..],
+            &[0u8; 1024],
+        ]
+        .concat();
+        for (bytes, at) in [(first, 0), (later, 512)] {
+            let e = format!("{:#}", walk_all(&bytes).unwrap_err());
+            let want = format!("byte offset {at}: expected a tar header: checksum mismatch");
+            assert!(e.contains(&want), "{e}");
+        }
+        let e = format!(
+            "{:#}",
+            walk_all(&[damaged(&v7), [0; 512]].concat()).unwrap_err()
+        );
+        assert!(e.contains("byte offset 0: not a tar archive"), "{e}");
+    }
+
+    #[test]
     fn a_file_that_is_not_a_tar_is_named_by_its_first_bytes() {
         let cases: [(&[u8], &str); 15] = [
             (&[0xff, 0xd8, 0xff, 0xe0], "a JPEG image"),

@@ -1199,5 +1199,12 @@ mod tests {
             }
         }
         assert_eq!(describe_start(&[0, 1, 2]), "its first bytes are 00 01 02");
+        // Text is judged up to the first NUL: control bytes before it are not text.
+        assert_eq!(
+            describe_start(&[1, 2, 0xfe]),
+            "its first bytes are 01 02 fe"
+        );
+        let said = describe_start(b"name.txt\0\x01\x02");
+        assert!(said.starts_with("it starts with text"), "{said}");
     }
 }

@@ -501,6 +501,37 @@ mod tests {
         }
     }
 
+    /// Checkpoints of the exchange (for `--resume`): with `--checkpoint-every 0` one is due at
+    /// every round and some complete; with an hour, and far fewer bytes than the 256 MiB a rank
+    /// moves between two at most, none is asked for.
+    #[test]
+    fn checkpoints_are_taken_when_due_and_only_then() {
+        let tmp = tempfile::tempdir().unwrap();
+        let inputs = write_inputs(tmp.path(), 4);
+        let (zero, hour) = (
+            std::time::Duration::ZERO,
+            std::time::Duration::from_secs(3600),
+        );
+        for (every, ranks) in [(zero, 1), (zero, 2), (zero, 4), (hour, 1), (hour, 4)] {
+            let out = tmp.path().join(format!("out-{}-{ranks}", every.as_secs()));
+            // A small budget: many rounds, so that a checkpoint completes rounds later.
+            let mut cfg = config(inputs.clone(), out, 1 << 16);
+            cfg.checkpoint_every = every;
+            let results = LocalComm::run(ranks, |c| match run(c, &job_settings(&cfg)) {
+                Ok(Outcome::Ran(s)) => Ok(s.checkpoints),
+                Ok(Outcome::Planned(_)) => panic!("not a dry run"),
+                Err(e) => Err(e),
+            });
+            for taken in results.into_iter().map(Result::unwrap) {
+                if every.is_zero() {
+                    assert!(taken > 0, "{ranks} ranks: no checkpoint");
+                } else {
+                    assert_eq!(taken, 0, "{ranks} ranks");
+                }
+            }
+        }
+    }
+
     /// Every file below `root` but the manifests and saved indexes (they record the rank count
     /// and modification times), by path relative to `root`.
     fn files_below(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {

@@ -236,7 +236,9 @@ impl Writer for PacedWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::memory::Memory;
     use crate::storage::posix::Posix;
+    use std::sync::Mutex;
 
     /// Through the wrapper, two local files still copy inside the kernel: the output's fast
     /// path finds the backend's own input behind the wrapper ([`PacedInput::as_any`]).
@@ -259,5 +261,164 @@ mod tests {
         let mut buf = [0u8; 4];
         assert_eq!(src.read_at(&mut buf, 6).unwrap(), 4);
         assert_eq!(&buf, b"6789");
+    }
+
+    /// Calls that change nothing a test reads back reach the backend: its answers and its
+    /// errors come back as they are, not a success the wrapper made up.
+    #[test]
+    fn the_backends_answers_and_errors_come_back_through_the_wrapper() {
+        static PACED: Paced<Posix> = Paced(&Posix);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        PACED.write(&file, b"x").unwrap();
+        let link = dir.path().join("l");
+        PACED.symlink(Path::new("f"), &link).unwrap();
+        assert_eq!(
+            PACED.canonical(&link).unwrap(),
+            Posix.canonical(&file).unwrap()
+        );
+        let missing = dir.path().join("missing");
+        let e = PACED.sync_dir(&missing).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert_eq!(PACED.abort_unfinished(dir.path()).unwrap(), 0);
+    }
+
+    /// A stream's flush reaches the backend's writer (the memory backend stores what was
+    /// written so far when flushed).
+    #[test]
+    fn a_flush_reaches_the_backends_writer() {
+        static PACED: Paced<Memory> = Paced(&Memory);
+        let path = Path::new("mem://paced-flush/s");
+        let mut stream = PACED.create_stream(path).unwrap();
+        stream.write_all(b"written").unwrap();
+        assert!(Memory.read(path).is_err(), "not yet flushed");
+        stream.flush().unwrap();
+        assert_eq!(Memory.read(path).unwrap(), b"written");
+        assert_eq!(stream.finish().unwrap(), 7);
+    }
+
+    /// A backend that notes the calls of the trait methods with a default (hints, the abort
+    /// of unfinished uploads) and whose syncs fail; no other call is expected of it.
+    struct Noting(Mutex<Vec<String>>);
+
+    impl Noting {
+        fn leaked() -> &'static Noting {
+            Box::leak(Box::new(Noting(Mutex::new(Vec::new()))))
+        }
+
+        fn note(&self, call: String) {
+            self.0.lock().unwrap().push(call);
+        }
+
+        fn noted(&self) -> Vec<String> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    impl Input for &'static Noting {
+        fn read_at(&self, _: &mut [u8], _: u64) -> io::Result<usize> {
+            unreachable!()
+        }
+        fn stamp(&self) -> io::Result<FileStamp> {
+            unreachable!()
+        }
+        fn advise_random(&self) {
+            self.note("advise_random".into());
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    impl Output for &'static Noting {
+        fn write_at(&self, _: &[u8], _: u64) -> io::Result<()> {
+            unreachable!()
+        }
+        fn size(&self) -> io::Result<u64> {
+            unreachable!()
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            Err(io::Error::other("sync_data failed"))
+        }
+        fn sync_all(&self) -> io::Result<()> {
+            Err(io::Error::other("sync_all failed"))
+        }
+        fn start_writeback(&self, offset: u64, len: u64) {
+            self.note(format!("start_writeback {offset} {len}"));
+        }
+    }
+
+    impl Sink for Noting {
+        fn capabilities(&self) -> Capabilities {
+            unreachable!()
+        }
+        fn create_dir_all(&self, _: &Path) -> io::Result<()> {
+            unreachable!()
+        }
+        fn create(&self, _: &Path, _: u64) -> io::Result<Box<dyn Output>> {
+            unreachable!()
+        }
+        fn reopen(&self, _: &Path) -> io::Result<Box<dyn Output>> {
+            unreachable!()
+        }
+        fn write(&self, _: &Path, _: &[u8]) -> io::Result<()> {
+            unreachable!()
+        }
+        fn replace(&self, _: &Path, _: &[u8]) -> io::Result<()> {
+            unreachable!()
+        }
+        fn abort_unfinished(&self, dir: &Path) -> io::Result<usize> {
+            self.note(format!("abort_unfinished {}", dir.display()));
+            Ok(2)
+        }
+        fn create_stream(&self, _: &Path) -> io::Result<Box<dyn Writer>> {
+            unreachable!()
+        }
+        fn publish(&self, _: &Path, _: &Path) -> io::Result<()> {
+            unreachable!()
+        }
+        fn rename(&self, _: &Path, _: &Path) -> io::Result<()> {
+            unreachable!()
+        }
+        fn sync_dir(&self, _: &Path) -> io::Result<()> {
+            unreachable!()
+        }
+        fn symlink(&self, _: &Path, _: &Path) -> io::Result<()> {
+            unreachable!()
+        }
+        fn exchange(&self, _: &Path, _: &Path) -> io::Result<()> {
+            unreachable!()
+        }
+        fn remove_file(&self, _: &Path) -> io::Result<()> {
+            unreachable!()
+        }
+        fn remove_dir_all(&self, _: &Path) -> io::Result<()> {
+            unreachable!()
+        }
+    }
+
+    /// The methods a trait gives a default are forwarded too: a backend's own hints, syncs and
+    /// aborts are not lost while a limit is set (the default would hide them).
+    #[test]
+    fn methods_with_a_default_are_forwarded_not_answered_by_it() {
+        let backend = Noting::leaked();
+        let input = PacedInput(Arc::new(backend));
+        input.advise_random();
+        let output = PacedOutput(Box::new(backend));
+        output.start_writeback(4096, 512);
+        let e = output.sync_data().unwrap_err();
+        assert_eq!(e.to_string(), "sync_data failed");
+        let e = output.sync_all().unwrap_err();
+        assert_eq!(e.to_string(), "sync_all failed");
+        let aborted = Paced(backend).abort_unfinished(Path::new("s3://b/out"));
+        assert_eq!(aborted.unwrap(), 2);
+        assert_eq!(
+            backend.noted(),
+            [
+                "advise_random",
+                "start_writeback 4096 512",
+                "abort_unfinished s3://b/out"
+            ]
+        );
     }
 }

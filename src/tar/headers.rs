@@ -864,6 +864,23 @@ mod tests {
         w.next_member().unwrap().unwrap();
         let e = format!("{:#}", w.next_member().unwrap_err());
         assert!(e.contains("truncated"), "{e}");
+        // A forward-only source does not know its length: the member is returned, and reading
+        // its data finds the end.
+        let mut w = Walk::new(Forward(Cursor::new(&bytes)), None);
+        let m = w.next_member().unwrap().unwrap();
+        let e = format!("{:#}", w.read_data(&m).unwrap_err());
+        assert!(
+            e.contains("byte offset 0: truncated tar") && e.contains("input ends at byte 1512"),
+            "{e}"
+        );
+        let whole = [
+            header("a.x", b'0', 5, b"ustar\x0000").to_vec(),
+            padded(b"12345"),
+        ]
+        .concat();
+        let mut w = Walk::new(Forward(Cursor::new(&whole)), None);
+        let m = w.next_member().unwrap().unwrap();
+        assert_eq!(w.read_data(&m).unwrap(), b"12345");
     }
 
     #[test]
@@ -903,6 +920,255 @@ mod tests {
     }
 
     #[test]
+    fn what_follows_the_marker_is_found_at_its_offset_and_counted_to_the_end() {
+        // One member (header and a data block), the marker at 1024, more zeros than one read
+        // of `trailing` takes (64 KiB), then 100 bytes of data.
+        let gap = 70_000;
+        let bytes = [
+            header("a.x", b'0', 1, b"ustar\x0000").to_vec(),
+            padded(b"1"),
+            vec![0; gap],
+            vec![9u8; 100],
+        ]
+        .concat();
+        let want = Trailing {
+            marker: 1024,
+            data_at: 1024 + gap as u64,
+            after: (gap + 100 - 512) as u64,
+        };
+        // A decompressor is read to its end: the length comes from where the reads stopped.
+        let mut w = Walk::new(Forward(Cursor::new(&bytes)), None);
+        assert!(w.next_member().unwrap().is_some());
+        assert!(w.next_member().unwrap().is_none());
+        assert_eq!(w.trailing().unwrap(), Some(want));
+        let len = Some(bytes.len() as u64);
+        let mut w = Walk::new(Seekable(Cursor::new(&bytes)), len);
+        while w.next_member().unwrap().is_some() {}
+        assert_eq!(w.trailing().unwrap(), Some(want));
+    }
+
+    #[test]
+    fn a_pax_path_names_the_member_over_its_header_and_a_gnu_long_name() {
+        let records = pax_record("path", "long/dir/k.jpg");
+        let long = padded(b"gnu/long/k.jpg\0");
+        let bytes = [
+            header("././@LongLink", b'L', 15, b"ustar  \0").to_vec(),
+            long,
+            header(
+                "PaxHeader/k.jpg",
+                b'x',
+                records.len() as u64,
+                b"ustar\x0000",
+            )
+            .to_vec(),
+            padded(records.as_bytes()),
+            header("k.jpg", b'0', 0, b"ustar\x0000").to_vec(),
+            vec![0; 1024],
+        ]
+        .concat();
+        let m = walk_all(&bytes).unwrap();
+        assert_eq!(
+            (m[0].path.as_slice(), m[0].start),
+            (&b"long/dir/k.jpg"[..], 0)
+        );
+        // Without the PAX record, the GNU long name.
+        let bytes = [
+            header("././@LongLink", b'L', 15, b"ustar  \0").to_vec(),
+            padded(b"gnu/long/k.jpg\0"),
+            header("k.jpg", b'0', 0, b"ustar  \0").to_vec(),
+            vec![0; 1024],
+        ]
+        .concat();
+        assert_eq!(walk_all(&bytes).unwrap()[0].path, b"gnu/long/k.jpg");
+    }
+
+    #[test]
+    fn a_link_target_is_the_pax_linkpath_then_a_gnu_long_link_then_the_header_field() {
+        let mut link = header("l", b'2', 0, b"ustar\x0000");
+        link[157..167].copy_from_slice(b"short/name");
+        set_checksum(&mut link, false);
+        let records = pax_record("linkpath", "pax/target");
+        let long_link = [
+            header("././@LongLink", b'K', 12, b"ustar  \0").to_vec(),
+            padded(b"gnu/target\0\0"),
+        ]
+        .concat();
+        let pax = [
+            header("PaxHeader/l", b'x', records.len() as u64, b"ustar\x0000").to_vec(),
+            padded(records.as_bytes()),
+        ]
+        .concat();
+        let cases: [(Vec<u8>, &[u8]); 3] = [
+            ([long_link.clone(), pax].concat(), b"pax/target"),
+            (long_link, b"gnu/target"),
+            (Vec::new(), b"short/name"),
+        ];
+        for (extensions, target) in cases {
+            let bytes = [extensions, link.to_vec(), vec![0; 1024]].concat();
+            let m = walk_all(&bytes).unwrap();
+            assert_eq!(
+                (m[0].kind, m[0].link.as_slice()),
+                (EntryKind::Symlink, target)
+            );
+        }
+    }
+
+    #[test]
+    fn a_pax_record_too_short_to_hold_a_key_is_named_by_its_length() {
+        // "2 " claims two bytes, the length and its space: no room for `key=value`.
+        for records in ["2 ", "1 "] {
+            let bytes = [
+                header("PaxHeader/k", b'x', 2, b"ustar\x0000").to_vec(),
+                padded(records.as_bytes()),
+                header("k.jpg", b'0', 0, b"ustar\x0000").to_vec(),
+                vec![0; 1024],
+            ]
+            .concat();
+            let e = format!("{:#}", walk_all(&bytes).unwrap_err());
+            let want = format!(
+                "PAX header: record length {:?} is not a length",
+                &records[..1]
+            );
+            assert!(e.contains(&want), "{e}");
+        }
+    }
+
+    #[test]
+    fn runs_of_zero_blocks_read_past_are_counted() {
+        let part = |name: &str| {
+            [
+                header(name, b'0', 1, b"ustar\x0000").to_vec(),
+                padded(b"1"),
+                vec![0; 1024],
+            ]
+            .concat()
+        };
+        for (parts, runs) in [(1, 0), (2, 1), (3, 2)] {
+            let bytes: Vec<u8> = (0..parts).flat_map(|i| part(&format!("{i}.x"))).collect();
+            let len = Some(bytes.len() as u64);
+            let mut w = Walk::new(Seekable(Cursor::new(&bytes)), len).ignoring_zeros(true);
+            let mut members = 0;
+            while w.next_member().unwrap().is_some() {
+                members += 1;
+            }
+            assert_eq!((members, w.zero_runs()), (parts, runs));
+        }
+    }
+
+    #[test]
+    fn a_sample_must_start_with_a_header_not_zeros_or_a_damaged_block() {
+        // What the exchange checks of every sample's first block before packing it.
+        let good = header("k.jpg", b'0', 3, b"ustar\x0000");
+        expect_header(&good, 1536).unwrap();
+        let e = format!("{:#}", expect_header(&[0; 512], 1536).unwrap_err());
+        assert!(
+            e.contains("byte offset 1536") && e.contains("zero block"),
+            "{e}"
+        );
+        let mut damaged = good;
+        damaged[0] ^= 1;
+        let e = format!("{:#}", expect_header(&damaged, 1536).unwrap_err());
+        assert!(
+            e.contains("byte offset 1536") && e.contains("checksum"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_pax_size_is_the_stored_size_over_the_header_field() {
+        // Writers put sizes of 8 GiB and more in PAX only; the header's field may say anything.
+        let with_size = |size: &str| {
+            let records = pax_record("size", size);
+            [
+                header("PaxHeader/k", b'x', records.len() as u64, b"ustar\x0000").to_vec(),
+                padded(records.as_bytes()),
+                header("k.bin", b'0', 0, b"ustar\x0000").to_vec(),
+                vec![3u8; 1024],
+                header("l.bin", b'0', 0, b"ustar\x0000").to_vec(),
+                vec![0; 1024],
+            ]
+            .concat()
+        };
+        let m = walk_all(&with_size("1000")).unwrap();
+        assert_eq!((m[0].stored, m[0].data, m[0].end), (1000, 1536, 2560));
+        assert_eq!((m[1].start, m[1].path.as_slice()), (2560, &b"l.bin"[..]));
+        let e = format!("{:#}", walk_all(&with_size("12x")).unwrap_err());
+        assert!(e.contains("byte offset 0: PAX header: size \"12x\""), "{e}");
+    }
+
+    #[test]
+    fn the_walk_is_at_the_end_of_the_member_it_returned_last() {
+        let bytes = [
+            header("a.x", b'0', 600, b"ustar\x0000").to_vec(),
+            vec![1u8; 1024],
+            header("b.x", b'0', 1, b"ustar\x0000").to_vec(),
+            padded(b"2"),
+            vec![0; 1024],
+        ]
+        .concat();
+        let mut w = Walk::new(Seekable(Cursor::new(&bytes)), Some(bytes.len() as u64));
+        assert_eq!(w.offset(), 0);
+        let mut ends = Vec::new();
+        while let Some(m) = w.next_member().unwrap() {
+            assert_eq!(w.offset(), m.end);
+            ends.push(m.end);
+        }
+        assert_eq!(ends, [1536, 2560]);
+    }
+
+    #[test]
+    fn an_extension_header_over_16_mib_is_refused_before_it_is_read() {
+        let with_extension = |size: u64| {
+            [
+                header("PaxHeader/k", b'x', size, b"ustar\x0000").to_vec(),
+                vec![0; MAX_EXTENSION as usize], // NULs: padding, no records
+                header("k.jpg", b'0', 0, b"ustar\x0000").to_vec(),
+                vec![0; 1024],
+            ]
+            .concat()
+        };
+        let m = walk_all(&with_extension(MAX_EXTENSION)).unwrap();
+        assert_eq!((m[0].start, m[0].path.as_slice()), (0, &b"k.jpg"[..]));
+        // One byte more, read, would take the member's header as extension data.
+        let e = format!(
+            "{:#}",
+            walk_all(&with_extension(MAX_EXTENSION + 1)).unwrap_err()
+        );
+        let want = format!(
+            "byte offset 0: an extension header of {} bytes",
+            MAX_EXTENSION + 1
+        );
+        assert!(e.contains(&want), "{e}");
+    }
+
+    #[test]
+    fn a_damaged_header_is_a_checksum_mismatch_unless_the_file_does_not_start_like_a_tar() {
+        let damaged = |magic: &[u8; 8]| {
+            let mut h = header("k.jpg", b'0', 0, magic);
+            h[0] ^= 1;
+            h
+        };
+        let v7 = [0u8; 8]; // no magic at all
+        let first = [&damaged(b"ustar\x0000")[..], &[0u8; 1024]].concat();
+        let later = [
+            &header("a.x", b'0', 0, &v7)[..],
+            &damaged(&v7)[..],
+            &[0u8; 1024],
+        ]
+        .concat();
+        for (bytes, at) in [(first, 0), (later, 512)] {
+            let e = format!("{:#}", walk_all(&bytes).unwrap_err());
+            let want = format!("byte offset {at}: expected a tar header: checksum mismatch");
+            assert!(e.contains(&want), "{e}");
+        }
+        let e = format!(
+            "{:#}",
+            walk_all(&[damaged(&v7), [0; 512]].concat()).unwrap_err()
+        );
+        assert!(e.contains("byte offset 0: not a tar archive"), "{e}");
+    }
+
+    #[test]
     fn a_file_that_is_not_a_tar_is_named_by_its_first_bytes() {
         let cases: [(&[u8], &str); 15] = [
             (&[0xff, 0xd8, 0xff, 0xe0], "a JPEG image"),
@@ -933,5 +1199,12 @@ mod tests {
             }
         }
         assert_eq!(describe_start(&[0, 1, 2]), "its first bytes are 00 01 02");
+        // Text is judged up to the first NUL: control bytes before it are not text.
+        assert_eq!(
+            describe_start(&[1, 2, 0xfe]),
+            "its first bytes are 01 02 fe"
+        );
+        let said = describe_start(b"name.txt\0\x01\x02");
+        assert!(said.starts_with("it starts with text"), "{said}");
     }
 }

@@ -66,3 +66,21 @@ impl From<Exit> for ExitCode {
         ExitCode::from(e as u8)
     }
 }
+
+/// A failure after the publishing rename: the new output is live and complete, but removing
+/// the replaced output or the checkpoint records, `--link` or `--keep` failed. It has its own
+/// exit status ([`Exit::CleanupFailed`]), never "nothing published".
+#[derive(Debug)]
+pub struct CleanupFailed {
+    pub output: std::path::PathBuf,
+}
+
+impl std::fmt::Display for CleanupFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "published {} (the new output is live and complete); clean-up failed",
+            self.output.display()
+        )
+    }
+}

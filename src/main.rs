@@ -9,9 +9,9 @@ use reshard::comm::launcher::LauncherMismatch;
 use reshard::comm::mpi::{end_before_work, MpiComm, MpiRuntime};
 use reshard::comm::{agree, Comm, PeerFailed};
 use reshard::config::{RunConfig, VerifyConfig};
+use reshard::exit::CleanupFailed;
 use reshard::exit::Exit;
 use reshard::job::interrupt::Interrupted;
-use reshard::job::publish::CleanupFailed;
 use reshard::job::Outcome;
 
 fn main() -> ExitCode {

@@ -475,6 +475,43 @@ fn wait_for(paths: &[std::path::PathBuf]) {
     panic!("no rank paused in its upload: {paths:?}");
 }
 
+/// `reshard run --force` of `in` to `target` (3 shards, np 2), with the server `s3` killed
+/// while each rank pauses in its last shard's multipart upload (the rank with two shards has
+/// uploaded its first completely) and the lock's heartbeat has been seen to move.
+fn killed_mid_upload(dir: &Dir, s3: &mut Server, bucket: &str, target: &str) -> RunOutput {
+    let mut cmd = dir.mpi(2);
+    cmd.args(["run", "--input", "in", "--output", target, "--shards", "3"])
+        .args(["--seed", "9", "--force", "--scratch"])
+        .arg(dir.join("scratch"))
+        .env("RESHARD_TEST_PAUSE_UPLOAD", "300")
+        .env("AWS_MAX_ATTEMPTS", "2");
+    s3.with_env(&mut cmd);
+    let markers: Vec<_> = (0..2)
+        .map(|r| {
+            dir.join(format!(
+                "scratch/reshard-scratch/{bucket}/out/.paused-upload-{r}"
+            ))
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        let run = scope.spawn(|| cmd.output());
+        // Each rank pauses in its last shard's multipart upload: the rank with two shards has
+        // uploaded its first completely.
+        wait_for(&markers);
+        // The live run's lock object has a heartbeat (a conditional PUT on the ETag read) that
+        // a run on another machine watches before it takes a silent lock for dead.
+        let lock = || s3.cat(dir, bucket, "out/.x.reshard-lock");
+        let first = lock();
+        assert!(first.starts_with("reshard staging lock\n"), "{first}");
+        wait_until("the lock's heartbeat moves", || lock() != first);
+        s3.kill();
+        for m in &markers {
+            std::fs::remove_file(m).unwrap();
+        }
+        run.join().unwrap()
+    })
+}
+
 #[test]
 fn s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_rest() {
     let test = "s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_rest";
@@ -502,37 +539,7 @@ fn s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_rest() {
     // An output of four shards there, which the killed run replaces with --force.
     let old = run_to_s3(&dir, &s3, 2, "in", &target, &["--shards", "4"]);
     old.check(old.code() == Some(0), "expected success");
-    let mut cmd = dir.mpi(2);
-    cmd.args(["run", "--input", "in", "--output", &target, "--shards", "3"])
-        .args(["--seed", "9", "--force", "--scratch"])
-        .arg(dir.join("scratch"))
-        .env("RESHARD_TEST_PAUSE_UPLOAD", "300")
-        .env("AWS_MAX_ATTEMPTS", "2");
-    s3.with_env(&mut cmd);
-    let markers: Vec<_> = (0..2)
-        .map(|r| {
-            dir.join(format!(
-                "scratch/reshard-scratch/{bucket}/out/.paused-upload-{r}"
-            ))
-        })
-        .collect();
-    let failed = std::thread::scope(|scope| {
-        let run = scope.spawn(|| cmd.output());
-        // Each rank pauses in its last shard's multipart upload: the rank with two shards has
-        // uploaded its first completely.
-        wait_for(&markers);
-        // The live run's lock object has a heartbeat (a conditional PUT on the ETag read) that
-        // a run on another machine watches before it takes a silent lock for dead.
-        let lock = || s3.cat(&dir, &bucket, "out/.x.reshard-lock");
-        let first = lock();
-        assert!(first.starts_with("reshard staging lock\n"), "{first}");
-        wait_until("the lock's heartbeat moves", || lock() != first);
-        s3.kill();
-        for m in &markers {
-            std::fs::remove_file(m).unwrap();
-        }
-        run.join().unwrap()
-    });
+    let failed = killed_mid_upload(&dir, &mut s3, &bucket, &target);
     failed.check(failed.code() != Some(0), "expected a failure");
     failed.stderr_has(&format!("nothing is published at {target}"));
     failed.stderr_has("rerun with the same arguments and --resume to upload it");
@@ -596,6 +603,54 @@ fn s3_server_killed_mid_upload_publishes_nothing_and_resume_uploads_the_rest() {
     assert_eq!(shards.len(), 3, "{keys:?}");
     s3.get(&dir, &bucket, "out/x", &dir.join("got"));
     assert_same_output(&dir.join("local"), &dir.join("got"), &["ranks", "inputs"]);
+}
+
+/// The end of the `--keep` test, with epochs 3 and 4 of the series there: a removal marker
+/// beside an index.json (a removal that failed before it began) does not make epoch 4 a
+/// removal to finish; a live run holding epoch 3's lock keeps it from removal.
+fn keep_skips_a_held_epoch_and_a_marker_beside_its_manifest(
+    dir: &Dir,
+    s3: &Server,
+    bucket: &str,
+    epoch: &dyn Fn(u64, &[&str]) -> RunOutput,
+    shards_of: &dyn Fn(u64) -> usize,
+) {
+    s3.put_bytes(dir, bucket, "out/epoch-4/.reshard-removing", b"");
+    let pidns = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let holder = format!(
+        "reshard staging lock\ntoken {}\nhost elsewhere\nboot {}\npidns {}\npid {}\nstart 0\nsince 1\nbeat {:020}\n",
+        "cd".repeat(16),
+        boot.trim(),
+        pidns.display(),
+        std::process::id(),
+        0
+    );
+    s3.put_bytes(dir, bucket, "out/.epoch-3.reshard-lock", holder.as_bytes());
+    let out = epoch(5, &[]);
+    out.check(out.code() == Some(0), "expected success");
+    out.stderr_has(&format!(
+        "--keep: skipped s3://{bucket}/out/epoch-3: another run holds its lock"
+    ));
+    out.check(
+        !out.stderr.contains("finishing"),
+        "epoch 4 is no removal to finish",
+    );
+    assert_eq!((shards_of(3), shards_of(4), shards_of(5)), (5, 5, 5));
+    // Its lock gone, epoch 3 goes with the next run, and epoch 4 with its marker; no lock of
+    // an epoch is left behind.
+    s3.remove(dir, bucket, "out/.epoch-3.reshard-lock");
+    let out = epoch(6, &[]);
+    out.check(out.code() == Some(0), "expected success");
+    assert_eq!(s3.keys(dir, bucket, "out/epoch-3/"), Vec::<String>::new());
+    assert_eq!(s3.keys(dir, bucket, "out/epoch-4/"), Vec::<String>::new());
+    assert_eq!((shards_of(5), shards_of(6)), (5, 5));
+    let locks: Vec<String> = s3
+        .keys(dir, bucket, "out/")
+        .into_iter()
+        .filter(|k| k.contains("reshard-lock"))
+        .collect();
+    assert_eq!(locks, Vec::<String>::new());
 }
 
 #[test]
@@ -687,49 +742,7 @@ fn s3_keep_removes_only_older_reshard_outputs_of_the_series_and_finishes_what_it
         ]
     );
     assert_eq!((shards_of(3), shards_of(4)), (5, 5));
-    // A removal marker beside an index.json (a removal that failed before it began) does not
-    // make epoch 4 a removal to finish; a live run holding epoch 3's lock keeps it from removal.
-    s3.put_bytes(&dir, &bucket, "out/epoch-4/.reshard-removing", b"");
-    let pidns = std::fs::read_link("/proc/self/ns/pid").unwrap();
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
-    let holder = format!(
-        "reshard staging lock\ntoken {}\nhost elsewhere\nboot {}\npidns {}\npid {}\nstart 0\nsince 1\nbeat {:020}\n",
-        "cd".repeat(16),
-        boot.trim(),
-        pidns.display(),
-        std::process::id(),
-        0
-    );
-    s3.put_bytes(
-        &dir,
-        &bucket,
-        "out/.epoch-3.reshard-lock",
-        holder.as_bytes(),
-    );
-    let out = epoch(5, &[]);
-    out.check(out.code() == Some(0), "expected success");
-    out.stderr_has(&format!(
-        "--keep: skipped s3://{bucket}/out/epoch-3: another run holds its lock"
-    ));
-    out.check(
-        !out.stderr.contains("finishing"),
-        "epoch 4 is no removal to finish",
-    );
-    assert_eq!((shards_of(3), shards_of(4), shards_of(5)), (5, 5, 5));
-    // Its lock gone, epoch 3 goes with the next run, and epoch 4 with its marker; no lock of
-    // an epoch is left behind.
-    s3.remove(&dir, &bucket, "out/.epoch-3.reshard-lock");
-    let out = epoch(6, &[]);
-    out.check(out.code() == Some(0), "expected success");
-    assert_eq!(s3.keys(&dir, &bucket, "out/epoch-3/"), Vec::<String>::new());
-    assert_eq!(s3.keys(&dir, &bucket, "out/epoch-4/"), Vec::<String>::new());
-    assert_eq!((shards_of(5), shards_of(6)), (5, 5));
-    let locks: Vec<String> = s3
-        .keys(&dir, &bucket, "out/")
-        .into_iter()
-        .filter(|k| k.contains("reshard-lock"))
-        .collect();
-    assert_eq!(locks, Vec::<String>::new());
+    keep_skips_a_held_epoch_and_a_marker_beside_its_manifest(&dir, s3, &bucket, &epoch, &shards_of);
 }
 
 #[test]

@@ -5,12 +5,13 @@
 //! before; a failure after the rename is a [`CleanupFailed`].
 
 use std::io::ErrorKind;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
 use crate::comm::{broadcast_result, Comm};
 use crate::config::PublishSettings;
+pub use crate::exit::CleanupFailed;
 use crate::hooks;
 use crate::job::expand::Setup;
 use crate::job::finish::Finished;
@@ -64,24 +65,6 @@ pub fn run(
             })
     });
     broadcast_result(comm, 0, published)
-}
-
-/// A failure after the publishing rename: the new output is live and complete, but removing
-/// the replaced output or the checkpoint records, `--link` or `--keep` failed. It has its own
-/// exit status ([`crate::exit::Exit::CleanupFailed`]), never "nothing published".
-#[derive(Debug)]
-pub struct CleanupFailed {
-    pub output: PathBuf,
-}
-
-impl std::fmt::Display for CleanupFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "published {} (the new output is live and complete); clean-up failed",
-            self.output.display()
-        )
-    }
 }
 
 /// `--energon`: `.nv-meta/`, from the rows every writer left in the staging directory.
@@ -359,6 +342,7 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use std::fs;
+    use std::path::PathBuf;
 
     use super::*;
     use crate::cli::resolve::job_settings;

@@ -17,8 +17,8 @@ use anyhow::{bail, Context, Result};
 
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::{Keep, UploadSettings};
+use crate::exit::CleanupFailed;
 use crate::job::lock::StagingLock;
-use crate::job::publish::CleanupFailed;
 use crate::job::series::outputs_beyond;
 use crate::output::{checkpoint, saved_index};
 use crate::size::human_bytes;

@@ -27,25 +27,13 @@ pub(super) fn pack_rounds(
     let (job, me, written) = (st.job, st.me, &st.written);
     let mut reader = InputReader::new(job.inputs, read_window, job.unread);
     let mut cursor = Cursor::default();
-    let mut own = Vec::new();
     while cursor.sample < job.local.len() {
         let Ok(mut buf) = free_send.recv() else {
             return;
         };
         let mut used = vec![0usize; ranks];
         let busy = std::time::Instant::now();
-        // A round that fails copies nothing more: it is never recorded as done.
-        let filled = fill(
-            job,
-            me,
-            &mut cursor,
-            &mut reader,
-            &mut buf,
-            cap,
-            &mut used,
-            &mut own,
-        )
-        .and_then(|f| copy_own_sorted(job, &mut own).map(|()| f));
+        let filled = fill(job, me, &mut cursor, &mut reader, &mut buf, cap, &mut used);
         st.read_nanos
             .fetch_add(busy.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let (payload, error) = match filled {
@@ -116,6 +104,35 @@ struct Filled {
     copied: u64,
 }
 
+/// Packs samples, in input order, into the per-destination segments of `send` until the next
+/// chunk's destination is full. Large samples of plain inputs that this rank writes itself are
+/// copied from input to output at once, inside the kernel; a round stops after a buffer's worth
+/// of them too, so that rounds (and progress reports) stay regular. Its other own samples go
+/// into its own segment, which never leaves the rank, for the writer to place with the round.
+fn fill(
+    job: &Job<'_>,
+    me: usize,
+    cursor: &mut Cursor,
+    reader: &mut InputReader<'_>,
+    send: &mut [u8],
+    cap: usize,
+    used: &mut [usize],
+) -> Result<Filled> {
+    let mut done = Filled::default();
+    // Own samples copied inside the kernel: checked in input order, copied in output order
+    // once the round is packed (see [`check_own`]).
+    let mut own = Vec::new();
+    // A round that fails copies nothing more: it is never recorded as done.
+    fill_round(
+        job, me, cursor, reader, send, cap, used, &mut done, &mut own,
+    )?;
+    own.sort_unstable_by_key(|c| (c.shard, c.at));
+    for c in &own {
+        copy_own(job, c)?;
+    }
+    Ok(done)
+}
+
 /// An own sample to copy from its input into this rank's own shard `shard` at `at`.
 struct OwnCopy {
     shard: u64,
@@ -131,14 +148,10 @@ fn copy_own(job: &Job<'_>, c: &OwnCopy) -> Result<()> {
         .copy_in(c.shard, c.at, c.file.as_ref(), path, s.start, s.len)
 }
 
-/// Packs samples, in input order, into the per-destination segments of `send` until the next
-/// chunk's destination is full. Large samples of plain inputs that this rank writes itself are
-/// copied from input to output inside the kernel: checked here and noted on `own`, copied once
-/// the round is packed ([`copy_own_sorted`]); a round stops after a buffer's worth of them
-/// too, so that rounds (and progress reports) stay regular. Its other own samples go into its
-/// own segment, which never leaves the rank, for the writer to place with the round.
+/// [`fill`]'s walk over the samples: packs the others' chunks into `send` and notes the own
+/// samples to copy on `own`, each checked (its first block) as it is met.
 #[allow(clippy::too_many_arguments)]
-fn fill(
+fn fill_round(
     job: &Job<'_>,
     me: usize,
     cursor: &mut Cursor,
@@ -146,9 +159,9 @@ fn fill(
     send: &mut [u8],
     cap: usize,
     used: &mut [usize],
+    done: &mut Filled,
     own: &mut Vec<OwnCopy>,
-) -> Result<Filled> {
-    let mut done = Filled::default();
+) -> Result<()> {
     while let Some(s) = job.local.get(cursor.sample) {
         if cursor.copy == 0 && cursor.offset == 0 {
             // Placed by an earlier attempt (`--resume`): skip the whole run, unread.
@@ -229,13 +242,7 @@ fn fill(
             cursor.next_copy();
         }
     }
-    Ok(done)
-}
-
-/// Copies the own samples `fill` noted, in output order (see [`check_own`]), and forgets them.
-fn copy_own_sorted(job: &Job<'_>, own: &mut Vec<OwnCopy>) -> Result<()> {
-    own.sort_unstable_by_key(|c| (c.shard, c.at));
-    own.drain(..).try_for_each(|c| copy_own(job, &c))
+    Ok(())
 }
 
 /// Where a read window filled for the sample `local[from]` should end: after the run of

@@ -10,7 +10,7 @@ use super::stages::{Job, Packed, Stages, CHUNK_HEADER};
 use crate::comm::wire::{ChunkHeader, Wire};
 use crate::input::InputShard;
 use crate::plan::placement::LocalSample;
-use crate::storage::{self, Input, Shard};
+use crate::storage::{self, Input};
 use crate::tar::codec::stream_name;
 use crate::tar::headers::{expect_header, BLOCK};
 use crate::tar::Codec;
@@ -119,49 +119,6 @@ fn fill(
     used: &mut [usize],
 ) -> Result<Filled> {
     let mut done = Filled::default();
-    // Own samples copied inside the kernel: checked in input order, copied in output order
-    // once the round is packed (see [`check_own`]).
-    let mut own = Vec::new();
-    // A round that fails copies nothing more: it is never recorded as done.
-    fill_round(
-        job, me, cursor, reader, send, cap, used, &mut done, &mut own,
-    )?;
-    own.sort_unstable_by_key(|c| (c.shard, c.at));
-    for c in &own {
-        copy_own(job, c)?;
-    }
-    Ok(done)
-}
-
-/// An own sample to copy from its input into this rank's own shard `shard` at `at`.
-struct OwnCopy {
-    shard: u64,
-    at: u64,
-    sample: usize,
-    file: Shard,
-}
-
-fn copy_own(job: &Job<'_>, c: &OwnCopy) -> Result<()> {
-    let s = &job.local[c.sample];
-    let path = &job.inputs[s.shard as usize].path;
-    job.output
-        .copy_in(c.shard, c.at, c.file.as_ref(), path, s.start, s.len)
-}
-
-/// [`fill`]'s walk over the samples: packs the others' chunks into `send` and notes the own
-/// samples to copy on `own`, each checked (its first block) as it is met.
-#[allow(clippy::too_many_arguments)]
-fn fill_round(
-    job: &Job<'_>,
-    me: usize,
-    cursor: &mut Cursor,
-    reader: &mut InputReader<'_>,
-    send: &mut [u8],
-    cap: usize,
-    used: &mut [usize],
-    done: &mut Filled,
-    own: &mut Vec<OwnCopy>,
-) -> Result<()> {
     while let Some(s) = job.local.get(cursor.sample) {
         if cursor.copy == 0 && cursor.offset == 0 {
             // Placed by an earlier attempt (`--resume`): skip the whole run, unread.
@@ -192,19 +149,8 @@ fn fill_round(
             })?;
             // A copy to this rank's own shards is whole: it never starts mid-sample.
             debug_assert_eq!(cursor.offset, 0);
-            let copy = OwnCopy {
-                shard,
-                at,
-                sample: cursor.sample,
-                file: check_own(job, reader, s)?,
-            };
-            if storage::is_object_store(&job.inputs[s.shard as usize].path) {
-                // Read in input order, where its read-ahead stream serves it.
-                copy_own(job, &copy)?;
-            } else {
-                own.push(copy);
-            }
-            done.copied += s.len;
+            let n = copy_own(job, reader, s, shard, at)?;
+            done.copied += n;
             cursor.next_copy();
             continue;
         }
@@ -242,7 +188,7 @@ fn fill_round(
             cursor.next_copy();
         }
     }
-    Ok(())
+    Ok(done)
 }
 
 /// Where a read window filled for the sample `local[from]` should end: after the run of
@@ -316,22 +262,24 @@ fn in_kernel(reader: &mut InputReader<'_>, s: &LocalSample, ranks: usize) -> Res
     Ok(plain && (s.len >= IN_KERNEL || ranks == 1))
 }
 
-/// Checks the first block of the own sample `s` of a plain input before it is copied from its
-/// input to this rank's own shard inside the kernel (512 bytes and one system call per sample,
-/// from the page cache where readahead brought it). The copies themselves wait until the round
-/// is packed and then go in output order: these reads, in input order, have brought the round's
-/// input into the page cache by then, and the writes land in order within each shard, where the
-/// page cache costs least (on tmpfs, 524,288 blocks of 6,944 bytes into 64 files took 2.4-2.7 s
-/// of system time in shuffled order, 2.0 s sorted within 16 batches, 1.3 s in file order).
-/// The input of an object store is copied at once, in input order, where its read-ahead stream
-/// serves it. Returns the open input.
-fn check_own(job: &Job<'_>, reader: &mut InputReader<'_>, s: &LocalSample) -> Result<Shard> {
+/// Copies the sample `s` of a plain input from its input to `at` of this rank's own shard
+/// `shard`, inside the kernel, after its first block is read and checked (512 bytes and one
+/// system call per sample, from the page cache where readahead brought it); returns its length.
+fn copy_own(
+    job: &Job<'_>,
+    reader: &mut InputReader<'_>,
+    s: &LocalSample,
+    shard: u64,
+    at: u64,
+) -> Result<u64> {
     let input = &job.inputs[s.shard as usize];
     let (file, codec) = reader.file(s.shard as usize)?;
     let mut head = [0u8; BLOCK as usize];
     let h = read_head(file.as_ref(), &input.path, s.start, s.len, &mut head)?;
     check_first_block(&head[..h], input, codec, s.start)?;
-    Ok(file.clone())
+    job.output
+        .copy_in(shard, at, file.as_ref(), &input.path, s.start, s.len)?;
+    Ok(s.len)
 }
 
 #[cfg(test)]

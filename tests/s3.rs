@@ -794,3 +794,48 @@ fn s3_throttling_and_cut_connections_are_retried_to_the_same_bytes() {
     out.no_debug_text();
     assert_eq!(s3.keys(&dir, &bucket, "out/y"), Vec::<String>::new());
 }
+
+#[test]
+fn an_s3_input_replaced_while_it_is_read_fails_the_read_naming_it() {
+    let test = "an_s3_input_replaced_while_it_is_read_fails_the_read_naming_it";
+    let dir = Dir::new("s3-replaced");
+    let Some(s3) = server(test) else {
+        return;
+    };
+    // One shard of about 100 MiB, read at 4 MiB/s: its windows of 8 MiB are fetched (4 ahead)
+    // over some 25 s, each GET conditional on the ETag seen when the shard was opened.
+    let shard = |name: &str, seed: &str| {
+        let args = ["--shards", "1", "--samples", "100", "--mean-size", "1MiB"];
+        dir.generate(name, &[&args[..], &["--seed", seed]].concat());
+    };
+    shard("in", "3");
+    shard("other", "4");
+    let bucket = s3.bucket(&dir, test);
+    s3.put(&dir, &dir.join("in"), &bucket, "in");
+    let mut cmd = dir.mpi(1);
+    cmd.args([
+        "run",
+        "--input",
+        &format!("s3://{bucket}/in"),
+        "--output",
+        "out",
+    ])
+    .args(["--shards", "2", "--seed", "9", "--max-read-rate", "4MiB"]);
+    s3.with_env(&mut cmd);
+    let staging = dir.join(".out.reshard-tmp");
+    let failed = std::thread::scope(|scope| {
+        let run = scope.spawn(|| cmd.output());
+        // The exchange begins right after the staging directory is made: it opens the input
+        // shard (its ETag seen) and reads it window by window, for some 25 s; 2 s into it,
+        // another object takes the shard's key.
+        wait_until("the exchange begins", || staging.exists());
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        s3.put(&dir, &dir.join("other"), &bucket, "in");
+        run.join().unwrap()
+    });
+    failed.check(failed.code() == Some(1), "expected a failure");
+    failed.stderr_has(&format!("s3://{bucket}/in/train-000000.tar"));
+    failed.stderr_has("the object changed while reshard read it");
+    failed.no_debug_text();
+    failed.check(!dir.join("out").exists(), "an output was published");
+}

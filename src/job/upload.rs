@@ -363,6 +363,22 @@ fn files_under(
     Ok(())
 }
 
+/// [`files_under`] of all of `dir`, sorted by path.
+fn files_of(dir: &Path, staged: bool) -> Result<Vec<(String, u64)>> {
+    let mut files = Vec::new();
+    files_under(storage::source(dir), dir, Path::new(""), &mut files, staged)?;
+    Ok(files)
+}
+
+/// Removes the object `path` if it is there; whether it was.
+fn remove_if_there(path: &Path) -> std::io::Result<bool> {
+    match storage::sink(path).remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The files of `files` that rank `rank` of `ranks` uploads: the shards dealt largest first to
 /// the rank with the fewest bytes so far (every rank computes the same deal); the manifest and
 /// the other metadata are rank 0's, after the shards.
@@ -460,17 +476,7 @@ pub fn run(
         return Ok(());
     };
     let started = Instant::now();
-    let listed = (comm.rank() == 0).then(|| {
-        let mut files = Vec::new();
-        files_under(
-            storage::source(local),
-            local,
-            Path::new(""),
-            &mut files,
-            true,
-        )
-        .map(|()| files)
-    });
+    let listed = (comm.rank() == 0).then(|| files_of(local, true));
     let listed = listed.map(|l| {
         l.map(|files| {
             let up = lock.map(|l| &l.preserved[..]).unwrap_or_default();
@@ -605,12 +611,11 @@ fn begin(target: &Path, files: &[(String, u64)], lock: &RemoteLock) -> Result<()
     if lock.replaced.is_empty() {
         return Ok(());
     }
+    // Already gone where a failed run that was replacing it removed it.
     let old = target.join(MANIFEST);
-    match storage::sink(&old).remove_file(&old) {
-        // Already gone: a failed run that was replacing it removed it.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        r => r.with_context(|| format!("{}: cannot remove", old.display())),
-    }
+    remove_if_there(&old)
+        .map(|_| ())
+        .with_context(|| format!("{}: cannot remove", old.display()))
 }
 
 /// What a failed run left at `target`: unfinished multipart uploads aborted, and where it left
@@ -642,10 +647,8 @@ fn clean_up_failed_run(
     let mut removed = 0;
     for name in &gone {
         let path = target.join(name);
-        match sink.remove_file(&path) {
-            Ok(()) => removed += 1,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("{}: cannot remove", path.display())),
+        if remove_if_there(&path).with_context(|| format!("{}: cannot remove", path.display()))? {
+            removed += 1;
         }
     }
     let rest = Marker {
@@ -747,30 +750,16 @@ fn remove_objects(old: &Path) -> Result<()> {
     let marker = old.join(REMOVING);
     sink.write(&marker, b"")
         .with_context(|| format!("--keep: {}: cannot write", marker.display()))?;
-    let manifest = old.join(MANIFEST);
-    match sink.remove_file(&manifest) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("--keep: cannot remove {}", manifest.display()))
-        }
-        _ => {}
-    }
+    let remove = |path: &Path| {
+        remove_if_there(path).with_context(|| format!("--keep: cannot remove {}", path.display()))
+    };
+    remove(&old.join(MANIFEST))?;
     crate::hooks::kill_at(0, "keep");
-    let mut objects = Vec::new();
-    files_under(
-        storage::source(old),
-        old,
-        Path::new(""),
-        &mut objects,
-        false,
-    )?;
-    for (rel, _) in objects.iter().filter(|(rel, _)| rel != REMOVING) {
-        let path = old.join(rel);
-        match sink.remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(e).with_context(|| format!("--keep: cannot remove {}", path.display()))
-            }
-            _ => {}
-        }
+    for (rel, _) in files_of(old, false)?
+        .iter()
+        .filter(|(rel, _)| rel != REMOVING)
+    {
+        remove(&old.join(rel))?;
     }
     sink.remove_file(&marker)
         .with_context(|| format!("--keep: cannot remove {}", marker.display()))

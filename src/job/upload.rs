@@ -10,6 +10,7 @@
 //! removed at the end. `--force` replaces only a reshard output, and removes only the objects
 //! its manifest lists.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -250,8 +251,9 @@ fn uploaded_before(local: &Path, target: &Path) -> Result<Vec<String>> {
 /// alone, one that started over or named its shards otherwise does not): these are kept, the
 /// others uploaded again.
 fn still_staged(local: &Path, files: &[(String, u64)], up: &[String]) -> Vec<String> {
+    let named: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
     up.iter()
-        .filter(|shard| files.iter().any(|f| f.0 == **shard))
+        .filter(|shard| named.contains(shard.as_str()))
         .filter(|shard| {
             let now = storage::stamp(&local.join(shard.as_str())).ok();
             read_note(local, shard)
@@ -436,20 +438,21 @@ fn layout_of(shard: &str) -> String {
     format!("{}/{shard}{}", saved_index::DIR_NAME, saved_index::SUFFIX)
 }
 
-/// Whether `rel` is the saved index of one of the shards of `files` (written by the rank that
-/// uploads the shard, [`restamp_layout`], not copied with the other metadata).
-fn is_shard_layout(rel: &str, files: &[(String, u64)]) -> bool {
-    files
-        .iter()
-        .any(|f| is_shard(&f.0) && layout_of(&f.0) == rel)
+/// The shards `shards` and their saved indexes, by name (the saved index of a shard is
+/// written by the rank that uploads the shard, [`restamp_layout`], and goes or stays with it).
+fn with_layouts<'a>(shards: impl IntoIterator<Item = &'a str>) -> HashSet<String> {
+    shards
+        .into_iter()
+        .flat_map(|s| [s.to_string(), layout_of(s)])
+        .collect()
 }
 
 /// After the shard `shard` is uploaded: its saved index, if any, written beside it with the
 /// object's stamp (size, modification time, ETag), so that the next run reading this output
 /// from the store reuses it instead of streaming the shard to read its headers.
-fn restamp_layout(local: &Path, target: &Path, shard: &str, files: &[(String, u64)]) -> Result<()> {
+fn restamp_layout(local: &Path, target: &Path, shard: &str, names: &HashSet<&str>) -> Result<()> {
     let layout = layout_of(shard);
-    if !files.iter().any(|f| f.0 == layout) {
+    if !names.contains(layout.as_str()) {
         return Ok(());
     }
     saved_index::copy_restamped(
@@ -495,10 +498,12 @@ pub fn run(
     let begun = lock.map_or(Ok(()), |l| begin(target, &files, l));
     agree(comm, begun)?;
     let mine = share(&files, comm.rank(), comm.size());
-    let todo: Vec<_> = mine.iter().filter(|f| !kept.contains(&f.0)).collect();
+    let names: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
+    let was_up = with_layouts(kept.iter().map(String::as_str));
+    let todo: Vec<_> = mine.iter().filter(|f| !was_up.contains(&f.0)).collect();
     let sent: Result<u64> = todo.iter().enumerate().try_fold(0, |sum, (i, f)| {
         let n = upload_file(local, target, &f.0, comm.rank(), i + 1 == todo.len())?;
-        restamp_layout(local, target, &f.0, &files)?;
+        restamp_layout(local, target, &f.0, &names)?;
         note_uploaded(local, target, &f.0)?;
         Ok(sum + n)
     });
@@ -516,9 +521,8 @@ pub fn run(
         })
     });
     broadcast_result(comm, 0, finished)?;
-    let up_already = |f: &(String, u64)| kept.iter().any(|k| *k == f.0 || layout_of(k) == f.0);
-    let tally = |was_up: bool| {
-        let v = files.iter().filter(|f| up_already(f) == was_up);
+    let tally = |up: bool| {
+        let v = files.iter().filter(|f| was_up.contains(&f.0) == up);
         (v.clone().count(), human_bytes(v.map(|f| f.1).sum()))
     };
     let (put, was_up) = (tally(false), tally(true));
@@ -595,13 +599,13 @@ fn is_own_name(n: &str) -> bool {
 /// output's manifest removed (it stops being an output before any of its objects is
 /// overwritten).
 fn begin(target: &Path, files: &[(String, u64)], lock: &RemoteLock) -> Result<()> {
+    let names: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
     let mut uploads: Vec<String> = files.iter().map(|f| f.0.clone()).collect();
     uploads.extend(
         lock.preserved
             .iter()
-            .filter(|p| !uploads.contains(p))
-            .cloned()
-            .collect::<Vec<_>>(),
+            .filter(|p| !names.contains(p.as_str()))
+            .cloned(),
     );
     Marker {
         uploads,
@@ -641,9 +645,9 @@ fn clean_up_failed_run(
     let Some(marker) = left else {
         return Ok(None);
     };
-    let keeps = |name: &str| kept.iter().any(|k| k == name || layout_of(k) == name);
+    let keeps = with_layouts(kept.iter().map(String::as_str));
     let (stay, gone): (Vec<String>, Vec<String>) =
-        marker.uploads.into_iter().partition(|n| keeps(n));
+        marker.uploads.into_iter().partition(|n| keeps.contains(n));
     let mut removed = 0;
     for name in &gone {
         let path = target.join(name);
@@ -781,9 +785,10 @@ fn finish(
     files: &[(String, u64)],
     lock: Option<&RemoteLock>,
 ) -> Result<()> {
+    let layouts = with_layouts(files.iter().map(|f| f.0.as_str()).filter(|n| is_shard(n)));
     let metadata = files
         .iter()
-        .filter(|f| !is_shard(&f.0) && f.0 != MANIFEST && !is_shard_layout(&f.0, files));
+        .filter(|f| !is_shard(&f.0) && f.0 != MANIFEST && !layouts.contains(&f.0));
     for (rel, _) in metadata {
         upload_file(local, target, rel, 0, false).with_context(|| not_published(target, local))?;
     }
@@ -813,7 +818,7 @@ fn after_manifest(
                 marker.display()
             )
         })?;
-    let new: Vec<&str> = files.iter().map(|f| f.0.as_str()).collect();
+    let new: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
     let earlier = lock.map(|l| l.replaced.iter().chain(&l.preserved));
     for old in earlier.into_iter().flatten() {
         if !new.contains(&old.as_str()) {

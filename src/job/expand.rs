@@ -15,7 +15,7 @@ use crate::job::link::check_link;
 use crate::job::lock::{lock_path, StagingLock};
 use crate::job::owned::check_replaceable;
 use crate::job::resume::{self, Resume};
-use crate::job::series::outputs_beyond;
+use crate::job::series::say_what_keep_would_remove;
 use crate::job::staging::Staging;
 use crate::output::checkpoint::{self, InputRecord};
 use crate::size::{count, human_bytes};
@@ -89,14 +89,7 @@ pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(
     if settings.dry_run {
         // Checked as `run` would, but nothing is created, removed or written.
         if let Some(keep) = &settings.keep {
-            // --link would point at the new output by then, so only the output itself is spared.
-            for old in outputs_beyond(&target, keep, settings.epoch, None)? {
-                crate::errln!(
-                    "reshard: --keep {} would remove the older output {}",
-                    keep.count,
-                    old.display()
-                );
-            }
+            say_what_keep_would_remove(&target, keep, settings.epoch)?;
         }
         return Ok((Setup::planning(inputs), Lead::default()));
     }

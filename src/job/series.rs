@@ -58,6 +58,23 @@ pub fn outputs_beyond(
         .collect())
 }
 
+/// A dry run's account of `--keep`: the older outputs of `target`'s series it would remove,
+/// one line each (`--link` would point at the new output by then, so only the output itself
+/// is spared).
+///
+/// # Errors
+/// The output's parent cannot be listed.
+pub fn say_what_keep_would_remove(target: &Path, keep: &Keep, epoch: u64) -> Result<()> {
+    for old in outputs_beyond(target, keep, epoch, None)? {
+        crate::errln!(
+            "reshard: --keep {} would remove the older output {}",
+            keep.count,
+            old.display()
+        );
+    }
+    Ok(())
+}
+
 /// What an old epoch `old` is renamed to before it is removed: a hidden name in reshard's own
 /// namespace, so that a removal cut short (killed, failed) leaves no half-deleted dataset under
 /// the series' name, and the next `--keep` run finds and finishes it.

@@ -20,7 +20,7 @@ use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::{Keep, UploadSettings};
 use crate::exit::CleanupFailed;
 use crate::job::lock::StagingLock;
-use crate::job::series::outputs_beyond;
+use crate::job::series::{outputs_beyond, say_what_keep_would_remove};
 use crate::output::{checkpoint, saved_index};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
@@ -106,13 +106,7 @@ pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
     if cfg.dry_run {
         replaced_objects(cfg.force, target)?;
         if let Some(keep) = &cfg.keep {
-            for old in outputs_beyond(target, keep, cfg.epoch, None)? {
-                crate::errln!(
-                    "reshard: --keep {} would remove the older output {}",
-                    keep.count,
-                    old.display()
-                );
-            }
+            say_what_keep_would_remove(target, keep, cfg.epoch)?;
         }
         return Ok(None);
     }

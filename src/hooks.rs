@@ -23,8 +23,6 @@
 //!   publish phase starts); on rank 0 only: `0:rename` (right before the publishing rename),
 //!   `0:published` (right after it and the removal of the checkpoint records), `0:keep` (after
 //!   `--keep` moved an old epoch aside, before removing it). For `--resume` and kill tests.
-//! - `RESHARD_TEST_CHECKPOINT_BYTES=n`: a checkpoint after every n sample bytes each rank moved
-//!   on average, instead of 256 MiB (so that a test sees the rule with little data).
 //! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop
 //!   signal came), so that a test can signal a job surely in the middle of its exchange;
 //!   `ms:r`: only rank r's rounds do (so that a test sees the other ranks go on without it).
@@ -44,8 +42,8 @@
 use std::time::Duration;
 
 pub use test_hooks::{
-    checkpoint_bytes, hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round,
-    pause_before_finish, pause_before_publish, pause_in_upload, slow_round, slow_speaker,
+    hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round, pause_before_finish,
+    pause_before_publish, pause_in_upload, slow_round, slow_speaker,
 };
 
 /// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
@@ -180,14 +178,6 @@ mod test_hooks {
         let _ = std::fs::remove_file(marker);
     }
 
-    /// The bytes per rank between checkpoints: `RESHARD_TEST_CHECKPOINT_BYTES`, else `default`.
-    pub fn checkpoint_bytes(default: u64) -> u64 {
-        std::env::var("RESHARD_TEST_CHECKPOINT_BYTES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    }
-
     /// `RESHARD_TEST_SLOW_ROUNDS`: waits before an exchange round.
     pub fn slow_round(rank: usize) {
         if crate::sys::stop_signal().is_some() {
@@ -241,9 +231,6 @@ mod test_hooks {
     pub fn pause_before_finish(_staging: &Path, _rank: usize) {}
     pub fn pause_before_publish(_staging: &Path, _rank: usize) {}
     pub fn pause_in_upload(_dir: &Path, _rank: usize) {}
-    pub fn checkpoint_bytes(default: u64) -> u64 {
-        default
-    }
     pub fn slow_round(_rank: usize) {}
     pub fn slow_speaker() {}
     pub fn hang_finalize(_rank: usize, _env: impl Fn(&str) -> Option<String>) -> bool {

@@ -282,28 +282,3 @@ fn hostname() -> String {
         .trim()
         .to_string()
 }
-
-/// Checkpoints come by bytes moved too, not only by time: with an hour between checkpoints by
-/// time, a run killed (SIGKILL, nothing to catch) a few rounds in still left one, because each
-/// rank had moved more than the byte threshold (lowered to 512 KiB here; 256 MiB by default).
-/// Round 14 of about 45: the threshold is passed by round 6 or so, and a checkpoint is recorded
-/// about three rounds after it is asked for (the writers sync the asked round while two later
-/// ones are in flight, and say so in the next round they start).
-#[test]
-fn checkpoints_also_come_by_bytes_moved() {
-    let dir = Dir::new("resume-bytes");
-    inputs(&dir);
-    job(&dir, Some(1), "ref", &[]).assert_success();
-    let res = job(&dir, Some(2), "out", &["--checkpoint-every", "3600"])
-        .env("RESHARD_TEST_CHECKPOINT_BYTES", "524288")
-        .env("RESHARD_TEST_KILL", "1:14")
-        .output();
-    res.check(res.code() != Some(0), "the killed job must fail");
-    res.check(
-        dir.join(".out.reshard-tmp/.resume/checkpoint.json")
-            .exists(),
-        "a checkpoint by bytes moved was recorded before the kill",
-    );
-    resumed(&dir, Some(3), "out");
-    assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
-}

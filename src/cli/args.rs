@@ -351,8 +351,9 @@ pub struct RunArgs {
     pub resume: bool,
 
     /// Seconds between the exchange's checkpoints (each writer syncs, rank 0 records which samples
-    /// are durable, for --resume); 0 checkpoints after every round. A checkpoint also comes after
-    /// every 256 MiB each rank moved, and at once on SIGINT or SIGTERM, before the job ends.
+    /// are durable, for --resume); 0 checkpoints after every round. A checkpoint also comes at
+    /// once on SIGINT or SIGTERM, before the job ends; after SIGKILL, --resume redoes about
+    /// this much of the exchange.
     #[arg(
         help_heading = "Resume",
         long,

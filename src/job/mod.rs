@@ -502,8 +502,7 @@ mod tests {
     }
 
     /// Checkpoints of the exchange (for `--resume`): with `--checkpoint-every 0` one is due at
-    /// every round and some complete; with an hour, and far fewer bytes than the 256 MiB a rank
-    /// moves between two at most, none is asked for.
+    /// every round and some complete; with an hour none is asked for (they come by time only).
     #[test]
     fn checkpoints_are_taken_when_due_and_only_then() {
         let tmp = tempfile::tempdir().unwrap();

@@ -31,9 +31,14 @@ pub struct Checkpoints<'a> {
     pub record: Record<'a>,
 }
 
-/// Sample bytes each rank moves, on average, between two checkpoints at most, whatever
-/// `--checkpoint-every` says: a run killed early (SIGKILL, a node lost) keeps what it moved.
-pub const CHECKPOINT_BYTES_PER_RANK: u64 = 256 << 20;
+// Checkpoints come by time only. From 2026-11-24 to 11-28 one also came after every 256 MiB a
+// rank moved, so that a run killed (SIGKILL) in its first 30 s kept something. It was measured
+// to cost a fifth of the run where it matters most: a checkpoint `fdatasync`s shards whose pages
+// were written all over them, so the file system allocates their blocks piecemeal mid-run
+// instead of once, in order, at the end. Cold disk, 3.39 GiB of 4 KiB samples (`cp -r` 3.9-5.1 s):
+// np 1 9.9-11.7 s with it, 8.2-10.0 s without; np 2 8.9-9.6 s against 6.9-7.4 s; one checkpoint
+// at 1 GiB a rank still cost 1-1.5 s. Redoing at most `--checkpoint-every` seconds after a SIGKILL
+// is the price, and what the flag says; SIGINT and SIGTERM still checkpoint at once.
 
 /// The exchange's checkpoint state on one rank.
 pub(super) struct Pacer<'a> {
@@ -42,9 +47,6 @@ pub(super) struct Pacer<'a> {
     /// The round being synced, and this rank's samples up to it.
     pending: Option<(u64, (u64, u64))>,
     pub taken: u64,
-    /// Sample bytes all ranks moved since the last checkpoint, and how many ask for one.
-    moved: u64,
-    every_bytes: u64,
     /// A rank received this stop signal: checkpoint, then end.
     stopping: Option<i32>,
 }
@@ -56,8 +58,6 @@ impl<'a> Pacer<'a> {
             last: Instant::now(),
             pending: None,
             taken: 0,
-            moved: 0,
-            every_bytes: crate::hooks::checkpoint_bytes(CHECKPOINT_BYTES_PER_RANK),
             stopping: None,
         }
     }
@@ -65,8 +65,7 @@ impl<'a> Pacer<'a> {
     /// This rank's part of the round status: rank 0 asks for a checkpoint; every rank says how
     /// far its writer synced, and whether it received a stop signal.
     pub(super) fn status(&self, comm: &impl Comm, st: &Stages<'_, '_>) -> RoundStatus {
-        let due = self.last.elapsed() >= self.checkpoints.every
-            || self.moved >= self.every_bytes.saturating_mul(comm.size() as u64);
+        let due = self.last.elapsed() >= self.checkpoints.every;
         let ask = comm.rank() == 0 && self.pending.is_none() && due;
         let stop = crate::sys::stop_signal().is_some();
         RoundStatus {
@@ -77,8 +76,8 @@ impl<'a> Pacer<'a> {
         }
     }
 
-    /// Acts on the combined status of round `n`, in which all ranks move `status.payload` sample
-    /// bytes and this rank packed its samples up to local index `through`. Returns whether the
+    /// Acts on the combined status of round `n`, in which this rank packed its samples up to
+    /// local index `through`. Returns whether the
     /// writer must sync after placing round `n`.
     ///
     /// A stop signal on any rank starts a checkpoint at once (unless one is under way); once it
@@ -94,7 +93,6 @@ impl<'a> Pacer<'a> {
         n: u64,
         through: usize,
     ) -> Result<bool> {
-        self.moved += status.payload;
         if status.stopping > 0 && self.stopping.is_none() {
             // Every rank sees the count in the same round: one more collective names the signal.
             let signal = comm.all_max(&[crate::sys::stop_signal().map_or(0, |s| s as u64)])[0];
@@ -111,7 +109,6 @@ impl<'a> Pacer<'a> {
             agree(comm, recorded)?;
             self.taken += 1;
             self.last = Instant::now();
-            self.moved = 0;
             if let Some(signal) = self.stopping {
                 return Err(anyhow::Error::new(Interrupted {
                     signal,

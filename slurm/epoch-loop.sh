@@ -16,15 +16,17 @@
 # Overlapping reshuffles (OVERLAP=1, every one but the first, which runs alone) share the storage
 # with training, so they run with `--io-priority $OVERLAP_IO_PRIORITY` (default low: best effort,
 # lowest level; idle can starve behind a training that reads all the time) and, when set,
-# `--max-read-rate/--max-write-rate $OVERLAP_RATE`. OVERLAP_RATE defaults to half of
+# `--max-read-rate/--max-write-rate $OVERLAP_RATE`. OVERLAP_RATE defaults to a quarter of
 # STORAGE_BANDWIDTH (what the file system sustains for one job, e.g. 4GiB/s, from your site's
 # documentation or a measurement: it is not measured here, from a login node it would be wrong);
 # with neither set, no rate limit. A limit that is too low delays train(e+1), which waits for
 # the reshuffle: `reshard plan --max-write-rate R` says how long the reshuffle then takes.
-# Half is the point the issue's targets are set at (issue 26; docs/performance.md, "Rate limits
-# beside training", has the figures). Where the reshuffle shares training's nodes, their CPUs
-# are contended too (on the 2-core test VM the CPU, not the disk, is what slowed the reader):
-# OVERLAP_NICE=N adds `--nice N` (default empty: the nice value is left as it is).
+# A quarter because a reshuffle reads as much as it writes: at a quarter each it takes half the
+# storage, and leaves training the other half. Measured on the test VM (docs/performance.md,
+# "Rate limits beside training"): with both limits at half the disk's write bandwidth a reader at
+# full speed kept 0.59-0.73 of its throughput, at a quarter 0.98. Where the reshuffle shares
+# training's nodes, their CPUs are contended too (on the 2-core test VM a reader at full speed
+# needs a core of its own): OVERLAP_NICE=N adds `--nice N` (default empty: the nice value is left as it is).
 #
 # and, when $DATA_ROOT/epoch-FIRST_EPOCH does not exist yet, shuffle(FIRST_EPOCH) first. Every
 # shuffle reads the original INPUT with the same SEED and its own EPOCH, so each epoch is an
@@ -59,7 +61,7 @@ SBATCH_ARGS=${SBATCH_ARGS-}                          # for every job, e.g. '--ac
 TRAIN_SBATCH_ARGS=${TRAIN_SBATCH_ARGS-}              # for the training jobs only
 RESHARD_SBATCH_ARGS=${RESHARD_SBATCH_ARGS-}          # for the reshuffle jobs only
 STORAGE_BANDWIDTH=${STORAGE_BANDWIDTH:-}             # e.g. 4GiB/s: the file system's for one job
-OVERLAP_RATE=${OVERLAP_RATE:-}                       # default: half of STORAGE_BANDWIDTH
+OVERLAP_RATE=${OVERLAP_RATE:-}                       # default: a quarter of STORAGE_BANDWIDTH
 OVERLAP_IO_PRIORITY=${OVERLAP_IO_PRIORITY:-low}      # idle, low or normal
 OVERLAP_NICE=${OVERLAP_NICE:-}                       # e.g. 10: --nice for overlapping reshuffles
 DRY_RUN=${DRY_RUN:-0}
@@ -93,18 +95,19 @@ if [ -n "$LINK" ]; then
     fi
 fi
 
-# half RATE: half of a rate such as 4GiB/s or 500MB/s, in bytes per second (4GiB/s -> 2147483648/s).
-half() {
+# quarter RATE: a quarter of a rate such as 4GiB/s or 500MB/s, in bytes per second
+# (4GiB/s -> 1073741824/s).
+quarter() {
     awk -v r="$1" 'BEGIN {
         n = r; sub(/\/s$/, "", n); u = n; sub(/^[0-9.]+/, "", u); n = substr(n, 1, length(n) - length(u))
         u = tolower(u); m["" ] = 1; m["b"] = 1
         m["k"] = m["kb"] = 1e3; m["m"] = m["mb"] = 1e6; m["g"] = m["gb"] = 1e9; m["t"] = m["tb"] = 1e12
         m["kib"] = 2^10; m["mib"] = 2^20; m["gib"] = 2^30; m["tib"] = 2^40
         if (n == "" || !(u in m)) exit 1
-        printf "%.0f/s\n", n * m[u] / 2 }'
+        printf "%.0f/s\n", n * m[u] / 4 }'
 }
 if [ -z "$OVERLAP_RATE" ] && [ -n "$STORAGE_BANDWIDTH" ]; then
-    if ! OVERLAP_RATE=$(half "$STORAGE_BANDWIDTH"); then
+    if ! OVERLAP_RATE=$(quarter "$STORAGE_BANDWIDTH"); then
         echo "epoch-loop: STORAGE_BANDWIDTH must be a rate such as 4GiB/s, not '$STORAGE_BANDWIDTH'" >&2
         exit 2
     fi

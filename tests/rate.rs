@@ -310,10 +310,11 @@ fn the_epoch_loop_limits_only_the_reshuffles_that_overlap_training() {
         .filter(|l| l.contains("reshuffle-"))
         .collect();
     assert_eq!(submitted.len(), 2, "{}", res.report());
-    // The first epoch's reshuffle runs alone; the next one beside train(0), at half the bandwidth.
+    // The first epoch's reshuffle runs alone; the next one beside train(0), reading and writing
+    // at a quarter of the bandwidth each.
     assert!(!submitted[0].contains("--io-priority"), "{}", submitted[0]);
-    let half = "--max-read-rate\\ 2147483648/s\\ --max-write-rate\\ 2147483648/s";
-    assert!(submitted[1].contains("--io-priority\\ low\\ ") && submitted[1].contains(half));
+    let quarter = "--max-read-rate\\ 1073741824/s\\ --max-write-rate\\ 1073741824/s";
+    assert!(submitted[1].contains("--io-priority\\ low\\ ") && submitted[1].contains(quarter));
     assert!(!submitted[1].contains("--nice"), "{}", submitted[1]);
     let res = loop_with(&[("OVERLAP_NICE", "10")]).assert_success();
     let niced: Vec<&str> = res

@@ -8,10 +8,6 @@ use std::io::{self, Read, Seek, SeekFrom};
 const PAGE: usize = 4096;
 /// Read size where headers are close together: one request reads through many small members.
 const THROUGH: usize = 128 << 10;
-/// Reads through grow to this while the walk reads on where the last request ended, as the
-/// kernel's readahead would. On this project's disk, cold, the index of 3.39 GiB of 4 KiB
-/// samples (every byte read through) took 1.9-3.7 s in 128 KiB requests, one at a time.
-const THROUGH_MAX: usize = 2 << 20;
 /// A jump longer than this is cheaper as a request of its own than read through (on this
 /// project's disk a request costs ~20 µs at 32 in flight, the time to read ~30 KiB).
 const FAR: u64 = 32 << 10;
@@ -22,9 +18,8 @@ const RECENT: u8 = 8;
 /// A reader for walking tar headers with the kernel's readahead off (see
 /// [`crate::tar::index_file_with`]). It decides the read sizes itself: one page where the walk
 /// jumps far (large members' data skipped), 128 KiB where headers follow each other closely
-/// (small members, read through), doubling up to 2 MiB while each request starts where the
-/// last one ended. Seeks inside the buffer cost no system call, so the storage sees about one
-/// request per large member, or per 2 MiB of small ones.
+/// (small members, read through). Seeks inside the buffer cost no system call, so the storage
+/// sees about one request per large member, or per 128 KiB of small ones.
 pub struct HeaderReader<R> {
     inner: R,
     buf: Vec<u8>,
@@ -36,8 +31,6 @@ pub struct HeaderReader<R> {
     inner_pos: u64,
     /// Short jumps left before the walk no longer counts as jumping far.
     far: u8,
-    /// The size of the last request, if it read through (0 after a page-sized one).
-    through: usize,
 }
 
 impl<R: Read + Seek> HeaderReader<R> {
@@ -51,26 +44,11 @@ impl<R: Read + Seek> HeaderReader<R> {
             pos: 0,
             inner_pos: 0,
             far: RECENT,
-            through: THROUGH,
         }
     }
 
     fn buffered(&self) -> std::ops::Range<u64> {
         self.start..self.start + self.filled as u64
-    }
-
-    /// The size of the next request that reads through: twice the last one's while the walk
-    /// goes on where that request ended (or a short jump past it), else [`THROUGH`].
-    fn next_through(&mut self) -> usize {
-        let end = self.start + self.filled as u64;
-        let streaming =
-            self.through > 0 && self.filled > 0 && self.pos >= end && self.pos - end < FAR;
-        self.through = if streaming {
-            (self.through * 2).min(THROUGH_MAX)
-        } else {
-            THROUGH
-        };
-        self.through
     }
 }
 
@@ -81,12 +59,7 @@ impl<R: Read + Seek> Read for HeaderReader<R> {
                 self.inner.seek(SeekFrom::Start(self.pos))?;
                 self.inner_pos = self.pos;
             }
-            let want = if self.far > 0 {
-                self.through = 0;
-                PAGE
-            } else {
-                self.next_through()
-            };
+            let want = if self.far > 0 { PAGE } else { THROUGH };
             if out.len() >= want {
                 let n = self.inner.read(out)?;
                 self.inner_pos += n as u64;
@@ -95,9 +68,6 @@ impl<R: Read + Seek> Read for HeaderReader<R> {
             }
             // Invalid until the read succeeds: a failed read may have written into it.
             self.filled = 0;
-            if self.buf.len() < want {
-                self.buf.resize(want, 0);
-            }
             let n = self.inner.read(&mut self.buf[..want])?;
             self.inner_pos += n as u64;
             (self.start, self.filled) = (self.pos, n);
@@ -152,8 +122,6 @@ mod tests {
         inner: R,
         reads: usize,
         bytes: usize,
-        /// Every request's size, in order.
-        sizes: Vec<usize>,
     }
 
     impl<R: Read> Read for Counting<R> {
@@ -161,7 +129,6 @@ mod tests {
             let n = self.inner.read(buf)?;
             self.reads += 1;
             self.bytes += n;
-            self.sizes.push(buf.len());
             Ok(n)
         }
     }
@@ -172,9 +139,8 @@ mod tests {
         }
     }
 
-    /// Indexes `members` through a counting reader: (samples, reads, bytes read, archive size),
-    /// and every request's size.
-    fn reads_to_index(members: &[(String, Vec<u8>)]) -> ((usize, usize, usize, usize), Vec<usize>) {
+    /// Indexes `members` through a counting reader: (samples, reads, bytes read, archive size).
+    fn reads_to_index(members: &[(String, Vec<u8>)]) -> (usize, usize, usize, usize) {
         let refs: Vec<(&str, &[u8])> = members
             .iter()
             .map(|(n, d)| (n.as_str(), d.as_slice()))
@@ -184,17 +150,13 @@ mod tests {
             inner: Cursor::new(&bytes),
             reads: 0,
             bytes: 0,
-            sizes: Vec::new(),
         };
         let idx = index_reader(HeaderReader::new(&mut counting), bytes.len() as u64).unwrap();
         (
-            (
-                idx.samples.len(),
-                counting.reads,
-                counting.bytes,
-                bytes.len(),
-            ),
-            counting.sizes,
+            idx.samples.len(),
+            counting.reads,
+            counting.bytes,
+            bytes.len(),
         )
     }
 
@@ -209,7 +171,7 @@ mod tests {
                 ]
             })
             .collect();
-        let ((samples, reads, bytes, size), _) = reads_to_index(&members);
+        let (samples, reads, bytes, size) = reads_to_index(&members);
         assert_eq!(samples, 200);
         assert!(
             reads <= 202 && bytes <= 202 * PAGE,
@@ -224,54 +186,13 @@ mod tests {
                 ]
             })
             .collect();
-        let ((samples, reads, bytes, size), _) = reads_to_index(&members);
+        let (samples, reads, bytes, size) = reads_to_index(&members);
         assert_eq!(samples, 5000);
         // +4: one more than before for what follows the end-of-archive marker (data there is
         // an error unless --ignore-zeros).
         assert!(
             reads <= size / THROUGH + 4 && bytes <= size,
             "{reads} reads, {bytes} of {size} B"
-        );
-    }
-
-    /// Through a long run of small members the requests double to 2 MiB (128 KiB, 256 KiB, 512
-    /// KiB, 1 MiB, then 2 MiB each); a far jump starts again at a page, then 128 KiB.
-    #[test]
-    fn reads_through_small_members_grow_to_2_mib() {
-        let small = |n: usize, tag: &str| -> Vec<(String, Vec<u8>)> {
-            (0..n)
-                .map(|i| (format!("{tag}{i:05}.txt"), vec![1u8; 100]))
-                .collect()
-        };
-        // 12,000 one-member samples of 1 KiB each (header and a block): 11.7 MiB.
-        let ((samples, reads, bytes, size), sizes) = reads_to_index(&small(12_000, "s"));
-        assert_eq!(samples, 12_000);
-        assert_eq!(sizes.iter().max(), Some(&THROUGH_MAX), "{sizes:?}");
-        // Four ramp-up requests, then 2 MiB each; +4 as above for the end of the archive.
-        assert!(
-            reads <= 4 + size / THROUGH_MAX + 4 && bytes <= size,
-            "{reads} reads, {bytes} of {size} B"
-        );
-        // A large member in the middle: the requests after it start small again, so the walk
-        // over large members never reads megabytes to find a header.
-        let mut members = small(3000, "a");
-        members.push(("big.bin".into(), vec![0u8; 8 << 20]));
-        members.extend(small(3000, "b"));
-        let ((samples, _, bytes, size), sizes) = reads_to_index(&members);
-        assert_eq!(samples, 6001);
-        // The walk starts with a page too: the jump is the first page after a 2 MiB request.
-        let full = sizes.iter().position(|&n| n == THROUGH_MAX);
-        let full = full.unwrap_or_else(|| panic!("no 2 MiB request before the jump: {sizes:?}"));
-        let jump = full
-            + sizes[full..]
-                .iter()
-                .position(|&n| n == PAGE)
-                .expect("a page");
-        let after = sizes[jump..].iter().find(|&&n| n != PAGE);
-        assert_eq!(after, Some(&THROUGH), "{sizes:?}");
-        assert!(
-            bytes < size - (6 << 20),
-            "{bytes} of {size} B: read the large member"
         );
     }
 

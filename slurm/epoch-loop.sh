@@ -26,7 +26,8 @@
 # "Rate limits beside training"): with both limits at half the disk's write bandwidth a reader at
 # full speed kept 0.59-0.73 of its throughput, at a quarter 0.98. Where the reshuffle shares
 # training's nodes, their CPUs are contended too (on the 2-core test VM a reader at full speed
-# needs a core of its own): OVERLAP_NICE=N adds `--nice N` (default empty: the nice value is left as it is).
+# needs a core of its own): OVERLAP_NICE=N adds `--nice N` (default empty: the nice value is
+# left as it is).
 #
 # and, when $DATA_ROOT/epoch-FIRST_EPOCH does not exist yet, shuffle(FIRST_EPOCH) first. Every
 # shuffle reads the original INPUT with the same SEED and its own EPOCH, so each epoch is an

@@ -77,8 +77,7 @@ impl<'a> Pacer<'a> {
     }
 
     /// Acts on the combined status of round `n`, in which this rank packed its samples up to
-    /// local index `through`. Returns whether the
-    /// writer must sync after placing round `n`.
+    /// local index `through`. Returns whether the writer must sync after placing round `n`.
     ///
     /// A stop signal on any rank starts a checkpoint at once (unless one is under way); once it
     /// is recorded, every rank ends with [`Interrupted`].

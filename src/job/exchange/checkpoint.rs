@@ -37,7 +37,7 @@ pub struct Checkpoints<'a> {
 // were written all over them, so the file system allocates their blocks piecemeal mid-run
 // instead of once, in order, at the end. Cold disk, 3.39 GiB of 4 KiB samples (`cp -r` 3.9-5.1 s):
 // np 1 9.9-11.7 s with it, 8.2-10.0 s without; np 2 8.9-9.6 s against 6.9-7.4 s; one checkpoint
-// at 1 GiB a rank still cost 1-1.5 s. Redoing at most `--checkpoint-every` seconds after a SIGKILL
+// at 1 GiB a rank still cost 1-1.5 s. Redoing about `--checkpoint-every` seconds after a SIGKILL
 // is the price, and what the flag says; SIGINT and SIGTERM still checkpoint at once.
 
 /// The exchange's checkpoint state on one rank.

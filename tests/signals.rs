@@ -280,31 +280,37 @@ fn a_stop_signal_under_a_rate_limit_stops_in_order() {
 /// Issue 36: a job suspended as a whole (Slurm's `scontrol suspend` and PreemptMode=SUSPEND
 /// stop every process: the launcher, its proxies, the ranks) for longer than `--stall-timeout`
 /// is no stall. Every rank's watchdog saw its own clock jump; once continued the job completes,
-/// to the reference's bytes. Suspended in its exchange (where the watchdog ended it with 75 as
-/// it woke) and while every rank is in its finish phase.
+/// to the reference's bytes. Suspended in its exchange while rank 1 takes its time over a round
+/// (so that no rank's progress comes before its watchdog looks: the watchdog ended the job with
+/// 75 as it woke), and while every rank is in its finish phase.
 #[test]
 fn a_job_suspended_as_a_whole_is_not_a_stall() {
     let dir = Dir::new("signals-suspend");
     input_and_reference(&dir);
     for (k, phase) in ["exchange", "finish"].into_iter().enumerate() {
         let out = format!("out-{k}");
+        let mut args = slow_job(&out, &["--stall-timeout", "3"]);
+        // A few large rounds.
+        let budget = args.iter().position(|a| a == "--mem-limit").unwrap() + 1;
+        args[budget] = "64MiB".into();
         let mut cmd = dir.mpi(3);
-        cmd.args(slow_job(&out, &["--stall-timeout", "2"]));
+        cmd.args(&args);
         match phase {
-            "exchange" => cmd.env("RESHARD_TEST_SLOW_ROUNDS", "150"),
+            "exchange" => cmd.env("RESHARD_TEST_SLOW_ROUNDS", "1000:1"),
             _ => cmd.env("RESHARD_TEST_PAUSE_FINISH", "5"),
         };
         let job = start(cmd);
         wait_for_phase(&dir, &out, phase, &job);
+        thread::sleep(Duration::from_millis(300));
         let pids = job_processes(dir.path());
         assert!(pids.len() >= 5, "mpirun, its proxy and 3 ranks: {pids:?}");
         pids.iter().for_each(|&p| signal(p, libc::SIGSTOP));
-        // Three and a half timeouts: a watchdog that counted the suspension ends the job.
-        thread::sleep(Duration::from_secs(7));
+        // Over three timeouts: a watchdog that counted the suspension ends the job.
+        thread::sleep(Duration::from_secs(10));
         pids.iter().rev().for_each(|&p| signal(p, libc::SIGCONT));
         let res = job.join().unwrap();
         println!(
-            "suspended 7 s in the {phase} phase with --stall-timeout 2: {:?} after {:.1} s",
+            "suspended 10 s in the {phase} phase with --stall-timeout 3: {:?} after {:.1} s",
             res.code(),
             res.elapsed.as_secs_f64()
         );

@@ -1,6 +1,6 @@
 //! What one phase hands the next: defined here, imported by every phase, defined by none, so that
 //! a phase never reaches into another for the type it receives. In the order they are made:
-//! [`Setup`] (expand), [`Index`] (index), [`Placed`] and [`Laid`] (plan), together [`Planned`];
+//! [`Setup`] (expand), [`Indexed`] (index), [`Placed`] and [`Laid`] (plan), together [`Planned`];
 //! [`ExchangeStats`] (exchange); [`Finished`] (finish). [`Shared`] is the context every phase
 //! runs in, next to its own settings ([`crate::config::PlanSettings`]): the ranks and the inputs.
 
@@ -85,7 +85,7 @@ pub struct Resume {
 }
 
 /// What the index phase leaves on every rank.
-pub struct Index {
+pub struct Indexed {
     /// The input shards this rank read (a contiguous run).
     pub mine: std::ops::Range<usize>,
     /// This rank's samples, in input order.
@@ -151,7 +151,7 @@ pub struct Laid {
 
 /// What the planning phases leave on every rank: the samples, their positions, the layout.
 pub struct Planned {
-    pub index: Index,
+    pub index: Indexed,
     pub placed: Placed,
     pub laid: Laid,
 }

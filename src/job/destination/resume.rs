@@ -18,7 +18,7 @@ use crate::input::InputShard;
 use crate::job::exchange::Checkpoints;
 use crate::job::handoff::{Planned, Resume};
 use crate::output::checkpoint::{self, InputRecord, PlanRecord};
-use crate::size::count;
+use crate::report::narrate::count;
 use crate::storage::{self, FileStamp};
 use anyhow::{anyhow, Context, Result};
 

@@ -23,13 +23,14 @@ use anyhow::{bail, Result};
 
 use crate::comm::{agree, Comm};
 use crate::hooks;
+use crate::job::handoff::ExchangeStats;
 use crate::watchdog::Watchdog;
+use checkpoint::Checkpointing;
 pub use checkpoint::Checkpoints;
-use checkpoint::Pacer;
 use pack::pack_rounds;
 use rounds::{exchange_rounds, Ends, Moved};
+pub use stages::Work;
 use stages::{Delivery, Packed, Stages, CHUNK_HEADER};
-pub use stages::{ExchangeStats, Job};
 use writer::write_rounds;
 
 /// How a memory budget is split among the exchange's buffers.
@@ -143,7 +144,7 @@ const RECV_BUFFERS: usize = 1 + rounds::ROUNDS_IN_FLIGHT;
 /// same round.
 pub fn run(
     comm: &impl Comm,
-    job: &Job<'_>,
+    job: &Work<'_>,
     buffers: Buffers,
     stall: Stall,
     checkpoints: Checkpoints<'_>,
@@ -181,7 +182,7 @@ pub fn run(
         zero: timeline::Zero::start(comm.rank()),
     };
     hooks::inject_fault(stages.me);
-    let mut pacer = Pacer::new(checkpoints);
+    let mut checkpointing = Checkpointing::new(checkpoints);
     let (outcome, mut stats) = std::thread::scope(|scope| {
         let st = &stages;
         scope.spawn(move || {
@@ -197,7 +198,7 @@ pub fn run(
             so_far: reused.total,
             report: progress,
         };
-        exchange_rounds(comm, st, cap, ends, &mut pacer, moved)
+        exchange_rounds(comm, st, cap, ends, &mut checkpointing, moved)
     });
     drop(stages.dog);
     outcome?;
@@ -207,8 +208,8 @@ pub fn run(
         .into_inner()
         .unwrap_or_else(|p| p.into_inner());
     agree(comm, write_failure.map_or(Ok(()), Err))?;
-    pacer.stop_after_the_last_round(comm, job)?;
-    stats.checkpoints = pacer.taken;
+    checkpointing.stop_after_the_last_round(comm, job)?;
+    stats.checkpoints = checkpointing.taken;
     stats.bytes_written = stages.written.into_inner();
     stats.bytes_reused = reused.bytes;
     stats.samples_reused = reused.samples;

@@ -185,10 +185,15 @@ impl Heartbeat {
     /// directory exists and every rank has passed a collective) and watching the neighbours.
     /// After `timeout` of silence from one, prints who stopped answering and calls `abort`. A
     /// zero timeout writes and watches nothing.
+    ///
+    /// `owner`: the staging directory's owner mark. Before every heartbeat the thread checks it
+    /// still says what it said at the start: a run taken over while it was stopped (its staging
+    /// moved aside, another run's in its place) writes nothing into its successor's directory
+    /// when it wakes, and stops beating and watching (its own checks then fail the run).
     pub fn start(
         timeout: Duration,
         (me, ranks): (usize, usize),
-        dir: PathBuf,
+        (dir, owner): (PathBuf, Option<PathBuf>),
         abort: Aborter,
     ) -> Self {
         let pulse = Arc::new(Pulse::default());
@@ -203,8 +208,13 @@ impl Heartbeat {
                     .into_iter()
                     .map(Watched::new)
                     .collect();
+                let mark = |p: &PathBuf| storage::source(p).read(p).ok();
+                let ours = owner.as_ref().map(mark);
                 let mut counter = 0u64;
                 loop {
+                    if owner.as_ref().map(mark) != ours {
+                        return;
+                    }
                     counter += 1;
                     let beat = Beat {
                         counter,
@@ -379,13 +389,9 @@ mod tests {
         let abort: Aborter = Arc::new(move |e| {
             let _ = tx.lock().unwrap().send(e);
         });
-        let live = Heartbeat::start(
-            timeout,
-            (1, 2),
-            dir.path().to_path_buf(),
-            Arc::clone(&abort),
-        );
-        let watcher = Heartbeat::start(timeout, (0, 2), dir.path().to_path_buf(), abort);
+        let at = || (dir.path().to_path_buf(), None);
+        let live = Heartbeat::start(timeout, (1, 2), at(), Arc::clone(&abort));
+        let watcher = Heartbeat::start(timeout, (0, 2), at(), abort);
         watcher.pulse.phase("index");
         std::thread::sleep(4 * timeout);
         assert!(rx.try_recv().is_err(), "fired while its neighbour beat");
@@ -396,5 +402,33 @@ mod tests {
             .expect("never fired");
         assert_eq!(fired, Exit::Stall);
         drop(watcher);
+    }
+
+    /// A run taken over while it was stopped finds another run's mark on the staging directory
+    /// when it wakes: it writes no heartbeat there (that directory is its successor's).
+    #[test]
+    fn a_run_taken_over_writes_nothing_into_its_successors_staging() {
+        let staging = tempfile::tempdir().unwrap();
+        let (beats, owner) = (
+            staging.path().join(".heartbeats"),
+            staging.path().join(".reshard-owner"),
+        );
+        std::fs::create_dir(&beats).unwrap();
+        std::fs::write(&owner, "run-a").unwrap();
+        let abort: Aborter = Arc::new(|_| panic!("nothing to watch"));
+        let timeout = Duration::from_millis(500);
+        let dog = Heartbeat::start(timeout, (0, 1), (beats.clone(), Some(owner.clone())), abort);
+        let mine = path_of(&beats, 0);
+        let start = Instant::now();
+        while !mine.exists() {
+            assert!(start.elapsed() < Duration::from_secs(60), "never beat");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Run B took the output over: its mark, its directory.
+        std::fs::write(&owner, "run-b").unwrap();
+        std::fs::remove_file(&mine).unwrap();
+        std::thread::sleep(4 * tick_for(timeout));
+        assert!(!mine.exists(), "wrote into another run's staging directory");
+        drop(dog);
     }
 }

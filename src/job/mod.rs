@@ -143,9 +143,13 @@ fn run_phases(
     // Every rank passed the set-up's broadcast: each beats and watches its neighbours from here
     // to the last collective before publishing, when rank 0 removes the heartbeats.
     let heart = setup.staging.as_ref().map(|staging| {
-        let dir = Staging::at(staging).heartbeats();
+        let (dir, owner) = (
+            Staging::at(staging).heartbeats(),
+            Staging::at(staging).owner_file(),
+        );
         let ranks = (comm.rank(), comm.size());
-        Heartbeat::start(settings.exchange.stall_timeout, ranks, dir, comm.aborter())
+        let timeout = settings.exchange.stall_timeout;
+        Heartbeat::start(timeout, ranks, (dir, Some(owner)), comm.aborter())
     });
     let phase = |name: &str| heart.iter().for_each(|h| h.pulse.phase(name));
     phase("index");

@@ -25,8 +25,7 @@
 //! reading the same socket.
 
 use std::io::{self, Read, Write};
-use std::mem::ManuallyDrop;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -56,10 +55,10 @@ pub fn tell_finalized() -> bool {
     let Some(fd) = pmi_fd(|k| std::env::var(k).ok()) else {
         return false;
     };
-    // SAFETY: `PMI_FD` is the rank's end of hydra's socketpair, open for the life of the process
-    // (MPICH's PMI client never closes it before MPI_Finalize returns, and the thread in MPI is
-    // parked). ManuallyDrop: the descriptor stays MPI's, it is never closed here.
-    let mut proxy = ManuallyDrop::new(unsafe { UnixStream::from_raw_fd(fd) });
+    // `PMI_FD` is the rank's end of hydra's socketpair, open for the life of the process (MPICH's
+    // PMI client never closes it before MPI_Finalize returns, and the thread in MPI is parked);
+    // it stays MPI's, never closed here.
+    let mut proxy = crate::sys::borrow_unix_stream(fd);
     finalize_over(&mut proxy, ACK_WAIT).is_ok()
 }
 

@@ -2,7 +2,7 @@
 //! itself could not: the one place reshard speaks a launcher's own protocol.
 //!
 //! Why: MPICH 4.0.x over UCX's tcp transport can hang in MPI_Finalize after all the work is done
-//! (docs/design.md, "MPI_Finalize over UCX tcp"). The finalize deadline then ends the rank without
+//! (docs/performance.md, "MPI_Finalize over UCX tcp"). The finalize deadline then ends the rank without
 //! MPI_Finalize, and hydra takes a rank whose PMI connection closes without PMI's `finalize` for a
 //! failed one: its proxy records exit status 1 for it and, by default, kills the other ranks of its
 //! node (`pmi_cb` in hydra's `pm/pmiserv/pmip_cb.c`, MPICH 4.0.2). So before such a rank exits it

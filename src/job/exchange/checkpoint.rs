@@ -10,26 +10,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 
 use super::stages::{Stages, Work};
 use crate::comm::wire::{gather_concat, route, RoundStatus};
 use crate::comm::{agree, Comm};
+use crate::job::handoff::Checkpoints;
 use crate::job::interrupt::Interrupted;
-
-/// Records durably, on rank 0, the ranges of global sample indices that became durable.
-pub type Record<'a> = Box<dyn FnMut(Vec<(u64, u64)>) -> Result<()> + 'a>;
-
-/// How often, and where, checkpoints are recorded.
-pub struct Checkpoints<'a> {
-    /// Time between checkpoints (zero: after every round).
-    pub every: Duration,
-    /// Called on rank 0 with every rank's range of global sample indices that became durable
-    /// (empty ranges included): records them.
-    pub record: Record<'a>,
-}
 
 // Checkpoints come by time only. From 2026-11-24 to 11-28 one also came after every 256 MiB a
 // rank moved, so that a run killed (SIGKILL) in its first 30 s kept something. It was measured

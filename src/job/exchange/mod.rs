@@ -23,10 +23,9 @@ use anyhow::{bail, Result};
 
 use crate::comm::{agree, Comm};
 use crate::hooks;
-use crate::job::handoff::ExchangeStats;
+use crate::job::handoff::{Checkpoints, ExchangeStats};
 use crate::watchdog::Watchdog;
 use checkpoint::Checkpointing;
-pub use checkpoint::Checkpoints;
 use pack::pack_rounds;
 use rounds::{exchange_rounds, Ends, Moved};
 pub use stages::Work;

@@ -7,8 +7,8 @@
 //! A location is a path as the user wrote it; its scheme picks the backend. Today that is
 //! [`posix`] for every plain path, [`s3`] for `s3://bucket/key`, and in unit tests [`memory`]
 //! for `mem://…`. A backend that
-//! lacks something POSIX has (object storage has no rename and no write at an offset) says so in
-//! its [`Capabilities`]; the caller asks before it relies on it.
+//! lacks something POSIX has (object storage has no rename and no write at an offset) answers
+//! `Unsupported` for it.
 
 use std::any::Any;
 use std::ffi::OsString;
@@ -16,20 +16,20 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use crate::sys::FileStamp;
+pub(crate) use crate::sys::FileStamp;
 
-pub mod aws_profile;
+pub(crate) mod aws_profile;
 #[cfg(test)]
-pub mod memory;
-pub mod paced;
-pub mod posix;
-pub mod s3;
+pub(crate) mod memory;
+pub(crate) mod paced;
+pub(crate) mod posix;
+pub(crate) mod s3;
 
 use paced::Paced;
 
 /// What a location is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     File,
     Dir,
     /// A symbolic link, seen without following it ([`Source::stat_link`], listings).
@@ -40,21 +40,21 @@ pub enum Kind {
 
 /// What a stat of a location tells: its kind and its stamp (size, times, identity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stat {
-    pub kind: Kind,
-    pub stamp: FileStamp,
+pub(crate) struct Stat {
+    pub(crate) kind: Kind,
+    pub(crate) stamp: FileStamp,
 }
 
 /// One entry of a listing: its name inside the listed directory (or prefix) and its kind, as the
 /// listing tells it without following symbolic links.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    pub name: OsString,
-    pub kind: Kind,
+pub(crate) struct Entry {
+    pub(crate) name: OsString,
+    pub(crate) kind: Kind,
 }
 
 /// Where shards (and small metadata files next to them) are read from.
-pub trait Source: Send + Sync {
+pub(crate) trait Source: Send + Sync {
     /// The kind and stamp of `path`, following symbolic links.
     ///
     /// # Errors
@@ -106,10 +106,10 @@ pub trait Source: Send + Sync {
 }
 
 /// An input shard opened by a [`Source`]: shared by the threads that read it.
-pub type OpenInput = Arc<dyn Input>;
+pub(crate) type OpenInput = Arc<dyn Input>;
 
 /// An open input: read at any offset without a cursor, so threads may share it.
-pub trait Input: Send + Sync {
+pub(crate) trait Input: Send + Sync {
     /// Reads up to `buf.len()` bytes at `offset`: the count read, 0 at the end.
     ///
     /// # Errors
@@ -136,7 +136,7 @@ pub trait Input: Send + Sync {
 ///
 /// # Errors
 /// A read fails.
-pub fn read_up_to_at(input: &dyn Input, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+pub(crate) fn read_up_to_at(input: &dyn Input, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match input.read_at(&mut buf[n..], offset + n as u64) {
@@ -152,14 +152,14 @@ pub fn read_up_to_at(input: &dyn Input, buf: &mut [u8], offset: u64) -> io::Resu
 /// A sequential, seekable stream over an [`Input`]: its own position, so several streams of one
 /// open shard never move each other (a `dup`ed descriptor would share its offset).
 #[derive(Clone)]
-pub struct Sequential {
+pub(crate) struct Sequential {
     input: OpenInput,
     pos: u64,
 }
 
 impl Sequential {
     /// A stream of `input` from its first byte.
-    pub fn new(input: OpenInput) -> Self {
+    pub(crate) fn new(input: OpenInput) -> Self {
         Sequential { input, pos: 0 }
     }
 }
@@ -190,23 +190,9 @@ impl Seek for Sequential {
     }
 }
 
-/// What a [`Sink`] can do beyond creating, writing whole objects and removing them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
-    /// [`Output::write_at`] at any offset, in any order (POSIX); without it an output is written
-    /// front to back once ([`Sink::create_stream`]).
-    pub positioned_writes: bool,
-    /// [`Sink::rename_noreplace`] and [`Sink::swap`] are atomic renames; without them the manifest
-    /// written last is what "published" means.
-    pub rename: bool,
-}
-
 /// Where outputs go: the staging area, its shards and metadata, and their publishing. What is
 /// there is examined and read back through the [`Source`] of the same location.
-pub trait Sink: Send + Sync {
-    /// What this backend can do; callers ask before relying on renames or positioned writes.
-    fn capabilities(&self) -> Capabilities;
-
+pub(crate) trait Sink: Send + Sync {
     /// Makes the directory (prefix) `path` and its parents; nothing where it exists.
     ///
     /// # Errors
@@ -217,7 +203,7 @@ pub trait Sink: Send + Sync {
     ///
     /// # Errors
     /// It exists already (`AlreadyExists`), or cannot be created or sized; `Unsupported`
-    /// without [`Capabilities::positioned_writes`].
+    /// where the backend has no positioned writes.
     fn create(&self, path: &Path, len: u64) -> io::Result<Box<dyn Output>>;
 
     /// Opens the existing object `path` for positioned writes (what it holds stays).
@@ -260,8 +246,8 @@ pub trait Sink: Send + Sync {
     /// Renames `from` to `to` only if nothing is at `to`, atomically.
     ///
     /// # Errors
-    /// `to` exists (`AlreadyExists`), or the backend cannot rename (`Unsupported`, see
-    /// [`Capabilities::rename`]); nothing is renamed.
+    /// `to` exists (`AlreadyExists`), or the backend cannot rename (`Unsupported`); nothing
+    /// is renamed.
     fn rename_noreplace(&self, from: &Path, to: &Path) -> io::Result<()>;
 
     /// Renames `from` to `to` as the backend's plain rename does (POSIX `rename(2)`: a directory
@@ -350,7 +336,7 @@ pub trait Sink: Send + Sync {
 }
 
 /// An output object open for positioned writes.
-pub trait Output: Send + Sync {
+pub(crate) trait Output: Send + Sync {
     /// Writes all of `data` at `offset`.
     ///
     /// # Errors
@@ -394,7 +380,7 @@ pub trait Output: Send + Sync {
 }
 
 /// An output written front to back ([`Sink::create_stream`]).
-pub trait Writer: Write + Send {
+pub(crate) trait Writer: Write + Send {
     /// Makes everything written durable and ends the object: its size.
     ///
     /// # Errors
@@ -413,19 +399,19 @@ fn scheme(path: &Path) -> Option<&str> {
 }
 
 /// Whether `path` names object storage (`s3://…`).
-pub fn is_object_store(path: &Path) -> bool {
+pub(crate) fn is_object_store(path: &Path) -> bool {
     scheme(path) == Some(s3::SCHEME)
 }
 
 /// The backend that holds `path`: its scheme picks it; a plain path is POSIX. While the run has
 /// a rate limit, the backend wrapped in [`Paced`].
-pub fn source(path: &Path) -> &'static dyn Source {
+pub(crate) fn source(path: &Path) -> &'static dyn Source {
     paced_while_limited(sources(path))
 }
 
 /// The backend that `path` is written to: its scheme picks it; a plain path is POSIX. While the
 /// run has a rate limit, the backend wrapped in [`Paced`].
-pub fn sink(path: &Path) -> &'static dyn Sink {
+pub(crate) fn sink(path: &Path) -> &'static dyn Sink {
     paced_while_limited(sinks(path))
 }
 
@@ -462,7 +448,7 @@ fn sinks(path: &Path) -> (&'static dyn Sink, &'static dyn Sink) {
 ///
 /// # Errors
 /// It cannot be opened.
-pub fn open(path: &Path) -> io::Result<OpenInput> {
+pub(crate) fn open(path: &Path) -> io::Result<OpenInput> {
     source(path).open(path)
 }
 
@@ -470,7 +456,7 @@ pub fn open(path: &Path) -> io::Result<OpenInput> {
 ///
 /// # Errors
 /// It cannot be examined.
-pub fn stamp(path: &Path) -> io::Result<FileStamp> {
+pub(crate) fn stamp(path: &Path) -> io::Result<FileStamp> {
     source(path).stat(path).map(|s| s.stamp)
 }
 
@@ -480,7 +466,7 @@ pub fn stamp(path: &Path) -> io::Result<FileStamp> {
 ///
 /// # Errors
 /// It cannot be created or written.
-pub fn write_unsynced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_unsynced(path: &Path, bytes: &[u8]) -> io::Result<()> {
     // A small file (a heartbeat among them): counted against the write limit but never waiting
     // for it, as [`Paced`]'s other small objects.
     crate::throttle::charge(0, bytes.len() as u64);
@@ -489,7 +475,7 @@ pub fn write_unsynced(path: &Path, bytes: &[u8]) -> io::Result<()> {
 
 /// The modification time of `stamp` in nanoseconds since the epoch, 0 before it (how plan
 /// records and saved indexes note a file's version).
-pub fn mtime_ns(stamp: &FileStamp) -> u128 {
+pub(crate) fn mtime_ns(stamp: &FileStamp) -> u128 {
     u128::try_from(stamp.mtime_ns).unwrap_or(0)
 }
 

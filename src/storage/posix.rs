@@ -8,13 +8,11 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{
-    Capabilities, Entry, FileStamp, Input, Kind, OpenInput, Output, Sink, Source, Stat, Writer,
-};
+use super::{Entry, FileStamp, Input, Kind, OpenInput, Output, Sink, Source, Stat, Writer};
 use crate::sys;
 
 /// Files and directories of the operating system.
-pub struct Posix;
+pub(crate) struct Posix;
 
 fn kind(t: fs::FileType) -> Kind {
     if t.is_symlink() {
@@ -98,13 +96,6 @@ impl Input for PosixInput {
 }
 
 impl Sink for Posix {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            positioned_writes: true,
-            rename: true,
-        }
-    }
-
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         fs::create_dir_all(path)
     }
@@ -404,13 +395,6 @@ mod tests {
         );
         let free = Posix.free_space(&missing).unwrap_err();
         assert_eq!(free.kind(), io::ErrorKind::NotFound);
-        assert_eq!(
-            Posix.capabilities(),
-            Capabilities {
-                positioned_writes: true,
-                rename: true
-            }
-        );
     }
 
     /// Between two local files the copy happens in the kernel, each range at its offsets, and

@@ -21,7 +21,7 @@ use object_store::multipart::MultipartStore;
 use object_store::path::Path as Key;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use super::{Capabilities, Entry, FileStamp, Kind, OpenInput, Output, Sink, Source, Stat, Writer};
+use super::{Entry, FileStamp, Kind, OpenInput, Output, Sink, Source, Stat, Writer};
 
 mod multipart;
 mod read;
@@ -32,7 +32,7 @@ use read::{Ahead, S3Input};
 use requests::{again, block_on, error, not_found, store};
 
 /// The scheme this backend serves.
-pub const SCHEME: &str = "s3";
+pub(crate) const SCHEME: &str = "s3";
 
 /// GETs and their bytes, PUTs (and parts) and theirs, in this process: the run's summary
 /// reports them per GiB moved ([`traffic`]).
@@ -60,7 +60,7 @@ fn count(counter: &Counter, bytes: usize) {
 }
 
 /// This process's requests so far: (GETs, bytes they read, PUTs and parts, bytes they wrote).
-pub fn traffic() -> [u64; 4] {
+pub(crate) fn traffic() -> [u64; 4] {
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     [
         load(&GETS.requests),
@@ -71,7 +71,7 @@ pub fn traffic() -> [u64; 4] {
 }
 
 /// Buckets and keys of `s3://` locations.
-pub struct S3;
+pub(crate) struct S3;
 
 /// A location parsed: its bucket and its key (no leading or trailing `/`; empty for the
 /// bucket's root).
@@ -274,13 +274,6 @@ impl S3 {
 }
 
 impl Sink for S3 {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            positioned_writes: false,
-            rename: false,
-        }
-    }
-
     fn create_dir_all(&self, _path: &Path) -> io::Result<()> {
         // A prefix exists once an object is under it.
         Ok(())

@@ -5,8 +5,9 @@
 //! implementing them plus its registration in [`source`] and [`sink`].
 //!
 //! A location is a path as the user wrote it; its scheme picks the backend. Today that is
-//! [`posix`] for every plain path, [`s3`] for `s3://bucket/key`, and in unit tests [`memory`]
-//! for `mem://…`. A backend that
+//! [`posix`] for every plain path, the object stores of [`OBJECT_STORES`] (`s3://bucket/key`,
+//! `gs://bucket/key`, `az://container/key`, all served by the shared code in [`s3`]), and in
+//! unit tests [`memory`] for `mem://…`. A backend that
 //! lacks something POSIX has (object storage has no rename and no write at an offset) says so in
 //! its [`Capabilities`]; the caller asks before it relies on it.
 
@@ -19,6 +20,8 @@ use std::sync::Arc;
 pub use crate::sys::FileStamp;
 
 pub mod aws_profile;
+pub mod azure;
+pub mod gcs;
 #[cfg(test)]
 pub mod memory;
 pub mod paced;
@@ -26,6 +29,21 @@ pub mod posix;
 pub mod s3;
 
 use paced::Paced;
+use s3::Objects;
+
+/// The object stores, each by its URL scheme: the one registration of a store. A new store is
+/// one file (its [`s3::Scheme`]: its name and its client from the environment) plus its line
+/// here; every call site asks [`is_object_store`], [`object_scheme`] or the sink's
+/// [`Capabilities`], never a scheme itself.
+pub static OBJECT_STORES: [Objects; 3] =
+    [Objects(&s3::S3), Objects(&gcs::GCS), Objects(&azure::AZURE)];
+
+/// [`OBJECT_STORES`], each wrapped in [`Paced`], in the same order.
+static PACED_OBJECT_STORES: [Paced<Objects>; 3] = [
+    Paced(&OBJECT_STORES[0]),
+    Paced(&OBJECT_STORES[1]),
+    Paced(&OBJECT_STORES[2]),
+];
 
 /// What a location is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -412,9 +430,20 @@ fn scheme(path: &Path) -> Option<&str> {
     (first && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())).then_some(scheme)
 }
 
-/// Whether `path` names object storage (`s3://…`).
+/// Which of [`OBJECT_STORES`] holds `path`, by its scheme.
+fn object_store(path: &Path) -> Option<usize> {
+    let name = scheme(path)?;
+    OBJECT_STORES.iter().position(|o| o.0.name == name)
+}
+
+/// Whether `path` names object storage (`s3://…`, `gs://…`, `az://…`).
 pub fn is_object_store(path: &Path) -> bool {
-    scheme(path) == Some(s3::SCHEME)
+    object_store(path).is_some()
+}
+
+/// The scheme of the object store that holds `path` (`s3`), if one does.
+pub fn object_scheme(path: &Path) -> Option<&'static str> {
+    object_store(path).map(|i| OBJECT_STORES[i].0.name)
 }
 
 /// The backend that holds `path`: its scheme picks it; a plain path is POSIX. While the run has
@@ -440,21 +469,25 @@ fn paced_while_limited<T: ?Sized>((backend, paced): (&'static T, &'static T)) ->
 
 /// The backend that holds `path`, as it is and wrapped in [`Paced`].
 fn sources(path: &Path) -> (&'static dyn Source, &'static dyn Source) {
-    match scheme(path) {
-        #[cfg(test)]
-        Some("mem") => (&memory::Memory, &Paced(&memory::Memory)),
-        Some(s3::SCHEME) => (&s3::S3, &Paced(&s3::S3)),
-        _ => (&posix::Posix, &Paced(&posix::Posix)),
+    #[cfg(test)]
+    if scheme(path) == Some("mem") {
+        return (&memory::Memory, &Paced(&memory::Memory));
+    }
+    match object_store(path) {
+        Some(i) => (&OBJECT_STORES[i], &PACED_OBJECT_STORES[i]),
+        None => (&posix::Posix, &Paced(&posix::Posix)),
     }
 }
 
 /// The backend that `path` is written to, as it is and wrapped in [`Paced`].
 fn sinks(path: &Path) -> (&'static dyn Sink, &'static dyn Sink) {
-    match scheme(path) {
-        #[cfg(test)]
-        Some("mem") => (&memory::Memory, &Paced(&memory::Memory)),
-        Some(s3::SCHEME) => (&s3::S3, &Paced(&s3::S3)),
-        _ => (&posix::Posix, &Paced(&posix::Posix)),
+    #[cfg(test)]
+    if scheme(path) == Some("mem") {
+        return (&memory::Memory, &Paced(&memory::Memory));
+    }
+    match object_store(path) {
+        Some(i) => (&OBJECT_STORES[i], &PACED_OBJECT_STORES[i]),
+        None => (&posix::Posix, &Paced(&posix::Posix)),
     }
 }
 

@@ -10,8 +10,8 @@
 use std::io;
 use std::sync::Arc;
 
-use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
-use object_store::ClientConfigKey;
+use object_store::gcp::{GcpCredential, GoogleCloudStorageBuilder, GoogleConfigKey};
+use object_store::{ClientConfigKey, StaticCredentialProvider};
 
 use super::s3::{retry_from_env, Client, Scheme};
 
@@ -39,9 +39,15 @@ fn client(bucket: &str) -> io::Result<Arc<dyn Client>> {
         } else {
             format!("http://{host}")
         };
+        // No credential at all: an empty bearer token, never a token request (with
+        // `skip_signature` alone, `object_store` 0.14 still asks the metadata server for a
+        // token before every PUT and DELETE).
+        let anonymous = StaticCredentialProvider::new(GcpCredential {
+            bearer: String::new(),
+        });
         builder = builder
             .with_base_url(url.trim_end_matches('/'))
-            .with_skip_signature(true);
+            .with_credentials(Arc::new(anonymous));
         if url.starts_with("http://") {
             let allow_http = GoogleConfigKey::Client(ClientConfigKey::AllowHttp);
             builder = builder.with_config(allow_http, "true");

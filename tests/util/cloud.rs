@@ -108,10 +108,8 @@ elif op == "ls":
     print("\n".join((az_keys if STORE == "az" else gs_keys)(bucket, sys.argv[3])))
 "#;
 
-/// A running emulator: the store's scheme, the environment that points reshard at it, and the
-/// client's.
+/// A running emulator: the environment that points reshard at it, and the client's.
 pub struct Emulator {
-    pub scheme: &'static str,
     env: Vec<(&'static str, String)>,
     client_env: Vec<(&'static str, String)>,
     python: PathBuf,
@@ -210,7 +208,6 @@ fn start_azurite() -> Option<Emulator> {
     });
     let url = format!("http://127.0.0.1:{port}");
     Some(Emulator {
-        scheme: "az",
         env: vec![
             ("AZURE_STORAGE_USE_EMULATOR", "true".to_string()),
             ("AZURITE_BLOB_STORAGE_URL", url.clone()),
@@ -256,7 +253,6 @@ fn start_gcs() -> Option<Emulator> {
     });
     let host = format!("127.0.0.1:{port}");
     Some(Emulator {
-        scheme: "gs",
         env: vec![("STORAGE_EMULATOR_HOST", host.clone())],
         client_env: vec![
             ("STORE", "gs".to_string()),

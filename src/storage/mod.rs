@@ -27,23 +27,11 @@ pub mod memory;
 pub mod paced;
 pub mod posix;
 pub mod s3;
+mod schemes;
 
 use paced::Paced;
-use s3::Objects;
-
-/// The object stores, each by its URL scheme: the one registration of a store. A new store is
-/// one file (its [`s3::Scheme`]: its name and its client from the environment) plus its line
-/// here; every call site asks [`is_object_store`], [`object_scheme`] or the sink's
-/// [`Capabilities`], never a scheme itself.
-pub static OBJECT_STORES: [Objects; 3] =
-    [Objects(&s3::S3), Objects(&gcs::GCS), Objects(&azure::AZURE)];
-
-/// [`OBJECT_STORES`], each wrapped in [`Paced`], in the same order.
-static PACED_OBJECT_STORES: [Paced<Objects>; 3] = [
-    Paced(&OBJECT_STORES[0]),
-    Paced(&OBJECT_STORES[1]),
-    Paced(&OBJECT_STORES[2]),
-];
+pub use schemes::{is_object_store, object_scheme, OBJECT_STORES};
+use schemes::{object_store, PACED_OBJECT_STORES};
 
 /// What a location is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,22 +416,6 @@ fn scheme(path: &Path) -> Option<&str> {
     let mut bytes = scheme.bytes();
     let first = bytes.next().is_some_and(|b| b.is_ascii_lowercase());
     (first && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())).then_some(scheme)
-}
-
-/// Which of [`OBJECT_STORES`] holds `path`, by its scheme.
-fn object_store(path: &Path) -> Option<usize> {
-    let name = scheme(path)?;
-    OBJECT_STORES.iter().position(|o| o.0.name == name)
-}
-
-/// Whether `path` names object storage (`s3://…`, `gs://…`, `az://…`).
-pub fn is_object_store(path: &Path) -> bool {
-    object_store(path).is_some()
-}
-
-/// The scheme of the object store that holds `path` (`s3`), if one does.
-pub fn object_scheme(path: &Path) -> Option<&'static str> {
-    object_store(path).map(|i| OBJECT_STORES[i].0.name)
 }
 
 /// The backend that holds `path`: its scheme picks it; a plain path is POSIX. While the run has

@@ -106,6 +106,57 @@ fn az_input_and_output_are_the_posix_bytes_at_one_and_two_ranks() {
     );
 }
 
+/// An input, the variables set over the emulator's, and the message that refuses it.
+type Refusal<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+
+/// A missing container, a missing blob and a wrong account key stop the run before any work,
+/// each naming the container (as Azure calls a bucket), and the last the Azure variables to
+/// check; no message shows the key.
+#[test]
+fn az_errors_name_the_container_and_the_azure_variables() {
+    let test = "az_errors_name_the_container_and_the_azure_variables";
+    let Some(az) = azurite(test) else {
+        return;
+    };
+    let dir = Dir::new("az-errors");
+    let container = az.bucket(&dir, test);
+    let endpoint = format!("{}/devstoreaccount1", az.var("AZURITE_BLOB_STORAGE_URL"));
+    let wrong_key = [
+        ("AZURE_STORAGE_USE_EMULATOR", "false"),
+        ("AZURE_STORAGE_ACCOUNT_NAME", "devstoreaccount1"),
+        ("AZURE_STORAGE_ACCOUNT_KEY", "d3JvbmcgYWNjb3VudCBrZXk="),
+        ("AZURE_STORAGE_ENDPOINT", endpoint.as_str()),
+    ];
+    let cases: [Refusal; 3] = [
+        ("az://nosuchcontainer/in", &[], "container nosuchcontainer does not exist"),
+        (
+            &format!("az://{container}/in/x.tar"),
+            &[],
+            &format!("no such object or prefix in container {container}"),
+        ),
+        (
+            &format!("az://{container}/in/x.tar"),
+            &wrong_key,
+            &format!("access denied to container {container} key in/x.tar: check the credentials (AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY)"),
+        ),
+    ];
+    for (input, env, message) in cases {
+        let mut cmd = dir.mpi(2);
+        cmd.args(["run", "--input", input, "--output", "out"])
+            .args(["--shards", "2", "--seed", "1"]);
+        az.with_env(&mut cmd);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output();
+        out.check(out.code() != Some(0), "expected a failure");
+        out.stderr_has(&format!("input {input}: {message}"));
+        out.check(!out.stderr.contains("d3Jvbmc"), "the key is shown");
+        out.no_debug_text();
+        out.check(!dir.join("out").exists(), "an output was made");
+    }
+}
+
 /// fake-gcs-server serves object_store's XML API reads (HEAD, ranged GET, ListObjectsV2) but
 /// not its writes (a plain XML PUT is refused "invalid uploadType"; see docs/storage.md), so
 /// `gs://` is tested as input here.

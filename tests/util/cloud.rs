@@ -271,6 +271,13 @@ impl Emulator {
         cmd
     }
 
+    /// The value of the variable `name` in the environment that points reshard at this
+    /// emulator (`AZURITE_BLOB_STORAGE_URL`: Azurite's address).
+    pub fn var(&self, name: &str) -> &str {
+        let found = self.env.iter().find(|(k, _)| *k == name);
+        &found.unwrap_or_else(|| panic!("no {name}")).1
+    }
+
     fn client(&self, dir: &Dir, args: &[&str]) -> RunOutput {
         let mut cmd = dir.program(&self.python);
         cmd.args(["-c", CLIENT]).args(args);

@@ -152,6 +152,7 @@ fn target_dir(python: &Path) -> Option<PathBuf> {
 /// (so that the server, killed when that thread ends, never outlives the tests); returns the
 /// port once something listens on it.
 fn serve(name: &str, make: impl Fn(u16, &Path) -> Command + Send + 'static) -> u16 {
+    remove_dead_servers_data(name);
     let data = std::env::temp_dir().join(format!("reshard-test-{name}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&data);
     fs::create_dir_all(&data).unwrap();
@@ -187,6 +188,26 @@ fn serve(name: &str, make: impl Fn(u16, &Path) -> Command + Send + 'static) -> u
     });
     rx.recv()
         .unwrap_or_else(|_| panic!("the {name} emulator never listened"))
+}
+
+/// The data directories (and logs) that the `name` emulators of test binaries that have ended
+/// left behind: each emulator dies with its binary, its data stays.
+fn remove_dead_servers_data(name: &str) {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    let prefix = format!("reshard-test-{name}-");
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file.strip_prefix(&prefix) else {
+            continue;
+        };
+        let pid = pid.trim_end_matches(".log").trim_end_matches(".err");
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = fs::remove_dir_all(e.path());
+            let _ = fs::remove_file(e.path());
+        }
+    }
 }
 
 fn start_azurite() -> Option<Emulator> {

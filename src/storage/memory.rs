@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::{Entry, FileStamp, Input, Kind, OpenInput, Output, Sink, Source, Stat, Writer};
+use super::{
+    Capabilities, Entry, FileStamp, Input, Kind, OpenInput, Output, Sink, Source, Stat, Writer,
+};
 
 /// The objects of this process, by location.
 pub(crate) struct Memory;
@@ -223,6 +225,13 @@ fn moved_to(path: &Path, from: &Path, to: &Path) -> PathBuf {
 }
 
 impl Sink for Memory {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            positioned_writes: true,
+            rename: true,
+        }
+    }
+
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         with(|s| {
             for dir in path.ancestors().filter(|d| !d.as_os_str().is_empty()) {

@@ -5,10 +5,11 @@
 //! implementing them plus its registration in [`source`] and [`sink`].
 //!
 //! A location is a path as the user wrote it; its scheme picks the backend. Today that is
-//! [`posix`] for every plain path, [`s3`] for `s3://bucket/key`, and in unit tests [`memory`]
-//! for `mem://…`. A backend that
-//! lacks something POSIX has (object storage has no rename and no write at an offset) answers
-//! `Unsupported` for it.
+//! [`posix`] for every plain path, the object stores of [`OBJECT_STORES`] (`s3://bucket/key`,
+//! `gs://bucket/key`, `az://container/key`, all served by the shared code in [`s3`]), and in
+//! unit tests [`memory`] for `mem://…`. A backend that
+//! lacks something POSIX has (object storage has no rename and no write at an offset) says so in
+//! its [`Capabilities`]; the caller asks before it relies on it.
 
 use std::any::Any;
 use std::ffi::OsString;
@@ -19,13 +20,18 @@ use std::sync::Arc;
 pub(crate) use crate::sys::FileStamp;
 
 pub(crate) mod aws_profile;
+pub(crate) mod azure;
+pub(crate) mod gcs;
 #[cfg(test)]
 pub(crate) mod memory;
 pub(crate) mod paced;
 pub(crate) mod posix;
 pub(crate) mod s3;
+mod schemes;
 
 use paced::Paced;
+pub(crate) use schemes::{is_object_store, object_scheme, OBJECT_STORES};
+use schemes::{object_store, PACED_OBJECT_STORES};
 
 /// What a location is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,9 +196,23 @@ impl Seek for Sequential {
     }
 }
 
+/// What a [`Sink`] can do beyond creating, writing whole objects and removing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Capabilities {
+    /// [`Output::write_at`] at any offset, in any order (POSIX); without it an output is written
+    /// front to back once ([`Sink::create_stream`]).
+    pub(crate) positioned_writes: bool,
+    /// [`Sink::rename_noreplace`] and [`Sink::swap`] are atomic renames; without them the manifest
+    /// written last is what "published" means.
+    pub(crate) rename: bool,
+}
+
 /// Where outputs go: the staging area, its shards and metadata, and their publishing. What is
 /// there is examined and read back through the [`Source`] of the same location.
 pub(crate) trait Sink: Send + Sync {
+    /// What this backend can do; callers ask before relying on renames or positioned writes.
+    fn capabilities(&self) -> Capabilities;
+
     /// Makes the directory (prefix) `path` and its parents; nothing where it exists.
     ///
     /// # Errors
@@ -203,7 +223,7 @@ pub(crate) trait Sink: Send + Sync {
     ///
     /// # Errors
     /// It exists already (`AlreadyExists`), or cannot be created or sized; `Unsupported`
-    /// where the backend has no positioned writes.
+    /// without [`Capabilities::positioned_writes`].
     fn create(&self, path: &Path, len: u64) -> io::Result<Box<dyn Output>>;
 
     /// Opens the existing object `path` for positioned writes (what it holds stays).
@@ -246,8 +266,8 @@ pub(crate) trait Sink: Send + Sync {
     /// Renames `from` to `to` only if nothing is at `to`, atomically.
     ///
     /// # Errors
-    /// `to` exists (`AlreadyExists`), or the backend cannot rename (`Unsupported`); nothing
-    /// is renamed.
+    /// `to` exists (`AlreadyExists`), or the backend cannot rename (`Unsupported`, see
+    /// [`Capabilities::rename`]); nothing is renamed.
     fn rename_noreplace(&self, from: &Path, to: &Path) -> io::Result<()>;
 
     /// Renames `from` to `to` as the backend's plain rename does (POSIX `rename(2)`: a directory
@@ -398,11 +418,6 @@ fn scheme(path: &Path) -> Option<&str> {
     (first && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())).then_some(scheme)
 }
 
-/// Whether `path` names object storage (`s3://…`).
-pub(crate) fn is_object_store(path: &Path) -> bool {
-    scheme(path) == Some(s3::SCHEME)
-}
-
 /// The backend that holds `path`: its scheme picks it; a plain path is POSIX. While the run has
 /// a rate limit, the backend wrapped in [`Paced`].
 pub(crate) fn source(path: &Path) -> &'static dyn Source {
@@ -426,21 +441,25 @@ fn paced_while_limited<T: ?Sized>((backend, paced): (&'static T, &'static T)) ->
 
 /// The backend that holds `path`, as it is and wrapped in [`Paced`].
 fn sources(path: &Path) -> (&'static dyn Source, &'static dyn Source) {
-    match scheme(path) {
-        #[cfg(test)]
-        Some("mem") => (&memory::Memory, &Paced(&memory::Memory)),
-        Some(s3::SCHEME) => (&s3::S3, &Paced(&s3::S3)),
-        _ => (&posix::Posix, &Paced(&posix::Posix)),
+    #[cfg(test)]
+    if scheme(path) == Some("mem") {
+        return (&memory::Memory, &Paced(&memory::Memory));
+    }
+    match object_store(path) {
+        Some(i) => (&OBJECT_STORES[i], &PACED_OBJECT_STORES[i]),
+        None => (&posix::Posix, &Paced(&posix::Posix)),
     }
 }
 
 /// The backend that `path` is written to, as it is and wrapped in [`Paced`].
 fn sinks(path: &Path) -> (&'static dyn Sink, &'static dyn Sink) {
-    match scheme(path) {
-        #[cfg(test)]
-        Some("mem") => (&memory::Memory, &Paced(&memory::Memory)),
-        Some(s3::SCHEME) => (&s3::S3, &Paced(&s3::S3)),
-        _ => (&posix::Posix, &Paced(&posix::Posix)),
+    #[cfg(test)]
+    if scheme(path) == Some("mem") {
+        return (&memory::Memory, &Paced(&memory::Memory));
+    }
+    match object_store(path) {
+        Some(i) => (&OBJECT_STORES[i], &PACED_OBJECT_STORES[i]),
+        None => (&posix::Posix, &Paced(&posix::Posix)),
     }
 }
 

@@ -19,7 +19,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Entry, FileStamp, Input, OpenInput, Output, Sink, Source, Stat, Writer};
+use super::{Capabilities, Entry, FileStamp, Input, OpenInput, Output, Sink, Source, Stat, Writer};
 use crate::throttle;
 
 /// A backend whose transfers keep to the run's rate limits.
@@ -84,6 +84,10 @@ impl Input for PacedInput {
 }
 
 impl<B: Sink + ?Sized> Sink for Paced<B> {
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         self.0.create_dir_all(path)
     }
@@ -345,6 +349,9 @@ mod tests {
     }
 
     impl Sink for Noting {
+        fn capabilities(&self) -> Capabilities {
+            unreachable!()
+        }
         fn create_dir_all(&self, _: &Path) -> io::Result<()> {
             unreachable!()
         }

@@ -8,7 +8,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Entry, FileStamp, Input, Kind, OpenInput, Output, Sink, Source, Stat, Writer};
+use super::{
+    Capabilities, Entry, FileStamp, Input, Kind, OpenInput, Output, Sink, Source, Stat, Writer,
+};
 use crate::sys;
 
 /// Files and directories of the operating system.
@@ -96,6 +98,13 @@ impl Input for PosixInput {
 }
 
 impl Sink for Posix {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            positioned_writes: true,
+            rename: true,
+        }
+    }
+
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         fs::create_dir_all(path)
     }
@@ -395,6 +404,13 @@ mod tests {
         );
         let free = Posix.free_space(&missing).unwrap_err();
         assert_eq!(free.kind(), io::ErrorKind::NotFound);
+        assert_eq!(
+            Posix.capabilities(),
+            Capabilities {
+                positioned_writes: true,
+                rename: true
+            }
+        );
     }
 
     /// Between two local files the copy happens in the kernel, each range at its offsets, and

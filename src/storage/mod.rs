@@ -199,6 +199,8 @@ pub struct Capabilities {
     /// [`Sink::publish`] and [`Sink::exchange`] are atomic renames; without them the manifest
     /// written last is what "published" means.
     pub rename: bool,
+    /// [`Sink::symlink`] makes symbolic links (the staging pointer, `--link`).
+    pub symlinks: bool,
 }
 
 /// Where outputs go: the staging area, its shards and metadata, and their publishing. What is

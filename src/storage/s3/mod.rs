@@ -278,6 +278,7 @@ impl Sink for S3 {
         Capabilities {
             positioned_writes: false,
             rename: false,
+            symlinks: false,
         }
     }
 

@@ -102,3 +102,223 @@ fn a_run_that_lost_its_lock_mid_exchange_writes_nothing_a_resumed_successor_trus
         "nothing of the three runs is left: {left:?}"
     );
 }
+
+/// The plain arguments of the refusal tests: a small input, two shards.
+fn small_run(dir: &Dir, out: &str) -> crate::util::TestCommand {
+    let mut cmd = dir.reshard(None);
+    cmd.args([
+        "run", "--input", "in", "--output", out, "--shards", "2", "--seed", "1",
+    ]);
+    cmd
+}
+
+/// An `--output` that is a symbolic link (to an empty directory, or to nothing) is refused
+/// before any work, naming it (the bug: the whole job ran and its publishing rename failed).
+/// The run would die once it indexed (a test hook), so a late refusal cannot pass.
+#[test]
+fn an_output_that_is_a_symbolic_link_is_refused_before_any_work() {
+    let dir = Dir::new("fence-output-link");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    dir.create_dir("real");
+    for (link, to) in [("out", "real"), ("gone", "nowhere")] {
+        std::os::unix::fs::symlink(to, dir.join(link)).unwrap();
+        let res = small_run(&dir, link)
+            .env("RESHARD_TEST_KILL", "0:index")
+            .output();
+        res.check(res.code() == Some(1), "refused, not killed after indexing");
+        res.stderr_has(&format!("--output {link}: is a symbolic link"));
+        res.check(
+            fs::read_dir(dir.join("real")).unwrap().next().is_none(),
+            "nothing is written where it leads",
+        );
+        res.check(
+            fs::read_link(dir.join(link)).unwrap() == std::path::Path::new(to),
+            "the link is left as it is",
+        );
+    }
+}
+
+/// A `--link` that could never be made after publishing (its directory does not exist, or it is
+/// the output itself) is a usage error before any work (exit 2), not a failure after publishing
+/// (exit 3, the output published).
+#[test]
+fn a_link_that_cannot_be_made_is_refused_before_any_work() {
+    let dir = Dir::new("fence-link-early");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    for (link, why) in [
+        ("no/such/dir/current", "does not exist"),
+        ("out", "is the --output"),
+        ("out/current", "does not exist"),
+    ] {
+        let res = small_run(&dir, "out").args(["--link", link]).output();
+        res.check(res.code() == Some(2), &format!("--link {link}: exit 2"));
+        res.stderr_has(&format!("--link {link}: "));
+        res.stderr_has(why);
+        res.check(!dir.join("out").exists(), "nothing is published");
+    }
+}
+
+/// `--keep` removes only outputs reshard wrote: a directory of the series holding a copied
+/// index.json (its shards are not there), an empty `.reshard/` and the user's own file is not one
+/// (the bug: it was removed with the user's file).
+#[test]
+fn keep_leaves_a_directory_with_a_copied_manifest_alone() {
+    let dir = Dir::new("fence-keep-copied");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    let series = |e: &str| {
+        let mut cmd = dir.reshard(None);
+        cmd.args([
+            "run",
+            "--input",
+            "in",
+            "--output",
+            "out/epoch-{epoch}",
+            "--shards",
+            "2",
+        ])
+        .args(["--seed", "1", "--keep", "1", "--epoch", e]);
+        cmd
+    };
+    dir.create_dir("out");
+    series("1").assert_success();
+    dir.create_dir("out/epoch-0/.reshard");
+    fs::copy(
+        dir.join("out/epoch-1/index.json"),
+        dir.join("out/epoch-0/index.json"),
+    )
+    .unwrap();
+    dir.create_bytes("out/epoch-0/mine.txt", b"the user's own");
+    series("2").assert_success();
+    assert!(
+        !dir.join("out/epoch-1").exists(),
+        "a real older output goes"
+    );
+    assert_eq!(
+        fs::read(dir.join("out/epoch-0/mine.txt")).unwrap(),
+        b"the user's own",
+        "a directory with a copied index.json is not reshard's"
+    );
+    // --force refuses it by the same rule.
+    let res = dir
+        .reshard(None)
+        .args(["run", "--input", "in", "--output", "out/epoch-0", "--force"])
+        .args(["--shards", "2", "--seed", "1"])
+        .output();
+    res.check(res.code() == Some(1), "--force refuses it");
+    res.stderr_has("which is not there");
+    assert!(dir.join("out/epoch-0/mine.txt").exists());
+}
+
+/// Where the rules of outputs are tried: a directory beside the test's files, or a bucket.
+enum Store<'a> {
+    Fs,
+    S3(&'a crate::util::s3::Server, String),
+}
+
+impl Store<'_> {
+    /// The `--output` for `name` (a path relative to the test's directory, or a key prefix).
+    fn output(&self, name: &str) -> String {
+        match self {
+            Store::Fs => name.to_string(),
+            Store::S3(_, bucket) => format!("s3://{bucket}/{name}"),
+        }
+    }
+
+    fn put(&self, dir: &Dir, name: &str, bytes: &[u8]) {
+        match self {
+            Store::Fs => {
+                dir.create_bytes(name, bytes);
+            }
+            Store::S3(s3, bucket) => s3.put_bytes(dir, bucket, name, bytes),
+        }
+    }
+
+    fn get(&self, dir: &Dir, name: &str) -> Option<Vec<u8>> {
+        match self {
+            Store::Fs => fs::read(dir.join(name)).ok(),
+            Store::S3(s3, bucket) => s3
+                .keys(dir, bucket, name)
+                .contains(&name.to_string())
+                .then(|| s3.cat(dir, bucket, name).into_bytes()),
+        }
+    }
+
+    fn run(&self, dir: &Dir, out: &str, extra: &[&str]) -> crate::util::RunOutput {
+        let mut cmd = small_run(dir, &self.output(out));
+        cmd.args(extra);
+        match self {
+            Store::Fs => cmd.output(),
+            Store::S3(s3, _) => {
+                cmd.arg("--scratch").arg(dir.join("scratch"));
+                s3.with_env(&mut cmd).output()
+            }
+        }
+    }
+}
+
+/// The rules of outputs, one table on every store: what `--force` replaces and `--keep`
+/// removes is decided by one rule (reshard's manifest, every shard it lists there with its
+/// size), so a copied `index.json` beside the user's own file is never replaced or removed.
+#[test]
+fn the_rules_of_outputs_hold_on_every_store() {
+    let test = "the_rules_of_outputs_hold_on_every_store";
+    let dir = Dir::new("fence-rules");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    dir.create_dir("series");
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    for store in [Store::Fs, Store::S3(s3, bucket)] {
+        let ok = |out: crate::util::RunOutput| out.check(out.code() == Some(0), "expected success");
+        ok(store.run(&dir, "series/epoch-1", &[]));
+        let copied = store.get(&dir, "series/epoch-1/index.json").unwrap();
+        // (what is at the output, flags, expected status, what the message says)
+        let table: [(&str, &[&str], i32, &str); 4] = [
+            ("a copied index.json", &["--force"], 1, "which is not there"),
+            ("a copied index.json", &[], 1, "exists and is not empty"),
+            (
+                "the user's file alone",
+                &["--force"],
+                1,
+                "--force replaces only",
+            ),
+            ("a reshard output", &["--force"], 0, ""),
+        ];
+        for (i, (what, flags, status, says)) in table.into_iter().enumerate() {
+            let out = format!("case-{i}");
+            if what == "a reshard output" {
+                // Replaced whole (on a file system) or but for the objects its manifest does
+                // not list (on S3): the user's file inside it is no rule's concern here.
+                ok(store.run(&dir, &out, &[]));
+            }
+            store.put(&dir, &format!("{out}/mine.txt"), b"the user's own");
+            if what == "a copied index.json" {
+                store.put(&dir, &format!("{out}/index.json"), &copied);
+            }
+            let res = store.run(&dir, &out, flags);
+            res.check(res.code() == Some(status), &format!("{what} {flags:?}"));
+            res.stderr_has(says);
+            if status != 0 {
+                res.check(
+                    store.get(&dir, &format!("{out}/mine.txt")).is_some(),
+                    "the user's file stays",
+                );
+            }
+        }
+        // --keep 1 over a series holding a directory with a copied index.json: it stays.
+        store.put(&dir, "series/epoch-0/index.json", &copied);
+        store.put(&dir, "series/epoch-0/mine.txt", b"the user's own");
+        if matches!(store, Store::Fs) {
+            dir.create_dir("series/epoch-0/.reshard");
+        }
+        let res = store.run(
+            &dir,
+            "series/epoch-{epoch}",
+            &["--epoch", "2", "--keep", "1"],
+        );
+        ok(res);
+        assert!(store.get(&dir, "series/epoch-0/mine.txt").is_some());
+        assert!(store.get(&dir, "series/epoch-1/index.json").is_none());
+    }
+}

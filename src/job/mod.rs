@@ -47,11 +47,12 @@ use crate::output::checkpoint::{self, Done, InputRecord};
 use crate::output::OutputShards;
 use crate::progress::{PhaseTimes, Progress};
 use crate::report::mixing::Mixing;
+use crate::report::narrate::count;
 use crate::report::picture::{self, Picture};
 use crate::report::{narrate, PlanReport};
-use crate::size::{count, human_bytes};
+use crate::size::human_bytes;
 use destination::staging::{self, Staging};
-use destination::{publish, resume, space, upload, Lead};
+use destination::{publish, resume, space, upload, Held};
 use exchange::Buffers;
 use handoff::{ExchangeStats, Planned, Setup, Shared};
 use planning::{index, layout, place};
@@ -78,7 +79,7 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
     let mut times = PhaseTimes::for_rank(comm.rank());
     times.start("expand");
     // Rank 0 holds the output's lock until the job has published or given up.
-    let mut mine = Lead::default();
+    let mut mine = Held::default();
     let prepared = lead.then(|| {
         expand::run(settings).map(|(setup, held)| {
             mine = held;
@@ -135,7 +136,7 @@ fn run_phases(
     comm: &impl Comm,
     settings: &JobSettings,
     setup: &Setup,
-    mine: Option<&Lead>,
+    mine: Option<&Held>,
     times: &mut PhaseTimes,
 ) -> Result<Outcome> {
     let lead = comm.rank() == 0;
@@ -318,7 +319,7 @@ fn exchange_phase(
     );
     let nothing = Done::default();
     let resume = setup.resume.as_ref();
-    let job = exchange::Job {
+    let job = exchange::Work {
         inputs: &setup.inputs,
         local: &planned.index.local,
         first_global: planned.index.first_global,
@@ -408,7 +409,7 @@ mod tests {
             rules: Rules::default(),
             checksum: false,
             compress: Codec::Plain,
-            index: None,
+            saved_indexes: None,
             link: None,
             keep: None,
             stall_timeout: std::time::Duration::from_secs(120),

@@ -20,6 +20,7 @@ pub mod runs;
 pub mod s3;
 pub mod samples;
 pub mod slurm;
+pub mod source;
 pub mod splits;
 pub mod tar;
 pub mod verifier;

@@ -10,26 +10,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 
-use super::stages::{Job, Stages};
+use super::stages::{Stages, Work};
 use crate::comm::wire::{gather_concat, route, RoundStatus};
 use crate::comm::{agree, Comm};
+use crate::job::handoff::Checkpoints;
 use crate::job::interrupt::Interrupted;
-
-/// Records durably, on rank 0, the ranges of global sample indices that became durable.
-pub type Record<'a> = Box<dyn FnMut(Vec<(u64, u64)>) -> Result<()> + 'a>;
-
-/// How often, and where, checkpoints are recorded.
-pub struct Checkpoints<'a> {
-    /// Time between checkpoints (zero: after every round).
-    pub every: Duration,
-    /// Called on rank 0 with every rank's range of global sample indices that became durable
-    /// (empty ranges included): records them.
-    pub record: Record<'a>,
-}
 
 // Checkpoints come by time only. From 2026-11-24 to 11-28 one also came after every 256 MiB a
 // rank moved, so that a run killed (SIGKILL) in its first 30 s kept something. It was measured
@@ -41,7 +30,7 @@ pub struct Checkpoints<'a> {
 // is the price, and what the flag says; SIGINT and SIGTERM still checkpoint at once.
 
 /// The exchange's checkpoint state on one rank.
-pub(super) struct Pacer<'a> {
+pub(super) struct Checkpointing<'a> {
     checkpoints: Checkpoints<'a>,
     last: Instant,
     /// The round being synced, and this rank's samples up to it.
@@ -51,9 +40,9 @@ pub(super) struct Pacer<'a> {
     stopping: Option<i32>,
 }
 
-impl<'a> Pacer<'a> {
+impl<'a> Checkpointing<'a> {
     pub(super) fn new(checkpoints: Checkpoints<'a>) -> Self {
-        Pacer {
+        Checkpointing {
             checkpoints,
             last: Instant::now(),
             pending: None,
@@ -87,7 +76,7 @@ impl<'a> Pacer<'a> {
     pub(super) fn after_status(
         &mut self,
         comm: &impl Comm,
-        job: &Job<'_>,
+        job: &Work<'_>,
         status: &RoundStatus,
         n: u64,
         through: usize,
@@ -139,7 +128,7 @@ pub(super) struct Reused {
 /// What an earlier attempt placed: each rank sums, per shard, the bytes of its done samples and
 /// sends the sums to the shards' writers (records for at most every shard: O(S) per rank). Nothing
 /// (and no collective) on a first attempt: the done set is the same on every rank.
-pub(super) fn reused(comm: &impl Comm, job: &Job<'_>) -> Reused {
+pub(super) fn reused(comm: &impl Comm, job: &Work<'_>) -> Reused {
     if job.done.is_empty() {
         return Reused::default();
     }

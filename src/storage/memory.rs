@@ -229,6 +229,7 @@ impl Sink for Memory {
         Capabilities {
             positioned_writes: true,
             rename: true,
+            symlinks: false,
         }
     }
 

@@ -205,6 +205,8 @@ pub(crate) struct Capabilities {
     /// [`Sink::rename_noreplace`] and [`Sink::swap`] are atomic renames; without them the manifest
     /// written last is what "published" means.
     pub(crate) rename: bool,
+    /// [`Sink::symlink`] makes symbolic links (the staging pointer, `--link`).
+    pub(crate) symlinks: bool,
 }
 
 /// Where outputs go: the staging area, its shards and metadata, and their publishing. What is

@@ -102,6 +102,7 @@ impl Sink for Posix {
         Capabilities {
             positioned_writes: true,
             rename: true,
+            symlinks: true,
         }
     }
 
@@ -408,7 +409,8 @@ mod tests {
             Posix.capabilities(),
             Capabilities {
                 positioned_writes: true,
-                rename: true
+                rename: true,
+                symlinks: true,
             }
         );
     }

@@ -24,6 +24,45 @@ pub(crate) fn check_link(link: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The expand phase's check of `--link`, before any work: [`check_link`], and a link that could
+/// never be made after publishing (its directory does not exist, or it is the output itself or
+/// inside it) is a usage error (exit 2), not a failure after the output is published (exit 3).
+///
+/// # Errors
+/// As [`check_link`]; or a [`crate::cli::resolve::UsageError`] naming the link and why.
+pub fn check_link_before_the_run(link: &Path, target: &Path) -> Result<()> {
+    check_link(link)?;
+    let usage = |why: String| {
+        anyhow::Error::new(crate::cli::resolve::UsageError::new(anyhow::anyhow!(
+            "--link {}: {why}",
+            link.display()
+        )))
+    };
+    let dir = match link.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Some(name) = link.file_name() else {
+        return Err(usage("expected a file name for the link".into()));
+    };
+    let Ok(dir) = storage::source(dir).canonical(dir) else {
+        return Err(usage(format!(
+            "its directory {} does not exist (the link is made after publishing; create the \
+             directory first)",
+            dir.display()
+        )));
+    };
+    let at = dir.join(name);
+    if at == target || at.starts_with(target) {
+        return Err(usage(format!(
+            "is the --output {} itself, or inside it: the link must be beside the outputs it \
+             points at",
+            target.display()
+        )));
+    }
+    Ok(())
+}
+
 /// What a `--link` at `link` holds to reach `target`: the path of `target` relative to the
 /// link's directory, as `ln -sr` makes it, so that the link keeps working when the tree that
 /// holds both is moved or mounted at another path on other nodes. Both paths are resolved

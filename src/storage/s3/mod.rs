@@ -321,6 +321,7 @@ impl Sink for Objects {
         Capabilities {
             positioned_writes: false,
             rename: false,
+            symlinks: false,
         }
     }
 

@@ -178,6 +178,7 @@ fn continue_staging(
 /// The input spec, expanded, with every shard's size; and rank 0's records of them.
 fn expand_inputs(settings: &ExpandSettings) -> Result<(Vec<InputShard>, Vec<InputRecord>)> {
     let paths = expand_specs(&settings.inputs)?;
+    crate::input::refuse_equalized_output(&paths)?;
     let mut inputs = Vec::with_capacity(paths.len());
     let mut records = Vec::with_capacity(paths.len());
     for path in paths {

@@ -35,6 +35,7 @@ mod rounds;
 mod run;
 mod s3;
 mod s3_loaders;
+mod s3_user;
 mod signals;
 mod sizing;
 mod slurm;

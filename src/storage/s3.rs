@@ -483,6 +483,13 @@ impl Source for S3 {
     fn list(&self, path: &Path) -> io::Result<Vec<Entry>> {
         let loc = Location::parse(path)?;
         let (objects, prefixes) = self.list_under(&loc)?;
+        // A folder some stores (SeaweedFS) keep once its objects are gone lists as an object
+        // named like the prefix itself: nothing under it to read or remove.
+        let prefix = loc.object()?;
+        let objects: Vec<_> = objects
+            .into_iter()
+            .filter(|o| o.location != prefix)
+            .collect();
         let name = |k: &Key| OsString::from(k.filename().unwrap_or_default());
         let files = objects.iter().map(|o| Entry {
             name: name(&o.location),

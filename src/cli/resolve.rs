@@ -446,7 +446,7 @@ fn sizing(args: &RunArgs) -> Result<(Sizing, Option<GpuLayout>)> {
                 .as_ref()
                 .map(size)
                 .transpose()?
-                .unwrap_or(512 << 20),
+                .unwrap_or(crate::plan::sizing::DEFAULT_SHARD_SIZE),
         },
         (None, Some(s), None) => Sizing::Size(size(s)?),
         (None, None, None) => {

@@ -87,8 +87,13 @@ pub fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Result<Ind
         narrate(
             lead,
             format_args!(
-                "reused the saved index of {reused} of {}",
-                count(inputs.len() as u64, "input shard")
+                "reused the saved index of {reused} of {}{}",
+                count(inputs.len() as u64, "input shard"),
+                if reused == 1 {
+                    " instead of reading its tar headers"
+                } else {
+                    " instead of reading their tar headers"
+                }
             ),
         );
     }

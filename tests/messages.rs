@@ -257,4 +257,22 @@ fn first_run_words_agree_with_what_happened() {
     res.stderr_has(
         "reused the saved index of 2 of 2 input shards instead of reading their tar headers",
     );
+    // An output's missing parent is created, as --scratch is; a dry run only says so.
+    let res = dir
+        .command()
+        .args([
+            "run", "-i", "in", "-o", "new/x", "--shards", "2", "--seed", "1",
+        ])
+        .args(["--dry-run"])
+        .assert_success();
+    res.stderr_has("--dry-run: would create new for the output");
+    res.check(!dir.join("new").exists(), "a dry run created the parent");
+    let res = dir
+        .command()
+        .args([
+            "run", "-i", "in", "-o", "new/x", "--shards", "2", "--seed", "1",
+        ])
+        .assert_success();
+    res.stderr_has("created new for the output");
+    res.check(dir.join("new/x/index.json").is_file(), "no output in new/x");
 }

@@ -56,7 +56,10 @@ impl GpuShare {
             (Some(b), Some(n)) => format!(", {n} full batches of {b} per GPU"),
             _ => String::new(),
         };
-        use crate::size::count;
+        let count = |n: u64, noun: &str| match n {
+            1 => format!("1 {noun}"),
+            n => format!("{n} {noun}s"),
+        };
         format!(
             "{} x {}: {} per GPU, {samples}{batches}",
             count(self.gpus, "GPU"),

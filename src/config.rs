@@ -109,6 +109,8 @@ pub(crate) struct UploadSettings {
     /// then keeps none), and the new output's epoch.
     pub(crate) keep: Option<Keep>,
     pub(crate) epoch: u64,
+    /// `--progress`: the upload reports as the exchange does.
+    pub(crate) progress: ProgressConfig,
 }
 
 /// What the expand phase needs: the input specs, and the output with what may replace or

@@ -149,6 +149,58 @@ fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(names.into_iter().map(|n| dir.join(n)).collect())
 }
 
+/// Refuses input shards read from a reshard output whose `--equalize` left samples out or wrote
+/// some twice (its index.json's `reshard.dropped` and `reshard.repeated`): a run on it would
+/// never see the samples left out again, or would carry the repeats as samples of their own,
+/// and an epoch loop that reads each epoch's output as the next one's input would change the
+/// dataset epoch by epoch. Reading the original input with each `--epoch` instead gives every
+/// epoch all of its samples, with a fresh choice of those dropped or repeated. One index.json
+/// per directory of shards is read.
+///
+/// # Errors
+/// A shard's directory holds such an index.json.
+pub fn refuse_equalized_output(paths: &[PathBuf]) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for dir in paths.iter().filter_map(|p| p.parent()) {
+        if !seen.insert(dir) {
+            continue;
+        }
+        let index = dir.join("index.json");
+        let Ok(text) = storage::source(&index).read(&index) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&text) else {
+            continue;
+        };
+        let run = &v["reshard"];
+        let len = |field: &str| run[field].as_array().map_or(0, Vec::len);
+        let (dropped, repeated) = (len("dropped"), len("repeated"));
+        if dropped == 0 && repeated == 0 {
+            continue;
+        }
+        let what = if dropped > 0 {
+            format!("--equalize drop left out {dropped} of its input's samples: a run on it never sees them again")
+        } else {
+            format!("--equalize pad wrote {repeated} samples twice: a run on it takes the copies for samples of their own")
+        };
+        let inputs: Vec<&str> = run["inputs"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
+            .unwrap_or_default();
+        let original = match inputs.as_slice() {
+            [] => String::new(),
+            [one] => format!(" ({one})"),
+            [first, rest @ ..] => format!(" ({first} and {} more)", rest.len()),
+        };
+        bail!(
+            "input {} is a reshard output whose {what}; read the original input{original} with the next --epoch instead: every epoch then has all its samples, with a fresh choice of those {}",
+            dir.display(),
+            if dropped > 0 { "left out" } else { "repeated" }
+        );
+    }
+    Ok(())
+}
+
 /// The split names of `dir`, when it is the output of a `reshard run --split` (its index.json's
 /// `reshard.splits`), in their order.
 pub(crate) fn split_names(dir: &Path) -> Option<Vec<String>> {

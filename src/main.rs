@@ -143,7 +143,7 @@ fn job(
     let outcome = match reshard::job::run(comm, &reshard::cli::resolve::job_settings(cfg)) {
         Ok(o) => o,
         Err(e) if e.downcast_ref::<PeerFailed>().is_some() => return Err(e),
-        Err(e) => return Err(e.context(format!("rank {} of {}", comm.rank(), comm.size()))),
+        Err(e) => return Err(on_rank(comm, e)),
     };
     let reported = match outcome {
         Outcome::Ran(summary) if comm.rank() == 0 => {
@@ -174,13 +174,21 @@ fn job(
     }
 }
 
+/// A rank's error named by its rank, when there are several (one alone needs no name).
+fn on_rank(comm: &impl Comm, e: anyhow::Error) -> anyhow::Error {
+    if comm.size() == 1 {
+        return e;
+    }
+    e.context(format!("rank {} of {}", comm.rank(), comm.size()))
+}
+
 /// `reshard verify` (and `run --verify`) on every rank: the report on rank 0, exit 1 on every
 /// rank when anything does not hold.
 fn verify_job(comm: &impl Comm, cfg: &VerifyConfig) -> anyhow::Result<Exit> {
     let verdict = match reshard::verify::verify(comm, cfg) {
         Ok(v) => v,
         Err(e) if e.downcast_ref::<PeerFailed>().is_some() => return Err(e),
-        Err(e) => return Err(e.context(format!("rank {} of {}", comm.rank(), comm.size()))),
+        Err(e) => return Err(on_rank(comm, e)),
     };
     if let Some(report) = &verdict.report {
         if cfg.json {

@@ -79,15 +79,14 @@ impl Progress {
                 *last = Instant::now();
                 let secs = self.start.elapsed().as_secs_f64();
                 let rate = done as f64 / secs.max(1e-9);
-                let eta = (self.total.saturating_sub(done)) as f64 / rate.max(1.0);
                 crate::errln!(
-                    "reshard: {} {of_items}{} / {} ({:.0}%), {}/s, ETA {:.0} s{}",
+                    "reshard: {} {of_items}{} / {} ({:.0}%), {}/s, {}{}",
                     self.what,
                     human_bytes(done),
                     human_bytes(self.total),
                     100.0 * done as f64 / self.total.max(1) as f64,
                     human_bytes(rate as u64),
-                    eta,
+                    eta(done, self.total, secs),
                     crate::throttle::progress_note()
                 );
             }
@@ -100,6 +99,16 @@ impl Progress {
             bar.finish_and_clear();
         }
     }
+}
+
+/// The time left at the rate so far: none to say before anything is done (nothing to go by:
+/// dividing by a rate of zero gave `ETA 1903441920 s`).
+fn eta(done: u64, total: u64, secs: f64) -> String {
+    if done == 0 || secs <= 0.0 {
+        return "ETA unknown yet".to_string();
+    }
+    let rate = done as f64 / secs;
+    format!("ETA {:.0} s", total.saturating_sub(done) as f64 / rate)
 }
 
 /// A bar on stderr: through the terminal's own handling when it is one, else written as is.
@@ -265,5 +274,18 @@ impl PhaseTrace {
             kib(crate::sys::restart_peak_rss()),
             kib(crate::sys::resident()),
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::eta;
+
+    #[test]
+    fn no_eta_before_anything_is_done() {
+        assert_eq!(eta(0, 1 << 30, 5.0), "ETA unknown yet");
+        assert_eq!(eta(10, 30, 0.0), "ETA unknown yet");
+        assert_eq!(eta(10, 30, 5.0), "ETA 10 s");
+        assert_eq!(eta(30, 30, 5.0), "ETA 0 s");
     }
 }

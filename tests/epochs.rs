@@ -278,3 +278,67 @@ fn keep_without_epoch_in_the_output_is_refused_before_any_work() {
         );
     }
 }
+
+/// Issue 38: an epoch loop with `--equalize` reads the original input every epoch; each epoch
+/// then holds exactly the original samples but those its `--equalize` dropped (never twice),
+/// or all of them plus the repeats it lists, with another choice of dropped or repeated samples
+/// each epoch. Reading an epoch's output as the next input is refused: it would lose the
+/// dropped samples for good, or take the repeats for samples of their own.
+#[test]
+fn an_equalized_epoch_loop_keeps_every_original_sample() {
+    use crate::util::samples::{input, keys_in};
+    use crate::util::{index_json, sorted};
+    let dir = Dir::new("epochs-equalize");
+    let original = sorted(input(&small(&dir)).into_iter().map(|g| g.key).collect());
+    let list = |v: &serde_json::Value| -> Vec<String> {
+        let a = v.as_array().unwrap().iter();
+        a.map(|k| k.as_str().unwrap().to_string()).collect()
+    };
+    for mode in ["drop", "pad"] {
+        dir.create_dir(mode);
+        let mut choices = Vec::new();
+        for e in 0..3u64 {
+            let out = format!("{mode}/epoch-{e}");
+            let extra = ["--epoch", &e.to_string(), "--equalize", mode];
+            run(&dir, Some(2), &["in"], &out, 7, 11, &extra);
+            let index = index_json(&dir.join(&out));
+            let (dropped, repeated) = (
+                list(&index["reshard"]["dropped"]),
+                list(&index["reshard"]["repeated"]),
+            );
+            let mut expected = original.clone();
+            if mode == "drop" {
+                assert!(!dropped.is_empty() && repeated.is_empty(), "{index}");
+                expected.retain(|k| !dropped.contains(k));
+            } else {
+                assert!(dropped.is_empty() && !repeated.is_empty(), "{index}");
+                expected.extend(repeated.iter().cloned());
+            }
+            assert_eq!(
+                sorted(keys_in(&dir.join(&out))),
+                sorted(expected),
+                "{out}: not the original samples as its index.json's lists say"
+            );
+            choices.push(sorted(if mode == "drop" { dropped } else { repeated }));
+        }
+        assert!(
+            choices[0] != choices[1] && choices[1] != choices[2] && choices[0] != choices[2],
+            "--equalize {mode}: the same samples chosen in two epochs: {choices:?}"
+        );
+        // The loop that reads the last epoch's output instead is refused, before any work.
+        let before = tree_state(dir.path());
+        let mut cmd = dir.mpi(2);
+        cmd.args(["run", "--input", &format!("{mode}/epoch-2")])
+            .args(["--output", &format!("{mode}/epoch-3"), "--epoch", "3"])
+            .args(["--shards", "7", "--seed", "11", "--equalize", mode]);
+        let res = cmd.assert_code(1);
+        res.stderr_has(&format!("is a reshard output whose --equalize {mode}"));
+        res.stderr_has("read the original input");
+        res.stderr_has("(in/train-000000.tar and 2 more)");
+        res.check(!res.stderr.contains("indexing"), "refused after work began");
+        res.check(
+            tree_state(dir.path()) == before,
+            "a refused run wrote files",
+        );
+    }
+}

@@ -205,3 +205,74 @@ fn help_speaks_of_the_command_line_only() {
         "help mentions the library API",
     );
 }
+
+/// Issue 38: the words a first run prints. One process names no rank in its error; counts
+/// agree with their nouns; a shard size nobody gave is called the default; saved indexes
+/// reused say what they stand in for.
+#[test]
+fn first_run_words_agree_with_what_happened() {
+    let dir = Dir::new("words");
+    small_input(&dir);
+    let res = dir
+        .command()
+        .args([
+            "run", "-i", "missing", "-o", "out", "--shards", "2", "--seed", "1",
+        ])
+        .assert_code(1);
+    res.stderr_has("reshard: error: input missing");
+    res.check(
+        !res.stderr.contains("rank 0 of 1"),
+        "one process named a rank",
+    );
+    let res = dir
+        .mpi(2)
+        .args(["run", "-i", "missing", "-o", "out"])
+        .args(["--shards", "2", "--seed", "1"])
+        .assert_code(1);
+    res.stderr_has("rank 0 of 2");
+    let res = dir
+        .command()
+        .args(["plan", "-i", "in", "--gpus", "3", "--seed", "1"])
+        .assert_success();
+    let text = format!("{}{}", res.stdout, res.stderr);
+    res.check(
+        text.contains("3 GPUs x 1 worker: 1 shard per GPU"),
+        "plurals",
+    );
+    res.check(
+        text.contains("nearest the default --shard-size 512.00 MiB"),
+        "the default shard size is no --shard-size given",
+    );
+    dir.command()
+        .args([
+            "run", "-i", "in", "-o", "first", "--shards", "2", "--seed", "1",
+        ])
+        .assert_success();
+    let res = dir
+        .command()
+        .args([
+            "run", "-i", "first", "-o", "second", "--shards", "2", "--seed", "1",
+        ])
+        .assert_success();
+    res.stderr_has(
+        "reused the saved index of 2 of 2 input shards instead of reading their tar headers",
+    );
+    // An output's missing parent is created, as --scratch is; a dry run only says so.
+    let res = dir
+        .command()
+        .args([
+            "run", "-i", "in", "-o", "new/x", "--shards", "2", "--seed", "1",
+        ])
+        .args(["--dry-run"])
+        .assert_success();
+    res.stderr_has("--dry-run: would create new for the output");
+    res.check(!dir.join("new").exists(), "a dry run created the parent");
+    let res = dir
+        .command()
+        .args([
+            "run", "-i", "in", "-o", "new/x", "--shards", "2", "--seed", "1",
+        ])
+        .assert_success();
+    res.stderr_has("created new for the output");
+    res.check(dir.join("new/x/index.json").is_file(), "no output in new/x");
+}

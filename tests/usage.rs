@@ -191,3 +191,29 @@ fn help_flags(help: &str) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// Issue 38: `run -h` fits a screen (the flags a first run needs; `--help` has every flag), and
+/// `verify`'s usage line shows that `--input` repeats.
+#[test]
+fn short_help_fits_a_screen_and_usage_lines_show_repeats() {
+    let dir = Dir::new("usage-short");
+    for command in ["run", "plan"] {
+        let short = dir.command().args([command, "-h"]).assert_success();
+        let long = dir.command().args([command, "--help"]).assert_success();
+        let lines = short.stdout.lines().count();
+        short.check(lines <= 50, &format!("{command} -h is {lines} lines"));
+        short.check(
+            short.stdout.contains("--help"),
+            "-h does not point to --help",
+        );
+        for flag in ["--input", "--shards", "--seed", "--epoch", "--equalize"] {
+            short.check(short.stdout.contains(flag), &format!("-h lacks {flag}"));
+        }
+        long.check(
+            long.stdout.contains("--max-read-rate") && !short.stdout.contains("--max-read-rate"),
+            "--help shows every flag, -h the first ones",
+        );
+    }
+    let res = dir.command().args(["verify", "--bogus"]).assert_code(2);
+    res.stderr_has("Usage: reshard verify --input <SPEC>... --output <DIR>");
+}

@@ -23,17 +23,18 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Reshuffle the input shards into a new set of balanced shards.
-    #[command(override_usage = RUN_USAGE)]
+    #[command(override_usage = RUN_USAGE, mut_args = short_help)]
     Run(RunArgs),
     /// Print what `run` would do with the same flags (reads tar headers only, writes nothing).
     /// Like `run --dry-run`, but takes only the flags that shape the plan: not --output or the
     /// flags that act on a written output or on the data exchange.
-    #[command(override_usage = PLAN_USAGE)]
+    #[command(override_usage = PLAN_USAGE, mut_args = short_help)]
     Plan(PlanArgs),
     /// Write a synthetic WebDataset (deterministic from a seed) for tests, examples and benchmarks.
     Generate(GenerateArgs),
     /// Check an output against its input: exactly the input's samples (by digest), every shard a
     /// sound tar matching index.json; report the shuffle quality. Exit 0 only if all holds.
+    #[command(override_usage = VERIFY_USAGE)]
     Verify(VerifyArgs),
     /// Print a man page (roff) to stdout: reshard(1), or with COMMAND that command's page with
     /// all its flags, e.g. `reshard man run > ~/.local/share/man/man1/reshard-run.1`.
@@ -62,12 +63,46 @@ const RUN_USAGE: &str = "reshard run --input <SPEC>... --output <DIR> \
 const PLAN_USAGE: &str = "reshard plan --input <SPEC>... \
     <--shards <N>|--shard-size <SIZE>|--gpus <G>> --seed <S> [OPTIONS]";
 
+/// The flags `run -h` and `plan -h` show, so that the short help fits a screen; `--help` shows
+/// every flag, under its heading.
+const SHORT_HELP: [&str; 14] = [
+    "inputs",
+    "output",
+    "shards",
+    "shard_size",
+    "gpus",
+    "workers",
+    "seed",
+    "epoch",
+    "equalize",
+    "order",
+    "split",
+    "keep",
+    "resume",
+    "dry_run",
+];
+
+/// [`SHORT_HELP`]'s rule for one flag.
+fn short_help(arg: clap::Arg) -> clap::Arg {
+    let id = arg.get_id().as_str();
+    if SHORT_HELP.contains(&id) || id == "help" {
+        arg
+    } else {
+        arg.hide_short_help(true)
+    }
+}
+
+/// `verify`'s usage line: `--input` repeats, as for `run` (clap's own line hid it).
+const VERIFY_USAGE: &str = "reshard verify --input <SPEC>... --output <DIR> [OPTIONS]";
+
 /// `run`'s flags. Headings group them in `--help`; `plan` takes those not in [`RUN_ONLY`].
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Input shards: a shard (.tar, .tar.gz, .tgz or .tar.zst), a directory (its shards, sorted
     /// by name), a brace pattern such as 'data/train-{000000..000127}.tar', or @list.txt (one
-    /// path per line). Repeat to concatenate; the expanded order is the canonical sample order.
+    /// path per line).
+    ///
+    /// Repeat to concatenate; the expanded order is the canonical sample order.
     #[arg(
         help_heading = "Input",
         long = "input",
@@ -112,7 +147,9 @@ pub struct RunArgs {
     #[arg(help_heading = "Sizing", long, value_name = "B", requires = "gpus")]
     pub(crate) batch_size: Option<u64>,
 
-    /// When samples do not divide evenly: none (shard counts differ by at most one), drop (the
+    /// When samples do not divide evenly: none, drop or pad.
+    ///
+    /// none (shard counts differ by at most one), drop (the
     /// N mod S samples at the end of the permutation are left out), pad (samples from the start
     /// of the permutation are repeated). Dropped and repeated keys are listed in index.json.
     #[arg(help_heading = "Sizing", long, value_enum, default_value_t = EqualizeArg::None)]
@@ -242,7 +279,9 @@ pub struct RunArgs {
     pub(crate) link: Option<PathBuf>,
 
     /// After publishing, remove older epochs of this --output series, keeping the K highest epoch
-    /// numbers (the new output always among them). Needs {epoch} in the last component of
+    /// numbers (the new output always among them).
+    ///
+    /// Needs {epoch} in the last component of
     /// --output, e.g. --output 'data/epoch-{epoch}'. Removes only directories next to the
     /// output whose name is that template with another epoch number (digits, as --epoch writes
     /// them: data/epoch-3, not data/epoch-03 or data/epoch-notes) that hold reshard's own
@@ -279,7 +318,9 @@ pub struct RunArgs {
 
     /// Output order: shuffle (the seeded global permutation), key (sample keys in byte order),
     /// or content:EXT[:int|float|str] (the content of each sample's .EXT member, e.g.
-    /// content:cls:int; str when the type is left out). Ties go by input order.
+    /// content:cls:int; str when the type is left out).
+    ///
+    /// Ties go by input order.
     #[arg(
         help_heading = "Order",
         long,
@@ -327,8 +368,10 @@ pub struct RunArgs {
     )]
     pub(crate) unmatched: crate::key_map::Unmatched,
 
-    /// Train/validation/test splits, e.g. train=0.98,val=0.01,test=0.01 (ratios adding up to 1;
-    /// percentages such as 1%; or sample counts, one split may be `rest`). Samples are dealt to
+    /// Train/validation/test splits, e.g. train=0.98,val=0.01,test=0.01.
+    ///
+    /// Ratios adding up to 1;
+    /// percentages such as 1%; or sample counts, one split may be `rest`. Samples are dealt to
     /// splits by the seed alone (the same at any --epoch); each split is written to
     /// OUTPUT/NAME/ with its own index.json. The first split is sized by --shards, --shard-size
     /// or --gpus, the others by --split-shards.
@@ -345,7 +388,9 @@ pub struct RunArgs {
         requires = "split"
     )]
     pub(crate) split_shards: Option<String>,
-    /// Continue a run that failed (same arguments) from its last checkpoint: samples already
+    /// Continue a run that failed (same arguments) from its last checkpoint.
+    ///
+    /// Samples already
     /// durably in its staging directory are neither read nor sent again, and the output is
     /// byte-identical to an uninterrupted run. Refused (exit 2), naming what differs, when the
     /// inputs or the arguments that shape the output changed. With nothing to continue, starts
@@ -386,7 +431,9 @@ pub struct RunArgs {
     #[arg(help_heading = "Diagnostics", long, value_name = "FILE")]
     pub(crate) plot: Option<PathBuf>,
 
-    /// Plan only: index, print the plan, write nothing; --output, --force, --link and --keep are
+    /// Plan only: index, print the plan, write nothing.
+    ///
+    /// Its --output, --force, --link and --keep are
     /// checked as `run` would (what --keep would remove is printed), nothing is changed.
     #[arg(help_heading = "Diagnostics", long)]
     pub(crate) dry_run: bool,

@@ -241,6 +241,7 @@ pub fn job_settings(cfg: &RunConfig) -> JobSettings {
             lock_stale_after: cfg.lock_stale_after,
             keep: cfg.keep.clone().filter(|_| cfg.upload.is_some()),
             epoch: cfg.epoch,
+            progress: cfg.progress,
         },
         resume: ResumeSettings {
             arguments: resume_arguments(cfg),
@@ -446,7 +447,7 @@ fn sizing(args: &RunArgs) -> Result<(Sizing, Option<GpuLayout>)> {
                 .as_ref()
                 .map(size)
                 .transpose()?
-                .unwrap_or(512 << 20),
+                .unwrap_or(crate::plan::sizing::DEFAULT_SHARD_SIZE),
         },
         (None, Some(s), None) => Sizing::Size(size(s)?),
         (None, None, None) => {

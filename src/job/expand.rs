@@ -55,7 +55,7 @@ pub(crate) fn prepare(
         // Only planning, without an output to check.
         return Ok((Setup::planning(inputs), Held::default()));
     };
-    let (target, pointer) = output_paths(out)?;
+    let (target, pointer) = output_paths(out, settings.dry_run)?;
     // Before anything is checked or touched: another live run may be writing this output.
     let lock = (!settings.dry_run)
         .then(|| OutputLock::acquire(&lock_path(&pointer), out, settings.lock_stale_after))
@@ -197,6 +197,7 @@ fn continue_staging(
 /// The input spec, expanded, with every shard's size; and rank 0's records of them.
 fn expand_inputs(settings: &ExpandSettings) -> Result<(Vec<InputShard>, Vec<InputRecord>)> {
     let paths = expand_specs(&settings.inputs)?;
+    crate::input::refuse_equalized_output(&paths)?;
     let mut inputs = Vec::with_capacity(paths.len());
     let mut records = Vec::with_capacity(paths.len());
     for path in paths {
@@ -211,8 +212,9 @@ fn expand_inputs(settings: &ExpandSettings) -> Result<(Vec<InputShard>, Vec<Inpu
     Ok((inputs, records))
 }
 
-/// The output's absolute path and its staging directory beside it.
-fn output_paths(out: &Path) -> Result<(PathBuf, PathBuf)> {
+/// The output's absolute path and its staging directory beside it. A missing parent directory
+/// is created (as `--scratch` is), and said; a dry run only says it would be.
+fn output_paths(out: &Path, dry_run: bool) -> Result<(PathBuf, PathBuf)> {
     let name = out.file_name().with_context(|| {
         format!(
             "--output {}: expected a directory name (not '.', '..' or '/')",
@@ -223,13 +225,38 @@ fn output_paths(out: &Path) -> Result<(PathBuf, PathBuf)> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let parent = storage::source(parent).canonical(parent).with_context(|| {
+    let cannot = || {
         format!(
-            "--output {}: the parent directory {} does not exist",
+            "--output {}: cannot create its parent directory {}",
             out.display(),
             parent.display()
         )
-    })?;
+    };
+    let parent = match storage::source(parent).canonical(parent) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && dry_run => {
+            crate::errln!(
+                "reshard: --dry-run: would create {} for the output",
+                parent.display()
+            );
+            std::path::absolute(parent).with_context(cannot)?
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            storage::sink(parent)
+                .create_dir_all(parent)
+                .with_context(cannot)?;
+            crate::errln!("reshard: created {} for the output", parent.display());
+            storage::source(parent)
+                .canonical(parent)
+                .with_context(cannot)?
+        }
+        other => other.with_context(|| {
+            format!(
+                "--output {}: its parent directory {} cannot be resolved",
+                out.display(),
+                parent.display()
+            )
+        })?,
+    };
     let staging = crate::job::destination::staging::path_for(&parent, name);
     Ok((parent.join(name), staging))
 }

@@ -56,9 +56,15 @@ impl GpuShare {
             (Some(b), Some(n)) => format!(", {n} full batches of {b} per GPU"),
             _ => String::new(),
         };
+        let count = |n: u64, noun: &str| match n {
+            1 => format!("1 {noun}"),
+            n => format!("{n} {noun}s"),
+        };
         format!(
-            "{} GPUs x {} workers: {} shards per GPU, {samples}{batches}",
-            self.gpus, self.workers, self.shards_per_gpu
+            "{} x {}: {} per GPU, {samples}{batches}",
+            count(self.gpus, "GPU"),
+            count(self.workers, "worker"),
+            count(self.shards_per_gpu, "shard")
         )
     }
 }
@@ -83,5 +89,17 @@ mod tests {
         let g = GpuShare::new(layout, &[10, 9, 9, 9]);
         assert!(!g.equal && g.samples_per_gpu_max == 19 && g.batches_per_gpu == Some(4));
         assert!(g.render().contains("unequal"));
+        let one = GpuLayout {
+            gpus: 7,
+            workers: 1,
+            batch_size: None,
+        };
+        let g = GpuShare::new(one, &[3; 7]);
+        assert!(
+            g.render()
+                .starts_with("7 GPUs x 1 worker: 1 shard per GPU, 3 samples"),
+            "{}",
+            g.render()
+        );
     }
 }

@@ -146,8 +146,13 @@ impl Sizing {
                 } else {
                     ""
                 };
+                let target = if size == DEFAULT_SHARD_SIZE {
+                    "the default --shard-size"
+                } else {
+                    "--shard-size"
+                };
                 Ok((n, format!(
-                    "--gpus {gpus} --workers {workers}: {} x {unit} shards, mean {} nearest --shard-size {}{why}",
+                    "--gpus {gpus} --workers {workers}: {} x {unit} shards, mean {} nearest {target} {}{why}",
                     n / unit,
                     human_bytes(bytes / n),
                     human_bytes(size)
@@ -156,6 +161,9 @@ impl Sizing {
         }
     }
 }
+
+/// The shard size `--gpus` aims at when no `--shard-size` is given.
+pub const DEFAULT_SHARD_SIZE: u64 = 512 << 20;
 
 /// The positive multiple of `unit` whose mean share of `total` is nearest `target`.
 fn nearest_multiple(total: u64, target: u64, unit: u64) -> u64 {
@@ -188,6 +196,13 @@ mod tests {
         assert!(why.contains("limited by the sample count"), "{why}");
         let (_, why) = gpus(4, 1, 256 << 20).shards(4, 1 << 30).unwrap();
         assert!(!why.contains("limited"), "{why}");
+        assert!(why.contains("nearest --shard-size 256.00 MiB"), "{why}");
+        // No --shard-size given: the default is said to be one.
+        let (_, why) = gpus(4, 1, DEFAULT_SHARD_SIZE).shards(4, 1 << 30).unwrap();
+        assert!(
+            why.contains("nearest the default --shard-size 512.00 MiB"),
+            "{why}"
+        );
     }
 
     /// The count above the ideal wins when it is nearer: 2.9 rounds to 3, and 1.8 units of 16

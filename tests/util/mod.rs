@@ -616,7 +616,10 @@ pub fn skip(test: &str, reason: &str) {
     if std::env::var_os("RESHARD_NO_SKIP").is_some_and(|v| v == "1") {
         panic!("{test} cannot run: {reason} (RESHARD_NO_SKIP=1: skipping is a failure)");
     }
-    let line = format!("SKIPPED {test}: {reason}\n");
+    // Loud: the test command still says ok, so this line is all there is to see.
+    let line = format!(
+        "SKIPPED {test}: {reason} -- THIS TEST DID NOT RUN (examples/quickstart.sh installs what the tests need; RESHARD_NO_SKIP=1 makes a skip fail)\n"
+    );
     let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
 }
 

@@ -206,12 +206,18 @@ impl OutputLock {
                 Ok(()) => return Ok(Self::hold(path, me, took_over)),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
                 Err(e) => {
+                    // On a store, its error says what is wrong (credentials, endpoint).
+                    let hint = if crate::storage::is_object_store(path) {
+                        ""
+                    } else {
+                        " (is the output's parent writable?)"
+                    };
                     return Err(e).with_context(|| {
                         format!(
-                            "cannot create the staging directory's lock {} (is the output's parent writable?)",
+                            "cannot create the staging directory's lock {}{hint}",
                             path.display()
                         )
-                    })
+                    });
                 }
             }
             let Some(holder) = read_owner(path)? else {

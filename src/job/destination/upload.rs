@@ -24,6 +24,9 @@ use crate::job::destination::series::{outputs_beyond, say_what_keep_would_remove
 use crate::output::{checkpoint, saved_index};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
+use progress::{report_progress, Sent};
+
+mod progress;
 
 /// The manifest: written last, it is what makes the output exist.
 const MANIFEST: &str = "index.json";
@@ -485,11 +488,25 @@ pub fn run(
     let names: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
     let was_up = with_layouts(kept.iter().map(String::as_str));
     let todo: Vec<_> = mine.iter().filter(|f| !was_up.contains(&f.0)).collect();
-    let sent: Result<u64> = todo.iter().enumerate().try_fold(0, |sum, (i, f)| {
-        let n = upload_file(local, target, &f.0, comm.rank(), i + 1 == todo.len())?;
-        restamp_layout(local, target, &f.0, &names)?;
-        note_uploaded(local, target, &f.0)?;
-        Ok(sum + n)
+    let all_todo = files
+        .iter()
+        .filter(|f| is_shard(&f.0) && !was_up.contains(&f.0));
+    let sent = Sent::default();
+    let rank = comm.rank();
+    let sent: Result<u64> = std::thread::scope(|scope| {
+        let uploads = scope.spawn(|| {
+            let r = todo.iter().enumerate().try_fold(0, |sum, (i, f)| {
+                let n = upload_file(local, target, &f.0, rank, i + 1 == todo.len())?;
+                restamp_layout(local, target, &f.0, &names)?;
+                note_uploaded(local, target, &f.0)?;
+                sent.add(f.1);
+                Ok(sum + n)
+            });
+            sent.end();
+            r
+        });
+        report_progress(comm, cfg.progress, all_todo, &sent);
+        uploads.join().expect("the upload thread does not panic")
     });
     agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local))?;
     let finished = (comm.rank() == 0).then(|| {

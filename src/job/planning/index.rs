@@ -84,15 +84,7 @@ pub(crate) fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Res
     let summed = comm.all_sum(&mine_hygiene.to_array());
     let hygiene = Hygiene::from_array(summed.try_into().expect("three counts"));
     let reused = comm.all_sum(&[reused.into_inner() as u64])[0];
-    if reused > 0 {
-        narrate(
-            lead,
-            format_args!(
-                "reused the saved index of {reused} of {}",
-                count(inputs.len() as u64, "input shard")
-            ),
-        );
-    }
+    narrate_reused(lead, reused, inputs.len());
     let (first_global, samples) = exclusive_sum(comm, local.len() as u64);
     let mut totals = vec![local.iter().map(|s| s.len).sum::<u64>(), zero_runs];
     totals.extend(skipped.to_array());
@@ -212,6 +204,21 @@ fn report_progress(comm: &impl Comm, cfg: ProgressConfig, inputs: &[InputShard],
         }
     }
     progress.finish();
+}
+
+/// Rank 0 says how many input shards' saved indexes stood in for their tar headers.
+fn narrate_reused(lead: bool, reused: u64, inputs: usize) {
+    if reused == 0 {
+        return;
+    }
+    narrate(
+        lead,
+        format_args!(
+            "reused the saved index of {reused} of {} instead of reading {} tar headers",
+            count(inputs as u64, "input shard"),
+            if reused == 1 { "its" } else { "their" }
+        ),
+    );
 }
 
 /// Indexes this rank's input shards, in order, from saved indexes where they exist and still

@@ -213,11 +213,28 @@ fn narrate_placed(lead: bool, order: &OrderSpec, index: &Indexed, placed: &Place
         );
     }
     if let Some(st) = &placed.stratify {
+        // Counted by runs of the sorted order, which are (group, label) pairs: a label in
+        // three splits is three runs, unless the split assignment counted the labels itself.
+        let groups = placed.groups.len();
+        let labels = if groups > 1 && st.split_deviation.is_none() {
+            let of = if placed.groups.iter().any(|g| g.split.is_some()) {
+                "split"
+            } else {
+                "group"
+            };
+            format!(
+                "{} (a label counted once in each {of} it is in: {})",
+                count(st.labels, "label"),
+                count(groups as u64, of)
+            )
+        } else {
+            count(st.labels, "label")
+        };
         narrate(
             lead,
             format_args!(
-                "stratified by .{}: {} labels, worst deviation from the ideal share per shard {:.3}",
-                st.ext, st.labels, st.worst_deviation
+                "stratified by .{}: {labels}, worst deviation from the ideal share per shard {:.3}",
+                st.ext, st.worst_deviation
             ),
         );
     }

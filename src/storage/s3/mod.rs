@@ -254,6 +254,13 @@ impl Source for Objects {
     fn list(&self, path: &Path) -> io::Result<Vec<Entry>> {
         let loc = self.parse(path)?;
         let (objects, prefixes) = self.list_under(&loc)?;
+        // A folder some stores (SeaweedFS) keep once its objects are gone lists as an object
+        // named like the prefix itself: nothing under it to read or remove.
+        let prefix = loc.object()?;
+        let objects: Vec<_> = objects
+            .into_iter()
+            .filter(|o| o.location != prefix)
+            .collect();
         let name = |k: &Key| OsString::from(k.filename().unwrap_or_default());
         let files = objects.iter().map(|o| Entry {
             name: name(&o.location),

@@ -230,13 +230,9 @@ pub(super) fn error(loc: &Location, e: object_store::Error) -> io::Error {
             io::ErrorKind::NotFound,
             format!("no such object in {word} {}", loc.bucket),
         ),
-        E::PermissionDenied { .. } | E::Unauthenticated { .. } => io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "access denied to {word} {} key {}: check the credentials ({}) and the {word}'s policy",
-                loc.bucket, loc.key, loc.scheme.credentials
-            ),
-        ),
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
+            explained(loc, &e).unwrap_or_else(|| denied(loc))
+        }
         E::AlreadyExists { .. } => io::Error::new(
             io::ErrorKind::AlreadyExists,
             format!("exists already in {word} {}", loc.bucket),
@@ -256,8 +252,90 @@ pub(super) fn error(loc: &Location, e: object_store::Error) -> io::Error {
             io::ErrorKind::NotFound,
             format!("{word} {} does not exist", loc.bucket),
         ),
-        e => io::Error::other(plain(&e)),
+        e => explained(loc, &e).unwrap_or_else(|| io::Error::other(plain(&e))),
     }
+}
+
+/// What the client's error `e` means for the user, in one line that says what to set: a
+/// wrong secret or key (the store's error code, which a listing returns inside its XML), no
+/// credentials at all (the client then asks the cloud's instance metadata service, which is
+/// not there), and a store that cannot be reached. With no endpoint set, the store is AWS's
+/// own, which is seldom what a user of another store meant: each message then says so.
+/// `None`: no more to say than the client's message.
+fn explained(loc: &Location, e: &object_store::Error) -> Option<io::Error> {
+    use io::ErrorKind::PermissionDenied;
+    if loc.scheme.name != "s3" {
+        // The variables named below are S3's.
+        return None;
+    }
+    let text = plain(e);
+    let bucket = &loc.bucket;
+    let endpoint = endpoint_set();
+    let aws = if endpoint.is_none() { AWS_OWN } else { "" };
+    let said =
+        |kind, why: String| Some(io::Error::new(kind, format!("bucket {bucket}: {why}{aws}")));
+    // First: the metadata service's own refusal reads like the store's.
+    let metadata = [
+        "169.254.169.254",
+        "169.254.170.2",
+        "/latest/api/token",
+        "/latest/meta-data/",
+    ];
+    if metadata.iter().any(|m| text.contains(m)) {
+        return said(PermissionDenied, "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE); without them the client asked the cloud's instance metadata service, and none answered".into());
+    }
+    if text.contains("SignatureDoesNotMatch") {
+        return said(PermissionDenied, "the store refused the request's signature (SignatureDoesNotMatch): AWS_SECRET_ACCESS_KEY is not the secret of AWS_ACCESS_KEY_ID; set the pair the store issued".into());
+    }
+    if text.contains("InvalidAccessKeyId") {
+        return said(PermissionDenied, "the store does not know the key in AWS_ACCESS_KEY_ID (InvalidAccessKeyId); set a key the store issued, with its AWS_SECRET_ACCESS_KEY".into());
+    }
+    if text.contains("ExpiredToken") || text.contains("InvalidToken") {
+        return said(PermissionDenied, "the session token has expired or is not valid; set fresh AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN".into());
+    }
+    if text.contains("<Code>AccessDenied</Code>") {
+        return Some(denied(loc));
+    }
+    if !broke_off(e) {
+        return None;
+    }
+    let url = text
+        .split_whitespace()
+        .find(|w| w.starts_with("http://") || w.starts_with("https://"))?;
+    let host = url.splitn(4, '/').take(3).collect::<Vec<_>>().join("/");
+    match endpoint {
+        None => said(io::ErrorKind::ConnectionRefused, format!("cannot reach the store at {host}")),
+        Some(e) => said(
+            io::ErrorKind::ConnectionRefused,
+            format!("cannot reach the store at {host}: is it running, and is the endpoint {e} (AWS_ENDPOINT_URL) right?"),
+        ),
+    }
+}
+
+/// What an S3 error adds when no endpoint is set.
+const AWS_OWN: &str = "; no endpoint is set (AWS_ENDPOINT_URL), so the store is AWS's own: for another store set AWS_ENDPOINT_URL to its address";
+
+/// A denied request with nothing more specific to say.
+fn denied(loc: &Location) -> io::Error {
+    let word = loc.scheme.bucket;
+    let aws = loc.scheme.name == "s3" && endpoint_set().is_none();
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "access denied to {word} {} key {}: check the credentials ({}) and the {word}'s policy{}",
+            loc.bucket,
+            loc.key,
+            loc.scheme.credentials,
+            if aws { AWS_OWN } else { "" }
+        ),
+    )
+}
+
+/// The endpoint the variables or the named profile set, as [`with_profile`] takes it.
+fn endpoint_set() -> Option<String> {
+    let set = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let endpoint = set("AWS_ENDPOINT_URL_S3").or_else(|| set("AWS_ENDPOINT_URL"));
+    endpoint.or_else(|| aws_profile::selected().ok().flatten()?.endpoint_url)
 }
 
 /// A not-found object's better message: when the bucket itself is missing, say so.

@@ -21,6 +21,8 @@ pub const MIN_MEM_LIMIT: u64 = 1 << 20;
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub inputs: Vec<String>,
+    /// `--input-files`, `--key-regex`, `--label-from-dir`.
+    pub files: crate::tree::FilesRequest,
     /// `None` when only planning. For an `s3://` output, where it is staged on `--scratch`.
     pub output: Option<PathBuf>,
     /// An `s3://` output: where the staged output is uploaded ([`crate::job::upload`]).
@@ -115,6 +117,8 @@ pub struct UploadSettings {
 #[derive(Debug, Clone)]
 pub struct ExpandSettings {
     pub inputs: Vec<String>,
+    /// `--input-files` and the rules its samples are made by.
+    pub files: crate::tree::FilesRequest,
     /// `None` when only planning without an output.
     pub output: Option<PathBuf>,
     pub dry_run: bool,

@@ -30,5 +30,6 @@ pub mod storage;
 pub mod sys;
 pub mod tar;
 pub mod throttle;
+pub mod tree;
 pub mod verify;
 pub mod watchdog;

@@ -146,6 +146,7 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     let loaders = loader_indexes(args, equalize)?;
     Ok(RunConfig {
         inputs: args.inputs.clone(),
+        files: files(args)?,
         output,
         upload,
         sizing,
@@ -188,6 +189,42 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     })
 }
 
+/// `--input-files` and the flags that only it takes, checked: a key regex that compiles and
+/// has a capture group, a label extension that is one name part, no `--resume` (not yet).
+fn files(args: &RunArgs) -> Result<crate::tree::FilesRequest> {
+    if args.input_files.is_empty() {
+        for (given, flag) in [
+            (args.key_regex.is_some(), "--key-regex"),
+            (args.label_from_dir.is_some(), "--label-from-dir"),
+        ] {
+            if given {
+                bail!("{flag} names the samples of --input-files: give the tree with --input-files ROOT");
+            }
+        }
+        return Ok(crate::tree::FilesRequest::default());
+    }
+    if args.resume {
+        bail!("--resume does not take --input-files yet: rerun without --resume");
+    }
+    if let Some(re) = &args.key_regex {
+        let compiled =
+            regex::bytes::Regex::new(re).map_err(|e| anyhow::anyhow!("--key-regex {re:?}: {e}"))?;
+        if compiled.captures_len() < 2 {
+            bail!("--key-regex {re:?}: needs a capture group, e.g. '^(.*)/[^/]*$': the key is what the first group matches");
+        }
+    }
+    if let Some(ext) = &args.label_from_dir {
+        if ext.is_empty() || ext.contains(['.', '/']) || ext.starts_with('-') {
+            bail!("--label-from-dir {ext:?}: expected an extension such as cls (no '.' or '/')");
+        }
+    }
+    Ok(crate::tree::FilesRequest {
+        roots: args.input_files.clone(),
+        key_regex: args.key_regex.clone(),
+        label: args.label_from_dir.clone(),
+    })
+}
+
 /// What every phase of a job needs of `cfg`, each its own settings, decided here once.
 pub fn job_settings(cfg: &RunConfig) -> JobSettings {
     // `--keep` prunes the series where the output is published: the file system's, or the
@@ -196,6 +233,7 @@ pub fn job_settings(cfg: &RunConfig) -> JobSettings {
     JobSettings {
         expand: ExpandSettings {
             inputs: cfg.inputs.clone(),
+            files: cfg.files.clone(),
             output: cfg.output.clone(),
             dry_run: cfg.dry_run,
             resume: cfg.resume,
@@ -502,7 +540,10 @@ fn missing_required(args: &RunArgs, dry_run: bool) -> Result<()> {
         || args.order != OrderBy::Shuffle
         || (dry_run && args.shards == Some(1));
     let missing: Vec<&str> = [
-        (args.inputs.is_empty(), "--input SPEC (the shards to read)"),
+        (
+            args.inputs.is_empty() && args.input_files.is_empty(),
+            "--input SPEC (the shards to read) or --input-files ROOT (a tree of files to pack)",
+        ),
         (
             args.output.is_none() && !dry_run,
             "--output DIR (where to write; or plan only with --dry-run)",

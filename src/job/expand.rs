@@ -20,6 +20,7 @@ use crate::job::staging::Staging;
 use crate::output::checkpoint::{self, InputRecord};
 use crate::size::{count, human_bytes};
 use crate::storage::{self, Kind};
+use crate::tree::{self, Root};
 
 /// What rank 0 resolves before any data is read, shared with every rank.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -30,6 +31,8 @@ pub struct Setup {
     pub target: Option<PathBuf>,
     /// `--resume` with an earlier attempt to continue: its staging shards are kept.
     pub resume: Option<Resume>,
+    /// The `--input-files` roots, whose units follow the `--input` shards in `inputs`.
+    pub trees: Vec<Root>,
 }
 
 /// What rank 0 keeps for itself: the output's lock, and every input's size and modification
@@ -75,10 +78,10 @@ impl Setup {
 /// symbolic link, a staging directory that cannot be created, or one that `--resume` cannot
 /// continue (a [`crate::cli::resolve::UsageError`]).
 pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(Setup, Lead)> {
-    let (inputs, records) = expand_inputs(settings)?;
+    let (inputs, records, trees) = expand_inputs(settings)?;
     let Some(out) = &settings.output else {
         // Only planning, without an output to check.
-        return Ok((Setup::planning(inputs), Lead::default()));
+        return Ok((Setup::planning(inputs, trees), Lead::default()));
     };
     let (target, staging) = output_paths(out)?;
     // Before anything is checked or touched: another live run may be writing this output.
@@ -86,12 +89,13 @@ pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(
         .then(|| StagingLock::acquire(&lock_path(&staging), out, settings.lock_stale_after))
         .transpose()?;
     check_output(settings, out, &target, &staging, &inputs)?;
+    check_not_in_a_root(out, &target, &trees)?;
     if settings.dry_run {
         // Checked as `run` would, but nothing is created, removed or written.
         if let Some(keep) = &settings.keep {
             say_what_keep_would_remove(&target, keep, settings.epoch)?;
         }
-        return Ok((Setup::planning(inputs), Lead::default()));
+        return Ok((Setup::planning(inputs, trees), Lead::default()));
     }
     if let Some(lock) = &lock {
         // Taken over from a run that may only be suspended: its staging directory is not ours
@@ -114,6 +118,7 @@ pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(
         staging: Some(staging),
         target: Some(target),
         resume,
+        trees,
     };
     Ok((
         setup,
@@ -126,12 +131,13 @@ pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(
 }
 
 impl Setup {
-    fn planning(inputs: Vec<InputShard>) -> Self {
+    fn planning(inputs: Vec<InputShard>, trees: Vec<Root>) -> Self {
         Setup {
             inputs,
             staging: None,
             target: None,
             resume: None,
+            trees,
         }
     }
 }
@@ -175,8 +181,11 @@ fn continue_staging(
     }))
 }
 
-/// The input spec, expanded, with every shard's size; and rank 0's records of them.
-fn expand_inputs(settings: &ExpandSettings) -> Result<(Vec<InputShard>, Vec<InputRecord>)> {
+/// The input spec, expanded, with every shard's size, then the `--input-files` roots' units
+/// (sized by the walk phase); rank 0's records of the shards; the roots.
+fn expand_inputs(
+    settings: &ExpandSettings,
+) -> Result<(Vec<InputShard>, Vec<InputRecord>, Vec<Root>)> {
     let paths = expand_specs(&settings.inputs)?;
     let mut inputs = Vec::with_capacity(paths.len());
     let mut records = Vec::with_capacity(paths.len());
@@ -189,7 +198,23 @@ fn expand_inputs(settings: &ExpandSettings) -> Result<(Vec<InputShard>, Vec<Inpu
         records.push(resume::input_record(&input, &stamp));
         inputs.push(input);
     }
-    Ok((inputs, records))
+    let (units, trees) = tree::expand(&settings.files)?;
+    inputs.extend(units);
+    Ok((inputs, records, trees))
+}
+
+/// An output inside an `--input-files` root would be packed by the next run from that root.
+fn check_not_in_a_root(out: &Path, target: &Path, trees: &[Root]) -> Result<()> {
+    for root in trees {
+        if target.starts_with(&root.path) {
+            bail!(
+                "--output {} is inside the --input-files root {}: choose an output outside it",
+                out.display(),
+                root.path.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The output's absolute path and its staging directory beside it.

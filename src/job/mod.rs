@@ -46,6 +46,7 @@ pub mod split;
 pub mod staging;
 pub mod summary;
 pub mod upload;
+pub mod walk;
 
 use anyhow::Result;
 
@@ -105,8 +106,10 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
             setup
         })
     });
-    let setup: Setup = broadcast_result(comm, 0, prepared)?;
-    let result = run_phases(comm, settings, &setup, lead.then_some(&mine), &mut times);
+    let mut setup: Setup = broadcast_result(comm, 0, prepared)?;
+    let staging = setup.staging.clone().filter(|_| !settings.dry_run);
+    let result = walk::run(comm, &setup.trees, &mut setup.inputs, staging.as_deref())
+        .and_then(|_| run_phases(comm, settings, &setup, lead.then_some(&mine), &mut times));
     if let (true, Err(e), Some(staging)) = (lead, &result, &setup.staging) {
         // Every rank has left the failed phase (failures are agreed collectively). A staging
         // directory another run took over is that run's.
@@ -405,6 +408,7 @@ mod tests {
     pub(super) fn config(inputs: Vec<String>, output: PathBuf, mem_limit: u64) -> RunConfig {
         RunConfig {
             inputs,
+            files: Default::default(),
             output: Some(output),
             upload: None,
             sizing: crate::plan::Sizing::Count(5),

@@ -88,7 +88,8 @@ pub struct RunArgs {
     /// With --input-files: a sample's key is the first capture group of this regular
     /// expression matched against the file's path relative to its root, e.g. '([^/]*)/[^/]*$'
     /// (the file's directory); the member's extension is still what follows the first dot of
-    /// the file name. Files it does not match are skipped.
+    /// the file name. Files it does not match are skipped. Each root is then walked and read as
+    /// one unit by one rank, so that a key's files are one sample wherever they lie.
     #[arg(help_heading = "Input", long = "key-regex", value_name = "RE")]
     pub key_regex: Option<String>,
 

@@ -206,7 +206,7 @@ fn expand_inputs(
 /// An output inside an `--input-files` root would be packed by the next run from that root.
 fn check_not_in_a_root(out: &Path, target: &Path, trees: &[Root]) -> Result<()> {
     for root in trees {
-        if target.starts_with(&root.path) {
+        if target.starts_with(&root.canonical) {
             bail!(
                 "--output {} is inside the --input-files root {}: choose an output outside it",
                 out.display(),

@@ -198,6 +198,7 @@ fn run_phases(
     times.detail("staging");
     let output = staging_shards(comm, &settings.resume, setup, inputs, &planned)?;
     times.start("exchange");
+    hooks::pause_before_exchange(setup.staging()?, comm.rank());
     let stats = exchange_phase(
         comm,
         (&settings.exchange, &settings.resume),

@@ -43,10 +43,13 @@ pub struct Unit {
     pub deep: bool,
 }
 
-/// A root as every rank knows it: its canonical path and its rules.
+/// A root as every rank knows it: its path as given (what its units' locations, and so the
+/// manifest, name: the same wherever the tree is, as `--input` paths), its canonical path (for
+/// checks), and its rules.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Root {
     pub path: PathBuf,
+    pub canonical: PathBuf,
     pub rules: Rules,
 }
 
@@ -242,10 +245,12 @@ pub fn expand(request: &FilesRequest) -> Result<(Vec<InputShard>, Vec<Root>)> {
                 other.display()
             );
         }
-        let (units, own) = units::cut(&root).with_context(what)?;
+        let (units, own) = units::cut(&root, request.key_regex.is_some()).with_context(what)?;
         classes.extend(own);
         canon.push(root.clone());
-        cuts.push((root, units));
+        // Without repeated or trailing slashes, which would end the root early in a location.
+        let given: PathBuf = given.components().collect();
+        cuts.push((given, root, units));
     }
     classes.sort();
     classes.dedup();
@@ -258,13 +263,14 @@ pub fn expand(request: &FilesRequest) -> Result<(Vec<InputShard>, Vec<Root>)> {
     };
     let mut inputs = Vec::new();
     let mut roots = Vec::new();
-    for (root, units) in cuts {
+    for (given, root, units) in cuts {
         inputs.extend(units.iter().map(|u| InputShard {
-            path: unit_path(&root, u),
+            path: unit_path(&given, u),
             size: 0,
         }));
         roots.push(Root {
-            path: root,
+            path: given,
+            canonical: root,
             rules: rules.clone(),
         });
     }

@@ -24,10 +24,12 @@ pub const DEEPEST: usize = 3;
 
 /// The units of `root` in the canonical order (by directory, a shallow unit before the deep
 /// units below it), and the root's own directories (the classes of `--label-from-dir`), sorted.
+/// `whole`: the root is one unit (`--key-regex`: a key may gather files of any directories, and
+/// a sample's files must be in one unit to be grouped).
 ///
 /// # Errors
 /// A directory that cannot be listed, or a name that is not UTF-8.
-pub fn cut(root: &Path) -> Result<(Vec<Unit>, Vec<Vec<u8>>)> {
+pub fn cut(root: &Path, whole: bool) -> Result<(Vec<Unit>, Vec<Vec<u8>>)> {
     let mut units = Vec::new();
     let mut level = vec![Vec::new()];
     let mut classes = None;
@@ -63,6 +65,13 @@ pub fn cut(root: &Path) -> Result<(Vec<Unit>, Vec<Vec<u8>>)> {
         below.sort();
         if depth == 0 {
             classes = Some(below.clone());
+            if whole {
+                let unit = Unit {
+                    dir: Vec::new(),
+                    deep: true,
+                };
+                return Ok((vec![unit], below));
+            }
         }
         if below.len() >= WIDE || depth + 1 >= DEEPEST {
             units.extend(below.into_iter().map(|dir| Unit { dir, deep: true }));

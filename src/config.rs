@@ -408,6 +408,8 @@ impl Keep {
 pub struct VerifyConfig {
     /// Input specs, as given to `reshard run`.
     pub inputs: Vec<String>,
+    /// `--input-files` and its rules, as given to `reshard run`.
+    pub files: crate::tree::FilesRequest,
     /// The output directory of a run: its shards and `index.json`.
     pub output: PathBuf,
     /// Print the report as JSON.

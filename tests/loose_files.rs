@@ -79,9 +79,34 @@ fn verify_and_python_readers_take_the_packed_tree() {
     for shard in crate::util::tar_files(&dir.join("out")) {
         dir.program("tar").arg("-tf").arg(&shard).assert_success();
     }
-    dir.mpi(2)
-        .args(["verify", "--input", "out", "--output", "out"])
-        .assert_success();
+    let verify = |np: usize| {
+        let mut cmd = dir.mpi(np);
+        cmd.args([
+            "verify",
+            "--input-files",
+            "tree",
+            "--label-from-dir",
+            "cls",
+            "--output",
+            "out",
+        ]);
+        cmd
+    };
+    for np in [1, 3] {
+        verify(np).assert_success();
+    }
+    // A file the output lacks, and one whose bytes differ: verify reads the tree itself.
+    fs::write(dir.join("tree/c0/new_1.jpg"), b"new").unwrap();
+    let res = verify(2).output();
+    res.check(
+        res.code() == Some(1),
+        "verify must fail on a sample the output lacks",
+    );
+    let all = format!("{}{}", res.stdout, res.stderr);
+    res.check(
+        all.contains("missing"),
+        "verify must say a sample is missing",
+    );
 }
 
 #[test]
@@ -91,9 +116,10 @@ fn files_that_change_vanish_or_turn_into_fifos_during_the_run_are_refused_by_nam
     type Change = fn(&std::path::Path);
     let changes: [(&str, Change, &str); 3] = [
         (
-            "c1/s004.jpg",
-            |p| fs::write(p, b"other bytes").unwrap(),
-            "it changed: size",
+            "c1/s004.seg.png",
+            // The same size, other bytes: only the modification time tells.
+            |p| fs::write(p, vec![b'x'; 700]).unwrap(),
+            "it changed: its modification time moved",
         ),
         (
             "c0/s003.json",
@@ -115,11 +141,14 @@ fn files_that_change_vanish_or_turn_into_fifos_during_the_run_are_refused_by_nam
     ];
     for (np, (victim, change, says)) in [1, 3, 4].into_iter().zip(changes) {
         let out = format!("out-{np}");
-        let marker = dir.join(format!(".{out}.reshard-tmp/.paused-exchange-0"));
+        let markers: Vec<_> = (0..np)
+            .map(|r| dir.join(format!(".{out}.reshard-tmp/.paused-exchange-{r}")))
+            .collect();
         let path = dir.join("tree").join(victim);
         let watcher = std::thread::spawn(move || {
             let start = Instant::now();
-            while !marker.exists() {
+            // Every rank paused: none has read a file yet.
+            while !markers.iter().all(|m| m.exists()) {
                 assert!(
                     start.elapsed() < Duration::from_secs(60),
                     "the run never paused"
@@ -127,7 +156,9 @@ fn files_that_change_vanish_or_turn_into_fifos_during_the_run_are_refused_by_nam
                 std::thread::sleep(Duration::from_millis(20));
             }
             change(&path);
-            let _ = fs::remove_file(&marker);
+            for m in &markers {
+                let _ = fs::remove_file(m);
+            }
         });
         let res = pack(&dir, np, &out, &[])
             .env("RESHARD_TEST_PAUSE_EXCHANGE", "30")

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 
-use super::args::{Command, CompressArg, EqualizeArg, GenerateArgs, PlanArgs, RunArgs, VerifyArgs};
+use super::args::{
+    Command, CompressArg, EqualizeArg, FilesArgs, GenerateArgs, PlanArgs, RunArgs, VerifyArgs,
+};
 use crate::config::{
     Balance, EnergonDataset, ExchangeSettings, ExpandSettings, FinishSettings, GenerateConfig,
     GpuLayout, HeaderFormat, IndexSettings, IoConfig, JobSettings, Keep, LayoutSettings,
@@ -79,6 +81,7 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
             ) {
                 (true, Some(output)) => Some(VerifyConfig {
                     inputs: config.inputs.clone(),
+                    files: config.files.clone(),
                     output: output.clone(),
                     json: false,
                     plot: None,
@@ -146,7 +149,7 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     let loaders = loader_indexes(args, equalize)?;
     Ok(RunConfig {
         inputs: args.inputs.clone(),
-        files: files(args)?,
+        files: files(&args.files, args.resume)?,
         output,
         upload,
         sizing,
@@ -191,7 +194,7 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
 
 /// `--input-files` and the flags that only it takes, checked: a key regex that compiles and
 /// has a capture group, a label extension that is one name part, no `--resume` (not yet).
-fn files(args: &RunArgs) -> Result<crate::tree::FilesRequest> {
+fn files(args: &FilesArgs, resume: bool) -> Result<crate::tree::FilesRequest> {
     if args.input_files.is_empty() {
         for (given, flag) in [
             (args.key_regex.is_some(), "--key-regex"),
@@ -203,7 +206,7 @@ fn files(args: &RunArgs) -> Result<crate::tree::FilesRequest> {
         }
         return Ok(crate::tree::FilesRequest::default());
     }
-    if args.resume {
+    if resume {
         bail!("--resume does not take --input-files yet: rerun without --resume");
     }
     if let Some(re) = &args.key_regex {
@@ -541,7 +544,7 @@ fn missing_required(args: &RunArgs, dry_run: bool) -> Result<()> {
         || (dry_run && args.shards == Some(1));
     let missing: Vec<&str> = [
         (
-            args.inputs.is_empty() && args.input_files.is_empty(),
+            args.inputs.is_empty() && args.files.input_files.is_empty(),
             "--input SPEC (the shards to read) or --input-files ROOT (a tree of files to pack)",
         ),
         (
@@ -822,8 +825,14 @@ pub fn verify_config(args: &VerifyArgs) -> Result<VerifyConfig> {
     if let Some(plot) = &args.plot {
         format_of(plot)?;
     }
+    if args.inputs.is_empty() && args.files.input_files.is_empty() {
+        bail!(
+            "verify needs the input: --input SPEC or --input-files ROOT, as given to `reshard run`"
+        );
+    }
     Ok(VerifyConfig {
         inputs: args.inputs.clone(),
+        files: files(&args.files, false)?,
         output: args.output.clone(),
         json: args.json,
         plot: args.plot.clone(),

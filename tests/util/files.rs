@@ -105,9 +105,12 @@ pub fn tree(dir: &Dir, rel: &str) -> (Expected, usize) {
     (want, files + 1)
 }
 
+/// A member read back: (bytes, mode, mtime, uid, gid, owner names).
+pub type Found = (Vec<u8>, u32, u64, u64, u64, String);
+
 /// Every member of the output shards in `out`: name → (bytes, mode, mtime, uid, gid, owner
 /// names); a name twice is a failure.
-pub fn members(out: &Path) -> BTreeMap<String, (Vec<u8>, u32, u64, u64, u64, String)> {
+pub fn members(out: &Path) -> BTreeMap<String, Found> {
     let mut found = BTreeMap::new();
     let mut shards: Vec<_> = fs::read_dir(out)
         .unwrap()

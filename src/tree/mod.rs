@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::input::InputShard;
 use crate::storage::paced::Paced;
 use crate::storage::posix::Posix;
-use crate::storage::{self, Entry, Kind, Shard, Source, Stat};
+use crate::storage::{self, Entry, Kind, OpenInput, Source, Stat};
 
 pub mod header;
 pub mod units;
@@ -212,7 +212,7 @@ impl Source for Tree {
         Err(io::ErrorKind::Unsupported.into())
     }
 
-    fn open(&self, path: &Path) -> io::Result<Shard> {
+    fn open(&self, path: &Path) -> io::Result<OpenInput> {
         Ok(Arc::new(View(listing(path)?)))
     }
 }

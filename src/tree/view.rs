@@ -91,7 +91,7 @@ impl Listing {
             mtime_ns: 0,
             ctime_ns: 0,
             dev: 0,
-            ino: 0,
+            identity: 0,
         }
     }
 }

@@ -38,6 +38,8 @@ fn a_tree_packs_to_the_same_bytes_at_np_1_to_4_with_every_file_once() {
         let out = format!("out-np{np}");
         let res = pack(&dir, np, &out, &["--label-from-dir", "cls"]).assert_success();
         res.stderr_has(&format!("walked {files} files"));
+        let summary = format!("loose files: {files} files became 3 shards");
+        res.check(res.stdout.contains(&summary), &summary);
         // Hidden: four files of c0 and the directory c2/.cache; .git, beside the class
         // directories, is left out where rank 0 cuts the root, uncounted.
         res.stderr_has("skipped: 5 hidden or editor's leftover, 2 link to a directory or dangling, 2 FIFO, socket or device, 1 without a key");

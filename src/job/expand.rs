@@ -89,6 +89,7 @@ pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(
         target: Some(target),
         resume,
         trees,
+        files: None,
     };
     Ok((
         setup,

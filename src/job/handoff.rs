@@ -44,6 +44,8 @@ pub struct Setup {
     pub resume: Option<Resume>,
     /// The `--input-files` roots, whose units follow the `--input` shards in `inputs`.
     pub trees: Vec<crate::tree::Root>,
+    /// The loose files the walk phase found in them (set by it on every rank).
+    pub files: Option<u64>,
 }
 
 impl Setup {
@@ -75,6 +77,7 @@ impl Setup {
             target: None,
             resume: None,
             trees,
+            files: None,
         }
     }
 }

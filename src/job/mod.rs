@@ -89,8 +89,13 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
     });
     let mut setup: Setup = broadcast_result(comm, 0, prepared)?;
     let staging = setup.staging.clone().filter(|_| !settings.dry_run);
-    let result = walk::run(comm, &setup.trees, &mut setup.inputs, staging.as_deref())
-        .and_then(|_| run_phases(comm, settings, &setup, lead.then_some(&mine), &mut times));
+    let result = match walk::run(comm, &setup.trees, &mut setup.inputs, staging.as_deref()) {
+        Ok(walked) => {
+            setup.files = walked.map(|w| w.files);
+            run_phases(comm, settings, &setup, lead.then_some(&mine), &mut times)
+        }
+        Err(e) => Err(e),
+    };
     if let (true, Err(e), Some(staging)) = (lead, &result, &setup.staging) {
         // Every rank has left the failed phase (failures are agreed collectively). A staging
         // directory another run took over is that run's.

@@ -5,6 +5,8 @@ use std::fs;
 use std::time::{Duration, Instant};
 
 use crate::util::files::{members, tree, MTIME};
+use crate::util::loaders::check_with_python;
+use crate::util::splits::{key_sets, splits_of};
 use crate::util::verifier::output_digest;
 use crate::util::Dir;
 
@@ -308,3 +310,52 @@ fn a_key_regex_groups_files_of_several_directories_into_one_sample() {
 }
 
 use std::os::unix::ffi::OsStrExt;
+
+#[test]
+fn loader_indexes_gpus_and_splits_take_a_tree() {
+    let dir = Dir::new("files-downstream");
+    let (want, _) = tree(&dir, "tree");
+    let samples = want.keys().filter(|n| n.ends_with(".cls")).count();
+    for np in [2, 3] {
+        let out = format!("idx{np}");
+        let mut cmd = dir.mpi(np);
+        cmd.args([
+            "run",
+            "--input-files",
+            "tree",
+            "--output",
+            &out,
+            "--seed",
+            "5",
+        ])
+        .args(["--gpus", "2", "--workers", "2", "--label-from-dir", "cls"])
+        .args(["--energon", "--dali-index"])
+        .assert_success();
+        let seen = check_with_python(&dir, &dir.join(&out), true, true);
+        assert_eq!(seen, samples, "np {np}");
+        let out = format!("split{np}");
+        dir.mpi(np)
+            .args([
+                "run",
+                "--input-files",
+                "tree",
+                "--output",
+                &out,
+                "--seed",
+                "5",
+            ])
+            .args([
+                "--shards",
+                "2",
+                "--split",
+                "train=0.8,val=rest",
+                "--label-from-dir",
+                "cls",
+            ])
+            .assert_success();
+        let keys = key_sets(&splits_of(&dir.join(&out)));
+        let (train, val) = (&keys["train"], &keys["val"]);
+        assert!(train.is_disjoint(val), "np {np}");
+        assert_eq!(train.len() + val.len(), samples, "np {np}");
+    }
+}

@@ -441,14 +441,12 @@ fn paced_while_limited<T: ?Sized>((backend, paced): (&'static T, &'static T)) ->
 /// A backend and its [`Paced`] twin.
 type Pair = (&'static dyn Source, &'static dyn Source);
 
-/// Sources that a module above the seam registers for its scheme at run time: a source that is
-/// not storage of its own but presents other storage as shards (`tree://`, loose files read as
-/// tar shards, see `crate::tree`). It cannot be a match arm here: it reads through this seam.
+/// Sources registered at run time for a scheme by a module above the seam, which presents
+/// other storage as shards and so cannot be a match arm here (`tree://`, see `crate::tree`).
 static REGISTERED: std::sync::RwLock<Vec<(&'static str, Pair)>> =
     std::sync::RwLock::new(Vec::new());
 
-/// Registers `backend` (and its [`Paced`] twin) as the source of `scheme://…` locations. Once
-/// per scheme is enough; registering again changes nothing.
+/// Registers `backend` (and its [`Paced`] twin) as the source of `scheme://…`; once is enough.
 pub fn register_source(scheme: &'static str, backend: Pair) {
     let mut registered = REGISTERED.write().unwrap_or_else(|e| e.into_inner());
     if registered.iter().all(|(s, _)| *s != scheme) {
@@ -456,19 +454,11 @@ pub fn register_source(scheme: &'static str, backend: Pair) {
     }
 }
 
-/// The registered source of `scheme`, if any.
-fn registered(scheme: &str) -> Option<Pair> {
-    let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
-    registered
-        .iter()
-        .find(|(s, _)| *s == scheme)
-        .map(|(_, b)| *b)
-}
-
 /// The backend that holds `path`, as it is and wrapped in [`Paced`].
 fn sources(path: &Path) -> (&'static dyn Source, &'static dyn Source) {
-    if let Some(pair) = scheme(path).and_then(registered) {
-        return pair;
+    let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, pair)) = registered.iter().find(|(s, _)| Some(*s) == scheme(path)) {
+        return *pair;
     }
     match scheme(path) {
         #[cfg(test)]

@@ -62,6 +62,55 @@ pub struct FilesRequest {
     pub label: Option<String>,
 }
 
+impl FilesRequest {
+    /// The request the flags make, checked without I/O: no rule without a root, a key regex
+    /// that compiles and has a capture group, a label extension that is one name part, and
+    /// no `--resume` (not yet).
+    ///
+    /// # Errors
+    /// A usage error saying which flag and why.
+    pub fn checked(
+        roots: &[PathBuf],
+        key_regex: Option<&str>,
+        label: Option<&str>,
+        resume: bool,
+    ) -> Result<Self> {
+        if roots.is_empty() {
+            for (given, flag) in [
+                (key_regex.is_some(), "--key-regex"),
+                (label.is_some(), "--label-from-dir"),
+            ] {
+                if given {
+                    bail!("{flag} names the samples of --input-files: give the tree with --input-files ROOT");
+                }
+            }
+            return Ok(FilesRequest::default());
+        }
+        if resume {
+            bail!("--resume does not take --input-files yet: rerun without --resume");
+        }
+        if let Some(re) = key_regex {
+            let compiled = regex::bytes::Regex::new(re)
+                .map_err(|e| anyhow::anyhow!("--key-regex {re:?}: {e}"))?;
+            if compiled.captures_len() < 2 {
+                bail!("--key-regex {re:?}: needs a capture group, e.g. '^(.*)/[^/]*$': the key is what the first group matches");
+            }
+        }
+        if let Some(ext) = label {
+            if ext.is_empty() || ext.contains(['.', '/']) || ext.starts_with('-') {
+                bail!(
+                    "--label-from-dir {ext:?}: expected an extension such as cls (no '.' or '/')"
+                );
+            }
+        }
+        Ok(FilesRequest {
+            roots: roots.to_vec(),
+            key_regex: key_regex.map(str::to_string),
+            label: label.map(str::to_string),
+        })
+    }
+}
+
 /// Bytes kept as they are in a location; the rest as `%XX`.
 fn keep(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"/._-".contains(&b)

@@ -21,6 +21,8 @@ pub(crate) const MIN_MEM_LIMIT: u64 = 1 << 20;
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub(crate) inputs: Vec<String>,
+    /// `--input-files`, `--key-regex`, `--label-from-dir`.
+    pub(crate) files: crate::tree::FilesRequest,
     /// `None` when only planning. For an `s3://` output, where it is staged on `--scratch`.
     pub(crate) output: Option<PathBuf>,
     /// An `s3://` output: where the staged output is uploaded ([`crate::job::destination::upload`]).
@@ -118,6 +120,8 @@ pub(crate) struct UploadSettings {
 #[derive(Debug, Clone)]
 pub(crate) struct ExpandSettings {
     pub(crate) inputs: Vec<String>,
+    /// `--input-files` and the rules its samples are made by.
+    pub(crate) files: crate::tree::FilesRequest,
     /// `None` when only planning without an output.
     pub(crate) output: Option<PathBuf>,
     pub(crate) dry_run: bool,
@@ -407,6 +411,8 @@ impl Keep {
 pub struct VerifyConfig {
     /// Input specs, as given to `reshard run`.
     pub(crate) inputs: Vec<String>,
+    /// `--input-files` and its rules, as given to `reshard run`.
+    pub(crate) files: crate::tree::FilesRequest,
     /// The output directory of a run: its shards and `index.json`.
     pub output: PathBuf,
     /// Print the report as JSON.

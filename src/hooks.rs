@@ -17,6 +17,9 @@
 //!   or take the output over; a rank whose marker the test removes goes on at once.
 //! - `RESHARD_TEST_PAUSE_PUBLISH=seconds`: the same between the finish and publish phases
 //!   (marker `.paused-publish-RANK`).
+//! - `RESHARD_TEST_PAUSE_EXCHANGE=seconds`: the same as the exchange starts (marker
+//!   `.paused-exchange-RANK`): after `--input-files` were walked and indexed, before any file's
+//!   bytes are read, so that a test changes or removes a listed file.
 //! - `RESHARD_TEST_KILL=r:n`: rank r kills itself with SIGKILL as exchange round n starts (before
 //!   its status), like a node that died. Or at a named point: `r:index` (after indexing),
 //!   `r:plan` (after planning), `r:finish` (as the finish phase starts), `r:publish` (as the
@@ -45,8 +48,8 @@ use std::time::Duration;
 
 pub use test_hooks::slow_speaker;
 pub(crate) use test_hooks::{
-    hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round, pause_before_finish,
-    pause_before_publish, pause_in_upload, slow_round,
+    hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round,
+    pause_before_exchange, pause_before_finish, pause_before_publish, pause_in_upload, slow_round,
 };
 
 /// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
@@ -164,6 +167,15 @@ mod test_hooks {
         );
     }
 
+    /// `RESHARD_TEST_PAUSE_EXCHANGE`: a window between planning and the exchange, as
+    /// [`pause_before_finish`].
+    pub fn pause_before_exchange(staging: &Path, rank: usize) {
+        pause(
+            "RESHARD_TEST_PAUSE_EXCHANGE",
+            &staging.join(format!(".paused-exchange-{rank}")),
+        );
+    }
+
     /// `RESHARD_TEST_PAUSE_UPLOAD`: a window in the middle of a multipart upload of an `s3://`
     /// output (a part sent, more to come), in which a test stops the server; the marker
     /// `.paused-upload-RANK` is in `dir`, the scratch directory's folder of the output.
@@ -241,6 +253,7 @@ mod test_hooks {
     pub(crate) fn kill_at(_rank: usize, _at: &str) {}
     pub(crate) fn pause_before_finish(_staging: &Path, _rank: usize) {}
     pub(crate) fn pause_before_publish(_staging: &Path, _rank: usize) {}
+    pub(crate) fn pause_before_exchange(_staging: &Path, _rank: usize) {}
     pub(crate) fn pause_in_upload(_dir: &Path, _rank: usize) {}
     pub(crate) fn slow_round(_rank: usize) {}
     pub fn slow_speaker() {}

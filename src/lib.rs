@@ -31,5 +31,6 @@ pub(crate) mod storage;
 pub mod sys;
 pub mod tar;
 pub(crate) mod throttle;
+pub(crate) mod tree;
 pub mod verify;
 pub mod watchdog;

@@ -11,8 +11,6 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-#[cfg(test)]
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -465,7 +463,6 @@ pub(crate) fn read_up_to<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> io::Res
     Ok(n)
 }
 
-#[cfg(test)]
 /// [`read_up_to`] with positioned reads: fills `buf` from `offset` of `file` (fewer bytes where
 /// the file ends) without moving its cursor, so threads may share the file.
 ///
@@ -475,17 +472,15 @@ pub(crate) fn read_up_to_at(file: &File, buf: &mut [u8], offset: u64) -> io::Res
     read_up_to(&mut At { file, offset }, buf)
 }
 
-#[cfg(test)]
 /// A [`Read`] over positioned reads of a shared file.
 struct At<'f> {
     file: &'f File,
     offset: u64,
 }
 
-#[cfg(test)]
 impl Read for At<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.file.read_at(buf, self.offset)?;
+        let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.offset)?;
         self.offset += n as u64;
         Ok(n)
     }

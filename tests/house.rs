@@ -538,7 +538,9 @@ fn no_file_is_longer_than_a_page() {
 /// (`job/handoff.rs`), the interrupt, the output's life (`job/destination/`, whose own phases,
 /// publish and upload, import no other phase) and the rest of the crate, never another phase;
 /// only `job/mod.rs`, the sequence, calls them all.
-const PHASES: [&str; 5] = ["expand", "planning", "exchange", "finish", "summary"];
+const PHASES: [&str; 6] = [
+    "expand", "walk", "planning", "exchange", "finish", "summary",
+];
 
 /// The rooms of `src/job/` that every phase may use, phases excluded.
 const SHARED: [&str; 3] = ["handoff", "interrupt", "destination"];

@@ -22,6 +22,7 @@ mod harness;
 mod house;
 mod hygiene;
 mod loader_index;
+mod loose_files;
 mod memory;
 mod messages;
 mod odd_inputs;

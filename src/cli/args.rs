@@ -111,6 +111,9 @@ pub struct RunArgs {
     )]
     pub(crate) inputs: Vec<String>,
 
+    #[command(flatten)]
+    pub files: FilesArgs,
+
     /// Output directory. Created atomically: it appears only once every shard is complete.
     /// Required unless planning (`reshard plan`, `--dry-run`).
     #[arg(
@@ -611,12 +614,44 @@ impl Args for PlanArgs {
     }
 }
 
+/// `--input-files` and the flags that name its samples; `run`, `plan` and `verify` take them.
+#[derive(Debug, Args, Default)]
+pub struct FilesArgs {
+    /// A directory of loose files to pack into samples (a local or parallel file system). Its
+    /// files are grouped by key (WebDataset's rule on the path relative to ROOT: the directory
+    /// and the file name up to its first dot, so a/x.jpg and a/x.json are one sample) and
+    /// follow the --input shards, each ROOT in the order given. Hidden files, editors'
+    /// leftovers (x~, #x#), FIFOs, sockets, devices and links to directories are skipped;
+    /// links to files are followed.
+    #[arg(help_heading = "Input", long = "input-files", value_name = "ROOT")]
+    pub input_files: Vec<PathBuf>,
+
+    /// With --input-files: a sample's key is the first capture group of this regular
+    /// expression matched against the file's path relative to its root, e.g. '([^/]*)/[^/]*$'
+    /// (the file's directory); the member's extension is still what follows the first dot of
+    /// the file name. Files it does not match are skipped. Each root is then walked and read as
+    /// one unit by one rank, so that a key's files are one sample wherever they lie.
+    #[arg(help_heading = "Input", long = "key-regex", value_name = "RE")]
+    pub key_regex: Option<String>,
+
+    /// With --input-files: one directory per class under ROOT (ImageFolder); every sample gets
+    /// the member KEY.EXT holding its class index as decimal text, classes numbered from 0 in
+    /// the sorted order of the directory names. The class list is written to the output's
+    /// classes.txt, one name a line.
+    #[arg(help_heading = "Input", long = "label-from-dir", value_name = "EXT")]
+    pub label_from_dir: Option<String>,
+}
+
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
     /// The input shards the output was made from, as given to `reshard run` (same specs, same
     /// order).
-    #[arg(long = "input", short = 'i', value_name = "SPEC", required = true)]
+    #[arg(long = "input", short = 'i', value_name = "SPEC")]
     pub(crate) inputs: Vec<String>,
+
+    /// The trees of loose files the output was made from, as given to `reshard run`.
+    #[command(flatten)]
+    pub files: FilesArgs,
 
     /// The output directory to check: its shards and index.json.
     #[arg(long, short = 'o', value_name = "DIR")]

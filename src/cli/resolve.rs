@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 
-use super::args::{Command, CompressArg, EqualizeArg, GenerateArgs, PlanArgs, RunArgs, VerifyArgs};
+use super::args::{
+    Command, CompressArg, EqualizeArg, FilesArgs, GenerateArgs, PlanArgs, RunArgs, VerifyArgs,
+};
 use crate::config::{
     Balance, EnergonDataset, ExchangeSettings, ExpandSettings, FinishSettings, GenerateConfig,
     GpuLayout, HeaderFormat, IndexSettings, IoConfig, JobSettings, Keep, LayoutSettings,
@@ -79,6 +81,7 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
             ) {
                 (true, Some(output)) => Some(VerifyConfig {
                     inputs: config.inputs.clone(),
+                    files: config.files.clone(),
                     output: output.clone(),
                     json: false,
                     plot: None,
@@ -146,6 +149,7 @@ pub(crate) fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     let loaders = loader_indexes(args, equalize)?;
     Ok(RunConfig {
         inputs: args.inputs.clone(),
+        files: files(&args.files, args.resume)?,
         output,
         upload,
         sizing,
@@ -188,6 +192,12 @@ pub(crate) fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     })
 }
 
+/// `--input-files` and the flags that only it takes, checked ([`crate::tree::FilesRequest`]).
+fn files(args: &FilesArgs, resume: bool) -> Result<crate::tree::FilesRequest> {
+    let (roots, key_regex, label) = (&args.input_files, &args.key_regex, &args.label_from_dir);
+    crate::tree::FilesRequest::checked(roots, key_regex.as_deref(), label.as_deref(), resume)
+}
+
 /// What every phase of a job needs of `cfg`, each its own settings, decided here once.
 pub fn job_settings(cfg: &RunConfig) -> JobSettings {
     // `--keep` prunes the series where the output is published: the file system's, or the
@@ -196,6 +206,7 @@ pub fn job_settings(cfg: &RunConfig) -> JobSettings {
     JobSettings {
         expand: ExpandSettings {
             inputs: cfg.inputs.clone(),
+            files: cfg.files.clone(),
             output: cfg.output.clone(),
             dry_run: cfg.dry_run,
             resume: cfg.resume,
@@ -503,7 +514,10 @@ fn missing_required(args: &RunArgs, dry_run: bool) -> Result<()> {
         || args.order != OrderBy::Shuffle
         || (dry_run && args.shards == Some(1));
     let missing: Vec<&str> = [
-        (args.inputs.is_empty(), "--input SPEC (the shards to read)"),
+        (
+            args.inputs.is_empty() && args.files.input_files.is_empty(),
+            "--input SPEC (the shards to read) or --input-files ROOT (a tree of files to pack)",
+        ),
         (
             args.output.is_none() && !dry_run,
             "--output DIR (where to write; or plan only with --dry-run)",
@@ -795,8 +809,14 @@ pub(crate) fn verify_config(args: &VerifyArgs) -> Result<VerifyConfig> {
     if let Some(plot) = &args.plot {
         format_of(plot)?;
     }
+    if args.inputs.is_empty() && args.files.input_files.is_empty() {
+        bail!(
+            "verify needs the input: --input SPEC or --input-files ROOT, as given to `reshard run`"
+        );
+    }
     Ok(VerifyConfig {
         inputs: args.inputs.clone(),
+        files: files(&args.files, false)?,
         output: args.output.clone(),
         json: args.json,
         plot: args.plot.clone(),

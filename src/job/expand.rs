@@ -23,6 +23,7 @@ use crate::output::checkpoint::{self, InputRecord};
 use crate::report::narrate::count;
 use crate::size::human_bytes;
 use crate::storage::{self, Kind};
+use crate::tree::{self, Root};
 
 /// Rank 0: the output's location made ready by its own kind first ([`destination::prepare`]:
 /// an `s3://` output's lock object), then [`prepare`].
@@ -50,10 +51,10 @@ pub(crate) fn prepare(
     settings: &ExpandSettings,
     resuming: &ResumeSettings,
 ) -> Result<(Setup, Held)> {
-    let (inputs, records) = expand_inputs(settings)?;
+    let (inputs, records, trees) = expand_inputs(settings)?;
     let Some(out) = &settings.output else {
         // Only planning, without an output to check.
-        return Ok((Setup::planning(inputs), Held::default()));
+        return Ok((Setup::planning(inputs, trees), Held::default()));
     };
     let (target, pointer) = output_paths(out, settings.dry_run)?;
     // Before anything is checked or touched: another live run may be writing this output.
@@ -61,12 +62,13 @@ pub(crate) fn prepare(
         .then(|| OutputLock::acquire(&lock_path(&pointer), out, settings.lock_stale_after))
         .transpose()?;
     check_output(settings, out, &target, &pointer, &inputs)?;
+    check_not_in_a_root(out, &target, &trees)?;
     let Some(lock) = lock else {
         // Checked as `run` would, but nothing is created, removed or written.
         if let Some(keep) = &settings.keep {
             say_what_keep_would_remove(&target, keep, settings.epoch)?;
         }
-        return Ok((Setup::planning(inputs), Held::default()));
+        return Ok((Setup::planning(inputs, trees), Held::default()));
     };
     let (staging, resume) = take_staging(settings.resume, resuming, &lock, &pointer, &records)?;
     let setup = Setup {
@@ -74,6 +76,8 @@ pub(crate) fn prepare(
         staging: Some(staging),
         target: Some(target),
         resume,
+        trees,
+        files: None,
     };
     Ok((
         setup,
@@ -194,8 +198,11 @@ fn continue_staging(
     }))
 }
 
-/// The input spec, expanded, with every shard's size; and rank 0's records of them.
-fn expand_inputs(settings: &ExpandSettings) -> Result<(Vec<InputShard>, Vec<InputRecord>)> {
+/// The input spec, expanded, with every shard's size, then the `--input-files` roots' units
+/// (sized by the walk phase); rank 0's records of the shards; the roots.
+fn expand_inputs(
+    settings: &ExpandSettings,
+) -> Result<(Vec<InputShard>, Vec<InputRecord>, Vec<Root>)> {
     let paths = expand_specs(&settings.inputs)?;
     crate::input::refuse_equalized_output(&paths)?;
     let mut inputs = Vec::with_capacity(paths.len());
@@ -209,7 +216,23 @@ fn expand_inputs(settings: &ExpandSettings) -> Result<(Vec<InputShard>, Vec<Inpu
         records.push(resume::input_record(&input, &stamp));
         inputs.push(input);
     }
-    Ok((inputs, records))
+    let (units, trees) = tree::expand(&settings.files)?;
+    inputs.extend(units);
+    Ok((inputs, records, trees))
+}
+
+/// An output inside an `--input-files` root would be packed by the next run from that root.
+fn check_not_in_a_root(out: &Path, target: &Path, trees: &[Root]) -> Result<()> {
+    for root in trees {
+        if target.starts_with(&root.canonical) {
+            bail!(
+                "--output {} is inside the --input-files root {}: choose an output outside it",
+                out.display(),
+                root.path.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The output's absolute path and its staging directory beside it. A missing parent directory

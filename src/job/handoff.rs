@@ -44,6 +44,10 @@ pub(crate) struct Setup {
     pub(crate) target: Option<PathBuf>,
     /// `--resume` with an earlier attempt to continue: its staging shards are kept.
     pub(crate) resume: Option<Resume>,
+    /// The `--input-files` roots, whose units follow the `--input` shards in `inputs`.
+    pub(crate) trees: Vec<crate::tree::Root>,
+    /// The loose files the walk phase found in them (set by it on every rank).
+    pub(crate) files: Option<u64>,
 }
 
 impl Setup {
@@ -68,12 +72,14 @@ impl Setup {
     }
 
     /// Only planning: the inputs, no output.
-    pub(crate) fn planning(inputs: Vec<InputShard>) -> Self {
+    pub(crate) fn planning(inputs: Vec<InputShard>, trees: Vec<crate::tree::Root>) -> Self {
         Setup {
             inputs,
             staging: None,
             target: None,
             resume: None,
+            trees,
+            files: None,
         }
     }
 }

@@ -37,6 +37,7 @@ pub(crate) mod handoff;
 pub mod interrupt;
 pub mod planning;
 pub(crate) mod summary;
+pub(crate) mod walk;
 
 use anyhow::Result;
 
@@ -87,8 +88,15 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
             setup
         })
     });
-    let setup: Setup = broadcast_result(comm, 0, prepared)?;
-    let result = run_phases(comm, settings, &setup, lead.then_some(&mine), &mut times);
+    let mut setup: Setup = broadcast_result(comm, 0, prepared)?;
+    let staging = setup.staging.clone().filter(|_| !settings.dry_run);
+    let result = match walk::run(comm, &setup.trees, &mut setup.inputs, staging.as_deref()) {
+        Ok(walked) => {
+            setup.files = walked.map(|w| w.files);
+            run_phases(comm, settings, &setup, lead.then_some(&mine), &mut times)
+        }
+        Err(e) => Err(e),
+    };
     if let (true, Err(e), Some(staging)) = (lead, &result, &setup.staging) {
         // Every rank has left the failed phase (failures are agreed collectively). A staging
         // directory another run took over is that run's.
@@ -198,6 +206,7 @@ fn run_phases(
     let output = staging_shards(comm, &settings.resume, setup, inputs, &planned)?;
     phase("exchange");
     times.start("exchange");
+    hooks::pause_before_exchange(setup.staging()?, comm.rank());
     let pulse = heart.as_ref().map(|h| std::sync::Arc::clone(&h.pulse));
     let stats = exchange_phase(
         comm,
@@ -413,6 +422,7 @@ mod tests {
     pub(super) fn config(inputs: Vec<String>, output: PathBuf, mem_limit: u64) -> RunConfig {
         RunConfig {
             inputs,
+            files: Default::default(),
             output: Some(output),
             upload: None,
             sizing: crate::plan::Sizing::Count(5),

@@ -97,6 +97,9 @@ impl RankSpreads {
 pub struct Summary {
     pub(crate) output: PathBuf,
     pub(crate) inputs: usize,
+    /// `--input-files`: the loose files packed (every one a member of the output).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) files: Option<u64>,
     pub(crate) input_bytes: u64,
     pub(crate) samples: u64,
     pub(crate) sample_bytes: u64,
@@ -218,6 +221,14 @@ impl Summary {
             human_bytes(self.input_bytes),
             self.samples
         );
+        if let Some(files) = self.files {
+            // What a tree of loose files costs the file system, before and after.
+            s += &format!(
+                "  loose files: {files} files became {} shard{}\n",
+                self.shards,
+                if self.shards == 1 { "" } else { "s" }
+            );
+        }
         if self.output_samples < self.samples {
             s += &format!(
                 "  --equalize drop: {} input samples left out\n",
@@ -327,6 +338,7 @@ pub(crate) fn gather(
             None => setup.target()?.to_path_buf(),
         },
         inputs: setup.inputs.len(),
+        files: setup.files,
         input_bytes: setup.inputs.iter().map(|s| s.size).sum(),
         samples: index.samples,
         sample_bytes: index.sample_bytes,

@@ -30,7 +30,7 @@ pub(crate) mod s3;
 mod schemes;
 
 use paced::Paced;
-pub(crate) use schemes::{is_object_store, object_scheme, OBJECT_STORES};
+pub(crate) use schemes::{is_object_store, object_scheme, register_source, OBJECT_STORES};
 use schemes::{object_store, PACED_OBJECT_STORES};
 
 /// What a location is.
@@ -443,6 +443,9 @@ fn paced_while_limited<T: ?Sized>((backend, paced): (&'static T, &'static T)) ->
 
 /// The backend that holds `path`, as it is and wrapped in [`Paced`].
 fn sources(path: &Path) -> (&'static dyn Source, &'static dyn Source) {
+    if let Some(pair) = schemes::registered(scheme(path)) {
+        return pair;
+    }
     #[cfg(test)]
     if scheme(path) == Some("mem") {
         return (&memory::Memory, &Paced(&memory::Memory));

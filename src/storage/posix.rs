@@ -97,6 +97,75 @@ impl Input for PosixInput {
     }
 }
 
+/// What a loose file's tar header takes from the file system (`--input-files`, see
+/// [`crate::tree`]): its kind, stamp and permission bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileFacts {
+    pub kind: Kind,
+    pub stamp: FileStamp,
+    /// The permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+}
+
+fn facts_of(meta: &fs::Metadata) -> FileFacts {
+    use std::os::unix::fs::PermissionsExt;
+    FileFacts {
+        kind: kind(meta.file_type()),
+        stamp: FileStamp::of(meta),
+        mode: meta.permissions().mode() & 0o7777,
+    }
+}
+
+/// The facts of `path`: one `stat` (`follow`) or `lstat`.
+///
+/// # Errors
+/// It does not exist or cannot be examined.
+pub fn facts(path: &Path, follow: bool) -> io::Result<FileFacts> {
+    let meta = if follow {
+        fs::metadata(path)?
+    } else {
+        fs::symlink_metadata(path)?
+    };
+    Ok(facts_of(&meta))
+}
+
+/// A loose file open for reading (see [`open_loose`]).
+pub struct LooseFile(File);
+
+/// Opens the loose file at `path` for reading. `O_NONBLOCK`, so that a FIFO put where a regular
+/// file was listed never blocks the open (the caller checks the kind in the facts returned, and
+/// reads nothing from anything but a regular file).
+///
+/// # Errors
+/// It cannot be opened or examined.
+pub fn open_loose(path: &Path) -> io::Result<(LooseFile, FileFacts)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let facts = facts_of(&file.metadata()?);
+    Ok((LooseFile(file), facts))
+}
+
+impl LooseFile {
+    /// Reads until `buf` is full or the file ends, at `offset`: the count read.
+    ///
+    /// # Errors
+    /// A read fails.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        sys::read_up_to_at(&self.0, buf, offset)
+    }
+
+    /// The facts of the open file now (`fstat`).
+    ///
+    /// # Errors
+    /// It cannot be examined.
+    pub fn facts(&self) -> io::Result<FileFacts> {
+        Ok(facts_of(&self.0.metadata()?))
+    }
+}
+
 impl Sink for Posix {
     fn capabilities(&self) -> Capabilities {
         Capabilities {

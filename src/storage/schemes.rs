@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::paced::Paced;
 use super::s3::{self, Objects};
-use super::{azure, gcs, scheme};
+use super::{azure, gcs, scheme, Source};
 
 /// The object stores, each served by the shared code of [`s3`] with its own client.
 pub static OBJECT_STORES: [Objects; 3] =
@@ -34,6 +34,31 @@ pub fn is_object_store(path: &Path) -> bool {
 /// The scheme of the object store that holds `path` (`s3`), if one does.
 pub fn object_scheme(path: &Path) -> Option<&'static str> {
     object_store(path).map(|i| OBJECT_STORES[i].0.name)
+}
+
+/// A backend and its [`Paced`] twin.
+pub(crate) type Pair = (&'static dyn Source, &'static dyn Source);
+
+/// Sources registered at run time for a scheme by a module above the seam, which presents
+/// other storage as shards and so cannot be a match arm here (`tree://`, see `crate::tree`).
+static REGISTERED: std::sync::RwLock<Vec<(&'static str, Pair)>> =
+    std::sync::RwLock::new(Vec::new());
+
+/// Registers `backend` (and its [`Paced`] twin) as the source of `scheme://…`; once is enough.
+pub(crate) fn register_source(scheme: &'static str, backend: Pair) {
+    let mut registered = REGISTERED.write().unwrap_or_else(|e| e.into_inner());
+    if registered.iter().all(|(s, _)| *s != scheme) {
+        registered.push((scheme, backend));
+    }
+}
+
+/// The source registered for `scheme`, if any.
+pub(super) fn registered(scheme: Option<&str>) -> Option<Pair> {
+    let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+    registered
+        .iter()
+        .find(|(s, _)| Some(*s) == scheme)
+        .map(|(_, pair)| *pair)
 }
 
 #[cfg(test)]

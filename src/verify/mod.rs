@@ -390,6 +390,7 @@ mod tests {
     fn verdicts(inputs: &[String], out: &Path, ranks: usize) -> Vec<Verdict> {
         let cfg = VerifyConfig {
             inputs: inputs.to_vec(),
+            files: Default::default(),
             output: out.to_path_buf(),
             json: false,
             plot: None,
@@ -441,6 +442,7 @@ mod tests {
         fs::write(&bad, vec![b'x'; 2048]).unwrap();
         inputs.push(bad.display().to_string());
         let cfg = VerifyConfig {
+            files: Default::default(),
             inputs,
             output: out,
             json: false,

@@ -31,6 +31,9 @@ pub(super) struct OutputShard {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct Setup {
     pub(super) inputs: Vec<InputShard>,
+    /// The `--input-files` roots, whose units follow the `--input` shards in `inputs` (each
+    /// walked by the rank that digests it).
+    pub(super) trees: Vec<crate::tree::Root>,
     pub(super) outputs: Vec<OutputShard>,
     pub(super) equalize: Equalize,
 }
@@ -100,7 +103,8 @@ pub(super) fn share(comm: &impl Comm, cfg: &VerifyConfig) -> Result<(Setup, Opti
             setup
         })
     });
-    let setup = broadcast_result(comm, 0, prepared)?;
+    let setup: Setup = broadcast_result(comm, 0, prepared)?;
+    crate::tree::register(&setup.trees);
     Ok((setup, lead))
 }
 
@@ -110,7 +114,9 @@ pub(super) fn share(comm: &impl Comm, cfg: &VerifyConfig) -> Result<(Setup, Opti
 /// # Errors
 /// The input cannot be expanded or a shard's size read, or the output directory is not one.
 fn prepare(cfg: &VerifyConfig) -> Result<(Setup, Lead)> {
-    let inputs = input_shards(&cfg.inputs)?;
+    let mut inputs = input_shards(&cfg.inputs)?;
+    let (units, trees) = crate::tree::expand(&cfg.files)?;
+    inputs.extend(units);
     let dir = &cfg.output;
     let stat = storage::source(dir)
         .stat(dir)
@@ -153,6 +159,7 @@ fn prepare(cfg: &VerifyConfig) -> Result<(Setup, Lead)> {
     Ok((
         Setup {
             inputs,
+            trees,
             outputs,
             equalize,
         },

@@ -13,6 +13,7 @@ pub mod cloud;
 pub mod cluster;
 pub mod corpus;
 pub mod data;
+pub mod files;
 pub mod loaders;
 pub mod lock;
 pub mod ops;

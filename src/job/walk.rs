@@ -1,0 +1,194 @@
+//! Phase "walk" (only with `--input-files`): the ranks walk the units of the roots (each rank a
+//! contiguous share of them, by count), learn every unit's size from one sum, and hand each
+//! listing to the rank that will read that unit (the index phase's byte-balanced assignment), so
+//! that no file is listed or examined twice and no rank holds more than its share of the list.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result};
+
+use crate::comm::{agree, Comm};
+use crate::input::InputShard;
+use crate::plan::assign_inputs;
+use crate::report::narrate;
+use crate::report::narrate::count;
+use crate::size::human_bytes;
+use crate::tree::view::{Bytes, Listing};
+use crate::tree::walk::Skips;
+use crate::tree::{self, Root};
+
+/// What the walk found, over all ranks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Walked {
+    pub files: u64,
+    pub file_bytes: u64,
+    pub units: u64,
+    pub skips: Skips,
+}
+
+/// Walks the units among `inputs` (sizing them in place) and moves each listing to its reader.
+/// `staging`: where rank 0 writes the `--label-from-dir` class list (none when only planning).
+///
+/// # Errors
+/// A walk that failed on any rank (agreed: every rank returns it).
+pub fn run<C: Comm>(
+    comm: &C,
+    roots: &[Root],
+    inputs: &mut [InputShard],
+    staging: Option<&std::path::Path>,
+) -> Result<Option<Walked>> {
+    let units: Vec<usize> = (0..inputs.len())
+        .filter(|&i| tree::parse(&inputs[i].path).is_some())
+        .collect();
+    if units.is_empty() {
+        return Ok(None);
+    }
+    tree::register(roots);
+    let (rank, ranks, lead) = (comm.rank(), comm.size(), comm.rank() == 0);
+    let share = assign_inputs(&vec![1; units.len()], ranks)[rank].clone();
+    let mine: Vec<usize> = units[share.clone()].to_vec();
+    let walked = agree(comm, walk_all(inputs, &mine))?;
+    let mut sizes = vec![0; units.len()];
+    let mut totals = [0u64; 7];
+    for ((_, listing, skips), j) in walked.iter().zip(share) {
+        sizes[j] = listing.size();
+        let files = listing
+            .members
+            .iter()
+            .filter(|m| matches!(m.source, Bytes::File(_)));
+        totals[0] += files.clone().count() as u64;
+        totals[1] += files.map(|m| m.size).sum::<u64>();
+        for (t, s) in totals[3..].iter_mut().zip(skips.to_array()) {
+            *t += s;
+        }
+    }
+    for (j, size) in comm.all_sum(&sizes).into_iter().enumerate() {
+        inputs[units[j]].size = size;
+    }
+    let totals = comm.all_sum(&totals);
+    let owners = assign_inputs(&inputs.iter().map(|s| s.size).collect::<Vec<_>>(), ranks);
+    hand_over(comm, inputs, &owners, walked)?;
+    let found = Walked {
+        files: totals[0],
+        file_bytes: totals[1],
+        units: units.len() as u64,
+        skips: Skips::from_array(totals[3..].try_into().expect("four counts")),
+    };
+    narrate(lead, format_args!("{}", describe(&found, roots.len())));
+    if let (true, Some(staging), Some(list)) = (lead, staging, tree::class_list(roots)) {
+        let path = staging.join("classes.txt");
+        crate::storage::sink(&path)
+            .write(&path, &list)
+            .with_context(|| format!("{}: cannot write the class list", path.display()))?;
+    }
+    Ok(Some(found))
+}
+
+/// The walk's line for rank 0's narration.
+fn describe(w: &Walked, roots: usize) -> String {
+    let s = w.skips;
+    let mut line = format!(
+        "walked {} ({}) in {} of {}",
+        count(w.files, "file"),
+        human_bytes(w.file_bytes),
+        count(w.units, "directory unit"),
+        count(roots as u64, "root")
+    );
+    let skipped: Vec<String> = [
+        (s.hidden, "hidden or editor's leftover"),
+        (s.links, "link to a directory or dangling"),
+        (s.special, "FIFO, socket or device"),
+        (s.keyless, "without a key"),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    if !skipped.is_empty() {
+        line += &format!("; skipped: {}", skipped.join(", "));
+    }
+    line
+}
+
+/// One unit's walk.
+type WalkResult = Result<(Listing, Skips)>;
+
+/// A walked unit: its input index, listing and skips.
+type WalkedUnit = (usize, Listing, Skips);
+
+/// Walks this rank's units, several at once (each walk is a chain of dependent metadata
+/// calls, and storage serves many at once); the first failure in unit order is the error.
+fn walk_all(inputs: &[InputShard], mine: &[usize]) -> Result<Vec<WalkedUnit>> {
+    const THREADS: usize = 16;
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<WalkResult>>> =
+        Mutex::new((0..mine.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS.min(mine.len()) {
+            scope.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                if k >= mine.len() {
+                    break;
+                }
+                let r = tree::walk(&inputs[mine[k]].path);
+                let failed = r.is_err();
+                results.lock().unwrap()[k] = Some(r);
+                if failed {
+                    next.store(mine.len(), Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let mut out = Vec::with_capacity(mine.len());
+    for (&i, r) in mine.iter().zip(results.into_inner().unwrap()) {
+        let Some(r) = r else { continue };
+        let (listing, skips) = r?;
+        out.push((i, listing, skips));
+    }
+    Ok(out)
+}
+
+/// Sends each walked listing to the rank that reads its unit, keeps those this rank reads.
+fn hand_over<C: Comm>(
+    comm: &C,
+    inputs: &[InputShard],
+    owners: &[std::ops::Range<usize>],
+    walked: Vec<WalkedUnit>,
+) -> Result<()> {
+    let ranks = comm.size();
+    let mut parts: Vec<Vec<(u64, Listing)>> = (0..ranks).map(|_| Vec::new()).collect();
+    for (i, listing, _) in walked {
+        let owner = owners.iter().position(|r| r.contains(&i)).unwrap_or(0);
+        if owner == comm.rank() {
+            tree::keep_listing(inputs[i].path.clone(), Arc::new(listing));
+        } else {
+            parts[owner].push((i as u64, listing));
+        }
+    }
+    let config = bincode::config::standard();
+    let mut send = Vec::new();
+    let mut ranges = Vec::with_capacity(ranks);
+    for part in &parts {
+        let start = send.len();
+        if !part.is_empty() {
+            send.extend(bincode::serde::encode_to_vec(part, config).context("listings")?);
+        }
+        ranges.push(start..send.len());
+    }
+    drop(parts);
+    let mut recv = Vec::new();
+    let got = comm.all_to_all(&send, &ranges, &mut recv);
+    drop(send);
+    for range in got.into_iter().filter(|r| !r.is_empty()) {
+        let (part, _): (Vec<(u64, Listing)>, _) =
+            bincode::serde::decode_from_slice(&recv[range], config).context("listings")?;
+        for (i, mut listing) in part {
+            listing.lay_out();
+            let path: PathBuf = inputs[i as usize].path.clone();
+            tree::keep_listing(path, Arc::new(listing));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! Deterministic tar headers for loose files: a ustar header from the name, size, mode and
+//! modification time the file system reports, with owner fields fixed (uid and gid 0, empty
+//! user and group names), and a PAX extended header in front where ustar cannot hold the name
+//! (over 100 bytes) or the size (8 GiB or more).
+
+/// A tar block.
+pub const BLOCK: u64 = 512;
+
+/// The largest value an 11-digit octal field holds (the ustar size and mtime fields).
+const OCTAL_11: u64 = 0o777_7777_7777;
+
+/// What a member's header says.
+#[derive(Debug, Clone, Copy)]
+pub struct HeaderFields<'a> {
+    pub name: &'a [u8],
+    pub size: u64,
+    pub mode: u32,
+    /// Seconds since the epoch; clamped to the field's range (before 1970: 0).
+    pub mtime: i64,
+}
+
+/// The PAX records `fields` need: `path` for a name over 100 bytes, `size` for a size that
+/// 11 octal digits cannot hold.
+fn pax_records(fields: &HeaderFields<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    if fields.name.len() > 100 {
+        pax_record(&mut out, b"path", fields.name);
+    }
+    if fields.size > OCTAL_11 {
+        pax_record(&mut out, b"size", fields.size.to_string().as_bytes());
+    }
+    out
+}
+
+/// One `LEN KEY=VALUE\n` record, LEN counting its own digits.
+fn pax_record(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+    let rest = key.len() + value.len() + 3; // ' ', '=', '\n'
+    let mut len = rest + 1;
+    while len.to_string().len() + rest != len {
+        len = len.to_string().len() + rest;
+    }
+    out.extend_from_slice(len.to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(key);
+    out.push(b'=');
+    out.extend_from_slice(value);
+    out.push(b'\n');
+}
+
+/// Rounds `n` up to whole blocks.
+pub fn padded(n: u64) -> u64 {
+    n.div_ceil(BLOCK) * BLOCK
+}
+
+/// The bytes of the member's header records (PAX header and its records, if any, then the
+/// ustar header): a multiple of 512.
+pub fn header_len(fields: &HeaderFields<'_>) -> u64 {
+    let pax = pax_records(fields).len() as u64;
+    if pax == 0 {
+        BLOCK
+    } else {
+        2 * BLOCK + padded(pax)
+    }
+}
+
+/// Appends the member's header records to `out` ([`header_len`] bytes).
+pub fn write_header(fields: &HeaderFields<'_>, out: &mut Vec<u8>) {
+    let pax = pax_records(fields);
+    if !pax.is_empty() {
+        // Python's tarfile names its PAX headers so; readers ignore the name.
+        out.extend_from_slice(&ustar(b"././@PaxHeader", pax.len() as u64, 0o644, 0, b'x'));
+        let start = out.len();
+        out.extend_from_slice(&pax);
+        out.resize(start + padded(pax.len() as u64) as usize, 0);
+    }
+    // Where a PAX record holds the value, the ustar field holds what fits (a truncated name,
+    // size 0), as Python's tarfile writes it.
+    let name = &fields.name[..fields.name.len().min(100)];
+    let size = if fields.size > OCTAL_11 {
+        0
+    } else {
+        fields.size
+    };
+    let mtime = u64::try_from(fields.mtime).unwrap_or(0).min(OCTAL_11);
+    out.extend_from_slice(&ustar(name, size, fields.mode, mtime, b'0'));
+}
+
+/// One ustar header block.
+fn ustar(name: &[u8], size: u64, mode: u32, mtime: u64, typeflag: u8) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name);
+    octal(&mut h[100..108], u64::from(mode & 0o7777));
+    octal(&mut h[108..116], 0);
+    octal(&mut h[116..124], 0);
+    octal(&mut h[124..136], size);
+    octal(&mut h[136..148], mtime);
+    h[156] = typeflag;
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    octal(&mut h[329..337], 0);
+    octal(&mut h[337..345], 0);
+    h[148..156].fill(b' ');
+    let sum: u64 = h.iter().map(|&b| u64::from(b)).sum();
+    // Six digits, NUL, space: what GNU tar writes.
+    h[148..154].copy_from_slice(format!("{sum:06o}").as_bytes());
+    h[154] = 0;
+    h
+}
+
+/// `value` in octal, zero-padded to fill the field but its last byte (a NUL).
+fn octal(field: &mut [u8], value: u64) {
+    let digits = field.len() - 1;
+    let text = format!("{value:0digits$o}");
+    field[..digits].copy_from_slice(text.as_bytes());
+    field[digits] = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(name: &[u8], size: u64) -> Vec<u8> {
+        let fields = HeaderFields {
+            name,
+            size,
+            mode: 0o640,
+            mtime: 1_700_000_000,
+        };
+        let mut out = Vec::new();
+        write_header(&fields, &mut out);
+        assert_eq!(out.len() as u64, header_len(&fields));
+        out
+    }
+
+    /// The tar crate reads what is written: name, size, mode, mtime, fixed owners.
+    #[test]
+    fn a_short_name_is_one_ustar_block() {
+        let h = header(b"n0144/x_1.JPEG", 1234);
+        assert_eq!(h.len(), 512);
+        let hd = tar::Header::from_byte_slice(&h);
+        assert_eq!(hd.path_bytes().as_ref(), b"n0144/x_1.JPEG");
+        assert_eq!(hd.size().unwrap(), 1234);
+        assert_eq!(hd.mode().unwrap(), 0o640);
+        assert_eq!(hd.mtime().unwrap(), 1_700_000_000);
+        assert_eq!((hd.uid().unwrap(), hd.gid().unwrap()), (0, 0));
+        assert_eq!(hd.cksum().unwrap(), {
+            let mut c = h.clone();
+            c[148..156].fill(b' ');
+            c.iter().map(|&b| u32::from(b)).sum::<u32>()
+        });
+        assert!(hd.as_ustar().is_some());
+    }
+
+    /// A long name and a size over 8 GiB go into PAX records that the tar crate applies.
+    #[test]
+    fn long_names_and_huge_sizes_take_pax_records() {
+        let name = format!("{}/x.jpg", "d".repeat(150));
+        let size = 9 << 30;
+        let mut bytes = header(name.as_bytes(), size);
+        assert_eq!(bytes.len(), 3 * 512);
+        // A whole archive for the tar crate: the data is not read, only skipped past.
+        bytes.resize(bytes.len() + 1024, 0);
+        let mut archive = tar::Archive::new(std::io::Cursor::new(bytes));
+        let mut entries = archive.entries_with_seek().unwrap();
+        let e = entries.next().unwrap().unwrap();
+        assert_eq!(e.path_bytes().as_ref(), name.as_bytes());
+        assert_eq!(e.size(), size);
+    }
+
+    #[test]
+    fn pax_record_lengths_count_their_own_digits() {
+        for n in [1, 5, 90, 94, 95, 96, 990, 995, 996] {
+            let mut out = Vec::new();
+            pax_record(&mut out, b"path", &vec![b'a'; n]);
+            let len: usize =
+                std::str::from_utf8(&out[..out.iter().position(|&b| b == b' ').unwrap()])
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+            assert_eq!(len, out.len(), "{n}");
+        }
+    }
+}

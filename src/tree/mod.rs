@@ -1,0 +1,354 @@
+//! Loose files as a sample source (`--input-files ROOT`): a directory tree read as tar shards
+//! whose bytes are synthesized (DESIGN invariant 14: where samples come from is a seam).
+//!
+//! A root is cut into units ([`units`]); each unit is one input shard at a `tree://` location,
+//! so every phase reads it as it reads a tar shard: the index phase walks its synthesized
+//! headers, the exchange reads byte ranges of it, `verify` digests its samples. Its bytes are a
+//! deterministic tar ([`header`]) of its files in the canonical order ([`walk`]), produced on
+//! demand ([`view`]). The source registers itself with the storage seam ([`register`]); the
+//! ranks walk the units in the job's walk phase (`job/walk.rs`), and the listings they hold are
+//! what [`Tree`] answers from.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::input::InputShard;
+use crate::storage::paced::Paced;
+use crate::storage::posix::Posix;
+use crate::storage::{self, Entry, Kind, OpenInput, Source, Stat};
+
+pub mod header;
+pub mod units;
+pub mod view;
+pub mod walk;
+
+use view::{Listing, View};
+use walk::{Rules, Skips};
+
+/// The scheme of a unit's location.
+pub const SCHEME: &str = "tree";
+
+/// A directory of a root whose files one input shard holds: all below it (`deep`), or only
+/// the files directly in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unit {
+    /// Relative to the root; empty for the root itself.
+    pub dir: Vec<u8>,
+    pub deep: bool,
+}
+
+/// A root as every rank knows it: its path as given (what its units' locations, and so the
+/// manifest, name: the same wherever the tree is, as `--input` paths), its canonical path (for
+/// checks), and its rules.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Root {
+    pub path: PathBuf,
+    pub canonical: PathBuf,
+    pub rules: Rules,
+}
+
+/// What `--input-files` asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FilesRequest {
+    pub roots: Vec<PathBuf>,
+    pub key_regex: Option<String>,
+    /// `--label-from-dir EXT`.
+    pub label: Option<String>,
+}
+
+impl FilesRequest {
+    /// The request the flags make, checked without I/O: no rule without a root, a key regex
+    /// that compiles and has a capture group, a label extension that is one name part, and
+    /// no `--resume` (not yet).
+    ///
+    /// # Errors
+    /// A usage error saying which flag and why.
+    pub fn checked(
+        roots: &[PathBuf],
+        key_regex: Option<&str>,
+        label: Option<&str>,
+        resume: bool,
+    ) -> Result<Self> {
+        if roots.is_empty() {
+            for (given, flag) in [
+                (key_regex.is_some(), "--key-regex"),
+                (label.is_some(), "--label-from-dir"),
+            ] {
+                if given {
+                    bail!("{flag} names the samples of --input-files: give the tree with --input-files ROOT");
+                }
+            }
+            return Ok(FilesRequest::default());
+        }
+        if resume {
+            bail!("--resume does not take --input-files yet: rerun without --resume");
+        }
+        if let Some(re) = key_regex {
+            let compiled = regex::bytes::Regex::new(re)
+                .map_err(|e| anyhow::anyhow!("--key-regex {re:?}: {e}"))?;
+            if compiled.captures_len() < 2 {
+                bail!("--key-regex {re:?}: needs a capture group, e.g. '^(.*)/[^/]*$': the key is what the first group matches");
+            }
+        }
+        if let Some(ext) = label {
+            if ext.is_empty() || ext.contains(['.', '/']) || ext.starts_with('-') {
+                bail!(
+                    "--label-from-dir {ext:?}: expected an extension such as cls (no '.' or '/')"
+                );
+            }
+        }
+        Ok(FilesRequest {
+            roots: roots.to_vec(),
+            key_regex: key_regex.map(str::to_string),
+            label: label.map(str::to_string),
+        })
+    }
+}
+
+/// Bytes kept as they are in a location; the rest as `%XX`.
+fn keep(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"/._-".contains(&b)
+}
+
+fn encode(bytes: &[u8], out: &mut String) {
+    for &b in bytes {
+        if keep(b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+}
+
+fn decode(text: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut bytes = text.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = [bytes.next()?, bytes.next()?];
+            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+        } else {
+            out.push(b);
+        }
+    }
+    Some(out)
+}
+
+/// The location of `unit` of `root`: `tree://ROOT//DIR`, with `?files` for a shallow unit.
+pub fn unit_path(root: &Path, unit: &Unit) -> PathBuf {
+    let mut s = format!("{SCHEME}://");
+    encode(root.as_os_str().as_bytes(), &mut s);
+    s.push_str("//");
+    encode(&unit.dir, &mut s);
+    if !unit.deep {
+        s.push_str("?files");
+    }
+    PathBuf::from(s)
+}
+
+/// The root and unit a location names.
+pub fn parse(path: &Path) -> Option<(PathBuf, Unit)> {
+    let rest = path.to_str()?.strip_prefix("tree://")?;
+    let (rest, deep) = match rest.strip_suffix("?files") {
+        Some(r) => (r, false),
+        None => (rest, true),
+    };
+    let (root, dir) = rest.split_once("//")?;
+    let root = PathBuf::from(std::ffi::OsStr::from_bytes(&decode(root)?));
+    Some((
+        root,
+        Unit {
+            dir: decode(dir)?,
+            deep,
+        },
+    ))
+}
+
+/// The roots registered on this rank, and the listings it holds, by location.
+static ROOTS: Mutex<Vec<Root>> = Mutex::new(Vec::new());
+static LISTINGS: Mutex<Option<HashMap<PathBuf, Arc<Listing>>>> = Mutex::new(None);
+
+/// The source of `tree://` locations.
+pub struct Tree;
+static PACED: Paced<Tree> = Paced(&Tree);
+
+/// Registers the source with the storage seam and `roots` with it, on this rank.
+pub fn register(roots: &[Root]) {
+    storage::register_source(SCHEME, (&Tree, &PACED));
+    let mut known = ROOTS.lock().unwrap_or_else(|e| e.into_inner());
+    for root in roots {
+        if !known.contains(root) {
+            known.push(root.clone());
+        }
+    }
+}
+
+/// Keeps `listing` for the unit at `path` (walked here or received from the rank that walked it).
+pub fn keep_listing(path: PathBuf, listing: Arc<Listing>) {
+    let mut held = LISTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    held.get_or_insert_with(HashMap::new).insert(path, listing);
+}
+
+/// Walks the unit at `path` with its root's rules.
+///
+/// # Errors
+/// The location names no registered root, or the walk fails (see [`walk::walk_unit`]).
+pub fn walk(path: &Path) -> Result<(Listing, Skips)> {
+    let (root, unit) = parse(path).with_context(|| format!("{}: not a unit", path.display()))?;
+    let rules = {
+        let roots = ROOTS.lock().unwrap_or_else(|e| e.into_inner());
+        let found = roots.iter().find(|r| r.path == root);
+        found.map(|r| r.rules.clone())
+    };
+    let Some(rules) = rules else {
+        bail!(
+            "{}: the root is not an --input-files root of this run",
+            root.display()
+        );
+    };
+    walk::walk_unit(&root, &unit, &rules)
+}
+
+/// The listing of the unit at `path`: the one this rank holds, else walked now (and kept).
+fn listing(path: &Path) -> io::Result<Arc<Listing>> {
+    {
+        let held = LISTINGS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = held.as_ref().and_then(|m| m.get(path)) {
+            return Ok(l.clone());
+        }
+    }
+    let (listing, _) = walk(path).map_err(|e| io::Error::other(format!("{e:#}")))?;
+    let listing = Arc::new(listing);
+    keep_listing(path.to_path_buf(), listing.clone());
+    Ok(listing)
+}
+
+impl Source for Tree {
+    fn stat(&self, path: &Path) -> io::Result<Stat> {
+        Ok(Stat {
+            kind: Kind::File,
+            stamp: listing(path)?.stamp(),
+        })
+    }
+
+    fn stat_link(&self, path: &Path) -> io::Result<Stat> {
+        self.stat(path)
+    }
+
+    fn list(&self, _path: &Path) -> io::Result<Vec<Entry>> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+
+    fn canonical(&self, path: &Path) -> io::Result<PathBuf> {
+        Ok(path.to_path_buf())
+    }
+
+    fn read(&self, _path: &Path) -> io::Result<Vec<u8>> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+
+    fn open(&self, path: &Path) -> io::Result<OpenInput> {
+        Ok(Arc::new(View(listing(path)?)))
+    }
+}
+
+/// On rank 0: the roots of `request` checked and cut into units, as input shards (sized by the
+/// walk phase) after `before` (the `--input` shards), and the roots every rank registers.
+///
+/// # Errors
+/// A root that is not a directory, named twice or inside another, or that cannot be listed.
+pub fn expand(request: &FilesRequest) -> Result<(Vec<InputShard>, Vec<Root>)> {
+    let mut canon: Vec<PathBuf> = Vec::new();
+    let mut cuts = Vec::new();
+    let mut classes: Vec<Vec<u8>> = Vec::new();
+    for given in &request.roots {
+        let what = || format!("--input-files {}", given.display());
+        let root = Posix.canonical(given).with_context(what)?;
+        if Posix.stat(&root).with_context(what)?.kind != Kind::Dir {
+            bail!("{}: not a directory", what());
+        }
+        if root == Path::new("/") {
+            bail!("{}: the root of the file system is not a dataset", what());
+        }
+        if let Some(other) = canon
+            .iter()
+            .find(|c| root.starts_with(c) || c.starts_with(&root))
+        {
+            bail!(
+                "{}: it overlaps the root {} (its files would be packed twice)",
+                what(),
+                other.display()
+            );
+        }
+        let (units, own) = units::cut(&root, request.key_regex.is_some()).with_context(what)?;
+        classes.extend(own);
+        canon.push(root.clone());
+        // Without repeated or trailing slashes, which would end the root early in a location.
+        let given: PathBuf = given.components().collect();
+        cuts.push((given, root, units));
+    }
+    classes.sort();
+    classes.dedup();
+    let rules = Rules {
+        key_regex: request.key_regex.clone(),
+        label: request.label.clone().map(|ext| walk::Label {
+            ext,
+            classes: classes.clone(),
+        }),
+    };
+    let mut inputs = Vec::new();
+    let mut roots = Vec::new();
+    for (given, root, units) in cuts {
+        inputs.extend(units.iter().map(|u| InputShard {
+            path: unit_path(&given, u),
+            size: 0,
+        }));
+        roots.push(Root {
+            path: given,
+            canonical: root,
+            rules: rules.clone(),
+        });
+    }
+    // Rank 0 checks the inputs' locations before the walk phase registers the roots everywhere.
+    register(&roots);
+    Ok((inputs, roots))
+}
+
+/// The class list of `--label-from-dir`, one name a line in index order.
+pub fn class_list(roots: &[Root]) -> Option<Vec<u8>> {
+    let label = roots.first()?.rules.label.as_ref()?;
+    let mut out = Vec::new();
+    for c in &label.classes {
+        out.extend_from_slice(c);
+        out.push(b'\n');
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_locations_read_back() {
+        let root = Path::new("/data/my set");
+        for (dir, deep) in [(&b""[..], false), (b"n01/a b", true), (b"\xff%?//x", true)] {
+            let unit = Unit {
+                dir: dir.to_vec(),
+                deep,
+            };
+            let path = unit_path(root, &unit);
+            assert!(path
+                .to_str()
+                .unwrap()
+                .starts_with("tree:///data/my%20set//"));
+            assert_eq!(parse(&path), Some((root.to_path_buf(), unit)));
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! A unit of loose files seen as one plain tar shard: synthesized headers, the files' bytes and
+//! padding, then the end-of-archive blocks. Nothing is written anywhere: every read is
+//! answered from the listing and the files.
+
+use std::any::Any;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::storage::posix::{self, FileFacts};
+use crate::storage::{FileStamp, Input, Kind};
+use crate::tree::header::{header_len, padded, write_header, HeaderFields, BLOCK};
+
+/// One member of a unit's tar view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// The member's name in the tar: the sample's key, a dot and the extension.
+    pub name: Vec<u8>,
+    /// Where its bytes are: a file's path relative to the root, or the bytes themselves (a
+    /// `--label-from-dir` label).
+    pub source: Bytes,
+    pub size: u64,
+    pub mode: u32,
+    /// Whole seconds since the epoch (the header's), and the full stamp's nanoseconds (what a
+    /// read checks unchanged).
+    pub mtime: i64,
+    pub mtime_ns: i128,
+}
+
+/// Where a member's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Bytes {
+    File(Vec<u8>),
+    Inline(Vec<u8>),
+}
+
+/// A unit's members in their canonical order, and where each starts in the tar view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listing {
+    /// The root the members' file paths are relative to.
+    pub root: PathBuf,
+    pub members: Vec<Member>,
+    /// Each member's first header byte in the view; not sent between ranks (see [`Listing::new`]).
+    #[serde(skip)]
+    starts: Vec<u64>,
+    #[serde(skip)]
+    size: u64,
+}
+
+impl Listing {
+    /// The listing of `members` (in order) under `root`, with the view's offsets computed.
+    pub fn new(root: PathBuf, members: Vec<Member>) -> Self {
+        let mut listing = Listing {
+            root,
+            members,
+            starts: Vec::new(),
+            size: 0,
+        };
+        listing.lay_out();
+        listing
+    }
+
+    /// Computes the offsets again (after a listing was received from another rank).
+    pub fn lay_out(&mut self) {
+        let mut at = 0;
+        self.starts = Vec::with_capacity(self.members.len());
+        for m in &self.members {
+            self.starts.push(at);
+            at += header_len(&m.fields()) + padded(m.size);
+        }
+        self.size = at + 2 * BLOCK;
+    }
+
+    /// The tar view's size: every member's records and the two end blocks.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The stamp the view reports: its size; no times, no identity (each file is checked
+    /// unchanged when it is read instead).
+    pub fn stamp(&self) -> FileStamp {
+        FileStamp {
+            size: self.size,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            dev: 0,
+            identity: 0,
+        }
+    }
+}
+
+impl Member {
+    fn fields(&self) -> HeaderFields<'_> {
+        HeaderFields {
+            name: &self.name,
+            size: self.size,
+            mode: self.mode,
+            mtime: self.mtime,
+        }
+    }
+}
+
+/// The open tar view of a unit.
+pub struct View(pub Arc<Listing>);
+
+impl Input for View {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let listing = &*self.0;
+        let mut done = 0;
+        while done < buf.len() && offset + (done as u64) < listing.size {
+            let at = offset + done as u64;
+            let n = read_piece(listing, &mut buf[done..], at)?;
+            done += n;
+        }
+        Ok(done)
+    }
+
+    fn stamp(&self) -> io::Result<FileStamp> {
+        Ok(self.0.stamp())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Fills the start of `buf` with the view's bytes at `at` up to the end of the piece (header,
+/// data, padding) that holds `at`: the count filled.
+fn read_piece(listing: &Listing, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    let end_of_members = listing.size - 2 * BLOCK;
+    if at >= end_of_members {
+        let n = buf.len().min((listing.size - at) as usize);
+        buf[..n].fill(0);
+        return Ok(n);
+    }
+    // Some member starts at or before `at`: the first starts at 0.
+    let i = listing.starts.partition_point(|&s| s <= at) - 1;
+    let m = &listing.members[i];
+    let start = listing.starts[i];
+    let fields = m.fields();
+    let data = start + header_len(&fields);
+    let data_end = data + m.size;
+    let member_end = data + padded(m.size);
+    if at < data {
+        let mut header = Vec::with_capacity((data - start) as usize);
+        write_header(&fields, &mut header);
+        let from = (at - start) as usize;
+        let n = buf.len().min(header.len() - from);
+        buf[..n].copy_from_slice(&header[from..from + n]);
+        return Ok(n);
+    }
+    if at < data_end {
+        let n = buf.len().min((data_end - at) as usize);
+        read_data(listing, m, &mut buf[..n], at - data)?;
+        return Ok(n);
+    }
+    let n = buf.len().min((member_end - at) as usize);
+    buf[..n].fill(0);
+    Ok(n)
+}
+
+/// Reads `buf.len()` bytes at `offset` of a member's content: a label's bytes, or the file's,
+/// checked unchanged since the walk before and after the read (a file that changed, vanished
+/// or became something else is an error naming it; its bytes are never used).
+fn read_data(listing: &Listing, m: &Member, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    let rel = match &m.source {
+        Bytes::Inline(bytes) => {
+            buf.copy_from_slice(&bytes[offset as usize..offset as usize + buf.len()]);
+            return Ok(());
+        }
+        Bytes::File(rel) => rel,
+    };
+    let path = file_path(&listing.root, rel);
+    let failed = |what: String| io::Error::other(format!("{}: {what}", path.display()));
+    let (file, before) = posix::open_loose(&path).map_err(|e| {
+        failed(format!(
+            "cannot open ({e}); it was listed as a file of {} bytes",
+            m.size
+        ))
+    })?;
+    unchanged(m, &before).map_err(|what| failed(format!("{what} since it was listed")))?;
+    let n = file
+        .read_at(buf, offset)
+        .map_err(|e| failed(format!("read at byte {offset}: {e}")))?;
+    if n < buf.len() {
+        return Err(failed(format!(
+            "ended at byte {} while {} were listed: it changed during the run",
+            offset + n as u64,
+            m.size
+        )));
+    }
+    let after = file
+        .facts()
+        .map_err(|e| failed(format!("cannot stat: {e}")))?;
+    unchanged(m, &after).map_err(|what| failed(format!("{what} while it was read")))?;
+    Ok(())
+}
+
+/// Whether the open file is the regular file the walk listed, with the same size and mtime.
+fn unchanged(m: &Member, now: &FileFacts) -> Result<(), String> {
+    if now.kind != Kind::File {
+        return Err("it is no longer a regular file".into());
+    }
+    if now.stamp.size != m.size {
+        return Err(format!(
+            "it changed: size {} -> {} bytes",
+            m.size, now.stamp.size
+        ));
+    }
+    if now.stamp.mtime_ns != m.mtime_ns {
+        return Err("it changed: its modification time moved".into());
+    }
+    Ok(())
+}
+
+/// The path of the file `rel` (relative, as bytes) under `root`.
+pub fn file_path(root: &Path, rel: &[u8]) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    root.join(std::ffi::OsStr::from_bytes(rel))
+}

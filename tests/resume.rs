@@ -197,8 +197,9 @@ fn resume_refuses_other_arguments_or_inputs() {
     // A plan that differs although the arguments and inputs match (here: the record's digest
     // edited, as a changed file the plan reads would change the plan): refused after planning.
     let plan = staging.join(".resume/plan.json");
-    let recorded = fs::read_to_string(&plan).unwrap();
-    let mut json: serde_json::Value = serde_json::from_str(&recorded).unwrap();
+    let recorded = fs::read(&plan).unwrap();
+    let body = reshard::output::seal::open(&recorded).unwrap();
+    let mut json: serde_json::Value = serde_json::from_slice(body).unwrap();
     let digest = json["digest"].as_str().unwrap().to_string();
     assert_eq!(digest.len(), 64, "{digest}");
     json["digest"] = format!(
@@ -207,7 +208,17 @@ fn resume_refuses_other_arguments_or_inputs() {
         if digest.ends_with('0') { '1' } else { '0' }
     )
     .into();
+    // Edited without its checksum trailer brought up to date: refused as damaged, naming it.
     fs::write(&plan, json.to_string()).unwrap();
+    let res = job(&dir, Some(2), "out", &["--resume"]).assert_code(1);
+    res.stderr_has("plan.json: cannot --resume from this record: no checksum trailer");
+    res.check(!dir.join("out").exists(), "nothing may be published");
+    // With it (as the plan a changed file gave would be recorded): refused after planning.
+    fs::write(
+        &plan,
+        reshard::output::seal::seal(json.to_string().into_bytes()),
+    )
+    .unwrap();
     let res = job(&dir, Some(2), "out", &["--resume"]).assert_code(2);
     res.stderr_has("the plan differs from that run's although the arguments and inputs match");
     res.no_debug_text();

@@ -21,7 +21,7 @@ use crate::config::{Keep, UploadSettings};
 use crate::exit::CleanupFailed;
 use crate::job::lock::StagingLock;
 use crate::job::series::{outputs_beyond, say_what_keep_would_remove};
-use crate::output::{checkpoint, saved_index};
+use crate::output::{checkpoint, saved_index, seal};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
 
@@ -184,10 +184,22 @@ fn note_of(object: &storage::FileStamp, file: &storage::FileStamp) -> String {
     format!("object {}\nfile {}\n", stamp_line(object), stamp_line(file))
 }
 
-/// The note of `shard`'s upload, as (object, file) lines, if there is a readable one.
+/// The note of `shard`'s upload, as (object, file) lines, if there is a readable one. A note
+/// whose seal does not match is said (naming it) and not believed: its shard is uploaded again.
 fn read_note(local: &Path, shard: &str) -> Option<(String, String)> {
     let record = upload_record(local, shard);
-    let text = String::from_utf8(storage::source(&record).read(&record).ok()?).ok()?;
+    let bytes = storage::source(&record).read(&record).ok()?;
+    let body = match seal::open(&bytes) {
+        Ok(body) => body,
+        Err(e) => {
+            crate::errln!(
+                "reshard: warning: {}: {e}; {shard} is uploaded again",
+                record.display()
+            );
+            return None;
+        }
+    };
+    let text = std::str::from_utf8(body).ok()?;
     let mut lines = text.lines();
     let object = lines.next()?.strip_prefix("object ")?.to_string();
     let file = lines.next()?.strip_prefix("file ")?.to_string();
@@ -205,7 +217,9 @@ fn note_uploaded(local: &Path, target: &Path, shard: &str) -> Result<()> {
     let parent = record.parent().unwrap_or(local);
     storage::sink(parent)
         .create_dir_all(parent)
-        .and_then(|()| storage::write_unsynced(&record, note_of(&object, &file).as_bytes()))
+        .and_then(|()| {
+            storage::write_unsynced(&record, &seal::seal(note_of(&object, &file).into_bytes()))
+        })
         .with_context(|| format!("{}: cannot write", record.display()))
 }
 
@@ -912,6 +926,39 @@ mod tests {
             still_staged(local, &files(&["a.tar"]), &up),
             Vec::<String>::new()
         );
+    }
+
+    /// A note damaged anywhere (or an older reshard's, unsealed) is not believed: its shard
+    /// is not kept as uploaded, whatever the damage made the stamp say.
+    #[test]
+    fn a_damaged_upload_note_is_not_believed() {
+        let local = Path::new("mem://upload-note/local");
+        let target = Path::new("mem://upload-note/target");
+        for dir in [local, target] {
+            storage::sink(dir).create_dir_all(dir).unwrap();
+            let path = dir.join("a.tar");
+            storage::sink(&path).write(&path, b"staged shard").unwrap();
+        }
+        note_uploaded(local, target, "a.tar").unwrap();
+        assert_eq!(uploaded_before(local, target).unwrap(), ["a.tar"]);
+        let record = upload_record(local, "a.tar");
+        let good = storage::source(&record).read(&record).unwrap();
+        let mut edits: Vec<Vec<u8>> = (0..good.len())
+            .map(|i| {
+                let mut bad = good.clone();
+                bad[i] ^= 0x01;
+                bad
+            })
+            .collect();
+        edits.push(seal::open(&good).unwrap().to_vec());
+        for bad in edits {
+            storage::sink(&record).write(&record, &bad).unwrap();
+            assert!(read_note(local, "a.tar").is_none());
+            assert_eq!(
+                uploaded_before(local, target).unwrap(),
+                Vec::<String>::new()
+            );
+        }
     }
 
     #[test]

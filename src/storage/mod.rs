@@ -19,6 +19,7 @@ use std::sync::Arc;
 pub use crate::sys::FileStamp;
 
 pub mod aws_profile;
+pub mod endpoint;
 #[cfg(test)]
 pub mod memory;
 pub mod paced;

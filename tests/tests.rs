@@ -19,6 +19,7 @@ mod golden;
 mod harness;
 mod house;
 mod hygiene;
+mod integrity;
 mod loader_index;
 mod memory;
 mod messages;

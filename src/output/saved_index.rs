@@ -216,6 +216,9 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
             stamp.size
         ));
     }
+    if let Err(why) = layout_problem(&saved) {
+        return Lookup::Stale(format!("{}: {why}", path.display()));
+    }
     // Reshard's own output was checked when it was written: no keys, no hygiene checks here.
     Lookup::Found(ShardIndex {
         keys: Vec::new(),
@@ -232,6 +235,44 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
             .collect(),
         skipped: saved.skipped,
     })
+}
+
+/// What is wrong with the sample ranges of `saved` as ranges of a tar of its size, if
+/// anything: each whole blocks, in file order without overlap, before the end-of-archive
+/// marker, and (when no entry was skipped) one after the other from the first byte. What each
+/// range holds is checked against the shard's bytes by the exchange ([`crate::tar::check`]).
+fn layout_problem(saved: &Saved) -> std::result::Result<(), String> {
+    const BLOCK: u64 = 512;
+    let contiguous = saved.skipped == Skipped::default();
+    let mut end = 0u64;
+    for (i, &(start, len)) in saved.samples.iter().enumerate() {
+        let bad = |what: &str| {
+            Err(format!(
+                "sample {i} ({len} bytes at byte offset {start}) {what}"
+            ))
+        };
+        if len < BLOCK || len % BLOCK != 0 || start % BLOCK != 0 {
+            return bad("is not whole tar blocks");
+        }
+        if start < end {
+            return bad(&format!(
+                "overlaps the one before it, which ends at byte {end}"
+            ));
+        }
+        if contiguous && start != end {
+            return bad(&format!("does not start where the one before it ends (byte {end}), and no entry was skipped"));
+        }
+        end = match start.checked_add(len) {
+            Some(e) if e.saturating_add(2 * BLOCK) <= saved.size => e,
+            _ => {
+                return bad(&format!(
+                    "does not end before the end-of-archive marker of a {}-byte shard",
+                    saved.size
+                ))
+            }
+        };
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -280,7 +321,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let shard = dir.path().join("s.tar");
         fs::write(&shard, vec![0u8; 4096]).unwrap();
-        let samples = [(0, 1024), (1024, 3072)].map(|(start, len)| Sample { start, len });
+        let samples = [(0, 1024), (1024, 2048)].map(|(start, len)| Sample { start, len });
         save(dir.path(), &shard, samples.into_iter()).unwrap();
         let path = path_for(&shard, Some(dir.path()));
         let good = fs::read(&path).unwrap();
@@ -305,6 +346,42 @@ mod tests {
         assert!(stale(seal::open(&good).unwrap()).contains("no checksum trailer"));
         fs::write(&path, &good).unwrap();
         assert!(matches!(load(&shard, Some(dir.path())), Lookup::Found(_)));
+    }
+
+    /// Ranges that cannot be a tar's samples make a saved index stale, before the exchange
+    /// would read them: not whole blocks, out of order or overlapping, past the shard's end, or
+    /// with a gap where no entry was skipped.
+    #[test]
+    fn ranges_that_are_no_tar_layout_are_stale() {
+        let saved = |samples: &[(u64, u64)], skipped: u64| Saved {
+            format: FORMAT,
+            name: "s.tar".into(),
+            size: 10 * 512,
+            mtime_ns: 0,
+            version: 0,
+            samples: samples.to_vec(),
+            skipped: Skipped {
+                directories: skipped,
+                ..Skipped::default()
+            },
+        };
+        let problem = |samples: &[(u64, u64)], skipped| layout_problem(&saved(samples, skipped));
+        assert_eq!(problem(&[(0, 1024), (1024, 3072)], 0), Ok(()));
+        assert_eq!(problem(&[(0, 1024), (2048, 2048)], 1), Ok(()));
+        for (samples, skipped, why) in [
+            (&[(0, 1000)][..], 0, "whole tar blocks"),
+            (&[(0, 0)][..], 0, "whole tar blocks"),
+            (&[(100, 512)][..], 1, "whole tar blocks"),
+            (&[(0, 1024), (512, 512)][..], 0, "overlaps"),
+            (&[(1024, 512), (0, 512)][..], 1, "overlaps"),
+            (&[(0, 1024), (2048, 512)][..], 0, "does not start where"),
+            (&[(512, 512)][..], 0, "does not start where"),
+            (&[(0, 4608)][..], 0, "end-of-archive marker"),
+            (&[(0, u64::MAX - 511)][..], 0, "end-of-archive marker"),
+        ] {
+            let e = problem(samples, skipped).unwrap_err();
+            assert!(e.contains(why), "{samples:?}: {e}");
+        }
     }
 
     /// A shard rewritten in place with the same size (another epoch's bytes) is told apart by

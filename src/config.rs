@@ -23,7 +23,7 @@ pub struct RunConfig {
     pub inputs: Vec<String>,
     /// `None` when only planning. For an `s3://` output, where it is staged on `--scratch`.
     pub output: Option<PathBuf>,
-    /// An `s3://` output: where the staged output is uploaded ([`crate::job::upload`]).
+    /// An `s3://` output: where the staged output is uploaded ([`crate::job::destination::upload`]).
     pub upload: Option<PathBuf>,
     pub sizing: Sizing,
     pub equalize: Equalize,
@@ -90,7 +90,7 @@ pub struct JobSettings {
     pub io: IoConfig,
 }
 
-/// What uploading an `s3://` output needs ([`crate::job::upload`]): where the staged output is
+/// What uploading an `s3://` output needs ([`crate::job::destination::upload`]): where the staged output is
 /// uploaded to and from, and what may be replaced there.
 #[derive(Debug, Clone, Default)]
 pub struct UploadSettings {

@@ -9,9 +9,7 @@ use serde::Serialize;
 
 use crate::comm::Comm;
 use crate::config::ReportSettings;
-use crate::job::exchange::ExchangeStats;
-use crate::job::expand::Setup;
-use crate::job::Planned;
+use crate::job::handoff::{ExchangeStats, Planned, Setup};
 use crate::progress::PhaseTimes;
 use crate::report::plan::AtLimits;
 use crate::report::ranks::{seconds, Spread};

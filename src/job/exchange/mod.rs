@@ -23,13 +23,14 @@ use anyhow::{bail, Result};
 
 use crate::comm::{agree, Comm};
 use crate::hooks;
+use crate::job::handoff::ExchangeStats;
 use crate::watchdog::Watchdog;
 pub use checkpoint::Checkpoints;
 use checkpoint::Pacer;
 use pack::pack_rounds;
 use rounds::{exchange_rounds, Ends, Moved};
+pub use stages::Job;
 use stages::{Delivery, Packed, Stages, CHUNK_HEADER};
-pub use stages::{ExchangeStats, Job};
 use writer::write_rounds;
 
 /// How a memory budget is split among the exchange's buffers.

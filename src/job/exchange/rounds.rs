@@ -22,11 +22,12 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 
 use super::checkpoint::Pacer;
-use super::stages::{Delivery, ExchangeStats, Packed, Stages};
+use super::stages::{Delivery, Packed, Stages};
 use super::timeline::Timeline;
 use crate::comm::wire::{RoundStatus, Wire};
 use crate::comm::{Arrived, Comm, Outgoing, PeerFailed};
 use crate::hooks;
+use crate::job::handoff::ExchangeStats;
 
 /// Rounds a rank has started and not yet settled, at most: two, so that one is always moving
 /// while the other's last transfers finish.

@@ -83,25 +83,3 @@ pub struct Stages<'a, 'j> {
     /// `RESHARD_TRACE_ROUNDS`: the zero of this rank's round timeline.
     pub zero: Option<Zero>,
 }
-
-/// What the exchange moved, as seen by this rank.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ExchangeStats {
-    pub rounds: u64,
-    /// Sample bytes this rank read and sent.
-    pub bytes_sent: u64,
-    /// Sample bytes this rank received and wrote.
-    pub bytes_written: u64,
-    /// `--resume`: sample bytes of this rank's shards an earlier attempt had placed, and samples
-    /// of this rank's input it had moved.
-    pub bytes_reused: u64,
-    pub samples_reused: u64,
-    /// `--resume`: this rank's shards an earlier attempt had completed.
-    pub shards_reused: u64,
-    /// Checkpoints recorded during this exchange.
-    pub checkpoints: u64,
-    /// Time this rank's reader spent reading (and copying its own samples), and its writer
-    /// writing, in nanoseconds: waits for buffers excluded.
-    pub read_nanos: u64,
-    pub write_nanos: u64,
-}

@@ -19,8 +19,8 @@ use anyhow::{bail, Context, Result};
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::{Keep, UploadSettings};
 use crate::exit::CleanupFailed;
-use crate::job::lock::StagingLock;
-use crate::job::series::{outputs_beyond, say_what_keep_would_remove};
+use crate::job::destination::lock::StagingLock;
+use crate::job::destination::series::{outputs_beyond, say_what_keep_would_remove};
 use crate::output::{checkpoint, saved_index, seal};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
@@ -281,7 +281,7 @@ fn restage(local: &Path) -> Result<bool> {
     let (Some(parent), Some(name)) = (local.parent(), local.file_name()) else {
         return Ok(false);
     };
-    let staging = crate::job::staging::path_for(parent, name);
+    let staging = crate::job::destination::staging::path_for(parent, name);
     let source = storage::source(local);
     if source.stat(&records).is_err() || source.stat(&staging).is_ok() {
         return Ok(false);
@@ -736,7 +736,7 @@ fn remove_remote_epoch(old: &Path, stale_after: Duration) -> Result<()> {
             old.display()
         );
     };
-    if crate::job::lock::may_be_held(&lock_path(old)) {
+    if crate::job::destination::lock::may_be_held(&lock_path(old)) {
         skipped(&"another run holds its lock");
         return Ok(());
     }

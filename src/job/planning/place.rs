@@ -7,10 +7,9 @@ use anyhow::{anyhow, Result};
 use crate::comm::sort::global_ranks;
 use crate::comm::{agree, agree_once, everywhere, Comm};
 use crate::config::{PlaceSettings, Splits};
-use crate::job::context::Shared;
-use crate::job::index::Index;
-use crate::job::runs::total_runs;
-use crate::job::split::{self, Assigned, Labels, Own};
+use crate::job::handoff::{Index, Placed, Shared};
+use crate::job::planning::runs::total_runs;
+use crate::job::planning::split::{self, Assigned, Labels, Own};
 use crate::key_map::KeyMap;
 use crate::output::ShardNames;
 use crate::plan::groups::{
@@ -25,23 +24,6 @@ use crate::plan::sort_items::{sort_items, SortItems};
 use crate::report::narrate;
 use crate::size::{count, human_bytes};
 use crate::tar::key_at;
-
-/// What the place phase leaves on every rank.
-pub struct Placed {
-    pub placement: Placement,
-    pub groups: Vec<GroupPlan>,
-    /// Samples no key-map group claimed (left out by `--unmatched skip`).
-    pub unmatched: u64,
-    pub stratify: Option<StratifyReport>,
-    /// Over all groups: shards, samples written, samples dropped and repeated by `--equalize`.
-    pub shards: u64,
-    pub output_samples: u64,
-    pub dropped: u64,
-    pub repeated: u64,
-    /// Why this many shards.
-    pub sizing: String,
-    pub names: ShardNames,
-}
 
 /// Gives every sample its output position, by the seeded permutation or the order the flags ask
 /// for, in the groups of a key map or of `--split`. Consumes the keys and labels the index phase

@@ -12,8 +12,8 @@ use crate::comm::wire::gather_concat;
 use crate::comm::{agree, broadcast_result, everywhere, exclusive_sum, Comm};
 use crate::config::{IndexSettings, ProgressConfig, ProgressMode};
 use crate::input::InputShard;
-use crate::job::context::Shared;
-use crate::job::duplicates;
+use crate::job::handoff::{Index, Shared};
+use crate::job::planning::duplicates;
 use crate::output::saved_index::{self, Lookup};
 use crate::plan::assign_inputs;
 use crate::plan::placement::LocalSample;
@@ -22,35 +22,6 @@ use crate::report::narrate;
 use crate::size::count;
 use crate::storage::{self, FileStamp};
 use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
-
-/// What the index phase leaves on every rank.
-pub struct Index {
-    /// The input shards this rank read (a contiguous run).
-    pub mine: std::ops::Range<usize>,
-    /// This rank's samples, in input order.
-    pub local: Vec<LocalSample>,
-    /// Every sample's key, when the rules keep them (taken by the place phase).
-    pub keys: Vec<Vec<u8>>,
-    /// Every sample's label member, when the rules read one (taken by the place phase).
-    pub contents: Vec<Option<Vec<u8>>>,
-    /// Samples per input shard of this rank.
-    pub counts: Vec<u64>,
-    /// The global index of this rank's first sample.
-    pub first_global: u64,
-    /// Over all ranks.
-    pub samples: u64,
-    pub sample_bytes: u64,
-    pub skipped: Skipped,
-    pub hygiene: Hygiene,
-    /// Runs of zero blocks read past inside inputs (`--ignore-zeros`), over all ranks.
-    pub zero_runs: u64,
-    /// This rank's input shards as it saw them just before it read them (or their saved
-    /// index), in order: the finish phase checks them unchanged.
-    pub stamps: Vec<FileStamp>,
-    /// This rank's input shards whose saved index was used: their streams were not read here,
-    /// so the exchange reads the compressed ones to their end (checking their checksums).
-    pub unread: Vec<usize>,
-}
 
 /// Indexes this rank's share, checks for samples split across shards and for duplicate keys,
 /// and numbers the samples globally.

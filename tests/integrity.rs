@@ -155,3 +155,52 @@ fn moved_sample_boundaries_are_refused_before_a_byte_is_copied() {
     eprintln!("moved boundaries: {verified} verified outputs, {refused} refusals");
     assert!(refused > 0, "no edit reached the structure check");
 }
+
+/// One input file named twice through a hard link (or a symlink, or `dir/../dir`) is refused
+/// naming both paths, by `run` at every rank count and by `verify`: its samples were read twice
+/// with exit 0.
+#[test]
+fn one_input_file_under_two_names_is_refused() {
+    let dir = Dir::new("hard-links");
+    let inputs = dir.generate("in", &["--shards", "2", "--samples", "10", "--seed", "1"]);
+    fs::create_dir(dir.join("other")).unwrap();
+    fs::hard_link(&inputs[0], dir.join("other/linked.tar")).unwrap();
+    std::os::unix::fs::symlink(&inputs[1], dir.join("other/sym.tar")).unwrap();
+    let first = inputs[0].file_name().unwrap().to_str().unwrap().to_string();
+    let second = inputs[1].file_name().unwrap().to_str().unwrap().to_string();
+    for (np, other, needle, named) in [
+        (1, "other/linked.tar", "is the same file as input", &first),
+        (2, "other/linked.tar", "is the same file as input", &first),
+        (2, "other/sym.tar", "named twice", &second),
+        (1, "other/../in", "named twice", &first),
+    ] {
+        let mut cmd = dir.mpi(np);
+        cmd.args(["run", "--input", "in", "--input", other, "--output", "out"])
+            .args(["--shards", "2", "--seed", "1"]);
+        let res = cmd.output();
+        res.check(res.code() != Some(0), "the same file twice was read twice");
+        res.stderr_has(needle);
+        res.stderr_has(other);
+        res.stderr_has(named);
+        res.no_debug_text();
+        res.check(!dir.join("out").exists(), "an output was made");
+    }
+    let mut cmd = dir.mpi(1);
+    cmd.args([
+        "run", "--input", "in", "--output", "out", "--shards", "2", "--seed", "1",
+    ]);
+    cmd.assert_success();
+    let mut cmd = dir.reshard(None);
+    cmd.args([
+        "verify",
+        "--input",
+        "in",
+        "--input",
+        "other/linked.tar",
+        "--output",
+        "out",
+    ]);
+    let res = cmd.output();
+    res.check(res.code() != Some(0), "verify read the same file twice");
+    res.stderr_has("is the same file as input");
+}

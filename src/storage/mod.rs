@@ -418,6 +418,12 @@ pub fn is_object_store(path: &Path) -> bool {
     scheme(path) == Some(s3::SCHEME)
 }
 
+/// Whether `path` names a file of the POSIX file system (no scheme): a file there is one by its
+/// device and inode, whatever path names it.
+pub fn is_file_system(path: &Path) -> bool {
+    scheme(path).is_none()
+}
+
 /// The backend that holds `path`: its scheme picks it; a plain path is POSIX. While the run has
 /// a rate limit, the backend wrapped in [`Paced`].
 pub fn source(path: &Path) -> &'static dyn Source {

@@ -141,7 +141,12 @@ fn fill(
         let dest = job.plan.writer_of(shard);
         // Only a sample that fits in a round: a round moves about a buffer's worth, which
         // keeps it within the stall timeout under a rate limit (`Buffers::within_stall`).
-        if dest == me && s.len <= send.len() as u64 && in_kernel(reader, s, used.len())? {
+        let saved = job.unread.binary_search(&(s.shard as usize)).is_ok();
+        let remote_saved = saved && !storage::is_file_system(&job.inputs[s.shard as usize].path);
+        if dest == me
+            && s.len <= send.len() as u64
+            && in_kernel(reader, s, used.len(), remote_saved)?
+        {
             if done.copied >= send.len() as u64 {
                 break;
             }
@@ -180,7 +185,6 @@ fn fill(
         if cursor.offset == 0 {
             let input = &job.inputs[s.shard as usize];
             let codec = reader.file(s.shard as usize)?.1;
-            let saved = job.unread.binary_search(&(s.shard as usize)).is_ok();
             if n == s.len {
                 // The whole sample in memory: its structure is checked, at no extra read.
                 check_sample_bytes(body, s.start)
@@ -280,9 +284,17 @@ const IN_KERNEL: u64 = 64 << 10;
 /// Whether the own sample `s` is copied inside the kernel ([`IN_KERNEL`]). Alone, a rank copies
 /// every sample of a plain input so: its window would be a second read of all its input (on
 /// tmpfs, np=1, 4 KiB samples: 5.9 s of CPU against 4.9 s).
-fn in_kernel(reader: &mut InputReader<'_>, s: &LocalSample, ranks: usize) -> Result<bool> {
+/// A sample whose place a saved index gave has its headers read before the copy ([`copy_own`]):
+/// only where that is a read of the page cache, a file. From an object store it would be more
+/// requests and bytes, so such a sample (`remote_saved`) goes through memory, walked there.
+fn in_kernel(
+    reader: &mut InputReader<'_>,
+    s: &LocalSample,
+    ranks: usize,
+    remote_saved: bool,
+) -> Result<bool> {
     let plain = reader.file(s.shard as usize)?.1 == Codec::Plain;
-    Ok(plain && (s.len >= IN_KERNEL || ranks == 1))
+    Ok(plain && !remote_saved && (s.len >= IN_KERNEL || ranks == 1))
 }
 
 /// Copies the sample `s` of a plain input from its input to `at` of this rank's own shard

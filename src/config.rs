@@ -43,7 +43,8 @@ pub struct RunConfig {
     pub rules: Rules,
     pub compress: Codec,
     pub checksum: bool,
-    pub index: Option<PathBuf>,
+    /// `--index DIR`: where saved indexes are looked for.
+    pub saved_indexes: Option<PathBuf>,
     pub link: Option<PathBuf>,
     pub keep: Option<Keep>,
     pub stall_timeout: Duration,
@@ -211,7 +212,7 @@ pub struct PlanSettings {
 pub struct IndexSettings {
     pub rules: Rules,
     /// `--index DIR`: where saved indexes are looked for.
-    pub index: Option<PathBuf>,
+    pub saved_indexes: Option<PathBuf>,
     /// Whether saved indexes may stand in for the tar headers: not when the rules need what
     /// only the headers hold (keys, labels, member names).
     pub reuse_saved: bool,

@@ -47,13 +47,13 @@ pub fn expand_specs(specs: &[String]) -> Result<Vec<PathBuf>> {
         // inode. An object is its bucket and key, which its canonical path is.
         if storage::is_file_system(p) {
             let stamp = storage::stamp(p).with_context(|| format!("input {}", p.display()))?;
-            if let Some(first) = files.insert((stamp.dev, stamp.ino), p.clone()) {
+            if let Some(first) = files.insert((stamp.dev, stamp.identity), p.clone()) {
                 bail!(
                     "input {} is the same file as input {} (hard links: device {}, inode {}): its samples would be duplicated",
                     p.display(),
                     first.display(),
                     stamp.dev,
-                    stamp.ino
+                    stamp.identity
                 );
             }
         }

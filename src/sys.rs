@@ -333,6 +333,18 @@ pub fn park_thread(thread: Thread) -> bool {
     true
 }
 
+/// The Unix stream socket open at `fd`, borrowed: dropping it does not close the descriptor,
+/// which stays its owner's. For a descriptor inherited open for the life of the process (the
+/// PMI socket hydra gives a rank, [`crate::comm::hydra`]).
+pub fn borrow_unix_stream(
+    fd: std::os::fd::RawFd,
+) -> std::mem::ManuallyDrop<std::os::unix::net::UnixStream> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the caller names a descriptor open for the life of the process; ManuallyDrop
+    // keeps it from being closed here, so its owner's use of it is unchanged.
+    std::mem::ManuallyDrop::new(unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) })
+}
+
 /// This host's name, or `unknown-host` where the kernel does not say (one word: it is written
 /// into the lock file and into messages).
 pub fn hostname() -> String {
@@ -485,7 +497,11 @@ pub struct FileStamp {
     /// Only compared where one host took both stamps: device numbers, and on some network
     /// and FUSE file systems inode numbers, differ between hosts.
     pub dev: u64,
-    pub ino: u64,
+    /// What tells this file from another that replaced it at the same path: the inode on a
+    /// file system, a hash of the ETag of an object, a counter in memory. Recorded as `ino`
+    /// (checkpoint records hold stamps).
+    #[serde(rename = "ino")]
+    pub identity: u64,
 }
 
 impl FileStamp {
@@ -498,7 +514,7 @@ impl FileStamp {
             mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
             ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
             dev: meta.dev(),
-            ino: meta.ino(),
+            identity: meta.ino(),
         }
     }
 
@@ -523,7 +539,7 @@ impl FileStamp {
         if self.ctime_ns != then.ctime_ns {
             what.push("status-change time".to_string());
         }
-        if same_host && (self.dev, self.ino) != (then.dev, then.ino) {
+        if same_host && (self.dev, self.identity) != (then.dev, then.identity) {
             what.push("inode (replaced by another file)".to_string());
         }
         what.join(", ")

@@ -12,15 +12,16 @@ use crate::config::JobSettings;
 use crate::config::{ExpandSettings, ResumeSettings};
 use crate::input::{expand_specs, InputShard};
 use crate::job::destination::link::check_link;
-use crate::job::destination::lock::{lock_path, StagingLock};
+use crate::job::destination::lock::{lock_path, OutputLock};
 use crate::job::destination::owned::check_replaceable;
 use crate::job::destination::resume;
 use crate::job::destination::series::say_what_keep_would_remove;
 use crate::job::destination::staging::Staging;
-use crate::job::destination::{self, Lead};
+use crate::job::destination::{self, Held};
 use crate::job::handoff::{Resume, Setup};
 use crate::output::checkpoint::{self, InputRecord};
-use crate::size::{count, human_bytes};
+use crate::report::narrate::count;
+use crate::size::human_bytes;
 use crate::storage::{self, Kind};
 
 /// Rank 0: the output's location made ready by its own kind first ([`destination::prepare`]:
@@ -28,7 +29,7 @@ use crate::storage::{self, Kind};
 ///
 /// # Errors
 /// As [`destination::prepare`] and [`prepare`].
-pub fn run(settings: &JobSettings) -> Result<(Setup, Lead)> {
+pub fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
     let remote = destination::prepare(&settings.upload)?;
     let (setup, mut held) = prepare(&settings.expand, &settings.resume)?;
     held.remote = remote;
@@ -45,16 +46,16 @@ pub fn run(settings: &JobSettings) -> Result<(Setup, Lead)> {
 /// reshard output), a `--link` that is not a
 /// symbolic link, a staging directory that cannot be created, or one that `--resume` cannot
 /// continue (a [`crate::cli::resolve::UsageError`]).
-pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(Setup, Lead)> {
+pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(Setup, Held)> {
     let (inputs, records) = expand_inputs(settings)?;
     let Some(out) = &settings.output else {
         // Only planning, without an output to check.
-        return Ok((Setup::planning(inputs), Lead::default()));
+        return Ok((Setup::planning(inputs), Held::default()));
     };
     let (target, staging) = output_paths(out)?;
     // Before anything is checked or touched: another live run may be writing this output.
     let lock = (!settings.dry_run)
-        .then(|| StagingLock::acquire(&lock_path(&staging), out, settings.lock_stale_after))
+        .then(|| OutputLock::acquire(&lock_path(&staging), out, settings.lock_stale_after))
         .transpose()?;
     check_output(settings, out, &target, &staging, &inputs)?;
     if settings.dry_run {
@@ -62,7 +63,7 @@ pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(
         if let Some(keep) = &settings.keep {
             say_what_keep_would_remove(&target, keep, settings.epoch)?;
         }
-        return Ok((Setup::planning(inputs), Lead::default()));
+        return Ok((Setup::planning(inputs), Held::default()));
     }
     if let Some(lock) = &lock {
         // Taken over from a run that may only be suspended: its staging directory is not ours
@@ -88,7 +89,7 @@ pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(
     };
     Ok((
         setup,
-        Lead {
+        Held {
             lock,
             inputs: records,
             remote: None,

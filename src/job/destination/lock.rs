@@ -18,7 +18,7 @@
 //! A silent heartbeat does not prove death (a suspended job is silent too), so such a takeover
 //! moves the staging directory aside ([`aside_path`]) instead of removing it, and the owner,
 //! should it wake, checks its token on the lock and on the staging directory before finishing
-//! and again before publishing ([`StagingLock::check_owned`]): it fails instead of publishing
+//! and again before publishing ([`OutputLock::check_owned`]): it fails instead of publishing
 //! another run's files.
 
 use std::io::{self, ErrorKind};
@@ -184,7 +184,7 @@ struct Takeover {
 }
 
 /// Rank 0's ownership of the staging directory; dropping it releases the lock.
-pub struct StagingLock {
+pub struct OutputLock {
     path: PathBuf,
     owner: Owner,
     took_over: Option<Takeover>,
@@ -194,7 +194,7 @@ pub struct StagingLock {
     beat: Option<JoinHandle<()>>,
 }
 
-impl StagingLock {
+impl OutputLock {
     /// Takes the lock `path` for the output `output`, taking over one whose holder is dead; a
     /// holder whose pid cannot be checked from here is dead once its heartbeat has not moved
     /// for `stale_after`.
@@ -254,7 +254,7 @@ impl StagingLock {
         let lost = Arc::new(Mutex::new(None));
         let (p, o, l) = (path.to_path_buf(), owner.clone(), Arc::clone(&lost));
         let beat = std::thread::spawn(move || heartbeat(&p, o, &stopped, &l));
-        StagingLock {
+        OutputLock {
             path: path.to_path_buf(),
             owner,
             took_over,
@@ -419,7 +419,7 @@ impl StagingLock {
     }
 }
 
-impl Drop for StagingLock {
+impl Drop for OutputLock {
     fn drop(&mut self) {
         drop(self.stop.take());
         if let Some(t) = self.beat.take() {
@@ -534,7 +534,7 @@ fn read_owner(path: &Path) -> Result<Option<Owner>> {
 
 /// Whether the lock at `path` may be held by a live run, without waiting to find out: false
 /// where there is none, or its holder's pid, checkable from here, is gone (a lock
-/// [`StagingLock::acquire`] takes over at once); true for any other, and for a file there that
+/// [`OutputLock::acquire`] takes over at once); true for any other, and for a file there that
 /// is not a reshard lock.
 pub fn may_be_held(path: &Path) -> bool {
     let (Ok(me), owner) = (Owner::me(), read_owner(path)) else {

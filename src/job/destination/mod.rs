@@ -23,8 +23,8 @@ use crate::output::checkpoint::InputRecord;
 /// What rank 0 keeps for itself: the output's lock, and every input's size and modification
 /// time as the run started (for the plan record).
 #[derive(Default)]
-pub struct Lead {
-    pub lock: Option<lock::StagingLock>,
+pub struct Held {
+    pub lock: Option<lock::OutputLock>,
     /// An `s3://` output's lock (taken before this phase, see [`upload`]).
     pub remote: Option<upload::RemoteLock>,
     pub inputs: Vec<InputRecord>,

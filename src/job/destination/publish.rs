@@ -14,7 +14,7 @@ use crate::config::PublishSettings;
 pub use crate::exit::CleanupFailed;
 use crate::hooks;
 use crate::job::destination::link::{check_link, relative_target};
-use crate::job::destination::lock::StagingLock;
+use crate::job::destination::lock::OutputLock;
 use crate::job::destination::owned::{check_replaceable, inspect, AtOutput};
 use crate::job::destination::series::{outputs_beyond, remove_epoch, unfinished_removals};
 use crate::job::destination::staging::Staging;
@@ -38,7 +38,7 @@ pub fn run(
     setup: &Setup,
     planned: &Planned,
     finished: &Finished,
-    lock: Option<&StagingLock>,
+    lock: Option<&OutputLock>,
 ) -> Result<()> {
     hooks::kill_before_publish(comm.rank());
     let published = (comm.rank() == 0).then(|| {
@@ -273,7 +273,7 @@ fn publish(force: bool, staging: &Path, target: &Path) -> Result<bool> {
     let replaced = found == AtOutput::ReshardOutput;
     if replaced {
         storage::sink(target)
-            .exchange(staging, target)
+            .swap(staging, target)
             .with_context(|| {
                 format!(
                     "cannot replace {} with {}",
@@ -302,7 +302,7 @@ fn rename_without_replacing(staging: &Path, target: &Path) -> Result<()> {
         ))
     };
     let sink = storage::sink(target);
-    match sink.publish(staging, target) {
+    match sink.rename_noreplace(staging, target) {
         Ok(()) => Ok(()),
         Err(e) if crate::sys::unsupported(&e) => sink.rename(staging, target).map_err(failed),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => match inspect(target)? {

@@ -15,10 +15,9 @@ use crate::cli::resolve::UsageError;
 use crate::comm::{agree, Comm};
 use crate::config::ResumeSettings;
 use crate::input::InputShard;
-use crate::job::exchange::Checkpoints;
-use crate::job::handoff::{Planned, Resume};
+use crate::job::handoff::{Checkpoints, Planned, Resume};
 use crate::output::checkpoint::{self, InputRecord, PlanRecord};
-use crate::size::count;
+use crate::report::narrate::count;
 use crate::storage::{self, FileStamp};
 use anyhow::{anyhow, Context, Result};
 

@@ -10,26 +10,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 
-use super::stages::{Job, Stages};
+use super::stages::{Stages, Work};
 use crate::comm::wire::{gather_concat, route, RoundStatus};
 use crate::comm::{agree, Comm};
+use crate::job::handoff::Checkpoints;
 use crate::job::interrupt::Interrupted;
-
-/// Records durably, on rank 0, the ranges of global sample indices that became durable.
-pub type Record<'a> = Box<dyn FnMut(Vec<(u64, u64)>) -> Result<()> + 'a>;
-
-/// How often, and where, checkpoints are recorded.
-pub struct Checkpoints<'a> {
-    /// Time between checkpoints (zero: after every round).
-    pub every: Duration,
-    /// Called on rank 0 with every rank's range of global sample indices that became durable
-    /// (empty ranges included): records them.
-    pub record: Record<'a>,
-}
 
 // Checkpoints come by time only. From 2026-11-24 to 11-28 one also came after every 256 MiB a
 // rank moved, so that a run killed (SIGKILL) in its first 30 s kept something. It was measured
@@ -41,7 +30,7 @@ pub struct Checkpoints<'a> {
 // is the price, and what the flag says; SIGINT and SIGTERM still checkpoint at once.
 
 /// The exchange's checkpoint state on one rank.
-pub(super) struct Pacer<'a> {
+pub(super) struct Checkpointing<'a> {
     checkpoints: Checkpoints<'a>,
     last: Instant,
     /// The round being synced, and this rank's samples up to it.
@@ -51,9 +40,9 @@ pub(super) struct Pacer<'a> {
     stopping: Option<i32>,
 }
 
-impl<'a> Pacer<'a> {
+impl<'a> Checkpointing<'a> {
     pub(super) fn new(checkpoints: Checkpoints<'a>) -> Self {
-        Pacer {
+        Checkpointing {
             checkpoints,
             last: Instant::now(),
             pending: None,
@@ -87,7 +76,7 @@ impl<'a> Pacer<'a> {
     pub(super) fn after_status(
         &mut self,
         comm: &impl Comm,
-        job: &Job<'_>,
+        job: &Work<'_>,
         status: &RoundStatus,
         n: u64,
         through: usize,
@@ -124,6 +113,42 @@ impl<'a> Pacer<'a> {
     }
 }
 
+impl Checkpointing<'_> {
+    /// After the last round, every sample placed (the writer has ended): a stop signal that came
+    /// as the last rounds were settled, while the writers still placed them (a write limit keeps
+    /// them rounds behind), found no later round to carry its checkpoint. It is taken here, over
+    /// every sample of the job, so that the job ends in order and a `--resume` moves none of
+    /// them again. A collective: every rank calls it.
+    ///
+    /// # Errors
+    /// [`Interrupted`] once the checkpoint is recorded; a sync or the record failed.
+    pub(super) fn stop_after_the_last_round(
+        &mut self,
+        comm: &impl Comm,
+        job: &Work<'_>,
+    ) -> Result<()> {
+        let mine = crate::sys::stop_signal().map_or(0, |s| u64::from(s.unsigned_abs()));
+        let signal = comm.all_max(&[mine])[0];
+        if signal == 0 {
+            return Ok(());
+        }
+        agree(comm, job.output.sync_data())?;
+        let range = (job.first_global, job.first_global + job.local.len() as u64);
+        let ranges = gather_concat::<(u64, u64)>(comm, 0, &vec![range]);
+        let recorded = match (comm.rank() == 0, ranges) {
+            (true, Ok(r)) => (self.checkpoints.record)(r),
+            (true, Err(e)) => Err(e),
+            (false, _) => Ok(()),
+        };
+        agree(comm, recorded)?;
+        self.taken += 1;
+        Err(anyhow::Error::new(Interrupted {
+            signal: i32::try_from(signal).unwrap_or(15),
+            samples: None,
+        }))
+    }
+}
+
 /// What an earlier attempt left in place (`--resume`), as this rank sees it.
 #[derive(Debug, Default)]
 pub(super) struct Reused {
@@ -139,7 +164,7 @@ pub(super) struct Reused {
 /// What an earlier attempt placed: each rank sums, per shard, the bytes of its done samples and
 /// sends the sums to the shards' writers (records for at most every shard: O(S) per rank). Nothing
 /// (and no collective) on a first attempt: the done set is the same on every rank.
-pub(super) fn reused(comm: &impl Comm, job: &Job<'_>) -> Reused {
+pub(super) fn reused(comm: &impl Comm, job: &Work<'_>) -> Reused {
     if job.done.is_empty() {
         return Reused::default();
     }

@@ -23,13 +23,12 @@ use anyhow::{bail, Result};
 
 use crate::comm::{agree, Comm};
 use crate::hooks;
-use crate::job::handoff::ExchangeStats;
+use crate::job::handoff::{Checkpoints, ExchangeStats};
 use crate::watchdog::Watchdog;
-pub use checkpoint::Checkpoints;
-use checkpoint::Pacer;
+use checkpoint::Checkpointing;
 use pack::pack_rounds;
 use rounds::{exchange_rounds, Ends, Moved};
-pub use stages::Job;
+pub use stages::Work;
 use stages::{Delivery, Packed, Stages, CHUNK_HEADER};
 use writer::write_rounds;
 
@@ -119,6 +118,8 @@ pub struct Stall {
     pub timeout: Duration,
     /// Where every rank leaves its heartbeat, so that the message names the silent ranks.
     pub heartbeats: Option<PathBuf>,
+    /// This rank's heartbeat, told the round it is in.
+    pub pulse: Option<std::sync::Arc<crate::heartbeat::Pulse>>,
 }
 
 /// Buffers in flight: the reader fills one send buffer while two more are in flight
@@ -142,7 +143,7 @@ const RECV_BUFFERS: usize = 1 + rounds::ROUNDS_IN_FLIGHT;
 /// same round.
 pub fn run(
     comm: &impl Comm,
-    job: &Job<'_>,
+    job: &Work<'_>,
     buffers: Buffers,
     stall: Stall,
     checkpoints: Checkpoints<'_>,
@@ -174,13 +175,13 @@ pub fn run(
         dog: Watchdog::start(
             stall.timeout,
             (comm.rank(), comm.size()),
-            stall.heartbeats,
+            (stall.heartbeats, stall.pulse),
             comm.aborter(),
         ),
         zero: timeline::Zero::start(comm.rank()),
     };
     hooks::inject_fault(stages.me);
-    let mut pacer = Pacer::new(checkpoints);
+    let mut checkpointing = Checkpointing::new(checkpoints);
     let (outcome, mut stats) = std::thread::scope(|scope| {
         let st = &stages;
         scope.spawn(move || {
@@ -196,9 +197,8 @@ pub fn run(
             so_far: reused.total,
             report: progress,
         };
-        exchange_rounds(comm, st, cap, ends, &mut pacer, moved)
+        exchange_rounds(comm, st, cap, ends, &mut checkpointing, moved)
     });
-    stats.checkpoints = pacer.taken;
     drop(stages.dog);
     outcome?;
     // The writer may have failed on the last round, after the last status exchange.
@@ -207,6 +207,8 @@ pub fn run(
         .into_inner()
         .unwrap_or_else(|p| p.into_inner());
     agree(comm, write_failure.map_or(Ok(()), Err))?;
+    checkpointing.stop_after_the_last_round(comm, job)?;
+    stats.checkpoints = checkpointing.taken;
     stats.bytes_written = stages.written.into_inner();
     stats.bytes_reused = reused.bytes;
     stats.samples_reused = reused.samples;

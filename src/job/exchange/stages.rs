@@ -19,8 +19,8 @@ use crate::watchdog::Watchdog;
 /// Bytes of the [`ChunkHeader`] in front of every chunk.
 pub const CHUNK_HEADER: usize = ChunkHeader::WIDTH;
 
-/// Everything the exchange needs to know about the job.
-pub struct Job<'a> {
+/// The exchange's work on this rank: the samples it reads, where each goes, the shards it writes.
+pub struct Work<'a> {
     pub inputs: &'a [InputShard],
     /// This rank's samples, in input order, and the global index of the first.
     pub local: &'a [LocalSample],
@@ -69,7 +69,7 @@ pub struct Delivery {
 /// What the three stages share: the job, the writer's first failure, the bytes placed, and the
 /// stall watchdog every stage reports progress to.
 pub struct Stages<'a, 'j> {
-    pub job: &'a Job<'j>,
+    pub job: &'a Work<'j>,
     pub me: usize,
     pub write_failure: Mutex<Option<anyhow::Error>>,
     pub written: AtomicU64,

@@ -7,7 +7,7 @@ use crate::comm::wire::{self, gather_concat, Received, Sink};
 use crate::comm::{agree, exclusive_sum, Comm};
 use crate::config::{Balance, LayoutSettings};
 use crate::input::InputShard;
-use crate::job::handoff::{Index, Laid, Placed, Shared};
+use crate::job::handoff::{Indexed, Laid, Placed, Shared};
 use crate::output::manifest::ShardEntry;
 use crate::plan::placement::{LocalSample, Placement};
 use crate::plan::{bounds_from_starts, byte_shard_of, ShardGroup, ShardLayout, ShardPlan};
@@ -22,7 +22,7 @@ use crate::tar::keys_at;
 pub fn run<C: Comm>(
     ctx: &Shared<'_, C>,
     settings: &LayoutSettings,
-    index: &Index,
+    index: &Indexed,
     placed: &Placed,
 ) -> Result<Laid> {
     let (comm, inputs) = (ctx.comm, ctx.inputs);

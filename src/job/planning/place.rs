@@ -7,7 +7,7 @@ use anyhow::{anyhow, Result};
 use crate::comm::sort::global_ranks;
 use crate::comm::{agree, agree_once, everywhere, Comm};
 use crate::config::{PlaceSettings, Splits};
-use crate::job::handoff::{Index, Placed, Shared};
+use crate::job::handoff::{Indexed, Placed, Shared};
 use crate::job::planning::runs::total_runs;
 use crate::job::planning::split::{self, Assigned, Labels, Own};
 use crate::key_map::KeyMap;
@@ -22,7 +22,8 @@ use crate::plan::positions::{rank_positions, split_permutations, split_positions
 use crate::plan::runs::Runs;
 use crate::plan::sort_items::{sort_items, SortItems};
 use crate::report::narrate;
-use crate::size::{count, human_bytes};
+use crate::report::narrate::count;
+use crate::size::human_bytes;
 use crate::tar::key_at;
 
 /// Gives every sample its output position, by the seeded permutation or the order the flags ask
@@ -35,7 +36,7 @@ use crate::tar::key_at;
 pub fn run<C: Comm>(
     ctx: &Shared<'_, C>,
     settings: &PlaceSettings,
-    index: &mut Index,
+    index: &mut Indexed,
 ) -> Result<Placed> {
     let (comm, inputs, lead) = (ctx.comm, ctx.inputs, ctx.lead());
     let keys = std::mem::take(&mut index.keys);
@@ -191,7 +192,7 @@ impl Placed {
 }
 
 /// Rank 0 says what the plan is.
-fn narrate_placed(lead: bool, order: &OrderSpec, index: &Index, placed: &Placed) {
+fn narrate_placed(lead: bool, order: &OrderSpec, index: &Indexed, placed: &Placed) {
     narrate(
         lead,
         format_args!(

@@ -21,7 +21,7 @@ use object_store::multipart::MultipartStore;
 use object_store::path::Path as Key;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use super::{Capabilities, Entry, FileStamp, Kind, Output, Shard, Sink, Source, Stat, Writer};
+use super::{Capabilities, Entry, FileStamp, Kind, OpenInput, Output, Sink, Source, Stat, Writer};
 
 mod multipart;
 mod read;
@@ -137,7 +137,7 @@ fn stamp_of(meta: &ObjectMeta) -> FileStamp {
         mtime_ns: mtime,
         ctime_ns: mtime,
         dev: 0,
-        ino: hash,
+        identity: hash,
     }
 }
 
@@ -240,7 +240,7 @@ impl Source for S3 {
             .map_err(|e| not_found(&loc, &store, e))
     }
 
-    fn open(&self, path: &Path) -> io::Result<Shard> {
+    fn open(&self, path: &Path) -> io::Result<OpenInput> {
         let loc = Location::parse(path)?;
         let meta = self.head(&loc)?;
         Ok(Arc::new(S3Input {
@@ -368,7 +368,7 @@ impl Sink for S3 {
         }))
     }
 
-    fn publish(&self, from: &Path, _to: &Path) -> io::Result<()> {
+    fn rename_noreplace(&self, from: &Path, _to: &Path) -> io::Result<()> {
         Err(unsupported(from, "rename"))
     }
 
@@ -385,7 +385,7 @@ impl Sink for S3 {
         Err(unsupported(link, "symbolic links"))
     }
 
-    fn exchange(&self, a: &Path, _b: &Path) -> io::Result<()> {
+    fn swap(&self, a: &Path, _b: &Path) -> io::Result<()> {
         Err(unsupported(a, "rename"))
     }
 

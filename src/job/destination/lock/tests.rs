@@ -79,8 +79,8 @@ fn one_holder_at_a_time_and_a_dead_one_is_replaced() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join(".out.reshard-lock");
     let window = Duration::from_secs(60);
-    let lock = StagingLock::acquire(&path, Path::new(OUT), window).unwrap();
-    let again = StagingLock::acquire(&path, Path::new(OUT), window).map(|_| ());
+    let lock = OutputLock::acquire(&path, Path::new(OUT), window).unwrap();
+    let again = OutputLock::acquire(&path, Path::new(OUT), window).map(|_| ());
     let msg = format!("{:#}", again.unwrap_err());
     assert!(
         msg.contains("another reshard run") && msg.contains(&format!("pid {}", std::process::id())),
@@ -92,7 +92,7 @@ fn one_holder_at_a_time_and_a_dead_one_is_replaced() {
     let mut dead = Owner::me().unwrap();
     dead.pid = u32::MAX - 1;
     create_exclusive(&path, &dead).unwrap();
-    let lock = StagingLock::acquire(&path, Path::new(OUT), window).unwrap();
+    let lock = OutputLock::acquire(&path, Path::new(OUT), window).unwrap();
     assert_eq!(read_owner(&path).unwrap().unwrap().pid, std::process::id());
     assert!(lock.took_over.as_ref().is_some_and(|t| t.surely_dead));
     drop(lock);
@@ -165,9 +165,9 @@ fn the_takeover_note_comes_once_after_a_quiet_spell_inside_the_window() {
 }
 
 /// A run that holds `path` as `owner` without a heartbeat (a suspended run).
-fn silent(path: &Path, owner: Owner) -> StagingLock {
+fn silent(path: &Path, owner: Owner) -> OutputLock {
     create_exclusive(path, &owner).unwrap();
-    StagingLock {
+    OutputLock {
         path: path.to_path_buf(),
         owner,
         took_over: None,
@@ -189,7 +189,7 @@ fn a_silent_owner_is_taken_over_and_finds_its_staging_moved_aside() {
     paused.check_owned(&staging).unwrap();
 
     let window = Duration::from_millis(600);
-    let newcomer = StagingLock::acquire(&path, Path::new(OUT), window).unwrap();
+    let newcomer = OutputLock::acquire(&path, Path::new(OUT), window).unwrap();
     let aside = newcomer.set_aside_staging(&staging).unwrap().unwrap();
     assert_eq!(aside, aside_path(&staging, &paused.owner.token));
     assert_eq!(
@@ -230,7 +230,7 @@ fn a_silent_owner_is_taken_over_and_finds_its_staging_moved_aside() {
 fn a_foreign_mark_on_the_staging_directory_fails_the_check() {
     let tmp = tempfile::tempdir().unwrap();
     let staging = tmp.path().join(".out.reshard-tmp");
-    let lock = StagingLock::acquire(&lock_path(&staging), Path::new(OUT), STALE_AFTER).unwrap();
+    let lock = OutputLock::acquire(&lock_path(&staging), Path::new(OUT), STALE_AFTER).unwrap();
     fs::create_dir(&staging).unwrap();
     fs::write(
         Staging::at(&staging).owner_file(),
@@ -255,7 +255,7 @@ fn the_heartbeat_survives_failed_writes_and_notices_a_takeover() {
     let tmp = tempfile::tempdir().unwrap();
     let staging = tmp.path().join(".out.reshard-tmp");
     let path = lock_path(&staging);
-    let lock = StagingLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
+    let lock = OutputLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
     fs::create_dir(&staging).unwrap();
     lock.mark_staging(&staging).unwrap();
     // Writes fail for a while: a directory in the lock's place (swapped atomically, so the
@@ -290,7 +290,7 @@ fn a_guard_left_by_a_dead_run_elsewhere_is_cleared() {
     create_exclusive(&path, &elsewhere()).unwrap();
     create_exclusive(&guard, &elsewhere()).unwrap();
     let window = Duration::from_millis(600);
-    let lock = StagingLock::acquire(&path, Path::new(OUT), window).unwrap();
+    let lock = OutputLock::acquire(&path, Path::new(OUT), window).unwrap();
     assert!(!guard.exists());
     assert!(lock.took_over.as_ref().is_some_and(|t| !t.surely_dead));
     drop(lock);
@@ -299,7 +299,7 @@ fn a_guard_left_by_a_dead_run_elsewhere_is_cleared() {
     dead.pid = u32::MAX - 1;
     create_exclusive(&path, &dead).unwrap();
     create_exclusive(&guard, &Owner::me().unwrap()).unwrap();
-    let err = StagingLock::acquire(&path, Path::new(OUT), window).map(|_| ());
+    let err = OutputLock::acquire(&path, Path::new(OUT), window).map(|_| ());
     let msg = format!("{:#}", err.unwrap_err());
     assert!(msg.contains(&guard.display().to_string()), "{msg}");
 }
@@ -309,7 +309,7 @@ fn a_lock_that_cannot_be_made_or_read_is_reported_as_such() {
     let tmp = tempfile::tempdir().unwrap();
     let window = Duration::from_millis(600);
     let acquire = |path: &Path| {
-        let got = StagingLock::acquire(path, Path::new(OUT), window).map(|_| ());
+        let got = OutputLock::acquire(path, Path::new(OUT), window).map(|_| ());
         format!("{:#}", got.unwrap_err())
     };
     let nowhere = tmp.path().join("missing").join(".out.reshard-lock");
@@ -346,7 +346,7 @@ fn a_takeover_guard_that_cannot_be_created_is_reported() {
     let mut dead = Owner::me().unwrap();
     dead.pid = u32::MAX - 1;
     create_exclusive(&path, &dead).unwrap();
-    let got = StagingLock::acquire(&path, Path::new(OUT), STALE_AFTER).map(|_| ());
+    let got = OutputLock::acquire(&path, Path::new(OUT), STALE_AFTER).map(|_| ());
     let msg = format!("{:#}", got.unwrap_err());
     assert!(msg.contains("cannot create the takeover guard"), "{msg}");
     assert_eq!(read_owner(&path).unwrap(), Some(dead), "left as it was");
@@ -356,7 +356,7 @@ fn a_takeover_guard_that_cannot_be_created_is_reported() {
 fn a_run_that_holds_its_lock_cleans_up_after_itself() {
     let tmp = tempfile::tempdir().unwrap();
     let staging = tmp.path().join(".out.reshard-tmp");
-    let lock = StagingLock::acquire(&lock_path(&staging), Path::new(OUT), STALE_AFTER).unwrap();
+    let lock = OutputLock::acquire(&lock_path(&staging), Path::new(OUT), STALE_AFTER).unwrap();
     assert!(lock.may_clean_up(&staging));
 }
 
@@ -374,7 +374,7 @@ fn a_lock_removed_under_its_run_is_lost() {
     assert!(msg.contains("(it was removed)"), "{msg}");
     drop(paused);
     // With one, the heartbeat finds it gone first.
-    let lock = StagingLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
+    let lock = OutputLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
     fs::remove_file(&path).unwrap();
     wait_for("the heartbeat notices", || {
         lock.lost.lock().unwrap().is_some()
@@ -446,7 +446,7 @@ fn a_failing_heartbeat_is_told_once_when_it_starts_and_once_when_it_ends() {
 fn a_lock_taken_over_or_lost_is_no_longer_held() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join(".out.reshard-lock");
-    let lock = StagingLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
+    let lock = OutputLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
     lock.check_held().unwrap();
     drop(lock);
     // Without a heartbeat, the check itself reads the lock: another run's now.
@@ -478,14 +478,14 @@ fn only_a_takeover_of_a_run_that_may_live_moves_its_staging_aside() {
     let path = lock_path(&staging);
     fs::create_dir(&staging).unwrap();
     // No takeover: nothing to move.
-    let lock = StagingLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
+    let lock = OutputLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
     assert_eq!(lock.set_aside_staging(&staging).unwrap(), None);
     drop(lock);
     // A holder whose pid proved it gone cannot wake: its staging directory stays.
     let mut dead = Owner::me().unwrap();
     dead.pid = u32::MAX - 1;
     create_exclusive(&path, &dead).unwrap();
-    let lock = StagingLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
+    let lock = OutputLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
     assert!(lock.took_over.as_ref().is_some_and(|t| t.surely_dead));
     assert_eq!(lock.set_aside_staging(&staging).unwrap(), None);
     assert!(staging.is_dir() && !aside_path(&staging, &dead.token).exists());

@@ -109,7 +109,8 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
 /// variables must be well formed, before any I/O (an input list file naming `s3://` shards is
 /// read later; its endpoint is checked when the client is made, with the same message).
 fn names_object_store(command: &Command) -> bool {
-    let s3 = |p: &Path| crate::storage::is_object_store(p);
+    // The AWS variables are S3's alone (gs:// and az:// read their own).
+    let s3 = |p: &Path| p.to_str().is_some_and(|p| p.starts_with("s3://"));
     let any = |inputs: &[String], paths: &[Option<&PathBuf>]| {
         inputs.iter().any(|i| s3(Path::new(i))) || paths.iter().flatten().any(|p| s3(p))
     };
@@ -563,14 +564,15 @@ fn output(args: &RunArgs, dry_run: bool) -> Result<Option<PathBuf>> {
     })
 }
 
-/// An `s3://` output: the local path it is staged at (`--scratch`, default `$TMPDIR`, in
+/// An output on object storage (`s3://`, `gs://`, `az://`: a sink without positioned writes):
+/// the local path it is staged at (`--scratch`, default `$TMPDIR`, in
 /// `reshard-scratch/BUCKET/KEY`) and the URL it is uploaded to. `--link` acts on a file system
 /// only; `--keep` on the uploaded series, not on the staged copy.
 fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, Option<PathBuf>)> {
-    let Some(url) = output
+    let Some((url, scheme)) = output
         .as_ref()
-        .filter(|o| crate::storage::is_object_store(o))
-        .cloned()
+        .filter(|o| !crate::storage::sink(o).capabilities().positioned_writes)
+        .and_then(|o| Some((o.clone(), crate::storage::object_scheme(o)?)))
     else {
         if args.scratch.is_some() {
             bail!("--scratch is where an s3:// output is staged: it needs --output s3://…");
@@ -581,19 +583,31 @@ fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, O
         bail!("--link points a symbolic link at the output: object storage has no links (point the readers at the output's index.json instead)");
     }
     let text = url.to_string_lossy();
-    let rest = text.trim_start_matches("s3://").trim_end_matches('/');
+    let rest = text
+        .strip_prefix(scheme)
+        .and_then(|r| r.strip_prefix("://"))
+        .unwrap_or(&text)
+        .trim_end_matches('/');
     if rest
         .split('/')
         .any(|p| p.is_empty() || p == "." || p == "..")
         || !rest.contains('/')
     {
-        bail!("--output {text}: expected s3://BUCKET/PREFIX/NAME (a key under the bucket, no empty, '.' or '..' parts)");
+        bail!("--output {text}: expected {scheme}://BUCKET/PREFIX/NAME (a key under the bucket, no empty, '.' or '..' parts)");
     }
     let scratch = args.scratch.clone().unwrap_or_else(|| {
         std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from)
     });
-    let local = scratch.join("reshard-scratch").join(rest);
-    Ok((Some(local), Some(PathBuf::from(format!("s3://{rest}")))))
+    // Each store's outputs apart, so that `s3://b/x` and `gs://b/x` never share a staged copy;
+    // S3's where they always were.
+    let local = match scheme {
+        "s3" => scratch.join("reshard-scratch").join(rest),
+        other => scratch.join("reshard-scratch").join(other).join(rest),
+    };
+    Ok((
+        Some(local),
+        Some(PathBuf::from(format!("{scheme}://{rest}"))),
+    ))
 }
 
 /// Replaces `{epoch}` in a path with the epoch number: `--output 'data/epoch-{epoch}'`.
@@ -824,7 +838,10 @@ pub fn generate_config(args: &GenerateArgs) -> Result<GenerateConfig> {
     if args.output.as_os_str().is_empty() {
         bail!("--output must not be empty");
     }
-    if crate::storage::is_object_store(&args.output) {
+    if !crate::storage::sink(&args.output)
+        .capabilities()
+        .positioned_writes
+    {
         bail!(
             "--output {}: reshard generate writes to a file system only",
             args.output.display()

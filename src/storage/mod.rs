@@ -5,8 +5,9 @@
 //! implementing them plus its registration in [`source`] and [`sink`].
 //!
 //! A location is a path as the user wrote it; its scheme picks the backend. Today that is
-//! [`posix`] for every plain path, [`s3`] for `s3://bucket/key`, and in unit tests [`memory`]
-//! for `mem://…`. A backend that
+//! [`posix`] for every plain path, the object stores of [`OBJECT_STORES`] (`s3://bucket/key`,
+//! `gs://bucket/key`, `az://container/key`, all served by the shared code in [`s3`]), and in
+//! unit tests [`memory`] for `mem://…`. A backend that
 //! lacks something POSIX has (object storage has no rename and no write at an offset) says so in
 //! its [`Capabilities`]; the caller asks before it relies on it.
 
@@ -19,14 +20,19 @@ use std::sync::Arc;
 pub use crate::sys::FileStamp;
 
 pub mod aws_profile;
+pub mod azure;
 pub mod endpoint;
+pub mod gcs;
 #[cfg(test)]
 pub mod memory;
 pub mod paced;
 pub mod posix;
 pub mod s3;
+mod schemes;
 
 use paced::Paced;
+pub use schemes::{is_object_store, object_scheme, OBJECT_STORES};
+use schemes::{object_store, PACED_OBJECT_STORES};
 
 /// What a location is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -413,11 +419,6 @@ fn scheme(path: &Path) -> Option<&str> {
     (first && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())).then_some(scheme)
 }
 
-/// Whether `path` names object storage (`s3://…`).
-pub fn is_object_store(path: &Path) -> bool {
-    scheme(path) == Some(s3::SCHEME)
-}
-
 /// Whether `path` names a file of the POSIX file system (no scheme): a file there is one by its
 /// device and inode, whatever path names it.
 pub fn is_file_system(path: &Path) -> bool {
@@ -447,21 +448,25 @@ fn paced_while_limited<T: ?Sized>((backend, paced): (&'static T, &'static T)) ->
 
 /// The backend that holds `path`, as it is and wrapped in [`Paced`].
 fn sources(path: &Path) -> (&'static dyn Source, &'static dyn Source) {
-    match scheme(path) {
-        #[cfg(test)]
-        Some("mem") => (&memory::Memory, &Paced(&memory::Memory)),
-        Some(s3::SCHEME) => (&s3::S3, &Paced(&s3::S3)),
-        _ => (&posix::Posix, &Paced(&posix::Posix)),
+    #[cfg(test)]
+    if scheme(path) == Some("mem") {
+        return (&memory::Memory, &Paced(&memory::Memory));
+    }
+    match object_store(path) {
+        Some(i) => (&OBJECT_STORES[i], &PACED_OBJECT_STORES[i]),
+        None => (&posix::Posix, &Paced(&posix::Posix)),
     }
 }
 
 /// The backend that `path` is written to, as it is and wrapped in [`Paced`].
 fn sinks(path: &Path) -> (&'static dyn Sink, &'static dyn Sink) {
-    match scheme(path) {
-        #[cfg(test)]
-        Some("mem") => (&memory::Memory, &Paced(&memory::Memory)),
-        Some(s3::SCHEME) => (&s3::S3, &Paced(&s3::S3)),
-        _ => (&posix::Posix, &Paced(&posix::Posix)),
+    #[cfg(test)]
+    if scheme(path) == Some("mem") {
+        return (&memory::Memory, &Paced(&memory::Memory));
+    }
+    match object_store(path) {
+        Some(i) => (&OBJECT_STORES[i], &PACED_OBJECT_STORES[i]),
+        None => (&posix::Posix, &Paced(&posix::Posix)),
     }
 }
 

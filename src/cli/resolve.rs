@@ -105,11 +105,9 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
     })
 }
 
-/// Whether the command names an `s3://` location on its command line: then the S3 endpoint
-/// variables must be well formed, before any I/O (an input list file naming `s3://` shards is
-/// read later; its endpoint is checked when the client is made, with the same message).
+/// Whether the command line names an `s3://` location: then the AWS endpoint variables must be
+/// well formed, before any I/O (an input list's are checked when the client is made).
 fn names_object_store(command: &Command) -> bool {
-    // The AWS variables are S3's alone (gs:// and az:// read their own).
     let s3 = |p: &Path| p.to_str().is_some_and(|p| p.starts_with("s3://"));
     let any = |inputs: &[String], paths: &[Option<&PathBuf>]| {
         inputs.iter().any(|i| s3(Path::new(i))) || paths.iter().flatten().any(|p| s3(p))

@@ -19,8 +19,8 @@ fn reference(dir: &Dir) {
 
 /// Run A's rank 0 is stopped (as `scontrol suspend` does) in its finish phase; run B, in
 /// another PID namespace so that only A's heartbeat can tell, takes the output over once A has
-/// been silent past B's `--lock-stale-after`, moves A's staging directory aside and stops itself
-/// mid-exchange. A wakes: it must fail, naming the lock, publish nothing and leave B's files
+/// been silent past B's `--lock-stale-after`, leaves A's staging directory (named after A's token)
+/// alone, stages in its own and stops itself mid-exchange. A wakes: it must fail, naming the lock, publish nothing and leave B's files
 /// alone (the bug: it published B's half-written staging directory with its own manifest and
 /// exit 0). B then finishes to a clean run's bytes.
 #[test]
@@ -58,13 +58,19 @@ fn taken_over_while_stopped(name: &str, hold: Hold) {
             .filter(|&p| p != a_pid)
             .collect(),
     );
-    let aside = dir.join(format!(".{OUT}.reshard-aside-{a_token}"));
+    let aside = dir.join(format!(".{OUT}.reshard-tmp.{a_token}"));
     assert!(
         aside.join(hold.marker(0)).exists(),
-        "A's staging is moved aside"
+        "A's staging directory is left where it is"
+    );
+    assert!(
+        !staging(&dir).join(hold.marker(0)).exists(),
+        "the staging pointer leads to B's"
     );
     let b_staging = snapshot(&staging(&dir));
 
+    // A's pause ends (once B moved A's staging directory aside, its markers went with it).
+    release(&aside);
     drop(stopped_a);
     let a = a.join().unwrap();
     let said = a_stderr(&dir);
@@ -82,20 +88,13 @@ fn taken_over_while_stopped(name: &str, hold: Hold) {
         snapshot(&staging(&dir)) == b_staging,
         "A must leave B's staging directory alone",
     );
-    a.check(
-        !aside.exists(),
-        "A removes its own staging directory, moved aside",
-    );
+    a.check(!aside.exists(), "A removes its own staging directory");
 
     drop(stopped_b);
     let b = b.join().unwrap();
     b.check(b.code() == Some(0), "B must finish");
     b.stderr_has("taken over in");
-    b.stderr_has(&format!(
-        "moved {} aside to {}",
-        staging(&dir).display(),
-        aside.display()
-    ));
+    b.stderr_has(&format!("left {} alone", aside.display()));
     assert_same_output(&dir.join("ref"), &dir.join(OUT), &["ranks"]);
     assert!(!lock(&dir).exists() && !staging(&dir).exists());
 }

@@ -16,6 +16,7 @@ mod epochs;
 mod faults_input;
 mod faults_lock;
 mod faults_publish;
+mod fencing;
 mod golden;
 mod harness;
 mod house;

@@ -59,7 +59,7 @@ impl std::error::Error for UsageError {}
 impl UsageError {
     /// A request that cannot be carried out as given, found once the job looked (`--resume` with
     /// other arguments than the run it would continue): exits 2 like any usage error.
-    pub fn new(e: anyhow::Error) -> Self {
+    pub(crate) fn new(e: anyhow::Error) -> Self {
         UsageError(e)
     }
 }
@@ -128,7 +128,7 @@ fn names_object_store(command: &Command) -> bool {
 ///
 /// # Errors
 /// A message naming the flag and what it accepts.
-pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
+pub(crate) fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     let dry_run = plan_only || args.dry_run;
     missing_required(args, dry_run)?;
     let (sizing, gpus) = sizing(args)?;
@@ -317,7 +317,7 @@ fn resume_arguments(cfg: &RunConfig) -> Vec<(String, String)> {
 /// What each planning phase needs of `cfg`, with the values that depend on several flags
 /// decided here once: whether saved indexes can stand in for the headers, which groups the
 /// GPUs train on.
-pub fn plan_settings(cfg: &RunConfig) -> PlanSettings {
+pub(crate) fn plan_settings(cfg: &RunConfig) -> PlanSettings {
     let rules = &cfg.rules;
     // A saved index holds byte ranges only, not keys, labels or member names: the loader
     // indexes' name and duplicate checks need the headers, and must fail while indexing,
@@ -811,7 +811,7 @@ fn rules(args: &RunArgs, order: &OrderSpec, loaders: &LoaderIndexes) -> Rules {
 ///
 /// # Errors
 /// `--plot` names neither an SVG nor a PNG file.
-pub fn verify_config(args: &VerifyArgs) -> Result<VerifyConfig> {
+pub(crate) fn verify_config(args: &VerifyArgs) -> Result<VerifyConfig> {
     if let Some(plot) = &args.plot {
         format_of(plot)?;
     }
@@ -828,7 +828,7 @@ pub fn verify_config(args: &VerifyArgs) -> Result<VerifyConfig> {
 ///
 /// # Errors
 /// A message naming the flag and what it accepts.
-pub fn generate_config(args: &GenerateArgs) -> Result<GenerateConfig> {
+pub(crate) fn generate_config(args: &GenerateArgs) -> Result<GenerateConfig> {
     if args.shards == 0 {
         bail!("--shards must be at least 1");
     }

@@ -11,12 +11,12 @@ use anyhow::{bail, Context, Result};
 use crate::config::JobSettings;
 use crate::config::{ExpandSettings, ResumeSettings};
 use crate::input::{expand_specs, InputShard};
-use crate::job::destination::link::check_link;
+use crate::job::destination::link::check_link_before_the_run;
 use crate::job::destination::lock::{lock_path, OutputLock};
 use crate::job::destination::owned::check_replaceable;
 use crate::job::destination::resume;
 use crate::job::destination::series::say_what_keep_would_remove;
-use crate::job::destination::staging::Staging;
+use crate::job::destination::staging::{self, Staging};
 use crate::job::destination::{self, Held};
 use crate::job::handoff::{Resume, Setup};
 use crate::output::checkpoint::{self, InputRecord};
@@ -29,7 +29,7 @@ use crate::storage::{self, Kind};
 ///
 /// # Errors
 /// As [`destination::prepare`] and [`prepare`].
-pub fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
+pub(crate) fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
     let remote = destination::prepare(&settings.upload)?;
     let (setup, mut held) = prepare(&settings.expand, &settings.resume)?;
     held.remote = remote;
@@ -46,41 +46,29 @@ pub fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
 /// reshard output), a `--link` that is not a
 /// symbolic link, a staging directory that cannot be created, or one that `--resume` cannot
 /// continue (a [`crate::cli::resolve::UsageError`]).
-pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(Setup, Held)> {
+pub(crate) fn prepare(
+    settings: &ExpandSettings,
+    resuming: &ResumeSettings,
+) -> Result<(Setup, Held)> {
     let (inputs, records) = expand_inputs(settings)?;
     let Some(out) = &settings.output else {
         // Only planning, without an output to check.
         return Ok((Setup::planning(inputs), Held::default()));
     };
-    let (target, staging) = output_paths(out)?;
+    let (target, pointer) = output_paths(out)?;
     // Before anything is checked or touched: another live run may be writing this output.
     let lock = (!settings.dry_run)
-        .then(|| OutputLock::acquire(&lock_path(&staging), out, settings.lock_stale_after))
+        .then(|| OutputLock::acquire(&lock_path(&pointer), out, settings.lock_stale_after))
         .transpose()?;
-    check_output(settings, out, &target, &staging, &inputs)?;
-    if settings.dry_run {
+    check_output(settings, out, &target, &pointer, &inputs)?;
+    let Some(lock) = lock else {
         // Checked as `run` would, but nothing is created, removed or written.
         if let Some(keep) = &settings.keep {
             say_what_keep_would_remove(&target, keep, settings.epoch)?;
         }
         return Ok((Setup::planning(inputs), Held::default()));
-    }
-    if let Some(lock) = &lock {
-        // Taken over from a run that may only be suspended: its staging directory is not ours
-        // to continue or remove.
-        lock.set_aside_staging(&staging)?;
-    }
-    let resume = if settings.resume {
-        continue_staging(resuming, &staging, &records)?
-    } else {
-        None
     };
-    if resume.is_none() {
-        create_staging(&staging)?;
-    }
-    if let Some(lock) = &lock {
-        lock.mark_staging(&staging)?;
-    }
+    let (staging, resume) = take_staging(settings.resume, resuming, &lock, &pointer, &records)?;
     let setup = Setup {
         inputs,
         staging: Some(staging),
@@ -90,11 +78,81 @@ pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(
     Ok((
         setup,
         Held {
-            lock,
+            lock: Some(lock),
             inputs: records,
             remote: None,
         },
     ))
+}
+
+/// This run's staging directory, named after its token, and what `--resume` continues there.
+/// The directory the staging `pointer` leads to (the run that last took the lock) is this
+/// run's only when that run surely ended ([`OutputLock::may_take`]): `--resume` then renames it
+/// to this run's name before it reads anything in it (the earlier run's paths lead nowhere from
+/// then on), and a run without `--resume` removes it. The pointer then leads to this run's.
+///
+/// # Errors
+/// As [`continue_staging`] and [`create_staging`], or the pointer cannot be read or set.
+fn take_staging(
+    resume: bool,
+    resuming: &ResumeSettings,
+    lock: &OutputLock,
+    pointer: &Path,
+    records: &[InputRecord],
+) -> Result<(PathBuf, Option<Resume>)> {
+    let staging = lock.run_dir(pointer);
+    let earlier = staging::pointed(pointer)
+        .with_context(|| format!("{}: cannot read the staging pointer", pointer.display()))?;
+    let earlier = match earlier {
+        Some(e) if lock.may_take(&e, pointer)? => Some(e),
+        _ => None,
+    };
+    let mut continued = None;
+    if resume {
+        if let Some(earlier) = &earlier {
+            // Pointed at at once: a rerun after a refusal below finds it.
+            adopt(earlier, &staging)?;
+            point(pointer, &staging)?;
+        }
+        continued = continue_staging(resuming, &staging, records)?;
+    } else if let Some(earlier) = &earlier {
+        remove_earlier(earlier)?;
+    }
+    if continued.is_none() {
+        if resume && Staging::at(&staging).present() {
+            Staging::at(&staging)
+                .remove()
+                .with_context(|| format!("{}: cannot remove", staging.display()))?;
+        }
+        create_staging(&staging)?;
+    }
+    lock.mark_staging(&staging)?;
+    point(pointer, &staging)?;
+    Ok((staging, continued))
+}
+
+fn point(pointer: &Path, staging: &Path) -> Result<()> {
+    staging::point(pointer, staging).with_context(|| {
+        format!(
+            "{}: cannot point the staging pointer at {}",
+            pointer.display(),
+            staging.display()
+        )
+    })
+}
+
+/// `--resume`: the earlier run's staging directory becomes this run's, by one rename; from then
+/// on nothing the earlier run writes by path reaches it.
+fn adopt(earlier: &Path, staging: &Path) -> Result<()> {
+    storage::sink(staging)
+        .rename(earlier, staging)
+        .with_context(|| {
+            format!(
+                "--resume: cannot take over the staging directory {} as {}",
+                earlier.display(),
+                staging.display()
+            )
+        })
 }
 
 /// `--resume`: what the staging directory an earlier attempt left holds to continue from, once
@@ -199,6 +257,19 @@ fn check_output(
         }
     }
     let at_target = storage::source(target);
+    if at_target
+        .stat_link(target)
+        .is_ok_and(|s| s.kind == Kind::Link)
+    {
+        // Refused now: publishing renames a directory into place, which never goes through
+        // a link (it would fail, or with --force refuse, only after the whole job ran).
+        bail!(
+            "--output {}: is a symbolic link; reshard publishes by renaming a directory to that \
+             path, not into where the link leads: give the directory itself (see readlink -f), \
+             or --link to keep a link pointing at each new output",
+            out.display()
+        );
+    }
     match at_target.stat(target) {
         Ok(s) if s.kind != Kind::Dir => {
             bail!("--output {}: exists and is not a directory", out.display())
@@ -222,34 +293,35 @@ fn check_output(
         check_replaceable(target, "before the run")?;
     }
     if let Some(link) = &settings.link {
-        check_link(link)?;
+        check_link_before_the_run(link, target)?;
     }
     Ok(())
 }
 
-/// Creates the staging directory (removing one an earlier run left: this run holds the output's
-/// lock, and one a run that may still live left was moved aside, so no live run uses it), with
-/// the saved-index and heartbeat directories inside.
+/// Removes the staging directory an earlier run left that did not finish (it surely ended:
+/// see [`OutputLock::may_take`]), saying whether `--resume` would have continued it.
+fn remove_earlier(earlier: &Path) -> Result<()> {
+    let durable = checkpoint::read_checkpoint(earlier)
+        .ok()
+        .flatten()
+        .map(|c| {
+            format!(
+                " ({} samples of it were durable: --resume would have continued it)",
+                c.done.count()
+            )
+        })
+        .unwrap_or_default();
+    crate::errln!(
+        "reshard: removing {} left by an earlier run that did not finish{durable}",
+        earlier.display()
+    );
+    Staging::at(earlier)
+        .remove()
+        .with_context(|| format!("{}: cannot remove", earlier.display()))
+}
+
+/// Creates this run's staging directory, with the saved-index and heartbeat directories inside.
 fn create_staging(staging: &Path) -> Result<()> {
-    if Staging::at(staging).present() {
-        let durable = checkpoint::read_checkpoint(staging)
-            .ok()
-            .flatten()
-            .map(|c| {
-                format!(
-                    " ({} samples of it were durable: --resume would have continued it)",
-                    c.done.count()
-                )
-            })
-            .unwrap_or_default();
-        crate::errln!(
-            "reshard: removing {} left by an earlier run that did not finish{durable}",
-            staging.display()
-        );
-        Staging::at(staging)
-            .remove()
-            .with_context(|| format!("{}: cannot remove", staging.display()))?;
-    }
     Staging::at(staging).create().with_context(|| {
         format!(
             "cannot create the staging directory {} (is the output's parent writable?)",

@@ -30,13 +30,13 @@
 //! pure planning lives in [`crate::plan`].
 
 pub mod destination;
-pub mod exchange;
-pub mod expand;
-pub mod finish;
-pub mod handoff;
+pub(crate) mod exchange;
+pub(crate) mod expand;
+pub(crate) mod finish;
+pub(crate) mod handoff;
 pub mod interrupt;
 pub mod planning;
-pub mod summary;
+pub(crate) mod summary;
 
 use anyhow::Result;
 
@@ -52,7 +52,7 @@ use crate::report::narrate::count;
 use crate::report::picture::{self, Picture};
 use crate::report::{narrate, PlanReport};
 use crate::size::human_bytes;
-use destination::staging::Staging;
+use destination::staging::{self, Staging};
 use destination::{publish, resume, space, upload, Held};
 use exchange::Buffers;
 use handoff::{ExchangeStats, Planned, Setup, Shared};
@@ -111,7 +111,7 @@ fn abandon(staging: &std::path::Path, interrupted: Option<&interrupt::Interrupte
         };
         crate::errln!("{}", interrupt::message(i, staging, durable));
         if durable == 0 {
-            let _ = Staging::at(staging).remove();
+            remove_own(staging);
         }
         return;
     }
@@ -121,9 +121,14 @@ fn abandon(staging: &std::path::Path, interrupted: Option<&interrupt::Interrupte
             staging.display(),
             c.done.count()
         ),
-        _ => {
-            let _ = Staging::at(staging).remove();
-        }
+        _ => remove_own(staging),
+    }
+}
+
+/// Removes this run's staging directory, and the staging pointer if it leads there.
+fn remove_own(staging: &std::path::Path) {
+    if Staging::at(staging).remove().is_ok() {
+        staging::unpoint(&staging::pointer_of(staging), staging);
     }
 }
 

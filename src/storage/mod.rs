@@ -17,26 +17,26 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use crate::sys::FileStamp;
+pub(crate) use crate::sys::FileStamp;
 
-pub mod aws_profile;
-pub mod azure;
-pub mod endpoint;
-pub mod gcs;
+pub(crate) mod aws_profile;
+pub(crate) mod azure;
+pub(crate) mod endpoint;
+pub(crate) mod gcs;
 #[cfg(test)]
-pub mod memory;
-pub mod paced;
-pub mod posix;
-pub mod s3;
+pub(crate) mod memory;
+pub(crate) mod paced;
+pub(crate) mod posix;
+pub(crate) mod s3;
 mod schemes;
 
 use paced::Paced;
-pub use schemes::{is_object_store, object_scheme, OBJECT_STORES};
+pub(crate) use schemes::{is_object_store, object_scheme, OBJECT_STORES};
 use schemes::{object_store, PACED_OBJECT_STORES};
 
 /// What a location is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     File,
     Dir,
     /// A symbolic link, seen without following it ([`Source::stat_link`], listings).
@@ -47,21 +47,21 @@ pub enum Kind {
 
 /// What a stat of a location tells: its kind and its stamp (size, times, identity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stat {
-    pub kind: Kind,
-    pub stamp: FileStamp,
+pub(crate) struct Stat {
+    pub(crate) kind: Kind,
+    pub(crate) stamp: FileStamp,
 }
 
 /// One entry of a listing: its name inside the listed directory (or prefix) and its kind, as the
 /// listing tells it without following symbolic links.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    pub name: OsString,
-    pub kind: Kind,
+pub(crate) struct Entry {
+    pub(crate) name: OsString,
+    pub(crate) kind: Kind,
 }
 
 /// Where shards (and small metadata files next to them) are read from.
-pub trait Source: Send + Sync {
+pub(crate) trait Source: Send + Sync {
     /// The kind and stamp of `path`, following symbolic links.
     ///
     /// # Errors
@@ -113,10 +113,10 @@ pub trait Source: Send + Sync {
 }
 
 /// An input shard opened by a [`Source`]: shared by the threads that read it.
-pub type OpenInput = Arc<dyn Input>;
+pub(crate) type OpenInput = Arc<dyn Input>;
 
 /// An open input: read at any offset without a cursor, so threads may share it.
-pub trait Input: Send + Sync {
+pub(crate) trait Input: Send + Sync {
     /// Reads up to `buf.len()` bytes at `offset`: the count read, 0 at the end.
     ///
     /// # Errors
@@ -143,7 +143,7 @@ pub trait Input: Send + Sync {
 ///
 /// # Errors
 /// A read fails.
-pub fn read_up_to_at(input: &dyn Input, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+pub(crate) fn read_up_to_at(input: &dyn Input, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match input.read_at(&mut buf[n..], offset + n as u64) {
@@ -159,14 +159,14 @@ pub fn read_up_to_at(input: &dyn Input, buf: &mut [u8], offset: u64) -> io::Resu
 /// A sequential, seekable stream over an [`Input`]: its own position, so several streams of one
 /// open shard never move each other (a `dup`ed descriptor would share its offset).
 #[derive(Clone)]
-pub struct Sequential {
+pub(crate) struct Sequential {
     input: OpenInput,
     pos: u64,
 }
 
 impl Sequential {
     /// A stream of `input` from its first byte.
-    pub fn new(input: OpenInput) -> Self {
+    pub(crate) fn new(input: OpenInput) -> Self {
         Sequential { input, pos: 0 }
     }
 }
@@ -199,18 +199,20 @@ impl Seek for Sequential {
 
 /// What a [`Sink`] can do beyond creating, writing whole objects and removing them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
+pub(crate) struct Capabilities {
     /// [`Output::write_at`] at any offset, in any order (POSIX); without it an output is written
     /// front to back once ([`Sink::create_stream`]).
-    pub positioned_writes: bool,
+    pub(crate) positioned_writes: bool,
     /// [`Sink::rename_noreplace`] and [`Sink::swap`] are atomic renames; without them the manifest
     /// written last is what "published" means.
-    pub rename: bool,
+    pub(crate) rename: bool,
+    /// [`Sink::symlink`] makes symbolic links (the staging pointer, `--link`).
+    pub(crate) symlinks: bool,
 }
 
 /// Where outputs go: the staging area, its shards and metadata, and their publishing. What is
 /// there is examined and read back through the [`Source`] of the same location.
-pub trait Sink: Send + Sync {
+pub(crate) trait Sink: Send + Sync {
     /// What this backend can do; callers ask before relying on renames or positioned writes.
     fn capabilities(&self) -> Capabilities;
 
@@ -357,7 +359,7 @@ pub trait Sink: Send + Sync {
 }
 
 /// An output object open for positioned writes.
-pub trait Output: Send + Sync {
+pub(crate) trait Output: Send + Sync {
     /// Writes all of `data` at `offset`.
     ///
     /// # Errors
@@ -401,7 +403,7 @@ pub trait Output: Send + Sync {
 }
 
 /// An output written front to back ([`Sink::create_stream`]).
-pub trait Writer: Write + Send {
+pub(crate) trait Writer: Write + Send {
     /// Makes everything written durable and ends the object: its size.
     ///
     /// # Errors
@@ -427,13 +429,13 @@ pub fn is_file_system(path: &Path) -> bool {
 
 /// The backend that holds `path`: its scheme picks it; a plain path is POSIX. While the run has
 /// a rate limit, the backend wrapped in [`Paced`].
-pub fn source(path: &Path) -> &'static dyn Source {
+pub(crate) fn source(path: &Path) -> &'static dyn Source {
     paced_while_limited(sources(path))
 }
 
 /// The backend that `path` is written to: its scheme picks it; a plain path is POSIX. While the
 /// run has a rate limit, the backend wrapped in [`Paced`].
-pub fn sink(path: &Path) -> &'static dyn Sink {
+pub(crate) fn sink(path: &Path) -> &'static dyn Sink {
     paced_while_limited(sinks(path))
 }
 
@@ -474,7 +476,7 @@ fn sinks(path: &Path) -> (&'static dyn Sink, &'static dyn Sink) {
 ///
 /// # Errors
 /// It cannot be opened.
-pub fn open(path: &Path) -> io::Result<OpenInput> {
+pub(crate) fn open(path: &Path) -> io::Result<OpenInput> {
     source(path).open(path)
 }
 
@@ -482,7 +484,7 @@ pub fn open(path: &Path) -> io::Result<OpenInput> {
 ///
 /// # Errors
 /// It cannot be examined.
-pub fn stamp(path: &Path) -> io::Result<FileStamp> {
+pub(crate) fn stamp(path: &Path) -> io::Result<FileStamp> {
     source(path).stat(path).map(|s| s.stamp)
 }
 
@@ -492,7 +494,7 @@ pub fn stamp(path: &Path) -> io::Result<FileStamp> {
 ///
 /// # Errors
 /// It cannot be created or written.
-pub fn write_unsynced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_unsynced(path: &Path, bytes: &[u8]) -> io::Result<()> {
     // A small file (a heartbeat among them): counted against the write limit but never waiting
     // for it, as [`Paced`]'s other small objects.
     crate::throttle::charge(0, bytes.len() as u64);
@@ -501,7 +503,7 @@ pub fn write_unsynced(path: &Path, bytes: &[u8]) -> io::Result<()> {
 
 /// The modification time of `stamp` in nanoseconds since the epoch, 0 before it (how plan
 /// records and saved indexes note a file's version).
-pub fn mtime_ns(stamp: &FileStamp) -> u128 {
+pub(crate) fn mtime_ns(stamp: &FileStamp) -> u128 {
     u128::try_from(stamp.mtime_ns).unwrap_or(0)
 }
 

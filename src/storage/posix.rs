@@ -14,7 +14,7 @@ use super::{
 use crate::sys;
 
 /// Files and directories of the operating system.
-pub struct Posix;
+pub(crate) struct Posix;
 
 fn kind(t: fs::FileType) -> Kind {
     if t.is_symlink() {
@@ -102,6 +102,7 @@ impl Sink for Posix {
         Capabilities {
             positioned_writes: true,
             rename: true,
+            symlinks: true,
         }
     }
 
@@ -408,7 +409,8 @@ mod tests {
             Posix.capabilities(),
             Capabilities {
                 positioned_writes: true,
-                rename: true
+                rename: true,
+                symlinks: true,
             }
         );
     }

@@ -100,7 +100,8 @@ pub fn writers_seen_by_strace(
         .args(["--output", out])
         .args(args)
         .assert_success();
-    let staging = format!("/.{out}.reshard-tmp/");
+    // The run's staging directory, `.OUT.reshard-tmp.TOKEN`.
+    let staging = format!("/.{out}.reshard-tmp.");
     let mut writers = BTreeMap::new();
     for rank in 0..np {
         let path = format!("{}.{rank}", trace.display());
@@ -109,7 +110,10 @@ pub fn writers_seen_by_strace(
             let Some(name) = line.split('"').nth(1) else {
                 continue;
             };
-            if let Some((_, rel)) = name.split_once(&staging) {
+            let rel = name
+                .split_once(&staging)
+                .and_then(|(_, r)| r.split_once('/'));
+            if let Some((_, rel)) = rel {
                 if rel.ends_with(".tar") && !rel.contains("/.") {
                     let before = writers.insert(rel.to_string(), rank);
                     assert!(before.is_none(), "{rel} created by two ranks");

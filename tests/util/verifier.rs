@@ -606,15 +606,21 @@ fn check_files(out: &Path, names: &[String]) {
             "expected saved indexes {want_idx:?}, found {idx:?}"
         ));
     }
-    let staging = out.with_file_name(format!(
+    // The staging pointer `.OUT.reshard-tmp` and the run directories `.OUT.reshard-tmp.TOKEN`.
+    let staging = format!(
         ".{}.reshard-tmp",
         out.file_name().unwrap().to_string_lossy()
-    ));
-    if staging.exists() {
-        fail(format!(
-            "staging directory {} left behind",
-            staging.display()
-        ));
+    );
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty());
+    let parent = parent.unwrap_or(Path::new("."));
+    for e in fs::read_dir(parent).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == staging || name.starts_with(&format!("{staging}.")) {
+            fail(format!(
+                "staging directory {} left behind",
+                parent.join(name).display()
+            ));
+        }
     }
 }
 

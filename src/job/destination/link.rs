@@ -13,13 +13,52 @@ use crate::storage::{self, Kind};
 ///
 /// # Errors
 /// `link` exists and is not a symbolic link.
-pub fn check_link(link: &Path) -> Result<()> {
+pub(crate) fn check_link(link: &Path) -> Result<()> {
     let found = storage::source(link).stat_link(link);
     if found.is_ok_and(|s| s.kind != Kind::Link) {
         bail!(
             "--link {}: exists and is not a symbolic link; not replacing it",
             link.display()
         );
+    }
+    Ok(())
+}
+
+/// The expand phase's check of `--link`, before any work: [`check_link`], and a link that could
+/// never be made after publishing (its directory does not exist, or it is the output itself or
+/// inside it) is a usage error (exit 2), not a failure after the output is published (exit 3).
+///
+/// # Errors
+/// As [`check_link`]; or a [`crate::cli::resolve::UsageError`] naming the link and why.
+pub fn check_link_before_the_run(link: &Path, target: &Path) -> Result<()> {
+    check_link(link)?;
+    let usage = |why: String| {
+        anyhow::Error::new(crate::cli::resolve::UsageError::new(anyhow::anyhow!(
+            "--link {}: {why}",
+            link.display()
+        )))
+    };
+    let dir = match link.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Some(name) = link.file_name() else {
+        return Err(usage("expected a file name for the link".into()));
+    };
+    let Ok(dir) = storage::source(dir).canonical(dir) else {
+        return Err(usage(format!(
+            "its directory {} does not exist (the link is made after publishing; create the \
+             directory first)",
+            dir.display()
+        )));
+    };
+    let at = dir.join(name);
+    if at == target || at.starts_with(target) {
+        return Err(usage(format!(
+            "is the --output {} itself, or inside it: the link must be beside the outputs it \
+             points at",
+            target.display()
+        )));
     }
     Ok(())
 }
@@ -31,7 +70,7 @@ pub fn check_link(link: &Path) -> Result<()> {
 ///
 /// # Errors
 /// The link's directory or the target cannot be resolved (one does not exist).
-pub fn relative_target(link: &Path, target: &Path) -> Result<PathBuf> {
+pub(crate) fn relative_target(link: &Path, target: &Path) -> Result<PathBuf> {
     let dir = match link.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

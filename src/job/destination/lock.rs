@@ -15,11 +15,13 @@
 //! Takeovers go through a second exclusive file, the guard, so that two newcomers never both
 //! take one stale lock.
 //!
-//! A silent heartbeat does not prove death (a suspended job is silent too), so such a takeover
-//! moves the staging directory aside ([`aside_path`]) instead of removing it, and the owner,
-//! should it wake, checks its token on the lock and on the staging directory before finishing
-//! and again before publishing ([`OutputLock::check_owned`]): it fails instead of publishing
-//! another run's files.
+//! A silent heartbeat does not prove death (a suspended job is silent too), so a run that took
+//! the lock over that way never continues or removes the earlier run's staging directory. It
+//! need not move it either: every run stages in a directory named after its own token
+//! ([`crate::job::destination::staging::run_dir`]), so the earlier run, should it wake, writes only into its
+//! own directory, where no successor looks. It then checks its token on the lock and on its
+//! staging directory before finishing and again before publishing ([`OutputLock::check_owned`]),
+//! and fails instead of publishing.
 
 use std::io::{self, ErrorKind};
 use std::path::{Path, PathBuf};
@@ -49,18 +51,12 @@ const QUIET_NOTE: Duration = Duration::from_secs(3);
 /// Tries before giving up when other runs keep creating and taking over the lock.
 const ATTEMPTS: usize = 6;
 
-/// The lock file of the staging directory `staging` (`.NAME.reshard-tmp` -> `.NAME.reshard-lock`).
+/// The lock file beside the staging pointer `staging` (`.NAME.reshard-tmp` -> `.NAME.reshard-lock`).
 pub fn lock_path(staging: &Path) -> PathBuf {
     staging.with_file_name(format!("{}.reshard-lock", staging_base(staging)))
 }
 
-/// Where a takeover moves the staging directory of a run that may still live, beside it and
-/// hidden: `.NAME.reshard-aside-TOKEN`, after that run's token, so that the run finds it.
-pub fn aside_path(staging: &Path, token: &str) -> PathBuf {
-    staging.with_file_name(format!("{}.reshard-aside-{token}", staging_base(staging)))
-}
-
-/// `.NAME` of the staging directory `.NAME.reshard-tmp`.
+/// `.NAME` of the staging pointer `.NAME.reshard-tmp`.
 fn staging_base(staging: &Path) -> String {
     let name = staging.file_name().unwrap_or_default().to_string_lossy();
     name.strip_suffix(".reshard-tmp")
@@ -292,8 +288,8 @@ impl OutputLock {
             bail!(
                 "{}: this run lost the output's lock ({why}): another run took it over while \
                  this one was silent for longer than its --lock-stale-after (suspended, stopped, \
-                 or unable to write the lock). Nothing is published; {} and what is in it are \
-                 that run's now and left alone",
+                 or unable to write the lock). Nothing is published; {} is this run's own \
+                 staging directory, which that run does not use",
                 self.path.display(),
                 staging.display()
             );
@@ -303,7 +299,7 @@ impl OutputLock {
         if found.trim() != self.owner.token {
             bail!(
                 "{}: the staging directory is not this run's any more ({} does not hold this \
-                 run's token): another run moved it aside. Nothing is published",
+                 run's token). Nothing is published",
                 staging.display(),
                 mark.display()
             );
@@ -350,68 +346,100 @@ impl OutputLock {
         }
     }
 
-    /// A takeover of a run that may still live (judged by its silent heartbeat, not by its pid):
-    /// that run's staging directory `staging` is moved aside, never removed, so that the run,
-    /// should it wake, finds that it lost the output instead of finishing another run's files.
-    /// Returns where it went.
+    /// This run's own staging directory beside the staging `pointer`, named after its token:
+    /// no other run's path leads there.
+    pub fn run_dir(&self, pointer: &Path) -> PathBuf {
+        crate::job::destination::staging::run_dir(pointer, &self.owner.token)
+    }
+
+    /// Whether the staging directory `earlier`, where the staging `pointer` led when this run
+    /// took the lock, is this run's to continue (`--resume`) or remove: yes, unless this run
+    /// took the lock over from a run that may only be suspended (judged by its silent
+    /// heartbeat, not by its pid). That directory is then left to that run (which removes it if
+    /// it wakes: it fails without publishing), and said so; one at the pointer's own path (an
+    /// older reshard's) is renamed beside it first, so that the pointer can lead to this run's.
     ///
     /// # Errors
-    /// It cannot be renamed.
-    pub fn set_aside_staging(&self, staging: &Path) -> Result<Option<PathBuf>> {
-        let Some(t) = self.took_over.as_ref().filter(|t| !t.surely_dead) else {
-            return Ok(None);
+    /// Such a directory cannot be renamed.
+    pub fn may_take(&self, earlier: &Path, pointer: &Path) -> Result<bool> {
+        let Some(t) = self.took_over.as_ref() else {
+            return Ok(true);
         };
-        if storage::source(staging).stat_link(staging).is_err() {
-            return Ok(None);
-        }
-        let mark = read_text(&Staging::at(staging).owner_file()).unwrap_or_default();
-        let token = [mark.trim(), t.from.token.as_str()]
-            .into_iter()
-            .find(|t| is_token(t))
-            .map_or_else(
-                || format!("pid{}-{}", t.from.pid, t.from.since),
-                str::to_string,
+        if t.surely_dead {
+            // Only the directory of the run whose death its pid proved: a pointer that leads
+            // elsewhere was set by a run that lost the lock in the meantime, which may live.
+            let named = earlier
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.rsplit_once('.'))
+                .map(|(_, token)| token);
+            let other = is_token(&t.from.token)
+                && earlier != pointer
+                && named.is_some_and(|n| n != t.from.token);
+            if !other {
+                return Ok(true);
+            }
+            crate::errln!(
+                "reshard: left {} alone: the staging pointer {} leads there, but the run that \
+                 held {} ({}, gone) staged elsewhere, so that directory may belong to a run \
+                 that still lives; this run stages in a directory of its own",
+                earlier.display(),
+                pointer.display(),
+                self.path.display(),
+                t.from.who()
             );
-        let aside = aside_path(staging, &token);
-        storage::sink(staging)
-            .rename(staging, &aside)
-            .with_context(|| {
-                format!(
-                    "{}: cannot move the staging directory of the run that held {} aside to {}",
-                    staging.display(),
-                    self.path.display(),
-                    aside.display()
-                )
-            })?;
+            return Ok(false);
+        }
+        let mut left = earlier.to_path_buf();
+        if earlier == pointer {
+            let token = Some(t.from.token.as_str())
+                .filter(|t| is_token(t))
+                .map_or_else(
+                    || format!("pid{}-{}", t.from.pid, t.from.since),
+                    str::to_string,
+                );
+            left = crate::job::destination::staging::run_dir(pointer, &token);
+            storage::sink(earlier)
+                .rename(earlier, &left)
+                .with_context(|| {
+                    format!(
+                        "{}: cannot move the staging directory of the run that held {} to {}",
+                        earlier.display(),
+                        self.path.display(),
+                        left.display()
+                    )
+                })?;
+        }
         crate::errln!(
-            "reshard: moved {} aside to {}: it belongs to the run that held {} ({}), which may \
-             only be suspended, so it is not removed. That run removes it if it wakes (it then \
-             fails without publishing); otherwise remove it once that run is surely gone, or \
-             rename it back and rerun with --resume to continue it",
-            staging.display(),
-            aside.display(),
+            "reshard: left {} alone: it belongs to the run that held {} ({}), which may only be \
+             suspended; this run stages in a directory of its own. That run removes it if it \
+             wakes (it then fails without publishing); otherwise remove it once that run is \
+             surely gone, or point {} at it (ln -sfn) and rerun with --resume to continue it",
+            left.display(),
             self.path.display(),
-            t.from.who()
+            t.from.who(),
+            pointer.display()
         );
-        Ok(Some(aside))
+        Ok(false)
     }
 
     /// After a failure: whether the staging directory `staging` is still this run's to clean
-    /// up. If another run took the lock over, it is not; then this run's own staging directory,
-    /// where the takeover moved it, is removed (this run made it, and it lost the output).
+    /// up as a failed run does (kept for `--resume`, or removed). If another run took the lock
+    /// over, it is not: the directory, named after this run's token, is then removed (this run
+    /// made it, and it lost the output; no other run uses it), and the staging pointer, which
+    /// leads to the other run's, is left alone.
     pub fn may_clean_up(&self, staging: &Path) -> bool {
         let lost = self.lost.lock().map(|l| l.is_some()).unwrap_or(true);
         if !lost && self.lock_lost().is_none() {
             return true;
         }
-        let aside = aside_path(staging, &self.owner.token);
-        let mine = read_text(&Staging::at(&aside).owner_file())
+        let mine = read_text(&Staging::at(staging).owner_file())
             .is_ok_and(|m| m.trim() == self.owner.token);
-        if mine && storage::sink(&aside).remove_dir_all(&aside).is_ok() {
+        if mine && storage::sink(staging).remove_dir_all(staging).is_ok() {
             crate::errln!(
                 "reshard: removed {}: this run's staging directory, which the run that took \
-                 over {} had moved aside",
-                aside.display(),
+                 over {} does not use",
+                staging.display(),
                 self.path.display()
             );
         }

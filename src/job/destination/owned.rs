@@ -1,11 +1,16 @@
-//! What reshard may replace or remove, in one place: an output it wrote (its index.json, a wids
-//! index with a `reshard` object, beside its `.reshard/` directory) or an empty directory. The
-//! expand phase checks `--force`'s target before any work, the publish phase again right before
-//! it replaces it, and `--keep` removes only outputs of its series that pass the same test.
+//! What reshard may replace or remove, in one place: an output it wrote or an empty directory.
+//! An output it wrote is a directory holding reshard's manifest (index.json: a wids index with a
+//! `reshard` object, read here as [`OutputManifest`], the one typed reader of a manifest that
+//! decides what reshard may remove) and every shard that manifest lists, with the size it
+//! records, beside its `.reshard/` directory. A copied or edited index.json does not make a
+//! directory reshard's. The expand phase checks `--force`'s target before any work, the publish
+//! phase again right before it replaces it, and `--keep` removes only outputs of its series that
+//! pass the same test, on every store.
 
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use serde::Deserialize;
 
 use crate::output::manifest::Manifest;
 use crate::output::saved_index;
@@ -13,7 +18,7 @@ use crate::storage::{self, Kind};
 
 /// What is at an output path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AtOutput {
+pub(crate) enum AtOutput {
     /// Nothing: publishing creates it.
     Nothing,
     /// An empty directory.
@@ -28,7 +33,7 @@ pub enum AtOutput {
 ///
 /// # Errors
 /// It cannot be examined or listed.
-pub fn inspect(target: &Path) -> Result<AtOutput> {
+pub(crate) fn inspect(target: &Path) -> Result<AtOutput> {
     let source = storage::source(target);
     let stat = match source.stat_link(target) {
         Ok(s) => s,
@@ -62,10 +67,9 @@ pub fn inspect(target: &Path) -> Result<AtOutput> {
         0 => String::new(),
         n => format!(" and {n} more"),
     };
-    let lacks = if !made_by_reshard(&target.join("index.json")) {
-        "no index.json written by reshard"
-    } else {
-        "no .reshard/ directory"
+    let lacks = match OutputManifest::read(target) {
+        Err(why) => why,
+        Ok(_) => "no .reshard/ directory".to_string(),
     };
     Ok(AtOutput::Other(format!(
         "a directory holding {}{more} but {lacks}",
@@ -78,7 +82,7 @@ pub fn inspect(target: &Path) -> Result<AtOutput> {
 ///
 /// # Errors
 /// Anything else is at `target`, or it cannot be examined.
-pub fn check_replaceable(target: &Path, when: &str) -> Result<AtOutput> {
+pub(crate) fn check_replaceable(target: &Path, when: &str) -> Result<AtOutput> {
     let found = inspect(target)?;
     if let AtOutput::Other(what) = &found {
         bail!(
@@ -89,25 +93,89 @@ pub fn check_replaceable(target: &Path, when: &str) -> Result<AtOutput> {
     Ok(found)
 }
 
-/// Whether `dir` is a directory (not a symbolic link) holding reshard's own index.json and its
-/// `.reshard/` directory.
-pub fn is_reshard_output(dir: &Path) -> bool {
+/// Whether `dir` is a directory (not a symbolic link) holding reshard's own manifest, every shard
+/// it lists with its recorded size ([`OutputManifest::read`]), and its `.reshard/` directory.
+pub(crate) fn is_reshard_output(dir: &Path) -> bool {
     let source = storage::source(dir);
     let saved = dir.join(saved_index::DIR_NAME);
     // In an object store a prefix has no empty directories: a `--split` output keeps its saved
     // indexes under each split, and its own `.reshard/` is not there; its manifest tells.
     source.stat_link(dir).is_ok_and(|s| s.kind == Kind::Dir)
         && (source.stat(&saved).is_ok_and(|s| s.kind == Kind::Dir) || storage::is_object_store(dir))
-        && made_by_reshard(&dir.join("index.json"))
+        && OutputManifest::read(dir).is_ok()
 }
 
-/// Whether `index` is an index.json that reshard wrote (a wids index with a `reshard` object).
-fn made_by_reshard(index: &Path) -> bool {
-    let Ok(text) = storage::source(index).read(index) else {
-        return false;
-    };
-    serde_json::from_slice::<serde_json::Value>(&text)
-        .is_ok_and(|m| m["__kind__"] == Manifest::KIND && m["reshard"].is_object())
+/// What reshard's manifest says about the output it describes, as far as deciding what is
+/// reshard's goes: its kind, its `reshard` object, and the shards it lists with their sizes.
+/// (The rest of index.json is [`Manifest`]'s; fields this reader does not need are ignored, so
+/// that outputs of older versions are still recognised.)
+#[derive(Debug, Deserialize)]
+pub struct OutputManifest {
+    #[serde(rename = "__kind__")]
+    kind: String,
+    #[allow(dead_code)] // Its presence is what tells; its content is Manifest's.
+    reshard: serde_json::Map<String, serde_json::Value>,
+    /// The shards, each relative to the output directory.
+    pub shardlist: Vec<ListedShard>,
+}
+
+/// One shard a manifest lists.
+#[derive(Debug, Deserialize)]
+pub struct ListedShard {
+    /// Relative to the directory holding index.json.
+    pub url: String,
+    pub filesize: u64,
+}
+
+impl OutputManifest {
+    /// Reads the manifest of the output `dir` and checks that it is reshard's and that every
+    /// shard it lists is there with the size it records. One stat (HEAD) per shard.
+    ///
+    /// # Errors
+    /// Why `dir` is not a reshard output, for a message ("no index.json written by reshard",
+    /// "index.json lists shard-000003.tar, which is not there").
+    pub fn read(dir: &Path) -> std::result::Result<OutputManifest, String> {
+        const NOT_RESHARDS: &str = "no index.json written by reshard";
+        let index = dir.join("index.json");
+        let source = storage::source(&index);
+        let text = source.read(&index).map_err(|_| NOT_RESHARDS.to_string())?;
+        let manifest: OutputManifest =
+            serde_json::from_slice(&text).map_err(|_| NOT_RESHARDS.to_string())?;
+        if manifest.kind != Manifest::KIND {
+            return Err(NOT_RESHARDS.into());
+        }
+        if manifest.shardlist.is_empty() {
+            return Err("an index.json of reshard's that lists no shard".into());
+        }
+        for shard in &manifest.shardlist {
+            let inside = Path::new(&shard.url)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !inside {
+                return Err(format!(
+                    "an index.json that lists {}, which is not inside the directory",
+                    shard.url
+                ));
+            }
+            let path = dir.join(&shard.url);
+            match source.stat_link(&path) {
+                Ok(s) if s.kind == Kind::File && s.stamp.size == shard.filesize => {}
+                Ok(s) if s.kind == Kind::File => {
+                    return Err(format!(
+                        "an index.json that lists {} of {} bytes, which is {} bytes there",
+                        shard.url, shard.filesize, s.stamp.size
+                    ))
+                }
+                _ => {
+                    return Err(format!(
+                        "an index.json that lists {}, which is not there",
+                        shard.url
+                    ))
+                }
+            }
+        }
+        Ok(manifest)
+    }
 }
 
 #[cfg(test)]
@@ -131,8 +199,25 @@ mod tests {
             what,
             "a directory holding docs/, notes.txt but no index.json written by reshard"
         );
-        let index = format!(r#"{{"__kind__": "{}", "reshard": {{}}}}"#, Manifest::KIND);
-        fs::write(out.join("index.json"), index).unwrap();
+        let index = |size: u64| {
+            format!(
+                r#"{{"__kind__": "{}", "reshard": {{}}, "shardlist": [{{"url": "s-0.tar", "filesize": {size}}}]}}"#,
+                Manifest::KIND
+            )
+        };
+        fs::write(out.join("index.json"), index(3)).unwrap();
+        fs::create_dir(out.join(saved_index::DIR_NAME)).unwrap();
+        // A copied index.json: the shards it lists are not there.
+        let what = |out: &Path| match inspect(out).unwrap() {
+            AtOutput::Other(w) => w,
+            other => panic!("{other:?}"),
+        };
+        assert!(what(&out).contains("lists s-0.tar, which is not there"));
+        fs::write(out.join("s-0.tar"), b"ab").unwrap();
+        assert!(what(&out).contains("of 3 bytes, which is 2 bytes there"));
+        fs::write(out.join("s-0.tar"), b"abc").unwrap();
+        assert_eq!(inspect(&out).unwrap(), AtOutput::ReshardOutput);
+        fs::remove_dir(out.join(saved_index::DIR_NAME)).unwrap();
         assert!(matches!(inspect(&out).unwrap(), AtOutput::Other(w) if w.contains("no .reshard/")));
         fs::create_dir(out.join(saved_index::DIR_NAME)).unwrap();
         assert_eq!(inspect(&out).unwrap(), AtOutput::ReshardOutput);

@@ -17,7 +17,7 @@ use crate::job::destination::link::{check_link, relative_target};
 use crate::job::destination::lock::OutputLock;
 use crate::job::destination::owned::{check_replaceable, inspect, AtOutput};
 use crate::job::destination::series::{outputs_beyond, remove_epoch, unfinished_removals};
-use crate::job::destination::staging::Staging;
+use crate::job::destination::staging::{self, Staging};
 use crate::job::handoff::{Finished, Laid, Placed, Planned, Setup};
 use crate::output::manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
 use crate::output::{checkpoint, energon};
@@ -208,6 +208,7 @@ fn after_publish(
             )
         })?;
     }
+    staging::unpoint(&staging::pointer_of(staging), staging);
     if let Some(link) = &settings.link {
         point_link(link, target)?;
     }
@@ -359,7 +360,10 @@ mod tests {
     /// What an earlier reshard run published at `dir`: its index.json and `.reshard/`.
     fn reshard_output(dir: &Path) {
         fs::create_dir_all(dir.join(saved_index::DIR_NAME)).unwrap();
-        let index = format!(r#"{{"__kind__": "{}", "reshard": {{}}}}"#, Manifest::KIND);
+        let index = format!(
+            r#"{{"__kind__": "{}", "reshard": {{}}, "shardlist": [{{"url": "shard-000000.tar", "filesize": 3}}]}}"#,
+            Manifest::KIND
+        );
         fs::write(dir.join("index.json"), index).unwrap();
         fs::write(dir.join("shard-000000.tar"), b"old").unwrap();
     }

@@ -2,8 +2,18 @@
 //! and what reshard keeps inside it besides the shards. One type names every part, so no phase
 //! joins these names itself.
 //!
+//! Every run stages in a directory of its own, named after its token, so that no two runs ever
+//! share a path: a run that lost the output's lock (suspended past `--lock-stale-after`, then
+//! taken over) and goes on writing by path writes only into its own directory, which its
+//! successor neither uses nor reads. The staging pointer, a symbolic link beside the output,
+//! leads to the directory of the run that last took the lock; a run continues (`--resume`) or
+//! removes only the directory the pointer leads to, and only when that run surely ended, and it
+//! continues it by renaming it to its own name first: from then on the earlier run's paths lead
+//! nowhere.
+//!
 //! ```text
-//! .OUT.reshard-tmp/
+//! .OUT.reshard-tmp -> .OUT.reshard-tmp.TOKEN   the pointer
+//! .OUT.reshard-tmp.TOKEN/
 //!   .reshard-owner      the owning run's token (see crate::job::destination::lock)
 //!   .reshard/           saved indexes of the shards (published with the output)
 //!   .heartbeats/        the ranks' heartbeats from indexing to publishing (removed before
@@ -16,7 +26,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::output::{checkpoint, saved_index};
-use crate::storage::{self, Sink};
+use crate::storage::{self, Kind, Sink};
 
 /// The file, inside the staging directory, that names the run owning it.
 const OWNER_FILE: &str = ".reshard-owner";
@@ -27,9 +37,99 @@ const HEARTBEATS: &str = ".heartbeats";
 #[derive(Debug, Clone, Copy)]
 pub struct Staging<'a>(&'a Path);
 
-/// The staging directory of the output `NAME` in `parent`: beside it, `.NAME.reshard-tmp`.
+/// The staging pointer of the output `NAME` in `parent`: beside it, `.NAME.reshard-tmp`. A
+/// symbolic link to the staging directory of the run that last took the output's lock ([`run_dir`]);
+/// a directory there is an older reshard's staging directory, or a staged upload moved back.
 pub fn path_for(parent: &Path, name: &std::ffi::OsStr) -> PathBuf {
     parent.join(format!(".{}.reshard-tmp", name.to_string_lossy()))
+}
+
+/// The staging directory of the run whose token is `token`, beside the `pointer`:
+/// `.NAME.reshard-tmp.TOKEN`. Only that run's token leads there.
+pub fn run_dir(pointer: &Path, token: &str) -> PathBuf {
+    let name = pointer.file_name().unwrap_or_default().to_string_lossy();
+    pointer.with_file_name(format!("{name}.{token}"))
+}
+
+/// The pointer beside the run directory `run` ([`run_dir`]'s inverse).
+pub fn pointer_of(run: &Path) -> PathBuf {
+    let name = run.file_name().unwrap_or_default().to_string_lossy();
+    let base = name
+        .rsplit_once('.')
+        .filter(|(base, _)| base.ends_with(".reshard-tmp"))
+        .map_or(&*name, |(base, _)| base);
+    run.with_file_name(base)
+}
+
+/// The staging directory the `pointer` leads to now, if any: its link's target, or the pointer
+/// itself when it is a directory.
+///
+/// # Errors
+/// It cannot be examined.
+pub fn pointed(pointer: &Path) -> io::Result<Option<PathBuf>> {
+    let source = storage::source(pointer);
+    match source.stat_link(pointer) {
+        Ok(s) if s.kind == Kind::Dir => Ok(Some(pointer.to_path_buf())),
+        Ok(s) if s.kind == Kind::Link => match source.canonical(pointer) {
+            Ok(to) => Ok(Some(to)),
+            // It leads nowhere: the run it named published or removed its directory.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        },
+        Ok(_) => Err(io::Error::other(format!(
+            "{}: not reshard's staging pointer (neither a symbolic link nor a directory)",
+            pointer.display()
+        ))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Points the `pointer` at the run directory `run`: a new link under a temporary name, renamed
+/// over the old one (only the run holding the output's lock does this). Where the store has no
+/// symbolic links (the in-memory store of the unit tests) there is no pointer: a `--resume`
+/// there finds nothing to continue.
+///
+/// # Errors
+/// The link cannot be made or renamed.
+pub fn point(pointer: &Path, run: &Path) -> io::Result<()> {
+    let sink = storage::sink(pointer);
+    if !sink.capabilities().symlinks {
+        return Ok(());
+    }
+    let name = pointer.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = pointer.with_file_name(format!("{name}.pointing"));
+    let _ = sink.remove_file(&tmp);
+    if storage::source(pointer)
+        .stat_link(pointer)
+        .is_ok_and(|s| s.kind == Kind::Dir)
+    {
+        return Err(io::Error::other(format!(
+            "{}: a directory is there still",
+            pointer.display()
+        )));
+    }
+    sink.symlink(Path::new(run.file_name().unwrap_or_default()), &tmp)?;
+    sink.rename(&tmp, pointer)
+}
+
+/// Removes the `pointer` if it leads to the run directory `run`, or nowhere (the run published
+/// its directory, or removed it).
+pub fn unpoint(pointer: &Path, run: &Path) {
+    let source = storage::source(pointer);
+    if !source
+        .stat_link(pointer)
+        .is_ok_and(|s| s.kind == Kind::Link)
+    {
+        return;
+    }
+    let ours = match source.canonical(pointer) {
+        Ok(to) => to == run,
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
+    };
+    if ours {
+        let _ = storage::sink(pointer).remove_file(pointer);
+    }
 }
 
 impl<'a> Staging<'a> {

@@ -320,25 +320,15 @@ fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
             target.display()
         );
     }
-    let manifest = target.join(MANIFEST);
-    let names = source
-        .read(&manifest)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .filter(|v| v["reshard"].is_object())
-        .and_then(|v| {
-            v["shardlist"].as_array().map(|a| {
-                a.iter()
-                    .filter_map(|s| s["url"].as_str().map(String::from))
-                    .collect()
-            })
-        });
-    let Some(mut names): Option<Vec<String>> = names else {
-        bail!(
-            "--output {}: --force replaces only an output of reshard, and {} is not one (no reshard index.json)",
+    // The one rule of what reshard may replace, on every store (destination::owned).
+    let mut names: Vec<String> = match crate::job::destination::owned::OutputManifest::read(target)
+    {
+        Ok(m) => m.shardlist.into_iter().map(|s| s.url).collect(),
+        Err(why) => bail!(
+            "--output {}: --force replaces only an output of reshard, and {} is not one ({why})",
             target.display(),
             target.display()
-        );
+        ),
     };
     names.retain(|n| is_own_name(n));
     Ok(names)

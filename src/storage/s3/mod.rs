@@ -33,29 +33,29 @@ mod requests;
 use multipart::{object_of, Upload};
 use read::{Ahead, ObjectInput};
 use requests::{again, block_on, error, not_found};
-pub use requests::{retry_from_env, s3_client};
+pub(crate) use requests::{retry_from_env, s3_client};
 
 /// What the shared code needs of a store's client: `object_store`'s objects and its multipart
 /// uploads. S3, GCS and Azure clients are all of it.
-pub trait Client: ObjectStore + MultipartStore {}
+pub(crate) trait Client: ObjectStore + MultipartStore {}
 
 impl<T: ObjectStore + MultipartStore> Client for T {}
 
 /// One object store as a URL scheme names it: what the shared code needs to know of it.
 #[derive(Debug)]
-pub struct Scheme {
+pub(crate) struct Scheme {
     /// The URL scheme, without `://` (`s3`).
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// What the store calls a bucket (`bucket`, `container`), for messages.
-    pub bucket: &'static str,
+    pub(crate) bucket: &'static str,
     /// The variables that hold its credentials, for the message of a denied request.
-    pub credentials: &'static str,
+    pub(crate) credentials: &'static str,
     /// The client of one bucket, made from the environment.
-    pub client: fn(&str) -> io::Result<Arc<dyn Client>>,
+    pub(crate) client: fn(&str) -> io::Result<Arc<dyn Client>>,
 }
 
 /// The S3 scheme: `s3://bucket/key`, its client from the `AWS_*` variables and profiles.
-pub static S3: Scheme = Scheme {
+pub(crate) static S3: Scheme = Scheme {
     name: "s3",
     bucket: "bucket",
     credentials: "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN",
@@ -88,7 +88,7 @@ fn count(counter: &Counter, bytes: usize) {
 }
 
 /// This process's requests so far: (GETs, bytes they read, PUTs and parts, bytes they wrote).
-pub fn traffic() -> [u64; 4] {
+pub(crate) fn traffic() -> [u64; 4] {
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     [
         load(&GETS.requests),
@@ -99,7 +99,7 @@ pub fn traffic() -> [u64; 4] {
 }
 
 /// Buckets and keys of the locations of one object store (its [`Scheme`]).
-pub struct Objects(pub &'static Scheme);
+pub(crate) struct Objects(pub &'static Scheme);
 
 /// A location parsed: its store, its bucket and its key (no leading or trailing `/`; empty for
 /// the bucket's root).
@@ -321,6 +321,7 @@ impl Sink for Objects {
         Capabilities {
             positioned_writes: false,
             rename: false,
+            symlinks: false,
         }
     }
 

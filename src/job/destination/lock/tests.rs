@@ -26,13 +26,16 @@ fn wait_for(what: &str, cond: impl Fn() -> bool) {
 }
 
 #[test]
-fn the_lock_and_aside_names_follow_the_staging_directory() {
+fn the_lock_and_run_directory_names_follow_the_staging_pointer() {
     let staging = Path::new("/d/.out.reshard-tmp");
     assert_eq!(lock_path(staging), Path::new("/d/.out.reshard-lock"));
-    assert_eq!(
-        aside_path(staging, "ab12"),
-        Path::new("/d/.out.reshard-aside-ab12")
-    );
+    let tmp = tempfile::tempdir().unwrap();
+    let pointer = tmp.path().join(".out.reshard-tmp");
+    let lock = silent(&lock_path(&pointer), elsewhere());
+    let run = lock.run_dir(&pointer);
+    let name = format!(".out.reshard-tmp.{}", lock.owner.token);
+    assert_eq!(run, tmp.path().join(name));
+    assert_eq!(crate::job::destination::staging::pointer_of(&run), pointer);
     assert_eq!(
         guard_path(&lock_path(staging)),
         Path::new("/d/.out.reshard-lock.takeover")
@@ -178,52 +181,60 @@ fn silent(path: &Path, owner: Owner) -> OutputLock {
 }
 
 #[test]
-fn a_silent_owner_is_taken_over_and_finds_its_staging_moved_aside() {
+fn a_silent_owner_is_taken_over_and_its_staging_directory_is_left_to_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let staging = tmp.path().join(".out.reshard-tmp");
-    let path = lock_path(&staging);
+    let pointer = tmp.path().join(".out.reshard-tmp");
+    let path = lock_path(&pointer);
     let paused = silent(&path, elsewhere());
-    fs::create_dir(&staging).unwrap();
-    paused.mark_staging(&staging).unwrap();
-    fs::write(staging.join("shard"), b"A's").unwrap();
-    paused.check_owned(&staging).unwrap();
+    let a_dir = paused.run_dir(&pointer);
+    fs::create_dir(&a_dir).unwrap();
+    paused.mark_staging(&a_dir).unwrap();
+    fs::write(a_dir.join("shard"), b"A's").unwrap();
+    paused.check_owned(&a_dir).unwrap();
 
     let window = Duration::from_millis(600);
     let newcomer = OutputLock::acquire(&path, Path::new(OUT), window).unwrap();
-    let aside = newcomer.set_aside_staging(&staging).unwrap().unwrap();
-    assert_eq!(aside, aside_path(&staging, &paused.owner.token));
-    assert_eq!(
-        fs::read(aside.join("shard")).unwrap(),
-        b"A's",
-        "moved, not removed"
-    );
-    fs::create_dir(&staging).unwrap();
-    newcomer.mark_staging(&staging).unwrap();
+    assert!(!newcomer.may_take(&a_dir, &pointer).unwrap());
+    let b_dir = newcomer.run_dir(&pointer);
+    assert_ne!(a_dir, b_dir, "no path of one run leads to the other's");
+    assert_eq!(fs::read(a_dir.join("shard")).unwrap(), b"A's", "left alone");
+    fs::create_dir(&b_dir).unwrap();
+    newcomer.mark_staging(&b_dir).unwrap();
 
-    // The paused run wakes: it owns neither the lock nor the staging directory.
-    let msg = format!("{:#}", paused.check_owned(&staging).unwrap_err());
+    // The paused run wakes: it owns the lock no more, and removes only its own directory.
+    let msg = format!("{:#}", paused.check_owned(&a_dir).unwrap_err());
     assert!(
         msg.contains(&path.display().to_string())
             && msg.contains("lost the output's lock")
             && msg.contains("Nothing is published"),
         "{msg}"
     );
-    assert!(!paused.may_clean_up(&staging));
+    assert!(!paused.may_clean_up(&a_dir));
+    assert!(!a_dir.exists(), "its own staging directory is removed");
     assert!(
-        !aside.exists(),
-        "its own staging directory, moved aside, is removed"
-    );
-    assert!(
-        Staging::at(&staging).owner_file().exists(),
+        Staging::at(&b_dir).owner_file().exists(),
         "the newcomer's is not"
     );
     drop(paused);
     assert!(path.exists(), "the newcomer's lock stays");
-    newcomer.check_before_publish(&staging).unwrap();
+    newcomer.check_before_publish(&b_dir).unwrap();
     assert!(
-        !Staging::at(&staging).owner_file().exists(),
+        !Staging::at(&b_dir).owner_file().exists(),
         "the mark is not published"
     );
+}
+
+#[test]
+fn an_older_staging_directory_of_a_silent_owner_is_renamed_beside_the_pointer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pointer = tmp.path().join(".out.reshard-tmp");
+    let path = lock_path(&pointer);
+    let paused = silent(&path, elsewhere());
+    fs::create_dir(&pointer).unwrap();
+    let newcomer = OutputLock::acquire(&path, Path::new(OUT), Duration::from_millis(600)).unwrap();
+    assert!(!newcomer.may_take(&pointer, &pointer).unwrap());
+    assert!(!pointer.exists());
+    assert!(paused.run_dir(&pointer).is_dir(), "named after its token");
 }
 
 #[test]
@@ -472,21 +483,27 @@ fn a_lock_taken_over_or_lost_is_no_longer_held() {
 }
 
 #[test]
-fn only_a_takeover_of_a_run_that_may_live_moves_its_staging_aside() {
+fn only_a_takeover_of_a_run_that_may_live_leaves_its_staging_directory_alone() {
     let tmp = tempfile::tempdir().unwrap();
     let staging = tmp.path().join(".out.reshard-tmp");
     let path = lock_path(&staging);
     fs::create_dir(&staging).unwrap();
-    // No takeover: nothing to move.
+    // No takeover: the earlier directory is this run's to continue or remove.
     let lock = OutputLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
-    assert_eq!(lock.set_aside_staging(&staging).unwrap(), None);
+    assert!(lock.may_take(&staging, &staging).unwrap());
     drop(lock);
-    // A holder whose pid proved it gone cannot wake: its staging directory stays.
+    // A holder whose pid proved it gone cannot wake: its staging directory is this run's.
     let mut dead = Owner::me().unwrap();
     dead.pid = u32::MAX - 1;
     create_exclusive(&path, &dead).unwrap();
     let lock = OutputLock::acquire(&path, Path::new(OUT), STALE_AFTER).unwrap();
     assert!(lock.took_over.as_ref().is_some_and(|t| t.surely_dead));
-    assert_eq!(lock.set_aside_staging(&staging).unwrap(), None);
-    assert!(staging.is_dir() && !aside_path(&staging, &dead.token).exists());
+    assert!(lock.may_take(&staging, &staging).unwrap());
+    assert!(staging.is_dir());
+    // Its own directory, named after its token, is; one the pointer leads to that another
+    // run named after itself is not (that run set the pointer after losing the lock).
+    let its = crate::job::destination::staging::run_dir(&staging, &dead.token);
+    assert!(lock.may_take(&its, &staging).unwrap());
+    let another = crate::job::destination::staging::run_dir(&staging, &elsewhere().token);
+    assert!(!lock.may_take(&another, &staging).unwrap());
 }

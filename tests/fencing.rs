@@ -1,0 +1,324 @@
+//! Fencing, attacked as issue 37 did: a run that lost the output's lock (suspended past
+//! `--lock-stale-after`, then taken over) wakes and goes on writing. Whatever it writes must be
+//! unreachable from its successor, so that nothing a later `--resume` trusts can come from it;
+//! and the early refusals the attack found (`--output` a symbolic link, a `--link` that cannot
+//! be made) come before any work.
+
+use std::fs;
+
+use crate::util::data::sized;
+use crate::util::lock::{in_namespaces, lock_field, stopped_in, wait_until, Stopped};
+use crate::util::verifier::assert_same_output;
+use crate::util::{reshard_processes, signal, Dir};
+
+/// Many small rounds (a 1 MiB budget), a checkpoint after every one: the exchange records
+/// checkpoints for as long as it runs.
+fn args(out: &str) -> Vec<String> {
+    [
+        "run",
+        "--input",
+        "in",
+        "--output",
+        out,
+        "--shards",
+        "6",
+        "--seed",
+        "11",
+        "--mem-limit",
+        "1MiB",
+        "--checkpoint-every",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Run A, in another PID namespace (so that only its heartbeat can tell whether it lives), is
+/// stopped (SIGSTOP, as `scontrol suspend` does) mid-exchange. Run B takes the output over once
+/// A has been silent past its `--lock-stale-after` and stops itself as its exchange starts. A
+/// wakes, goes on with its exchange (checkpoint records after every round) and fails. B's node is
+/// then lost (SIGKILL). A run with `--resume` continues B's staging directory: it must publish
+/// the clean run's bytes. The bug: A wrote its next checkpoint record by path into B's staging
+/// directory, and the resumed run trusted it and published six shards with holes, exit 0.
+#[test]
+fn a_run_that_lost_its_lock_mid_exchange_writes_nothing_a_resumed_successor_trusts() {
+    let dir = Dir::new("fence-fs-checkpoint");
+    sized(&dir, "in", "16MiB", "16KiB", 6);
+    dir.reshard(None).args(args("ref")).assert_success();
+
+    let mut a = in_namespaces(&dir, &args("out"));
+    a.env("RESHARD_TEST_SLOW_ROUNDS", "150");
+    let a = std::thread::spawn(move || a.output());
+    let checkpoint = dir.join(".out.reshard-tmp/.resume/checkpoint.json");
+    wait_until("run A records a checkpoint", || checkpoint.exists());
+    let a_token = lock_field(&dir, "token");
+    let a_pid = reshard_processes(dir.path())
+        .first()
+        .map(|&(pid, _)| i32::try_from(pid).unwrap())
+        .expect("run A runs");
+    let stopped_a = Stopped::stop(a_pid);
+    wait_until("run A is stopped", || stopped_in(&dir).contains(&a_pid));
+
+    let mut b = dir.reshard(None);
+    b.args(args("out"))
+        .args(["--lock-stale-after", "1"])
+        .env("RESHARD_TEST_STALL_RANK", "0");
+    let b = std::thread::spawn(move || b.output());
+    wait_until("run B takes the lock over and stops itself", || {
+        stopped_in(&dir).iter().any(|&p| p != a_pid)
+    });
+    let b_pid = stopped_in(&dir)
+        .into_iter()
+        .find(|&p| p != a_pid)
+        .expect("run B is stopped");
+    assert_ne!(lock_field(&dir, "token"), a_token, "B holds the lock");
+
+    drop(stopped_a);
+    let a = a.join().unwrap();
+    a.check(a.code() == Some(1), "A lost the output: it must fail");
+    a.stderr_has("this run lost the output's lock");
+    a.check(!dir.join("out").exists(), "A must publish nothing");
+
+    // B's node is lost: its lock stays, held by a pid that is gone.
+    signal(u32::try_from(b_pid).unwrap(), libc::SIGKILL);
+    let b = b.join().unwrap();
+    b.check(b.code() != Some(0), "B was killed");
+
+    let c = dir
+        .reshard(None)
+        .args(args("out"))
+        .arg("--resume")
+        .assert_success();
+    c.stderr_has("--resume");
+    assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
+    let left: Vec<String> = fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".out."))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "nothing of the three runs is left: {left:?}"
+    );
+}
+
+/// The plain arguments of the refusal tests: a small input, two shards.
+fn small_run(dir: &Dir, out: &str) -> crate::util::TestCommand {
+    let mut cmd = dir.reshard(None);
+    cmd.args([
+        "run", "--input", "in", "--output", out, "--shards", "2", "--seed", "1",
+    ]);
+    cmd
+}
+
+/// An `--output` that is a symbolic link (to an empty directory, or to nothing) is refused
+/// before any work, naming it (the bug: the whole job ran and its publishing rename failed).
+/// The run would die once it indexed (a test hook), so a late refusal cannot pass.
+#[test]
+fn an_output_that_is_a_symbolic_link_is_refused_before_any_work() {
+    let dir = Dir::new("fence-output-link");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    dir.create_dir("real");
+    for (link, to) in [("out", "real"), ("gone", "nowhere")] {
+        std::os::unix::fs::symlink(to, dir.join(link)).unwrap();
+        let res = small_run(&dir, link)
+            .env("RESHARD_TEST_KILL", "0:index")
+            .output();
+        res.check(res.code() == Some(1), "refused, not killed after indexing");
+        res.stderr_has(&format!("--output {link}: is a symbolic link"));
+        res.check(
+            fs::read_dir(dir.join("real")).unwrap().next().is_none(),
+            "nothing is written where it leads",
+        );
+        res.check(
+            fs::read_link(dir.join(link)).unwrap() == std::path::Path::new(to),
+            "the link is left as it is",
+        );
+    }
+}
+
+/// A `--link` that could never be made after publishing (its directory does not exist, or it is
+/// the output itself) is a usage error before any work (exit 2), not a failure after publishing
+/// (exit 3, the output published).
+#[test]
+fn a_link_that_cannot_be_made_is_refused_before_any_work() {
+    let dir = Dir::new("fence-link-early");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    for (link, why) in [
+        ("no/such/dir/current", "does not exist"),
+        ("out", "is the --output"),
+        ("out/current", "does not exist"),
+    ] {
+        let res = small_run(&dir, "out").args(["--link", link]).output();
+        res.check(res.code() == Some(2), &format!("--link {link}: exit 2"));
+        res.stderr_has(&format!("--link {link}: "));
+        res.stderr_has(why);
+        res.check(!dir.join("out").exists(), "nothing is published");
+    }
+}
+
+/// `--keep` removes only outputs reshard wrote: a directory of the series holding a copied
+/// index.json (its shards are not there), an empty `.reshard/` and the user's own file is not one
+/// (the bug: it was removed with the user's file).
+#[test]
+fn keep_leaves_a_directory_with_a_copied_manifest_alone() {
+    let dir = Dir::new("fence-keep-copied");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    let series = |e: &str| {
+        let mut cmd = dir.reshard(None);
+        cmd.args([
+            "run",
+            "--input",
+            "in",
+            "--output",
+            "out/epoch-{epoch}",
+            "--shards",
+            "2",
+        ])
+        .args(["--seed", "1", "--keep", "1", "--epoch", e]);
+        cmd
+    };
+    dir.create_dir("out");
+    series("1").assert_success();
+    dir.create_dir("out/epoch-0/.reshard");
+    fs::copy(
+        dir.join("out/epoch-1/index.json"),
+        dir.join("out/epoch-0/index.json"),
+    )
+    .unwrap();
+    dir.create_bytes("out/epoch-0/mine.txt", b"the user's own");
+    series("2").assert_success();
+    assert!(
+        !dir.join("out/epoch-1").exists(),
+        "a real older output goes"
+    );
+    assert_eq!(
+        fs::read(dir.join("out/epoch-0/mine.txt")).unwrap(),
+        b"the user's own",
+        "a directory with a copied index.json is not reshard's"
+    );
+    // --force refuses it by the same rule.
+    let res = dir
+        .reshard(None)
+        .args(["run", "--input", "in", "--output", "out/epoch-0", "--force"])
+        .args(["--shards", "2", "--seed", "1"])
+        .output();
+    res.check(res.code() == Some(1), "--force refuses it");
+    res.stderr_has("which is not there");
+    assert!(dir.join("out/epoch-0/mine.txt").exists());
+}
+
+/// Where the rules of outputs are tried: a directory beside the test's files, or a bucket.
+enum Store<'a> {
+    Fs,
+    S3(&'a crate::util::s3::Server, String),
+}
+
+impl Store<'_> {
+    /// The `--output` for `name` (a path relative to the test's directory, or a key prefix).
+    fn output(&self, name: &str) -> String {
+        match self {
+            Store::Fs => name.to_string(),
+            Store::S3(_, bucket) => format!("s3://{bucket}/{name}"),
+        }
+    }
+
+    fn put(&self, dir: &Dir, name: &str, bytes: &[u8]) {
+        match self {
+            Store::Fs => {
+                dir.create_bytes(name, bytes);
+            }
+            Store::S3(s3, bucket) => s3.put_bytes(dir, bucket, name, bytes),
+        }
+    }
+
+    fn get(&self, dir: &Dir, name: &str) -> Option<Vec<u8>> {
+        match self {
+            Store::Fs => fs::read(dir.join(name)).ok(),
+            Store::S3(s3, bucket) => s3
+                .keys(dir, bucket, name)
+                .contains(&name.to_string())
+                .then(|| s3.cat(dir, bucket, name).into_bytes()),
+        }
+    }
+
+    fn run(&self, dir: &Dir, out: &str, extra: &[&str]) -> crate::util::RunOutput {
+        let mut cmd = small_run(dir, &self.output(out));
+        cmd.args(extra);
+        match self {
+            Store::Fs => cmd.output(),
+            Store::S3(s3, _) => {
+                cmd.arg("--scratch").arg(dir.join("scratch"));
+                s3.with_env(&mut cmd).output()
+            }
+        }
+    }
+}
+
+/// The rules of outputs, one table on every store: what `--force` replaces and `--keep`
+/// removes is decided by one rule (reshard's manifest, every shard it lists there with its
+/// size), so a copied `index.json` beside the user's own file is never replaced or removed.
+#[test]
+fn the_rules_of_outputs_hold_on_every_store() {
+    let test = "the_rules_of_outputs_hold_on_every_store";
+    let dir = Dir::new("fence-rules");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    dir.create_dir("series");
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    for store in [Store::Fs, Store::S3(s3, bucket)] {
+        let ok = |out: crate::util::RunOutput| out.check(out.code() == Some(0), "expected success");
+        ok(store.run(&dir, "series/epoch-1", &[]));
+        let copied = store.get(&dir, "series/epoch-1/index.json").unwrap();
+        // (what is at the output, flags, expected status, what the message says)
+        let table: [(&str, &[&str], i32, &str); 4] = [
+            ("a copied index.json", &["--force"], 1, "which is not there"),
+            ("a copied index.json", &[], 1, "exists and is not empty"),
+            (
+                "the user's file alone",
+                &["--force"],
+                1,
+                "--force replaces only",
+            ),
+            ("a reshard output", &["--force"], 0, ""),
+        ];
+        for (i, (what, flags, status, says)) in table.into_iter().enumerate() {
+            let out = format!("case-{i}");
+            if what == "a reshard output" {
+                // Replaced whole (on a file system) or but for the objects its manifest does
+                // not list (on S3): the user's file inside it is no rule's concern here.
+                ok(store.run(&dir, &out, &[]));
+            }
+            store.put(&dir, &format!("{out}/mine.txt"), b"the user's own");
+            if what == "a copied index.json" {
+                store.put(&dir, &format!("{out}/index.json"), &copied);
+            }
+            let res = store.run(&dir, &out, flags);
+            res.check(res.code() == Some(status), &format!("{what} {flags:?}"));
+            res.stderr_has(says);
+            if status != 0 {
+                res.check(
+                    store.get(&dir, &format!("{out}/mine.txt")).is_some(),
+                    "the user's file stays",
+                );
+            }
+        }
+        // --keep 1 over a series holding a directory with a copied index.json: it stays.
+        store.put(&dir, "series/epoch-0/index.json", &copied);
+        store.put(&dir, "series/epoch-0/mine.txt", b"the user's own");
+        if matches!(store, Store::Fs) {
+            dir.create_dir("series/epoch-0/.reshard");
+        }
+        let res = store.run(
+            &dir,
+            "series/epoch-{epoch}",
+            &["--epoch", "2", "--keep", "1"],
+        );
+        ok(res);
+        assert!(store.get(&dir, "series/epoch-0/mine.txt").is_some());
+        assert!(store.get(&dir, "series/epoch-1/index.json").is_none());
+    }
+}

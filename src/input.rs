@@ -31,6 +31,7 @@ pub(crate) fn expand_specs(specs: &[String]) -> Result<Vec<PathBuf>> {
         out.extend(expand_spec(spec)?);
     }
     let mut seen = std::collections::HashMap::new();
+    let mut files = std::collections::HashMap::new();
     for p in &out {
         let canon = storage::source(p)
             .canonical(p)
@@ -41,6 +42,20 @@ pub(crate) fn expand_specs(specs: &[String]) -> Result<Vec<PathBuf>> {
                 p.display(),
                 first.display()
             );
+        }
+        // Two paths of one file (hard links) canonicalize apart: a file is its device and
+        // inode. An object is its bucket and key, which its canonical path is.
+        if storage::is_file_system(p) {
+            let stamp = storage::stamp(p).with_context(|| format!("input {}", p.display()))?;
+            if let Some(first) = files.insert((stamp.dev, stamp.identity), p.clone()) {
+                bail!(
+                    "input {} is the same file as input {} (hard links: device {}, inode {}): its samples would be duplicated",
+                    p.display(),
+                    first.display(),
+                    stamp.dev,
+                    stamp.identity
+                );
+            }
         }
     }
     Ok(out)
@@ -331,5 +346,30 @@ mod tests {
         assert!(format!("{err:#}").contains("named twice"), "{err:#}");
         let err = expand_specs(&[format!("{d}/{{a,zz}}.tar")]).unwrap_err();
         assert!(format!("{err:#}").contains("zz.tar"), "{err:#}");
+    }
+
+    /// Hard links, a symlink and `a/../a` name one file: each is refused naming both paths.
+    #[test]
+    fn one_file_under_two_names_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::create_dir(d.join("sub")).unwrap();
+        fs::write(d.join("a.tar"), b"x").unwrap();
+        fs::write(d.join("b.tar"), b"x").unwrap();
+        fs::hard_link(d.join("a.tar"), d.join("sub/linked.tar")).unwrap();
+        std::os::unix::fs::symlink(d.join("a.tar"), d.join("sym.tar")).unwrap();
+        let spec = |p: &Path| p.to_str().unwrap().to_string();
+        let ok = expand_specs(&[spec(&d.join("a.tar")), spec(&d.join("b.tar"))]).unwrap();
+        assert_eq!(ok.len(), 2, "same bytes, two files: both read");
+        for (other, needle) in [
+            (d.join("sub/linked.tar"), "the same file as input"),
+            (d.join("sym.tar"), "named twice"),
+            (d.join("sub/../a.tar"), "named twice"),
+        ] {
+            let err = expand_specs(&[spec(&d.join("a.tar")), spec(&other)]).unwrap_err();
+            let e = format!("{err:#}");
+            assert!(e.contains(needle) && e.contains(&spec(&other)), "{e}");
+            assert!(e.contains(&spec(&d.join("a.tar"))), "{e}");
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! refused; two runs on one output never race.
 
 use std::fs;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::util::data::sized;
@@ -133,6 +134,30 @@ fn a_run_killed_before_publishing_resumes_without_moving_data() {
     assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
 }
 
+/// Writes the plan record `recorded` back to `plan` with another digest, sealed (as the plan a
+/// changed file gave would be recorded); first unsealed, which is refused as damaged, naming it.
+fn write_other_digest(dir: &Dir, plan: &Path, recorded: &[u8]) {
+    let body = reshard::output::seal::open(recorded).unwrap();
+    let mut json: serde_json::Value = serde_json::from_slice(body).unwrap();
+    let digest = json["digest"].as_str().unwrap().to_string();
+    assert_eq!(digest.len(), 64, "{digest}");
+    json["digest"] = format!(
+        "{}{}",
+        &digest[..63],
+        if digest.ends_with('0') { '1' } else { '0' }
+    )
+    .into();
+    fs::write(plan, json.to_string()).unwrap();
+    let res = job(dir, Some(2), "out", &["--resume"]).assert_code(1);
+    res.stderr_has("plan.json: cannot --resume from this record: no checksum trailer");
+    res.check(!dir.join("out").exists(), "nothing may be published");
+    fs::write(
+        plan,
+        reshard::output::seal::seal(json.to_string().into_bytes()),
+    )
+    .unwrap();
+}
+
 #[test]
 fn resume_refuses_other_arguments_or_inputs() {
     let dir = Dir::new("resume-refuse");
@@ -197,17 +222,8 @@ fn resume_refuses_other_arguments_or_inputs() {
     // A plan that differs although the arguments and inputs match (here: the record's digest
     // edited, as a changed file the plan reads would change the plan): refused after planning.
     let plan = staging.join(".resume/plan.json");
-    let recorded = fs::read_to_string(&plan).unwrap();
-    let mut json: serde_json::Value = serde_json::from_str(&recorded).unwrap();
-    let digest = json["digest"].as_str().unwrap().to_string();
-    assert_eq!(digest.len(), 64, "{digest}");
-    json["digest"] = format!(
-        "{}{}",
-        &digest[..63],
-        if digest.ends_with('0') { '1' } else { '0' }
-    )
-    .into();
-    fs::write(&plan, json.to_string()).unwrap();
+    let recorded = fs::read(&plan).unwrap();
+    write_other_digest(&dir, &plan, &recorded);
     let res = job(&dir, Some(2), "out", &["--resume"]).assert_code(2);
     res.stderr_has("the plan differs from that run's although the arguments and inputs match");
     res.no_debug_text();

@@ -377,7 +377,8 @@ fn checksum_adds_the_md5_of_every_shard() {
 
 /// Exactly what differs between the outputs of one rank and of four: `reshard.ranks` in
 /// index.json, and in each saved layout (`.reshard/NAME.reshard-layout`) the shard's modification
-/// time, which it records to notice a changed shard; every other byte of every file is the same.
+/// time, which it records to notice a changed shard (and so the layout's checksum trailer); every
+/// other byte of every file is the same.
 #[test]
 fn np_1_and_np_4_outputs_differ_in_ranks_and_layout_mtimes_only() {
     let dir = Dir::new("np-difference");
@@ -408,9 +409,14 @@ fn np_1_and_np_4_outputs_differ_in_ranks_and_layout_mtimes_only() {
         let shard = name
             .strip_suffix(".reshard-layout")
             .expect("reshard's own name");
+        // Each file is its body and the body's checksum trailer, which differs with the mtime.
         let (x, y) = (
             fs::read(one.join(".reshard").join(&name)).unwrap(),
             fs::read(four.join(".reshard").join(&name)).unwrap(),
+        );
+        let (x, y) = (
+            reshard::output::seal::open(&x).unwrap().to_vec(),
+            reshard::output::seal::open(&y).unwrap().to_vec(),
         );
         let (at_x, at_y) = (mtime_field(&x, shard), mtime_field(&y, shard));
         assert_eq!(at_x, at_y, "{name}: the mtime field sits at the same place");
@@ -436,10 +442,10 @@ fn np_1_and_np_4_outputs_differ_in_ranks_and_layout_mtimes_only() {
 }
 
 /// Where a saved layout (bincode, variable-length integers) holds the shard's modification time:
-/// after the format (2), the name (its length, then its bytes) and the size, as a u64 marker
+/// after the format (3), the name (its length, then its bytes) and the size, as a u64 marker
 /// (253) and 8 bytes; the object version after it is 0 on a file system.
 fn mtime_field(bytes: &[u8], name: &str) -> std::ops::Range<usize> {
-    assert_eq!(bytes[0], 2, "format 2");
+    assert_eq!(bytes[0], 3, "format 3");
     assert_eq!(bytes[1] as usize, name.len());
     assert_eq!(&bytes[2..2 + name.len()], name.as_bytes());
     let size_at = 2 + name.len();

@@ -21,6 +21,7 @@ mod golden;
 mod harness;
 mod house;
 mod hygiene;
+mod integrity;
 mod loader_index;
 mod loose_files;
 mod memory;

@@ -217,3 +217,71 @@ fn short_help_fits_a_screen_and_usage_lines_show_repeats() {
     let res = dir.command().args(["verify", "--bogus"]).assert_code(2);
     res.stderr_has("Usage: reshard verify --input <SPEC>... --output <DIR>");
 }
+
+/// A malformed endpoint variable is a usage error (exit 2) naming it and what a valid value
+/// looks like, before any I/O: the S3 client panicked on each of these (exit 70). An input list
+/// file naming `s3://` shards is read first; its endpoint is refused as clearly when the client
+/// is made.
+#[test]
+fn a_malformed_s3_endpoint_is_a_usage_error_naming_the_variable() {
+    let dir = Dir::new("s3-endpoint");
+    std::fs::write(dir.join("list.txt"), b"s3://bucket/in/a.tar\n").unwrap();
+    // Only the variable under test is set (a removal applies after every variable set).
+    let other = |name: &str| {
+        if name == "AWS_ENDPOINT_URL" {
+            "AWS_ENDPOINT_URL_S3"
+        } else {
+            "AWS_ENDPOINT_URL"
+        }
+    };
+    for (name, value, why) in [
+        ("AWS_ENDPOINT_URL", "127.0.0.1:8333", "no scheme"),
+        ("AWS_ENDPOINT_URL", "http://127.0.0.1 :8333", "holds ' '"),
+        (
+            "AWS_ENDPOINT_URL",
+            "http://127.0.0.1:99999",
+            "from 1 to 65535",
+        ),
+        ("AWS_ENDPOINT_URL", "http://", "host is empty"),
+        ("AWS_ENDPOINT_URL", "http://:8333", "host is empty"),
+        ("AWS_ENDPOINT_URL_S3", "localhost:8333", "no scheme"),
+    ] {
+        let commands: [&[&str]; 4] = [
+            &["run", "--input", "s3://bucket/in", "--output", "out"],
+            &["run", "--input", "in", "--output", "s3://bucket/out"],
+            &["plan", "--input", "s3://bucket/in"],
+            &["verify", "--input", "s3://bucket/in", "--output", "out"],
+        ];
+        for args in commands {
+            let mut cmd = dir.mpi(1);
+            cmd.args(args).args(["--shards", "2", "--seed", "1"]);
+            if args[0] == "verify" {
+                cmd = dir.mpi(1);
+                cmd.args(args);
+            }
+            cmd.env("AWS_ACCESS_KEY_ID", "id")
+                .env("AWS_SECRET_ACCESS_KEY", "secret")
+                .env_remove(other(name))
+                .env("AWS_MAX_ATTEMPTS", "1")
+                .env(name, value);
+            let out = cmd.assert_code(2);
+            out.stderr_has(&format!("{name}={value:?} is not a valid S3 endpoint: "));
+            out.stderr_has(why);
+            out.stderr_has("expected a URL such as http://");
+            out.no_debug_text();
+            out.check(!dir.join("out").exists(), "an output was made");
+        }
+        let mut cmd = dir.mpi(1);
+        cmd.args(["run", "--input", "@list.txt", "--output", "out"])
+            .args(["--shards", "2", "--seed", "1"])
+            .env("AWS_ACCESS_KEY_ID", "id")
+            .env("AWS_SECRET_ACCESS_KEY", "secret")
+            .env_remove(other(name))
+            .env("AWS_MAX_ATTEMPTS", "1")
+            .env(name, value);
+        let out = cmd.output();
+        out.check(matches!(out.code(), Some(1 | 2)), "a refusal, not a panic");
+        out.stderr_has(&format!("{name}={value:?} is not a valid S3 endpoint: "));
+        out.no_debug_text();
+    }
+}

@@ -362,3 +362,63 @@ fn gzip_compressed_inputs_and_outputs_verify() {
         "expected the report to name the damaged shard",
     );
 }
+
+/// `verify` checks the seeded order, not only the multiset: two samples swapped inside a shard
+/// (every byte of the output still the input's) fail, naming the shard and the positions, at
+/// one rank and three. Where verify cannot recompute the order (`--order key`, `--split`), it
+/// says so in its report rather than pass silently.
+#[test]
+fn verify_checks_the_seeded_order_or_says_it_cannot() {
+    let dir = Dir::new("verify-order");
+    good_output_for_verify(&dir);
+    for np in [Some(1), Some(3)] {
+        let got = verify_cmd(&dir, np, "good", &[]);
+        got.check(got.code() == Some(0), "a good output must pass");
+        got.check(
+            got.stdout
+                .contains("order:    checked: every sample at the position the shuffle of seed 11, epoch 0 gives it"),
+            "the order must be checked",
+        );
+    }
+    crate::util::copy_dir(&dir.join("good"), &dir.join("swapped"));
+    let shard = tar_files(&dir.join("swapped"))[2].clone();
+    let samples = input_samples(&shard).samples;
+    let (a, b) = (&samples[3], &samples[4]);
+    let mut bytes = fs::read(&shard).unwrap();
+    let swapped = [&bytes[b.start..b.end], &bytes[a.start..a.end]].concat();
+    bytes[a.start..b.end].copy_from_slice(&swapped);
+    fs::write(&shard, &bytes).unwrap();
+    assert_fails(
+        &dir,
+        "swapped",
+        &[
+            "2 output samples are not at the position the seeded order gives them",
+            &format!(
+                "swapped/{} at byte offset {}",
+                shard.file_name().unwrap().to_str().unwrap(),
+                a.start
+            ),
+            "but the seeded order puts it at output position",
+        ],
+    );
+    for (out, args, why) in [
+        (
+            "by-key",
+            &["--order", "key"][..],
+            "not checked: --order key",
+        ),
+        (
+            "split",
+            &["--split", "a=0.5,b=rest"][..],
+            "not checked: --split",
+        ),
+    ] {
+        run(&dir, Some(2), &["in"], out, 4, 11, args);
+        let got = verify_cmd(&dir, Some(2), out, &[]);
+        got.check(got.code() == Some(0), "a good output must pass");
+        got.check(
+            got.stdout.contains(&format!("order:    {why}")),
+            "verify must say it did not check the order",
+        );
+    }
+}

@@ -71,6 +71,9 @@ impl UsageError {
 /// # Errors
 /// [`UsageError`]: an invalid value, or flags that do not go together.
 pub fn task(command: Command) -> Result<Task, UsageError> {
+    if names_object_store(&command) {
+        crate::storage::endpoint::check_environment().map_err(|e| UsageError(anyhow!(e)))?;
+    }
     Ok(match command {
         Command::Run(args) => {
             let config = Box::new(run_config(&args, false).map_err(UsageError)?);
@@ -103,6 +106,24 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
         Command::Completions { shell } => Task::Completions(shell),
         Command::Man { command } => Task::Man(command),
     })
+}
+
+/// Whether the command line names an `s3://` location: then the AWS endpoint variables must be
+/// well formed, before any I/O (an input list's are checked when the client is made).
+fn names_object_store(command: &Command) -> bool {
+    let s3 = |p: &Path| p.to_str().is_some_and(|p| p.starts_with("s3://"));
+    let any = |inputs: &[String], paths: &[Option<&PathBuf>]| {
+        inputs.iter().any(|i| s3(Path::new(i))) || paths.iter().flatten().any(|p| s3(p))
+    };
+    match command {
+        Command::Run(a) | Command::Plan(PlanArgs(a)) => any(
+            &a.inputs,
+            &[a.output.as_ref(), a.index.as_ref(), a.scratch.as_ref()],
+        ),
+        Command::Verify(a) => any(&a.inputs, &[Some(&a.output)]),
+        Command::Generate(a) => any(&[], &[Some(&a.output)]),
+        Command::Completions { .. } | Command::Man { .. } => false,
+    }
 }
 
 /// `run` (or, with `plan_only`, `plan`) arguments as a [`RunConfig`]. The checks run in a fixed

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use super::seal;
 use crate::storage::{self, FileStamp};
 
 /// The directory inside the staging directory that holds the records.
@@ -202,19 +203,29 @@ pub fn forget(staging: &Path) {
     let _ = sink.remove_file(&dir(staging).join(PLAN));
 }
 
+/// A record as written ([`write_json`]): its seal checked, then its JSON parsed. A damaged
+/// record is an error naming it: what it says about the staging shards cannot be believed.
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     match storage::source(path).read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .with_context(|| format!("{}: cannot parse", path.display())),
+        Ok(bytes) => {
+            let body = seal::open(&bytes).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: cannot --resume from this record: {e}; rerun without --resume to start over",
+                    path.display()
+                )
+            })?;
+            serde_json::from_slice(body)
+                .map(Some)
+                .with_context(|| format!("{}: cannot parse", path.display()))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("{}: cannot read", path.display())),
     }
 }
 
-/// Written aside, synced, renamed over, and the directory synced.
+/// Sealed ([`seal`]), written aside, synced, renamed over, and the directory synced.
 fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
-    let text = serde_json::to_vec(value).expect("serializable");
+    let text = seal::seal(serde_json::to_vec(value).expect("serializable"));
     storage::sink(path)
         .replace(path, &text)
         .with_context(|| format!("{}: cannot write", path.display()))
@@ -336,9 +347,52 @@ mod tests {
         fs::create_dir_all(dir(tmp.path()).join(CHECKPOINT)).unwrap();
         let e = format!("{:#}", read_checkpoint(tmp.path()).unwrap_err());
         assert!(e.contains("checkpoint.json: cannot read"), "{e}");
-        fs::write(dir(tmp.path()).join(PLAN), b"{").unwrap();
+        fs::write(dir(tmp.path()).join(PLAN), seal::seal(b"{".to_vec())).unwrap();
         let e = format!("{:#}", read_plan(tmp.path()).unwrap_err());
         assert!(e.contains("plan.json: cannot parse"), "{e}");
+    }
+
+    /// A record damaged anywhere, cut short, or unsealed (an older reshard's) is refused,
+    /// naming it and what failed, and never read as some other set of done samples.
+    #[test]
+    fn damaged_records_are_refused_naming_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        write_plan(tmp.path(), &plan()).unwrap();
+        let c = Checkpoint {
+            done: Done::of([(0, 30), (40, 52)]),
+            samples: 42,
+            checkpoints: 2,
+            shards: Vec::new(),
+        };
+        write_checkpoint(tmp.path(), &c).unwrap();
+        fn plan_of(p: &Path) -> Result<()> {
+            read_plan(p).map(|_| ())
+        }
+        fn checkpoint_of(p: &Path) -> Result<()> {
+            read_checkpoint(p).map(|_| ())
+        }
+        type Reader = fn(&Path) -> Result<()>;
+        let readers: [(&str, Reader); 2] = [(PLAN, plan_of), (CHECKPOINT, checkpoint_of)];
+        for (name, read) in readers {
+            let path = dir(tmp.path()).join(name);
+            let good = fs::read(&path).unwrap();
+            for i in 0..good.len() {
+                let mut bad = good.clone();
+                bad[i] ^= 0x04;
+                fs::write(&path, &bad).unwrap();
+                let e = format!("{:#}", read(tmp.path()).unwrap_err());
+                assert!(e.contains(name) && e.contains("--resume"), "byte {i}: {e}");
+            }
+            fs::write(&path, &good[..good.len() - 3]).unwrap();
+            let e = format!("{:#}", read(tmp.path()).unwrap_err());
+            assert!(e.contains("no checksum trailer"), "{e}");
+            fs::write(&path, seal::open(&good).unwrap()).unwrap();
+            let e = format!("{:#}", read(tmp.path()).unwrap_err());
+            assert!(e.contains(name) && e.contains("no checksum trailer"), "{e}");
+            fs::write(&path, &good).unwrap();
+            read(tmp.path()).unwrap();
+        }
+        assert_eq!(read_checkpoint(tmp.path()).unwrap(), Some(c));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! - [`compress`]: [`compress_shard`] and [`md5_file`].
 //! - [`manifest`]: [`Manifest`], the wids `index.json`.
 //! - [`saved_index`]: `.reshard/NAME.reshard-layout` files (each shard's layout, for the next epoch).
+//! - [`seal`]: the checksum trailer of every record reshard writes and later reads back.
 //! - [`checkpoint`]: what the staging directory records for `--resume`.
 //! - [`loaders`]: the loader indexes of a shard, from its [`members`]: [`energon`] (`--energon`)
 //!   and [`dali`] (`--dali-index`).
@@ -18,6 +19,8 @@ pub(crate) mod loaders;
 pub(crate) mod manifest;
 pub mod members;
 pub mod saved_index;
+// The tests read and write sealed records: public.
+pub mod seal;
 pub(crate) mod shards;
 pub(crate) mod stats;
 

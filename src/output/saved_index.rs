@@ -11,20 +11,25 @@
 //! scratch copy was written: the upload phase saves the index again with the object's stamp
 //! ([`copy_restamped`]), and the object's ETag (as its stamp's identity) is matched too, since
 //! two uploads in one second of one size would otherwise look the same.
+//!
+//! Each file is sealed ([`super::seal`]): one whose checksum does not match (damaged, cut
+//! short, or written before saved indexes carried one) is stale, as a changed shard's is, and
+//! the shard is indexed again from its tar headers. What a matching one says is still checked
+//! against the shard's bytes by the exchange before any of them is copied.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use super::seal;
 use crate::storage::{self, mtime_ns, FileStamp};
 use crate::tar::{Sample, ShardIndex, Skipped};
 
 /// The directory, inside an output, that holds reshard's own files.
 pub const DIR_NAME: &str = ".reshard";
-const FORMAT: u32 = 2;
-/// The format before the object version was saved (still read: a file-system shard's).
-const FORMAT_1: u32 = 1;
+/// 3: sealed ([`seal`]); files of formats 1 and 2 carry no checksum and are stale.
+const FORMAT: u32 = 3;
 /// What follows a shard's file name in its saved index's name.
 pub const SUFFIX: &str = ".reshard-layout";
 /// The suffix outputs written before it had (still read).
@@ -45,43 +50,28 @@ struct Saved {
     skipped: Skipped,
 }
 
-/// A saved index of format 1: no version.
-#[derive(Deserialize)]
-struct SavedV1 {
-    _format: u32,
-    name: String,
-    size: u64,
-    mtime_ns: u128,
-    samples: Vec<(u64, u64)>,
-    skipped: Skipped,
-}
-
 impl Saved {
     fn decode(bytes: &[u8]) -> std::result::Result<Saved, String> {
         let config = bincode::config::standard();
-        let (format, _): (u32, _) =
+        let (saved, used) =
             bincode::serde::decode_from_slice(bytes, config).map_err(|e| e.to_string())?;
-        if format == FORMAT_1 {
-            let (old, _): (SavedV1, _) =
-                bincode::serde::decode_from_slice(bytes, config).map_err(|e| e.to_string())?;
-            // In memory it is of the current format: encoded again, it has a version.
-            return Ok(Saved {
-                format: FORMAT,
-                name: old.name,
-                size: old.size,
-                mtime_ns: old.mtime_ns,
-                version: 0,
-                samples: old.samples,
-                skipped: old.skipped,
-            });
+        if used != bytes.len() {
+            return Err(format!("{} bytes after its end", bytes.len() - used));
         }
-        bincode::serde::decode_from_slice(bytes, config)
-            .map(|(s, _)| s)
-            .map_err(|e| e.to_string())
+        Ok(saved)
     }
 
+    /// The sealed bytes of the file.
     fn encode(&self) -> Vec<u8> {
-        bincode::serde::encode_to_vec(self, bincode::config::standard()).expect("encodable")
+        seal::seal(
+            bincode::serde::encode_to_vec(self, bincode::config::standard()).expect("encodable"),
+        )
+    }
+
+    /// The saved index whose file holds `bytes`: its seal checked, then its body decoded.
+    fn open(bytes: &[u8]) -> std::result::Result<Saved, String> {
+        let body = seal::open(bytes).map_err(|e| e.to_string())?;
+        Saved::decode(body)
     }
 
     /// Notes `stamp` as the shard's, taken of the shard at `shard`.
@@ -171,7 +161,7 @@ pub fn copy_restamped(from: &Path, shard: &Path, to: &Path) -> Result<()> {
     let bytes = storage::source(from)
         .read(from)
         .with_context(|| format!("{}: cannot read", from.display()))?;
-    let saved = Saved::decode(&bytes)
+    let saved = Saved::open(&bytes)
         .map_err(|e| anyhow::anyhow!("{}: unreadable saved index ({e})", from.display()))?;
     let stamp =
         storage::stamp(shard).with_context(|| format!("{}: cannot stat", shard.display()))?;
@@ -200,7 +190,7 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
     else {
         return Lookup::Missing;
     };
-    let saved = match Saved::decode(&bytes) {
+    let saved = match Saved::open(&bytes) {
         Ok(s) => s,
         Err(e) => return Lookup::Stale(format!("{}: unreadable ({e})", path.display())),
     };
@@ -226,6 +216,9 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
             stamp.size
         ));
     }
+    if let Err(why) = layout_problem(&saved) {
+        return Lookup::Stale(format!("{}: {why}", path.display()));
+    }
     // Reshard's own output was checked when it was written: no keys, no hygiene checks here.
     Lookup::Found(ShardIndex {
         keys: Vec::new(),
@@ -242,6 +235,41 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
             .collect(),
         skipped: saved.skipped,
     })
+}
+
+/// What is wrong with the sample ranges of `saved` as ranges of a tar of its size, if
+/// anything: each whole blocks, in file order without overlap, and (when no entry was skipped)
+/// one after the other from the first byte. What each
+/// range holds is checked against the shard's bytes by the exchange ([`crate::tar::check`]).
+fn layout_problem(saved: &Saved) -> std::result::Result<(), String> {
+    const BLOCK: u64 = 512;
+    let contiguous = saved.skipped == Skipped::default();
+    let mut end = 0u64;
+    for (i, &(start, len)) in saved.samples.iter().enumerate() {
+        let bad = |what: &str| {
+            Err(format!(
+                "sample {i} ({len} bytes at byte offset {start}) {what}"
+            ))
+        };
+        if len < BLOCK || len % BLOCK != 0 || start % BLOCK != 0 {
+            return bad("is not whole tar blocks");
+        }
+        if start < end {
+            return bad(&format!(
+                "overlaps the one before it, which ends at byte {end}"
+            ));
+        }
+        if contiguous && start != end {
+            return bad(&format!("does not start where the one before it ends (byte {end}), and no entry was skipped"));
+        }
+        // Offsets are in the decompressed stream of a compressed shard, which may be longer
+        // than the file: the exchange finds a range past the stream's end.
+        end = match start.checked_add(len) {
+            Some(e) => e,
+            None => return bad("ends past the largest offset"),
+        };
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -283,23 +311,73 @@ mod tests {
         assert!(matches!(load(&shard, None), Lookup::Stale(_)));
     }
 
-    /// An index saved in format 1 (before the object version) is still read, as version 0.
+    /// A saved index damaged anywhere (each byte in turn), cut short, or written before saved
+    /// indexes were sealed is stale, naming the file and what failed: the shard is re-indexed.
     #[test]
-    fn format_1_is_still_read() {
-        let old = (
-            FORMAT_1,
-            "s.tar".to_string(),
-            4096u64,
-            7u128,
-            vec![(0u64, 1024u64)],
-            Skipped::default(),
-        );
-        let bytes = bincode::serde::encode_to_vec(&old, bincode::config::standard()).unwrap();
-        let saved = Saved::decode(&bytes).unwrap();
-        assert_eq!((saved.size, saved.mtime_ns, saved.version), (4096, 7, 0));
-        assert_eq!(saved.samples, [(0, 1024)]);
-        let now = Saved::decode(&saved.encode()).unwrap();
-        assert_eq!((now.format, now.samples), (FORMAT, vec![(0, 1024)]));
+    fn a_damaged_saved_index_is_stale_and_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = dir.path().join("s.tar");
+        fs::write(&shard, vec![0u8; 4096]).unwrap();
+        let samples = [(0, 1024), (1024, 2048)].map(|(start, len)| Sample { start, len });
+        save(dir.path(), &shard, samples.into_iter()).unwrap();
+        let path = path_for(&shard, Some(dir.path()));
+        let good = fs::read(&path).unwrap();
+        let stale = |bytes: &[u8]| {
+            fs::write(&path, bytes).unwrap();
+            match load(&shard, Some(dir.path())) {
+                Lookup::Stale(why) => why,
+                other => panic!("{other:?}"),
+            }
+        };
+        for i in 0..good.len() {
+            let mut bad = good.clone();
+            bad[i] ^= 0x10;
+            let why = stale(&bad);
+            assert!(why.contains("s.tar.reshard-layout"), "{why}");
+        }
+        assert!(stale(&good[..good.len() - 1]).contains("no checksum trailer"));
+        let mut bad = good.clone();
+        bad[3] ^= 1;
+        assert!(stale(&bad).contains("checksum mismatch"));
+        // The body alone, as formats 1 and 2 wrote it.
+        assert!(stale(seal::open(&good).unwrap()).contains("no checksum trailer"));
+        fs::write(&path, &good).unwrap();
+        assert!(matches!(load(&shard, Some(dir.path())), Lookup::Found(_)));
+    }
+
+    /// Ranges that cannot be a tar's samples make a saved index stale, before the exchange
+    /// would read them: not whole blocks, out of order or overlapping, past any offset, or with
+    /// a gap where no entry was skipped.
+    #[test]
+    fn ranges_that_are_no_tar_layout_are_stale() {
+        let saved = |samples: &[(u64, u64)], skipped: u64| Saved {
+            format: FORMAT,
+            name: "s.tar".into(),
+            size: 10 * 512,
+            mtime_ns: 0,
+            version: 0,
+            samples: samples.to_vec(),
+            skipped: Skipped {
+                directories: skipped,
+                ..Skipped::default()
+            },
+        };
+        let problem = |samples: &[(u64, u64)], skipped| layout_problem(&saved(samples, skipped));
+        assert_eq!(problem(&[(0, 1024), (1024, 3072)], 0), Ok(()));
+        assert_eq!(problem(&[(0, 1024), (2048, 2048)], 1), Ok(()));
+        for (samples, skipped, why) in [
+            (&[(0, 1000)][..], 0, "whole tar blocks"),
+            (&[(0, 0)][..], 0, "whole tar blocks"),
+            (&[(100, 512)][..], 1, "whole tar blocks"),
+            (&[(0, 1024), (512, 512)][..], 0, "overlaps"),
+            (&[(1024, 512), (0, 512)][..], 1, "overlaps"),
+            (&[(0, 1024), (2048, 512)][..], 0, "does not start where"),
+            (&[(512, 512)][..], 0, "does not start where"),
+            (&[(512, u64::MAX - 511)][..], 1, "largest offset"),
+        ] {
+            let e = problem(samples, skipped).unwrap_err();
+            assert!(e.contains(why), "{samples:?}: {e}");
+        }
     }
 
     /// A shard rewritten in place with the same size (another epoch's bytes) is told apart by

@@ -21,6 +21,7 @@ pub(crate) use crate::sys::FileStamp;
 
 pub(crate) mod aws_profile;
 pub(crate) mod azure;
+pub(crate) mod endpoint;
 pub(crate) mod gcs;
 #[cfg(test)]
 pub(crate) mod memory;
@@ -418,6 +419,12 @@ fn scheme(path: &Path) -> Option<&str> {
     let mut bytes = scheme.bytes();
     let first = bytes.next().is_some_and(|b| b.is_ascii_lowercase());
     (first && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())).then_some(scheme)
+}
+
+/// Whether `path` names a file of the POSIX file system (no scheme): a file there is one by its
+/// device and inode, whatever path names it.
+pub fn is_file_system(path: &Path) -> bool {
+    scheme(path).is_none()
 }
 
 /// The backend that holds `path`: its scheme picks it; a plain path is POSIX. While the run has

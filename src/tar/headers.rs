@@ -234,6 +234,16 @@ impl<S: Source> Walk<S> {
         }
     }
 
+    /// A walk over the bytes `start..end` of an archive, `src` positioned at `start`: offsets
+    /// (and messages) are the archive's, and data past `end` is truncation.
+    pub fn within(src: S, start: u64, end: u64) -> Self {
+        Walk {
+            pos: start,
+            next: start,
+            ..Walk::new(src, Some(end))
+        }
+    }
+
     /// Makes the walk read past zero blocks (GNU tar's `--ignore-zeros`) when `yes`: members
     /// after them are returned, each starting at its own header, never at the zeros.
     #[must_use]

@@ -6,9 +6,11 @@
 //! - [`headers`]: the header walk, with the extent the archive stores for every member.
 //! - [`reader`]: [`HeaderReader`], the reader under a plain shard's walk.
 //! - [`group`]: members into samples, the hygiene rules, and the one duplicate policy.
+//! - [`check`]: a sample's range checked against the tar structure before it is copied.
 //! - [`index`]: a shard's [`ShardIndex`], and keys read back at sample offsets.
 //! - [`stream`]: [`TarStream`], a shard's stream read front to back.
 
+pub(crate) mod check;
 pub(crate) mod codec;
 pub(crate) mod group;
 pub mod headers;

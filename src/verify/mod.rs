@@ -45,10 +45,11 @@ use crate::report::narrate::count;
 use problems::{check_outputs, data_problems, Found};
 use records::{digest_inputs, route_records, Record};
 use report::SplitFigures;
-use setup::{IndexView, Lead, Setup};
+use setup::{IndexView, Lead, OrderCheck, Setup};
 use tally::{compare, distinct_inputs_per_output, Sums, Tally};
 
 use crate::comm::{agree, exclusive_sum, gather, Comm};
+use crate::plan::permute::Permutation;
 use crate::plan::{assign_inputs, Equalize};
 use crate::report::mixing::Mixing;
 use crate::report::picture::{self, Picture};
@@ -206,7 +207,21 @@ fn owners_compare(
 ) -> Tally {
     let received = route_records(comm, [inputs, outputs]);
     let mixing = Mixing::new(setup.outputs.len() as u64, setup.inputs.len() as u64);
-    compare(received, setup.equalize, setup.outputs.len(), mixing)
+    let order = match setup.order {
+        OrderCheck::Seeded {
+            seed,
+            epoch,
+            samples,
+        } => Some(Permutation::new(seed, epoch, samples)),
+        OrderCheck::NotChecked(_) => None,
+    };
+    compare(
+        received,
+        setup.equalize,
+        setup.outputs.len(),
+        mixing,
+        order.as_ref(),
+    )
 }
 
 /// What the ranks found: totals summed on every rank, the rest gathered (encoded) on rank 0.
@@ -233,7 +248,7 @@ fn gather_findings(
     let mut counts = tally.mismatches.to_array().to_vec();
     counts.push(tally.sums.n as u64);
     let counts = comm.all_sum(&counts);
-    let mismatches = Mismatches::from_array(&counts[..5]);
+    let mismatches = Mismatches::from_array(&counts[..6]);
 
     let per_shard = distinct_inputs_per_output(comm, &tally.shard_pairs, setup.outputs.len());
     let sums = gather(comm, 0, &tally.sums.encode());
@@ -307,6 +322,7 @@ fn lead_report(
         equalize: setup.equalize,
         mismatches: findings.mismatches,
         splits: split_figures(lead.index.as_ref()),
+        order: setup.order.describe(),
         shuffle: Shuffle {
             pairs: sums.n as u64,
             spearman: sums.correlation(),

@@ -198,6 +198,17 @@ fn mismatch_problems(m: &Mismatches, examples: &[(Kind, String)]) -> Vec<String>
             Kind::Duplicated,
         ));
     }
+    if m.misplaced > 0 {
+        problems.push(with_examples(
+            format!(
+                "{} output sample{} not at the position the seeded order gives {} (same samples, another order)",
+                m.misplaced,
+                if m.misplaced == 1 { " is" } else { "s are" },
+                if m.misplaced == 1 { "it" } else { "them" }
+            ),
+            Kind::Misplaced,
+        ));
+    }
     problems
 }
 

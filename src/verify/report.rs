@@ -23,16 +23,19 @@ pub struct Mismatches {
     pub left_out: u64,
     /// Second copies of input samples, with `--equalize pad`.
     pub repeated: u64,
+    /// Output samples not at the position the seeded order gives them.
+    pub misplaced: u64,
 }
 
 impl Mismatches {
-    pub(super) fn to_array(self) -> [u64; 5] {
+    pub(super) fn to_array(self) -> [u64; 6] {
         [
             self.missing,
             self.not_in_input,
             self.duplicated,
             self.left_out,
             self.repeated,
+            self.misplaced,
         ]
     }
 
@@ -43,6 +46,7 @@ impl Mismatches {
             duplicated: a[2],
             left_out: a[3],
             repeated: a[4],
+            misplaced: a[5],
         }
     }
 }
@@ -82,6 +86,8 @@ pub struct VerifyReport {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub splits: Vec<SplitFigures>,
     pub shuffle: Shuffle,
+    /// Whether the order was checked against the seeded one (and what it is), or why not.
+    pub order: String,
     /// Bytes read and digested, input and output together.
     pub bytes_read: u64,
     pub seconds: f64,
@@ -144,6 +150,7 @@ impl VerifyReport {
                 count(split.samples, "sample")
             );
         }
+        s += &format!("  order:    {}\n", self.order);
         let sh = &self.shuffle;
         match (sh.spearman, sh.random_bound) {
             (Some(rho), Some(bound)) => {

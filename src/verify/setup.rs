@@ -36,6 +36,68 @@ pub(super) struct Setup {
     pub(super) trees: Vec<crate::tree::Root>,
     pub(super) outputs: Vec<OutputShard>,
     pub(super) equalize: Equalize,
+    /// Whether the order is checked, and against what.
+    pub(super) order: OrderCheck,
+}
+
+/// The order `verify` checks: the seeded shuffle of index.json (each input sample's output
+/// position recomputed from its input position), or why it cannot be recomputed from what
+/// index.json and the input say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) enum OrderCheck {
+    Seeded { seed: u64, epoch: u64, samples: u64 },
+    NotChecked(String),
+}
+
+impl OrderCheck {
+    /// The line of the report.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            OrderCheck::Seeded { seed, epoch, .. } => format!(
+                "checked: every sample at the position the shuffle of seed {seed}, epoch {epoch} gives it"
+            ),
+            OrderCheck::NotChecked(why) => format!("not checked: {why}"),
+        }
+    }
+}
+
+/// What order [`OrderCheck`] can check for the run index.json describes.
+fn order_check(index: Option<&IndexView>) -> OrderCheck {
+    let not = |why: &str| OrderCheck::NotChecked(why.to_string());
+    let Some(run) = index.and_then(|ix| ix.reshard.as_ref()) else {
+        return not("index.json has no reshard section (seed, epoch, order)");
+    };
+    let is_null = |v: &Option<serde_json::Value>| v.as_ref().is_none_or(serde_json::Value::is_null);
+    let hygiene_clean = run.hygiene.as_ref().is_none_or(|h| {
+        h.as_object()
+            .is_some_and(|o| o.values().all(|v| v.as_u64() == Some(0)))
+    });
+    match (run.order.as_deref(), run.seed, run.epoch, run.samples) {
+        (Some("shuffle"), Some(seed), Some(epoch), Some(samples)) => {
+            if run.equalize != Equalize::None {
+                not("--equalize moves samples after the shuffle; verify does not recompute it")
+            } else if run.splits.is_some() || run.split.is_some() {
+                not("--split: verify does not recompute the assignment of samples to splits")
+            } else if run.key_map.is_some() {
+                not("--key-map: verify does not recompute the key map's groups")
+            } else if !is_null(&run.stratify) {
+                not("--stratify-by: verify does not recompute the stratified order")
+            } else if !hygiene_clean || run.output_samples.is_some_and(|o| o != samples) {
+                not("samples were left out (incomplete, excluded or duplicate): the input positions the shuffle numbered are not the input's")
+            } else {
+                OrderCheck::Seeded {
+                    seed,
+                    epoch,
+                    samples,
+                }
+            }
+        }
+        (Some("shuffle"), ..) => not("index.json lacks the seed, epoch or sample count"),
+        (Some(other), ..) => OrderCheck::NotChecked(format!(
+            "--order {other} (or --sort-by): verify does not recompute a sorted order"
+        )),
+        (None, ..) => not("index.json does not say the order"),
+    }
 }
 
 /// The parts of index.json the verifier reads. Lenient on purpose: a wids index written by
@@ -65,6 +127,16 @@ pub(super) struct RunView {
     /// In a split's own index.json: the split's name.
     #[serde(default)]
     pub(super) split: Option<String>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    epoch: Option<u64>,
+    #[serde(default)]
+    order: Option<String>,
+    #[serde(default)]
+    stratify: Option<serde_json::Value>,
+    #[serde(default)]
+    hygiene: Option<serde_json::Value>,
 }
 
 /// One split of a `--split` output: its name is its directory.
@@ -156,12 +228,14 @@ fn prepare(cfg: &VerifyConfig) -> Result<(Setup, Lead)> {
         .as_ref()
         .and_then(|ix| ix.reshard.as_ref())
         .map_or(Equalize::None, |r| r.equalize);
+    let order = order_check(index.as_ref());
     Ok((
         Setup {
             inputs,
             trees,
             outputs,
             equalize,
+            order,
         },
         Lead { index, problems },
     ))

@@ -14,6 +14,7 @@ use super::setup::Setup;
 use crate::comm::wire::{decode_concat, encode_values as encode};
 use crate::comm::wire::{route, Sink};
 use crate::comm::{gather, Comm};
+use crate::plan::permute::Permutation;
 use crate::plan::Equalize;
 use crate::report::mixing::Mixing;
 use crate::tar::key_at;
@@ -27,6 +28,8 @@ pub(super) enum Kind {
     Missing,
     NotInInput,
     Duplicated,
+    /// Not where the seeded order puts it (the example's first count: that position).
+    Misplaced,
 }
 
 /// Exact sums over (input position, output position) pairs, for the correlation.
@@ -112,6 +115,20 @@ pub(super) struct Tally {
 }
 
 impl Tally {
+    /// Counts the output copies in `outs` not at the positions `perm` gives the input copies
+    /// `ins` (as many of each; identical samples may trade places).
+    fn check_order(&mut self, perm: &Permutation, ins: &[Record], outs: &[Record]) {
+        let mut want: Vec<u64> = ins.iter().map(|r| perm.apply(r.index)).collect();
+        want.sort_unstable();
+        // Outputs are sorted by digest, side, then position already.
+        for (&w, o) in want.iter().zip(outs) {
+            if o.index != w {
+                self.mismatches.misplaced += 1;
+                self.example(Kind::Misplaced, *o, w, 0);
+            }
+        }
+    }
+
     fn example(&mut self, kind: Kind, r: Record, ins: u64, outs: u64) {
         if self.examples.iter().filter(|e| e.0 == kind).count() < EXAMPLES {
             self.examples.push((kind, r, ins, outs));
@@ -134,6 +151,12 @@ impl Tally {
                         "sample {key} in {} at byte offset {} matches no input sample (corrupted, or not from this input)",
                         path.display(),
                         r.offset
+                    ),
+                    Kind::Misplaced => format!(
+                        "sample {key} in {} at byte offset {} is at output position {}, but the seeded order puts it at output position {ins}",
+                        path.display(),
+                        r.offset,
+                        r.index
                     ),
                     Kind::Duplicated => format!(
                         "sample {key} is in the output {outs} times but in the input {ins} time{}, e.g. {} byte offset {}",
@@ -182,17 +205,23 @@ fn locate<'a>(setup: &'a Setup, r: &Record) -> (&'a Path, String) {
 }
 
 /// Compares the copies of each digest this rank owns; counts matched pairs into `mixing`.
+/// With `order` (the seeded shuffle the run made), the output copies of a digest must be at
+/// the positions it gives its input copies.
 pub(super) fn compare(
     mut records: Vec<Record>,
     equalize: Equalize,
     shards: usize,
     mut mixing: Mixing,
+    order: Option<&Permutation>,
 ) -> Tally {
     records.sort_unstable();
     let mut t = Tally::default();
     for group in records.chunk_by(|a, b| a.digest == b.digest) {
         let split = group.partition_point(|r| r.side == Side::Input);
         let (ins, outs) = group.split_at(split);
+        if let Some(perm) = order.filter(|_| ins.len() == outs.len()) {
+            t.check_order(perm, ins, outs);
+        }
         for (i, o) in ins.iter().zip(outs) {
             t.sums.add(i.index, o.index);
             t.shard_pairs.push((o.shard, i.shard));
@@ -298,7 +327,7 @@ mod tests {
             rec(4, O, 7, 3),
             rec(4, O, 8, 3), // one extra copy
         ];
-        let t = compare(records.clone(), Equalize::None, 4, Mixing::new(4, 2));
+        let t = compare(records.clone(), Equalize::None, 4, Mixing::new(4, 2), None);
         assert_eq!(
             t.mismatches,
             Mismatches {
@@ -315,10 +344,10 @@ mod tests {
         // The example of a duplicate is the later copy.
         assert_eq!(t.examples[2].1.index, 8);
 
-        let t = compare(records.clone(), Equalize::Drop, 4, Mixing::new(4, 2));
+        let t = compare(records.clone(), Equalize::Drop, 4, Mixing::new(4, 2), None);
         assert_eq!((t.mismatches.missing, t.mismatches.left_out), (0, 1));
         assert_eq!(t.equalized.len(), 1);
-        let t = compare(records, Equalize::Pad, 4, Mixing::new(4, 2));
+        let t = compare(records, Equalize::Pad, 4, Mixing::new(4, 2), None);
         assert_eq!(
             (
                 t.mismatches.repeated,

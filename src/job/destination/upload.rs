@@ -21,7 +21,7 @@ use crate::config::{Keep, UploadSettings};
 use crate::exit::CleanupFailed;
 use crate::job::destination::lock::OutputLock;
 use crate::job::destination::series::{outputs_beyond, say_what_keep_would_remove};
-use crate::output::{checkpoint, saved_index};
+use crate::output::{checkpoint, saved_index, seal};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
 use progress::{report_progress, Sent};
@@ -187,10 +187,22 @@ fn note_of(object: &storage::FileStamp, file: &storage::FileStamp) -> String {
     format!("object {}\nfile {}\n", stamp_line(object), stamp_line(file))
 }
 
-/// The note of `shard`'s upload, as (object, file) lines, if there is a readable one.
+/// The note of `shard`'s upload, as (object, file) lines, if there is a readable one. A note
+/// whose seal does not match is said (naming it) and not believed: its shard is uploaded again.
 fn read_note(local: &Path, shard: &str) -> Option<(String, String)> {
     let record = upload_record(local, shard);
-    let text = String::from_utf8(storage::source(&record).read(&record).ok()?).ok()?;
+    let bytes = storage::source(&record).read(&record).ok()?;
+    let body = match seal::open(&bytes) {
+        Ok(body) => body,
+        Err(e) => {
+            crate::errln!(
+                "reshard: warning: {}: {e}; {shard} is uploaded again",
+                record.display()
+            );
+            return None;
+        }
+    };
+    let text = std::str::from_utf8(body).ok()?;
     let mut lines = text.lines();
     let object = lines.next()?.strip_prefix("object ")?.to_string();
     let file = lines.next()?.strip_prefix("file ")?.to_string();
@@ -208,7 +220,9 @@ fn note_uploaded(local: &Path, target: &Path, shard: &str) -> Result<()> {
     let parent = record.parent().unwrap_or(local);
     storage::sink(parent)
         .create_dir_all(parent)
-        .and_then(|()| storage::write_unsynced(&record, note_of(&object, &file).as_bytes()))
+        .and_then(|()| {
+            storage::write_unsynced(&record, &seal::seal(note_of(&object, &file).into_bytes()))
+        })
         .with_context(|| format!("{}: cannot write", record.display()))
 }
 

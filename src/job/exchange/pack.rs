@@ -11,6 +11,7 @@ use crate::comm::wire::{ChunkHeader, Wire};
 use crate::input::InputShard;
 use crate::plan::placement::LocalSample;
 use crate::storage::{self, Input};
+use crate::tar::check::{check_sample_at, check_sample_bytes};
 use crate::tar::codec::stream_name;
 use crate::tar::headers::{expect_header, BLOCK};
 use crate::tar::Codec;
@@ -140,7 +141,12 @@ fn fill(
         let dest = job.plan.writer_of(shard);
         // Only a sample that fits in a round: a round moves about a buffer's worth, which
         // keeps it within the stall timeout under a rate limit (`Buffers::within_stall`).
-        if dest == me && s.len <= send.len() as u64 && in_kernel(reader, s, used.len())? {
+        let saved = job.unread.binary_search(&(s.shard as usize)).is_ok();
+        let remote_saved = saved && !storage::is_file_system(&job.inputs[s.shard as usize].path);
+        if dest == me
+            && s.len <= send.len() as u64
+            && in_kernel(reader, s, used.len(), remote_saved)?
+        {
             if done.copied >= send.len() as u64 {
                 break;
             }
@@ -179,7 +185,13 @@ fn fill(
         if cursor.offset == 0 {
             let input = &job.inputs[s.shard as usize];
             let codec = reader.file(s.shard as usize)?.1;
-            check_first_block(body, input, codec, s.start)?;
+            if n == s.len {
+                // The whole sample in memory: its structure is checked, at no extra read.
+                check_sample_bytes(body, s.start)
+                    .map_err(|e| not_a_sample(e, input, codec, saved))?;
+            } else {
+                check_first_block(body, input, codec, s.start)?;
+            }
         }
         used[dest] += CHUNK_HEADER + n as usize;
         done.packed += n;
@@ -247,6 +259,21 @@ fn check_first_block(data: &[u8], input: &InputShard, codec: Codec, start: u64) 
     })
 }
 
+/// The error for a range the index gave that is not a whole sample ([`check_sample_bytes`]):
+/// the saved index is wrong (`saved`), or the input changed during the run.
+fn not_a_sample(e: anyhow::Error, input: &InputShard, codec: Codec, saved: bool) -> anyhow::Error {
+    let name = stream_name(&input.path, codec);
+    if saved {
+        anyhow!(
+            "{name}: {e:#}, in a sample whose place its saved index (.reshard/NAME.reshard-layout) gives: that index does not describe the shard (damaged, or the shard was rewritten keeping its size and modification time); nothing is published. Remove the saved index to have the shard's headers read"
+        )
+    } else {
+        anyhow!(
+            "{name}: {e:#}, in a sample the index found: the input changed during the run, so its samples cannot be trusted; nothing is published"
+        )
+    }
+}
+
 /// Own samples at least this large (of plain inputs) are copied input → output inside the
 /// kernel: one system call and no user-space copy each. With several ranks, smaller ones go
 /// through the read window (which reads nearly every byte anyway, for the other ranks) and the
@@ -257,9 +284,17 @@ const IN_KERNEL: u64 = 64 << 10;
 /// Whether the own sample `s` is copied inside the kernel ([`IN_KERNEL`]). Alone, a rank copies
 /// every sample of a plain input so: its window would be a second read of all its input (on
 /// tmpfs, np=1, 4 KiB samples: 5.9 s of CPU against 4.9 s).
-fn in_kernel(reader: &mut InputReader<'_>, s: &LocalSample, ranks: usize) -> Result<bool> {
+/// A sample whose place a saved index gave has its headers read before the copy ([`copy_own`]):
+/// only where that is a read of the page cache, a file. From an object store it would be more
+/// requests and bytes, so such a sample (`remote_saved`) goes through memory, walked there.
+fn in_kernel(
+    reader: &mut InputReader<'_>,
+    s: &LocalSample,
+    ranks: usize,
+    remote_saved: bool,
+) -> Result<bool> {
     let plain = reader.file(s.shard as usize)?.1 == Codec::Plain;
-    Ok(plain && (s.len >= IN_KERNEL || ranks == 1))
+    Ok(plain && !remote_saved && (s.len >= IN_KERNEL || ranks == 1))
 }
 
 /// Copies the sample `s` of a plain input from its input to `at` of this rank's own shard
@@ -274,9 +309,16 @@ fn copy_own(
 ) -> Result<u64> {
     let input = &job.inputs[s.shard as usize];
     let (file, codec) = reader.file(s.shard as usize)?;
-    let mut head = [0u8; BLOCK as usize];
-    let h = read_head(file.as_ref(), &input.path, s.start, s.len, &mut head)?;
-    check_first_block(&head[..h], input, codec, s.start)?;
+    if job.unread.binary_search(&(s.shard as usize)).is_ok() {
+        // Its place comes from a saved index, which no header read confirmed: its headers are
+        // read now (a positioned read per member, from the page cache the copy reads anyway).
+        check_sample_at(file.as_ref(), s.start, s.len)
+            .map_err(|e| not_a_sample(e, input, codec, true))?;
+    } else {
+        let mut head = [0u8; BLOCK as usize];
+        let h = read_head(file.as_ref(), &input.path, s.start, s.len, &mut head)?;
+        check_first_block(&head[..h], input, codec, s.start)?;
+    }
     job.output
         .copy_in(shard, at, file.as_ref(), &input.path, s.start, s.len)?;
     Ok(s.len)

@@ -14,7 +14,7 @@ use object_store::path::Path as Key;
 use object_store::RetryConfig;
 
 use super::{Client, Location, Scheme};
-use crate::storage::aws_profile;
+use crate::storage::{aws_profile, endpoint};
 
 /// The runtime every request runs on. A thread of its own drives it for good, so that the
 /// read-ahead requests spawned on it ([`super::read`]) make progress while the reading
@@ -196,6 +196,19 @@ pub(super) fn with_profile(
         builder = builder.with_region(profile.region.as_deref().unwrap_or("us-east-1"));
     }
     let endpoint = set("AWS_ENDPOINT_URL_S3").or_else(|| set("AWS_ENDPOINT_URL"));
+    let invalid = |name: &str, e: &str, why: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("s3://{bucket}: {}", endpoint::described(name, e, &why)),
+        )
+    };
+    endpoint::check_environment().map_err(|why| {
+        io::Error::new(io::ErrorKind::InvalidInput, format!("s3://{bucket}: {why}"))
+    })?;
+    if let (None, Some(e)) = (&endpoint, &profile.endpoint_url) {
+        let name = format!("endpoint_url of the AWS profile {}", profile.name);
+        endpoint::check(e).map_err(|why| invalid(&name, e, why))?;
+    }
     let endpoint = match (endpoint, &profile.endpoint_url) {
         (Some(e), _) => e,
         (None, Some(e)) => {

@@ -78,6 +78,39 @@ fn a_resumed_upload_keeps_only_the_shards_noted_and_still_as_uploaded() {
     );
 }
 
+/// A note damaged anywhere (or an older reshard's, unsealed) is not believed: its shard
+/// is not kept as uploaded, whatever the damage made the stamp say.
+#[test]
+fn a_damaged_upload_note_is_not_believed() {
+    let local = Path::new("mem://upload-note/local");
+    let target = Path::new("mem://upload-note/target");
+    for dir in [local, target] {
+        storage::sink(dir).create_dir_all(dir).unwrap();
+        let path = dir.join("a.tar");
+        storage::sink(&path).write(&path, b"staged shard").unwrap();
+    }
+    note_uploaded(local, target, "a.tar").unwrap();
+    assert_eq!(uploaded_before(local, target).unwrap(), ["a.tar"]);
+    let record = upload_record(local, "a.tar");
+    let good = storage::source(&record).read(&record).unwrap();
+    let mut edits: Vec<Vec<u8>> = (0..good.len())
+        .map(|i| {
+            let mut bad = good.clone();
+            bad[i] ^= 0x01;
+            bad
+        })
+        .collect();
+    edits.push(seal::open(&good).unwrap().to_vec());
+    for bad in edits {
+        storage::sink(&record).write(&record, &bad).unwrap();
+        assert!(read_note(local, "a.tar").is_none());
+        assert_eq!(
+            uploaded_before(local, target).unwrap(),
+            Vec::<String>::new()
+        );
+    }
+}
+
 #[test]
 fn the_marker_names_uploads_and_the_replaced_output_and_reads_a_plain_list() {
     let target = Path::new("mem://upload-marker/out");

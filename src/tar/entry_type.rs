@@ -19,7 +19,9 @@
 //! | `x`, `X` | PAX extended header (`X`: Solaris's name for it) | records for the next member |
 //! | `g` | PAX global header | `size` bytes of records (all three) |
 //! | `L`, `K` | GNU long name, long link name | the name, for the next member |
-//! | `M`, `N`, `D`, any other | GNU continuation, old long names, dump directory, unknown | `size` bytes (all three skip them) |
+//! | `D` | GNU dump directory | `size` bytes (all three), a directory to GNU tar and bsdtar |
+//! | `M` | GNU multi-volume continuation | refused: the rest of a file from another archive |
+//! | `N`, any other | old GNU long names, unknown | POSIX, GNU tar, bsdtar: a regular file; tarfile: no file (webdataset drops it): refused |
 //!
 //! And one rule on the name: a regular type (`0`, NUL, `7`, `S`) whose name ends in `/` is a
 //! directory to bsdtar, which reads no data after it, while GNU tar and tarfile read `size`
@@ -121,9 +123,17 @@ pub fn record(typeflag: u8) -> Record {
         b'L' => Record::Extension(Extension::LongName),
         b'K' => Record::Extension(Extension::LongLink),
         b'A' => Record::Refused(
-            "a Solaris ACL header (type 'A'): bsdtar applies it to the next member (and fails on it), GNU tar and tarfile list it as an entry of its own",
+            "a Solaris ACL header: bsdtar applies it to the next member (and fails on it), GNU tar and tarfile list it as an entry of its own",
         ),
-        t => Record::Entry(EntryKind::of(t)),
+        b'M' => Record::Refused(
+            "a GNU multi-volume continuation: the rest of a file begun in another archive, which no reader here can join to it",
+        ),
+        b'0'..=b'7' | 0 | b'S' | b'g' | b'V' | b'D' => Record::Entry(EntryKind::of(typeflag)),
+        // POSIX: an unknown type is read as a regular file, as GNU tar and bsdtar extract it;
+        // tarfile (and so webdataset) reads no file from it. `N` (old GNU long names) is one.
+        _ => Record::Refused(
+            "an entry of a type flag POSIX, GNU tar and bsdtar read as a regular file and tarfile (webdataset's reader) does not, so a sample would hold different members for them",
+        ),
     }
 }
 
@@ -186,10 +196,12 @@ mod tests {
 
     #[test]
     fn every_other_type_stores_its_size() {
-        for t in [
-            b'0', 0, b'7', b'S', b'g', b'M', b'N', b'D', b'Z', b'9', 0xff,
-        ] {
+        for t in [b'0', 0, b'7', b'S', b'g', b'D'] {
             assert_eq!(stored_size(t, b"a.x", 1536), Ok(1536), "{t}");
+            assert!(matches!(record(t), Record::Entry(_)), "{t}");
+        }
+        for t in [b'A', b'M', b'N', b'E', b'I', b'Z', b'9', b'8', 0xff] {
+            assert!(matches!(record(t), Record::Refused(_)), "{t}");
         }
         for (t, ext) in [
             (b'x', Extension::Pax),

@@ -285,7 +285,11 @@ impl<S: Source> Walk<S> {
                     }
                     continue;
                 }
-                Record::Refused(why) => bail!("byte offset {at}: {why}"),
+                Record::Refused(why) => bail!(
+                    "byte offset {at}: member {:?} (type '{}') is {why}",
+                    String::from_utf8_lossy(until_nul(&block[..100])),
+                    char::from(typeflag).escape_default()
+                ),
                 Record::Entry(EntryKind::GlobalHeader) => self.check_global(at, size)?,
                 Record::Entry(_) => {}
             }
@@ -784,7 +788,15 @@ mod tests {
             );
         }
         let e = format!("{:#}", walk_all(&with(b'A', "acl", 0)).unwrap_err());
-        assert!(e.starts_with("byte offset 1024: a Solaris ACL"), "{e}");
+        assert!(
+            e.starts_with("byte offset 1024: member \"acl\" (type 'A') is a Solaris ACL"),
+            "{e}"
+        );
+        let e = format!("{:#}", walk_all(&with(b'Z', "z.x", 0)).unwrap_err());
+        assert!(
+            e.contains("(type 'Z') is an entry") && e.contains("tarfile"),
+            "{e}"
+        );
         let e = format!(
             "{:#}",
             walk_all(&with(b'L', "././@LongLink", 0)).unwrap_err()

@@ -12,6 +12,7 @@
 pub mod cluster;
 pub mod corpus;
 pub mod data;
+pub mod fuzz;
 pub mod loaders;
 pub mod lock;
 pub mod ops;

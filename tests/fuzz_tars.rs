@@ -15,9 +15,15 @@ fn mutated_shards_move_as_tarfile_reads_them_or_are_refused() {
         skip(test, "needs RESHARD_TEST_PYTHON (webdataset)");
         return;
     }
+    // examples/fuzz-campaign.sh sets these for a longer campaign.
+    let env = |k: &str, default: u64| std::env::var(k).map_or(default, |v| v.parse().unwrap());
+    let (seed, count) = (env("RESHARD_FUZZ_SEED", 36), env("RESHARD_FUZZ_COUNT", 240));
+    let np = std::env::var("RESHARD_FUZZ_NP")
+        .ok()
+        .map(|v| v.parse().unwrap());
     let dir = Dir::new("fuzz-np1");
-    let cases = mutants(&dir, "mutants", 36, 240);
-    let (moved, refused) = property_holds(&dir, None, &cases);
+    let cases = mutants(&dir, "mutants", seed, count as usize);
+    let (moved, refused) = property_holds(&dir, np, &cases);
     eprintln!("{test}: {moved} moved, {refused} refused");
     // Not vacuous: both answers occur.
     assert!(

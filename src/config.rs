@@ -23,7 +23,7 @@ pub struct RunConfig {
     pub inputs: Vec<String>,
     /// `None` when only planning. For an `s3://` output, where it is staged on `--scratch`.
     pub output: Option<PathBuf>,
-    /// An `s3://` output: where the staged output is uploaded ([`crate::job::upload`]).
+    /// An `s3://` output: where the staged output is uploaded ([`crate::job::destination::upload`]).
     pub upload: Option<PathBuf>,
     pub sizing: Sizing,
     pub equalize: Equalize,
@@ -43,7 +43,8 @@ pub struct RunConfig {
     pub rules: Rules,
     pub compress: Codec,
     pub checksum: bool,
-    pub index: Option<PathBuf>,
+    /// `--index DIR`: where saved indexes are looked for.
+    pub saved_indexes: Option<PathBuf>,
     pub link: Option<PathBuf>,
     pub keep: Option<Keep>,
     pub stall_timeout: Duration,
@@ -90,7 +91,7 @@ pub struct JobSettings {
     pub io: IoConfig,
 }
 
-/// What uploading an `s3://` output needs ([`crate::job::upload`]): where the staged output is
+/// What uploading an `s3://` output needs ([`crate::job::destination::upload`]): where the staged output is
 /// uploaded to and from, and what may be replaced there.
 #[derive(Debug, Clone, Default)]
 pub struct UploadSettings {
@@ -211,7 +212,7 @@ pub struct PlanSettings {
 pub struct IndexSettings {
     pub rules: Rules,
     /// `--index DIR`: where saved indexes are looked for.
-    pub index: Option<PathBuf>,
+    pub saved_indexes: Option<PathBuf>,
     /// Whether saved indexes may stand in for the tar headers: not when the rules need what
     /// only the headers hold (keys, labels, member names).
     pub reuse_saved: bool,

@@ -47,14 +47,6 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(v.round() as u64)
 }
 
-/// `n` and the noun, plural unless `n` is 1: `1 shard`, `3 shards`, `1 input shard`.
-pub fn count(n: impl Into<u64>, noun: &str) -> String {
-    match n.into() {
-        1 => format!("1 {noun}"),
-        n => format!("{n} {noun}s"),
-    }
-}
-
 /// Formats bytes with a binary unit, e.g. `1.50 GiB`.
 pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -74,13 +66,6 @@ pub fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn counts_are_plural_but_for_one() {
-        assert_eq!(count(1u64, "shard"), "1 shard");
-        assert_eq!(count(0u64, "rank"), "0 ranks");
-        assert_eq!(count(3u64, "input shard"), "3 input shards");
-    }
 
     #[test]
     fn parses_units() {

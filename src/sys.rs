@@ -485,7 +485,11 @@ pub struct FileStamp {
     /// Only compared where one host took both stamps: device numbers, and on some network
     /// and FUSE file systems inode numbers, differ between hosts.
     pub dev: u64,
-    pub ino: u64,
+    /// What tells this file from another that replaced it at the same path: the inode on a
+    /// file system, a hash of the ETag of an object, a counter in memory. Recorded as `ino`
+    /// (checkpoint records hold stamps).
+    #[serde(rename = "ino")]
+    pub identity: u64,
 }
 
 impl FileStamp {
@@ -498,7 +502,7 @@ impl FileStamp {
             mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
             ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
             dev: meta.dev(),
-            ino: meta.ino(),
+            identity: meta.ino(),
         }
     }
 
@@ -523,7 +527,7 @@ impl FileStamp {
         if self.ctime_ns != then.ctime_ns {
             what.push("status-change time".to_string());
         }
-        if same_host && (self.dev, self.ino) != (then.dev, then.ino) {
+        if same_host && (self.dev, self.identity) != (then.dev, then.identity) {
             what.push("inode (replaced by another file)".to_string());
         }
         what.join(", ")

@@ -170,7 +170,7 @@ pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
             CompressArg::Zst => Codec::Zstd,
         },
         checksum: args.checksum,
-        index: args.index.clone(),
+        saved_indexes: args.index.clone(),
         link: args
             .link
             .as_ref()
@@ -307,7 +307,7 @@ pub fn plan_settings(cfg: &RunConfig) -> PlanSettings {
     PlanSettings {
         index: IndexSettings {
             rules: rules.clone(),
-            index: cfg.index.clone(),
+            saved_indexes: cfg.saved_indexes.clone(),
             reuse_saved: !needs_headers,
             progress: cfg.progress,
         },
@@ -931,7 +931,7 @@ mod tests {
         ] {
             let index = settings(&format!("--shards 2 --index idx {flags}")).index;
             assert!(!index.reuse_saved, "{flags}");
-            assert_eq!(index.index, Some(PathBuf::from("idx")));
+            assert_eq!(index.saved_indexes, Some(PathBuf::from("idx")));
         }
     }
 

@@ -1,5 +1,5 @@
 //! Phase "expand": rank 0 expands the input spec into the ordered shard list, takes the output's
-//! lock (one run at a time per output, see [`crate::job::lock`]), checks the output (refusing
+//! lock (one run at a time per output, see [`crate::job::destination::lock`]), checks the output (refusing
 //! what would replace an input or a non-empty directory) and creates the staging directory next
 //! to it, or with `--resume` checks that an earlier attempt's staging directory continues this
 //! request; every rank receives the result.
@@ -7,61 +7,33 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 
+use crate::config::JobSettings;
 use crate::config::{ExpandSettings, ResumeSettings};
 use crate::input::{expand_specs, InputShard};
-use crate::job::link::check_link;
-use crate::job::lock::{lock_path, StagingLock};
-use crate::job::owned::check_replaceable;
-use crate::job::resume::{self, Resume};
-use crate::job::series::say_what_keep_would_remove;
-use crate::job::staging::Staging;
+use crate::job::destination::link::check_link;
+use crate::job::destination::lock::{lock_path, OutputLock};
+use crate::job::destination::owned::check_replaceable;
+use crate::job::destination::resume;
+use crate::job::destination::series::say_what_keep_would_remove;
+use crate::job::destination::staging::Staging;
+use crate::job::destination::{self, Held};
+use crate::job::handoff::{Resume, Setup};
 use crate::output::checkpoint::{self, InputRecord};
-use crate::size::{count, human_bytes};
+use crate::report::narrate::count;
+use crate::size::human_bytes;
 use crate::storage::{self, Kind};
 
-/// What rank 0 resolves before any data is read, shared with every rank.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Setup {
-    pub inputs: Vec<InputShard>,
-    /// Where the output is assembled and where it goes (none when only planning).
-    pub staging: Option<PathBuf>,
-    pub target: Option<PathBuf>,
-    /// `--resume` with an earlier attempt to continue: its staging shards are kept.
-    pub resume: Option<Resume>,
-}
-
-/// What rank 0 keeps for itself: the output's lock, and every input's size and modification
-/// time as the run started (for the plan record).
-#[derive(Default)]
-pub struct Lead {
-    pub lock: Option<StagingLock>,
-    /// An `s3://` output's lock (taken before this phase, see [`crate::job::upload`]).
-    pub remote: Option<crate::job::upload::RemoteLock>,
-    pub inputs: Vec<InputRecord>,
-}
-
-impl Setup {
-    /// Where the output is assembled.
-    ///
-    /// # Errors
-    /// Only planning: there is no staging directory.
-    pub fn staging(&self) -> Result<&Path> {
-        self.staging
-            .as_deref()
-            .context("internal error: no staging directory when only planning")
-    }
-
-    /// Where the output goes.
-    ///
-    /// # Errors
-    /// Only planning: there is no output.
-    pub fn target(&self) -> Result<&Path> {
-        self.target
-            .as_deref()
-            .context("internal error: no output when only planning")
-    }
+/// Rank 0: the output's location made ready by its own kind first ([`destination::prepare`]:
+/// an `s3://` output's lock object), then [`prepare`].
+///
+/// # Errors
+/// As [`destination::prepare`] and [`prepare`].
+pub fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
+    let remote = destination::prepare(&settings.upload)?;
+    let (setup, mut held) = prepare(&settings.expand, &settings.resume)?;
+    held.remote = remote;
+    Ok((setup, held))
 }
 
 /// Rank 0's checks and set-up before any data is read: expand the input, take the output's
@@ -74,16 +46,16 @@ impl Setup {
 /// reshard output), a `--link` that is not a
 /// symbolic link, a staging directory that cannot be created, or one that `--resume` cannot
 /// continue (a [`crate::cli::resolve::UsageError`]).
-pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(Setup, Lead)> {
+pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(Setup, Held)> {
     let (inputs, records) = expand_inputs(settings)?;
     let Some(out) = &settings.output else {
         // Only planning, without an output to check.
-        return Ok((Setup::planning(inputs), Lead::default()));
+        return Ok((Setup::planning(inputs), Held::default()));
     };
     let (target, staging) = output_paths(out)?;
     // Before anything is checked or touched: another live run may be writing this output.
     let lock = (!settings.dry_run)
-        .then(|| StagingLock::acquire(&lock_path(&staging), out, settings.lock_stale_after))
+        .then(|| OutputLock::acquire(&lock_path(&staging), out, settings.lock_stale_after))
         .transpose()?;
     check_output(settings, out, &target, &staging, &inputs)?;
     if settings.dry_run {
@@ -91,7 +63,7 @@ pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(
         if let Some(keep) = &settings.keep {
             say_what_keep_would_remove(&target, keep, settings.epoch)?;
         }
-        return Ok((Setup::planning(inputs), Lead::default()));
+        return Ok((Setup::planning(inputs), Held::default()));
     }
     if let Some(lock) = &lock {
         // Taken over from a run that may only be suspended: its staging directory is not ours
@@ -117,23 +89,12 @@ pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(
     };
     Ok((
         setup,
-        Lead {
+        Held {
             lock,
             inputs: records,
             remote: None,
         },
     ))
-}
-
-impl Setup {
-    fn planning(inputs: Vec<InputShard>) -> Self {
-        Setup {
-            inputs,
-            staging: None,
-            target: None,
-            resume: None,
-        }
-    }
 }
 
 /// `--resume`: what the staging directory an earlier attempt left holds to continue from, once
@@ -211,7 +172,7 @@ fn output_paths(out: &Path) -> Result<(PathBuf, PathBuf)> {
             parent.display()
         )
     })?;
-    let staging = crate::job::staging::path_for(&parent, name);
+    let staging = crate::job::destination::staging::path_for(&parent, name);
     Ok((parent.join(name), staging))
 }
 

@@ -12,22 +12,12 @@ use crate::comm::{agree, gather, Comm};
 use crate::config::FinishSettings;
 use crate::hooks;
 use crate::input::InputShard;
-use crate::job::expand::Setup;
-use crate::job::index::Index;
-use crate::job::layout::Laid;
-use crate::job::lock::StagingLock;
-use crate::job::Planned;
+use crate::job::destination::lock::OutputLock;
+use crate::job::handoff::{Finished, Indexed, Laid, Planned, Setup};
 use crate::output::{checkpoint, loaders, saved_index};
 use crate::output::{compress_shard, md5_file, OutputShards, ShardNames};
 use crate::storage;
 use crate::tar::{Codec, Sample};
-
-/// On rank 0: every output file's size, and with `--checksum` every shard's MD5 (16 bytes each,
-/// in shard order).
-pub struct Finished {
-    pub file_bytes: Vec<u64>,
-    pub md5: Vec<u8>,
-}
 
 /// Finishes this rank's shards once the exchange is done, once rank 0 found that it still
 /// holds the output's `lock`. Consumes `output`: its files are closed when this returns.
@@ -41,7 +31,7 @@ pub fn run(
     setup: &Setup,
     planned: &Planned,
     output: OutputShards,
-    lock: Option<&StagingLock>,
+    lock: Option<&OutputLock>,
 ) -> Result<Finished> {
     let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
     let staging = setup.staging()?;
@@ -132,7 +122,7 @@ fn finish_shards(
 /// planned with, and the size, modification and change times and inode this rank saw before it
 /// read them (a rewrite in place of the same size moves the times; a replacement by rename
 /// changes the inode).
-fn check_unchanged(inputs: &[InputShard], index: &Index) -> Result<()> {
+fn check_unchanged(inputs: &[InputShard], index: &Indexed) -> Result<()> {
     for (input, then) in inputs[index.mine.clone()].iter().zip(&index.stamps) {
         let now = storage::stamp(&input.path).with_context(|| {
             format!("input {} disappeared during the run", input.path.display())

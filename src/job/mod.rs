@@ -1,51 +1,42 @@
-//! `reshard run`: one job as a list of named phases, over any [`Comm`].
+//! `reshard run`: one job as a list of named phases, over any [`Comm`]. [`run`] reads top to
+//! bottom as the sequence of phases.
 //!
 //! For each phase, rank 0 narrates, one call runs it on every rank, and the ranks agree on its
 //! outcome before the next starts, so that one rank's failure stops every rank at the same point
 //! (rank 0 then removes the staging directory). Nothing is visible at the output path until the
 //! publish phase renames it there.
 //!
-//! | phase      | module        | what it does                                                   |
-//! |------------|---------------|----------------------------------------------------------------|
-//! | expand     | [`expand`]    | input spec -> shard list; output locked and checked; staging   |
-//! |            |               | made, or an earlier attempt's checked for `--resume`           |
-//! | index      | [`index`]     | tar headers of each rank's share -> samples, global numbering  |
-//! |            | [`duplicates`]| one key in two samples, across all shards                      |
-//! | plan       | [`place`]     | every sample's output position: permutation, order, key map    |
-//! |            | [`split`]     | `--split`: every sample's split, by the seed alone             |
-//! |            | [`layout`]    | every shard laid out by its writer before any data moves       |
-//! | exchange   | [`exchange`]  | bounded all-to-all rounds; writers place samples as they come  |
-//! | finish     | [`finish`]    | inputs unchanged; shards synced, compressed, indexed, digested |
-//! |            | [`publish`]   | manifest; one rename; `--link`, `--keep`                        |
-//! |            | [`owned`]     | what `--force` and `--keep` may replace or remove              |
-//! |            | [`summary`]   | per-rank figures gathered for the summary and `--report`      |
+//! | phase      | module                    | what it does                                       |
+//! |------------|---------------------------|----------------------------------------------------|
+//! | expand     | [`expand`]                | input spec -> shard list; output locked and        |
+//! |            |                           | checked; staging made, or checked for `--resume`   |
+//! | index      | [`planning::index`]       | tar headers of each rank's share -> samples        |
+//! |            | [`planning::duplicates`]  | one key in two samples, across all shards          |
+//! | plan       | [`planning::place`]       | every sample's output position                     |
+//! |            | [`planning::split`]       | `--split`: every sample's split, by the seed alone |
+//! |            | [`planning::layout`]      | every shard laid out by its writer                 |
+//! | exchange   | [`exchange`]              | bounded all-to-all rounds; writers place samples   |
+//! | finish     | [`finish`]                | inputs unchanged; shards synced, compressed,       |
+//! |            |                           | indexed, digested                                  |
+//! | publish    | [`destination::publish`]  | manifest; one rename; `--link`, `--keep`           |
+//! | upload     | [`destination::upload`]   | an `s3://` output: the staged output uploaded      |
+//! |            | [`summary`]               | per-rank figures for the summary and `--report`    |
 //!
-//! The planning phases (index, place, split, layout) take settings of their own
+//! What one phase hands the next is defined in [`handoff`], which every phase imports; the
+//! output location's life (lock, staging, ownership, `--keep`, `--link`, resume records,
+//! publishing) is [`destination`]. The planning phases take settings of their own
 //! ([`crate::config::PlanSettings`], decided once by [`crate::cli::resolve::plan_settings`]) and
-//! the context every phase shares ([`context::Shared`]: the ranks and the input shards); their
+//! the context every phase shares ([`handoff::Shared`]: the ranks and the input shards); their
 //! pure planning lives in [`crate::plan`].
 
-pub mod context;
-pub mod duplicates;
+pub mod destination;
 pub mod exchange;
 pub mod expand;
 pub mod finish;
-pub mod index;
+pub mod handoff;
 pub mod interrupt;
-pub mod layout;
-pub mod link;
-pub mod lock;
-pub mod owned;
-pub mod place;
-pub mod publish;
-pub mod resume;
-pub mod runs;
-pub mod series;
-pub mod space;
-pub mod split;
-pub mod staging;
+pub mod planning;
 pub mod summary;
-pub mod upload;
 
 use anyhow::Result;
 
@@ -56,16 +47,15 @@ use crate::output::checkpoint::{self, Done, InputRecord};
 use crate::output::OutputShards;
 use crate::progress::{PhaseTimes, Progress};
 use crate::report::mixing::Mixing;
+use crate::report::narrate::count;
 use crate::report::picture::{self, Picture};
 use crate::report::{narrate, PlanReport};
-use crate::size::{count, human_bytes};
-use context::Shared;
-use exchange::{Buffers, ExchangeStats};
-use expand::{Lead, Setup};
-use index::Index;
-use layout::Laid;
-use place::Placed;
-use staging::Staging;
+use crate::size::human_bytes;
+use destination::staging::Staging;
+use destination::{publish, resume, space, upload, Held};
+use exchange::Buffers;
+use handoff::{ExchangeStats, Planned, Setup, Shared};
+use planning::{index, layout, place};
 use summary::Summary;
 
 /// What a job ends with.
@@ -75,13 +65,6 @@ pub enum Outcome {
     Ran(Box<Summary>),
     /// Only planned (`--dry-run`, `reshard plan`); the report is on rank 0.
     Planned(Option<Box<PlanReport>>),
-}
-
-/// What the planning phases leave on every rank: the samples, their positions, the layout.
-pub struct Planned {
-    pub index: Index,
-    pub placed: Placed,
-    pub laid: Laid,
 }
 
 /// Runs the whole job on this rank.
@@ -96,12 +79,10 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
     let mut times = PhaseTimes::for_rank(comm.rank());
     times.start("expand");
     // Rank 0 holds the output's lock until the job has published or given up.
-    let mut mine = Lead::default();
+    let mut mine = Held::default();
     let prepared = lead.then(|| {
-        let remote = upload::prepare(&settings.upload)?;
-        expand::prepare(&settings.expand, &settings.resume).map(|(setup, held)| {
+        expand::run(settings).map(|(setup, held)| {
             mine = held;
-            mine.remote = remote;
             setup
         })
     });
@@ -150,7 +131,7 @@ fn run_phases(
     comm: &impl Comm,
     settings: &JobSettings,
     setup: &Setup,
-    mine: Option<&Lead>,
+    mine: Option<&Held>,
     times: &mut PhaseTimes,
 ) -> Result<Outcome> {
     let lead = comm.rank() == 0;
@@ -333,7 +314,7 @@ fn exchange_phase(
     );
     let nothing = Done::default();
     let resume = setup.resume.as_ref();
-    let job = exchange::Job {
+    let job = exchange::Work {
         inputs: &setup.inputs,
         local: &planned.index.local,
         first_global: planned.index.first_global,
@@ -423,11 +404,11 @@ mod tests {
             rules: Rules::default(),
             checksum: false,
             compress: Codec::Plain,
-            index: None,
+            saved_indexes: None,
             link: None,
             keep: None,
             stall_timeout: std::time::Duration::from_secs(120),
-            lock_stale_after: crate::job::lock::STALE_AFTER,
+            lock_stale_after: crate::job::destination::lock::STALE_AFTER,
             max_round_bytes: i32::MAX as u64,
             order: crate::plan::order::OrderSpec::default(),
             split: None,

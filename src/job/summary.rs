@@ -9,15 +9,14 @@ use serde::Serialize;
 
 use crate::comm::Comm;
 use crate::config::ReportSettings;
-use crate::job::exchange::ExchangeStats;
-use crate::job::expand::Setup;
-use crate::job::Planned;
+use crate::job::handoff::{ExchangeStats, Planned, Setup};
 use crate::progress::PhaseTimes;
+use crate::report::narrate::count;
 use crate::report::plan::AtLimits;
 use crate::report::ranks::{seconds, Spread};
 use crate::report::storage::FreeSpace;
 use crate::report::{GpuShare, PlanReport, Stats, Storage};
-use crate::size::{count, human_bytes};
+use crate::size::human_bytes;
 use crate::storage::{self, Kind};
 use crate::sys::peak_rss;
 use crate::tar::{Hygiene, Skipped};

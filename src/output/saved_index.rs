@@ -97,7 +97,7 @@ impl Saved {
 /// where it is the object's ETag; 0 on a file system.
 fn version(shard: &Path, stamp: &FileStamp) -> u64 {
     if storage::is_object_store(shard) {
-        stamp.ino
+        stamp.identity
     } else {
         0
     }

@@ -1,7 +1,7 @@
 //! Runs of equal labels in a distributed sorted order (`--stratify-by`): how many labels there
 //! are and how far any label's count strays from its ideal share, found where the runs lie
 //! after the sort. Runs wholly inside one rank's bucket are measured there; only the runs at
-//! bucket edges (which may continue on a neighbour) meet on rank 0 (`job::runs::total_runs`).
+//! bucket edges (which may continue on a neighbour) meet on rank 0 (`job::planning::runs::total_runs`).
 
 use crate::comm::sort::Item;
 

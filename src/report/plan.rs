@@ -9,7 +9,8 @@ use crate::output::manifest::ShardEntry;
 use crate::output::{GpuShare, Stats};
 use crate::plan::placement::StratifyReport;
 use crate::plan::Equalize;
-use crate::size::{count, human_bytes};
+use crate::report::narrate::count;
+use crate::size::human_bytes;
 use crate::throttle::Limits;
 
 /// The plan `reshard plan` prints: everything `run` would do, before any data moves.

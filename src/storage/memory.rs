@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::{
-    Capabilities, Entry, FileStamp, Input, Kind, Output, Shard, Sink, Source, Stat, Writer,
+    Capabilities, Entry, FileStamp, Input, Kind, OpenInput, Output, Sink, Source, Stat, Writer,
 };
 
 /// The objects of this process, by location.
@@ -74,7 +74,7 @@ fn stamp(o: &Object) -> FileStamp {
     let size = o.bytes.read().unwrap().len() as u64;
     FileStamp {
         size,
-        ino: o.ino,
+        identity: o.ino,
         ..FileStamp::default()
     }
 }
@@ -132,7 +132,7 @@ impl Source for Memory {
         get(path).ok_or_else(|| not_found(path))
     }
 
-    fn open(&self, path: &Path) -> io::Result<Shard> {
+    fn open(&self, path: &Path) -> io::Result<OpenInput> {
         Ok(Arc::new(object(path)?))
     }
 
@@ -271,7 +271,7 @@ impl Sink for Memory {
         }))
     }
 
-    fn publish(&self, from: &Path, to: &Path) -> io::Result<()> {
+    fn rename_noreplace(&self, from: &Path, to: &Path) -> io::Result<()> {
         with(|s| {
             if s.objects.contains_key(to) || is_dir(s, to) {
                 return Err(io::ErrorKind::AlreadyExists.into());
@@ -305,7 +305,7 @@ impl Sink for Memory {
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let _ = self.remove_file(to);
-        self.publish(from, to)
+        self.rename_noreplace(from, to)
     }
 
     fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
@@ -316,7 +316,7 @@ impl Sink for Memory {
         Err(io::ErrorKind::Unsupported.into())
     }
 
-    fn exchange(&self, _a: &Path, _b: &Path) -> io::Result<()> {
+    fn swap(&self, _a: &Path, _b: &Path) -> io::Result<()> {
         Err(io::ErrorKind::Unsupported.into())
     }
 

@@ -91,7 +91,7 @@ pub trait Source: Send + Sync {
     ///
     /// # Errors
     /// It cannot be opened.
-    fn open(&self, path: &Path) -> io::Result<Shard>;
+    fn open(&self, path: &Path) -> io::Result<OpenInput>;
 
     /// The bytes the object at `path` takes on its storage now (POSIX: its allocated blocks, so
     /// a file sized up front but not yet written takes none). The space check counts what a
@@ -106,7 +106,7 @@ pub trait Source: Send + Sync {
 }
 
 /// An input shard opened by a [`Source`]: shared by the threads that read it.
-pub type Shard = Arc<dyn Input>;
+pub type OpenInput = Arc<dyn Input>;
 
 /// An open input: read at any offset without a cursor, so threads may share it.
 pub trait Input: Send + Sync {
@@ -153,13 +153,13 @@ pub fn read_up_to_at(input: &dyn Input, buf: &mut [u8], offset: u64) -> io::Resu
 /// open shard never move each other (a `dup`ed descriptor would share its offset).
 #[derive(Clone)]
 pub struct Sequential {
-    input: Shard,
+    input: OpenInput,
     pos: u64,
 }
 
 impl Sequential {
     /// A stream of `input` from its first byte.
-    pub fn new(input: Shard) -> Self {
+    pub fn new(input: OpenInput) -> Self {
         Sequential { input, pos: 0 }
     }
 }
@@ -196,7 +196,7 @@ pub struct Capabilities {
     /// [`Output::write_at`] at any offset, in any order (POSIX); without it an output is written
     /// front to back once ([`Sink::create_stream`]).
     pub positioned_writes: bool,
-    /// [`Sink::publish`] and [`Sink::exchange`] are atomic renames; without them the manifest
+    /// [`Sink::rename_noreplace`] and [`Sink::swap`] are atomic renames; without them the manifest
     /// written last is what "published" means.
     pub rename: bool,
 }
@@ -262,7 +262,7 @@ pub trait Sink: Send + Sync {
     /// # Errors
     /// `to` exists (`AlreadyExists`), or the backend cannot rename (`Unsupported`, see
     /// [`Capabilities::rename`]); nothing is renamed.
-    fn publish(&self, from: &Path, to: &Path) -> io::Result<()>;
+    fn rename_noreplace(&self, from: &Path, to: &Path) -> io::Result<()>;
 
     /// Renames `from` to `to` as the backend's plain rename does (POSIX `rename(2)`: a directory
     /// replaces only an empty directory, a file replaces a file).
@@ -288,7 +288,7 @@ pub trait Sink: Send + Sync {
     ///
     /// # Errors
     /// Either is missing, or the backend cannot (`Unsupported`); nothing is renamed.
-    fn exchange(&self, a: &Path, b: &Path) -> io::Result<()>;
+    fn swap(&self, a: &Path, b: &Path) -> io::Result<()>;
 
     /// Removes the object `path`.
     ///
@@ -462,7 +462,7 @@ fn sinks(path: &Path) -> (&'static dyn Sink, &'static dyn Sink) {
 ///
 /// # Errors
 /// It cannot be opened.
-pub fn open(path: &Path) -> io::Result<Shard> {
+pub fn open(path: &Path) -> io::Result<OpenInput> {
     source(path).open(path)
 }
 
@@ -578,10 +578,10 @@ mod tests {
     }
 
     /// What a backend offers beyond the contract every backend keeps: POSIX has symbolic links
-    /// and atomic exchanges, the memory backend answers `Unsupported` and changes nothing.
+    /// and atomic swaps, the memory backend answers `Unsupported` and changes nothing.
     #[derive(Clone, Copy)]
     struct Offers {
-        links_and_exchange: bool,
+        links_and_swap: bool,
     }
 
     /// Runs `contract` on a new POSIX directory and on the `mem://` prefix `name`, each through
@@ -591,10 +591,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mem = PathBuf::from(format!("mem://{name}"));
         let posix = Offers {
-            links_and_exchange: true,
+            links_and_swap: true,
         };
         let memory = Offers {
-            links_and_exchange: false,
+            links_and_swap: false,
         };
         for (base, offers) in [(tmp.path(), posix), (mem.as_path(), memory)] {
             let (source, sink) = (sources(base), sinks(base));
@@ -734,7 +734,7 @@ mod tests {
         on_every_backend("outputs", outputs_take_bytes_at_their_offsets);
     }
 
-    /// `publish` moves a directory only where nothing is (not over a user's directory, an empty
+    /// `rename_noreplace` moves a directory only where nothing is (not over a user's directory, an empty
     /// one or a file), `rename` replaces a file, `exchange` swaps two directories where the
     /// backend can (else `Unsupported`, nothing moved), a link points where it was told, and
     /// the removals remove exactly what they name.
@@ -752,7 +752,9 @@ mod tests {
         sink.create_dir_all(&root.join("empty")).unwrap();
         sink.write(&root.join("file"), b"a file").unwrap();
         for occupied in ["taken", "empty", "file"] {
-            let refused = sink.publish(&staging, &root.join(occupied)).unwrap_err();
+            let refused = sink
+                .rename_noreplace(&staging, &root.join(occupied))
+                .unwrap_err();
             assert_eq!(refused.kind(), io::ErrorKind::AlreadyExists, "{occupied}");
         }
         assert_eq!(source.read(&taken.join("shard")).unwrap(), b"a user's file");
@@ -760,7 +762,7 @@ mod tests {
         assert_eq!(source.read(&staging.join("shard")).unwrap(), b"new output");
 
         let out = root.join("out");
-        sink.publish(&staging, &out).unwrap();
+        sink.rename_noreplace(&staging, &out).unwrap();
         assert!(not_found(source, &staging));
         assert_eq!(source.read(&out.join("shard")).unwrap(), b"new output");
 
@@ -769,13 +771,13 @@ mod tests {
         assert!(not_found(source, &root.join("next")));
         assert_eq!(source.read(&root.join("file")).unwrap(), b"next");
 
-        let swapped = sink.exchange(&out, &taken);
+        let swapped = sink.swap(&out, &taken);
         let linked = sink.symlink(Path::new("out"), &root.join("current"));
-        if offers.links_and_exchange {
+        if offers.links_and_swap {
             swapped.unwrap();
             assert_eq!(source.read(&out.join("shard")).unwrap(), b"a user's file");
             assert_eq!(source.read(&taken.join("shard")).unwrap(), b"new output");
-            let one_missing = sink.exchange(&out, &root.join("missing")).unwrap_err();
+            let one_missing = sink.swap(&out, &root.join("missing")).unwrap_err();
             assert_eq!(one_missing.kind(), io::ErrorKind::NotFound);
             assert_eq!(source.read(&out.join("shard")).unwrap(), b"a user's file");
 

@@ -19,7 +19,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Capabilities, Entry, FileStamp, Input, Output, Shard, Sink, Source, Stat, Writer};
+use super::{Capabilities, Entry, FileStamp, Input, OpenInput, Output, Sink, Source, Stat, Writer};
 use crate::throttle;
 
 /// A backend whose transfers keep to the run's rate limits.
@@ -48,7 +48,7 @@ impl<B: Source + ?Sized> Source for Paced<B> {
         Ok(bytes)
     }
 
-    fn open(&self, path: &Path) -> io::Result<Shard> {
+    fn open(&self, path: &Path) -> io::Result<OpenInput> {
         Ok(Arc::new(PacedInput(self.0.open(path)?)))
     }
 
@@ -58,7 +58,7 @@ impl<B: Source + ?Sized> Source for Paced<B> {
 }
 
 /// An open input whose reads wait for the read limit.
-struct PacedInput(Shard);
+struct PacedInput(OpenInput);
 
 impl Input for PacedInput {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
@@ -114,8 +114,8 @@ impl<B: Sink + ?Sized> Sink for Paced<B> {
         Ok(Box::new(PacedWriter(self.0.create_stream(path)?)))
     }
 
-    fn publish(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.0.publish(from, to)
+    fn rename_noreplace(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.0.rename_noreplace(from, to)
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
@@ -130,8 +130,8 @@ impl<B: Sink + ?Sized> Sink for Paced<B> {
         self.0.symlink(points_to, link)
     }
 
-    fn exchange(&self, a: &Path, b: &Path) -> io::Result<()> {
-        self.0.exchange(a, b)
+    fn swap(&self, a: &Path, b: &Path) -> io::Result<()> {
+        self.0.swap(a, b)
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
@@ -374,7 +374,7 @@ mod tests {
         fn create_stream(&self, _: &Path) -> io::Result<Box<dyn Writer>> {
             unreachable!()
         }
-        fn publish(&self, _: &Path, _: &Path) -> io::Result<()> {
+        fn rename_noreplace(&self, _: &Path, _: &Path) -> io::Result<()> {
             unreachable!()
         }
         fn rename(&self, _: &Path, _: &Path) -> io::Result<()> {
@@ -386,7 +386,7 @@ mod tests {
         fn symlink(&self, _: &Path, _: &Path) -> io::Result<()> {
             unreachable!()
         }
-        fn exchange(&self, _: &Path, _: &Path) -> io::Result<()> {
+        fn swap(&self, _: &Path, _: &Path) -> io::Result<()> {
             unreachable!()
         }
         fn remove_file(&self, _: &Path) -> io::Result<()> {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{
-    Capabilities, Entry, FileStamp, Input, Kind, Output, Shard, Sink, Source, Stat, Writer,
+    Capabilities, Entry, FileStamp, Input, Kind, OpenInput, Output, Sink, Source, Stat, Writer,
 };
 use crate::sys;
 
@@ -66,7 +66,7 @@ impl Source for Posix {
         fs::read(path)
     }
 
-    fn open(&self, path: &Path) -> io::Result<Shard> {
+    fn open(&self, path: &Path) -> io::Result<OpenInput> {
         Ok(Arc::new(PosixInput(File::open(path)?)))
     }
 
@@ -139,7 +139,7 @@ impl Sink for Posix {
         Ok(Box::new(File::create(path)?))
     }
 
-    fn publish(&self, from: &Path, to: &Path) -> io::Result<()> {
+    fn rename_noreplace(&self, from: &Path, to: &Path) -> io::Result<()> {
         sys::rename_noreplace(from, to)
     }
 
@@ -155,7 +155,7 @@ impl Sink for Posix {
         std::os::unix::fs::symlink(points_to, link)
     }
 
-    fn exchange(&self, a: &Path, b: &Path) -> io::Result<()> {
+    fn swap(&self, a: &Path, b: &Path) -> io::Result<()> {
         sys::exchange_paths(a, b)
     }
 

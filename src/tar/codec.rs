@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::storage::{self, Sequential, Shard};
+use crate::storage::{self, OpenInput, Sequential};
 
 /// How a shard's bytes are stored, told by its first bytes (never by its name).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,7 +36,7 @@ impl Codec {
     ///
     /// # Errors
     /// The shard cannot be read.
-    pub fn sniff(shard: &Shard, path: &Path) -> Result<Codec> {
+    pub fn sniff(shard: &OpenInput, path: &Path) -> Result<Codec> {
         let mut head = [0u8; 4];
         let n = storage::read_up_to_at(shard.as_ref(), &mut head, 0)
             .with_context(|| format!("{}: cannot read", path.display()))?;
@@ -47,7 +47,7 @@ impl Codec {
     ///
     /// # Errors
     /// The decoder cannot start (zstd's context allocation).
-    pub fn decoder(self, shard: Shard) -> io::Result<Box<dyn Read + Send>> {
+    pub fn decoder(self, shard: OpenInput) -> io::Result<Box<dyn Read + Send>> {
         let buffered = BufReader::with_capacity(1 << 20, Sequential::new(shard));
         Ok(match self {
             Codec::Plain => Box::new(buffered),
@@ -60,7 +60,7 @@ impl Codec {
 /// A shard opened by [`open`] for reading its tar stream from the start.
 pub enum Opened {
     /// A plain tar: the shard itself, for positioned reads; offsets are file offsets.
-    Plain(Shard),
+    Plain(OpenInput),
     /// A compressed tar: its decompressed stream (buffered); offsets are those of this stream.
     Decompressed(Codec, Box<dyn Read + Send>),
 }
@@ -69,7 +69,7 @@ pub enum Opened {
 ///
 /// # Errors
 /// The shard cannot be opened or read (the message names it).
-pub fn open_file(path: &Path) -> Result<(Codec, Shard)> {
+pub fn open_file(path: &Path) -> Result<(Codec, OpenInput)> {
     let shard = storage::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     let codec = Codec::sniff(&shard, path)?;
     Ok((codec, shard))
@@ -80,7 +80,7 @@ pub fn open_file(path: &Path) -> Result<(Codec, Shard)> {
 ///
 /// # Errors
 /// The decoder cannot start (the message names the file).
-pub fn decompress(codec: Codec, shard: Shard, path: &Path) -> Result<Box<dyn Read + Send>> {
+pub fn decompress(codec: Codec, shard: OpenInput, path: &Path) -> Result<Box<dyn Read + Send>> {
     codec
         .decoder(shard)
         .with_context(|| format!("{}: cannot start decompressing", path.display()))

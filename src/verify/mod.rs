@@ -42,7 +42,7 @@ pub use report::{Mismatches, Shuffle, VerifyReport};
 
 use crate::comm::wire::{decode_concat, encode_values as encode};
 use crate::progress::PhaseTimes;
-use crate::size::count;
+use crate::report::narrate::count;
 use problems::{check_outputs, data_problems, Found};
 use records::{digest_inputs, route_records, Record};
 use report::SplitFigures;

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::plan::Equalize;
+use crate::report::narrate::count;
 use crate::report::Stats;
-use crate::size::{count, human_bytes};
+use crate::size::human_bytes;
 
 /// Counts of samples whose digests do not balance between input and output.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

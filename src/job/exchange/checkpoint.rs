@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use super::stages::{Job, Stages};
+use super::stages::{Stages, Work};
 use crate::comm::wire::{gather_concat, route, RoundStatus};
 use crate::comm::{agree, Comm};
 use crate::job::interrupt::Interrupted;
@@ -41,7 +41,7 @@ pub struct Checkpoints<'a> {
 // is the price, and what the flag says; SIGINT and SIGTERM still checkpoint at once.
 
 /// The exchange's checkpoint state on one rank.
-pub(super) struct Pacer<'a> {
+pub(super) struct Checkpointing<'a> {
     checkpoints: Checkpoints<'a>,
     last: Instant,
     /// The round being synced, and this rank's samples up to it.
@@ -51,9 +51,9 @@ pub(super) struct Pacer<'a> {
     stopping: Option<i32>,
 }
 
-impl<'a> Pacer<'a> {
+impl<'a> Checkpointing<'a> {
     pub(super) fn new(checkpoints: Checkpoints<'a>) -> Self {
-        Pacer {
+        Checkpointing {
             checkpoints,
             last: Instant::now(),
             pending: None,
@@ -87,7 +87,7 @@ impl<'a> Pacer<'a> {
     pub(super) fn after_status(
         &mut self,
         comm: &impl Comm,
-        job: &Job<'_>,
+        job: &Work<'_>,
         status: &RoundStatus,
         n: u64,
         through: usize,
@@ -139,7 +139,7 @@ pub(super) struct Reused {
 /// What an earlier attempt placed: each rank sums, per shard, the bytes of its done samples and
 /// sends the sums to the shards' writers (records for at most every shard: O(S) per rank). Nothing
 /// (and no collective) on a first attempt: the done set is the same on every rank.
-pub(super) fn reused(comm: &impl Comm, job: &Job<'_>) -> Reused {
+pub(super) fn reused(comm: &impl Comm, job: &Work<'_>) -> Reused {
     if job.done.is_empty() {
         return Reused::default();
     }

@@ -23,13 +23,14 @@ use anyhow::{bail, Result};
 
 use crate::comm::{agree, Comm};
 use crate::hooks;
+use crate::job::handoff::ExchangeStats;
 use crate::watchdog::Watchdog;
+use checkpoint::Checkpointing;
 pub use checkpoint::Checkpoints;
-use checkpoint::Pacer;
 use pack::pack_rounds;
 use rounds::{exchange_rounds, Ends, Moved};
+pub use stages::Work;
 use stages::{Delivery, Packed, Stages, CHUNK_HEADER};
-pub use stages::{ExchangeStats, Job};
 use writer::write_rounds;
 
 /// How a memory budget is split among the exchange's buffers.
@@ -141,7 +142,7 @@ const RECV_BUFFERS: usize = 1 + rounds::ROUNDS_IN_FLIGHT;
 /// same round.
 pub fn run(
     comm: &impl Comm,
-    job: &Job<'_>,
+    job: &Work<'_>,
     buffers: Buffers,
     stall: Stall,
     checkpoints: Checkpoints<'_>,
@@ -179,7 +180,7 @@ pub fn run(
         zero: timeline::Zero::start(comm.rank()),
     };
     hooks::inject_fault(stages.me);
-    let mut pacer = Pacer::new(checkpoints);
+    let mut checkpointing = Checkpointing::new(checkpoints);
     let (outcome, mut stats) = std::thread::scope(|scope| {
         let st = &stages;
         scope.spawn(move || {
@@ -195,9 +196,9 @@ pub fn run(
             so_far: reused.total,
             report: progress,
         };
-        exchange_rounds(comm, st, cap, ends, &mut pacer, moved)
+        exchange_rounds(comm, st, cap, ends, &mut checkpointing, moved)
     });
-    stats.checkpoints = pacer.taken;
+    stats.checkpoints = checkpointing.taken;
     drop(stages.dog);
     outcome?;
     // The writer may have failed on the last round, after the last status exchange.

@@ -6,7 +6,7 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use anyhow::{anyhow, Context, Result};
 
 use super::reader::{InputReader, DIRECT};
-use super::stages::{Job, Packed, Stages, CHUNK_HEADER};
+use super::stages::{Packed, Stages, Work, CHUNK_HEADER};
 use crate::comm::wire::{ChunkHeader, Wire};
 use crate::input::InputShard;
 use crate::plan::placement::LocalSample;
@@ -110,7 +110,7 @@ struct Filled {
 /// of them too, so that rounds (and progress reports) stay regular. Its other own samples go
 /// into its own segment, which never leaves the rank, for the writer to place with the round.
 fn fill(
-    job: &Job<'_>,
+    job: &Work<'_>,
     me: usize,
     cursor: &mut Cursor,
     reader: &mut InputReader<'_>,
@@ -266,7 +266,7 @@ fn in_kernel(reader: &mut InputReader<'_>, s: &LocalSample, ranks: usize) -> Res
 /// `shard`, inside the kernel, after its first block is read and checked (512 bytes and one
 /// system call per sample, from the page cache where readahead brought it); returns its length.
 fn copy_own(
-    job: &Job<'_>,
+    job: &Work<'_>,
     reader: &mut InputReader<'_>,
     s: &LocalSample,
     shard: u64,

@@ -7,7 +7,7 @@ use std::ops::Range;
 use anyhow::{anyhow, Context, Result};
 
 use crate::input::InputShard;
-use crate::storage::{self, Shard};
+use crate::storage::{self, OpenInput};
 use crate::tar::codec::{self, Codec};
 
 /// Reads at least this large go straight into the caller's buffer instead of through the
@@ -20,7 +20,7 @@ pub(super) const DIRECT: u64 = 64 << 10;
 pub(super) struct InputReader<'a> {
     inputs: &'a [InputShard],
     /// The open input: shard, file, and how it is stored.
-    file: Option<(usize, Shard, Codec)>,
+    file: Option<(usize, OpenInput, Codec)>,
     /// For a compressed shard: the decompressed stream and its position.
     stream: Option<(usize, u64, Box<dyn Read + Send>)>,
     window: Vec<u8>,
@@ -98,7 +98,7 @@ impl<'a> InputReader<'a> {
     }
 
     /// The open input file of `shard` and its codec (the last one opened stays open).
-    pub(super) fn file(&mut self, shard: usize) -> Result<(&Shard, Codec)> {
+    pub(super) fn file(&mut self, shard: usize) -> Result<(&OpenInput, Codec)> {
         if self.file.as_ref().is_none_or(|(s, _, _)| *s != shard) {
             let path = &self.inputs[shard].path;
             let (codec, f) = codec::open_file(path)?;

@@ -21,12 +21,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 
-use super::checkpoint::Pacer;
-use super::stages::{Delivery, ExchangeStats, Packed, Stages};
+use super::checkpoint::Checkpointing;
+use super::stages::{Delivery, Packed, Stages};
 use super::timeline::Timeline;
 use crate::comm::wire::{RoundStatus, Wire};
 use crate::comm::{Arrived, Comm, Outgoing, PeerFailed};
 use crate::hooks;
+use crate::job::handoff::ExchangeStats;
 
 /// Rounds a rank has started and not yet settled, at most: two, so that one is always moving
 /// while the other's last transfers finish.
@@ -56,7 +57,7 @@ pub(super) fn exchange_rounds<C: Comm>(
     st: &Stages<'_, '_>,
     cap: usize,
     ends: Ends,
-    pacer: &mut Pacer<'_>,
+    checkpointing: &mut Checkpointing<'_>,
     mut moved: Moved<'_>,
 ) -> (Result<()>, ExchangeStats) {
     let mut flight = Flight {
@@ -72,7 +73,7 @@ pub(super) fn exchange_rounds<C: Comm>(
     let outcome = loop {
         if flight.oldest_arrived() {
             let round = flight.rounds.pop_front().expect("the oldest round");
-            match settle(&mut flight, &ends, round, pacer, &mut stats) {
+            match settle(&mut flight, &ends, round, checkpointing, &mut stats) {
                 Ok(Some(payload)) => {
                     moved.so_far += payload;
                     (moved.report)(moved.so_far);
@@ -83,10 +84,10 @@ pub(super) fn exchange_rounds<C: Comm>(
         } else if flight.rounds.is_empty() {
             // Nothing in flight that needs this thread: sleep until the reader has a round.
             let packed = ends.packed.recv().ok();
-            flight.start(&ends, packed, pacer);
+            flight.start(&ends, packed, checkpointing);
         } else if flight.rounds.len() < ROUNDS_IN_FLIGHT {
             match try_packed(&ends) {
-                Some(packed) => flight.start(&ends, packed, pacer),
+                Some(packed) => flight.start(&ends, packed, checkpointing),
                 None => flight.idle(),
             }
         } else {
@@ -227,7 +228,7 @@ impl<C: Comm> Flight<'_, '_, '_, '_, C> {
     }
 
     /// Starts the next round with what the reader packed (`None`: nothing, it is done).
-    fn start(&mut self, ends: &Ends, packed: Option<Packed>, pacer: &Pacer<'_>) {
+    fn start(&mut self, ends: &Ends, packed: Option<Packed>, checkpointing: &Checkpointing<'_>) {
         let (st, me) = (self.st, self.st.me);
         let ranks = self.comm.size();
         self.started += 1;
@@ -251,7 +252,7 @@ impl<C: Comm> Flight<'_, '_, '_, '_, C> {
         let status = RoundStatus {
             failed: u64::from(failure.is_some()),
             payload: if failure.is_some() { 0 } else { round.payload },
-            ..pacer.status(self.comm, st)
+            ..checkpointing.status(self.comm, st)
         };
         let cap = self.cap;
         // Empty segments as 0..0: a rank whose reader has finished sends from an empty buffer.
@@ -345,7 +346,7 @@ fn settle<C: Comm>(
     flight: &mut Flight<'_, '_, '_, '_, C>,
     ends: &Ends,
     round: Started<C::Round>,
-    pacer: &mut Pacer<'_>,
+    checkpointing: &mut Checkpointing<'_>,
     stats: &mut ExchangeStats,
 ) -> Result<Option<u64>> {
     let (comm, st) = (flight.comm, flight.st);
@@ -362,7 +363,7 @@ fn settle<C: Comm>(
     if status.payload == 0 {
         return Ok(None);
     }
-    let sync = pacer.after_status(comm, st.job, &status, n, round.through)?;
+    let sync = checkpointing.after_status(comm, st.job, &status, n, round.through)?;
     stats.rounds += 1;
     stats.bytes_sent += round.payload;
     let Arrived { out, from, .. } = arrived;

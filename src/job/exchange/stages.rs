@@ -19,8 +19,8 @@ use crate::watchdog::Watchdog;
 /// Bytes of the [`ChunkHeader`] in front of every chunk.
 pub const CHUNK_HEADER: usize = ChunkHeader::WIDTH;
 
-/// Everything the exchange needs to know about the job.
-pub struct Job<'a> {
+/// The exchange's work on this rank: the samples it reads, where each goes, the shards it writes.
+pub struct Work<'a> {
     pub inputs: &'a [InputShard],
     /// This rank's samples, in input order, and the global index of the first.
     pub local: &'a [LocalSample],
@@ -69,7 +69,7 @@ pub struct Delivery {
 /// What the three stages share: the job, the writer's first failure, the bytes placed, and the
 /// stall watchdog every stage reports progress to.
 pub struct Stages<'a, 'j> {
-    pub job: &'a Job<'j>,
+    pub job: &'a Work<'j>,
     pub me: usize,
     pub write_failure: Mutex<Option<anyhow::Error>>,
     pub written: AtomicU64,
@@ -82,26 +82,4 @@ pub struct Stages<'a, 'j> {
     pub dog: Watchdog,
     /// `RESHARD_TRACE_ROUNDS`: the zero of this rank's round timeline.
     pub zero: Option<Zero>,
-}
-
-/// What the exchange moved, as seen by this rank.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ExchangeStats {
-    pub rounds: u64,
-    /// Sample bytes this rank read and sent.
-    pub bytes_sent: u64,
-    /// Sample bytes this rank received and wrote.
-    pub bytes_written: u64,
-    /// `--resume`: sample bytes of this rank's shards an earlier attempt had placed, and samples
-    /// of this rank's input it had moved.
-    pub bytes_reused: u64,
-    pub samples_reused: u64,
-    /// `--resume`: this rank's shards an earlier attempt had completed.
-    pub shards_reused: u64,
-    /// Checkpoints recorded during this exchange.
-    pub checkpoints: u64,
-    /// Time this rank's reader spent reading (and copying its own samples), and its writer
-    /// writing, in nanoseconds: waits for buffers excluded.
-    pub read_nanos: u64,
-    pub write_nanos: u64,
 }

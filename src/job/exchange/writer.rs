@@ -5,7 +5,7 @@ use std::sync::mpsc::{Receiver, Sender};
 
 use anyhow::{Context, Result};
 
-use super::stages::{Delivery, Job, Stages, CHUNK_HEADER};
+use super::stages::{Delivery, Stages, Work, CHUNK_HEADER};
 use crate::comm::wire::{ChunkHeader, Wire};
 
 /// The writer thread: places every delivery's chunks, then recycles its buffers. After a failure
@@ -75,7 +75,7 @@ struct Placed<'a> {
 /// random order, 2.0 s sorted within each of 16 batches (one per round), 1.7 s within 4 and
 /// 1.3 s in file order (2026-11-25, a C program on this VM): the lookups and allocations of
 /// pages near the last ones hit the CPU's caches.
-fn place_round(job: &Job<'_>, segments: &[&[u8]]) -> Result<u64> {
+fn place_round(job: &Work<'_>, segments: &[&[u8]]) -> Result<u64> {
     let mut chunks = Vec::new();
     for &segment in segments {
         chunks_of(job, segment, &mut chunks)?;
@@ -90,7 +90,11 @@ fn place_round(job: &Job<'_>, segments: &[&[u8]]) -> Result<u64> {
 }
 
 /// Decodes the chunks of one sender's segment and where each goes, onto `chunks`.
-fn chunks_of<'a>(job: &Job<'_>, mut segment: &'a [u8], chunks: &mut Vec<Placed<'a>>) -> Result<()> {
+fn chunks_of<'a>(
+    job: &Work<'_>,
+    mut segment: &'a [u8],
+    chunks: &mut Vec<Placed<'a>>,
+) -> Result<()> {
     while !segment.is_empty() {
         let ChunkHeader {
             position,

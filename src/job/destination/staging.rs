@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! .OUT.reshard-tmp/
-//!   .reshard-owner      the owning run's token (see crate::job::lock)
+//!   .reshard-owner      the owning run's token (see crate::job::destination::lock)
 //!   .reshard/           saved indexes of the shards (published with the output)
 //!   .heartbeats/        the ranks' watchdog heartbeats during the exchange (removed before
 //!                       publishing)

@@ -13,16 +13,12 @@ use crate::comm::{broadcast_result, Comm};
 use crate::config::PublishSettings;
 pub use crate::exit::CleanupFailed;
 use crate::hooks;
-use crate::job::expand::Setup;
-use crate::job::finish::Finished;
-use crate::job::layout::Laid;
-use crate::job::link::{check_link, relative_target};
-use crate::job::lock::StagingLock;
-use crate::job::owned::{check_replaceable, inspect, AtOutput};
-use crate::job::place::Placed;
-use crate::job::series::{outputs_beyond, remove_epoch, unfinished_removals};
-use crate::job::staging::Staging;
-use crate::job::Planned;
+use crate::job::destination::link::{check_link, relative_target};
+use crate::job::destination::lock::OutputLock;
+use crate::job::destination::owned::{check_replaceable, inspect, AtOutput};
+use crate::job::destination::series::{outputs_beyond, remove_epoch, unfinished_removals};
+use crate::job::destination::staging::Staging;
+use crate::job::handoff::{Finished, Laid, Placed, Planned, Setup};
 use crate::output::manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
 use crate::output::{checkpoint, energon};
 use crate::report::Stats;
@@ -42,7 +38,7 @@ pub fn run(
     setup: &Setup,
     planned: &Planned,
     finished: &Finished,
-    lock: Option<&StagingLock>,
+    lock: Option<&OutputLock>,
 ) -> Result<()> {
     hooks::kill_before_publish(comm.rank());
     let published = (comm.rank() == 0).then(|| {
@@ -277,7 +273,7 @@ fn publish(force: bool, staging: &Path, target: &Path) -> Result<bool> {
     let replaced = found == AtOutput::ReshardOutput;
     if replaced {
         storage::sink(target)
-            .exchange(staging, target)
+            .swap(staging, target)
             .with_context(|| {
                 format!(
                     "cannot replace {} with {}",
@@ -306,7 +302,7 @@ fn rename_without_replacing(staging: &Path, target: &Path) -> Result<()> {
         ))
     };
     let sink = storage::sink(target);
-    match sink.publish(staging, target) {
+    match sink.rename_noreplace(staging, target) {
         Ok(()) => Ok(()),
         Err(e) if crate::sys::unsupported(&e) => sink.rename(staging, target).map_err(failed),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => match inspect(target)? {

@@ -7,10 +7,9 @@ use anyhow::{anyhow, Result};
 use crate::comm::sort::global_ranks;
 use crate::comm::{agree, agree_once, everywhere, Comm};
 use crate::config::{PlaceSettings, Splits};
-use crate::job::context::Shared;
-use crate::job::index::Index;
-use crate::job::runs::total_runs;
-use crate::job::split::{self, Assigned, Labels, Own};
+use crate::job::handoff::{Indexed, Placed, Shared};
+use crate::job::planning::runs::total_runs;
+use crate::job::planning::split::{self, Assigned, Labels, Own};
 use crate::key_map::KeyMap;
 use crate::output::ShardNames;
 use crate::plan::groups::{
@@ -23,25 +22,9 @@ use crate::plan::positions::{rank_positions, split_permutations, split_positions
 use crate::plan::runs::Runs;
 use crate::plan::sort_items::{sort_items, SortItems};
 use crate::report::narrate;
-use crate::size::{count, human_bytes};
+use crate::report::narrate::count;
+use crate::size::human_bytes;
 use crate::tar::key_at;
-
-/// What the place phase leaves on every rank.
-pub struct Placed {
-    pub placement: Placement,
-    pub groups: Vec<GroupPlan>,
-    /// Samples no key-map group claimed (left out by `--unmatched skip`).
-    pub unmatched: u64,
-    pub stratify: Option<StratifyReport>,
-    /// Over all groups: shards, samples written, samples dropped and repeated by `--equalize`.
-    pub shards: u64,
-    pub output_samples: u64,
-    pub dropped: u64,
-    pub repeated: u64,
-    /// Why this many shards.
-    pub sizing: String,
-    pub names: ShardNames,
-}
 
 /// Gives every sample its output position, by the seeded permutation or the order the flags ask
 /// for, in the groups of a key map or of `--split`. Consumes the keys and labels the index phase
@@ -53,7 +36,7 @@ pub struct Placed {
 pub fn run<C: Comm>(
     ctx: &Shared<'_, C>,
     settings: &PlaceSettings,
-    index: &mut Index,
+    index: &mut Indexed,
 ) -> Result<Placed> {
     let (comm, inputs, lead) = (ctx.comm, ctx.inputs, ctx.lead());
     let keys = std::mem::take(&mut index.keys);
@@ -209,7 +192,7 @@ impl Placed {
 }
 
 /// Rank 0 says what the plan is.
-fn narrate_placed(lead: bool, order: &OrderSpec, index: &Index, placed: &Placed) {
+fn narrate_placed(lead: bool, order: &OrderSpec, index: &Indexed, placed: &Placed) {
     narrate(
         lead,
         format_args!(

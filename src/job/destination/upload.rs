@@ -19,8 +19,8 @@ use anyhow::{bail, Context, Result};
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::{Keep, UploadSettings};
 use crate::exit::CleanupFailed;
-use crate::job::lock::StagingLock;
-use crate::job::series::{outputs_beyond, say_what_keep_would_remove};
+use crate::job::destination::lock::OutputLock;
+use crate::job::destination::series::{outputs_beyond, say_what_keep_would_remove};
 use crate::output::{checkpoint, saved_index};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
@@ -47,13 +47,13 @@ const UPLOADED: &str = "uploaded";
 const CHUNK: usize = 8 << 20;
 
 /// The lock of an `s3://` output, held by rank 0 from before any work until the end: the
-/// lock of a file system's output ([`StagingLock`]) on an object created with a conditional
+/// lock of a file system's output ([`OutputLock`]) on an object created with a conditional
 /// PUT, so with the same rules: a token unique to the run, the owner's host, boot, PID
 /// namespace, pid and start time, and a heartbeat it rewrites every second (a conditional PUT
 /// on the ETag it read). A holder dead by its pid (this host, boot and PID namespace) is taken
 /// over at once; any other once its heartbeat has not moved for `--lock-stale-after`.
 pub struct RemoteLock {
-    lock: StagingLock,
+    lock: OutputLock,
     /// Objects of the reshard output `--force` replaces (its manifest's names), removed once
     /// the new manifest is written.
     replaced: Vec<String>,
@@ -76,7 +76,7 @@ impl RemoteLock {
     /// # Errors
     /// Another live run holds it, or the store has no conditional PUT.
     fn acquire(target: &Path, stale_after: Duration) -> Result<Self> {
-        let lock = StagingLock::acquire(&lock_path(target), target, stale_after)?;
+        let lock = OutputLock::acquire(&lock_path(target), target, stale_after)?;
         Ok(RemoteLock {
             lock,
             replaced: Vec::new(),
@@ -176,7 +176,7 @@ fn upload_record(local: &Path, shard: &str) -> PathBuf {
 
 /// A stamp as noted: size, modification time, identity (an object's ETag hash, a file's inode).
 fn stamp_line(s: &storage::FileStamp) -> String {
-    format!("{} {} {}", s.size, s.mtime_ns, s.ino)
+    format!("{} {} {}", s.size, s.mtime_ns, s.identity)
 }
 
 /// What is noted of an upload: the object's stamp after it, then the staged file's it came from.
@@ -267,7 +267,7 @@ fn restage(local: &Path) -> Result<bool> {
     let (Some(parent), Some(name)) = (local.parent(), local.file_name()) else {
         return Ok(false);
     };
-    let staging = crate::job::staging::path_for(parent, name);
+    let staging = crate::job::destination::staging::path_for(parent, name);
     let source = storage::source(local);
     if source.stat(&records).is_err() || source.stat(&staging).is_ok() {
         return Ok(false);
@@ -722,7 +722,7 @@ fn remove_remote_epoch(old: &Path, stale_after: Duration) -> Result<()> {
             old.display()
         );
     };
-    if crate::job::lock::may_be_held(&lock_path(old)) {
+    if crate::job::destination::lock::may_be_held(&lock_path(old)) {
         skipped(&"another run holds its lock");
         return Ok(());
     }

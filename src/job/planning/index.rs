@@ -12,45 +12,16 @@ use crate::comm::wire::gather_concat;
 use crate::comm::{agree, broadcast_result, everywhere, exclusive_sum, Comm};
 use crate::config::{IndexSettings, ProgressConfig, ProgressMode};
 use crate::input::InputShard;
-use crate::job::context::Shared;
-use crate::job::duplicates;
+use crate::job::handoff::{Indexed, Shared};
+use crate::job::planning::duplicates;
 use crate::output::saved_index::{self, Lookup};
 use crate::plan::assign_inputs;
 use crate::plan::placement::LocalSample;
 use crate::progress::Progress;
 use crate::report::narrate;
-use crate::size::count;
+use crate::report::narrate::count;
 use crate::storage::{self, FileStamp};
 use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
-
-/// What the index phase leaves on every rank.
-pub struct Index {
-    /// The input shards this rank read (a contiguous run).
-    pub mine: std::ops::Range<usize>,
-    /// This rank's samples, in input order.
-    pub local: Vec<LocalSample>,
-    /// Every sample's key, when the rules keep them (taken by the place phase).
-    pub keys: Vec<Vec<u8>>,
-    /// Every sample's label member, when the rules read one (taken by the place phase).
-    pub contents: Vec<Option<Vec<u8>>>,
-    /// Samples per input shard of this rank.
-    pub counts: Vec<u64>,
-    /// The global index of this rank's first sample.
-    pub first_global: u64,
-    /// Over all ranks.
-    pub samples: u64,
-    pub sample_bytes: u64,
-    pub skipped: Skipped,
-    pub hygiene: Hygiene,
-    /// Runs of zero blocks read past inside inputs (`--ignore-zeros`), over all ranks.
-    pub zero_runs: u64,
-    /// This rank's input shards as it saw them just before it read them (or their saved
-    /// index), in order: the finish phase checks them unchanged.
-    pub stamps: Vec<FileStamp>,
-    /// This rank's input shards whose saved index was used: their streams were not read here,
-    /// so the exchange reads the compressed ones to their end (checking their checksums).
-    pub unread: Vec<usize>,
-}
 
 /// Indexes this rank's share, checks for samples split across shards and for duplicate keys,
 /// and numbers the samples globally.
@@ -58,13 +29,14 @@ pub struct Index {
 /// # Errors
 /// Bad input on any rank (agreed), a sample split across two shards, a duplicate key under
 /// `--on-duplicate abort`, or no samples at all.
-pub fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Result<Index> {
+pub fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Result<Indexed> {
     let (comm, inputs) = (ctx.comm, ctx.inputs);
     let (rank, ranks, lead) = (comm.rank(), comm.size(), ctx.lead());
     let sizes: Vec<u64> = inputs.iter().map(|s| s.size).collect();
     let mine = assign_inputs(&sizes, ranks)[rank].clone();
     let reused = AtomicUsize::new(0);
-    if let Some(dir) = settings.index.as_deref().filter(|_| !settings.reuse_saved) {
+    let saved = settings.saved_indexes.as_deref();
+    if let Some(dir) = saved.filter(|_| !settings.reuse_saved) {
         narrate(
             lead,
             format_args!(
@@ -76,7 +48,7 @@ pub fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Result<Ind
     let indexed = index_shards(inputs, mine.clone(), settings, &reused, &mut |work| {
         report_progress(comm, settings.progress, inputs, work)
     });
-    let Indexed {
+    let Scanned {
         local,
         skipped,
         hygiene,
@@ -142,7 +114,7 @@ pub fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Result<Ind
             ),
         ));
     }
-    Ok(Index {
+    Ok(Indexed {
         mine,
         local,
         keys,
@@ -256,7 +228,7 @@ fn index_shards(
     settings: &IndexSettings,
     reused: &AtomicUsize,
     watch: &mut dyn FnMut(&Work),
-) -> Result<Indexed> {
+) -> Result<Scanned> {
     const THREADS: usize = 32;
     let next = AtomicUsize::new(mine.start);
     let results: Mutex<Vec<Option<Result<Stamped>>>> =
@@ -302,7 +274,7 @@ fn index_shards(
 fn index_one(path: &Path, settings: &IndexSettings, reused: &AtomicUsize) -> Result<ShardIndex> {
     let rules = &settings.rules;
     let saved = if settings.reuse_saved {
-        saved_index::load(path, settings.index.as_deref())
+        saved_index::load(path, settings.saved_indexes.as_deref())
     } else {
         Lookup::Missing
     };
@@ -325,7 +297,7 @@ fn collect(
     results: Vec<Option<Result<Stamped>>>,
     mine: std::ops::Range<usize>,
     rules: &Rules,
-) -> Result<Indexed> {
+) -> Result<Scanned> {
     // Sized exactly, and each shard's index dropped once copied: the peak is the shard indexes
     // plus these, about 56 bytes per sample.
     let total: usize = results
@@ -334,7 +306,7 @@ fn collect(
         .flatten()
         .map(|(_, i)| i.samples.len())
         .sum();
-    let mut out = Indexed::default();
+    let mut out = Scanned::default();
     out.local.reserve_exact(total);
     if rules.checks_duplicates() {
         out.key_hashes.reserve_exact(total);
@@ -385,7 +357,7 @@ fn collect(
 
 /// What a rank's indexing found.
 #[derive(Debug, Default)]
-struct Indexed {
+struct Scanned {
     /// This rank's samples, in input order.
     local: Vec<LocalSample>,
     skipped: Skipped,

@@ -12,7 +12,7 @@ use crate::comm::sort::{global_ranks, Item};
 use crate::comm::{agree, agree_once, everywhere, exclusive_sum, Comm};
 use crate::config::SplitSettings;
 use crate::input::{split_names, InputShard};
-use crate::job::runs::total_runs;
+use crate::job::planning::runs::total_runs;
 use crate::plan::order::OrderSpec;
 use crate::plan::permute::Permutation;
 use crate::plan::placement::LocalSample;

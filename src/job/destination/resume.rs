@@ -11,26 +11,16 @@
 
 use std::path::Path;
 
-use anyhow::{anyhow, Context, Result};
-use serde::{Deserialize, Serialize};
-
 use crate::cli::resolve::UsageError;
 use crate::comm::{agree, Comm};
 use crate::config::ResumeSettings;
 use crate::input::InputShard;
 use crate::job::exchange::Checkpoints;
-use crate::job::Planned;
-use crate::output::checkpoint::{self, Checkpoint, InputRecord, PlanRecord};
-use crate::size::count;
+use crate::job::handoff::{Planned, Resume};
+use crate::output::checkpoint::{self, InputRecord, PlanRecord};
+use crate::report::narrate::count;
 use crate::storage::{self, FileStamp};
-
-/// What an earlier attempt left to continue from, as rank 0 found it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Resume {
-    pub checkpoint: Checkpoint,
-    /// The recorded plan's digest.
-    pub digest: String,
-}
+use anyhow::{anyhow, Context, Result};
 
 /// The arguments that shape the staging shards, as `--resume` records and compares them: those
 /// decided when the request was resolved, and the key map's size and time now.
@@ -231,6 +221,7 @@ fn hash(words: &[u64]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::checkpoint::Checkpoint;
 
     fn record(args: &[(&str, &str)], inputs: &[(&str, u64, u128)]) -> PlanRecord {
         PlanRecord {

@@ -7,33 +7,12 @@ use crate::comm::wire::{self, gather_concat, Received, Sink};
 use crate::comm::{agree, exclusive_sum, Comm};
 use crate::config::{Balance, LayoutSettings};
 use crate::input::InputShard;
-use crate::job::context::Shared;
-use crate::job::index::Index;
-use crate::job::place::Placed;
+use crate::job::handoff::{Indexed, Laid, Placed, Shared};
 use crate::output::manifest::ShardEntry;
 use crate::plan::placement::{LocalSample, Placement};
 use crate::plan::{bounds_from_starts, byte_shard_of, ShardGroup, ShardLayout, ShardPlan};
 use crate::report::GpuShare;
 use crate::tar::keys_at;
-
-/// What the layout phase leaves: every rank's own shards laid out, and on rank 0 what the
-/// manifest and the plan report need.
-pub struct Laid {
-    pub plan: ShardPlan,
-    /// This rank's shards.
-    pub layout: ShardLayout,
-    /// The keys of the samples `--equalize` dropped and repeated (rank 0).
-    pub dropped_keys: Vec<String>,
-    pub repeated_keys: Vec<String>,
-    /// Bytes of every output shard (rank 0), and samples of every output shard.
-    pub shard_bytes: Vec<u64>,
-    pub shard_samples: Vec<u64>,
-    /// Samples of every input shard (rank 0).
-    pub input_counts: Vec<u64>,
-    /// The manifest's shard list, before compression and checksums (rank 0).
-    pub shardlist: Vec<ShardEntry>,
-    pub gpus: Option<GpuShare>,
-}
 
 /// Sends every sample's (position, length) to its writer, which lays out its shards.
 ///
@@ -43,7 +22,7 @@ pub struct Laid {
 pub fn run<C: Comm>(
     ctx: &Shared<'_, C>,
     settings: &LayoutSettings,
-    index: &Index,
+    index: &Indexed,
     placed: &Placed,
 ) -> Result<Laid> {
     let (comm, inputs) = (ctx.comm, ctx.inputs);

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 
 use crate::config::Keep;
 use crate::hooks;
-use crate::job::owned::is_reshard_output;
+use crate::job::destination::owned::is_reshard_output;
 use crate::storage::{self, Kind};
 
 /// The older epochs of `target`'s series that `--keep` removes: siblings of `target` whose name

@@ -1,0 +1,42 @@
+//! The output location's life: its lock ([`lock`]), the staging directory where it is assembled
+//! ([`staging`]), what reshard may replace or remove ([`owned`], [`series`] for `--keep`),
+//! `--link` ([`link`]), the space check ([`space`]), the records a `--resume` continues from
+//! ([`resume`]), the publishing rename ([`publish`]), and for an `s3://` output its lock object
+//! and upload ([`upload`]). The phases call in here; nothing in here runs a phase of its own
+//! but publish and upload, which take the other phases' hand-offs ([`crate::job::handoff`]).
+
+pub mod link;
+pub mod lock;
+pub mod owned;
+pub mod publish;
+pub mod resume;
+pub mod series;
+pub mod space;
+pub mod staging;
+pub mod upload;
+
+use anyhow::Result;
+
+use crate::config::UploadSettings;
+use crate::output::checkpoint::InputRecord;
+
+/// What rank 0 keeps for itself: the output's lock, and every input's size and modification
+/// time as the run started (for the plan record).
+#[derive(Default)]
+pub struct Held {
+    pub lock: Option<lock::OutputLock>,
+    /// An `s3://` output's lock (taken before this phase, see [`upload`]).
+    pub remote: Option<upload::RemoteLock>,
+    pub inputs: Vec<InputRecord>,
+}
+
+/// Rank 0, before the expand phase looks at the output: for an `s3://` output its scratch
+/// directory made, its lock object taken and the bucket's output checked (see
+/// [`upload::prepare`]); nothing for an output on a file system, whose lock the expand phase
+/// takes beside its staging directory.
+///
+/// # Errors
+/// As [`upload::prepare`].
+pub fn prepare(settings: &UploadSettings) -> Result<Option<upload::RemoteLock>> {
+    upload::prepare(settings)
+}

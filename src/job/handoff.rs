@@ -1,0 +1,186 @@
+//! What one phase hands the next: defined here, imported by every phase, defined by none, so that
+//! a phase never reaches into another for the type it receives. In the order they are made:
+//! [`Setup`] (expand), [`Indexed`] (index), [`Placed`] and [`Laid`] (plan), together [`Planned`];
+//! [`ExchangeStats`] (exchange); [`Finished`] (finish). [`Shared`] is the context every phase
+//! runs in, next to its own settings ([`crate::config::PlanSettings`]): the ranks and the inputs.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::comm::Comm;
+use crate::input::InputShard;
+use crate::output::checkpoint::Checkpoint;
+use crate::output::manifest::ShardEntry;
+use crate::output::ShardNames;
+use crate::plan::placement::{GroupPlan, LocalSample, Placement, StratifyReport};
+use crate::plan::{ShardLayout, ShardPlan};
+use crate::report::GpuShare;
+use crate::storage::FileStamp;
+use crate::tar::{Hygiene, Skipped};
+
+/// The ranks of one job and its input shards, in canonical order (every rank holds the same).
+pub struct Shared<'a, C> {
+    pub comm: &'a C,
+    pub inputs: &'a [InputShard],
+}
+
+impl<C: Comm> Shared<'_, C> {
+    /// Whether this rank speaks for the job (rank 0).
+    pub fn lead(&self) -> bool {
+        self.comm.rank() == 0
+    }
+}
+
+/// What rank 0 resolves before any data is read, shared with every rank.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Setup {
+    pub inputs: Vec<InputShard>,
+    /// Where the output is assembled and where it goes (none when only planning).
+    pub staging: Option<PathBuf>,
+    pub target: Option<PathBuf>,
+    /// `--resume` with an earlier attempt to continue: its staging shards are kept.
+    pub resume: Option<Resume>,
+}
+
+impl Setup {
+    /// Where the output is assembled.
+    ///
+    /// # Errors
+    /// Only planning: there is no staging directory.
+    pub fn staging(&self) -> Result<&Path> {
+        self.staging
+            .as_deref()
+            .context("internal error: no staging directory when only planning")
+    }
+
+    /// Where the output goes.
+    ///
+    /// # Errors
+    /// Only planning: there is no output.
+    pub fn target(&self) -> Result<&Path> {
+        self.target
+            .as_deref()
+            .context("internal error: no output when only planning")
+    }
+
+    /// Only planning: the inputs, no output.
+    pub fn planning(inputs: Vec<InputShard>) -> Self {
+        Setup {
+            inputs,
+            staging: None,
+            target: None,
+            resume: None,
+        }
+    }
+}
+
+/// What an earlier attempt left to continue from, as rank 0 found it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Resume {
+    pub checkpoint: Checkpoint,
+    /// The recorded plan's digest.
+    pub digest: String,
+}
+
+/// What the index phase leaves on every rank.
+pub struct Indexed {
+    /// The input shards this rank read (a contiguous run).
+    pub mine: std::ops::Range<usize>,
+    /// This rank's samples, in input order.
+    pub local: Vec<LocalSample>,
+    /// Every sample's key, when the rules keep them (taken by the place phase).
+    pub keys: Vec<Vec<u8>>,
+    /// Every sample's label member, when the rules read one (taken by the place phase).
+    pub contents: Vec<Option<Vec<u8>>>,
+    /// Samples per input shard of this rank.
+    pub counts: Vec<u64>,
+    /// The global index of this rank's first sample.
+    pub first_global: u64,
+    /// Over all ranks.
+    pub samples: u64,
+    pub sample_bytes: u64,
+    pub skipped: Skipped,
+    pub hygiene: Hygiene,
+    /// Runs of zero blocks read past inside inputs (`--ignore-zeros`), over all ranks.
+    pub zero_runs: u64,
+    /// This rank's input shards as it saw them just before it read them (or their saved
+    /// index), in order: the finish phase checks them unchanged.
+    pub stamps: Vec<FileStamp>,
+    /// This rank's input shards whose saved index was used: their streams were not read here,
+    /// so the exchange reads the compressed ones to their end (checking their checksums).
+    pub unread: Vec<usize>,
+}
+
+/// What the place phase leaves on every rank.
+pub struct Placed {
+    pub placement: Placement,
+    pub groups: Vec<GroupPlan>,
+    /// Samples no key-map group claimed (left out by `--unmatched skip`).
+    pub unmatched: u64,
+    pub stratify: Option<StratifyReport>,
+    /// Over all groups: shards, samples written, samples dropped and repeated by `--equalize`.
+    pub shards: u64,
+    pub output_samples: u64,
+    pub dropped: u64,
+    pub repeated: u64,
+    /// Why this many shards.
+    pub sizing: String,
+    pub names: ShardNames,
+}
+
+/// What the layout phase leaves: every rank's own shards laid out, and on rank 0 what the
+/// manifest and the plan report need.
+pub struct Laid {
+    pub plan: ShardPlan,
+    /// This rank's shards.
+    pub layout: ShardLayout,
+    /// The keys of the samples `--equalize` dropped and repeated (rank 0).
+    pub dropped_keys: Vec<String>,
+    pub repeated_keys: Vec<String>,
+    /// Bytes of every output shard (rank 0), and samples of every output shard.
+    pub shard_bytes: Vec<u64>,
+    pub shard_samples: Vec<u64>,
+    /// Samples of every input shard (rank 0).
+    pub input_counts: Vec<u64>,
+    /// The manifest's shard list, before compression and checksums (rank 0).
+    pub shardlist: Vec<ShardEntry>,
+    pub gpus: Option<GpuShare>,
+}
+
+/// What the planning phases leave on every rank: the samples, their positions, the layout.
+pub struct Planned {
+    pub index: Indexed,
+    pub placed: Placed,
+    pub laid: Laid,
+}
+
+/// What the exchange moved, as seen by this rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExchangeStats {
+    pub rounds: u64,
+    /// Sample bytes this rank read and sent.
+    pub bytes_sent: u64,
+    /// Sample bytes this rank received and wrote.
+    pub bytes_written: u64,
+    /// `--resume`: sample bytes of this rank's shards an earlier attempt had placed, and samples
+    /// of this rank's input it had moved.
+    pub bytes_reused: u64,
+    pub samples_reused: u64,
+    /// `--resume`: this rank's shards an earlier attempt had completed.
+    pub shards_reused: u64,
+    /// Checkpoints recorded during this exchange.
+    pub checkpoints: u64,
+    /// Time this rank's reader spent reading (and copying its own samples), and its writer
+    /// writing, in nanoseconds: waits for buffers excluded.
+    pub read_nanos: u64,
+    pub write_nanos: u64,
+}
+
+/// On rank 0: every output file's size, and with `--checksum` every shard's MD5 (16 bytes each,
+/// in shard order).
+pub struct Finished {
+    pub file_bytes: Vec<u64>,
+    pub md5: Vec<u8>,
+}

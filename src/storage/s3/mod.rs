@@ -1,0 +1,462 @@
+//! The S3 backend: `s3://bucket/key` locations in S3 or any S3-compatible store, read through
+//! the `object_store` crate (SigV4, the `AWS_*` variables, retries with backoff on 5xx, 503
+//! SlowDown and dropped connections).
+//!
+//! `object_store` is asynchronous; reshard's phases are not. One small current-thread runtime
+//! per process runs every request, and each call blocks on it (`block_on` may be entered from
+//! several threads at once: the first drives the I/O, the others wait for their own futures).
+//!
+//! An object store has no directories: a "directory" is a key prefix ending in `/`, listed with
+//! ListObjectsV2 and the delimiter `/`. A path's canonical name is its URL: objects have no
+//! links or second names.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use object_store::aws::AmazonS3;
+use object_store::multipart::MultipartStore;
+use object_store::path::Path as Key;
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use super::{Capabilities, Entry, FileStamp, Kind, OpenInput, Output, Sink, Source, Stat, Writer};
+
+mod multipart;
+mod read;
+mod requests;
+
+use multipart::{object_of, Upload};
+use read::{Ahead, S3Input};
+use requests::{again, block_on, error, not_found, store};
+
+/// The scheme this backend serves.
+pub const SCHEME: &str = "s3";
+
+/// GETs and their bytes, PUTs (and parts) and theirs, in this process: the run's summary
+/// reports them per GiB moved ([`traffic`]).
+static GETS: Counter = Counter::new();
+static PUTS: Counter = Counter::new();
+
+/// A count of requests and of their bytes.
+struct Counter {
+    requests: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Counter {
+    const fn new() -> Counter {
+        Counter {
+            requests: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        }
+    }
+}
+
+fn count(counter: &Counter, bytes: usize) {
+    counter.requests.fetch_add(1, Ordering::Relaxed);
+    counter.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+/// This process's requests so far: (GETs, bytes they read, PUTs and parts, bytes they wrote).
+pub fn traffic() -> [u64; 4] {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    [
+        load(&GETS.requests),
+        load(&GETS.bytes),
+        load(&PUTS.requests),
+        load(&PUTS.bytes),
+    ]
+}
+
+/// Buckets and keys of `s3://` locations.
+pub struct S3;
+
+/// A location parsed: its bucket and its key (no leading or trailing `/`; empty for the
+/// bucket's root).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Location {
+    bucket: String,
+    key: String,
+}
+
+impl Location {
+    fn parse(path: &Path) -> io::Result<Location> {
+        let text = path.to_str().unwrap_or_default();
+        let rest = text
+            .strip_prefix("s3://")
+            .ok_or_else(|| invalid(path, "expected s3://bucket/key"))?;
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(invalid(path, "no bucket named (expected s3://bucket/key)"));
+        }
+        Ok(Location {
+            bucket: bucket.to_string(),
+            key: key.trim_matches('/').to_string(),
+        })
+    }
+
+    /// The key as the client takes it.
+    fn object(&self) -> io::Result<Key> {
+        Key::parse(&self.key).map_err(|_| {
+            invalid(
+                Path::new(&self.url()),
+                "the key has an empty, '.' or '..' part",
+            )
+        })
+    }
+
+    fn url(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.key)
+    }
+
+    fn store(&self) -> io::Result<Arc<AmazonS3>> {
+        store(&self.bucket)
+    }
+}
+
+fn invalid(path: &Path, why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{}: {why}", path.display()),
+    )
+}
+
+/// A stamp from an object's metadata: its size, its modification time, and a hash of its ETag
+/// in place of the inode, so that a replaced object with the same size and second differs.
+/// The hash (64-bit FNV-1a) is the same in every build: saved indexes and checkpoints keep it.
+fn stamp_of(meta: &ObjectMeta) -> FileStamp {
+    let mtime = i128::from(meta.last_modified.timestamp_nanos_opt().unwrap_or(0));
+    let tag = meta.e_tag.as_deref().unwrap_or_default();
+    let hash = tag.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    FileStamp {
+        size: meta.size,
+        mtime_ns: mtime,
+        ctime_ns: mtime,
+        dev: 0,
+        identity: hash,
+    }
+}
+
+impl S3 {
+    fn head(&self, loc: &Location) -> io::Result<ObjectMeta> {
+        let store = loc.store()?;
+        let key = loc.object()?;
+        block_on(again(|| store.head(&key))).map_err(|e| not_found(loc, &store, e))
+    }
+
+    /// Whether any object's key starts with the prefix `loc/` (one page of a listing at most).
+    fn has_objects(&self, loc: &Location) -> io::Result<bool> {
+        use futures_util::StreamExt;
+        let store = loc.store()?;
+        let prefix = loc.object()?;
+        let first = block_on(again(|| async {
+            store.list(Some(&prefix)).next().await.transpose()
+        }));
+        match first {
+            Ok(found) => Ok(found.is_some()),
+            Err(e) => Err(error(loc, e)),
+        }
+    }
+
+    /// The objects and sub-prefixes directly under the prefix `loc` (as a directory).
+    fn list_under(&self, loc: &Location) -> io::Result<(Vec<ObjectMeta>, Vec<Key>)> {
+        let store = loc.store()?;
+        let prefix = loc.object()?;
+        let listed = block_on(again(|| store.list_with_delimiter(Some(&prefix))))
+            .map_err(|e| error(loc, e))?;
+        Ok((listed.objects, listed.common_prefixes))
+    }
+}
+
+impl Source for S3 {
+    fn stat(&self, path: &Path) -> io::Result<Stat> {
+        let loc = Location::parse(path)?;
+        if !loc.key.is_empty() && !path.to_string_lossy().ends_with('/') {
+            let store = loc.store()?;
+            let key = loc.object()?;
+            match block_on(again(|| store.head(&key))) {
+                Ok(meta) => {
+                    return Ok(Stat {
+                        kind: Kind::File,
+                        stamp: stamp_of(&meta),
+                    })
+                }
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(error(&loc, e)),
+            }
+        }
+        // No object by that name: a prefix with an object under it is a directory (the listing
+        // of a missing bucket fails naming it). Objects, not sub-prefixes: some stores (SeaweedFS)
+        // keep a folder whose objects were all removed.
+        if !self.has_objects(&loc)? {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no such object or prefix in bucket {}", loc.bucket),
+            ));
+        }
+        Ok(Stat {
+            kind: Kind::Dir,
+            stamp: FileStamp::default(),
+        })
+    }
+
+    fn stat_link(&self, path: &Path) -> io::Result<Stat> {
+        Source::stat(self, path)
+    }
+
+    fn list(&self, path: &Path) -> io::Result<Vec<Entry>> {
+        let loc = Location::parse(path)?;
+        let (objects, prefixes) = self.list_under(&loc)?;
+        let name = |k: &Key| OsString::from(k.filename().unwrap_or_default());
+        let files = objects.iter().map(|o| Entry {
+            name: name(&o.location),
+            kind: Kind::File,
+        });
+        let dirs = prefixes.iter().map(|p| Entry {
+            name: name(p),
+            kind: Kind::Dir,
+        });
+        Ok(files.chain(dirs).collect())
+    }
+
+    fn canonical(&self, path: &Path) -> io::Result<PathBuf> {
+        let loc = Location::parse(path)?;
+        Ok(PathBuf::from(loc.url().trim_end_matches('/')))
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        let key = loc.object()?;
+        let got = block_on(again(|| async { store.get(&key).await?.bytes().await }));
+        if let Ok(b) = &got {
+            count(&GETS, b.len());
+        }
+        got.map(|b| b.to_vec())
+            .map_err(|e| not_found(&loc, &store, e))
+    }
+
+    fn open(&self, path: &Path) -> io::Result<OpenInput> {
+        let loc = Location::parse(path)?;
+        let meta = self.head(&loc)?;
+        Ok(Arc::new(S3Input {
+            store: loc.store()?,
+            key: loc.object()?,
+            loc,
+            meta,
+            ahead: Mutex::new(Ahead::default()),
+        }))
+    }
+}
+
+fn unsupported(path: &Path, what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("{}: object storage has no {what}", path.display()),
+    )
+}
+
+impl S3 {
+    fn put(&self, path: &Path, bytes: &[u8], mode: PutMode) -> io::Result<()> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        let key = loc.object()?;
+        let payload = PutPayload::from(bytes.to_vec());
+        count(&PUTS, bytes.len());
+        block_on(store.put_opts(&key, payload, PutOptions::from(mode)))
+            .map(|_| ())
+            .map_err(|e| error(&loc, e))
+    }
+}
+
+impl Sink for S3 {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            positioned_writes: false,
+            rename: false,
+        }
+    }
+
+    fn create_dir_all(&self, _path: &Path) -> io::Result<()> {
+        // A prefix exists once an object is under it.
+        Ok(())
+    }
+
+    fn create(&self, path: &Path, _len: u64) -> io::Result<Box<dyn Output>> {
+        Err(unsupported(path, "writes at an offset"))
+    }
+
+    fn reopen(&self, path: &Path) -> io::Result<Box<dyn Output>> {
+        Err(unsupported(path, "writes at an offset"))
+    }
+
+    fn write(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.put(path, bytes, PutMode::Overwrite)
+    }
+
+    fn replace(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        // A PUT is atomic: a reader sees the old object or the new one.
+        self.put(path, bytes, PutMode::Overwrite)
+    }
+
+    fn create_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.put(path, bytes, PutMode::Create).map_err(|e| {
+            if e.kind() == io::ErrorKind::Unsupported {
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "{e}: reshard needs conditional writes (PUT with If-None-Match) to make sure one run at a time writes an output"
+                    ),
+                )
+            } else {
+                e
+            }
+        })
+    }
+
+    fn update(
+        &self,
+        path: &Path,
+        change: &mut dyn FnMut(&[u8]) -> Option<Vec<u8>>,
+    ) -> io::Result<bool> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        let key = loc.object()?;
+        let (meta, bytes) = block_on(again(|| async {
+            let got = store.get(&key).await?;
+            let meta = got.meta.clone();
+            got.bytes().await.map(|b| (meta, b))
+        }))
+        .map_err(|e| error(&loc, e))?;
+        count(&GETS, bytes.len());
+        let Some(new) = change(&bytes) else {
+            return Ok(false);
+        };
+        // Conditional on the ETag read (`If-Match`): another run's lock put in its place
+        // meanwhile is never overwritten.
+        let version = object_store::UpdateVersion {
+            e_tag: meta.e_tag,
+            version: meta.version,
+        };
+        count(&PUTS, new.len());
+        let opts = PutOptions::from(PutMode::Update(version));
+        match block_on(store.put_opts(&key, PutPayload::from(new.clone()), opts)) {
+            Ok(_) => Ok(true),
+            // Changed since it was read: the next look tells by whom.
+            Err(object_store::Error::Precondition { .. }) => Ok(false),
+            // A store without conditional PUT on a version: the check above stands alone.
+            Err(object_store::Error::NotImplemented { .. }) => {
+                self.put(path, &new, PutMode::Overwrite).map(|()| true)
+            }
+            Err(e) => Err(error(&loc, e)),
+        }
+    }
+
+    fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
+        let loc = Location::parse(path)?;
+        Ok(Box::new(Upload {
+            store: loc.store()?,
+            key: loc.object()?,
+            loc,
+            buf: Vec::new(),
+            upload: None,
+            written: 0,
+        }))
+    }
+
+    fn rename_noreplace(&self, from: &Path, _to: &Path) -> io::Result<()> {
+        Err(unsupported(from, "rename"))
+    }
+
+    fn rename(&self, from: &Path, _to: &Path) -> io::Result<()> {
+        Err(unsupported(from, "rename"))
+    }
+
+    fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
+        // A completed PUT is durable.
+        Ok(())
+    }
+
+    fn symlink(&self, _points_to: &Path, link: &Path) -> io::Result<()> {
+        Err(unsupported(link, "symbolic links"))
+    }
+
+    fn swap(&self, a: &Path, _b: &Path) -> io::Result<()> {
+        Err(unsupported(a, "rename"))
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        let key = loc.object()?;
+        block_on(again(|| store.delete(&key))).map_err(|e| error(&loc, e))
+    }
+
+    fn abort_unfinished(&self, dir: &Path) -> io::Result<usize> {
+        let loc = Location::parse(dir)?;
+        let store = loc.store()?;
+        let prefix = loc.object()?;
+        block_on(async {
+            use futures_util::TryStreamExt;
+            let all: Vec<ObjectMeta> = again(|| store.list(Some(&prefix)).try_collect()).await?;
+            let mut aborted = 0;
+            for journal in all.iter().map(|m| &m.location) {
+                let Some(key) = object_of(journal) else {
+                    continue;
+                };
+                let id = store.get(journal).await?.bytes().await?;
+                let id = String::from_utf8_lossy(&id).into_owned();
+                match store.abort_multipart(&key, &id).await {
+                    // Gone already (completed, aborted, or expired by a lifecycle rule).
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+                store.delete(journal).await?;
+                aborted += 1;
+            }
+            Ok(aborted)
+        })
+        .map_err(|e| error(&loc, e))
+    }
+
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        let loc = Location::parse(path)?;
+        let store = loc.store()?;
+        let prefix = loc.object()?;
+        block_on(async {
+            use futures_util::TryStreamExt;
+            let keys: Vec<ObjectMeta> = again(|| store.list(Some(&prefix)).try_collect()).await?;
+            for meta in keys {
+                store.delete(&meta.location).await?;
+            }
+            Ok(())
+        })
+        .map_err(|e| error(&loc, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_parse_into_bucket_and_key() {
+        let loc = Location::parse(Path::new("s3://data/train/a-0.tar")).unwrap();
+        assert_eq!(loc.bucket, "data");
+        assert_eq!(loc.key, "train/a-0.tar");
+        let root = Location::parse(Path::new("s3://data/")).unwrap();
+        assert_eq!(root.key, "");
+        assert_eq!(
+            Location::parse(Path::new("s3://data/train/")).unwrap().key,
+            "train"
+        );
+        assert!(Location::parse(Path::new("s3:///k")).is_err());
+        assert!(Location::parse(Path::new("/local/k")).is_err());
+        let bad = Location::parse(Path::new("s3://data/a//b")).unwrap();
+        assert!(bad.object().is_err());
+    }
+}

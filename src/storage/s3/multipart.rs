@@ -1,0 +1,197 @@
+//! Writing an object front to back: one PUT, or a multipart upload whose parts double in size,
+//! journalled beside the object until it is completed or aborted.
+
+use std::io;
+use std::sync::Arc;
+
+use object_store::aws::AmazonS3;
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::path::Path as Key;
+use object_store::MultipartId;
+use object_store::{ObjectStoreExt, PutPayload};
+
+use super::requests::{again, block_on, error};
+use super::{count, Location, PUTS};
+use crate::storage::Writer;
+
+/// The first part size of a multipart upload. S3 takes parts of 5 MiB to 5 GiB (the last one
+/// smaller), at most 10,000 of them, and parts of one upload may differ in size: a stream does
+/// not know its length up front, so its parts double every [`PARTS_PER_SIZE`] parts
+/// ([`Upload::part_size`]); 10,000 parts then carry up to about 16 TiB.
+pub(super) const PART: usize = 16 << 20;
+
+/// How many parts of one size before the size doubles.
+pub(super) const PARTS_PER_SIZE: usize = 1000;
+
+/// The largest part: under S3's 5 GiB.
+pub(super) const MAX_PART: usize = 4 << 30;
+
+/// The folder, beside a multipart upload's object, of the journal objects that name unfinished
+/// uploads: a run that died with the server (and could not abort) leaves its upload ids there
+/// for the next run to abort ([`Sink::abort_unfinished`]).
+pub(super) const JOURNAL: &str = ".reshard-multipart";
+
+/// The journal object of a multipart upload to `key`.
+pub(super) fn journal_of(key: &Key) -> Key {
+    let text = key.as_ref();
+    let (dir, name) = text.rsplit_once('/').unwrap_or(("", text));
+    let path = if dir.is_empty() {
+        format!("{JOURNAL}/{name}")
+    } else {
+        format!("{dir}/{JOURNAL}/{name}")
+    };
+    Key::from(path.as_str())
+}
+
+/// The object a journal object `journal` speaks for.
+pub(super) fn object_of(journal: &Key) -> Option<Key> {
+    let text = journal.as_ref();
+    let (dir, name) = text
+        .rsplit_once(&format!("/{JOURNAL}/"))
+        .or_else(|| text.strip_prefix(&format!("{JOURNAL}/")).map(|n| ("", n)))?;
+    let path = if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    };
+    Key::parse(path).ok()
+}
+
+/// An object written front to back: one PUT when it stays under a part, else a multipart
+/// upload whose parts go out as they fill, its id in a journal object until it is completed or
+/// aborted. Dropped unfinished, its upload is aborted, so no parts are left behind to be billed.
+pub(super) struct Upload {
+    pub(super) store: Arc<AmazonS3>,
+    pub(super) loc: Location,
+    pub(super) key: Key,
+    pub(super) buf: Vec<u8>,
+    /// The multipart upload's id and its parts so far.
+    pub(super) upload: Option<(MultipartId, Vec<PartId>)>,
+    pub(super) written: u64,
+}
+
+impl Upload {
+    /// The size of the part after `sent` parts.
+    fn part_size(sent: usize) -> usize {
+        let doublings = u32::try_from(sent / PARTS_PER_SIZE).unwrap_or(u32::MAX);
+        PART.checked_shl(doublings)
+            .unwrap_or(MAX_PART)
+            .min(MAX_PART)
+    }
+
+    fn sent(&self) -> usize {
+        self.upload.as_ref().map_or(0, |u| u.1.len())
+    }
+
+    /// Starts the multipart upload and journals its id.
+    fn start(&self) -> object_store::Result<MultipartId> {
+        block_on(async {
+            let id = self.store.create_multipart(&self.key).await?;
+            let journal = PutPayload::from(id.clone().into_bytes());
+            self.store.put(&journal_of(&self.key), journal).await?;
+            Ok(id)
+        })
+    }
+
+    /// Sends the first `n` bytes of the buffer as the next part.
+    fn send_part(&mut self, n: usize) -> io::Result<()> {
+        if self.upload.is_none() {
+            let id = self.start().map_err(|e| error(&self.loc, e))?;
+            self.upload = Some((id, Vec::new()));
+        }
+        let rest = self.buf.split_off(n);
+        let data = PutPayload::from(std::mem::replace(&mut self.buf, rest));
+        count(&PUTS, data.content_length());
+        let (id, parts) = self.upload.as_mut().expect("started above");
+        let part = block_on(again(|| {
+            self.store
+                .put_part(&self.key, id, parts.len(), data.clone())
+        }));
+        parts.push(part.map_err(|e| error(&self.loc, e))?);
+        Ok(())
+    }
+}
+
+impl io::Write for Upload {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        self.written += data.len() as u64;
+        while self.buf.len() >= Upload::part_size(self.sent()) {
+            self.send_part(Upload::part_size(self.sent()))?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Writer for Upload {
+    fn finish(mut self: Box<Self>) -> io::Result<u64> {
+        if self.upload.is_none() {
+            let payload = PutPayload::from(std::mem::take(&mut self.buf));
+            count(&PUTS, payload.content_length());
+            block_on(again(|| self.store.put(&self.key, payload.clone())))
+                .map_err(|e| error(&self.loc, e))?;
+            return Ok(self.written);
+        }
+        if !self.buf.is_empty() {
+            self.send_part(self.buf.len())?;
+        }
+        let (id, parts) = self.upload.take().expect("a multipart upload");
+        let done = block_on(async {
+            self.store.complete_multipart(&self.key, &id, parts).await?;
+            self.store.delete(&journal_of(&self.key)).await
+        });
+        if let Err(e) = done {
+            abort(&self.store, &self.key, &id);
+            return Err(error(&self.loc, e));
+        }
+        Ok(self.written)
+    }
+}
+
+/// Aborts the multipart upload `id` of `key` and removes its journal; quietly, on a failure
+/// path (an abort that fails leaves the journal for the next run).
+pub(super) fn abort(store: &AmazonS3, key: &Key, id: &MultipartId) {
+    let _ = block_on(async {
+        store.abort_multipart(key, id).await?;
+        store.delete(&journal_of(key)).await
+    });
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        if let Some((id, _)) = self.upload.take() {
+            // Unfinished: its parts would stay (and be billed) until aborted.
+            abort(&self.store, &self.key, &id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journals_name_their_objects() {
+        for key in ["out/x/shard-000001.tar", "shard.tar", "a/b/c/d.tar"] {
+            let key = Key::parse(key).unwrap();
+            let journal = journal_of(&key);
+            assert!(journal.as_ref().contains(JOURNAL), "{journal}");
+            assert_eq!(object_of(&journal), Some(key));
+        }
+        assert_eq!(object_of(&Key::parse("out/x/shard.tar").unwrap()), None);
+    }
+
+    #[test]
+    fn parts_respect_the_stores_limits() {
+        assert_eq!(Upload::part_size(0), PART);
+        const { assert!(PART >= 5 << 20) };
+        // 10,000 parts carry more than 10 TiB; no part exceeds 5 GiB.
+        let total: u64 = (0..10_000).map(|i| Upload::part_size(i) as u64).sum();
+        assert!(total > 10 << 40, "{total}");
+        assert!((0..10_000).all(|i| Upload::part_size(i) <= 5 << 30));
+    }
+}

@@ -1,0 +1,338 @@
+//! Requests to S3: the one runtime every request blocks on, the client of each bucket with its
+//! credentials (the `AWS_*` variables, a profile, the role), a request sent again when it broke
+//! off in transit, and the errors a request's failure becomes.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as Key;
+use object_store::ObjectStore;
+use object_store::RetryConfig;
+
+use super::Location;
+use crate::storage::aws_profile;
+
+/// The runtime every request runs on. A thread of its own drives it for good, so that the
+/// read-ahead requests spawned on it ([`S3Input::top_up`]) make progress while the reading
+/// threads are busy elsewhere; a thread's own `block_on` polls its future on that thread.
+pub(super) fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime for S3 requests (a timer and a socket driver)");
+        let handle = rt.handle().clone();
+        std::thread::Builder::new()
+            .name("reshard-s3".into())
+            .spawn(move || handle.block_on(std::future::pending::<()>()))
+            .expect("a thread to drive S3 requests");
+        rt
+    })
+}
+
+/// Whether `e` is a request that broke off in transit (an `object_store` `HttpError`: the
+/// connection refused, closed or reset, the answer's body cut short, a timeout; never an
+/// answer with an error status): what a flaky network or a restarting store does, worth
+/// sending again. `object_store` retries some of these itself (while it sends a request and
+/// while it streams a GET's body), but not all of them (an error it cannot classify) and not
+/// while it reads any other answer's body (a listing): those are sent again here ([`again`]).
+pub(super) fn broke_off(e: &object_store::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<object_store::client::HttpError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Attempts in all for a request that broke off ([`broke_off`]): `AWS_MAX_ATTEMPTS`, else 10.
+pub(super) fn attempts() -> u32 {
+    std::env::var("AWS_MAX_ATTEMPTS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(10)
+        .max(1)
+}
+
+/// How long after its first sending a request that broke off is still sent again: a store
+/// that stays unreachable fails the run after `object_store`'s own retries (up to 3 minutes),
+/// not after those retries times [`attempts`].
+pub(super) const AGAIN_WITHIN: Duration = Duration::from_secs(30);
+
+/// Runs the request `op` makes, again while it breaks off ([`broke_off`]) within
+/// [`AGAIN_WITHIN`], after 50 ms, then twice as long each time up to 5 s. Only for requests
+/// that may be sent twice: reads, and writes whose second sending has the effect of one.
+pub(super) async fn again<T, F, Fut>(op: F) -> object_store::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = object_store::Result<T>>,
+{
+    again_after(Duration::from_millis(50), op).await
+}
+
+/// [`again`], the first wait `wait`.
+pub(super) async fn again_after<T, F, Fut>(mut wait: Duration, mut op: F) -> object_store::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = object_store::Result<T>>,
+{
+    let first = std::time::Instant::now();
+    let mut tries = 1;
+    loop {
+        match op().await {
+            Err(e) if tries < attempts() && first.elapsed() < AGAIN_WITHIN && broke_off(&e) => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+                tries += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+pub(super) fn block_on<F: Future>(f: F) -> F::Output {
+    runtime().block_on(f)
+}
+
+/// The client of `bucket`, made once per process from the environment: the `AWS_*` variables
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
+/// `AWS_ENDPOINT_URL` for an S3-compatible store, which implies path-style addressing unless
+/// `AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`), else the instance's or the web identity's role.
+pub(super) fn store(bucket: &str) -> io::Result<Arc<AmazonS3>> {
+    static STORES: Mutex<Option<HashMap<String, Arc<AmazonS3>>>> = Mutex::new(None);
+    let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
+    let stores = stores.get_or_insert_with(HashMap::new);
+    if let Some(s) = stores.get(bucket) {
+        return Ok(s.clone());
+    }
+    let builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    let (mut builder, endpoint) = with_profile(builder, bucket)?;
+    if endpoint.starts_with("http://") {
+        // A store on the local network or loopback without TLS: the user named it so.
+        builder = builder.with_allow_http(true);
+    }
+    if let Some(attempts) = std::env::var("AWS_MAX_ATTEMPTS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        // As the AWS SDKs read it: attempts in all, the first included.
+        builder = builder.with_retry(RetryConfig {
+            max_retries: attempts.saturating_sub(1),
+            ..RetryConfig::default()
+        });
+    }
+    let s = Arc::new(builder.build().map_err(|e| {
+        io::Error::other(format!(
+            "s3://{bucket}: cannot set up the S3 client ({}); check the AWS_* variables",
+            plain(&e)
+        ))
+    })?);
+    stores.insert(bucket.to_string(), s.clone());
+    Ok(s)
+}
+
+/// The builder with what the named profile of the AWS shared files gives where the variables
+/// do not ([`aws_profile`]): the keys, the region (else `us-east-1`) and the endpoint; and the
+/// endpoint in use.
+///
+/// # Errors
+/// The profile named cannot be found or gets its keys in a way reshard does not follow.
+pub(super) fn with_profile(
+    mut builder: AmazonS3Builder,
+    bucket: &str,
+) -> io::Result<(AmazonS3Builder, String)> {
+    let set = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let profile = aws_profile::selected()?.unwrap_or_default();
+    if set("AWS_ACCESS_KEY_ID").is_none() {
+        match (&profile.access_key_id, &profile.secret_access_key) {
+            (Some(id), Some(secret)) => {
+                builder = builder
+                    .with_access_key_id(id)
+                    .with_secret_access_key(secret);
+                if let Some(token) = &profile.session_token {
+                    builder = builder.with_token(token);
+                }
+            }
+            _ => {
+                if let Some(how) = &profile.other_source {
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "s3://{bucket}: the AWS profile {} gets its keys by {how}, which reshard does not follow; export them for it: eval \"$(aws configure export-credentials --profile {} --format env)\"",
+                            profile.name, profile.name
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    if set("AWS_REGION").is_none() && set("AWS_DEFAULT_REGION").is_none() {
+        builder = builder.with_region(profile.region.as_deref().unwrap_or("us-east-1"));
+    }
+    let endpoint = set("AWS_ENDPOINT_URL_S3").or_else(|| set("AWS_ENDPOINT_URL"));
+    let endpoint = match (endpoint, &profile.endpoint_url) {
+        (Some(e), _) => e,
+        (None, Some(e)) => {
+            builder = builder.with_endpoint(e);
+            e.clone()
+        }
+        (None, None) => String::new(),
+    };
+    Ok((builder, endpoint))
+}
+
+/// The client's message without its debug decorations.
+pub(super) fn plain(e: &object_store::Error) -> String {
+    e.to_string()
+}
+
+/// An error of the client for `loc`, as an `io::Error` whose message names the bucket (the
+/// caller's context names the whole location, as for a POSIX error) and what to do; never a
+/// credential (the client's messages carry URLs and the store's error codes, never the
+/// request's headers).
+pub(super) fn error(loc: &Location, e: object_store::Error) -> io::Error {
+    use object_store::Error as E;
+    match e {
+        E::NotFound { .. } => io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no such object in bucket {}", loc.bucket),
+        ),
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "access denied to bucket {} key {}: check the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) and the bucket's policy",
+                loc.bucket, loc.key
+            ),
+        ),
+        E::AlreadyExists { .. } => io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("exists already in bucket {}", loc.bucket),
+        ),
+        E::NotImplemented { .. } => io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "the store of bucket {} cannot do this ({})",
+                loc.bucket,
+                plain(&e)
+            ),
+        ),
+        E::Precondition { .. } | E::NotModified { .. } => io::Error::other(
+            "the object changed while reshard read it (its ETag differs): run again on an input that stays unchanged",
+        ),
+        e if plain(&e).contains("NoSuchBucket") => io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("bucket {} does not exist", loc.bucket),
+        ),
+        e => io::Error::other(plain(&e)),
+    }
+}
+
+/// A not-found object's better message: when the bucket itself is missing, say so.
+pub(super) fn not_found(loc: &Location, store: &AmazonS3, e: object_store::Error) -> io::Error {
+    if !matches!(e, object_store::Error::NotFound { .. }) {
+        return error(loc, e);
+    }
+    let probe = block_on(store.list_with_delimiter(Some(&Key::from("")))).err();
+    match probe {
+        Some(p)
+            if plain(&p).contains("NoSuchBucket")
+                || matches!(p, object_store::Error::NotFound { .. }) =>
+        {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("bucket {} does not exist", loc.bucket),
+            )
+        }
+        _ => error(loc, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+
+    /// An error of `object_store` as a request that broke off in transit returns it.
+    fn in_transit() -> object_store::Error {
+        let cut = io::Error::new(io::ErrorKind::ConnectionReset, "reset by peer");
+        object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(object_store::client::HttpError::new(
+                object_store::client::HttpErrorKind::Interrupted,
+                cut,
+            )),
+        }
+    }
+
+    #[test]
+    fn requests_that_broke_off_in_transit_are_told_from_answers() {
+        assert!(broke_off(&in_transit()));
+        // Deeper in the chain, as object_store wraps it.
+        let wrapped = object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(in_transit()),
+        };
+        assert!(broke_off(&wrapped));
+        let answered = object_store::Error::NotFound {
+            path: "k".into(),
+            source: "no such key".into(),
+        };
+        assert!(!broke_off(&answered));
+        let other = object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(io::Error::other("SlowDown")),
+        };
+        assert!(!broke_off(&other));
+    }
+
+    #[test]
+    fn requests_that_broke_off_are_sent_again_and_answers_are_not() {
+        use std::sync::atomic::AtomicU32;
+        let sent = AtomicU32::new(0);
+        let ms = Duration::from_millis(1);
+        // Two sendings break off, the third is answered.
+        let got = block_on(again_after(ms, || async {
+            match sent.fetch_add(1, Ordering::Relaxed) {
+                0 | 1 => Err(in_transit()),
+                n => Ok(n),
+            }
+        }));
+        assert_eq!(got.unwrap(), 2);
+        assert_eq!(sent.load(Ordering::Relaxed), 3);
+        // An answer (here: not found) is final.
+        sent.store(0, Ordering::Relaxed);
+        let got: object_store::Result<()> = block_on(again_after(ms, || async {
+            sent.fetch_add(1, Ordering::Relaxed);
+            Err(object_store::Error::NotFound {
+                path: "k".into(),
+                source: "no such key".into(),
+            })
+        }));
+        assert!(matches!(got, Err(object_store::Error::NotFound { .. })));
+        assert_eq!(sent.load(Ordering::Relaxed), 1);
+        // Never more than the attempts (10 unless AWS_MAX_ATTEMPTS says otherwise).
+        sent.store(0, Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        let got: object_store::Result<()> = block_on(again_after(ms, || async {
+            sent.fetch_add(1, Ordering::Relaxed);
+            Err(in_transit())
+        }));
+        assert!(got.is_err());
+        assert_eq!(sent.load(Ordering::Relaxed), attempts());
+        // The backoff doubles from its first wait: 9 waits from 1 ms are 511 ms.
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(511) / 2,
+            "{waited:?} for {} attempts",
+            attempts()
+        );
+    }
+}

@@ -26,12 +26,12 @@ pub(crate) fn check_header(block: &[u8; 512], at: u64) -> Result<()> {
     let unsigned_sum = |part: &[u8]| part.iter().map(|&b| u32::from(b)).sum::<u32>();
     let unsigned = i64::from(unsigned_sum(&block[..148]) + unsigned_sum(&block[156..])) + field;
     if stored == Some(unsigned as u64) {
-        return Ok(());
+        return check_numbers(block, at);
     }
     let signed_sum = |part: &[u8]| part.iter().map(|&b| i32::from(b as i8)).sum::<i32>();
     let signed = i64::from(signed_sum(&block[..148]) + signed_sum(&block[156..])) + field;
     if stored == Some(signed as u64) {
-        return Ok(());
+        return check_numbers(block, at);
     }
     if at == 0 && &block[257..262] != b"ustar" {
         bail!(
@@ -48,6 +48,30 @@ pub(crate) fn check_header(block: &[u8; 512], at: u64) -> Result<()> {
             String::from_utf8_lossy(&block[148..156])
         ),
     }
+}
+
+/// Checks that the numeric fields tarfile and bsdtar parse in every header (mode, owner, group,
+/// modification time, device numbers) hold numbers: a header with garbage there is one GNU tar
+/// lists and they refuse.
+fn check_numbers(block: &[u8; 512], at: u64) -> Result<()> {
+    const FIELDS: [(&str, usize, usize); 6] = [
+        ("mode", 100, 108),
+        ("uid", 108, 116),
+        ("gid", 116, 124),
+        ("mtime", 136, 148),
+        ("devmajor", 329, 337),
+        ("devminor", 337, 345),
+    ];
+    for (name, from, to) in FIELDS {
+        let field = &block[from..to];
+        if field[0] & 0x80 == 0 && octal(field).is_none() {
+            bail!(
+                "byte offset {at}: header field '{name}' {:?} is not a number (expected octal digits; tarfile and bsdtar refuse such a header, GNU tar reads it)",
+                String::from_utf8_lossy(field)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// What the first bytes of a file that is not a tar look like, for the message.

@@ -414,6 +414,12 @@ impl<S: Source> Walk<S> {
         if (got as u64) < padded {
             bail!("byte offset {at}: truncated tar: an extension header needs {size} bytes but the input ends at byte {}", self.pos);
         }
+        if let Some(i) = buf[size as usize..].iter().position(|&b| b != 0) {
+            bail!(
+                "byte offset {at}: an extension header of {size} bytes with data in its padding (byte offset {}): tarfile and GNU tar read a name or records past its size, to the first NUL, where others stop at its size; expected zeros after {size} bytes",
+                at + BLOCK + size + i as u64
+            );
+        }
         buf.truncate(size as usize);
         Ok(buf)
     }
@@ -805,6 +811,37 @@ mod tests {
             e.starts_with("byte offset 1024: an empty GNU long name"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn what_tarfile_reads_and_others_do_not_is_refused() {
+        // A long name whose record holds more name after its size: tarfile and GNU tar read it
+        // to the NUL, others stop at the size (a fuzzed shard moved a member under a
+        // different name than tarfile's).
+        let mut long = padded(b"d/long/b.cls\0");
+        long[1] = b'/';
+        let bytes = [
+            header("././@LongLink", b'L', 1, b"ustar  \0").to_vec(),
+            long,
+            header("x", b'0', 0, b"ustar  \0").to_vec(),
+            vec![0; 1024],
+        ]
+        .concat();
+        let e = format!("{:#}", walk_all(&bytes).unwrap_err());
+        assert!(
+            e.starts_with("byte offset 0: an extension header of 1 bytes with data in its padding (byte offset 513)"),
+            "{e}"
+        );
+        // A mode field that is not a number: GNU tar lists the member, tarfile and bsdtar refuse
+        // the archive.
+        let mut h = header("a.jpg", b'0', 0, b"ustar  \0");
+        h[102] = 0x10;
+        set_checksum(&mut h, false);
+        let e = format!(
+            "{:#}",
+            walk_all(&[&h[..], &[0; 1024]].concat()).unwrap_err()
+        );
+        assert!(e.starts_with("byte offset 0: header field 'mode'"), "{e}");
     }
 
     #[test]

@@ -23,6 +23,8 @@
 //!   publish phase starts); on rank 0 only: `0:rename` (right before the publishing rename),
 //!   `0:published` (right after it and the removal of the checkpoint records), `0:keep` (after
 //!   `--keep` moved an old epoch aside, before removing it). For `--resume` and kill tests.
+//! - `RESHARD_TEST_STOP=r:at`: rank r stops itself with SIGSTOP at the point named `at` (any
+//!   point of `RESHARD_TEST_KILL`), like a node that froze there: its peers must end the job.
 //! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop
 //!   signal came), so that a test can signal a job surely in the middle of its exchange;
 //!   `ms:r`: only rank r's rounds do (so that a test sees the other ranks go on without it).
@@ -120,15 +122,23 @@ mod test_hooks {
         kill_at(rank, "publish");
     }
 
-    /// `RESHARD_TEST_KILL=r:at`: rank r dies (SIGKILL) at the point named `at`.
+    /// `RESHARD_TEST_KILL=r:at`: rank r dies (SIGKILL) at the point named `at`;
+    /// `RESHARD_TEST_STOP=r:at`: it stops (SIGSTOP) there.
     pub fn kill_at(rank: usize, at: &str) {
-        let Ok(v) = std::env::var("RESHARD_TEST_KILL") else {
-            return;
+        let names = |var: &str| {
+            std::env::var(var).ok().filter(|v| {
+                v.split_once(':').is_some_and(|(r, n)| {
+                    r.trim().parse::<usize>().ok() == Some(rank) && n.trim() == at
+                })
+            })
         };
-        let named = v
-            .split_once(':')
-            .is_some_and(|(r, n)| r.trim().parse::<usize>().ok() == Some(rank) && n.trim() == at);
-        if named {
+        if let Some(v) = names("RESHARD_TEST_STOP") {
+            crate::errln!(
+                "reshard: RESHARD_TEST_STOP={v}: rank {rank} now stops (SIGSTOP) at {at}"
+            );
+            crate::sys::stop_process();
+        }
+        if let Some(v) = names("RESHARD_TEST_KILL") {
             crate::errln!("reshard: RESHARD_TEST_KILL={v}: rank {rank} now dies (SIGKILL) at {at}");
             crate::sys::kill_process();
         }

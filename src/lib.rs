@@ -17,6 +17,7 @@ pub mod comm;
 pub mod config;
 pub mod exit;
 pub mod generate;
+pub mod heartbeat;
 pub mod hooks;
 pub mod input;
 pub mod job;

@@ -333,6 +333,18 @@ pub fn park_thread(thread: Thread) -> bool {
     true
 }
 
+/// The Unix stream socket open at `fd`, borrowed: dropping it does not close the descriptor,
+/// which stays its owner's. For a descriptor inherited open for the life of the process (the
+/// PMI socket hydra gives a rank, [`crate::comm::hydra`]).
+pub fn borrow_unix_stream(
+    fd: std::os::fd::RawFd,
+) -> std::mem::ManuallyDrop<std::os::unix::net::UnixStream> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the caller names a descriptor open for the life of the process; ManuallyDrop
+    // keeps it from being closed here, so its owner's use of it is unchanged.
+    std::mem::ManuallyDrop::new(unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) })
+}
+
 /// This host's name, or `unknown-host` where the kernel does not say (one word: it is written
 /// into the lock file and into messages).
 pub fn hostname() -> String {

@@ -230,14 +230,34 @@ pub fn limited() -> bool {
 /// them: one wait, the longer of the two, so a transfer that both reads and writes (an
 /// in-kernel copy) takes as long as its slower limit, not the sum of both. Reservations are
 /// made under the buckets' locks and the sleep outside them: other threads queue behind the debt.
+///
+/// The wait ends early once a stop signal came (SIGINT, SIGTERM), like every other wait of a
+/// run: the job then stops at its next checkpoint, and what is still in flight before it (a few
+/// rounds, within `--mem-limit`) moves at full speed instead of keeping the job past the
+/// signal's grace ([`crate::job::interrupt::GRACE`]).
 pub fn pace(read: u64, written: u64) {
     let Some((r, w)) = PACERS.get() else { return };
     let (wait_r, wait_w) = (r.take(read), w.take(written));
     let wait = wait_r.max(wait_w);
     if !wait.is_zero() {
-        std::thread::sleep(wait);
-        r.waited(wait_r);
-        w.waited(wait_w);
+        let waited = sleep_unless_stopped(wait, sys::stop_signal);
+        r.waited(wait_r.min(waited));
+        w.waited(wait_w.min(waited));
+    }
+}
+
+/// How often a wait on a limit looks for a stop signal.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+/// Sleeps `wait`, or less once `stopped` says a stop signal came: the time slept.
+fn sleep_unless_stopped(wait: Duration, stopped: impl Fn() -> Option<i32>) -> Duration {
+    let start = Instant::now();
+    loop {
+        let slept = start.elapsed();
+        if slept >= wait || stopped().is_some() {
+            return slept;
+        }
+        std::thread::sleep((wait - slept).min(STOP_POLL));
     }
 }
 
@@ -358,6 +378,23 @@ mod tests {
         assert!((b.take(0.0, 100) - 2.0).abs() < 1e-9);
         // Once the first wait is over, the second's bytes are still owed.
         assert!((b.take(1.0, 0) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_wait_on_a_limit_ends_at_a_stop_signal() {
+        let hour = Duration::from_secs(3600);
+        let start = Instant::now();
+        let asked = std::cell::Cell::new(0);
+        // The signal comes at the third look.
+        let slept = sleep_unless_stopped(hour, || {
+            asked.set(asked.get() + 1);
+            (asked.get() >= 3).then_some(2)
+        });
+        assert!(slept < hour && start.elapsed() < hour, "{slept:?}");
+        assert_eq!(asked.get(), 3);
+        // Without one, the whole wait.
+        let short = Duration::from_millis(120);
+        assert!(sleep_unless_stopped(short, || None) >= short);
     }
 
     #[test]

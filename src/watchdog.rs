@@ -1,11 +1,11 @@
-//! The stall watchdog: a rank whose exchange makes no progress for `--stall-timeout` (a peer
-//! died, a node's link went down) ends the job instead of waiting in a collective forever.
+//! The exchange's stall watchdog: a rank whose exchange makes no progress for `--stall-timeout`
+//! (a peer died, a node's link went down) ends the job instead of waiting in a collective forever.
 //!
-//! To name the rank that stopped answering, every rank's watchdog also writes a heartbeat file
-//! (its round, its host) into a directory on the shared filesystem about once a second. When a
+//! Every rank's heartbeat ([`crate::heartbeat`]) says which exchange round it is in. When this
 //! watchdog fires it reads them all: a rank whose heartbeat went stale is frozen or dead, one
 //! that is rounds behind is stuck; if every rank is alive and in step, the network between them
-//! stopped delivering.
+//! stopped delivering. Time without progress is counted on this thread's own running time
+//! ([`LivedClock`]), so a job suspended as a whole does not find itself stalled when it wakes.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use crate::comm::Aborter;
 use crate::exit::Exit;
+use crate::heartbeat::{self, Beat, LivedClock, Pulse};
 use crate::storage;
 
 /// Watches for progress; dropping it stops watching.
@@ -27,53 +28,48 @@ pub struct Watchdog {
 }
 
 struct Shared {
-    start: Instant,
-    /// Milliseconds since `start` of the last progress.
+    /// Moves at every progress.
     last: AtomicU64,
     /// What the rank was doing then, for the message.
     doing: Mutex<String>,
-    /// The exchange round the rank is in.
-    round: AtomicU64,
+    /// The rank's heartbeat, which says the round it is in.
+    pulse: Option<Arc<Pulse>>,
 }
 
 impl Watchdog {
-    /// Starts watching. After `timeout` without [`Watchdog::beat`], prints which rank stalled
-    /// where and calls `abort`. A zero timeout watches nothing.
+    /// Starts watching. After `timeout` of this thread's running time without
+    /// [`Watchdog::beat`], prints which rank stalled where (from the heartbeats in `heartbeats`)
+    /// and calls `abort`. A zero timeout watches nothing. `pulse`: this rank's heartbeat, told
+    /// each round.
     pub fn start(
         timeout: Duration,
         (rank, ranks): (usize, usize),
-        heartbeats: Option<PathBuf>,
+        (heartbeats, pulse): (Option<PathBuf>, Option<Arc<Pulse>>),
         abort: Aborter,
     ) -> Self {
         let shared = Arc::new(Shared {
-            start: Instant::now(),
             last: AtomicU64::new(0),
             doing: Mutex::new("starting the exchange".into()),
-            round: AtomicU64::new(0),
+            pulse,
         });
         let (stop, stopped) = channel::<()>();
         let thread = (!timeout.is_zero()).then(|| {
             let shared = Arc::clone(&shared);
             std::thread::spawn(move || {
-                let tick = (timeout / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+                let tick = heartbeat::tick_for(timeout);
                 let host = crate::sys::hostname();
-                let heartbeat = |round: u64| {
-                    if let Some(dir) = &heartbeats {
-                        // Best effort: a missing heartbeat only makes the message vaguer.
-                        // Written aside and renamed: a rank stopped mid-write leaves the old heartbeat, never
-                        // an empty one.
-                        let path = dir.join(format!("rank-{rank:06}"));
-                        let tmp = dir.join(format!(".rank-{rank:06}"));
-                        let _ = storage::write_unsynced(&tmp, format!("{round} {host}\n").as_bytes())
-                            .and_then(|()| storage::sink(&path).rename(&tmp, &path));
-                    }
-                };
-                heartbeat(0);
+                let mut clock = LivedClock::new(tick, Instant::now());
+                let mut seen = shared.last.load(Ordering::Relaxed);
+                let mut idle = Duration::ZERO;
                 while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
-                    let round = shared.round.load(Ordering::Relaxed);
-                    heartbeat(round);
-                    let now = shared.start.elapsed().as_millis() as u64;
-                    let idle = Duration::from_millis(now.saturating_sub(shared.last.load(Ordering::Relaxed)));
+                    let lived = clock.step(Instant::now());
+                    let last = shared.last.load(Ordering::Relaxed);
+                    if last == seen {
+                        idle += lived;
+                    } else {
+                        (seen, idle) = (last, Duration::ZERO);
+                    }
+                    let round = shared.pulse.as_ref().map_or(0, |p| p.round.load(Ordering::Relaxed));
                     if idle >= timeout {
                         let doing = shared.doing.lock().map(|d| d.clone()).unwrap_or_default();
                         let culprits = heartbeats
@@ -110,7 +106,9 @@ impl Watchdog {
     /// (what a stall message will say it was waiting for).
     pub fn beat(&self, round: u64, doing: impl FnOnce() -> String) {
         self.touch();
-        self.shared.round.store(round, Ordering::Relaxed);
+        if let Some(p) = &self.shared.pulse {
+            p.round.store(round, Ordering::Relaxed);
+        }
         if let Ok(mut d) = self.shared.doing.lock() {
             *d = doing();
         }
@@ -118,8 +116,7 @@ impl Watchdog {
 
     /// Records progress only (for helper threads).
     pub fn touch(&self) {
-        let now = self.shared.start.elapsed().as_millis() as u64;
-        self.shared.last.store(now, Ordering::Relaxed);
+        self.shared.last.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -138,17 +135,15 @@ fn suspects(dir: &Path, (me, ranks): (usize, usize), my_round: u64, timeout: Dur
     let mut silent = Vec::new();
     let mut behind = Vec::new();
     for rank in (0..ranks).filter(|&r| r != me) {
-        let path = dir.join(format!("rank-{rank:06}"));
+        let path = heartbeat::path_of(dir, rank);
         let source = storage::source(&path);
         let Ok(stat) = source.stat(&path) else {
-            silent.push(format!("rank {rank} (never reached the exchange)"));
+            silent.push(format!("rank {rank} (never wrote a heartbeat)"));
             continue;
         };
-        let text = source.read(&path).unwrap_or_default();
-        let text = String::from_utf8_lossy(&text);
-        let mut words = text.split_whitespace();
-        let round: Option<u64> = words.next().and_then(|w| w.parse().ok());
-        let host = words.next().unwrap_or("?").to_string();
+        let beat = heartbeat::read_beat(dir, rank);
+        let round = beat.as_ref().map(|b| b.round);
+        let host = beat.map_or("?".into(), |b: Beat| b.host);
         let modified =
             u64::try_from(stat.stamp.mtime_ns).map(|ns| UNIX_EPOCH + Duration::from_nanos(ns));
         let age = modified.ok().and_then(|t| t.elapsed().ok());
@@ -183,7 +178,7 @@ mod tests {
         let dog = Watchdog::start(
             timeout,
             (0, 1),
-            None,
+            (None, None),
             Arc::new(move |_| {
                 let _ = tx.lock().unwrap().send(Instant::now());
             }),
@@ -201,9 +196,8 @@ mod tests {
             .recv_timeout(Duration::from_secs(120))
             .expect("did not fire after the beats stopped");
         let last = beats.iter().filter(|&&b| b <= fired).max().unwrap();
-        // The dog counts whole milliseconds.
         assert!(
-            fired + Duration::from_millis(1) >= *last + timeout,
+            fired >= *last + timeout,
             "fired {:?} after a beat",
             fired - *last
         );
@@ -213,11 +207,11 @@ mod tests {
     #[test]
     fn heartbeats_name_the_silent_rank() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("rank-000001"), "4 node1\n").unwrap();
-        std::fs::write(dir.path().join("rank-000002"), "4 node2\n").unwrap();
+        std::fs::write(dir.path().join("rank-000001"), "9 4 node1 exchange\n").unwrap();
+        std::fs::write(dir.path().join("rank-000002"), "9 4 node2 exchange\n").unwrap();
         let alive = suspects(dir.path(), (0, 3), 4, Duration::from_secs(10));
         assert!(alive.contains("network"), "{alive}");
-        std::fs::write(dir.path().join("rank-000002"), "2 node2\n").unwrap();
+        std::fs::write(dir.path().join("rank-000002"), "9 2 node2 exchange\n").unwrap();
         let behind = suspects(dir.path(), (0, 3), 4, Duration::from_secs(10));
         assert!(behind.contains("rank 2 on node2"), "{behind}");
         let old = std::time::SystemTime::now() - Duration::from_secs(60);
@@ -234,7 +228,7 @@ mod tests {
         );
         let missing = suspects(dir.path(), (0, 4), 4, Duration::from_secs(10));
         assert!(
-            missing.contains("rank 3 (never reached the exchange)"),
+            missing.contains("rank 3 (never wrote a heartbeat)"),
             "{missing}"
         );
     }

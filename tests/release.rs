@@ -5,7 +5,7 @@
 //! --all-targets`) and to no other (`cargo build --release`, `cargo install`).
 //!
 //! Building a release binary here would take minutes, so the release side is checked on the
-//! manifest and the source (docs/design.md has the check on a release binary, by hand); the test
+//! manifest and the source (docs/performance.md has the check on a release binary, by hand); the test
 //! side on the binary these tests run.
 
 use std::fs;

@@ -251,8 +251,11 @@ pub struct RunArgs {
     #[arg(help_heading = "Epochs", long, value_name = "K")]
     pub keep: Option<usize>,
 
-    /// Seconds without progress in the data exchange after which a rank ends the whole job (a
-    /// rank died or a node stopped answering); 0 waits forever.
+    /// Seconds a rank may stop answering before the job ends with exit 75 (a rank froze or
+    /// died, a node or its network stopped), in any phase from indexing to publishing: each rank
+    /// beats from a thread of its own, so a slow rank is never taken for a stopped one. Counted
+    /// on each watching rank's own running time: a job suspended as a whole (scontrol suspend, a
+    /// paused VM) goes on when continued. 0 waits forever.
     #[arg(
         help_heading = "Resume",
         long,

@@ -2,7 +2,7 @@
 //! itself could not: the one place reshard speaks a launcher's own protocol.
 //!
 //! Why: MPICH 4.0.x over UCX's tcp transport can hang in MPI_Finalize after all the work is done
-//! (docs/design.md, "MPI_Finalize over UCX tcp"). The finalize deadline then ends the rank without
+//! (docs/performance.md, "MPI_Finalize over UCX tcp"). The finalize deadline then ends the rank without
 //! MPI_Finalize, and hydra takes a rank whose PMI connection closes without PMI's `finalize` for a
 //! failed one: its proxy records exit status 1 for it and, by default, kills the other ranks of its
 //! node (`pmi_cb` in hydra's `pm/pmiserv/pmip_cb.c`, MPICH 4.0.2). So before such a rank exits it
@@ -25,8 +25,7 @@
 //! reading the same socket.
 
 use std::io::{self, Read, Write};
-use std::mem::ManuallyDrop;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -56,10 +55,10 @@ pub fn tell_finalized() -> bool {
     let Some(fd) = pmi_fd(|k| std::env::var(k).ok()) else {
         return false;
     };
-    // SAFETY: `PMI_FD` is the rank's end of hydra's socketpair, open for the life of the process
-    // (MPICH's PMI client never closes it before MPI_Finalize returns, and the thread in MPI is
-    // parked). ManuallyDrop: the descriptor stays MPI's, it is never closed here.
-    let mut proxy = ManuallyDrop::new(unsafe { UnixStream::from_raw_fd(fd) });
+    // `PMI_FD` is the rank's end of hydra's socketpair, open for the life of the process (MPICH's
+    // PMI client never closes it before MPI_Finalize returns, and the thread in MPI is parked);
+    // it stays MPI's, never closed here.
+    let mut proxy = crate::sys::borrow_unix_stream(fd);
     finalize_over(&mut proxy, ACK_WAIT).is_ok()
 }
 

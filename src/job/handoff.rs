@@ -1,10 +1,12 @@
 //! What one phase hands the next: defined here, imported by every phase, defined by none, so that
 //! a phase never reaches into another for the type it receives. In the order they are made:
 //! [`Setup`] (expand), [`Indexed`] (index), [`Placed`] and [`Laid`] (plan), together [`Planned`];
-//! [`ExchangeStats`] (exchange); [`Finished`] (finish). [`Shared`] is the context every phase
-//! runs in, next to its own settings ([`crate::config::PlanSettings`]): the ranks and the inputs.
+//! [`Checkpoints`] (the resume records, to the exchange); [`ExchangeStats`] (exchange);
+//! [`Finished`] (finish). [`Shared`] is the context every phase runs in, next to its own
+//! settings ([`crate::config::PlanSettings`]): the ranks and the inputs.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -183,4 +185,16 @@ pub struct ExchangeStats {
 pub struct Finished {
     pub file_bytes: Vec<u64>,
     pub md5: Vec<u8>,
+}
+
+/// Records durably, on rank 0, the ranges of global sample indices that became durable.
+pub type Record<'a> = Box<dyn FnMut(Vec<(u64, u64)>) -> Result<()> + 'a>;
+
+/// How often, and where, checkpoints are recorded.
+pub struct Checkpoints<'a> {
+    /// Time between checkpoints (zero: after every round).
+    pub every: Duration,
+    /// Called on rank 0 with every rank's range of global sample indices that became durable
+    /// (empty ranges included): records them.
+    pub record: Record<'a>,
 }

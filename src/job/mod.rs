@@ -42,6 +42,7 @@ use anyhow::Result;
 
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::{ExchangeSettings, JobSettings, ResumeSettings};
+use crate::heartbeat::Heartbeat;
 use crate::hooks;
 use crate::output::checkpoint::{self, Done, InputRecord};
 use crate::output::OutputShards;
@@ -139,6 +140,19 @@ fn run_phases(
     let lock = mine.and_then(|m| m.lock.as_ref());
     narrate_start(comm, setup);
     agree(comm, crate::throttle::start(&settings.io, comm.size()))?;
+    // Every rank passed the set-up's broadcast: each beats and watches its neighbours from here
+    // to the last collective before publishing, when rank 0 removes the heartbeats.
+    let heart = setup.staging.as_ref().map(|staging| {
+        let (dir, owner) = (
+            Staging::at(staging).heartbeats(),
+            Staging::at(staging).owner_file(),
+        );
+        let ranks = (comm.rank(), comm.size());
+        let timeout = settings.exchange.stall_timeout;
+        Heartbeat::start(timeout, ranks, (dir, Some(owner)), comm.aborter())
+    });
+    let phase = |name: &str| heart.iter().for_each(|h| h.pulse.phase(name));
+    phase("index");
     times.start("index");
     let plan = &settings.plan;
     let ctx = Shared {
@@ -150,6 +164,7 @@ fn run_phases(
     let samples = index.samples;
     let stopped = |e| interrupt::with_samples(e, samples);
     interrupt::check(comm).map_err(stopped)?;
+    phase("plan");
     times.start_with("plan", "place");
     let placed = place::run(&ctx, &plan.place, &mut index)?;
     times.detail("layout");
@@ -173,18 +188,22 @@ fn run_phases(
     if settings.space_check {
         space::check(comm, setup.staging()?, &planned.laid.shard_bytes)?;
     }
+    phase("staging");
     times.detail("staging");
     let output = staging_shards(comm, &settings.resume, setup, inputs, &planned)?;
+    phase("exchange");
     times.start("exchange");
+    let pulse = heart.as_ref().map(|h| std::sync::Arc::clone(&h.pulse));
     let stats = exchange_phase(
         comm,
         (&settings.exchange, &settings.resume),
         setup,
-        &planned,
+        (&planned, pulse),
         &output,
     )
     .map_err(stopped)?;
     interrupt::check(comm).map_err(stopped)?;
+    phase("finish");
     times.start("finish");
     let finished = finish::run(comm, &settings.finish, setup, &planned, output, lock)?;
     let staging = setup.staging()?;
@@ -193,6 +212,8 @@ fn run_phases(
     interrupt::check(comm).map_err(stopped)?;
     // Before publish writes the manifests into the staging directory; again before its rename.
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
+    // Every rank is here: the heartbeats end before rank 0 removes them.
+    drop(heart);
     times.detail("publish");
     publish::run(comm, &settings.publish, setup, &planned, &finished, lock)?;
     if settings.upload.target.is_some() {
@@ -299,7 +320,7 @@ fn exchange_phase(
     comm: &impl Comm,
     (settings, resuming): (&ExchangeSettings, &ResumeSettings),
     setup: &Setup,
-    planned: &Planned,
+    (planned, pulse): (&Planned, Option<std::sync::Arc<crate::heartbeat::Pulse>>),
     output: &OutputShards,
 ) -> Result<ExchangeStats> {
     let ranks = comm.size();
@@ -337,6 +358,7 @@ fn exchange_phase(
         exchange::Stall {
             timeout: settings.stall_timeout,
             heartbeats: Some(Staging::at(staging).heartbeats()),
+            pulse,
         },
         resume::checkpoints(resuming, staging, resume),
         &mut |d| progress.update(d),

@@ -21,6 +21,7 @@ pub mod runs;
 pub mod s3;
 pub mod samples;
 pub mod slurm;
+pub mod source;
 pub mod splits;
 pub mod tar;
 pub mod verifier;
@@ -788,6 +789,24 @@ pub fn reshard_processes(dir: &Path) -> Vec<(u32, Option<usize>)> {
             (pid, rank)
         })
         .collect()
+}
+
+/// The pids of every process whose working directory is `dir` right now: under `mpirun`, the
+/// launcher, its proxies and the ranks (each in a process group of its own), as a scheduler that
+/// suspends a job stops them all.
+pub fn job_processes(dir: &Path) -> Vec<u32> {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = procs
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            (fs::read_link(e.path().join("cwd")).ok()? == dir).then_some(pid)
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
 }
 
 /// Sends `signal` to the process `pid`.

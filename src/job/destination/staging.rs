@@ -6,8 +6,8 @@
 //! .OUT.reshard-tmp/
 //!   .reshard-owner      the owning run's token (see crate::job::destination::lock)
 //!   .reshard/           saved indexes of the shards (published with the output)
-//!   .heartbeats/        the ranks' watchdog heartbeats during the exchange (removed before
-//!                       publishing)
+//!   .heartbeats/        the ranks' heartbeats from indexing to publishing (removed before
+//!                       publishing; see crate::heartbeat)
 //!   .resume/            the plan record and checkpoints for --resume (removed after publishing)
 //!   index.json, shards
 //! ```
@@ -20,7 +20,7 @@ use crate::storage::{self, Sink};
 
 /// The file, inside the staging directory, that names the run owning it.
 const OWNER_FILE: &str = ".reshard-owner";
-/// Where the ranks' watchdogs leave heartbeats during the exchange.
+/// Where the ranks leave heartbeats from indexing to publishing.
 const HEARTBEATS: &str = ".heartbeats";
 
 /// A staging directory (borrowed: the path lives in the job's set-up).

@@ -10,26 +10,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 
 use super::stages::{Stages, Work};
 use crate::comm::wire::{gather_concat, route, RoundStatus};
 use crate::comm::{agree, Comm};
+use crate::job::handoff::Checkpoints;
 use crate::job::interrupt::Interrupted;
-
-/// Records durably, on rank 0, the ranges of global sample indices that became durable.
-pub type Record<'a> = Box<dyn FnMut(Vec<(u64, u64)>) -> Result<()> + 'a>;
-
-/// How often, and where, checkpoints are recorded.
-pub struct Checkpoints<'a> {
-    /// Time between checkpoints (zero: after every round).
-    pub every: Duration,
-    /// Called on rank 0 with every rank's range of global sample indices that became durable
-    /// (empty ranges included): records them.
-    pub record: Record<'a>,
-}
 
 // Checkpoints come by time only. From 2026-11-24 to 11-28 one also came after every 256 MiB a
 // rank moved, so that a run killed (SIGKILL) in its first 30 s kept something. It was measured
@@ -121,6 +110,42 @@ impl<'a> Checkpointing<'a> {
             return Ok(true);
         }
         Ok(false)
+    }
+}
+
+impl Checkpointing<'_> {
+    /// After the last round, every sample placed (the writer has ended): a stop signal that came
+    /// as the last rounds were settled, while the writers still placed them (a write limit keeps
+    /// them rounds behind), found no later round to carry its checkpoint. It is taken here, over
+    /// every sample of the job, so that the job ends in order and a `--resume` moves none of
+    /// them again. A collective: every rank calls it.
+    ///
+    /// # Errors
+    /// [`Interrupted`] once the checkpoint is recorded; a sync or the record failed.
+    pub(super) fn stop_after_the_last_round(
+        &mut self,
+        comm: &impl Comm,
+        job: &Work<'_>,
+    ) -> Result<()> {
+        let mine = crate::sys::stop_signal().map_or(0, |s| u64::from(s.unsigned_abs()));
+        let signal = comm.all_max(&[mine])[0];
+        if signal == 0 {
+            return Ok(());
+        }
+        agree(comm, job.output.sync_data())?;
+        let range = (job.first_global, job.first_global + job.local.len() as u64);
+        let ranges = gather_concat::<(u64, u64)>(comm, 0, &vec![range]);
+        let recorded = match (comm.rank() == 0, ranges) {
+            (true, Ok(r)) => (self.checkpoints.record)(r),
+            (true, Err(e)) => Err(e),
+            (false, _) => Ok(()),
+        };
+        agree(comm, recorded)?;
+        self.taken += 1;
+        Err(anyhow::Error::new(Interrupted {
+            signal: i32::try_from(signal).unwrap_or(15),
+            samples: None,
+        }))
     }
 }
 

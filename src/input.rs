@@ -12,8 +12,8 @@ use crate::storage::{self, Kind};
 pub struct InputShard {
     /// Where the shard is: a path in its [`storage::source`] (the scheme picks the backend),
     /// opened only through it.
-    pub path: PathBuf,
-    pub size: u64,
+    pub(crate) path: PathBuf,
+    pub(crate) size: u64,
 }
 
 /// Expands every spec in order and concatenates the results.
@@ -25,7 +25,7 @@ pub struct InputShard {
 /// # Errors
 /// A missing file or directory, a directory with no `.tar` files, a malformed brace pattern, or a
 /// file named twice (its samples would be duplicated).
-pub fn expand_specs(specs: &[String]) -> Result<Vec<PathBuf>> {
+pub(crate) fn expand_specs(specs: &[String]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for spec in specs {
         out.extend(expand_spec(spec)?);
@@ -151,7 +151,7 @@ fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// The split names of `dir`, when it is the output of a `reshard run --split` (its index.json's
 /// `reshard.splits`), in their order.
-pub fn split_names(dir: &Path) -> Option<Vec<String>> {
+pub(crate) fn split_names(dir: &Path) -> Option<Vec<String>> {
     let index = dir.join("index.json");
     let text = storage::source(&index).read(&index).ok()?;
     let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
@@ -171,7 +171,7 @@ pub fn split_names(dir: &Path) -> Option<Vec<String>> {
 ///
 /// # Errors
 /// Unbalanced or nested braces, an empty brace, or a range whose bounds are not numbers.
-pub fn expand_braces(pattern: &str) -> Result<Vec<String>> {
+pub(crate) fn expand_braces(pattern: &str) -> Result<Vec<String>> {
     let Some(open) = pattern.find('{') else {
         if pattern.contains('}') {
             bail!("brace pattern {pattern:?}: '}}' without '{{'");

@@ -27,9 +27,9 @@ use crate::storage::{self, Sequential};
 
 /// A shard name template: `fish-%06d.tar` names shard 7 of its group `fish-000007.tar`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Template {
+pub(crate) struct Template {
     /// The template as the key map wrote it.
-    pub text: String,
+    pub(crate) text: String,
     before: String,
     after: String,
     width: usize,
@@ -39,7 +39,7 @@ pub struct Template {
 impl Template {
     /// # Errors
     /// No `%d` directive, more than one, another `%` directive, or a `/` in the name.
-    pub fn parse(text: &str) -> Result<Template> {
+    pub(crate) fn parse(text: &str) -> Result<Template> {
         let bad = |why: &str| anyhow::anyhow!("shard name template {text:?}: {why}");
         if text.contains('/')
             || text.starts_with('.')
@@ -103,7 +103,7 @@ impl Template {
     }
 
     /// The file name of shard `k` of this template's group.
-    pub fn name(&self, k: u64) -> String {
+    pub(crate) fn name(&self, k: u64) -> String {
         let (b, a, w) = (&self.before, &self.after, self.width);
         if self.zero {
             format!("{b}{k:0w$}{a}")
@@ -115,7 +115,7 @@ impl Template {
 
 /// What to do with a sample whose key no group claims (`--unmatched`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Unmatched {
+pub(crate) enum Unmatched {
     /// An error naming the input file and the key.
     #[default]
     Error,
@@ -127,7 +127,7 @@ pub enum Unmatched {
 
 impl Unmatched {
     /// The flag's value, as `--unmatched` takes it.
-    pub fn flag(&self) -> String {
+    pub(crate) fn flag(&self) -> String {
         match self {
             Unmatched::Error => "error".into(),
             Unmatched::Skip => "skip".into(),
@@ -153,16 +153,16 @@ impl std::str::FromStr for Unmatched {
 }
 
 /// A loaded key map.
-pub struct KeyMap {
+pub(crate) struct KeyMap {
     /// The groups, in order.
-    pub groups: Vec<Template>,
+    pub(crate) groups: Vec<Template>,
     patterns: Option<(RegexSet, Vec<usize>)>,
     unmatched: Unmatched,
 }
 
 /// Marks a sample in [`KeyMap::assign`]'s result that no group claims and `--unmatched skip`
 /// leaves out.
-pub const SKIPPED: u32 = u32::MAX;
+pub(crate) const SKIPPED: u32 = u32::MAX;
 
 impl KeyMap {
     /// Reads the key map and gives each of `keys` (this rank's) its group (an index into
@@ -174,7 +174,7 @@ impl KeyMap {
     /// and line); a key claimed by two groups or (with `--unmatched error`) by none, naming the
     /// input file and the key; for the lines form, a key mapped again to another group. Errors
     /// before the look-ups are the same on every rank; the ranks must agree on the outcome.
-    pub fn load(
+    pub(crate) fn load(
         comm: &impl Comm,
         path: &Path,
         unmatched: Unmatched,
@@ -269,7 +269,7 @@ impl KeyMap {
     }
 
     /// A digest of the groups and patterns, for checking that every rank read the same map.
-    pub fn digest(&self) -> u64 {
+    pub(crate) fn digest(&self) -> u64 {
         let mut text: Vec<u8> = Vec::new();
         for g in &self.groups {
             text.extend(g.text.as_bytes());

@@ -11,7 +11,7 @@ use crate::size::human_bytes;
 
 /// Rank 0's progress display for one phase: `index` (shards and bytes) or `exchange` (bytes).
 /// Silent on ranks other than 0.
-pub struct Progress {
+pub(crate) struct Progress {
     display: Display,
     what: &'static str,
     /// Bytes, and for the index the number of shards, of the whole phase.
@@ -30,7 +30,7 @@ enum Display {
 impl Progress {
     /// A display for `what` on rank 0 (`lead`): bytes out of `total`, and for a phase that counts
     /// shards too, `items` of them.
-    pub fn new(
+    pub(crate) fn new(
         cfg: ProgressConfig,
         lead: bool,
         what: &'static str,
@@ -59,12 +59,12 @@ impl Progress {
     }
 
     /// Records that `done` bytes of the total have moved.
-    pub fn update(&mut self, done: u64) {
+    pub(crate) fn update(&mut self, done: u64) {
         self.update_items(done, None);
     }
 
     /// Records `done` bytes and `items` shards done.
-    pub fn update_items(&mut self, done: u64, items: Option<u64>) {
+    pub(crate) fn update_items(&mut self, done: u64, items: Option<u64>) {
         let of_items = match (items, self.items) {
             (Some(n), Some(total)) => format!("{n} / {total} shards, "),
             _ => String::new(),
@@ -95,7 +95,7 @@ impl Progress {
         }
     }
 
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if let Display::Bar(bar) = std::mem::replace(&mut self.display, Display::Quiet) {
             bar.finish_and_clear();
         }
@@ -166,9 +166,9 @@ impl TermLike for PipedTerm {
 
 /// Wall time of each named phase, in order.
 #[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct PhaseTimes {
+pub(crate) struct PhaseTimes {
     /// (phase, seconds), in order.
-    pub phases: Vec<(&'static str, f64)>,
+    pub(crate) phases: Vec<(&'static str, f64)>,
     #[serde(skip)]
     current: Option<(&'static str, Instant)>,
     /// `RESHARD_TRACE_PHASES`: the finer phases, on every rank.
@@ -178,7 +178,7 @@ pub struct PhaseTimes {
 
 impl PhaseTimes {
     /// Times for `rank`, traced phase by phase if `RESHARD_TRACE_PHASES` is set.
-    pub fn for_rank(rank: usize) -> Self {
+    pub(crate) fn for_rank(rank: usize) -> Self {
         PhaseTimes {
             trace: PhaseTrace::from_env(rank),
             ..PhaseTimes::default()
@@ -186,26 +186,26 @@ impl PhaseTimes {
     }
 
     /// Ends the running phase (if any) and starts `name`.
-    pub fn start(&mut self, name: &'static str) {
+    pub(crate) fn start(&mut self, name: &'static str) {
         self.start_with(name, name);
     }
 
     /// Starts `name`, whose first part the trace calls `part`.
-    pub fn start_with(&mut self, name: &'static str, part: &'static str) {
+    pub(crate) fn start_with(&mut self, name: &'static str, part: &'static str) {
         self.stop();
         self.current = Some((name, Instant::now()));
         self.detail(part);
     }
 
     /// Starts `name` as a part of the running phase: only the trace sees it.
-    pub fn detail(&mut self, name: &'static str) {
+    pub(crate) fn detail(&mut self, name: &'static str) {
         if let Some(trace) = &mut self.trace {
             trace.start(name);
         }
     }
 
     /// Ends the running phase.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some((name, t)) = self.current.take() {
             self.phases.push((name, t.elapsed().as_secs_f64()));
         }
@@ -214,7 +214,7 @@ impl PhaseTimes {
         }
     }
 
-    pub fn total(&self) -> f64 {
+    pub(crate) fn total(&self) -> f64 {
         self.phases.iter().map(|p| p.1).sum()
     }
 }
@@ -232,7 +232,7 @@ pub struct PhaseTrace {
 
 impl PhaseTrace {
     /// A trace for `rank` if `RESHARD_TRACE_PHASES` is set.
-    pub fn from_env(rank: usize) -> Option<Self> {
+    pub(crate) fn from_env(rank: usize) -> Option<Self> {
         crate::hooks::trace_phases().then(|| PhaseTrace::new(rank))
     }
 

@@ -6,7 +6,7 @@
 ///
 /// # Errors
 /// A message saying what was expected when the text is not such a size or overflows `u64`.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -48,7 +48,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 /// Formats bytes with a binary unit, e.g. `1.50 GiB`.
-pub fn human_bytes(bytes: u64) -> String {
+pub(crate) fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = bytes as f64;
     let mut unit = 0;

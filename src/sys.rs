@@ -11,6 +11,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
+#[cfg(test)]
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 /// (`posix_fadvise(POSIX_FADV_RANDOM)` over the whole file).
 ///
 /// Only a hint: where it is not supported, nothing changes, and no error is reported.
-pub fn advise_random(file: &File) {
+pub(crate) fn advise_random(file: &File) {
     // SAFETY: a valid open descriptor; the call reads no memory of ours.
     unsafe {
         libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
@@ -37,7 +38,7 @@ pub fn advise_random(file: &File) {
 /// The raw OS error: `EXDEV`, `EINVAL`, `ENOSYS` or `EOPNOTSUPP` where the filesystems cannot
 /// copy in the kernel (the caller falls back to reading and writing), `EINTR` (retry), or a
 /// real I/O error.
-pub fn copy_file_range(
+pub(crate) fn copy_file_range(
     src: &File,
     src_offset: i64,
     dst: &File,
@@ -61,8 +62,8 @@ pub fn copy_file_range(
 
 /// `ioprio_set(2)`'s classes: best effort (levels 0-7, 4 by default) and idle (served only when
 /// no one else uses the disk).
-pub const IOPRIO_CLASS_BE: i32 = 2;
-pub const IOPRIO_CLASS_IDLE: i32 = 3;
+pub(crate) const IOPRIO_CLASS_BE: i32 = 2;
+pub(crate) const IOPRIO_CLASS_IDLE: i32 = 3;
 /// `IOPRIO_WHO_PROCESS`: `ioprio_set` for one task; with id 0, the calling thread.
 const IOPRIO_WHO_PROCESS: libc::c_int = 1;
 
@@ -72,7 +73,7 @@ const IOPRIO_WHO_PROCESS: libc::c_int = 1;
 ///
 /// # Errors
 /// The kernel refuses it (the real-time class needs privileges; these do not).
-pub fn set_io_priority(class: i32, level: i32) -> io::Result<()> {
+pub(crate) fn set_io_priority(class: i32, level: i32) -> io::Result<()> {
     // SAFETY: ioprio_set takes three integers and touches no memory of ours.
     let rc = unsafe {
         libc::syscall(
@@ -88,11 +89,12 @@ pub fn set_io_priority(class: i32, level: i32) -> io::Result<()> {
     Ok(())
 }
 
+#[cfg(test)]
 /// The calling thread's I/O priority: (class, level), as [`set_io_priority`] takes them.
 ///
 /// # Errors
 /// The kernel refuses to say.
-pub fn io_priority() -> io::Result<(i32, i32)> {
+pub(crate) fn io_priority() -> io::Result<(i32, i32)> {
     // SAFETY: ioprio_get takes two integers and touches no memory of ours.
     let rc = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
     if rc < 0 {
@@ -107,7 +109,7 @@ pub fn io_priority() -> io::Result<(i32, i32)> {
 ///
 /// # Errors
 /// The kernel refuses it (lowering the value below the current one needs privileges).
-pub fn set_nice(nice: i32) -> io::Result<()> {
+pub(crate) fn set_nice(nice: i32) -> io::Result<()> {
     // SAFETY: setpriority takes integers and touches no memory of ours.
     let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
     if rc < 0 {
@@ -121,7 +123,7 @@ pub fn set_nice(nice: i32) -> io::Result<()> {
 ///
 /// Only a hint, and no durability guarantee: where the filesystem does not support it nothing
 /// happens, no error is reported, and a later `fsync` does all the work.
-pub fn start_writeback(file: &File, offset: u64, len: u64) {
+pub(crate) fn start_writeback(file: &File, offset: u64, len: u64) {
     let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
         return;
     };
@@ -148,7 +150,7 @@ pub fn stderr_line(line: &str) {
 ///
 /// # Errors
 /// `path` contains a NUL byte or cannot be examined.
-pub fn free_space(path: &Path) -> io::Result<u64> {
+pub(crate) fn free_space(path: &Path) -> io::Result<u64> {
     let c = CString::new(path.as_os_str().as_bytes())?;
     // SAFETY: a valid NUL-terminated path and a zeroed statvfs that live across the call.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
@@ -161,7 +163,7 @@ pub fn free_space(path: &Path) -> io::Result<u64> {
 }
 
 /// The size of a page of the page cache.
-pub fn page_size() -> u64 {
+pub(crate) fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
@@ -175,7 +177,7 @@ pub fn page_size() -> u64 {
 /// A path contains a NUL byte, either path does not exist, they are on different filesystems,
 /// or the kernel or filesystem does not support the exchange (`EINVAL`, `ENOSYS`): nothing is
 /// renamed.
-pub fn exchange_paths(a: &Path, b: &Path) -> io::Result<()> {
+pub(crate) fn exchange_paths(a: &Path, b: &Path) -> io::Result<()> {
     renameat2(a, b, libc::RENAME_EXCHANGE)
 }
 
@@ -185,12 +187,12 @@ pub fn exchange_paths(a: &Path, b: &Path) -> io::Result<()> {
 /// # Errors
 /// `to` exists (`AlreadyExists`), a path contains a NUL byte, or the kernel or filesystem does
 /// not support the flag (`EINVAL`, `ENOSYS`; see [`unsupported`]): nothing is renamed.
-pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     renameat2(from, to, libc::RENAME_NOREPLACE)
 }
 
 /// Whether `e` says that the kernel or the filesystem does not support a `renameat2` flag.
-pub fn unsupported(e: &io::Error) -> bool {
+pub(crate) fn unsupported(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS))
 }
 
@@ -217,7 +219,7 @@ fn renameat2(a: &Path, b: &Path, flags: libc::c_uint) -> io::Result<()> {
 
 /// Stops the whole process, every thread of it, with `SIGSTOP` (as a node that froze would),
 /// returning only if and when something sends it `SIGCONT`. For fault injection in tests.
-pub fn stop_process() {
+pub(crate) fn stop_process() {
     // SAFETY: raise(2) on this process; no memory of ours is involved.
     unsafe {
         libc::raise(libc::SIGSTOP);
@@ -226,7 +228,7 @@ pub fn stop_process() {
 
 /// Kills the whole process with `SIGKILL`, as the OOM killer or a lost node would: nothing of
 /// it runs again. For fault injection in tests.
-pub fn kill_process() -> ! {
+pub(crate) fn kill_process() -> ! {
     // SAFETY: raise(2) on this process; no memory of ours is involved.
     unsafe {
         libc::raise(libc::SIGKILL);
@@ -236,7 +238,7 @@ pub fn kill_process() -> ! {
 
 /// Ends the process at once with `code` (`_exit(2)`): no destructors, no atexit handlers, no
 /// flushing of stdio buffers, so it cannot block in a library's teardown (MPI's, say).
-pub fn exit_now(code: i32) -> ! {
+pub(crate) fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and touches no memory of ours.
     unsafe { libc::_exit(code) }
 }
@@ -280,7 +282,7 @@ pub fn stop_signal() -> Option<i32> {
 }
 
 /// The name of a stop signal, for messages.
-pub fn signal_name(signal: i32) -> String {
+pub(crate) fn signal_name(signal: i32) -> String {
     match signal {
         libc::SIGINT => "SIGINT".into(),
         libc::SIGTERM => "SIGTERM".into(),
@@ -289,17 +291,17 @@ pub fn signal_name(signal: i32) -> String {
 }
 
 /// A thread of this process, as [`park_thread`] names it.
-pub type Thread = libc::pthread_t;
+pub(crate) type Thread = libc::pthread_t;
 
 /// The calling thread.
-pub fn current_thread() -> Thread {
+pub(crate) fn current_thread() -> Thread {
     // SAFETY: pthread_self has no preconditions.
     unsafe { libc::pthread_self() }
 }
 
 /// Stops `thread` for good: it waits in a signal handler until the process exits. Returns
 /// whether it did within a second.
-pub fn park_thread(thread: Thread) -> bool {
+pub(crate) fn park_thread(thread: Thread) -> bool {
     static PARKED: AtomicBool = AtomicBool::new(false);
     extern "C" fn wait_forever(_: libc::c_int) {
         PARKED.store(true, Ordering::SeqCst);
@@ -336,7 +338,7 @@ pub fn park_thread(thread: Thread) -> bool {
 /// The Unix stream socket open at `fd`, borrowed: dropping it does not close the descriptor,
 /// which stays its owner's. For a descriptor inherited open for the life of the process (the
 /// PMI socket hydra gives a rank, [`crate::comm::hydra`]).
-pub fn borrow_unix_stream(
+pub(crate) fn borrow_unix_stream(
     fd: std::os::fd::RawFd,
 ) -> std::mem::ManuallyDrop<std::os::unix::net::UnixStream> {
     use std::os::fd::FromRawFd;
@@ -347,7 +349,7 @@ pub fn borrow_unix_stream(
 
 /// This host's name, or `unknown-host` where the kernel does not say (one word: it is written
 /// into the lock file and into messages).
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     Some(proc_line("/proc/sys/kernel/hostname"))
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "unknown-host".into())
@@ -355,13 +357,13 @@ pub fn hostname() -> String {
 
 /// This boot's id (`/proc/sys/kernel/random/boot_id`), empty where unknown: a pid names the same
 /// process only within one boot.
-pub fn boot_id() -> String {
+pub(crate) fn boot_id() -> String {
     proc_line("/proc/sys/kernel/random/boot_id")
 }
 
 /// This process's PID namespace (the `/proc/self/ns/pid` link, `pid:[4026531836]`), empty where
 /// unknown: a pid names the same process only within one namespace.
-pub fn pid_namespace() -> String {
+pub(crate) fn pid_namespace() -> String {
     std::fs::read_link("/proc/self/ns/pid")
         .map(|l| l.to_string_lossy().into_owned())
         .unwrap_or_default()
@@ -369,7 +371,7 @@ pub fn pid_namespace() -> String {
 
 /// The start time of process `pid` (clock ticks since boot), if it lives. A zombie (exited, not
 /// yet reaped: common in containers whose init does not reap) does not.
-pub fn process_start(pid: u32) -> Option<u64> {
+pub(crate) fn process_start(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields 3 (state) and 22; the command name (field 2) may hold spaces and parentheses.
     let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
@@ -383,7 +385,7 @@ pub fn process_start(pid: u32) -> Option<u64> {
 ///
 /// # Errors
 /// It cannot be read.
-pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
+pub(crate) fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
     std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(buf))
 }
 
@@ -391,7 +393,7 @@ pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
 ///
 /// # Errors
 /// It cannot be read.
-pub fn read_machine_file(path: &Path) -> io::Result<Vec<u8>> {
+pub(crate) fn read_machine_file(path: &Path) -> io::Result<Vec<u8>> {
     std::fs::read(path)
 }
 
@@ -414,14 +416,14 @@ pub fn peak_rss() -> Option<u64> {
 }
 
 /// This process's resident set size now, in bytes (VmRSS).
-pub fn resident() -> Option<u64> {
+pub(crate) fn resident() -> Option<u64> {
     status_bytes("VmRSS:")
 }
 
 /// The peak resident set size since the last restart (or the start), in bytes; then the kernel's
 /// peak starts again from the current size (`5` into `/proc/self/clear_refs`), so that the next
 /// call reports the next period's peak alone. [`peak_rss`] still reports the whole run's.
-pub fn restart_peak_rss() -> Option<u64> {
+pub(crate) fn restart_peak_rss() -> Option<u64> {
     let peak = status_bytes("VmHWM:")?;
     PEAK_BEFORE_RESTART.fetch_max(peak, Ordering::Relaxed);
     std::fs::write("/proc/self/clear_refs", "5").ok()?;
@@ -429,7 +431,7 @@ pub fn restart_peak_rss() -> Option<u64> {
 }
 
 /// CPU seconds this process used so far, user and system, over all its threads.
-pub fn cpu_seconds() -> f64 {
+pub(crate) fn cpu_seconds() -> f64 {
     // SAFETY: getrusage writes the struct it is given; zeroed is a valid rusage.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: RUSAGE_SELF and a valid pointer; the call cannot fail with these.
@@ -450,7 +452,7 @@ fn proc_line(path: &str) -> String {
 ///
 /// # Errors
 /// A read fails (other than by an interruption).
-pub fn read_up_to<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn read_up_to<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match r.read(&mut buf[n..]) {
@@ -463,21 +465,24 @@ pub fn read_up_to<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> io::Result<usi
     Ok(n)
 }
 
+#[cfg(test)]
 /// [`read_up_to`] with positioned reads: fills `buf` from `offset` of `file` (fewer bytes where
 /// the file ends) without moving its cursor, so threads may share the file.
 ///
 /// # Errors
 /// A read fails (other than by an interruption).
-pub fn read_up_to_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+pub(crate) fn read_up_to_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     read_up_to(&mut At { file, offset }, buf)
 }
 
+#[cfg(test)]
 /// A [`Read`] over positioned reads of a shared file.
 struct At<'f> {
     file: &'f File,
     offset: u64,
 }
 
+#[cfg(test)]
 impl Read for At<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.file.read_at(buf, self.offset)?;
@@ -491,22 +496,22 @@ impl Read for At<'_> {
 /// change time cannot be set back by a user); a replacement by rename changes the inode.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FileStamp {
-    pub size: u64,
-    pub mtime_ns: i128,
-    pub ctime_ns: i128,
+    pub(crate) size: u64,
+    pub(crate) mtime_ns: i128,
+    pub(crate) ctime_ns: i128,
     /// Only compared where one host took both stamps: device numbers, and on some network
     /// and FUSE file systems inode numbers, differ between hosts.
-    pub dev: u64,
+    pub(crate) dev: u64,
     /// What tells this file from another that replaced it at the same path: the inode on a
     /// file system, a hash of the ETag of an object, a counter in memory. Recorded as `ino`
     /// (checkpoint records hold stamps).
     #[serde(rename = "ino")]
-    pub identity: u64,
+    pub(crate) identity: u64,
 }
 
 impl FileStamp {
     /// The stamp of a file from its metadata.
-    pub fn of(meta: &std::fs::Metadata) -> Self {
+    pub(crate) fn of(meta: &std::fs::Metadata) -> Self {
         use std::os::unix::fs::MetadataExt;
         let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
         FileStamp {
@@ -518,17 +523,9 @@ impl FileStamp {
         }
     }
 
-    /// The stamp of the file at `path` now.
-    ///
-    /// # Errors
-    /// It cannot be stat'ed.
-    pub fn read(path: &Path) -> io::Result<Self> {
-        std::fs::metadata(path).map(|m| Self::of(&m))
-    }
-
     /// What differs from `then` to `self` (now), for a message; empty when nothing does. The
     /// device and inode count only when `same_host` took both stamps.
-    pub fn changes_since(&self, then: &FileStamp, same_host: bool) -> String {
+    pub(crate) fn changes_since(&self, then: &FileStamp, same_host: bool) -> String {
         let mut what = Vec::new();
         if self.size != then.size {
             what.push(format!("size {} -> {} bytes", then.size, self.size));

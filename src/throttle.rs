@@ -30,7 +30,7 @@ const BURST_SECONDS: f64 = 0.25;
 /// caller that takes more than there are goes into debt and is told how long to wait, and the
 /// next caller waits behind that debt too, so concurrent threads share the rate.
 #[derive(Debug, Clone)]
-pub struct Bucket {
+pub(crate) struct Bucket {
     /// Bytes per second.
     rate: f64,
     /// The most tokens the bucket holds.
@@ -44,7 +44,7 @@ pub struct Bucket {
 impl Bucket {
     /// An empty bucket filling at `rate` bytes per second from time `now`. It starts empty so
     /// that a job of B bytes never takes less than `B / rate` less one burst.
-    pub fn new(rate: f64, now: f64) -> Self {
+    pub(crate) fn new(rate: f64, now: f64) -> Self {
         Bucket {
             rate,
             burst: rate * BURST_SECONDS,
@@ -54,7 +54,7 @@ impl Bucket {
     }
 
     /// Takes `bytes` at time `now`: the seconds the caller must wait before it may move them.
-    pub fn take(&mut self, now: f64, bytes: u64) -> f64 {
+    pub(crate) fn take(&mut self, now: f64, bytes: u64) -> f64 {
         if now > self.last {
             self.tokens = (self.tokens + (now - self.last) * self.rate).min(self.burst);
             self.last = now;
@@ -71,21 +71,21 @@ impl Bucket {
 /// One rank's share of a job's `rate` (bytes per second) among `ranks` ranks: an equal share,
 /// so the shares never add up to more than the job's limit, and no rank needs to ask the others.
 /// Inputs are assigned to ranks balanced by bytes, so equal shares also finish together.
-pub fn share(rate: u64, ranks: usize) -> f64 {
+pub(crate) fn share(rate: u64, ranks: usize) -> f64 {
     rate as f64 / ranks.max(1) as f64
 }
 
 /// The limits of a run, as the command line gives them (bytes per second, for the whole job).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Limits {
-    pub read: Option<u64>,
-    pub write: Option<u64>,
+pub(crate) struct Limits {
+    pub(crate) read: Option<u64>,
+    pub(crate) write: Option<u64>,
 }
 
 impl Limits {
     /// One rank's share of the lower of the two limits, bytes per second (`None` without
     /// limits).
-    pub fn slowest_share(&self, ranks: usize) -> Option<f64> {
+    pub(crate) fn slowest_share(&self, ranks: usize) -> Option<f64> {
         [self.read, self.write]
             .into_iter()
             .flatten()
@@ -95,7 +95,7 @@ impl Limits {
 
     /// Seconds the job's data movement takes at least at these limits: `read_bytes` read and
     /// `written` bytes written, each at its limit (the slower decides); `None` without limits.
-    pub fn least_seconds(&self, read_bytes: u64, written: u64) -> Option<f64> {
+    pub(crate) fn least_seconds(&self, read_bytes: u64, written: u64) -> Option<f64> {
         let at = |bytes: u64, rate: Option<u64>| rate.map(|r| bytes as f64 / r as f64);
         match (at(read_bytes, self.read), at(written, self.write)) {
             (None, None) => None,
@@ -107,16 +107,16 @@ impl Limits {
 /// How a run shares the machine with others (training beside it): rate limits for the whole
 /// job, and the priorities every rank sets at start.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct IoConfig {
-    pub limits: Limits,
-    pub priority: IoPriority,
+pub(crate) struct IoConfig {
+    pub(crate) limits: Limits,
+    pub(crate) priority: IoPriority,
     /// `--nice N`: `None` leaves the CPU priority as it is.
-    pub nice: Option<i32>,
+    pub(crate) nice: Option<i32>,
 }
 
 /// `--io-priority` values: the kernel's I/O priority classes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum IoPriority {
+pub(crate) enum IoPriority {
     /// The idle class: the disk serves this run only when nothing else asks for it.
     Idle,
     /// Best effort at its lowest level (7).
@@ -170,10 +170,10 @@ impl Pacer {
 
 /// What went through one direction's pacer on this rank.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tally {
-    pub bytes: u64,
+pub(crate) struct Tally {
+    pub(crate) bytes: u64,
     /// Time spent waiting on the limit (summed over the threads that waited).
-    pub waited: Duration,
+    pub(crate) waited: Duration,
 }
 
 /// This process's pacers: (read, write). Set once per run by [`install`].
@@ -183,7 +183,7 @@ static JOB: OnceLock<Limits> = OnceLock::new();
 
 /// Sets this rank's pacers: its share of `limits` among `ranks` ranks. The first call wins (one
 /// run per process; in-process test runs set no limits).
-pub fn install(limits: Limits, ranks: usize) {
+pub(crate) fn install(limits: Limits, ranks: usize) {
     let rate = |r: Option<u64>| r.map(|r| share(r, ranks));
     let _ = JOB.set(limits);
     let _ = PACERS.get_or_init(|| {
@@ -200,7 +200,7 @@ pub fn install(limits: Limits, ranks: usize) {
 /// # Errors
 /// The kernel refuses a priority (a negative `--nice` without privileges); the message names
 /// the flag.
-pub fn start(io: &IoConfig, ranks: usize) -> Result<()> {
+pub(crate) fn start(io: &IoConfig, ranks: usize) -> Result<()> {
     let class = match io.priority {
         IoPriority::Idle => Some((sys::IOPRIO_CLASS_IDLE, 0)),
         IoPriority::Low => Some((sys::IOPRIO_CLASS_BE, 7)),
@@ -221,7 +221,7 @@ pub fn start(io: &IoConfig, ranks: usize) -> Result<()> {
 
 /// Whether this run has a rate limit: then [`crate::storage`] hands out its backends wrapped
 /// in [`crate::storage::paced`], which calls [`pace`] and [`charge`] for every byte they move.
-pub fn limited() -> bool {
+pub(crate) fn limited() -> bool {
     JOB.get()
         .is_some_and(|l| l.read.is_some() || l.write.is_some())
 }
@@ -235,7 +235,7 @@ pub fn limited() -> bool {
 /// run: the job then stops at its next checkpoint, and what is still in flight before it (a few
 /// rounds, within `--mem-limit`) moves at full speed instead of keeping the job past the
 /// signal's grace ([`crate::job::interrupt::GRACE`]).
-pub fn pace(read: u64, written: u64) {
+pub(crate) fn pace(read: u64, written: u64) {
     let Some((r, w)) = PACERS.get() else { return };
     let (wait_r, wait_w) = (r.take(read), w.take(written));
     let wait = wait_r.max(wait_w);
@@ -265,7 +265,7 @@ fn sleep_unless_stopped(wait: Duration, stopped: impl Fn() -> Option<i32>) -> Du
 /// small objects (markers, locks, heartbeats), which a limit must never delay (a heartbeat
 /// queued behind a writer's debt would make a live rank look stalled). The transfers after
 /// them wait for their bytes.
-pub fn charge(read: u64, written: u64) {
+pub(crate) fn charge(read: u64, written: u64) {
     if let Some((r, w)) = PACERS.get() {
         r.take(read);
         w.take(written);
@@ -276,7 +276,7 @@ pub fn charge(read: u64, written: u64) {
 /// and how long its threads waited on it, e.g.
 /// `, write limit 4.00 MiB/s (rank 0: 1.95 MiB/s of its 2.00 MiB/s share, waited 1.5 s over its
 /// threads)`; empty without limits. Rank 0's own figures: the job's would need a collective.
-pub fn progress_note() -> String {
+pub(crate) fn progress_note() -> String {
     let (Some(limits), Some((r, w))) = (JOB.get(), PACERS.get()) else {
         return String::new();
     };
@@ -300,22 +300,22 @@ pub fn progress_note() -> String {
 
 /// How a run kept to one limit, for the summary: job-wide figures.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct RateReport {
+pub(crate) struct RateReport {
     /// "read" or "write".
-    pub what: &'static str,
+    pub(crate) what: &'static str,
     /// The job's limit in bytes per second.
-    pub limit: u64,
+    pub(crate) limit: u64,
     /// Bytes all ranks moved through the pacer.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// The run's wall time, seconds.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// The longest any rank waited on the limit, seconds.
-    pub most_waited: f64,
+    pub(crate) most_waited: f64,
 }
 
 impl RateReport {
     /// One summary line: the limit, the rate achieved over the run, and the wait.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         format!(
             "  {} limit {}/s: achieved {}/s ({} in {:.2} s); waited on it up to {:.2} s on a rank\n",
             self.what,
@@ -329,7 +329,7 @@ impl RateReport {
 }
 
 /// What this rank read and wrote through the pacers so far: (read, write).
-pub fn tallies() -> (Tally, Tally) {
+pub(crate) fn tallies() -> (Tally, Tally) {
     PACERS
         .get()
         .map(|(r, w)| (r.tally(), w.tally()))

@@ -8,6 +8,7 @@
 mod util;
 
 mod bad_input;
+mod cloud;
 mod cluster;
 mod compressed;
 mod docs;

@@ -52,7 +52,7 @@ pub enum Command {
 }
 
 /// The subcommands with a man page of their own (`reshard man COMMAND`).
-pub const MAN_PAGES: [&str; 6] = ["run", "plan", "verify", "generate", "completions", "man"];
+pub(crate) const MAN_PAGES: [&str; 6] = ["run", "plan", "verify", "generate", "completions", "man"];
 
 /// `run`'s usage line: what it requires (checked together in [`super::resolve`], so that every
 /// missing one is named at once). `--seed` is not needed by `--order key` or `content`.
@@ -74,7 +74,7 @@ pub struct RunArgs {
         short = 'i',
         value_name = "SPEC"
     )]
-    pub inputs: Vec<String>,
+    pub(crate) inputs: Vec<String>,
 
     /// Output directory. Created atomically: it appears only once every shard is complete.
     /// Required unless planning (`reshard plan`, `--dry-run`).
@@ -84,57 +84,57 @@ pub struct RunArgs {
         short = 'o',
         value_name = "DIR"
     )]
-    pub output: Option<PathBuf>,
+    pub(crate) output: Option<PathBuf>,
 
     /// With an `s3://` output: the directory the output is assembled in before it is uploaded
     /// (every rank must see it). Default: $TMPDIR (else /tmp), in reshard-scratch/BUCKET/KEY.
     #[arg(help_heading = "Output and loaders", long, value_name = "DIR")]
-    pub scratch: Option<PathBuf>,
+    pub(crate) scratch: Option<PathBuf>,
 
     /// Number of output shards. Exactly one of --shards, --shard-size and --gpus chooses it.
     #[arg(help_heading = "Sizing", long, value_name = "N", conflicts_with_all = ["shard_size", "gpus"])]
-    pub shards: Option<u64>,
+    pub(crate) shards: Option<u64>,
 
     /// Target mean shard size, e.g. 512MiB: the shard count whose mean size is nearest. With
     /// --gpus, the multiple of GPUs x workers nearest it (default 512MiB).
     #[arg(help_heading = "Sizing", long, value_name = "SIZE")]
-    pub shard_size: Option<String>,
+    pub(crate) shard_size: Option<String>,
 
     /// Number of GPUs (training ranks): the shard count is a multiple of GPUs x --workers.
     #[arg(help_heading = "Sizing", long, value_name = "G")]
-    pub gpus: Option<u64>,
+    pub(crate) gpus: Option<u64>,
 
     /// Data loader workers per GPU (with --gpus).
     #[arg(help_heading = "Sizing", long, value_name = "W", requires = "gpus")]
-    pub workers: Option<u64>,
+    pub(crate) workers: Option<u64>,
 
     /// Batch size per GPU (with --gpus): the manifest reports full batches per GPU.
     #[arg(help_heading = "Sizing", long, value_name = "B", requires = "gpus")]
-    pub batch_size: Option<u64>,
+    pub(crate) batch_size: Option<u64>,
 
     /// When samples do not divide evenly: none (shard counts differ by at most one), drop (the
     /// N mod S samples at the end of the permutation are left out), pad (samples from the start
     /// of the permutation are repeated). Dropped and repeated keys are listed in index.json.
     #[arg(help_heading = "Sizing", long, value_enum, default_value_t = EqualizeArg::None)]
-    pub equalize: EqualizeArg,
+    pub(crate) equalize: EqualizeArg,
 
     /// Cut shards by equal sample counts, or by near-equal bytes (counts then vary).
     #[arg(help_heading = "Sizing", long, value_enum, default_value_t = Balance::Count)]
-    pub balance: Balance,
+    pub(crate) balance: Balance,
 
     /// Start even where the output's file system has less free space than the plan needs (by
     /// statvfs; a quota or a file system that compresses may allow more).
     #[arg(help_heading = "Output and loaders", long)]
-    pub no_space_check: bool,
+    pub(crate) no_space_check: bool,
 
     /// Seed of the global shuffle (required unless --order key or content, which are not random;
     /// a plan of --shards 1 is the same for any seed and needs none).
     #[arg(help_heading = "Order", long, value_name = "S")]
-    pub seed: Option<u64>,
+    pub(crate) seed: Option<u64>,
 
     /// Epoch number: the same seed with another epoch gives an unrelated order.
     #[arg(help_heading = "Epochs", long, value_name = "E", default_value_t = 0)]
-    pub epoch: u64,
+    pub(crate) epoch: u64,
 
     /// Output file name prefix: shards are named PREFIX-000000.tar, PREFIX-000001.tar, ...
     #[arg(
@@ -143,7 +143,7 @@ pub struct RunArgs {
         value_name = "NAME",
         default_value = "shard"
     )]
-    pub prefix: String,
+    pub(crate) prefix: String,
 
     /// Memory budget per rank for data in flight (send and receive buffers), e.g. 512MiB, 4GiB.
     #[arg(
@@ -152,17 +152,17 @@ pub struct RunArgs {
         value_name = "SIZE",
         default_value = "1GiB"
     )]
-    pub mem_limit: String,
+    pub(crate) mem_limit: String,
 
     /// Replace an output directory that exists and is not empty: only an output reshard wrote
     /// (its index.json and .reshard/); anything else is refused before any work.
     #[arg(help_heading = "Output and loaders", long)]
-    pub force: bool,
+    pub(crate) force: bool,
 
     /// After publishing, check the output against the input as `reshard verify` does (reads
     /// both once more); exit 1 if anything does not hold.
     #[arg(help_heading = "Output and loaders", long)]
-    pub verify: bool,
+    pub(crate) verify: bool,
 
     /// Extensions every sample must have, e.g. jpg,cls (see --on-incomplete).
     #[arg(
@@ -171,75 +171,75 @@ pub struct RunArgs {
         value_name = "EXT,...",
         value_delimiter = ','
     )]
-    pub require_ext: Vec<String>,
+    pub(crate) require_ext: Vec<String>,
 
     /// A sample lacking a --require-ext member: abort (naming file, key and what is missing),
     /// warn (keep it), or exclude (leave it out, counted in index.json).
     #[arg(help_heading = "Input", long, value_enum, default_value_t = OnIncomplete::Abort)]
-    pub on_incomplete: OnIncomplete,
+    pub(crate) on_incomplete: OnIncomplete,
 
     /// A repeated extension within a sample, a sample whose members are not adjacent, or the
     /// same key in two samples: abort (naming where), warn, or keep. Checked while indexing
     /// tar headers (not for inputs read through a saved index: reshard's own outputs).
     #[arg(help_heading = "Input", long, value_enum, default_value_t = OnDuplicate::Abort)]
-    pub on_duplicate: OnDuplicate,
+    pub(crate) on_duplicate: OnDuplicate,
 
     /// Read past zero blocks in an input, as GNU tar --ignore-zeros does: for concatenated
     /// archives (`cat a.tar b.tar`) and lone zero blocks. Without it, data after an input's
     /// first zero block is an error naming the file and offset (its samples would be lost).
     #[arg(help_heading = "Input", long)]
-    pub ignore_zeros: bool,
+    pub(crate) ignore_zeros: bool,
 
     /// Compress the output shards: none (plain .tar, the default), gz (.tar.gz) or zst
     /// (.tar.zst). Each writer compresses its shards once they are complete, streaming.
     #[arg(help_heading = "Output and loaders", long, value_enum, default_value_t = CompressArg::None)]
-    pub compress: CompressArg,
+    pub(crate) compress: CompressArg,
 
     /// Add each shard's MD5 (`md5sum`) to index.json; wids checks it after a download. Costs a
     /// read-back of the output.
     #[arg(help_heading = "Output and loaders", long)]
-    pub checksum: bool,
+    pub(crate) checksum: bool,
 
     /// Write Megatron-Energon's metadata with the output (.nv-meta/ and NAME.tar.idx beside each
     /// shard), so that `energon prepare` is not needed. Energon's index.sqlite requires unique
     /// sample keys: a duplicate is then an error whatever --on-duplicate says (unless
     /// --energon-no-sqlite).
     #[arg(help_heading = "Output and loaders", long)]
-    pub energon: bool,
+    pub(crate) energon: bool,
 
     /// With --energon: leave out .nv-meta/index.sqlite, the index of every sample by key. Energon's
     /// training reader needs only the .tar.idx files, .info.json and split.yaml; looking samples
     /// up by key (joined datasets, auxiliary datasets of a metadataset, `energon mount`) needs
     /// the index. Saves rank 0 a pass over every sample's rows. Keys need not be unique then.
     #[arg(help_heading = "Output and loaders", long, requires = "energon")]
-    pub energon_no_sqlite: bool,
+    pub(crate) energon_no_sqlite: bool,
 
     /// With --energon: the sample type .nv-meta/dataset.yaml names (a class of megatron.energon,
     /// e.g. CaptioningSample) instead of CrudeWebdataset; needs --energon-field-map.
     #[arg(help_heading = "Output and loaders", long, value_name = "CLASS")]
-    pub energon_sample_type: Option<String>,
+    pub(crate) energon_sample_type: Option<String>,
 
     /// With --energon-sample-type: its field map as a JSON object, e.g.
     /// '{"image": "jpg", "caption": "txt"}'.
     #[arg(help_heading = "Output and loaders", long, value_name = "JSON")]
-    pub energon_field_map: Option<String>,
+    pub(crate) energon_field_map: Option<String>,
 
     /// Write DALI's webdataset index beside each shard (NAME.idx for NAME.tar, the text format
     /// of DALI's wds2idx), for fn.readers.webdataset's index_paths.
     #[arg(help_heading = "Output and loaders", long)]
-    pub dali_index: bool,
+    pub(crate) dali_index: bool,
 
     /// A directory of saved indexes (`NAME.reshard-layout` files, as reshard leaves in
     /// `OUTPUT/.reshard`) for the input shards. Without it, an input directory's own `.reshard`
     /// is used when present: the next epoch's run over an output skips indexing. Saved indexes
     /// whose shard changed (size or modification time) are ignored with a warning.
     #[arg(help_heading = "Input", long, value_name = "PATH")]
-    pub index: Option<PathBuf>,
+    pub(crate) index: Option<PathBuf>,
 
     /// After publishing, atomically point the symbolic link PATH at the new output (readers of
     /// PATH always see a complete dataset).
     #[arg(help_heading = "Epochs", long, value_name = "PATH")]
-    pub link: Option<PathBuf>,
+    pub(crate) link: Option<PathBuf>,
 
     /// After publishing, remove older epochs of this --output series, keeping the K highest epoch
     /// numbers (the new output always among them). Needs {epoch} in the last component of
@@ -249,7 +249,7 @@ pub struct RunArgs {
     /// index.json and .reshard directory (with an s3:// output: such prefixes, every object
     /// under them); never the new output, never the --link target, nothing else.
     #[arg(help_heading = "Epochs", long, value_name = "K")]
-    pub keep: Option<usize>,
+    pub(crate) keep: Option<usize>,
 
     /// Seconds a rank may stop answering before the job ends with exit 75 (a rank froze or
     /// died, a node or its network stopped), in any phase from indexing to publishing: each rank
@@ -262,7 +262,7 @@ pub struct RunArgs {
         value_name = "SECONDS",
         default_value_t = 120
     )]
-    pub stall_timeout: u64,
+    pub(crate) stall_timeout: u64,
 
     /// Seconds a lock on the output must show no heartbeat before a run takes it over, when
     /// the lock's pid cannot be checked from here (another machine, boot or PID namespace;
@@ -270,12 +270,12 @@ pub struct RunArgs {
     /// (`scontrol suspend`): a run taken over while suspended fails when it wakes, publishing
     /// nothing.
     #[arg(help_heading = "Resume", long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
-    pub lock_stale_after: u64,
+    pub(crate) lock_stale_after: u64,
 
     /// Also write the run summary as JSON to FILE (phases with seconds, per-rank bytes and peak
     /// memory), for benchmarks and monitoring.
     #[arg(help_heading = "Diagnostics", long, value_name = "FILE")]
-    pub report: Option<PathBuf>,
+    pub(crate) report: Option<PathBuf>,
 
     /// Output order: shuffle (the seeded global permutation), key (sample keys in byte order),
     /// or content:EXT[:int|float|str] (the content of each sample's .EXT member, e.g.
@@ -286,21 +286,21 @@ pub struct RunArgs {
         value_name = "ORDER",
         default_value = "shuffle"
     )]
-    pub order: crate::plan::order::OrderBy,
+    pub(crate) order: crate::plan::order::OrderBy,
 
     /// Reverse --order key or content (ties still go by input order).
     #[arg(help_heading = "Order", long)]
-    pub descending: bool,
+    pub(crate) descending: bool,
 
     /// A sample without the member --order content or --stratify-by reads, or whose content does
     /// not parse: error (naming file and key), or last (after all others; its own stratum).
     #[arg(help_heading = "Order", long, value_enum, value_name = "WHAT", default_value_t = crate::plan::order::Missing::Error)]
-    pub missing: crate::plan::order::Missing,
+    pub(crate) missing: crate::plan::order::Missing,
 
     /// Representative shards: every shard gets each label's samples (the content of member
     /// .EXT) in proportion to the label's share of the dataset, within ±1, still shuffled.
     #[arg(help_heading = "Order", long, value_name = "EXT")]
-    pub stratify_by: Option<String>,
+    pub(crate) stratify_by: Option<String>,
 
     /// Largest member read as a label or order value (--order content, --stratify-by); a larger
     /// one is an error, which guards against reading payloads by mistake.
@@ -310,13 +310,13 @@ pub struct RunArgs {
         value_name = "SIZE",
         default_value = "4KiB"
     )]
-    pub label_limit: String,
+    pub(crate) label_limit: String,
 
     /// Route samples into named groups of shards by key (AIStore dsort's external key map): JSON
     /// {"fish-%06d.tar": ["regex", ...]} or lines `key<TAB>template`. Each group is sized and
     /// balanced on its own with the sizing flags and ordered by --order.
     #[arg(help_heading = "Sizing", long, value_name = "FILE")]
-    pub key_map: Option<PathBuf>,
+    pub(crate) key_map: Option<PathBuf>,
 
     /// A sample no key-map group claims: error, skip (left out, counted), or group:TEMPLATE.
     #[arg(
@@ -325,7 +325,7 @@ pub struct RunArgs {
         value_name = "WHAT",
         default_value = "error"
     )]
-    pub unmatched: crate::key_map::Unmatched,
+    pub(crate) unmatched: crate::key_map::Unmatched,
 
     /// Train/validation/test splits, e.g. train=0.98,val=0.01,test=0.01 (ratios adding up to 1;
     /// percentages such as 1%; or sample counts, one split may be `rest`). Samples are dealt to
@@ -333,7 +333,7 @@ pub struct RunArgs {
     /// OUTPUT/NAME/ with its own index.json. The first split is sized by --shards, --shard-size
     /// or --gpus, the others by --split-shards.
     #[arg(help_heading = "Sizing", long, value_name = "NAME=SHARE,...")]
-    pub split: Option<crate::plan::split::SplitSpec>,
+    pub(crate) split: Option<crate::plan::split::SplitSpec>,
 
     /// Shard count of the splits after the first: N for each, or NAME=N,... per split. A split
     /// left out gets the shard count whose mean size is nearest the first split's mean shard size
@@ -344,14 +344,14 @@ pub struct RunArgs {
         value_name = "N|NAME=N,...",
         requires = "split"
     )]
-    pub split_shards: Option<String>,
+    pub(crate) split_shards: Option<String>,
     /// Continue a run that failed (same arguments) from its last checkpoint: samples already
     /// durably in its staging directory are neither read nor sent again, and the output is
     /// byte-identical to an uninterrupted run. Refused (exit 2), naming what differs, when the
     /// inputs or the arguments that shape the output changed. With nothing to continue, starts
     /// from the beginning.
     #[arg(help_heading = "Resume", long)]
-    pub resume: bool,
+    pub(crate) resume: bool,
 
     /// Seconds between the exchange's checkpoints (each writer syncs, rank 0 records which samples
     /// are durable, for --resume); 0 checkpoints after every round. A checkpoint also comes at
@@ -363,13 +363,13 @@ pub struct RunArgs {
         value_name = "SECONDS",
         default_value_t = 30
     )]
-    pub checkpoint_every: u64,
+    pub(crate) checkpoint_every: u64,
 
     /// Progress on rank 0's stderr while indexing and exchanging: auto (a bar when rank 0's
     /// stderr is a terminal, as under `srun --pty`; lines otherwise, as under `mpirun`), bar,
     /// lines, or none.
     #[arg(help_heading = "Diagnostics", long, value_enum, value_name = "HOW", default_value_t = ProgressMode::Auto)]
-    pub progress: ProgressMode,
+    pub(crate) progress: ProgressMode,
 
     /// Seconds between two progress lines.
     #[arg(
@@ -378,27 +378,27 @@ pub struct RunArgs {
         value_name = "SECONDS",
         default_value_t = 5.0
     )]
-    pub progress_interval: f64,
+    pub(crate) progress_interval: f64,
 
     /// Plan only: also draw the plan to FILE (.svg or .png): histograms of the output shards'
     /// bytes and samples, and which input shards each output shard draws from next to what a
     /// uniform random permutation gives.
     #[arg(help_heading = "Diagnostics", long, value_name = "FILE")]
-    pub plot: Option<PathBuf>,
+    pub(crate) plot: Option<PathBuf>,
 
     /// Plan only: index, print the plan, write nothing; --output, --force, --link and --keep are
     /// checked as `run` would (what --keep would remove is printed), nothing is changed.
     #[arg(help_heading = "Diagnostics", long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
 
     /// Print the plan as JSON (with --dry-run or `reshard plan`).
     #[arg(help_heading = "Diagnostics", long)]
-    pub json: bool,
+    pub(crate) json: bool,
 
     /// Largest single MPI exchange per rank, in bytes (exchanges are split into rounds below it).
     /// Only useful for testing the round logic.
     #[arg(help_heading = "Performance", long, value_name = "SIZE", hide = true)]
-    pub max_round_bytes: Option<String>,
+    pub(crate) max_round_bytes: Option<String>,
 
     /// Most bytes per second the whole job reads from its input, e.g. 2GiB/s or 500MB/s: shared
     /// equally among the ranks, each pacing its own reads. `plan` says how long the run then
@@ -409,7 +409,7 @@ pub struct RunArgs {
         value_name = "RATE",
         allow_hyphen_values = true
     )]
-    pub max_read_rate: Option<String>,
+    pub(crate) max_read_rate: Option<String>,
 
     /// Most bytes per second the whole job writes to its output, e.g. 1GiB/s (as
     /// --max-read-rate).
@@ -419,12 +419,12 @@ pub struct RunArgs {
         value_name = "RATE",
         allow_hyphen_values = true
     )]
-    pub max_write_rate: Option<String>,
+    pub(crate) max_write_rate: Option<String>,
 
     /// I/O priority of every rank: idle (the disk serves reshard only when nothing else asks),
     /// low (best effort, lowest level), normal (as started). Honoured by the BFQ scheduler.
     #[arg(help_heading = "Sharing the machine", long, value_enum, default_value_t = IoPriority::Normal)]
-    pub io_priority: IoPriority,
+    pub(crate) io_priority: IoPriority,
 
     /// CPU nice value of every rank (0-19; lower needs privileges).
     #[arg(
@@ -433,13 +433,13 @@ pub struct RunArgs {
         value_name = "N",
         allow_negative_numbers = true
     )]
-    pub nice: Option<i32>,
+    pub(crate) nice: Option<i32>,
 }
 
 /// The flags `plan` refuses, by clap id, with the flag and why only `run` acts on it. They stay
 /// defined for `plan`, hidden from its help, so that giving one is answered with why instead of
 /// clap's "unexpected argument" (or, worse, silently accepted).
-pub const RUN_ONLY: &[(&str, &str, &str)] = &[
+pub(crate) const RUN_ONLY: &[(&str, &str, &str)] = &[
     ("output", "--output", "it names the output"),
     ("force", "--force", "it replaces an existing output"),
     ("verify", "--verify", "it checks the written output"),
@@ -508,7 +508,7 @@ pub const RUN_ONLY: &[(&str, &str, &str)] = &[
 
 /// `plan`'s flags: [`RunArgs`] less [`RUN_ONLY`].
 #[derive(Debug)]
-pub struct PlanArgs(pub RunArgs);
+pub struct PlanArgs(pub(crate) RunArgs);
 
 impl PlanArgs {
     fn refuse_run_only(m: &clap::ArgMatches) -> Result<(), clap::Error> {
@@ -569,76 +569,76 @@ pub struct VerifyArgs {
     /// The input shards the output was made from, as given to `reshard run` (same specs, same
     /// order).
     #[arg(long = "input", short = 'i', value_name = "SPEC", required = true)]
-    pub inputs: Vec<String>,
+    pub(crate) inputs: Vec<String>,
 
     /// The output directory to check: its shards and index.json.
     #[arg(long, short = 'o', value_name = "DIR")]
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
 
     /// Print the report as JSON.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 
     /// Also draw the output to FILE (.svg or .png): histograms of its shards' bytes and samples,
     /// and which input shards each output shard draws from next to what a uniform random
     /// permutation gives.
     #[arg(long, value_name = "FILE")]
-    pub plot: Option<PathBuf>,
+    pub(crate) plot: Option<PathBuf>,
 
     /// Read past zero blocks in an input, as GNU tar --ignore-zeros does: for concatenated
     /// archives (`cat a.tar b.tar`) and lone zero blocks. Without it, data after an input's
     /// first zero block is an error naming the file and offset (its samples would be lost).
     #[arg(help_heading = "Input", long)]
-    pub ignore_zeros: bool,
+    pub(crate) ignore_zeros: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
     /// Directory to write the shards to (created; must not contain shards already).
     #[arg(long, short = 'o', value_name = "DIR")]
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
 
     /// Number of input shards to write.
     #[arg(long, value_name = "N", default_value_t = 8)]
-    pub shards: u64,
+    pub(crate) shards: u64,
 
     /// Total number of samples (alternative to --total-size).
     #[arg(long, value_name = "N", conflicts_with = "total_size")]
-    pub samples: Option<u64>,
+    pub(crate) samples: Option<u64>,
 
     /// Approximate total payload size, e.g. 2GiB (samples = size / mean sample size).
     #[arg(long, value_name = "SIZE")]
-    pub total_size: Option<String>,
+    pub(crate) total_size: Option<String>,
 
     /// Mean payload size of a sample's main member (lognormal around it).
     #[arg(long, value_name = "SIZE", default_value = "100KiB")]
-    pub mean_size: String,
+    pub(crate) mean_size: String,
 
     /// Spread of the lognormal payload sizes (sigma of the underlying normal).
     #[arg(long, value_name = "SIGMA", default_value_t = 0.5)]
-    pub sigma: f64,
+    pub(crate) sigma: f64,
 
     /// Skew of input shard sizes: 0 gives equal shards; larger values make the first shards
     /// much larger than the last (shard i gets a weight of exp(-skew * i / shards)).
     #[arg(long, value_name = "X", default_value_t = 0.0)]
-    pub skew: f64,
+    pub(crate) skew: f64,
 
     /// Seed: the same arguments and seed always give byte-identical shards.
     #[arg(long, value_name = "S", default_value_t = 0)]
-    pub seed: u64,
+    pub(crate) seed: u64,
 
     /// Give every Nth sample a key longer than 100 bytes (0: never), which needs GNU long-name
     /// or PAX records.
     #[arg(long, value_name = "N", default_value_t = 0)]
-    pub long_names_every: u64,
+    pub(crate) long_names_every: u64,
 
     /// Header format of the members: gnu (long names as GNU 'L' records) or pax (PAX 'x' records).
     #[arg(long, value_name = "FMT", default_value = "gnu")]
-    pub format: String,
+    pub(crate) format: String,
 
     /// Shard file name prefix.
     #[arg(long, value_name = "NAME", default_value = "train")]
-    pub prefix: String,
+    pub(crate) prefix: String,
 }
 
 /// `--compress` values.

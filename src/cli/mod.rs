@@ -2,7 +2,7 @@
 //! no checks beyond clap's), [`resolve`] turns each subcommand's arguments into its
 //! configuration ([`crate::config`]) or a usage error.
 
-pub mod args;
+pub(crate) mod args;
 mod hint;
 pub mod resolve;
 

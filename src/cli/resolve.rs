@@ -59,7 +59,7 @@ impl std::error::Error for UsageError {}
 impl UsageError {
     /// A request that cannot be carried out as given, found once the job looked (`--resume` with
     /// other arguments than the run it would continue): exits 2 like any usage error.
-    pub fn new(e: anyhow::Error) -> Self {
+    pub(crate) fn new(e: anyhow::Error) -> Self {
         UsageError(e)
     }
 }
@@ -107,7 +107,7 @@ pub fn task(command: Command) -> Result<Task, UsageError> {
 ///
 /// # Errors
 /// A message naming the flag and what it accepts.
-pub fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
+pub(crate) fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     let dry_run = plan_only || args.dry_run;
     missing_required(args, dry_run)?;
     let (sizing, gpus) = sizing(args)?;
@@ -296,7 +296,7 @@ fn resume_arguments(cfg: &RunConfig) -> Vec<(String, String)> {
 /// What each planning phase needs of `cfg`, with the values that depend on several flags
 /// decided here once: whether saved indexes can stand in for the headers, which groups the
 /// GPUs train on.
-pub fn plan_settings(cfg: &RunConfig) -> PlanSettings {
+pub(crate) fn plan_settings(cfg: &RunConfig) -> PlanSettings {
     let rules = &cfg.rules;
     // A saved index holds byte ranges only, not keys, labels or member names: the loader
     // indexes' name and duplicate checks need the headers, and must fail while indexing,
@@ -541,14 +541,15 @@ fn output(args: &RunArgs, dry_run: bool) -> Result<Option<PathBuf>> {
     })
 }
 
-/// An `s3://` output: the local path it is staged at (`--scratch`, default `$TMPDIR`, in
+/// An output on object storage (`s3://`, `gs://`, `az://`: a sink without positioned writes):
+/// the local path it is staged at (`--scratch`, default `$TMPDIR`, in
 /// `reshard-scratch/BUCKET/KEY`) and the URL it is uploaded to. `--link` acts on a file system
 /// only; `--keep` on the uploaded series, not on the staged copy.
 fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, Option<PathBuf>)> {
-    let Some(url) = output
+    let Some((url, scheme)) = output
         .as_ref()
-        .filter(|o| crate::storage::is_object_store(o))
-        .cloned()
+        .filter(|o| !crate::storage::sink(o).capabilities().positioned_writes)
+        .and_then(|o| Some((o.clone(), crate::storage::object_scheme(o)?)))
     else {
         if args.scratch.is_some() {
             bail!("--scratch is where an s3:// output is staged: it needs --output s3://…");
@@ -559,19 +560,31 @@ fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, O
         bail!("--link points a symbolic link at the output: object storage has no links (point the readers at the output's index.json instead)");
     }
     let text = url.to_string_lossy();
-    let rest = text.trim_start_matches("s3://").trim_end_matches('/');
+    let rest = text
+        .strip_prefix(scheme)
+        .and_then(|r| r.strip_prefix("://"))
+        .unwrap_or(&text)
+        .trim_end_matches('/');
     if rest
         .split('/')
         .any(|p| p.is_empty() || p == "." || p == "..")
         || !rest.contains('/')
     {
-        bail!("--output {text}: expected s3://BUCKET/PREFIX/NAME (a key under the bucket, no empty, '.' or '..' parts)");
+        bail!("--output {text}: expected {scheme}://BUCKET/PREFIX/NAME (a key under the bucket, no empty, '.' or '..' parts)");
     }
     let scratch = args.scratch.clone().unwrap_or_else(|| {
         std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from)
     });
-    let local = scratch.join("reshard-scratch").join(rest);
-    Ok((Some(local), Some(PathBuf::from(format!("s3://{rest}")))))
+    // Each store's outputs apart, so that `s3://b/x` and `gs://b/x` never share a staged copy;
+    // S3's where they always were.
+    let local = match scheme {
+        "s3" => scratch.join("reshard-scratch").join(rest),
+        other => scratch.join("reshard-scratch").join(other).join(rest),
+    };
+    Ok((
+        Some(local),
+        Some(PathBuf::from(format!("{scheme}://{rest}"))),
+    ))
 }
 
 /// Replaces `{epoch}` in a path with the epoch number: `--output 'data/epoch-{epoch}'`.
@@ -777,7 +790,7 @@ fn rules(args: &RunArgs, order: &OrderSpec, loaders: &LoaderIndexes) -> Rules {
 ///
 /// # Errors
 /// `--plot` names neither an SVG nor a PNG file.
-pub fn verify_config(args: &VerifyArgs) -> Result<VerifyConfig> {
+pub(crate) fn verify_config(args: &VerifyArgs) -> Result<VerifyConfig> {
     if let Some(plot) = &args.plot {
         format_of(plot)?;
     }
@@ -794,7 +807,7 @@ pub fn verify_config(args: &VerifyArgs) -> Result<VerifyConfig> {
 ///
 /// # Errors
 /// A message naming the flag and what it accepts.
-pub fn generate_config(args: &GenerateArgs) -> Result<GenerateConfig> {
+pub(crate) fn generate_config(args: &GenerateArgs) -> Result<GenerateConfig> {
     if args.shards == 0 {
         bail!("--shards must be at least 1");
     }
@@ -802,7 +815,10 @@ pub fn generate_config(args: &GenerateArgs) -> Result<GenerateConfig> {
     if args.output.as_os_str().is_empty() {
         bail!("--output must not be empty");
     }
-    if crate::storage::is_object_store(&args.output) {
+    if !crate::storage::sink(&args.output)
+        .capabilities()
+        .positioned_writes
+    {
         bail!(
             "--output {}: reshard generate writes to a file system only",
             args.output.display()

@@ -30,16 +30,16 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 /// What a rank sends: PMI-1's `finalize`.
-pub const FINALIZE: &[u8] = b"cmd=finalize\n";
+pub(crate) const FINALIZE: &[u8] = b"cmd=finalize\n";
 /// The proxy's answer to [`FINALIZE`], without its newline.
-pub const FINALIZE_ACK: &[u8] = b"cmd=finalize_ack";
+pub(crate) const FINALIZE_ACK: &[u8] = b"cmd=finalize_ack";
 /// How long a rank waits for the acknowledgement: the proxy answers at once unless it is gone.
 const ACK_WAIT: Duration = Duration::from_secs(2);
 /// A PMI-1 line is at most 1024 bytes (`PMIU_MAXLINE`); a longer one is not the proxy talking.
 const MAX_LINE: usize = 1024;
 
 /// The PMI socket hydra gave this rank, if hydra started it: `PMI_FD` with `HYDI_CONTROL_FD`.
-pub fn pmi_fd(env: impl Fn(&str) -> Option<String>) -> Option<RawFd> {
+pub(crate) fn pmi_fd(env: impl Fn(&str) -> Option<String>) -> Option<RawFd> {
     env("HYDI_CONTROL_FD")?;
     env("PMI_FD")?
         .trim()
@@ -51,7 +51,7 @@ pub fn pmi_fd(env: impl Fn(&str) -> Option<String>) -> Option<RawFd> {
 /// Under hydra, tells the launcher that this rank finalized and waits (at most [`ACK_WAIT`]) for
 /// its acknowledgement, so that the connection closes only after the launcher took it. Returns
 /// whether hydra acknowledged; does nothing (and returns false) under any other launcher.
-pub fn tell_finalized() -> bool {
+pub(crate) fn tell_finalized() -> bool {
     let Some(fd) = pmi_fd(|k| std::env::var(k).ok()) else {
         return false;
     };
@@ -66,7 +66,7 @@ pub fn tell_finalized() -> bool {
 ///
 /// # Errors
 /// The write failed, the socket closed, a line was too long, or no acknowledgement came in time.
-pub fn finalize_over(proxy: &mut UnixStream, wait: Duration) -> io::Result<()> {
+pub(crate) fn finalize_over(proxy: &mut UnixStream, wait: Duration) -> io::Result<()> {
     let until = Instant::now() + wait;
     proxy.write_all(FINALIZE)?;
     let mut line = Vec::new();

@@ -39,7 +39,10 @@ const MPI_SIZE_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE
 /// # Errors
 /// srun started more tasks than `size` (`SLURM_STEP_NUM_TASKS`), or an MPI launcher's count
 /// differs from `size`.
-pub fn check(size: usize, env: impl Fn(&str) -> Option<String>) -> Result<(), LauncherMismatch> {
+pub(crate) fn check(
+    size: usize,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<(), LauncherMismatch> {
     let count = |var: &str| env(var).and_then(|v| v.trim().parse::<usize>().ok());
     if let Some(tasks) = count("SLURM_STEP_NUM_TASKS").filter(|&n| n > size) {
         return Err(LauncherMismatch(srun_message(tasks, size)));
@@ -69,7 +72,7 @@ const RANK_VARS: [&str; 4] = [
 
 /// This process's rank as its launcher numbered it, before (or without) MPI: `None` without a
 /// launcher.
-pub fn launcher_rank(env: impl Fn(&str) -> Option<String>) -> Option<usize> {
+pub(crate) fn launcher_rank(env: impl Fn(&str) -> Option<String>) -> Option<usize> {
     RANK_VARS
         .iter()
         .find_map(|var| env(var).and_then(|v| v.trim().parse().ok()))

@@ -55,7 +55,7 @@ impl AbortableBarrier {
 }
 
 /// One rank of an in-process group.
-pub struct LocalComm {
+pub(crate) struct LocalComm {
     rank: usize,
     size: usize,
     shared: Arc<Shared>,
@@ -65,7 +65,7 @@ pub struct LocalComm {
 
 /// A round of [`LocalComm::start_round`] in flight.
 #[derive(Debug)]
-pub struct LocalRound {
+pub(crate) struct LocalRound {
     number: u64,
     out: Outgoing,
     slot: usize,
@@ -73,7 +73,7 @@ pub struct LocalRound {
 
 impl LocalComm {
     /// Runs `f` on `size` ranks, each on its own thread, and returns their results by rank.
-    pub fn run<T, F>(size: usize, f: F) -> Vec<T>
+    pub(crate) fn run<T, F>(size: usize, f: F) -> Vec<T>
     where
         T: Send,
         F: Fn(&LocalComm) -> T + Sync,

@@ -5,11 +5,12 @@ use std::ops::Range;
 
 use anyhow::{anyhow, Result};
 
-pub mod hydra;
+pub(crate) mod hydra;
 pub mod launcher;
-pub mod local;
+#[cfg(test)]
+pub(crate) mod local;
 pub mod mpi;
-pub mod sort;
+pub(crate) mod sort;
 pub mod wire;
 
 /// Collective operations over a fixed group of ranks. Every rank must call the same collectives
@@ -81,33 +82,33 @@ pub trait Comm {
 #[derive(Debug, Default)]
 pub struct Outgoing {
     /// A few bytes for every other rank (the same for all), such as the round's status.
-    pub header: Vec<u8>,
-    pub send: Vec<u8>,
+    pub(crate) header: Vec<u8>,
+    pub(crate) send: Vec<u8>,
     /// `send[segments[d]]` goes to rank `d`; this rank's own segment is not sent.
-    pub segments: Vec<Range<usize>>,
+    pub(crate) segments: Vec<Range<usize>>,
     /// Where the round is received: its allocation is reused (grown to `slot` bytes per rank).
-    pub recv: Vec<u8>,
+    pub(crate) recv: Vec<u8>,
 }
 
 /// A completed round: the buffers handed to [`Comm::start_round`] and what arrived.
 #[derive(Debug)]
 pub struct Arrived {
     /// The buffers as handed over, `recv` now holding what arrived.
-    pub out: Outgoing,
+    pub(crate) out: Outgoing,
     /// Every rank's header, by rank (this rank's own included).
-    pub headers: Vec<Vec<u8>>,
+    pub(crate) headers: Vec<Vec<u8>>,
     /// The range of `out.recv` each rank sent (empty for this rank).
-    pub from: Vec<Range<usize>>,
+    pub(crate) from: Vec<Range<usize>>,
 }
 
 /// Ends the whole job with the given exit status; see [`Comm::aborter`].
-pub type Aborter = std::sync::Arc<dyn Fn(crate::exit::Exit) + Send + Sync>;
+pub(crate) type Aborter = std::sync::Arc<dyn Fn(crate::exit::Exit) + Send + Sync>;
 
 /// Raised on the ranks that did not fail when another rank did: they stop quietly, the failing
 /// rank prints the cause.
 #[derive(Debug)]
 pub struct PeerFailed {
-    pub ranks: Vec<usize>,
+    pub(crate) ranks: Vec<usize>,
 }
 
 impl std::fmt::Display for PeerFailed {
@@ -133,7 +134,7 @@ pub fn agree<T>(comm: &impl Comm, local: Result<T>) -> Result<T> {
 ///
 /// # Errors
 /// As [`agree`].
-pub fn agree_once<T>(comm: &impl Comm, local: Result<T>) -> Result<T> {
+pub(crate) fn agree_once<T>(comm: &impl Comm, local: Result<T>) -> Result<T> {
     settle(comm, local, true)
 }
 
@@ -158,7 +159,7 @@ fn settle<T>(comm: &impl Comm, local: Result<T>, once: bool) -> Result<T> {
 }
 
 /// A failure every rank detects identically: reported by rank 0 only, quiet elsewhere.
-pub fn everywhere(lead: bool, e: anyhow::Error) -> anyhow::Error {
+pub(crate) fn everywhere(lead: bool, e: anyhow::Error) -> anyhow::Error {
     if lead {
         e
     } else {
@@ -170,7 +171,11 @@ pub fn everywhere(lead: bool, e: anyhow::Error) -> anyhow::Error {
 ///
 /// # Errors
 /// `root`'s error on `root`, [`PeerFailed`] elsewhere.
-pub fn broadcast_result<T>(comm: &impl Comm, root: usize, local: Option<Result<T>>) -> Result<T>
+pub(crate) fn broadcast_result<T>(
+    comm: &impl Comm,
+    root: usize,
+    local: Option<Result<T>>,
+) -> Result<T>
 where
     T: serde::Serialize + serde::de::DeserializeOwned,
 {
@@ -205,7 +210,7 @@ where
 }
 
 /// Every rank's `data` on `root`, by rank (empty vectors elsewhere).
-pub fn gather(comm: &impl Comm, root: usize, data: &[u8]) -> Vec<Vec<u8>> {
+pub(crate) fn gather(comm: &impl Comm, root: usize, data: &[u8]) -> Vec<Vec<u8>> {
     let mut ranges = vec![0..0; comm.size()];
     ranges[root] = 0..data.len();
     let mut recv = Vec::new();
@@ -217,7 +222,7 @@ pub fn gather(comm: &impl Comm, root: usize, data: &[u8]) -> Vec<Vec<u8>> {
 }
 
 /// Exclusive prefix sum of `value` over ranks, and the total.
-pub fn exclusive_sum(comm: &impl Comm, value: u64) -> (u64, u64) {
+pub(crate) fn exclusive_sum(comm: &impl Comm, value: u64) -> (u64, u64) {
     let all = comm.all_gather(value);
     let before = all[..comm.rank()].iter().sum();
     (before, all.iter().sum())

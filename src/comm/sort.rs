@@ -17,9 +17,9 @@ use super::{agree, broadcast_result, exclusive_sum, Comm};
 
 /// One item to sort: compared by `key` bytes, then by `tie`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Item {
-    pub key: Vec<u8>,
-    pub tie: u64,
+pub(crate) struct Item {
+    pub(crate) key: Vec<u8>,
+    pub(crate) tie: u64,
 }
 
 fn cmp(a: (&[u8], u64), b: (&[u8], u64)) -> Ordering {
@@ -40,7 +40,7 @@ const OVERSAMPLE: u64 = 8;
 /// # Errors
 /// Two items with the same (key, tie) anywhere (the caller's ties are not unique), or a decoding
 /// failure; both are internal errors.
-pub fn global_ranks(
+pub(crate) fn global_ranks(
     comm: &impl Comm,
     items: &[Item],
     sorted: &mut dyn FnMut(u64, &[Item]),

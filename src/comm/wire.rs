@@ -25,15 +25,15 @@ pub trait Wire: Sized {
 }
 
 /// The widest record a route carries.
-pub const MAX_WIDTH: usize = 64;
+pub(crate) const MAX_WIDTH: usize = 64;
 
 /// The little-endian u64 at `bytes[at..at + 8]`.
-pub fn u64_at(bytes: &[u8], at: usize) -> u64 {
+pub(crate) fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
 
 /// The little-endian u32 at `bytes[at..at + 4]`.
-pub fn u32_at(bytes: &[u8], at: usize) -> u32 {
+pub(crate) fn u32_at(bytes: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
 }
 
@@ -73,13 +73,13 @@ impl Wire for (u32, u32) {
 /// larger than a round's share moves as several chunks, so each says its offset inside the sample
 /// and the writer places it without reassembling anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChunkHeader {
+pub(crate) struct ChunkHeader {
     /// The sample's output position.
-    pub position: u64,
+    pub(crate) position: u64,
     /// Where the chunk starts inside the sample.
-    pub offset: u64,
+    pub(crate) offset: u64,
     /// The chunk's bytes, which follow the header.
-    pub len: u64,
+    pub(crate) len: u64,
 }
 
 impl Wire for ChunkHeader {
@@ -101,21 +101,21 @@ impl Wire for ChunkHeader {
 /// What each rank says with every exchange round, to every other rank; combined
 /// ([`RoundStatus::combine`]), it tells every rank the same outcome.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RoundStatus {
+pub(crate) struct RoundStatus {
     /// Ranks that failed (each says 1 or 0): any, and every rank stops.
-    pub failed: u64,
+    pub(crate) failed: u64,
     /// Sample bytes packed for this round: none on any rank, and the exchange is over.
-    pub payload: u64,
+    pub(crate) payload: u64,
     /// Ranks asking for a checkpoint (only rank 0 asks).
-    pub checkpoint: u64,
+    pub(crate) checkpoint: u64,
     /// The last round after which this rank's writer synced its shards. Combined, the least
     /// over all ranks: a checkpoint of round `n` is durable once that reaches `n`. (A round
     /// number, not a yes or no, because a status is written while earlier rounds are still in
     /// flight: it must not speak of a checkpoint that a later round replaced.)
-    pub synced: u64,
+    pub(crate) synced: u64,
     /// Ranks that received a stop signal (SIGINT, SIGTERM): any, and every rank checkpoints and
     /// ends.
-    pub stopping: u64,
+    pub(crate) stopping: u64,
 }
 
 impl Wire for RoundStatus {
@@ -145,7 +145,7 @@ impl Wire for RoundStatus {
 
 impl RoundStatus {
     /// Every rank's status of one round, combined: the counts add up, `synced` is the least.
-    pub fn combine(all: impl IntoIterator<Item = RoundStatus>) -> Self {
+    pub(crate) fn combine(all: impl IntoIterator<Item = RoundStatus>) -> Self {
         all.into_iter()
             .reduce(|a, b| RoundStatus {
                 failed: a.failed + b.failed,
@@ -168,23 +168,21 @@ pub struct Received<T> {
 }
 
 impl<T: Wire> Received<T> {
+    #[cfg(test)]
     /// Number of records.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.bytes.len() / T::WIDTH
     }
 
-    /// Whether no record arrived.
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
-
     /// Every record, by source rank.
-    pub fn iter(&self) -> impl Iterator<Item = T> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = T> + '_ {
         self.bytes.chunks_exact(T::WIDTH).map(T::decode)
     }
 
     /// The records rank `source` sent, and each source rank's in turn.
-    pub fn by_source(&self) -> impl Iterator<Item = (usize, impl Iterator<Item = T> + '_)> + '_ {
+    pub(crate) fn by_source(
+        &self,
+    ) -> impl Iterator<Item = (usize, impl Iterator<Item = T> + '_)> + '_ {
         self.from.iter().enumerate().map(|(source, r)| {
             let bytes = &self.bytes[r.start * T::WIDTH..r.end * T::WIDTH];
             (source, bytes.chunks_exact(T::WIDTH).map(T::decode))
@@ -192,7 +190,7 @@ impl<T: Wire> Received<T> {
     }
 
     /// Decodes every record into a vector.
-    pub fn to_vec(&self) -> Vec<T> {
+    pub(crate) fn to_vec(&self) -> Vec<T> {
         self.iter().collect()
     }
 }
@@ -211,7 +209,7 @@ pub fn route<T: Wire>(comm: &impl Comm, each: &dyn Fn(Sink<'_, T>)) -> Received<
 /// [`route`] for records this rank no longer needs once they are encoded: `owned` (which `each`
 /// reads) is dropped before the exchange, so it, the send buffer and the receive buffer are never
 /// all held at once. (`verify`'s records: the peak fell from 272 to 176 bytes per sample.)
-pub fn route_owned<T: Wire, O>(
+pub(crate) fn route_owned<T: Wire, O>(
     comm: &impl Comm,
     owned: O,
     each: &dyn Fn(&O, Sink<'_, T>),
@@ -262,7 +260,7 @@ fn exchange_routed<T: Wire>(comm: &impl Comm, send: &[u8], ranges: &[Range<usize
 }
 
 /// Encodes a sequence of values for [`decode_concat`] (bincode).
-pub fn encode_values(values: &impl Serialize) -> Vec<u8> {
+pub(crate) fn encode_values(values: &impl Serialize) -> Vec<u8> {
     bincode::serde::encode_to_vec(values, bincode::config::standard()).expect("encodable")
 }
 
@@ -271,7 +269,7 @@ pub fn encode_values(values: &impl Serialize) -> Vec<u8> {
 ///
 /// # Errors
 /// A part that does not decode (an internal error: peers run the same code).
-pub fn decode_concat<T: DeserializeOwned>(parts: &[Vec<u8>]) -> Result<Vec<T>> {
+pub(crate) fn decode_concat<T: DeserializeOwned>(parts: &[Vec<u8>]) -> Result<Vec<T>> {
     let mut out = Vec::new();
     for part in parts {
         let (v, _): (Vec<T>, _) =
@@ -286,7 +284,7 @@ pub fn decode_concat<T: DeserializeOwned>(parts: &[Vec<u8>]) -> Result<Vec<T>> {
 ///
 /// # Errors
 /// As [`decode_concat`], on `root` only: agree on the outcome before the next collective.
-pub fn gather_concat<T: DeserializeOwned>(
+pub(crate) fn gather_concat<T: DeserializeOwned>(
     comm: &impl Comm,
     root: usize,
     values: &impl Serialize,

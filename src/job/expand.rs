@@ -29,7 +29,7 @@ use crate::storage::{self, Kind};
 ///
 /// # Errors
 /// As [`destination::prepare`] and [`prepare`].
-pub fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
+pub(crate) fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
     let remote = destination::prepare(&settings.upload)?;
     let (setup, mut held) = prepare(&settings.expand, &settings.resume)?;
     held.remote = remote;
@@ -46,7 +46,10 @@ pub fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
 /// reshard output), a `--link` that is not a
 /// symbolic link, a staging directory that cannot be created, or one that `--resume` cannot
 /// continue (a [`crate::cli::resolve::UsageError`]).
-pub fn prepare(settings: &ExpandSettings, resuming: &ResumeSettings) -> Result<(Setup, Held)> {
+pub(crate) fn prepare(
+    settings: &ExpandSettings,
+    resuming: &ResumeSettings,
+) -> Result<(Setup, Held)> {
     let (inputs, records) = expand_inputs(settings)?;
     let Some(out) = &settings.output else {
         // Only planning, without an output to check.

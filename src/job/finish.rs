@@ -25,7 +25,7 @@ use crate::tar::{Codec, Sample};
 /// # Errors
 /// Another run took the output over, an input changed during the run, or a shard cannot be
 /// synced, compressed, indexed or read back; agreed on every rank.
-pub fn run(
+pub(crate) fn run(
     comm: &impl Comm,
     settings: &FinishSettings,
     setup: &Setup,

@@ -23,27 +23,27 @@ use crate::storage::FileStamp;
 use crate::tar::{Hygiene, Skipped};
 
 /// The ranks of one job and its input shards, in canonical order (every rank holds the same).
-pub struct Shared<'a, C> {
-    pub comm: &'a C,
-    pub inputs: &'a [InputShard],
+pub(crate) struct Shared<'a, C> {
+    pub(crate) comm: &'a C,
+    pub(crate) inputs: &'a [InputShard],
 }
 
 impl<C: Comm> Shared<'_, C> {
     /// Whether this rank speaks for the job (rank 0).
-    pub fn lead(&self) -> bool {
+    pub(crate) fn lead(&self) -> bool {
         self.comm.rank() == 0
     }
 }
 
 /// What rank 0 resolves before any data is read, shared with every rank.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Setup {
-    pub inputs: Vec<InputShard>,
+pub(crate) struct Setup {
+    pub(crate) inputs: Vec<InputShard>,
     /// Where the output is assembled and where it goes (none when only planning).
-    pub staging: Option<PathBuf>,
-    pub target: Option<PathBuf>,
+    pub(crate) staging: Option<PathBuf>,
+    pub(crate) target: Option<PathBuf>,
     /// `--resume` with an earlier attempt to continue: its staging shards are kept.
-    pub resume: Option<Resume>,
+    pub(crate) resume: Option<Resume>,
 }
 
 impl Setup {
@@ -51,7 +51,7 @@ impl Setup {
     ///
     /// # Errors
     /// Only planning: there is no staging directory.
-    pub fn staging(&self) -> Result<&Path> {
+    pub(crate) fn staging(&self) -> Result<&Path> {
         self.staging
             .as_deref()
             .context("internal error: no staging directory when only planning")
@@ -61,14 +61,14 @@ impl Setup {
     ///
     /// # Errors
     /// Only planning: there is no output.
-    pub fn target(&self) -> Result<&Path> {
+    pub(crate) fn target(&self) -> Result<&Path> {
         self.target
             .as_deref()
             .context("internal error: no output when only planning")
     }
 
     /// Only planning: the inputs, no output.
-    pub fn planning(inputs: Vec<InputShard>) -> Self {
+    pub(crate) fn planning(inputs: Vec<InputShard>) -> Self {
         Setup {
             inputs,
             staging: None,
@@ -80,121 +80,121 @@ impl Setup {
 
 /// What an earlier attempt left to continue from, as rank 0 found it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Resume {
-    pub checkpoint: Checkpoint,
+pub(crate) struct Resume {
+    pub(crate) checkpoint: Checkpoint,
     /// The recorded plan's digest.
-    pub digest: String,
+    pub(crate) digest: String,
 }
 
 /// What the index phase leaves on every rank.
-pub struct Indexed {
+pub(crate) struct Indexed {
     /// The input shards this rank read (a contiguous run).
-    pub mine: std::ops::Range<usize>,
+    pub(crate) mine: std::ops::Range<usize>,
     /// This rank's samples, in input order.
-    pub local: Vec<LocalSample>,
+    pub(crate) local: Vec<LocalSample>,
     /// Every sample's key, when the rules keep them (taken by the place phase).
-    pub keys: Vec<Vec<u8>>,
+    pub(crate) keys: Vec<Vec<u8>>,
     /// Every sample's label member, when the rules read one (taken by the place phase).
-    pub contents: Vec<Option<Vec<u8>>>,
+    pub(crate) contents: Vec<Option<Vec<u8>>>,
     /// Samples per input shard of this rank.
-    pub counts: Vec<u64>,
+    pub(crate) counts: Vec<u64>,
     /// The global index of this rank's first sample.
-    pub first_global: u64,
+    pub(crate) first_global: u64,
     /// Over all ranks.
-    pub samples: u64,
-    pub sample_bytes: u64,
-    pub skipped: Skipped,
-    pub hygiene: Hygiene,
+    pub(crate) samples: u64,
+    pub(crate) sample_bytes: u64,
+    pub(crate) skipped: Skipped,
+    pub(crate) hygiene: Hygiene,
     /// Runs of zero blocks read past inside inputs (`--ignore-zeros`), over all ranks.
-    pub zero_runs: u64,
+    pub(crate) zero_runs: u64,
     /// This rank's input shards as it saw them just before it read them (or their saved
     /// index), in order: the finish phase checks them unchanged.
-    pub stamps: Vec<FileStamp>,
+    pub(crate) stamps: Vec<FileStamp>,
     /// This rank's input shards whose saved index was used: their streams were not read here,
     /// so the exchange reads the compressed ones to their end (checking their checksums).
-    pub unread: Vec<usize>,
+    pub(crate) unread: Vec<usize>,
 }
 
 /// What the place phase leaves on every rank.
-pub struct Placed {
-    pub placement: Placement,
-    pub groups: Vec<GroupPlan>,
+pub(crate) struct Placed {
+    pub(crate) placement: Placement,
+    pub(crate) groups: Vec<GroupPlan>,
     /// Samples no key-map group claimed (left out by `--unmatched skip`).
-    pub unmatched: u64,
-    pub stratify: Option<StratifyReport>,
+    pub(crate) unmatched: u64,
+    pub(crate) stratify: Option<StratifyReport>,
     /// Over all groups: shards, samples written, samples dropped and repeated by `--equalize`.
-    pub shards: u64,
-    pub output_samples: u64,
-    pub dropped: u64,
-    pub repeated: u64,
+    pub(crate) shards: u64,
+    pub(crate) output_samples: u64,
+    pub(crate) dropped: u64,
+    pub(crate) repeated: u64,
     /// Why this many shards.
-    pub sizing: String,
-    pub names: ShardNames,
+    pub(crate) sizing: String,
+    pub(crate) names: ShardNames,
 }
 
 /// What the layout phase leaves: every rank's own shards laid out, and on rank 0 what the
 /// manifest and the plan report need.
-pub struct Laid {
-    pub plan: ShardPlan,
+pub(crate) struct Laid {
+    pub(crate) plan: ShardPlan,
     /// This rank's shards.
-    pub layout: ShardLayout,
+    pub(crate) layout: ShardLayout,
     /// The keys of the samples `--equalize` dropped and repeated (rank 0).
-    pub dropped_keys: Vec<String>,
-    pub repeated_keys: Vec<String>,
+    pub(crate) dropped_keys: Vec<String>,
+    pub(crate) repeated_keys: Vec<String>,
     /// Bytes of every output shard (rank 0), and samples of every output shard.
-    pub shard_bytes: Vec<u64>,
-    pub shard_samples: Vec<u64>,
+    pub(crate) shard_bytes: Vec<u64>,
+    pub(crate) shard_samples: Vec<u64>,
     /// Samples of every input shard (rank 0).
-    pub input_counts: Vec<u64>,
+    pub(crate) input_counts: Vec<u64>,
     /// The manifest's shard list, before compression and checksums (rank 0).
-    pub shardlist: Vec<ShardEntry>,
-    pub gpus: Option<GpuShare>,
+    pub(crate) shardlist: Vec<ShardEntry>,
+    pub(crate) gpus: Option<GpuShare>,
 }
 
 /// What the planning phases leave on every rank: the samples, their positions, the layout.
-pub struct Planned {
-    pub index: Indexed,
-    pub placed: Placed,
-    pub laid: Laid,
+pub(crate) struct Planned {
+    pub(crate) index: Indexed,
+    pub(crate) placed: Placed,
+    pub(crate) laid: Laid,
 }
 
 /// What the exchange moved, as seen by this rank.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ExchangeStats {
-    pub rounds: u64,
+pub(crate) struct ExchangeStats {
+    pub(crate) rounds: u64,
     /// Sample bytes this rank read and sent.
-    pub bytes_sent: u64,
+    pub(crate) bytes_sent: u64,
     /// Sample bytes this rank received and wrote.
-    pub bytes_written: u64,
+    pub(crate) bytes_written: u64,
     /// `--resume`: sample bytes of this rank's shards an earlier attempt had placed, and samples
     /// of this rank's input it had moved.
-    pub bytes_reused: u64,
-    pub samples_reused: u64,
+    pub(crate) bytes_reused: u64,
+    pub(crate) samples_reused: u64,
     /// `--resume`: this rank's shards an earlier attempt had completed.
-    pub shards_reused: u64,
+    pub(crate) shards_reused: u64,
     /// Checkpoints recorded during this exchange.
-    pub checkpoints: u64,
+    pub(crate) checkpoints: u64,
     /// Time this rank's reader spent reading (and copying its own samples), and its writer
     /// writing, in nanoseconds: waits for buffers excluded.
-    pub read_nanos: u64,
-    pub write_nanos: u64,
+    pub(crate) read_nanos: u64,
+    pub(crate) write_nanos: u64,
 }
 
 /// On rank 0: every output file's size, and with `--checksum` every shard's MD5 (16 bytes each,
 /// in shard order).
-pub struct Finished {
-    pub file_bytes: Vec<u64>,
-    pub md5: Vec<u8>,
+pub(crate) struct Finished {
+    pub(crate) file_bytes: Vec<u64>,
+    pub(crate) md5: Vec<u8>,
 }
 
 /// Records durably, on rank 0, the ranges of global sample indices that became durable.
-pub type Record<'a> = Box<dyn FnMut(Vec<(u64, u64)>) -> Result<()> + 'a>;
+pub(crate) type Record<'a> = Box<dyn FnMut(Vec<(u64, u64)>) -> Result<()> + 'a>;
 
 /// How often, and where, checkpoints are recorded.
-pub struct Checkpoints<'a> {
+pub(crate) struct Checkpoints<'a> {
     /// Time between checkpoints (zero: after every round).
-    pub every: Duration,
+    pub(crate) every: Duration,
     /// Called on rank 0 with every rank's range of global sample indices that became durable
     /// (empty ranges included): records them.
-    pub record: Record<'a>,
+    pub(crate) record: Record<'a>,
 }

@@ -20,14 +20,14 @@ use crate::sys;
 
 /// How long after a stop signal a rank may take to checkpoint and end in order (Slurm's
 /// default `KillWait` leaves 30 s before SIGKILL).
-pub const GRACE: Duration = Duration::from_secs(10);
+pub(crate) const GRACE: Duration = Duration::from_secs(10);
 
 /// The job was stopped by a signal; every rank ends with it.
 #[derive(Debug)]
 pub struct Interrupted {
     pub signal: i32,
     /// The input samples of the job, once planned (for the message).
-    pub samples: Option<u64>,
+    pub(crate) samples: Option<u64>,
 }
 
 impl fmt::Display for Interrupted {
@@ -77,7 +77,7 @@ fn install() {
 ///
 /// # Errors
 /// [`Interrupted`] on every rank when one of them received a stop signal.
-pub fn check(comm: &impl Comm) -> Result<()> {
+pub(crate) fn check(comm: &impl Comm) -> Result<()> {
     let mine = sys::stop_signal().map_or(0, |s| u64::from(s.unsigned_abs()));
     match comm.all_max(&[mine])[0] {
         0 => Ok(()),
@@ -89,7 +89,7 @@ pub fn check(comm: &impl Comm) -> Result<()> {
 }
 
 /// `e`, with the job's sample count when it is an [`Interrupted`].
-pub fn with_samples(e: anyhow::Error, samples: u64) -> anyhow::Error {
+pub(crate) fn with_samples(e: anyhow::Error, samples: u64) -> anyhow::Error {
     match e.downcast::<Interrupted>() {
         Ok(i) => anyhow::Error::new(Interrupted {
             samples: Some(samples),
@@ -101,7 +101,7 @@ pub fn with_samples(e: anyhow::Error, samples: u64) -> anyhow::Error {
 
 /// What rank 0 says when a stop signal ended the job: where the staging directory is and how
 /// much of it a `--resume` will not move again (`durable` samples), or that nothing was kept.
-pub fn message(i: &Interrupted, staging: &std::path::Path, durable: u64) -> String {
+pub(crate) fn message(i: &Interrupted, staging: &std::path::Path, durable: u64) -> String {
     let what = sys::signal_name(i.signal);
     if durable == 0 {
         return format!(

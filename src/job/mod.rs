@@ -30,13 +30,13 @@
 //! pure planning lives in [`crate::plan`].
 
 pub mod destination;
-pub mod exchange;
-pub mod expand;
-pub mod finish;
-pub mod handoff;
+pub(crate) mod exchange;
+pub(crate) mod expand;
+pub(crate) mod finish;
+pub(crate) mod handoff;
 pub mod interrupt;
 pub mod planning;
-pub mod summary;
+pub(crate) mod summary;
 
 use anyhow::Result;
 

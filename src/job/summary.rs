@@ -24,34 +24,34 @@ use crate::throttle::{self, Limits, RateReport};
 
 /// One rank's share of the work.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct RankStats {
+pub(crate) struct RankStats {
     /// Sample bytes read from the input and sent.
-    pub bytes_read: u64,
+    pub(crate) bytes_read: u64,
     /// Sample bytes received and written to this rank's shards.
-    pub bytes_written: u64,
+    pub(crate) bytes_written: u64,
     /// Peak resident memory (VmHWM) in bytes; 0 where unknown.
-    pub peak_rss: u64,
+    pub(crate) peak_rss: u64,
     /// Seconds this rank's reader spent reading (and copying its own samples), and its writer
     /// writing: waits for buffers and peers excluded.
-    pub read_seconds: f64,
-    pub write_seconds: f64,
+    pub(crate) read_seconds: f64,
+    pub(crate) write_seconds: f64,
 }
 
 /// Each per-rank figure over the ranks: the summary prints these, `--report` the full table.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct RankSpreads {
-    pub bytes_read: Spread,
+pub(crate) struct RankSpreads {
+    pub(crate) bytes_read: Spread,
     /// In nanoseconds: the rank at the maximum is the slowest reader.
-    pub read_nanos: Spread,
-    pub bytes_written: Spread,
+    pub(crate) read_nanos: Spread,
+    pub(crate) bytes_written: Spread,
     /// In nanoseconds: the rank at the maximum is the slowest writer.
-    pub write_nanos: Spread,
-    pub peak_rss: Spread,
+    pub(crate) write_nanos: Spread,
+    pub(crate) peak_rss: Spread,
 }
 
 impl RankSpreads {
     /// Six lines: a header, then min / median / max of each figure and the rank at the maximum.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let bytes = |v: u64| human_bytes(v);
         let at_max = |s: &Spread, what: &str| format!("{what}: rank {}", s.max_rank);
         let rows = [
@@ -95,52 +95,52 @@ impl RankSpreads {
 /// What a finished run reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
-    pub output: PathBuf,
-    pub inputs: usize,
-    pub input_bytes: u64,
-    pub samples: u64,
-    pub sample_bytes: u64,
-    pub shards: u64,
+    pub(crate) output: PathBuf,
+    pub(crate) inputs: usize,
+    pub(crate) input_bytes: u64,
+    pub(crate) samples: u64,
+    pub(crate) sample_bytes: u64,
+    pub(crate) shards: u64,
     /// Samples written (repeats included, dropped excluded).
-    pub output_samples: u64,
+    pub(crate) output_samples: u64,
     /// Bytes per output shard (only on rank 0).
-    pub shard_bytes: Stats,
-    pub gpus: Option<GpuShare>,
-    pub ranks: usize,
-    pub skipped: Skipped,
+    pub(crate) shard_bytes: Stats,
+    pub(crate) gpus: Option<GpuShare>,
+    pub(crate) ranks: usize,
+    pub(crate) skipped: Skipped,
     /// Runs of zero blocks read past inside inputs (`--ignore-zeros`).
-    pub zero_runs: u64,
-    pub hygiene: Hygiene,
-    pub phases: PhaseTimes,
-    pub rounds: u64,
+    pub(crate) zero_runs: u64,
+    pub(crate) hygiene: Hygiene,
+    pub(crate) phases: PhaseTimes,
+    pub(crate) rounds: u64,
     /// Checkpoints recorded during the exchange (for `--resume`).
-    pub checkpoints: u64,
+    pub(crate) checkpoints: u64,
     /// `--resume`: samples and sample bytes an earlier attempt had durably placed, reused.
-    pub reused_samples: u64,
-    pub reused_bytes: u64,
+    pub(crate) reused_samples: u64,
+    pub(crate) reused_bytes: u64,
     /// Shards the earlier attempt had completed (with a shuffle, rarely any before its end).
-    pub reused_shards: u64,
+    pub(crate) reused_shards: u64,
     /// The memory budget per rank (`--mem-limit`).
-    pub mem_limit: u64,
+    pub(crate) mem_limit: u64,
     /// Each per-rank figure's min / median / max and the ranks at the extremes.
-    pub rank_spread: RankSpreads,
+    pub(crate) rank_spread: RankSpreads,
     /// Per rank, by rank.
-    pub per_rank: Vec<RankStats>,
+    pub(crate) per_rank: Vec<RankStats>,
     /// `--max-read-rate`, `--max-write-rate`: how the run kept to each limit given.
-    pub rate_limits: Vec<RateReport>,
+    pub(crate) rate_limits: Vec<RateReport>,
     /// Requests to object storage, over all ranks (none without an `s3://` input or output).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub s3: Option<S3Traffic>,
+    pub(crate) s3: Option<S3Traffic>,
 }
 
 /// Requests to object storage and the bytes they moved, summed over the ranks.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct S3Traffic {
-    pub gets: u64,
-    pub get_bytes: u64,
+pub(crate) struct S3Traffic {
+    pub(crate) gets: u64,
+    pub(crate) get_bytes: u64,
     /// PUTs of whole objects and parts of multipart uploads.
-    pub puts: u64,
-    pub put_bytes: u64,
+    pub(crate) puts: u64,
+    pub(crate) put_bytes: u64,
 }
 
 impl S3Traffic {
@@ -281,7 +281,7 @@ impl Summary {
 }
 
 /// Gathers every rank's figures into the summary (complete on rank 0).
-pub fn gather(
+pub(crate) fn gather(
     comm: &impl Comm,
     settings: &ReportSettings,
     setup: &Setup,
@@ -410,7 +410,11 @@ fn at_limits(limits: Limits, read_bytes: u64, write_bytes: u64) -> Option<AtLimi
 }
 
 /// What `reshard plan` and `--dry-run` print (on rank 0).
-pub fn plan_report(settings: &ReportSettings, setup: &Setup, planned: &Planned) -> PlanReport {
+pub(crate) fn plan_report(
+    settings: &ReportSettings,
+    setup: &Setup,
+    planned: &Planned,
+) -> PlanReport {
     let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
     let sizes: Vec<u64> = setup.inputs.iter().map(|s| s.size).collect();
     let shard_bytes = Stats::of(&laid.shard_bytes);

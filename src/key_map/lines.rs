@@ -22,8 +22,8 @@ use crate::tar::key_hash;
 /// What the map says of this rank's keys: the groups' templates (sorted, the same on every
 /// rank, every template the file names), and for each key the index of its template, if any.
 pub(super) struct Found {
-    pub templates: Vec<String>,
-    pub hits: Vec<Option<u32>>,
+    pub(crate) templates: Vec<String>,
+    pub(crate) hits: Vec<Option<u32>>,
 }
 
 /// A line of this rank's share of the file: its number among the share's lines (from 0), its

@@ -19,7 +19,7 @@ fn read_seq(path: &Path, what: &str) -> Result<Sequential> {
 ///
 /// # Errors
 /// Reading, writing or syncing fails (the message names the file).
-pub fn compress_shard(plain: &Path, to: &Path, codec: Codec) -> Result<u64> {
+pub(crate) fn compress_shard(plain: &Path, to: &Path, codec: Codec) -> Result<u64> {
     let mut src = read_seq(plain, "reopen")?;
     let sink = storage::sink(to);
     let dst = sink
@@ -56,7 +56,7 @@ pub fn compress_shard(plain: &Path, to: &Path, codec: Codec) -> Result<u64> {
 ///
 /// # Errors
 /// The file cannot be read.
-pub fn md5_file(path: &Path) -> Result<[u8; 16]> {
+pub(crate) fn md5_file(path: &Path) -> Result<[u8; 16]> {
     use md5::Digest;
     let mut file = read_seq(path, "open")?;
     let mut hasher = md5::Md5::new();

@@ -17,14 +17,14 @@ use std::path::{Path, PathBuf};
 use crate::output::members::SampleParts;
 
 /// Where the index of the shard at `shard` goes: `NAME.idx` for `NAME.tar`.
-pub fn index_path(shard: &Path) -> PathBuf {
+pub(crate) fn index_path(shard: &Path) -> PathBuf {
     let name = shard.file_name().unwrap_or_default().to_string_lossy();
     let stem = name.strip_suffix(".tar").unwrap_or(&name);
     shard.with_file_name(format!("{stem}.idx"))
 }
 
 /// The index text of a shard with these samples.
-pub fn index_text(samples: &[SampleParts]) -> String {
+pub(crate) fn index_text(samples: &[SampleParts]) -> String {
     let mut text = format!("v1.2 {}\n", samples.len());
     for sample in samples {
         for (i, part) in sample.parts.iter().enumerate() {

@@ -33,11 +33,11 @@ use crate::output::members::SampleParts;
 use crate::storage;
 
 /// Energon's metadata directory.
-pub const META_DIR: &str = ".nv-meta";
+pub(crate) const META_DIR: &str = ".nv-meta";
 /// The suffix of a shard's sample offsets file.
-pub const TAR_IDX_SUFFIX: &str = ".tar.idx";
+pub(crate) const TAR_IDX_SUFFIX: &str = ".tar.idx";
 /// The energon release whose formats these files follow (`.info.json`'s `energon_version`).
-pub const FORMAT_VERSION: &str = "7.4.1";
+pub(crate) const FORMAT_VERSION: &str = "7.4.1";
 /// Where the writers leave each shard's rows and digest for rank 0, inside the staging
 /// directory.
 const ROWS_DIR: &str = ".reshard-energon-rows";
@@ -47,7 +47,7 @@ CREATE TABLE samples (sample_key TEXT NOT NULL, byte_offset INTEGER, byte_size I
 CREATE TABLE sample_parts (sample_index INTEGER, part_name TEXT, content_byte_offset INTEGER, content_byte_size INTEGER);";
 
 /// What makes an output shard name unusable for energon, if anything.
-pub fn shard_name_problem(name: &str) -> Option<String> {
+pub(crate) fn shard_name_problem(name: &str) -> Option<String> {
     if !name.ends_with(".tar") {
         return Some(format!("energon reads shards named *.tar, not {name:?}"));
     }
@@ -60,14 +60,14 @@ pub fn shard_name_problem(name: &str) -> Option<String> {
 }
 
 /// Where the offsets of the shard at `shard` go: `NAME.tar.idx`.
-pub fn tar_idx_path(shard: &Path) -> PathBuf {
+pub(crate) fn tar_idx_path(shard: &Path) -> PathBuf {
     let name = shard.file_name().unwrap_or_default().to_string_lossy();
     let stem = name.strip_suffix(".tar").unwrap_or(&name);
     shard.with_file_name(format!("{stem}{TAR_IDX_SUFFIX}"))
 }
 
 /// The `.tar.idx` bytes of a shard: each sample's start, then the end of the data.
-pub fn tar_idx_bytes(samples: &[SampleParts]) -> Vec<u8> {
+pub(crate) fn tar_idx_bytes(samples: &[SampleParts]) -> Vec<u8> {
     let end = samples.last().map_or(0, |s| s.start + s.len);
     samples
         .iter()
@@ -379,7 +379,7 @@ fn uuid_of(digest: &[u8]) -> String {
 
 /// `split.yaml`: each part's shards, runs of consecutively numbered names collapsed into one
 /// brace range as energon does (`shard-{000000..000009}.tar`), then an empty `exclude`.
-pub fn split_yaml(parts: &[(String, Vec<String>)]) -> String {
+pub(crate) fn split_yaml(parts: &[(String, Vec<String>)]) -> String {
     let mut text = String::from("split_parts:\n");
     for (part, names) in parts {
         let collapsed = collapse(names);

@@ -8,21 +8,21 @@ use crate::config::GpuLayout;
 /// How the shards divide among GPUs: GPU i reads shards i, i+G, i+2G, ... (webdataset's
 /// split by node), each through W workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuShare {
-    pub gpus: u64,
-    pub workers: u64,
-    pub shards_per_gpu: u64,
-    pub samples_per_gpu_min: u64,
-    pub samples_per_gpu_max: u64,
+pub(crate) struct GpuShare {
+    pub(crate) gpus: u64,
+    pub(crate) workers: u64,
+    pub(crate) shards_per_gpu: u64,
+    pub(crate) samples_per_gpu_min: u64,
+    pub(crate) samples_per_gpu_max: u64,
     /// True when every GPU gets exactly the same number of samples.
-    pub equal: bool,
-    pub batch_size: Option<u64>,
+    pub(crate) equal: bool,
+    pub(crate) batch_size: Option<u64>,
     /// Full batches per GPU (the smallest over GPUs: what DDP can run without hanging).
-    pub batches_per_gpu: Option<u64>,
+    pub(crate) batches_per_gpu: Option<u64>,
 }
 
 impl GpuShare {
-    pub fn new(layout: GpuLayout, shard_samples: &[u64]) -> Self {
+    pub(crate) fn new(layout: GpuLayout, shard_samples: &[u64]) -> Self {
         let g = layout.gpus as usize;
         let per_gpu: Vec<u64> = (0..g)
             .map(|i| shard_samples.iter().skip(i).step_by(g).sum())
@@ -43,7 +43,7 @@ impl GpuShare {
         }
     }
 
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let samples = if self.equal {
             format!("{} samples on every GPU", self.samples_per_gpu_min)
         } else {

@@ -19,7 +19,7 @@ use crate::tar::Sample;
 /// # Errors
 /// A member a loader cannot index (named with the shard and byte offset), a shard whose samples
 /// are not the ones laid out, or a file that cannot be written.
-pub fn write_shard(
+pub(crate) fn write_shard(
     loaders: &LoaderIndexes,
     staging: &Path,
     path: &Path,

@@ -15,94 +15,94 @@ use crate::tar::{Hygiene, Skipped};
 /// The manifest written as `DIR/index.json`. wids reads `__kind__`, `wids_version` and
 /// `shardlist`; everything reshard adds lives under `reshard`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
+pub(crate) struct Manifest {
     #[serde(rename = "__kind__")]
-    pub kind: String,
-    pub wids_version: u32,
-    pub shardlist: Vec<ShardEntry>,
-    pub reshard: RunInfo,
+    pub(crate) kind: String,
+    pub(crate) wids_version: u32,
+    pub(crate) shardlist: Vec<ShardEntry>,
+    pub(crate) reshard: RunInfo,
 }
 
 /// One output shard, as wids expects it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShardEntry {
+pub(crate) struct ShardEntry {
     /// File name relative to the directory holding index.json.
-    pub url: String,
-    pub nsamples: u64,
-    pub filesize: u64,
+    pub(crate) url: String,
+    pub(crate) nsamples: u64,
+    pub(crate) filesize: u64,
     /// MD5 of the shard file, hex (with `--checksum`); wids checks it after a download.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub md5sum: Option<String>,
+    pub(crate) md5sum: Option<String>,
 }
 
 /// reshard's own record of the run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunInfo {
-    pub version: String,
-    pub seed: u64,
-    pub epoch: u64,
-    pub shards: u64,
+pub(crate) struct RunInfo {
+    pub(crate) version: String,
+    pub(crate) seed: u64,
+    pub(crate) epoch: u64,
+    pub(crate) shards: u64,
     /// Samples written (every input sample exactly once).
-    pub samples: u64,
+    pub(crate) samples: u64,
     /// Sample bytes (headers, data and padding of their members).
-    pub sample_bytes: u64,
+    pub(crate) sample_bytes: u64,
     /// Sum of the shard file sizes.
-    pub output_bytes: u64,
+    pub(crate) output_bytes: u64,
     /// The input shards in canonical order.
-    pub inputs: Vec<String>,
-    pub input_bytes: u64,
+    pub(crate) inputs: Vec<String>,
+    pub(crate) input_bytes: u64,
     /// Entries of the input that belong to no sample and were left out.
-    pub skipped: Skipped,
+    pub(crate) skipped: Skipped,
     /// How many MPI ranks ran the job (the output does not depend on it).
-    pub ranks: usize,
+    pub(crate) ranks: usize,
     /// Why this shard count (the sizing flag and the resulting mean).
-    pub sizing: String,
-    pub equalize: Equalize,
-    pub balance: Balance,
+    pub(crate) sizing: String,
+    pub(crate) equalize: Equalize,
+    pub(crate) balance: Balance,
     /// Samples written, repeats included and dropped samples excluded.
-    pub output_samples: u64,
+    pub(crate) output_samples: u64,
     /// Keys of the samples left out by `--equalize drop`, in permuted order.
-    pub dropped: Vec<String>,
+    pub(crate) dropped: Vec<String>,
     /// Keys of the samples written twice by `--equalize pad`, in permuted order.
-    pub repeated: Vec<String>,
-    pub shard_samples: Stats,
-    pub shard_bytes: Stats,
+    pub(crate) repeated: Vec<String>,
+    pub(crate) shard_samples: Stats,
+    pub(crate) shard_bytes: Stats,
     /// Samples (and batches) per GPU, with `--gpus`.
-    pub gpus: Option<GpuShare>,
+    pub(crate) gpus: Option<GpuShare>,
     /// What the sample hygiene rules found: incomplete samples kept or excluded, duplicates kept.
     #[serde(default)]
-    pub hygiene: Hygiene,
+    pub(crate) hygiene: Hygiene,
     /// `--order` (and `descending`).
     #[serde(default)]
-    pub order: String,
+    pub(crate) order: String,
     /// `--stratify-by`: labels and the worst deviation of any label's count in any shard from
     /// its ideal share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stratify: Option<StratifyReport>,
+    pub(crate) stratify: Option<StratifyReport>,
     /// `--key-map`: the groups, each sized on its own, and the unmatched samples left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_map: Option<KeyMapInfo>,
+    pub(crate) key_map: Option<KeyMapInfo>,
     /// `--split`, in the output's own index.json: every split (its name is its directory, which
     /// holds the split's shards and its own index.json), sized on its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub splits: Option<Vec<GroupPlan>>,
+    pub(crate) splits: Option<Vec<GroupPlan>>,
     /// `--split`, in a split's index.json: the split's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub split: Option<String>,
+    pub(crate) split: Option<String>,
 }
 
 /// The key-map part of the manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KeyMapInfo {
-    pub file: String,
-    pub unmatched: u64,
-    pub groups: Vec<GroupPlan>,
+pub(crate) struct KeyMapInfo {
+    pub(crate) file: String,
+    pub(crate) unmatched: u64,
+    pub(crate) groups: Vec<GroupPlan>,
 }
 
 impl Manifest {
-    pub const KIND: &'static str = "wids-shard-index-v1";
+    pub(crate) const KIND: &'static str = "wids-shard-index-v1";
 
-    pub fn new(shardlist: Vec<ShardEntry>, reshard: RunInfo) -> Self {
+    pub(crate) fn new(shardlist: Vec<ShardEntry>, reshard: RunInfo) -> Self {
         Manifest {
             kind: Self::KIND.to_string(),
             wids_version: 1,
@@ -114,7 +114,7 @@ impl Manifest {
     /// The index.json of one split of a `--split` output (`groups[k]`), from the output's own
     /// manifest: the split's shards, with urls relative to the split's directory, and the
     /// figures of the split alone. GPU figures stay with the first split, which they describe.
-    pub fn of_split(&self, groups: &[GroupPlan], k: usize) -> Manifest {
+    pub(crate) fn of_split(&self, groups: &[GroupPlan], k: usize) -> Manifest {
         let group = &groups[k];
         let name = group.split.clone().unwrap_or_default();
         let dir = format!("{name}/");
@@ -160,7 +160,7 @@ impl Manifest {
     ///
     /// # Errors
     /// The file cannot be written.
-    pub fn write(&self, path: &Path) -> Result<()> {
+    pub(crate) fn write(&self, path: &Path) -> Result<()> {
         let mut text = serde_json::to_vec_pretty(self).expect("serializable");
         text.push(b'\n');
         storage::sink(path)

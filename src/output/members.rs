@@ -46,7 +46,7 @@ pub struct SampleParts {
 /// The shard cannot be read, a member is not a plain regular file with a UTF-8 key or has a
 /// name a loader reads otherwise, or the samples are not those of `layout`: the message names
 /// the shard, the byte offset and the member.
-pub fn read_samples(
+pub(crate) fn read_samples(
     path: &Path,
     names: LoaderNames,
     layout: &[Sample],

@@ -10,19 +10,18 @@
 //!   and [`dali`] (`--dali-index`).
 
 pub mod checkpoint;
-pub mod compress;
-pub mod dali;
+pub(crate) mod compress;
+pub(crate) mod dali;
 pub mod energon;
-pub mod gpu;
-pub mod loaders;
-pub mod manifest;
+pub(crate) mod gpu;
+pub(crate) mod loaders;
+pub(crate) mod manifest;
 pub mod members;
 pub mod saved_index;
-pub mod shards;
-pub mod stats;
+pub(crate) mod shards;
+pub(crate) mod stats;
 
-pub use compress::{compress_shard, md5_file};
-pub use gpu::GpuShare;
-pub use manifest::{KeyMapInfo, Manifest, RunInfo, ShardEntry};
-pub use shards::{shard_file_name, OutputShards, ShardNames, SplitPart};
-pub use stats::Stats;
+pub(crate) use compress::{compress_shard, md5_file};
+pub(crate) use gpu::GpuShare;
+pub(crate) use shards::{shard_file_name, OutputShards, ShardNames};
+pub(crate) use stats::Stats;

@@ -15,14 +15,14 @@ use crate::tar::Codec;
 
 /// The file name of output shard `index` (while it is written: always a plain tar). `reshard
 /// generate` names its shards the same way.
-pub fn shard_file_name(prefix: &str, index: u64) -> String {
+pub(crate) fn shard_file_name(prefix: &str, index: u64) -> String {
     format!("{prefix}-{index:06}.tar")
 }
 
 /// How output shards are named: `PREFIX-NNNNNN.tar`, or (`--key-map`) by the template of
 /// each group, numbered within the group.
 #[derive(Debug, Clone)]
-pub enum ShardNames {
+pub(crate) enum ShardNames {
     Prefix(String),
     /// (first shard of the group, its template), by first shard.
     Groups(Vec<(u64, Template)>),
@@ -37,14 +37,14 @@ pub enum ShardNames {
 /// One split of a `--split` output: its name (also its directory) and its shards' published
 /// paths relative to the output root, in shard order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SplitPart {
-    pub name: String,
-    pub shards: Vec<String>,
+pub(crate) struct SplitPart {
+    pub(crate) name: String,
+    pub(crate) shards: Vec<String>,
 }
 
 impl ShardNames {
     /// The file name of output shard `s` while it is written (always a plain tar).
-    pub fn plain(&self, s: u64) -> String {
+    pub(crate) fn plain(&self, s: u64) -> String {
         match self {
             ShardNames::Prefix(prefix) => shard_file_name(prefix, s),
             ShardNames::Groups(groups) => {
@@ -65,7 +65,7 @@ impl ShardNames {
     /// With `--split`, every split of an output of `shards` shards: its name and its shards'
     /// published paths relative to the output root (`train/shard-000000.tar`, …); `None`
     /// without `--split`. What a loader index naming the splits (energon's split.yaml) lists.
-    pub fn split_parts(&self, shards: u64, codec: Codec) -> Option<Vec<SplitPart>> {
+    pub(crate) fn split_parts(&self, shards: u64, codec: Codec) -> Option<Vec<SplitPart>> {
         let ShardNames::Splits { splits, .. } = self else {
             return None;
         };
@@ -87,7 +87,7 @@ impl ShardNames {
     ///
     /// # Errors
     /// The first name given twice, with the shards that share it.
-    pub fn check_distinct(&self, shards: u64) -> Result<()> {
+    pub(crate) fn check_distinct(&self, shards: u64) -> Result<()> {
         let mut seen = std::collections::HashMap::with_capacity(shards as usize);
         for s in 0..shards {
             if let Some(first) = seen.insert(self.plain(s), s) {
@@ -101,7 +101,7 @@ impl ShardNames {
     }
 
     /// The published file name of output shard `s` with `--compress codec`.
-    pub fn published(&self, s: u64, codec: Codec) -> String {
+    pub(crate) fn published(&self, s: u64, codec: Codec) -> String {
         let base = self.plain(s);
         match codec {
             Codec::Plain => base,
@@ -115,7 +115,7 @@ impl ShardNames {
 const MIN_WRITEBACK: u64 = 64 << 10;
 
 /// The shards one rank writes, open for positioned writes.
-pub struct OutputShards {
+pub(crate) struct OutputShards {
     /// The shards of `files`, ascending.
     shards: Vec<u64>,
     files: Vec<(PathBuf, Box<dyn Output>)>,
@@ -132,7 +132,7 @@ impl OutputShards {
     ///
     /// # Errors
     /// A file cannot be created or sized (the message names it).
-    pub fn create(dir: &Path, names: &ShardNames, layout: &ShardLayout) -> Result<Self> {
+    pub(crate) fn create(dir: &Path, names: &ShardNames, layout: &ShardLayout) -> Result<Self> {
         let sink = storage::sink(dir);
         let mut files = Vec::with_capacity(layout.shard_bytes.len());
         for (&shard, &bytes) in layout.shards.iter().zip(&layout.shard_bytes) {
@@ -158,7 +158,7 @@ impl OutputShards {
     ///
     /// # Errors
     /// A file is missing or does not have the size the layout gives it (the message names it).
-    pub fn reopen(dir: &Path, names: &ShardNames, layout: &ShardLayout) -> Result<Self> {
+    pub(crate) fn reopen(dir: &Path, names: &ShardNames, layout: &ShardLayout) -> Result<Self> {
         let mut files = Vec::with_capacity(layout.shard_bytes.len());
         for (&shard, &bytes) in layout.shards.iter().zip(&layout.shard_bytes) {
             let path = dir.join(names.plain(shard));
@@ -201,7 +201,7 @@ impl OutputShards {
     ///
     /// # Errors
     /// The write fails (disk full, I/O error); the message names the file and offset.
-    pub fn write_at(&self, shard: u64, offset: u64, data: &[u8]) -> Result<()> {
+    pub(crate) fn write_at(&self, shard: u64, offset: u64, data: &[u8]) -> Result<()> {
         let i = self.file_of(shard);
         let (path, file) = &self.files[i];
         file.write_at(data, offset).with_context(|| {
@@ -223,7 +223,7 @@ impl OutputShards {
     /// # Errors
     /// A read or write fails, or the input ends early (it changed since it was indexed); the
     /// message names the file and offset.
-    pub fn copy_in(
+    pub(crate) fn copy_in(
         &self,
         shard: u64,
         offset: u64,
@@ -309,7 +309,7 @@ impl OutputShards {
     /// again once the other sample arrives, and a write to a page under writeback waits for it
     /// (with 4 KiB samples, whole-file writeback each round cost 40% more system CPU and 1.2-1.6x
     /// the time).
-    pub fn start_writeback(&self) {
+    pub(crate) fn start_writeback(&self) {
         let ranges = std::mem::take(&mut *self.complete.lock().unwrap());
         for (file, start, end) in merged(ranges) {
             // Small runs stay for the final sync, which writes each file's dirty pages in file
@@ -327,7 +327,7 @@ impl OutputShards {
     ///
     /// # Errors
     /// An fdatasync fails.
-    pub fn sync_data(&self) -> Result<()> {
+    pub(crate) fn sync_data(&self) -> Result<()> {
         for (path, file) in &self.files {
             file.sync_data()
                 .with_context(|| format!("{}: cannot sync", path.display()))?;
@@ -339,7 +339,7 @@ impl OutputShards {
     ///
     /// # Errors
     /// An fsync fails.
-    pub fn sync(&self) -> Result<()> {
+    pub(crate) fn sync(&self) -> Result<()> {
         for (path, file) in &self.files {
             file.sync_all()
                 .with_context(|| format!("{}: cannot sync", path.display()))?;

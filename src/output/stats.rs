@@ -8,14 +8,14 @@ use crate::size::human_bytes;
 /// Minimum, mean, maximum and (population) standard deviation of some per-shard quantity.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
-    pub min: u64,
-    pub mean: f64,
-    pub max: u64,
-    pub stddev: f64,
+    pub(crate) min: u64,
+    pub(crate) mean: f64,
+    pub(crate) max: u64,
+    pub(crate) stddev: f64,
 }
 
 impl Stats {
-    pub fn of(values: &[u64]) -> Self {
+    pub(crate) fn of(values: &[u64]) -> Self {
         if values.is_empty() {
             return Stats::default();
         }
@@ -35,7 +35,7 @@ impl Stats {
     }
 
     /// `min / mean / max / stddev` with sizes in binary units.
-    pub fn bytes(&self) -> String {
+    pub(crate) fn bytes(&self) -> String {
         format!(
             "min {} / mean {} / max {} / stddev {}",
             human_bytes(self.min),
@@ -46,7 +46,7 @@ impl Stats {
     }
 
     /// `min / mean / max` as counts.
-    pub fn counts(&self) -> String {
+    pub(crate) fn counts(&self) -> String {
         format!(
             "min {} / mean {:.1} / max {}",
             self.min, self.mean, self.max

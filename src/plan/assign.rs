@@ -5,7 +5,7 @@ use std::ops::Range;
 /// Assigns input shards to ranks in contiguous runs balanced by bytes: shard `i` goes to the rank
 /// whose equal share of the total bytes contains the shard's midpoint. Keeps every rank's reads
 /// sequential and needs no communication (every rank computes the same answer).
-pub fn assign_inputs(sizes: &[u64], ranks: usize) -> Vec<Range<usize>> {
+pub(crate) fn assign_inputs(sizes: &[u64], ranks: usize) -> Vec<Range<usize>> {
     let total: u128 = sizes.iter().map(|&s| u128::from(s)).sum();
     let mut owner_start = vec![sizes.len(); ranks + 1];
     let mut before: u128 = 0;

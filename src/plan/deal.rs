@@ -11,7 +11,7 @@
 /// [⌊ideal⌋, ⌈ideal⌉]. (Round-robin over all shards alone misses by up to ~1.65 when shard sizes
 /// differ.)
 #[derive(Debug, Clone, Copy)]
-pub struct Deal {
+pub(crate) struct Deal {
     total: u64,
     shards: u64,
     big: u64,
@@ -21,7 +21,7 @@ pub struct Deal {
 impl Deal {
     /// # Panics
     /// If `shards` is zero or more than `total`.
-    pub fn new(total: u64, shards: u64) -> Deal {
+    pub(crate) fn new(total: u64, shards: u64) -> Deal {
         assert!(shards > 0 && shards <= total);
         Deal {
             total,
@@ -42,7 +42,7 @@ impl Deal {
     }
 
     /// (shard, slot in the shard) of rank `j`.
-    pub fn place(&self, j: u64) -> (u64, u64) {
+    pub(crate) fn place(&self, j: u64) -> (u64, u64) {
         let before = self.big_before(j);
         if self.big_before(j + 1) > before {
             (before % self.big, before / self.big)
@@ -54,7 +54,7 @@ impl Deal {
     }
 
     /// The worst |count − ideal| over the shards for a label holding ranks `[a, a + n)`.
-    pub fn deviation(&self, a: u64, n: u64) -> f64 {
+    pub(crate) fn deviation(&self, a: u64, n: u64) -> f64 {
         let in_big = self.big_before(a + n) - self.big_before(a);
         let mut worst: f64 = 0.0;
         for (m, k, size) in [

@@ -11,65 +11,64 @@ use crate::key_map::SKIPPED as KEY_MAP_SKIPPED;
 
 /// The groups of output shards, each sized on its own: a key map's templates or `--split`'s
 /// splits, and the group of every local sample.
-pub struct Grouping<'a> {
+pub(crate) struct Grouping<'a> {
     /// The key map's templates, or the split names.
-    pub names: Vec<String>,
+    pub(crate) names: Vec<String>,
     /// Per local sample: its group, or [`KEY_MAP_SKIPPED`].
-    pub group_of: &'a [u32],
+    pub(crate) group_of: &'a [u32],
     /// `Some` for `--split`.
-    pub split: Option<SplitGroups<'a>>,
+    pub(crate) split: Option<SplitGroups<'a>>,
 }
 
 /// What `--split` adds to its groups.
-pub struct SplitGroups<'a> {
+pub(crate) struct SplitGroups<'a> {
     /// Per split: `--split-shards` (`None`: the sizing flags for the first split, the first
     /// split's mean shard size for the others).
-    pub shards: &'a [Option<u64>],
+    pub(crate) shards: &'a [Option<u64>],
     /// Per local sample: its rank inside its split.
-    pub rank: &'a [u64],
+    pub(crate) rank: &'a [u64],
 }
 
 /// What placing needs to know about the job.
-pub struct OrderJob<'a> {
-    pub spec: &'a OrderSpec,
+pub(crate) struct OrderJob<'a> {
+    pub(crate) spec: &'a OrderSpec,
     /// The key map's or the splits' groups.
-    pub groups: Option<&'a Grouping<'a>>,
-    pub seed: u64,
-    pub epoch: u64,
-    pub equalize: Equalize,
-    pub sizing: Sizing,
-    /// Samples and sample bytes over all ranks.
-    pub samples: u64,
-    pub sample_bytes: u64,
+    pub(crate) groups: Option<&'a Grouping<'a>>,
+    pub(crate) seed: u64,
+    pub(crate) epoch: u64,
+    pub(crate) equalize: Equalize,
+    pub(crate) sizing: Sizing,
+    /// Samples over all ranks.
+    pub(crate) samples: u64,
 }
 
 impl OrderJob<'_> {
     /// Per local sample: its group, when there are groups.
-    pub fn group_of(&self) -> Option<&[u32]> {
+    pub(crate) fn group_of(&self) -> Option<&[u32]> {
         self.groups.map(|g| g.group_of)
     }
 
     /// What `--split` adds, when the groups are splits.
-    pub fn split(&self) -> Option<&SplitGroups<'_>> {
+    pub(crate) fn split(&self) -> Option<&SplitGroups<'_>> {
         self.groups.and_then(|g| g.split.as_ref())
     }
 }
 
 /// What placing needs to know about this rank's samples (in input order).
-pub struct LocalSamples<'a> {
-    pub first_global: u64,
-    pub samples: &'a [LocalSample],
+pub(crate) struct LocalSamples<'a> {
+    pub(crate) first_global: u64,
+    pub(crate) samples: &'a [LocalSample],
     /// Keys, when [`OrderSpec::needs_keys`].
-    pub keys: &'a [Vec<u8>],
+    pub(crate) keys: &'a [Vec<u8>],
     /// Member contents, when [`OrderSpec::member`].
-    pub contents: &'a [Option<Vec<u8>>],
+    pub(crate) contents: &'a [Option<Vec<u8>>],
     /// `FILE: sample "KEY"` for messages.
-    pub describe: &'a dyn Fn(usize) -> String,
+    pub(crate) describe: &'a dyn Fn(usize) -> String,
 }
 
 /// This rank's share of what sizes the groups: per group its samples, then per group its
 /// bytes, then the samples no group claimed. [`size_groups`] reads the sum over all ranks.
-pub fn local_sums(job: &OrderJob<'_>, samples: &[LocalSample]) -> Vec<u64> {
+pub(crate) fn local_sums(job: &OrderJob<'_>, samples: &[LocalSample]) -> Vec<u64> {
     let group_of = job.group_of();
     let ngroups = job.groups.map_or(1, |g| g.names.len());
     let mut sums = vec![0u64; 2 * ngroups + 1];
@@ -91,7 +90,7 @@ pub fn local_sums(job: &OrderJob<'_>, samples: &[LocalSample]) -> Vec<u64> {
 ///
 /// # Errors
 /// Sizing that does not fit a group (named), or no sample in any group; alike on every rank.
-pub fn size_groups(job: &OrderJob<'_>, sums: &[u64]) -> Result<(Vec<GroupPlan>, u64)> {
+pub(crate) fn size_groups(job: &OrderJob<'_>, sums: &[u64]) -> Result<(Vec<GroupPlan>, u64)> {
     let ngroups = job.groups.map_or(1, |g| g.names.len());
     let unmatched = sums[2 * ngroups];
     let mut groups: Vec<GroupPlan> = Vec::with_capacity(ngroups);
@@ -179,7 +178,11 @@ fn group_sizing(job: &OrderJob<'_>, g: usize, n: u64, sized: &[GroupPlan]) -> (S
 
 /// Why this many shards, over all groups: `key_map_groups` is the key map's group count, `split`
 /// whether the groups are `--split`'s.
-pub fn describe_sizing(groups: &[GroupPlan], key_map_groups: Option<usize>, split: bool) -> String {
+pub(crate) fn describe_sizing(
+    groups: &[GroupPlan],
+    key_map_groups: Option<usize>,
+    split: bool,
+) -> String {
     let each = |label: &dyn Fn(&GroupPlan) -> &str| {
         groups
             .iter()
@@ -228,7 +231,6 @@ mod tests {
             equalize: Equalize::None,
             sizing,
             samples: 0,
-            sample_bytes: 0,
         }
     }
 

@@ -73,7 +73,7 @@ impl ShardLayout {
     }
 
     /// Sample bytes in all of these shards.
-    pub fn sample_bytes(&self) -> u64 {
+    pub(crate) fn sample_bytes(&self) -> u64 {
         self.shard_bytes.iter().map(|b| b - TAR_TRAILER).sum()
     }
 }

@@ -7,22 +7,22 @@
 //! ([`runs`]) and each rank's answer to where its samples go
 //! ([`placement`]); `--split` ([`split`]).
 
-pub mod assign;
-pub mod deal;
-pub mod groups;
-pub mod layout;
-pub mod order;
+pub(crate) mod assign;
+pub(crate) mod deal;
+pub(crate) mod groups;
+pub(crate) mod layout;
+pub(crate) mod order;
 pub mod permute;
 pub mod placement;
-pub mod positions;
-pub mod runs;
-pub mod shards;
-pub mod sizing;
-pub mod sort_items;
-pub mod sort_key;
-pub mod split;
+pub(crate) mod positions;
+pub(crate) mod runs;
+pub(crate) mod shards;
+pub(crate) mod sizing;
+pub(crate) mod sort_items;
+pub(crate) mod sort_key;
+pub(crate) mod split;
 
-pub use assign::assign_inputs;
+pub(crate) use assign::assign_inputs;
 pub use layout::{ShardLayout, TAR_TRAILER};
 pub use shards::{bounds_from_starts, byte_shard_of, ShardGroup, ShardPlan};
 pub use sizing::{Equalize, Sizing, Targets};

@@ -10,7 +10,7 @@ use crate::key_map::Unmatched;
 
 /// `--order`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum OrderBy {
+pub(crate) enum OrderBy {
     /// The seeded global permutation.
     #[default]
     Shuffle,
@@ -22,7 +22,7 @@ pub enum OrderBy {
 
 /// How a member's content is compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ValueKind {
+pub(crate) enum ValueKind {
     /// A decimal integer (i64), surrounding whitespace ignored.
     Int,
     /// A decimal float; NaN is refused.
@@ -63,7 +63,7 @@ impl std::str::FromStr for OrderBy {
 /// `--missing`: a sample without the member an order or stratification reads, or with content
 /// that does not parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Missing {
+pub(crate) enum Missing {
     /// An error naming the input file and the sample key.
     #[default]
     Error,
@@ -73,23 +73,23 @@ pub enum Missing {
 
 /// Everything that decides the order of the output.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct OrderSpec {
-    pub by: OrderBy,
-    pub descending: bool,
-    pub missing: Missing,
+pub(crate) struct OrderSpec {
+    pub(crate) by: OrderBy,
+    pub(crate) descending: bool,
+    pub(crate) missing: Missing,
     /// `--stratify-by EXT`.
-    pub stratify_by: Option<String>,
+    pub(crate) stratify_by: Option<String>,
     /// `--label-limit`: the largest member read for a label or an order.
-    pub label_limit: u64,
-    pub key_map: Option<PathBuf>,
-    pub unmatched: Unmatched,
+    pub(crate) label_limit: u64,
+    pub(crate) key_map: Option<PathBuf>,
+    pub(crate) unmatched: Unmatched,
 }
 
 impl OrderSpec {
     /// Every order flag with its value, as a user types them (`--order shuffle --missing error
     /// --label-limit 65536`): for what `--resume` records, so that a renamed field changes
     /// nothing.
-    pub fn flags(&self) -> String {
+    pub(crate) fn flags(&self) -> String {
         let mut s = format!("--order {}", self.describe().replace(" descending", ""));
         if self.descending {
             s += " --descending";
@@ -110,7 +110,7 @@ impl OrderSpec {
     }
 
     /// The extension of the member whose content must be read while indexing.
-    pub fn member(&self) -> Option<&str> {
+    pub(crate) fn member(&self) -> Option<&str> {
         match &self.by {
             OrderBy::Content { ext, .. } => Some(ext),
             _ => self.stratify_by.as_deref(),
@@ -118,17 +118,17 @@ impl OrderSpec {
     }
 
     /// Whether sample keys are needed (an order by key, or a key map).
-    pub fn needs_keys(&self) -> bool {
+    pub(crate) fn needs_keys(&self) -> bool {
         self.by == OrderBy::Key || self.key_map.is_some()
     }
 
     /// The plain seeded shuffle, which needs no sort.
-    pub fn is_shuffle(&self) -> bool {
+    pub(crate) fn is_shuffle(&self) -> bool {
         self.by == OrderBy::Shuffle && self.stratify_by.is_none() && self.key_map.is_none()
     }
 
     /// For the manifest: `shuffle`, `key`, `content:cls:int descending`, ….
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut s = match &self.by {
             OrderBy::Shuffle => "shuffle".to_string(),
             OrderBy::Key => "key".to_string(),
@@ -152,7 +152,7 @@ impl OrderSpec {
 ///
 /// # Errors
 /// A message naming the conflicting flags.
-pub fn validate(spec: &OrderSpec, bytes_balanced: bool, equalize: Equalize) -> Result<()> {
+pub(crate) fn validate(spec: &OrderSpec, bytes_balanced: bool, equalize: Equalize) -> Result<()> {
     if spec.descending && spec.by == OrderBy::Shuffle {
         bail!("--descending needs --order key or --order content:EXT");
     }

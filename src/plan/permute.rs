@@ -28,19 +28,19 @@ impl Permutation {
 
     /// One of a family of independent permutations of `n` items for this seed and epoch, told
     /// apart by `member` (the order inside each output shard of a stratified run, say).
-    pub fn member(seed: u64, epoch: u64, n: u64, member: u64) -> Self {
+    pub(crate) fn member(seed: u64, epoch: u64, n: u64, member: u64) -> Self {
         // The main permutation's salt is ASCII text, never a small number.
         Self::with_salt(seed, epoch, n, member.to_le_bytes())
     }
 
     /// The permutation that deals samples to `--split` splits: it depends on the seed and `n`
     /// only, never on the epoch, so a sample stays in its split from one epoch to the next.
-    pub fn split_assignment(seed: u64, n: u64) -> Self {
+    pub(crate) fn split_assignment(seed: u64, n: u64) -> Self {
         Self::with_salt(seed, 0, n, *b"splitset")
     }
 
     /// The order of the `n` samples inside split `split` for this seed and epoch.
-    pub fn in_split(seed: u64, epoch: u64, n: u64, split: u16) -> Self {
+    pub(crate) fn in_split(seed: u64, epoch: u64, n: u64, split: u16) -> Self {
         let [a, b] = split.to_le_bytes();
         Self::with_salt(seed, epoch, n, [b's', b'p', b'l', b'i', b't', b'#', a, b])
     }
@@ -68,13 +68,15 @@ impl Permutation {
         }
     }
 
+    #[cfg(test)]
     /// Number of items.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.n
     }
 
+    #[cfg(test)]
     /// True when the permutation is over no items.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.n == 0
     }
 

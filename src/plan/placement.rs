@@ -13,8 +13,8 @@ pub struct LocalSample {
 
 /// A sample that is not written: dropped by `--equalize drop` (with its rank in the order, for
 /// listing), or skipped as unmatched by the key map.
-pub const DROPPED: u64 = 1 << 63;
-pub const SKIPPED: u64 = u64::MAX;
+pub(crate) const DROPPED: u64 = 1 << 63;
+pub(crate) const SKIPPED: u64 = u64::MAX;
 
 /// The output positions of this rank's samples (none, one, or two when repeated by
 /// `--equalize pad`).
@@ -56,7 +56,7 @@ impl Placement {
     }
 
     /// Calls `f(i, position)` for every position a local sample is written at.
-    pub fn for_each(&self, samples: usize, f: &mut dyn FnMut(usize, u64)) {
+    pub(crate) fn for_each(&self, samples: usize, f: &mut dyn FnMut(usize, u64)) {
         for i in 0..samples {
             for copy in 0..2 {
                 match self.position(i, copy) {
@@ -69,7 +69,7 @@ impl Placement {
 
     /// For the manifest's lists: `Some((rank, true))` when local sample `i` is dropped (its rank
     /// in the order), `Some((position, false))` when it is written twice (its second position).
-    pub fn equalized(&self, i: usize) -> Option<(u64, bool)> {
+    pub(crate) fn equalized(&self, i: usize) -> Option<(u64, bool)> {
         match self {
             Placement::Permuted {
                 permutation,
@@ -97,35 +97,35 @@ impl Placement {
 /// One group of output shards, sized and balanced on its own: the whole output, one template
 /// of a key map, or one split of `--split`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct GroupPlan {
+pub(crate) struct GroupPlan {
     /// The key map's template (`None` without a key map).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub template: Option<String>,
+    pub(crate) template: Option<String>,
     /// The split's name (`--split`; `None` otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub split: Option<String>,
-    pub samples: u64,
-    pub sample_bytes: u64,
-    pub shards: u64,
-    pub sizing: String,
+    pub(crate) split: Option<String>,
+    pub(crate) samples: u64,
+    pub(crate) sample_bytes: u64,
+    pub(crate) shards: u64,
+    pub(crate) sizing: String,
     /// Samples written, after `--equalize`.
-    pub output_samples: u64,
+    pub(crate) output_samples: u64,
     /// The group's first rank in the sorted order, first output position and first shard.
     #[serde(skip)]
-    pub rank_start: u64,
+    pub(crate) rank_start: u64,
     #[serde(skip)]
-    pub out_start: u64,
+    pub(crate) out_start: u64,
     #[serde(skip)]
-    pub shard_start: u64,
+    pub(crate) shard_start: u64,
     #[serde(skip)]
-    pub targets: Targets,
+    pub(crate) targets: Targets,
 }
 
 impl GroupPlan {
     /// A group of `samples` samples of `bytes` bytes in `shards` shards, placed after `prev`:
     /// its ranks, positions and shards start where those of `prev` end. No template, split or
     /// sizing text yet.
-    pub fn after(
+    pub(crate) fn after(
         prev: Option<&GroupPlan>,
         (samples, bytes): (u64, u64),
         shards: u64,
@@ -156,7 +156,7 @@ impl GroupPlan {
 
     /// Groups of (samples, shards), one after the other (bytes: one per sample).
     #[cfg(test)]
-    pub fn chain(sizes: &[(u64, u64)], equalize: Equalize) -> Vec<GroupPlan> {
+    pub(crate) fn chain(sizes: &[(u64, u64)], equalize: Equalize) -> Vec<GroupPlan> {
         let mut groups: Vec<GroupPlan> = Vec::new();
         for &(samples, shards) in sizes {
             groups.push(GroupPlan::after(
@@ -172,14 +172,14 @@ impl GroupPlan {
 
 /// `--stratify-by`: what the manifest reports.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-pub struct StratifyReport {
-    pub ext: String,
-    pub labels: u64,
+pub(crate) struct StratifyReport {
+    pub(crate) ext: String,
+    pub(crate) labels: u64,
     /// The largest |count − ideal| of any label in any shard, where the ideal is the label's
     /// share of the dataset times the shard's size.
-    pub worst_deviation: f64,
+    pub(crate) worst_deviation: f64,
     /// With `--split`: the largest |count − ideal| of any label in any split, where the ideal is
     /// the label's count times the split's share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub split_deviation: Option<f64>,
+    pub(crate) split_deviation: Option<f64>,
 }

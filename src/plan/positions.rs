@@ -10,7 +10,7 @@ use super::ShardPlan;
 
 /// Inside each split, its own permutation of the split's ranks, for this epoch (empty without
 /// `--split`).
-pub fn split_permutations(job: &OrderJob<'_>, groups: &[GroupPlan]) -> Vec<Permutation> {
+pub(crate) fn split_permutations(job: &OrderJob<'_>, groups: &[GroupPlan]) -> Vec<Permutation> {
     match job.split() {
         Some(_) => (0..groups.len())
             .map(|k| Permutation::in_split(job.seed, job.epoch, groups[k].samples, k as u16))
@@ -21,7 +21,7 @@ pub fn split_permutations(job: &OrderJob<'_>, groups: &[GroupPlan]) -> Vec<Permu
 
 /// `--split` with the plain shuffle: sample of rank `r` in split `k` goes to position
 /// π_k(r) of the split, by its own permutation.
-pub fn split_positions(
+pub(crate) fn split_positions(
     job: &OrderJob<'_>,
     split: &SplitGroups<'_>,
     groups: &[GroupPlan],
@@ -47,13 +47,13 @@ pub fn split_positions(
 }
 
 /// Stratified: each group (one, or one per split) dealt to its shards on its own.
-pub struct Deals<'a> {
+pub(crate) struct Deals<'a> {
     groups: &'a [GroupPlan],
     deals: Vec<Deal>,
 }
 
 impl<'a> Deals<'a> {
-    pub fn new(groups: &'a [GroupPlan]) -> Deals<'a> {
+    pub(crate) fn new(groups: &'a [GroupPlan]) -> Deals<'a> {
         let deals = groups
             .iter()
             .map(|g| Deal::new(g.output_samples, g.shards))
@@ -63,7 +63,7 @@ impl<'a> Deals<'a> {
 
     /// How far a label holding the ranks `a..a + n` of the sorted order (all in one group)
     /// strays from its ideal share per shard.
-    pub fn deviation(&self, a: u64, n: u64) -> f64 {
+    pub(crate) fn deviation(&self, a: u64, n: u64) -> f64 {
         let k = self.groups.partition_point(|g| g.out_start <= a) - 1;
         self.deals[k].deviation(a - self.groups[k].out_start, n)
     }
@@ -71,7 +71,7 @@ impl<'a> Deals<'a> {
     /// Deals the ranks `ranks` (of the items `owners` names) to their shards, and shuffles each
     /// shard's slots with a permutation of its own. Fills in `first`; returns the second
     /// copies' positions.
-    pub fn positions(
+    pub(crate) fn positions(
         &self,
         job: &OrderJob<'_>,
         ranks: &[u64],
@@ -116,7 +116,7 @@ impl<'a> Deals<'a> {
 /// Sorted: the sample of rank `j` in its group's order goes to the group's position `j` (or is
 /// dropped, or also written again by `--equalize pad`). Fills in `first`; returns the second
 /// copies' positions.
-pub fn rank_positions(
+pub(crate) fn rank_positions(
     job: &OrderJob<'_>,
     groups: &[GroupPlan],
     ranks: &[u64],
@@ -155,7 +155,6 @@ mod tests {
             equalize: Equalize::None,
             sizing: Sizing::Count(1),
             samples: 0,
-            sample_bytes: 0,
         }
     }
 

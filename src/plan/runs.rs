@@ -6,15 +6,15 @@
 use crate::comm::sort::Item;
 
 /// The deviation of a label holding the ranks `a..a + n` of the sorted order.
-pub type Deviation<'a> = &'a dyn Fn(u64, u64) -> f64;
+pub(crate) type Deviation<'a> = &'a dyn Fn(u64, u64) -> f64;
 
 /// A run of one label: its key, its first rank in the sorted order, its length.
-pub type Run = (Vec<u8>, u64, u64);
+pub(crate) type Run = (Vec<u8>, u64, u64);
 
 /// One rank's share of the runs: the worst deviation and the label count of the runs wholly
 /// inside its bucket, and the runs at its edges.
 #[derive(Default)]
-pub struct Runs {
+pub(crate) struct Runs {
     inner_worst: f64,
     inner_labels: u64,
     edges: Vec<Run>,
@@ -22,7 +22,7 @@ pub struct Runs {
 
 impl Runs {
     /// The runs of `bucket`, this rank's part of the sorted order starting at rank `start`.
-    pub fn of(start: u64, bucket: &[Item], deviation: Deviation<'_>) -> Runs {
+    pub(crate) fn of(start: u64, bucket: &[Item], deviation: Deviation<'_>) -> Runs {
         let mut runs = Runs::default();
         let mut k = 0;
         while k < bucket.len() {
@@ -40,13 +40,13 @@ impl Runs {
     }
 
     /// The runs at this rank's bucket edges, for [`join`].
-    pub fn edges(&self) -> &[Run] {
+    pub(crate) fn edges(&self) -> &[Run] {
         &self.edges
     }
 
     /// The labels and the worst deviation of this rank's inner runs and of `joined` (every
     /// rank's edge runs joined; rank 0 alone measures them, the other ranks pass none).
-    pub fn measure(&self, joined: &[Run], deviation: Deviation<'_>) -> (u64, f64) {
+    pub(crate) fn measure(&self, joined: &[Run], deviation: Deviation<'_>) -> (u64, f64) {
         let worst = joined
             .iter()
             .fold(self.inner_worst, |w, (_, a, n)| w.max(deviation(*a, *n)));
@@ -56,7 +56,7 @@ impl Runs {
 
 /// Every rank's edge runs, in rank order, with a run that continues on the next rank (same
 /// label, next rank in the order) made one.
-pub fn join(edges: Vec<Run>) -> Vec<Run> {
+pub(crate) fn join(edges: Vec<Run>) -> Vec<Run> {
     let mut joined: Vec<Run> = Vec::new();
     for (key, a, n) in edges {
         match joined.last_mut() {

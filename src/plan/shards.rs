@@ -22,9 +22,9 @@ pub struct ShardPlan {
 /// bytes its samples hold (an estimate is enough: it only balances the writers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardGroup {
-    pub positions: u64,
-    pub shards: u64,
-    pub bytes: u64,
+    pub(crate) positions: u64,
+    pub(crate) shards: u64,
+    pub(crate) bytes: u64,
 }
 
 impl ShardPlan {
@@ -50,7 +50,7 @@ impl ShardPlan {
     ///
     /// # Panics
     /// As [`ShardPlan::by_count`], for any group with shards, or if no group has any.
-    pub fn by_groups(groups: &[ShardGroup], ranks: usize) -> Self {
+    pub(crate) fn by_groups(groups: &[ShardGroup], ranks: usize) -> Self {
         assert!(ranks > 0);
         let mut bounds = vec![0];
         let mut cuts = Vec::new();
@@ -80,7 +80,7 @@ impl ShardPlan {
     ///
     /// # Panics
     /// If the boundaries are not strictly increasing from 0, or `ranks` is zero.
-    pub fn from_bounds(bounds: Vec<u64>, ranks: usize) -> Self {
+    pub(crate) fn from_bounds(bounds: Vec<u64>, ranks: usize) -> Self {
         assert!(ranks > 0 && bounds.len() >= 2 && bounds[0] == 0);
         assert!(
             bounds.windows(2).all(|w| w[0] < w[1]),
@@ -94,12 +94,14 @@ impl ShardPlan {
         }
     }
 
+    #[cfg(test)]
     /// Number of output positions (samples written, repeats included).
-    pub fn positions(&self) -> u64 {
+    pub(crate) fn positions(&self) -> u64 {
         *self.bounds.last().unwrap()
     }
 
-    pub fn shards(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn shards(&self) -> u64 {
         self.bounds.len() as u64 - 1
     }
 
@@ -140,7 +142,7 @@ impl ShardPlan {
 
     /// Every shard, in the order of the writers' blocks: rank 0's shards, then rank 1's, and so
     /// on. What a gather of every writer's per-shard figures, concatenated in rank order, lists.
-    pub fn writing_order(&self) -> Vec<u64> {
+    pub(crate) fn writing_order(&self) -> Vec<u64> {
         (0..self.ranks as usize)
             .flat_map(|r| self.writer_shards(r).into_iter().flatten())
             .collect()
@@ -149,7 +151,7 @@ impl ShardPlan {
     /// Per-shard values gathered from every writer in rank order ([`ShardPlan::writing_order`]),
     /// put in shard order; `width` values per shard. Empty stays empty (a gather's other ranks,
     /// or figures not asked for).
-    pub fn in_shard_order<T: Copy + Default>(&self, gathered: &[T], width: usize) -> Vec<T> {
+    pub(crate) fn in_shard_order<T: Copy + Default>(&self, gathered: &[T], width: usize) -> Vec<T> {
         if gathered.is_empty() {
             return Vec::new();
         }

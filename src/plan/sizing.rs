@@ -15,7 +15,7 @@ pub enum Equalize {
 
 impl Equalize {
     /// The flag's value, as `--equalize` takes it.
-    pub fn flag(self) -> &'static str {
+    pub(crate) fn flag(self) -> &'static str {
         match self {
             Equalize::None => "none",
             Equalize::Drop => "drop",
@@ -46,22 +46,22 @@ impl Targets {
     }
 
     /// Output positions in all: N, N − (N mod S) or S·⌈N/S⌉.
-    pub fn positions(&self) -> u64 {
+    pub(crate) fn positions(&self) -> u64 {
         self.positions
     }
 
     /// Samples left out (at the end of the permutation).
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.samples.saturating_sub(self.positions)
     }
 
     /// Samples written twice (from the start of the permutation).
-    pub fn repeated(&self) -> u64 {
+    pub(crate) fn repeated(&self) -> u64 {
         self.positions.saturating_sub(self.samples)
     }
 
     /// The output positions of the sample with permuted index `q`: none, one or two.
-    pub fn of(&self, q: u64) -> impl Iterator<Item = u64> {
+    pub(crate) fn of(&self, q: u64) -> impl Iterator<Item = u64> {
         let first = (q < self.positions).then_some(q);
         let again = (q < self.repeated()).then_some(self.samples + q);
         first.into_iter().chain(again)
@@ -84,7 +84,7 @@ impl Sizing {
     /// The flags that ask for this sizing, as a user types them (`--shards 64`,
     /// `--gpus 8 --workers 2 --shard-size 536870912`): for messages and for what `--resume`
     /// records, so that neither depends on how the type is spelled in the code.
-    pub fn flags(&self) -> String {
+    pub(crate) fn flags(&self) -> String {
         match *self {
             Sizing::Count(n) => format!("--shards {n}"),
             Sizing::Size(size) => format!("--shard-size {size}"),
@@ -100,7 +100,7 @@ impl Sizing {
     ///
     /// # Errors
     /// More shards than samples, or G×W larger than the sample count.
-    pub fn shards(&self, samples: u64, bytes: u64) -> anyhow::Result<(u64, String)> {
+    pub(crate) fn shards(&self, samples: u64, bytes: u64) -> anyhow::Result<(u64, String)> {
         use crate::size::human_bytes;
         match *self {
             Sizing::Count(n) => {

@@ -14,12 +14,12 @@ use crate::key_map::SKIPPED as KEY_MAP_SKIPPED;
 
 /// The sort items of a rank, the owner of each item, and the positions already known (dropped
 /// or skipped samples).
-pub struct SortItems {
-    pub items: Vec<Item>,
+pub(crate) struct SortItems {
+    pub(crate) items: Vec<Item>,
     /// Per item: (local sample, copy).
-    pub owners: Vec<(u32, u8)>,
+    pub(crate) owners: Vec<(u32, u8)>,
     /// Per local sample: [`SKIPPED`], `DROPPED | rank`, or to be filled in after the sort.
-    pub first: Vec<u64>,
+    pub(crate) first: Vec<u64>,
 }
 
 /// The sort items of this rank's samples. `in_split`: each split's own permutation (empty
@@ -28,7 +28,7 @@ pub struct SortItems {
 /// # Errors
 /// A sample without the member the order or stratification reads, or with content that does
 /// not parse (unless `--missing last`).
-pub fn sort_items(
+pub(crate) fn sort_items(
     job: &OrderJob<'_>,
     local: &LocalSamples<'_>,
     groups: &[GroupPlan],
@@ -158,7 +158,6 @@ mod tests {
             equalize: Equalize::None,
             sizing: Sizing::Count(1),
             samples: n as u64,
-            sample_bytes: n as u64,
         };
         let describe = |i: usize| format!("in.tar: sample {i}");
         let local = LocalSamples {

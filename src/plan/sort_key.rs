@@ -24,7 +24,7 @@ fn push_str(out: &mut Vec<u8>, bytes: &[u8]) {
 
 /// The sort key of one value: a presence byte (0; 1 marks a missing value, sorted last), then
 /// the value's encoding, inverted when `descending`.
-pub fn value_key(
+pub(crate) fn value_key(
     value: Option<&[u8]>,
     kind: ValueKind,
     descending: bool,
@@ -69,7 +69,7 @@ pub fn value_key(
 }
 
 /// A sample key as a sort key (a string, never missing).
-pub fn of_key(key: &[u8], descending: bool) -> Vec<u8> {
+pub(crate) fn of_key(key: &[u8], descending: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(key.len() + 3);
     out.push(0);
     push_str(&mut out, key);
@@ -83,7 +83,7 @@ pub fn of_key(key: &[u8], descending: bool) -> Vec<u8> {
 
 /// A stratification label as a sort key: the member's bytes (trimmed), or the stratum of
 /// samples without the member with `--missing last`.
-pub fn label_key(
+pub(crate) fn label_key(
     content: Option<&[u8]>,
     ext: &str,
     spec: &OrderSpec,

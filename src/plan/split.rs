@@ -16,15 +16,15 @@ use anyhow::{bail, Result};
 
 /// One split as `--split` names it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SplitPart {
+pub(crate) struct SplitPart {
     /// The directory name of the split inside the output (`train`, `val`, …).
-    pub name: String,
-    pub share: Share,
+    pub(crate) name: String,
+    pub(crate) share: Share,
 }
 
 /// How large a split is.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Share {
+pub(crate) enum Share {
     /// A fraction of the samples (`0.01`, or `1%`).
     Ratio(f64),
     /// An exact sample count (`5000`).
@@ -36,8 +36,8 @@ pub enum Share {
 /// `--split`: the splits in the order given. The first is the training split, which the sizing
 /// flags (`--shards`, `--shard-size`, `--gpus`) size; the others are sized by `--split-shards`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SplitSpec {
-    pub parts: Vec<SplitPart>,
+pub(crate) struct SplitSpec {
+    pub(crate) parts: Vec<SplitPart>,
 }
 
 /// Names a split may not take: they are reshard's own files in the output directory.
@@ -113,7 +113,7 @@ fn parse_share(text: &str) -> Result<Share, String> {
 
 impl SplitSpec {
     /// The `--split` value that asks for these splits (`train=0.98,val=rest`).
-    pub fn flag(&self) -> String {
+    pub(crate) fn flag(&self) -> String {
         let parts: Vec<String> = self
             .parts
             .iter()
@@ -127,7 +127,7 @@ impl SplitSpec {
     }
 
     /// The split names, in order.
-    pub fn names(&self) -> Vec<String> {
+    pub(crate) fn names(&self) -> Vec<String> {
         self.parts.iter().map(|p| p.name.clone()).collect()
     }
 
@@ -177,7 +177,7 @@ impl SplitSpec {
     /// # Errors
     /// Counts that do not add up to `n` (or leave nothing for `rest`), or a split that would get
     /// no sample.
-    pub fn counts(&self, n: u64) -> Result<Vec<u64>> {
+    pub(crate) fn counts(&self, n: u64) -> Result<Vec<u64>> {
         let given: u64 = self
             .parts
             .iter()
@@ -258,7 +258,7 @@ impl SplitSpec {
 
 /// The splits' sample counts, and the deal of split ranks to them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SplitDeal {
+pub(crate) struct SplitDeal {
     counts: Vec<u64>,
     total: u64,
 }
@@ -270,14 +270,14 @@ fn mul_div(a: u64, b: u64, c: u64) -> u64 {
 impl SplitDeal {
     /// # Panics
     /// If a count is zero.
-    pub fn new(counts: Vec<u64>) -> SplitDeal {
+    pub(crate) fn new(counts: Vec<u64>) -> SplitDeal {
         assert!(counts.iter().all(|&c| c > 0));
         let total = counts.iter().sum();
         SplitDeal { counts, total }
     }
 
     /// The split of split rank `j` (in `0..N`), and its rank inside that split.
-    pub fn of_rank(&self, mut j: u64) -> (usize, u64) {
+    pub(crate) fn of_rank(&self, mut j: u64) -> (usize, u64) {
         let mut left = self.total;
         let last = self.counts.len() - 1;
         for (k, &n) in self.counts[..last].iter().enumerate() {
@@ -292,7 +292,7 @@ impl SplitDeal {
     }
 
     /// How many of the split ranks `a..a + n` each split gets.
-    pub fn counts_in(&self, mut a: u64, mut n: u64) -> Vec<u64> {
+    pub(crate) fn counts_in(&self, mut a: u64, mut n: u64) -> Vec<u64> {
         let mut left = self.total;
         let last = self.counts.len() - 1;
         let mut out = Vec::with_capacity(self.counts.len());
@@ -309,7 +309,7 @@ impl SplitDeal {
 
     /// The worst |count − ideal| over the splits for a run of ranks `a..a + n` (a label's
     /// samples), where the ideal is `n` times the split's share.
-    pub fn deviation(&self, a: u64, n: u64) -> f64 {
+    pub(crate) fn deviation(&self, a: u64, n: u64) -> f64 {
         self.counts_in(a, n)
             .iter()
             .zip(&self.counts)

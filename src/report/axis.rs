@@ -9,16 +9,16 @@ use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
 /// A linear axis over `range` with ticks at `ticks`; `flipped` puts `range.start` at the top
 /// (or right) instead.
 #[derive(Debug, Clone)]
-pub struct Axis {
-    pub range: Range<f64>,
-    pub ticks: Vec<f64>,
-    pub flipped: bool,
+pub(crate) struct Axis {
+    pub(crate) range: Range<f64>,
+    pub(crate) ticks: Vec<f64>,
+    pub(crate) flipped: bool,
 }
 
 impl Axis {
     /// `range` with at most `max` ticks at round values (1, 2 or 5 times a power of ten apart;
     /// whole numbers when `whole`).
-    pub fn round(range: Range<f64>, max: usize, whole: bool) -> Axis {
+    pub(crate) fn round(range: Range<f64>, max: usize, whole: bool) -> Axis {
         let ticks = round_ticks(range.start, range.end, max, whole);
         Axis {
             range,
@@ -29,7 +29,7 @@ impl Axis {
 
     /// Shards `0..n`, shard `j` drawn over `j..j + 1`, ticked at the middle of round shard
     /// numbers (at most `max`): the label names the shard under it.
-    pub fn shards(n: u64, max: usize, flipped: bool) -> Axis {
+    pub(crate) fn shards(n: u64, max: usize, flipped: bool) -> Axis {
         let last = n.saturating_sub(1) as f64;
         let ticks = round_ticks(0.0, last, max, true)
             .into_iter()
@@ -43,7 +43,7 @@ impl Axis {
     }
 
     /// The distance between two ticks (1 with fewer than two).
-    pub fn tick_step(&self) -> f64 {
+    pub(crate) fn tick_step(&self) -> f64 {
         match self.ticks.as_slice() {
             [a, b, ..] => b - a,
             _ => 1.0,

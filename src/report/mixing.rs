@@ -3,22 +3,22 @@
 //! over ranks). A leaf.
 
 /// Rows (output shards) and columns (input shards) are binned to at most this many each.
-pub const MAX_BINS: usize = 64;
+pub(crate) const MAX_BINS: usize = 64;
 
 /// Samples per (output shard bin, input shard bin).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mixing {
-    pub outputs: u64,
-    pub inputs: u64,
-    pub rows: usize,
-    pub cols: usize,
+pub(crate) struct Mixing {
+    pub(crate) outputs: u64,
+    pub(crate) inputs: u64,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
     /// `rows * cols` counts, row by row.
-    pub counts: Vec<u64>,
+    pub(crate) counts: Vec<u64>,
 }
 
 impl Mixing {
     /// Empty counts for `outputs` output shards and `inputs` input shards.
-    pub fn new(outputs: u64, inputs: u64) -> Self {
+    pub(crate) fn new(outputs: u64, inputs: u64) -> Self {
         let bins = |n: u64| usize::try_from(n.clamp(1, MAX_BINS as u64)).expect("small");
         let (rows, cols) = (bins(outputs), bins(inputs));
         Mixing {
@@ -37,14 +37,14 @@ impl Mixing {
     }
 
     /// Counts one sample of input shard `input` placed in output shard `output`.
-    pub fn add(&mut self, output: u64, input: u64) {
+    pub(crate) fn add(&mut self, output: u64, input: u64) {
         let r = Self::bin(output, self.outputs, self.rows);
         let c = Self::bin(input, self.inputs, self.cols);
         self.counts[r * self.cols + c] += 1;
     }
 
     /// The same shape with `counts` (the sum over ranks of every rank's counts).
-    pub fn with_counts(&self, counts: Vec<u64>) -> Self {
+    pub(crate) fn with_counts(&self, counts: Vec<u64>) -> Self {
         assert_eq!(counts.len(), self.counts.len(), "same shape");
         Mixing {
             counts,
@@ -53,7 +53,7 @@ impl Mixing {
     }
 
     /// The shards of the output bin `r` (or input bin, with `inputs`), as a range of shard numbers.
-    pub fn shards_of(bin: usize, bins: usize, n: u64) -> std::ops::Range<u64> {
+    pub(crate) fn shards_of(bin: usize, bins: usize, n: u64) -> std::ops::Range<u64> {
         let first = |b: usize| (u128::from(n) * b as u128).div_ceil(bins as u128) as u64;
         first(bin)..first(bin + 1)
     }
@@ -67,13 +67,13 @@ impl Mixing {
     }
 
     /// Share of output bin `r`'s samples that come from input bin `c`.
-    pub fn share(&self, r: usize, c: usize) -> f64 {
+    pub(crate) fn share(&self, r: usize, c: usize) -> f64 {
         self.counts[r * self.cols + c] as f64 / self.row_sum(r).max(1) as f64
     }
 
     /// What [`Mixing::share`] is, on average, under a uniform random permutation: input bin
     /// `c`'s share of all samples, whatever the row.
-    pub fn uniform_share(&self, c: usize) -> f64 {
+    pub(crate) fn uniform_share(&self, c: usize) -> f64 {
         let total: u64 = self.counts.iter().sum();
         self.col_sum(c) as f64 / total.max(1) as f64
     }

@@ -7,15 +7,15 @@
 //! folders never import each other.
 
 mod axis;
-pub mod mixing;
-pub mod narrate;
-pub mod picture;
-pub mod plan;
-pub mod ranks;
-pub mod storage;
+pub(crate) mod mixing;
+pub(crate) mod narrate;
+pub(crate) mod picture;
+pub(crate) mod plan;
+pub(crate) mod ranks;
+pub(crate) mod storage;
 
 // Re-exported so that the phases find everything a report prints in one place.
-pub use crate::output::{GpuShare, Stats};
-pub use narrate::narrate;
-pub use plan::PlanReport;
-pub use storage::Storage;
+pub(crate) use crate::output::{GpuShare, Stats};
+pub(crate) use narrate::narrate;
+pub(crate) use plan::PlanReport;
+pub(crate) use storage::Storage;

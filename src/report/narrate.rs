@@ -3,14 +3,14 @@
 
 /// Prints `reshard: {msg}` to stderr when `lead` (rank 0); other ranks stay quiet, so each
 /// phase is announced once however many ranks run.
-pub fn narrate(lead: bool, msg: std::fmt::Arguments<'_>) {
+pub(crate) fn narrate(lead: bool, msg: std::fmt::Arguments<'_>) {
     if lead {
         crate::errln!("reshard: {msg}");
     }
 }
 
 /// `n` and the noun, plural unless `n` is 1: `1 shard`, `3 shards`, `1 input shard`.
-pub fn count(n: impl Into<u64>, noun: &str) -> String {
+pub(crate) fn count(n: impl Into<u64>, noun: &str) -> String {
     match n.into() {
         1 => format!("1 {noun}"),
         n => format!("{n} {noun}s"),

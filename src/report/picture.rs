@@ -20,7 +20,7 @@ use super::mixing::Mixing;
 use crate::storage;
 
 /// Pixels (PNG) or user units (SVG).
-pub const SIZE: (u32, u32) = (1200, 900);
+pub(crate) const SIZE: (u32, u32) = (1200, 900);
 
 /// Where Linux distributions (Debian, RHEL, Arch, SUSE) and macOS keep a sans-serif TrueType font.
 const FONTS: [&str; 7] = [
@@ -34,19 +34,19 @@ const FONTS: [&str; 7] = [
 ];
 
 /// What one picture shows.
-pub struct Picture<'a> {
-    pub title: String,
+pub(crate) struct Picture<'a> {
+    pub(crate) title: String,
     /// Per output shard.
-    pub shard_bytes: &'a [u64],
-    pub shard_samples: &'a [u64],
-    pub mixing: &'a Mixing,
+    pub(crate) shard_bytes: &'a [u64],
+    pub(crate) shard_samples: &'a [u64],
+    pub(crate) mixing: &'a Mixing,
 }
 
 /// The picture's format, from the file name's extension.
 ///
 /// # Errors
 /// Neither `.svg` nor `.png`.
-pub fn format_of(path: &Path) -> Result<&'static str> {
+pub(crate) fn format_of(path: &Path) -> Result<&'static str> {
     let ext = path
         .extension()
         .map(|e| e.to_string_lossy().to_ascii_lowercase());
@@ -81,7 +81,7 @@ fn font_ready() -> bool {
 ///
 /// # Errors
 /// An unknown extension, or the file cannot be written.
-pub fn draw(path: &Path, picture: &Picture<'_>) -> Result<Option<String>> {
+pub(crate) fn draw(path: &Path, picture: &Picture<'_>) -> Result<Option<String>> {
     let text = font_ready();
     let drawn = match format_of(path)? {
         "svg" => svg(picture, text),

@@ -16,48 +16,48 @@ use crate::throttle::Limits;
 /// The plan `reshard plan` prints: everything `run` would do, before any data moves.
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanReport {
-    pub samples: u64,
-    pub sample_bytes: u64,
-    pub input_shards: usize,
+    pub(crate) samples: u64,
+    pub(crate) sample_bytes: u64,
+    pub(crate) input_shards: usize,
     /// The input shards' own balance: bytes and samples per input shard.
-    pub input_shard_bytes: Stats,
-    pub input_shard_samples: Stats,
-    pub shards: u64,
+    pub(crate) input_shard_bytes: Stats,
+    pub(crate) input_shard_samples: Stats,
+    pub(crate) shards: u64,
     /// Why this shard count.
-    pub sizing: String,
-    pub equalize: Equalize,
-    pub balance: Balance,
+    pub(crate) sizing: String,
+    pub(crate) equalize: Equalize,
+    pub(crate) balance: Balance,
     /// Samples written (repeats included, dropped excluded).
-    pub output_samples: u64,
-    pub dropped: u64,
-    pub repeated: u64,
-    pub shard_samples: Stats,
-    pub shard_bytes: Stats,
-    pub gpus: Option<GpuShare>,
+    pub(crate) output_samples: u64,
+    pub(crate) dropped: u64,
+    pub(crate) repeated: u64,
+    pub(crate) shard_samples: Stats,
+    pub(crate) shard_bytes: Stats,
+    pub(crate) gpus: Option<GpuShare>,
     /// Inodes the output takes, and warnings for a parallel filesystem.
-    pub storage: Storage,
+    pub(crate) storage: Storage,
     /// `--order`, and what stratification achieved.
-    pub order: String,
+    pub(crate) order: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stratify: Option<StratifyReport>,
-    pub per_shard: Vec<ShardEntry>,
+    pub(crate) stratify: Option<StratifyReport>,
+    pub(crate) per_shard: Vec<ShardEntry>,
     /// With `--max-read-rate` or `--max-write-rate`: how long moving the data takes at least.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub at_limits: Option<AtLimits>,
+    pub(crate) at_limits: Option<AtLimits>,
 }
 
 /// The least time the data movement takes at the given rate limits: the bytes it reads and
 /// writes, each divided by its limit (the slower decides). Compute and waits are extra.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct AtLimits {
-    pub limits: Limits,
-    pub read_bytes: u64,
-    pub write_bytes: u64,
-    pub seconds: f64,
+pub(crate) struct AtLimits {
+    pub(crate) limits: Limits,
+    pub(crate) read_bytes: u64,
+    pub(crate) write_bytes: u64,
+    pub(crate) seconds: f64,
 }
 
 impl AtLimits {
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let rate = |r: Option<u64>| r.map_or("none".to_string(), |r| human_bytes(r) + "/s");
         format!(
             "  at the rate limits (read {}, write {}): the data movement takes at least {:.1} s ({} read, {} written)\n",

@@ -6,18 +6,18 @@ use serde::Serialize;
 /// Minimum, median and maximum of one figure over the ranks, and which ranks hold the extremes
 /// (the lowest rank on a tie).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Spread {
-    pub min: u64,
-    pub median: u64,
-    pub max: u64,
-    pub min_rank: usize,
-    pub max_rank: usize,
+pub(crate) struct Spread {
+    pub(crate) min: u64,
+    pub(crate) median: u64,
+    pub(crate) max: u64,
+    pub(crate) min_rank: usize,
+    pub(crate) max_rank: usize,
 }
 
 impl Spread {
     /// The spread of `values`, indexed by rank. The median of an even count is the lower of the
     /// two middle values: a value some rank really has.
-    pub fn of(values: &[u64]) -> Self {
+    pub(crate) fn of(values: &[u64]) -> Self {
         if values.is_empty() {
             return Spread::default();
         }
@@ -43,7 +43,7 @@ impl Spread {
     }
 
     /// `min / median / max` with each value shown by `show`, padded to a column.
-    pub fn render(&self, show: impl Fn(u64) -> String) -> String {
+    pub(crate) fn render(&self, show: impl Fn(u64) -> String) -> String {
         format!(
             "{:>10} {:>10} {:>10}",
             show(self.min),
@@ -54,7 +54,7 @@ impl Spread {
 }
 
 /// Seconds from nanoseconds, as a summary shows them.
-pub fn seconds(nanos: u64) -> String {
+pub(crate) fn seconds(nanos: u64) -> String {
     format!("{:.2} s", nanos as f64 / 1e9)
 }
 

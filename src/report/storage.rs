@@ -13,39 +13,43 @@ use crate::size::human_bytes;
 const GOOD_SHARD: u64 = 512 << 20;
 
 /// Below this mean shard size, with [`MANY_SHARDS`] or more shards, the shards count as tiny.
-pub const TINY_SHARD: u64 = 64 << 20;
+pub(crate) const TINY_SHARD: u64 = 64 << 20;
 /// A few tiny shards cost nothing: the warning starts at this many.
-pub const MANY_SHARDS: u64 = 16;
+pub(crate) const MANY_SHARDS: u64 = 16;
 /// Above this, a shard counts as huge.
-pub const HUGE_SHARD: u64 = 4 << 30;
+pub(crate) const HUGE_SHARD: u64 = 4 << 30;
 /// Above this many inodes, the output weighs on a project's inode quota.
-pub const MANY_INODES: u64 = 100_000;
+pub(crate) const MANY_INODES: u64 = 100_000;
 
 /// The inodes an output takes, the space it needs, and what to change about its shards.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Storage {
+pub(crate) struct Storage {
     /// Files and directories the output creates.
-    pub inodes: u64,
+    pub(crate) inodes: u64,
     /// Bytes of the output's shards.
-    pub output_bytes: u64,
+    pub(crate) output_bytes: u64,
     /// The free space of the output's file system (statvfs), where there is an output.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub free: Option<FreeSpace>,
-    pub warnings: Vec<String>,
+    pub(crate) free: Option<FreeSpace>,
+    pub(crate) warnings: Vec<String>,
 }
 
 /// The free space of the file system an output goes to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FreeSpace {
+pub(crate) struct FreeSpace {
     /// The directory examined: the output's nearest existing ancestor.
-    pub path: String,
-    pub bytes: u64,
+    pub(crate) path: String,
+    pub(crate) bytes: u64,
 }
 
 impl Storage {
     /// For `shards` output shards of `mean` and at most `max` bytes each, `total` in all, sized
     /// by `sizing` (the advice names the flags that would change the outcome).
-    pub fn assess(shards: u64, (mean, max, total): (u64, u64, u64), sizing: &Sizing) -> Self {
+    pub(crate) fn assess(
+        shards: u64,
+        (mean, max, total): (u64, u64, u64),
+        sizing: &Sizing,
+    ) -> Self {
         let mut warnings = Vec::new();
         let inodes = inodes(shards);
         if shards >= MANY_SHARDS && mean < TINY_SHARD {
@@ -81,7 +85,7 @@ impl Storage {
 
     /// Adds the free space of the output's file system, and a warning where the output does
     /// not fit (a run would refuse to start).
-    pub fn with_free_space(mut self, free: Option<FreeSpace>) -> Self {
+    pub(crate) fn with_free_space(mut self, free: Option<FreeSpace>) -> Self {
         if let Some(f) = free.as_ref().filter(|f| f.bytes < self.output_bytes) {
             self.warnings.push(format!(
                 "the output needs {} but the file system of {} has {} free: `run` would refuse \
@@ -96,7 +100,7 @@ impl Storage {
     }
 
     /// An `inodes:` line, then a `warning:` line for each warning.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut s = format!(
             "  inodes: {} (shards, their saved indexes, index.json, 2 directories)\n",
             self.inodes
@@ -146,7 +150,7 @@ fn tiny_advice(total: u64, sizing: &Sizing) -> String {
 
 /// Inodes of an output of `shards` shards: the directory, the shards, `index.json`, and
 /// `.reshard/` with one saved index per shard.
-pub fn inodes(shards: u64) -> u64 {
+pub(crate) fn inodes(shards: u64) -> u64 {
     2 * shards + 3
 }
 

@@ -15,15 +15,15 @@ use std::path::{Path, PathBuf};
 
 /// What a profile gives.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Profile {
-    pub name: String,
-    pub access_key_id: Option<String>,
-    pub secret_access_key: Option<String>,
-    pub session_token: Option<String>,
-    pub region: Option<String>,
-    pub endpoint_url: Option<String>,
+pub(crate) struct Profile {
+    pub(crate) name: String,
+    pub(crate) access_key_id: Option<String>,
+    pub(crate) secret_access_key: Option<String>,
+    pub(crate) session_token: Option<String>,
+    pub(crate) region: Option<String>,
+    pub(crate) endpoint_url: Option<String>,
     /// A key that names another way to get credentials (`role_arn`, `sso_session`, …).
-    pub other_source: Option<String>,
+    pub(crate) other_source: Option<String>,
 }
 
 /// Keys that get credentials in a way reshard does not follow.
@@ -41,7 +41,7 @@ const OTHER_SOURCES: [&str; 6] = [
 ///
 /// # Errors
 /// A profile named by `AWS_PROFILE` is in neither file, or a file cannot be read.
-pub fn selected() -> io::Result<Option<Profile>> {
+pub(crate) fn selected() -> io::Result<Option<Profile>> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let named = var("AWS_PROFILE").or_else(|| var("AWS_DEFAULT_PROFILE"));
     let name = named.clone().unwrap_or_else(|| "default".to_string());
@@ -113,7 +113,7 @@ impl Profile {
 
 /// The profile `name` of one shared file (INI: `[section]`, `key = value`, `#` and `;`
 /// comments); in a config file its section is `[profile NAME]`, or `[default]`.
-pub fn parse(text: &str, name: &str, is_config: bool) -> Option<Profile> {
+pub(crate) fn parse(text: &str, name: &str, is_config: bool) -> Option<Profile> {
     let wanted = |section: &str| {
         let section = section.trim();
         if is_config && name != "default" {

@@ -15,7 +15,7 @@ use super::{
 };
 
 /// The objects of this process, by location.
-pub struct Memory;
+pub(crate) struct Memory;
 
 /// One object: its bytes and its identity (a new object, a new inode).
 #[derive(Clone)]
@@ -47,7 +47,7 @@ fn not_found(path: &Path) -> io::Error {
 }
 
 /// Puts an object with `bytes` at `path` (replacing what was there).
-pub fn put(path: &Path, bytes: Vec<u8>) {
+pub(crate) fn put(path: &Path, bytes: Vec<u8>) {
     let object = Object {
         bytes: Arc::new(RwLock::new(bytes)),
         ino: NEXT_INO.fetch_add(1, Ordering::Relaxed),
@@ -57,12 +57,12 @@ pub fn put(path: &Path, bytes: Vec<u8>) {
 
 /// Gives the part of the store under `prefix` a size: [`Sink::free_space`] of a path under it
 /// then says what the objects under `prefix` leave of it (each test its own prefix).
-pub fn set_capacity(prefix: &Path, bytes: u64) {
+pub(crate) fn set_capacity(prefix: &Path, bytes: u64) {
     with(|s| s.capacity.insert(prefix.to_path_buf(), bytes));
 }
 
 /// The bytes of the object at `path`.
-pub fn get(path: &Path) -> Option<Vec<u8>> {
+pub(crate) fn get(path: &Path) -> Option<Vec<u8>> {
     with(|s| s.objects.get(path).map(|o| o.bytes.read().unwrap().clone()))
 }
 

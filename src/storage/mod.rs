@@ -5,8 +5,9 @@
 //! implementing them plus its registration in [`source`] and [`sink`].
 //!
 //! A location is a path as the user wrote it; its scheme picks the backend. Today that is
-//! [`posix`] for every plain path, [`s3`] for `s3://bucket/key`, and in unit tests [`memory`]
-//! for `mem://…`. A backend that
+//! [`posix`] for every plain path, the object stores of [`OBJECT_STORES`] (`s3://bucket/key`,
+//! `gs://bucket/key`, `az://container/key`, all served by the shared code in [`s3`]), and in
+//! unit tests [`memory`] for `mem://…`. A backend that
 //! lacks something POSIX has (object storage has no rename and no write at an offset) says so in
 //! its [`Capabilities`]; the caller asks before it relies on it.
 
@@ -16,20 +17,25 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use crate::sys::FileStamp;
+pub(crate) use crate::sys::FileStamp;
 
-pub mod aws_profile;
+pub(crate) mod aws_profile;
+pub(crate) mod azure;
+pub(crate) mod gcs;
 #[cfg(test)]
-pub mod memory;
-pub mod paced;
-pub mod posix;
-pub mod s3;
+pub(crate) mod memory;
+pub(crate) mod paced;
+pub(crate) mod posix;
+pub(crate) mod s3;
+mod schemes;
 
 use paced::Paced;
+pub(crate) use schemes::{is_object_store, object_scheme, OBJECT_STORES};
+use schemes::{object_store, PACED_OBJECT_STORES};
 
 /// What a location is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     File,
     Dir,
     /// A symbolic link, seen without following it ([`Source::stat_link`], listings).
@@ -40,21 +46,21 @@ pub enum Kind {
 
 /// What a stat of a location tells: its kind and its stamp (size, times, identity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stat {
-    pub kind: Kind,
-    pub stamp: FileStamp,
+pub(crate) struct Stat {
+    pub(crate) kind: Kind,
+    pub(crate) stamp: FileStamp,
 }
 
 /// One entry of a listing: its name inside the listed directory (or prefix) and its kind, as the
 /// listing tells it without following symbolic links.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    pub name: OsString,
-    pub kind: Kind,
+pub(crate) struct Entry {
+    pub(crate) name: OsString,
+    pub(crate) kind: Kind,
 }
 
 /// Where shards (and small metadata files next to them) are read from.
-pub trait Source: Send + Sync {
+pub(crate) trait Source: Send + Sync {
     /// The kind and stamp of `path`, following symbolic links.
     ///
     /// # Errors
@@ -106,10 +112,10 @@ pub trait Source: Send + Sync {
 }
 
 /// An input shard opened by a [`Source`]: shared by the threads that read it.
-pub type OpenInput = Arc<dyn Input>;
+pub(crate) type OpenInput = Arc<dyn Input>;
 
 /// An open input: read at any offset without a cursor, so threads may share it.
-pub trait Input: Send + Sync {
+pub(crate) trait Input: Send + Sync {
     /// Reads up to `buf.len()` bytes at `offset`: the count read, 0 at the end.
     ///
     /// # Errors
@@ -136,7 +142,7 @@ pub trait Input: Send + Sync {
 ///
 /// # Errors
 /// A read fails.
-pub fn read_up_to_at(input: &dyn Input, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+pub(crate) fn read_up_to_at(input: &dyn Input, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match input.read_at(&mut buf[n..], offset + n as u64) {
@@ -152,14 +158,14 @@ pub fn read_up_to_at(input: &dyn Input, buf: &mut [u8], offset: u64) -> io::Resu
 /// A sequential, seekable stream over an [`Input`]: its own position, so several streams of one
 /// open shard never move each other (a `dup`ed descriptor would share its offset).
 #[derive(Clone)]
-pub struct Sequential {
+pub(crate) struct Sequential {
     input: OpenInput,
     pos: u64,
 }
 
 impl Sequential {
     /// A stream of `input` from its first byte.
-    pub fn new(input: OpenInput) -> Self {
+    pub(crate) fn new(input: OpenInput) -> Self {
         Sequential { input, pos: 0 }
     }
 }
@@ -192,18 +198,18 @@ impl Seek for Sequential {
 
 /// What a [`Sink`] can do beyond creating, writing whole objects and removing them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
+pub(crate) struct Capabilities {
     /// [`Output::write_at`] at any offset, in any order (POSIX); without it an output is written
     /// front to back once ([`Sink::create_stream`]).
-    pub positioned_writes: bool,
+    pub(crate) positioned_writes: bool,
     /// [`Sink::rename_noreplace`] and [`Sink::swap`] are atomic renames; without them the manifest
     /// written last is what "published" means.
-    pub rename: bool,
+    pub(crate) rename: bool,
 }
 
 /// Where outputs go: the staging area, its shards and metadata, and their publishing. What is
 /// there is examined and read back through the [`Source`] of the same location.
-pub trait Sink: Send + Sync {
+pub(crate) trait Sink: Send + Sync {
     /// What this backend can do; callers ask before relying on renames or positioned writes.
     fn capabilities(&self) -> Capabilities;
 
@@ -350,7 +356,7 @@ pub trait Sink: Send + Sync {
 }
 
 /// An output object open for positioned writes.
-pub trait Output: Send + Sync {
+pub(crate) trait Output: Send + Sync {
     /// Writes all of `data` at `offset`.
     ///
     /// # Errors
@@ -394,7 +400,7 @@ pub trait Output: Send + Sync {
 }
 
 /// An output written front to back ([`Sink::create_stream`]).
-pub trait Writer: Write + Send {
+pub(crate) trait Writer: Write + Send {
     /// Makes everything written durable and ends the object: its size.
     ///
     /// # Errors
@@ -412,20 +418,15 @@ fn scheme(path: &Path) -> Option<&str> {
     (first && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())).then_some(scheme)
 }
 
-/// Whether `path` names object storage (`s3://…`).
-pub fn is_object_store(path: &Path) -> bool {
-    scheme(path) == Some(s3::SCHEME)
-}
-
 /// The backend that holds `path`: its scheme picks it; a plain path is POSIX. While the run has
 /// a rate limit, the backend wrapped in [`Paced`].
-pub fn source(path: &Path) -> &'static dyn Source {
+pub(crate) fn source(path: &Path) -> &'static dyn Source {
     paced_while_limited(sources(path))
 }
 
 /// The backend that `path` is written to: its scheme picks it; a plain path is POSIX. While the
 /// run has a rate limit, the backend wrapped in [`Paced`].
-pub fn sink(path: &Path) -> &'static dyn Sink {
+pub(crate) fn sink(path: &Path) -> &'static dyn Sink {
     paced_while_limited(sinks(path))
 }
 
@@ -440,21 +441,25 @@ fn paced_while_limited<T: ?Sized>((backend, paced): (&'static T, &'static T)) ->
 
 /// The backend that holds `path`, as it is and wrapped in [`Paced`].
 fn sources(path: &Path) -> (&'static dyn Source, &'static dyn Source) {
-    match scheme(path) {
-        #[cfg(test)]
-        Some("mem") => (&memory::Memory, &Paced(&memory::Memory)),
-        Some(s3::SCHEME) => (&s3::S3, &Paced(&s3::S3)),
-        _ => (&posix::Posix, &Paced(&posix::Posix)),
+    #[cfg(test)]
+    if scheme(path) == Some("mem") {
+        return (&memory::Memory, &Paced(&memory::Memory));
+    }
+    match object_store(path) {
+        Some(i) => (&OBJECT_STORES[i], &PACED_OBJECT_STORES[i]),
+        None => (&posix::Posix, &Paced(&posix::Posix)),
     }
 }
 
 /// The backend that `path` is written to, as it is and wrapped in [`Paced`].
 fn sinks(path: &Path) -> (&'static dyn Sink, &'static dyn Sink) {
-    match scheme(path) {
-        #[cfg(test)]
-        Some("mem") => (&memory::Memory, &Paced(&memory::Memory)),
-        Some(s3::SCHEME) => (&s3::S3, &Paced(&s3::S3)),
-        _ => (&posix::Posix, &Paced(&posix::Posix)),
+    #[cfg(test)]
+    if scheme(path) == Some("mem") {
+        return (&memory::Memory, &Paced(&memory::Memory));
+    }
+    match object_store(path) {
+        Some(i) => (&OBJECT_STORES[i], &PACED_OBJECT_STORES[i]),
+        None => (&posix::Posix, &Paced(&posix::Posix)),
     }
 }
 
@@ -462,7 +467,7 @@ fn sinks(path: &Path) -> (&'static dyn Sink, &'static dyn Sink) {
 ///
 /// # Errors
 /// It cannot be opened.
-pub fn open(path: &Path) -> io::Result<OpenInput> {
+pub(crate) fn open(path: &Path) -> io::Result<OpenInput> {
     source(path).open(path)
 }
 
@@ -470,7 +475,7 @@ pub fn open(path: &Path) -> io::Result<OpenInput> {
 ///
 /// # Errors
 /// It cannot be examined.
-pub fn stamp(path: &Path) -> io::Result<FileStamp> {
+pub(crate) fn stamp(path: &Path) -> io::Result<FileStamp> {
     source(path).stat(path).map(|s| s.stamp)
 }
 
@@ -480,7 +485,7 @@ pub fn stamp(path: &Path) -> io::Result<FileStamp> {
 ///
 /// # Errors
 /// It cannot be created or written.
-pub fn write_unsynced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_unsynced(path: &Path, bytes: &[u8]) -> io::Result<()> {
     // A small file (a heartbeat among them): counted against the write limit but never waiting
     // for it, as [`Paced`]'s other small objects.
     crate::throttle::charge(0, bytes.len() as u64);
@@ -489,7 +494,7 @@ pub fn write_unsynced(path: &Path, bytes: &[u8]) -> io::Result<()> {
 
 /// The modification time of `stamp` in nanoseconds since the epoch, 0 before it (how plan
 /// records and saved indexes note a file's version).
-pub fn mtime_ns(stamp: &FileStamp) -> u128 {
+pub(crate) fn mtime_ns(stamp: &FileStamp) -> u128 {
     u128::try_from(stamp.mtime_ns).unwrap_or(0)
 }
 

@@ -23,7 +23,7 @@ use super::{Capabilities, Entry, FileStamp, Input, OpenInput, Output, Sink, Sour
 use crate::throttle;
 
 /// A backend whose transfers keep to the run's rate limits.
-pub struct Paced<B: ?Sized + 'static>(pub &'static B);
+pub(crate) struct Paced<B: ?Sized + 'static>(pub(crate) &'static B);
 
 impl<B: Source + ?Sized> Source for Paced<B> {
     fn stat(&self, path: &Path) -> io::Result<Stat> {

@@ -14,7 +14,7 @@ use super::{
 use crate::sys;
 
 /// Files and directories of the operating system.
-pub struct Posix;
+pub(crate) struct Posix;
 
 fn kind(t: fs::FileType) -> Kind {
     if t.is_symlink() {

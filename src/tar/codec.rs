@@ -12,7 +12,7 @@ use crate::storage::{self, OpenInput, Sequential};
 
 /// How a shard's bytes are stored, told by its first bytes (never by its name).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Codec {
+pub(crate) enum Codec {
     /// A plain tar: samples are byte ranges of the file itself.
     #[default]
     Plain,
@@ -24,7 +24,7 @@ pub enum Codec {
 
 impl Codec {
     /// The codec whose magic bytes start `head`.
-    pub fn from_magic(head: &[u8]) -> Codec {
+    pub(crate) fn from_magic(head: &[u8]) -> Codec {
         match head {
             [0x1f, 0x8b, ..] => Codec::Gzip,
             [0x28, 0xb5, 0x2f, 0xfd, ..] => Codec::Zstd,
@@ -36,7 +36,7 @@ impl Codec {
     ///
     /// # Errors
     /// The shard cannot be read.
-    pub fn sniff(shard: &OpenInput, path: &Path) -> Result<Codec> {
+    pub(crate) fn sniff(shard: &OpenInput, path: &Path) -> Result<Codec> {
         let mut head = [0u8; 4];
         let n = storage::read_up_to_at(shard.as_ref(), &mut head, 0)
             .with_context(|| format!("{}: cannot read", path.display()))?;
@@ -47,7 +47,7 @@ impl Codec {
     ///
     /// # Errors
     /// The decoder cannot start (zstd's context allocation).
-    pub fn decoder(self, shard: OpenInput) -> io::Result<Box<dyn Read + Send>> {
+    pub(crate) fn decoder(self, shard: OpenInput) -> io::Result<Box<dyn Read + Send>> {
         let buffered = BufReader::with_capacity(1 << 20, Sequential::new(shard));
         Ok(match self {
             Codec::Plain => Box::new(buffered),
@@ -58,7 +58,7 @@ impl Codec {
 }
 
 /// A shard opened by [`open`] for reading its tar stream from the start.
-pub enum Opened {
+pub(crate) enum Opened {
     /// A plain tar: the shard itself, for positioned reads; offsets are file offsets.
     Plain(OpenInput),
     /// A compressed tar: its decompressed stream (buffered); offsets are those of this stream.
@@ -69,7 +69,7 @@ pub enum Opened {
 ///
 /// # Errors
 /// The shard cannot be opened or read (the message names it).
-pub fn open_file(path: &Path) -> Result<(Codec, OpenInput)> {
+pub(crate) fn open_file(path: &Path) -> Result<(Codec, OpenInput)> {
     let shard = storage::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     let codec = Codec::sniff(&shard, path)?;
     Ok((codec, shard))
@@ -80,7 +80,11 @@ pub fn open_file(path: &Path) -> Result<(Codec, OpenInput)> {
 ///
 /// # Errors
 /// The decoder cannot start (the message names the file).
-pub fn decompress(codec: Codec, shard: OpenInput, path: &Path) -> Result<Box<dyn Read + Send>> {
+pub(crate) fn decompress(
+    codec: Codec,
+    shard: OpenInput,
+    path: &Path,
+) -> Result<Box<dyn Read + Send>> {
     codec
         .decoder(shard)
         .with_context(|| format!("{}: cannot start decompressing", path.display()))
@@ -92,7 +96,7 @@ pub fn decompress(codec: Codec, shard: OpenInput, path: &Path) -> Result<Box<dyn
 ///
 /// # Errors
 /// As [`open_file`] and [`decompress`].
-pub fn open(path: &Path) -> Result<Opened> {
+pub(crate) fn open(path: &Path) -> Result<Opened> {
     let (codec, file) = open_file(path)?;
     if codec == Codec::Plain {
         return Ok(Opened::Plain(file));
@@ -102,7 +106,7 @@ pub fn open(path: &Path) -> Result<Opened> {
 
 /// How messages name the tar stream of the shard at `path`: its path, and for a compressed shard
 /// a note that byte offsets are those of the decompressed stream.
-pub fn stream_name(path: &Path, codec: Codec) -> String {
+pub(crate) fn stream_name(path: &Path, codec: Codec) -> String {
     if codec == Codec::Plain {
         return path.display().to_string();
     }

@@ -37,7 +37,7 @@ pub struct Skipped {
 
 impl Skipped {
     /// The counts as an array, in field order, for summing across ranks.
-    pub fn to_array(self) -> [u64; 4] {
+    pub(crate) fn to_array(self) -> [u64; 4] {
         [
             self.directories,
             self.keyless_files,
@@ -47,7 +47,7 @@ impl Skipped {
     }
 
     /// Inverse of [`Skipped::to_array`].
-    pub fn from_array(a: [u64; 4]) -> Self {
+    pub(crate) fn from_array(a: [u64; 4]) -> Self {
         Skipped {
             directories: a[0],
             keyless_files: a[1],
@@ -57,7 +57,7 @@ impl Skipped {
     }
 
     /// Total number of skipped entries.
-    pub fn total(self) -> u64 {
+    pub(crate) fn total(self) -> u64 {
         self.to_array().iter().sum()
     }
 }
@@ -77,7 +77,7 @@ pub enum OnIncomplete {
 
 impl OnIncomplete {
     /// The flag's value, as `--on-incomplete` takes it.
-    pub fn flag(self) -> &'static str {
+    pub(crate) fn flag(self) -> &'static str {
         match self {
             OnIncomplete::Abort => "abort",
             OnIncomplete::Warn => "warn",
@@ -106,7 +106,7 @@ pub enum OnDuplicate {
 
 impl OnDuplicate {
     /// The flag's value, as `--on-duplicate` takes it; `unique` is what `--energon` asks for.
-    pub fn flag(self) -> &'static str {
+    pub(crate) fn flag(self) -> &'static str {
         match self {
             OnDuplicate::Abort => "abort",
             OnDuplicate::Warn => "warn",
@@ -123,7 +123,7 @@ impl OnDuplicate {
     ///
     /// # Errors
     /// [`OnDuplicate::Abort`]: `what`, with the flags that would accept it.
-    pub fn apply(self, what: &str, warnings: &mut Warnings) -> Result<()> {
+    pub(crate) fn apply(self, what: &str, warnings: &mut Warnings) -> Result<()> {
         match self {
             OnDuplicate::Abort => bail!("{what} (--on-duplicate abort; warn or keep accept it)"),
             OnDuplicate::Warn => warnings.warn(what),
@@ -145,10 +145,10 @@ pub struct Warnings {
 
 impl Warnings {
     /// How many warnings are printed.
-    pub const SHOWN: u64 = 5;
+    pub(crate) const SHOWN: u64 = 5;
 
     /// Counts a warning, and prints it to stderr while fewer than [`Warnings::SHOWN`] were.
-    pub fn warn(&mut self, what: &str) {
+    pub(crate) fn warn(&mut self, what: &str) {
         if self.count_one() {
             crate::errln!("reshard: warning: {what}");
         }
@@ -165,26 +165,26 @@ impl Warnings {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rules {
     /// Extensions every sample must have (`--require-ext jpg,cls`).
-    pub require_ext: Vec<String>,
-    pub on_incomplete: OnIncomplete,
-    pub on_duplicate: OnDuplicate,
+    pub(crate) require_ext: Vec<String>,
+    pub(crate) on_incomplete: OnIncomplete,
+    pub(crate) on_duplicate: OnDuplicate,
     /// Keep every sample's key ([`ShardIndex::keys`]): for ordering or routing by key.
-    pub keep_keys: bool,
+    pub(crate) keep_keys: bool,
     /// Read the content of each sample's member with this extension, refusing members larger
     /// than the limit ([`ShardIndex::contents`]): labels for ordering and stratifying.
-    pub read_member: Option<(String, u64)>,
+    pub(crate) read_member: Option<(String, u64)>,
     /// Member names must read the same to these loaders (`--energon`, `--dali-index`).
-    pub loader_names: LoaderNames,
+    pub(crate) loader_names: LoaderNames,
     /// Read past zero blocks (`--ignore-zeros`): concatenated archives, lone zero blocks.
     /// Without it, data after the first zero block is an error.
-    pub ignore_zeros: bool,
+    pub(crate) ignore_zeros: bool,
 }
 
 impl Rules {
     /// The flags that set these rules, as a user types them (`--require-ext jpg,cls
     /// --on-incomplete abort --on-duplicate abort`), and the loader indexes whose name checks
     /// apply: for what `--resume` records.
-    pub fn flags(&self) -> String {
+    pub(crate) fn flags(&self) -> String {
         let mut s = String::new();
         if !self.require_ext.is_empty() {
             s += &format!("--require-ext {} ", self.require_ext.join(","));
@@ -204,7 +204,7 @@ impl Rules {
     }
 
     /// Whether duplicate keys are looked for (and so key hashes kept).
-    pub fn checks_duplicates(&self) -> bool {
+    pub(crate) fn checks_duplicates(&self) -> bool {
         self.on_duplicate != OnDuplicate::Keep
     }
 }
@@ -213,19 +213,19 @@ impl Rules {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hygiene {
     /// Samples missing a required extension (kept with --on-incomplete warn).
-    pub incomplete: u64,
+    pub(crate) incomplete: u64,
     /// Samples left out by --on-incomplete exclude.
-    pub excluded: u64,
+    pub(crate) excluded: u64,
     /// Repeated extensions, non-adjacent members and keys in two samples (kept with warn/keep).
-    pub duplicates: u64,
+    pub(crate) duplicates: u64,
 }
 
 impl Hygiene {
-    pub fn to_array(self) -> [u64; 3] {
+    pub(crate) fn to_array(self) -> [u64; 3] {
         [self.incomplete, self.excluded, self.duplicates]
     }
 
-    pub fn from_array(a: [u64; 3]) -> Self {
+    pub(crate) fn from_array(a: [u64; 3]) -> Self {
         Hygiene {
             incomplete: a[0],
             excluded: a[1],
@@ -241,19 +241,19 @@ pub struct ShardIndex {
     pub skipped: Skipped,
     /// The keys of the first and last samples (to catch a sample split across two shards);
     /// `None` when unknown (an index saved without keys) or when the shard has no samples.
-    pub edge_keys: Option<(String, String)>,
-    pub hygiene: Hygiene,
+    pub(crate) edge_keys: Option<(String, String)>,
+    pub(crate) hygiene: Hygiene,
     /// A 64-bit hash of each sample's key (only when duplicate keys are looked for across
     /// shards), for [`key_hash`] comparisons; equal hashes are confirmed by reading the keys.
-    pub key_hashes: Vec<u64>,
+    pub(crate) key_hashes: Vec<u64>,
     /// Each sample's key, when [`Rules::keep_keys`].
-    pub keys: Vec<Vec<u8>>,
+    pub(crate) keys: Vec<Vec<u8>>,
     /// Each sample's [`Rules::read_member`] content (`None`: no such member), when asked for.
-    pub contents: Vec<Option<Vec<u8>>>,
+    pub(crate) contents: Vec<Option<Vec<u8>>>,
     /// Runs of zero blocks read past inside the shard ([`Rules::ignore_zeros`]).
-    pub zero_runs: u64,
+    pub(crate) zero_runs: u64,
     /// Read from a saved index, not from the shard: its bytes were not read.
-    pub saved: bool,
+    pub(crate) saved: bool,
 }
 
 enum Kind<'a> {
@@ -313,7 +313,7 @@ pub struct Grouper<'r> {
 }
 
 impl<'r> Grouper<'r> {
-    pub fn new(rules: &'r Rules) -> Self {
+    pub(crate) fn new(rules: &'r Rules) -> Self {
         Grouper {
             rules,
             index: ShardIndex::default(),
@@ -333,7 +333,7 @@ impl<'r> Grouper<'r> {
     /// A member that would split a sample (after a skipped entry that closed it), a link inside
     /// a sample, or a hygiene violation the rules say to abort on. Messages start with the byte
     /// offset; the caller adds the file.
-    pub fn push(&mut self, member: &Member, content: Option<Vec<u8>>) -> Result<()> {
+    pub(crate) fn push(&mut self, member: &Member, content: Option<Vec<u8>>) -> Result<()> {
         match classify(member) {
             Kind::Member(key) => self.push_keyed(member, key, content),
             kind => self.push_skipped(member, kind),
@@ -508,7 +508,7 @@ impl<'r> Grouper<'r> {
     ///
     /// # Errors
     /// The last sample violates a rule the rules say to abort on.
-    pub fn finish(mut self) -> Result<ShardIndex> {
+    pub(crate) fn finish(mut self) -> Result<ShardIndex> {
         self.close()?;
         Ok(self.index)
     }

@@ -32,7 +32,7 @@ pub fn index_file(path: &Path) -> Result<ShardIndex> {
 ///
 /// # Errors
 /// As [`index_file`], plus the violations the rules say to abort on.
-pub fn index_file_with(path: &Path, rules: &Rules) -> Result<ShardIndex> {
+pub(crate) fn index_file_with(path: &Path, rules: &Rules) -> Result<ShardIndex> {
     let shard = match codec::open(path)? {
         Opened::Plain(shard) => shard,
         Opened::Decompressed(codec, stream) => {
@@ -60,7 +60,7 @@ pub fn index_file_with(path: &Path, rules: &Rules) -> Result<ShardIndex> {
 ///
 /// # Errors
 /// The file cannot be read there, or holds no keyed member there.
-pub fn key_at(path: &Path, start: u64, len: u64) -> Result<String> {
+pub(crate) fn key_at(path: &Path, start: u64, len: u64) -> Result<String> {
     Ok(keys_at(path, &[(start, len)])?.remove(0))
 }
 
@@ -69,7 +69,7 @@ pub fn key_at(path: &Path, start: u64, len: u64) -> Result<String> {
 ///
 /// # Errors
 /// As [`key_at`], for the first sample that fails; `samples` out of order.
-pub fn keys_at(path: &Path, samples: &[(u64, u64)]) -> Result<Vec<String>> {
+pub(crate) fn keys_at(path: &Path, samples: &[(u64, u64)]) -> Result<Vec<String>> {
     // A plain shard seeks to each sample; a compressed one is one forward stream.
     let (mut plain, mut stream) = match codec::open(path)? {
         Opened::Plain(shard) => (Some(Sequential::new(shard)), None),
@@ -166,7 +166,7 @@ pub fn index_reader<R: Read + Seek>(reader: R, file_len: u64) -> Result<ShardInd
 ///
 /// # Errors
 /// See [`index_file_with`].
-pub fn index_reader_with<R: Read + Seek>(
+pub(crate) fn index_reader_with<R: Read + Seek>(
     reader: R,
     file_len: u64,
     rules: &Rules,

@@ -6,7 +6,7 @@ use regex::Regex;
 
 /// The key of a member path: everything up to the first `.` of the last path component, or
 /// `None` when the last component has no `.` or starts with one (webdataset skips those).
-pub fn sample_key(path: &[u8]) -> Option<&[u8]> {
+pub(crate) fn sample_key(path: &[u8]) -> Option<&[u8]> {
     let base_start = path.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
     let dot = path[base_start..].iter().position(|&b| b == b'.')?;
     if dot == 0 {
@@ -16,7 +16,7 @@ pub fn sample_key(path: &[u8]) -> Option<&[u8]> {
 }
 
 /// The extension of a member path: what follows the first `.` of its last component.
-pub fn extension(path: &[u8]) -> &[u8] {
+pub(crate) fn extension(path: &[u8]) -> &[u8] {
     let base_start = path.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
     let base = &path[base_start..];
     base.iter()
@@ -27,15 +27,15 @@ pub fn extension(path: &[u8]) -> &[u8] {
 /// Which data loaders must read the member names as reshard does (`--energon`,
 /// `--dali-index`): their indexes are written from reshard's keys and extensions.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LoaderNames {
-    pub energon: bool,
-    pub dali: bool,
+pub(crate) struct LoaderNames {
+    pub(crate) energon: bool,
+    pub(crate) dali: bool,
 }
 
 impl LoaderNames {
     /// What makes the member `path` (whose key is `key`) unusable for these loaders, if
     /// anything.
-    pub fn problem(self, path: &[u8], key: &[u8]) -> Option<String> {
+    pub(crate) fn problem(self, path: &[u8], key: &[u8]) -> Option<String> {
         if !self.energon && !self.dali {
             return None;
         }
@@ -54,7 +54,7 @@ impl LoaderNames {
 /// What makes a member path unusable for Megatron-Energon, if anything: energon splits a path
 /// into key and part with its own pattern (`split_name_re`) and skips `__name__` entries
 /// (`skip_meta_re`), and its sample would then differ from reshard's.
-pub fn energon_name_problem(path: &str, key: &str) -> Option<String> {
+pub(crate) fn energon_name_problem(path: &str, key: &str) -> Option<String> {
     if path.contains('\n') {
         return Some(
             "energon cannot split a member path with a line break into key and part".into(),
@@ -77,14 +77,14 @@ pub fn energon_name_problem(path: &str, key: &str) -> Option<String> {
 }
 
 /// What makes a member path unusable in DALI's index, whose fields are separated by spaces.
-pub fn dali_name_problem(path: &str) -> Option<String> {
+pub(crate) fn dali_name_problem(path: &str) -> Option<String> {
     path.contains(char::is_whitespace).then(|| {
         "DALI's index separates fields by spaces: a member path with white space cannot be written in it (--dali-index)".to_string()
     })
 }
 
 /// A 64-bit hash of a sample key (FNV-1a, then a finalizer).
-pub fn key_hash(key: &[u8]) -> u64 {
+pub(crate) fn key_hash(key: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in key {
         h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);

@@ -13,25 +13,26 @@
 //! - [`index`]: a shard's [`ShardIndex`], and keys read back at sample offsets.
 //! - [`stream`]: [`TarStream`], a shard's stream read front to back.
 
-pub mod codec;
-pub mod entry_type;
-pub mod fields;
-pub mod group;
+pub(crate) mod codec;
+pub(crate) mod entry_type;
+pub(crate) mod fields;
+pub(crate) mod group;
 pub mod headers;
-pub mod index;
-pub mod key;
-pub mod pax;
-pub mod reader;
-pub mod stream;
+pub(crate) mod index;
+pub(crate) mod key;
+pub(crate) mod pax;
+pub(crate) mod reader;
+pub(crate) mod stream;
 
-pub use codec::{open, Codec, Opened};
+pub(crate) use codec::Codec;
 pub use group::{
     Grouper, Hygiene, OnDuplicate, OnIncomplete, Rules, Sample, ShardIndex, Skipped, Warnings,
 };
-pub use index::{index_file, index_file_with, index_reader, index_reader_with, key_at, keys_at};
-pub use key::{key_hash, sample_key};
+pub use index::{index_file, index_reader};
+pub(crate) use index::{index_file_with, key_at, keys_at};
+pub(crate) use key::key_hash;
 pub use reader::HeaderReader;
-pub use stream::TarStream;
+pub(crate) use stream::TarStream;
 
 /// Helpers shared by the unit tests of the tar modules.
 #[cfg(test)]

@@ -15,7 +15,7 @@ const READ_BUFFER: usize = 1 << 20;
 /// A shard's tar stream, read front to back once: the file itself, or its decompressed stream
 /// (offsets are then those of the decompressed stream, as the indexer gives them). Every message
 /// names the shard and the byte offset.
-pub struct TarStream {
+pub(crate) struct TarStream {
     reader: BufReader<Box<dyn Read + Send>>,
     pos: u64,
     /// The file as messages name it.
@@ -27,7 +27,8 @@ impl TarStream {
     ///
     /// # Errors
     /// As [`codec::open`].
-    pub fn open(path: &Path) -> Result<Self> {
+    #[cfg(test)]
+    pub(crate) fn open(path: &Path) -> Result<Self> {
         Self::open_with(path, |r| r)
     }
 
@@ -36,7 +37,7 @@ impl TarStream {
     ///
     /// # Errors
     /// As [`codec::open`].
-    pub fn open_with(
+    pub(crate) fn open_with(
         path: &Path,
         wrap: impl FnOnce(Box<dyn Read + Send>) -> Box<dyn Read + Send>,
     ) -> Result<Self> {
@@ -54,13 +55,14 @@ impl TarStream {
         })
     }
 
+    #[cfg(test)]
     /// Where the stream is: the offset of the next byte.
-    pub fn pos(&self) -> u64 {
+    pub(crate) fn pos(&self) -> u64 {
         self.pos
     }
 
     /// The shard as messages name it (with a note on offsets when compressed).
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
@@ -69,7 +71,7 @@ impl TarStream {
     ///
     /// # Errors
     /// A read fails.
-    pub fn read(&mut self, len: u64, mut f: impl FnMut(&[u8])) -> Result<u64> {
+    pub(crate) fn read(&mut self, len: u64, mut f: impl FnMut(&[u8])) -> Result<u64> {
         let mut left = len;
         while left > 0 {
             let buf = self
@@ -92,7 +94,7 @@ impl TarStream {
     ///
     /// # Errors
     /// The stream cannot be read, or it ends inside the sample.
-    pub fn read_sample(&mut self, len: u64, f: impl FnMut(&[u8])) -> Result<()> {
+    pub(crate) fn read_sample(&mut self, len: u64, f: impl FnMut(&[u8])) -> Result<()> {
         let start = self.pos;
         if self.read(len, f)? < len {
             bail!(
@@ -108,7 +110,7 @@ impl TarStream {
     ///
     /// # Errors
     /// `offset` is behind the stream, the stream ends before it, or a read fails.
-    pub fn skip_to(&mut self, offset: u64) -> Result<()> {
+    pub(crate) fn skip_to(&mut self, offset: u64) -> Result<()> {
         let Some(gap) = offset.checked_sub(self.pos) else {
             bail!(
                 "{}: byte offset {offset}: samples out of order (at {})",
@@ -132,7 +134,7 @@ impl TarStream {
     /// # Errors
     /// Data after the marker, no marker, a stream length that is not whole blocks, a failed
     /// read.
-    pub fn check_tail(&mut self) -> Result<()> {
+    pub(crate) fn check_tail(&mut self) -> Result<()> {
         let end = self.pos;
         let mut nonzero = None;
         let mut at = end;

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Result;
 
-use crate::tar::{sample_key, Sample, TarStream};
+use crate::tar::key::sample_key;
+use crate::tar::{Sample, TarStream};
 
 /// A member as this walk found it.
 #[derive(Debug, Clone, PartialEq, Eq)]

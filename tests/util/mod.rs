@@ -9,6 +9,7 @@
 //! indexes, with Python and the real energon), and the harnesses of three areas: `corpus` (real
 //! writers' archives), `cluster`, `slurm`.
 
+pub mod cloud;
 pub mod cluster;
 pub mod corpus;
 pub mod data;

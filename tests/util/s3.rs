@@ -112,7 +112,7 @@ fn weed(python: &Path) -> Option<PathBuf> {
 }
 
 /// `n` distinct free ports on loopback (held open together so that they differ).
-fn free_ports(n: usize) -> Vec<u16> {
+pub fn free_ports(n: usize) -> Vec<u16> {
     let held: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
         .collect();
@@ -200,7 +200,7 @@ fn start_listening(weed: &Path, data: &Path) -> (Command, Child, Vec<u16>) {
 }
 
 /// Makes the process `cmd` starts receive SIGKILL when the thread that started it ends.
-fn dies_with_its_thread(cmd: &mut Command) {
+pub fn dies_with_its_thread(cmd: &mut Command) {
     // SAFETY: prctl(2) in the child before exec, async-signal-safe, on the child alone.
     unsafe {
         cmd.pre_exec(|| {

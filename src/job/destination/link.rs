@@ -13,7 +13,7 @@ use crate::storage::{self, Kind};
 ///
 /// # Errors
 /// `link` exists and is not a symbolic link.
-pub fn check_link(link: &Path) -> Result<()> {
+pub(crate) fn check_link(link: &Path) -> Result<()> {
     let found = storage::source(link).stat_link(link);
     if found.is_ok_and(|s| s.kind != Kind::Link) {
         bail!(
@@ -31,7 +31,7 @@ pub fn check_link(link: &Path) -> Result<()> {
 ///
 /// # Errors
 /// The link's directory or the target cannot be resolved (one does not exist).
-pub fn relative_target(link: &Path, target: &Path) -> Result<PathBuf> {
+pub(crate) fn relative_target(link: &Path, target: &Path) -> Result<PathBuf> {
     let dir = match link.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

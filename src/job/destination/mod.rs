@@ -5,15 +5,15 @@
 //! and upload ([`upload`]). The phases call in here; nothing in here runs a phase of its own
 //! but publish and upload, which take the other phases' hand-offs ([`crate::job::handoff`]).
 
-pub mod link;
+pub(crate) mod link;
 pub mod lock;
-pub mod owned;
-pub mod publish;
-pub mod resume;
-pub mod series;
-pub mod space;
+pub(crate) mod owned;
+pub(crate) mod publish;
+pub(crate) mod resume;
+pub(crate) mod series;
+pub(crate) mod space;
 pub mod staging;
-pub mod upload;
+pub(crate) mod upload;
 
 use anyhow::Result;
 
@@ -23,11 +23,11 @@ use crate::output::checkpoint::InputRecord;
 /// What rank 0 keeps for itself: the output's lock, and every input's size and modification
 /// time as the run started (for the plan record).
 #[derive(Default)]
-pub struct Held {
-    pub lock: Option<lock::OutputLock>,
+pub(crate) struct Held {
+    pub(crate) lock: Option<lock::OutputLock>,
     /// An `s3://` output's lock (taken before this phase, see [`upload`]).
-    pub remote: Option<upload::RemoteLock>,
-    pub inputs: Vec<InputRecord>,
+    pub(crate) remote: Option<upload::RemoteLock>,
+    pub(crate) inputs: Vec<InputRecord>,
 }
 
 /// Rank 0, before the expand phase looks at the output: for an `s3://` output its scratch
@@ -37,6 +37,6 @@ pub struct Held {
 ///
 /// # Errors
 /// As [`upload::prepare`].
-pub fn prepare(settings: &UploadSettings) -> Result<Option<upload::RemoteLock>> {
+pub(crate) fn prepare(settings: &UploadSettings) -> Result<Option<upload::RemoteLock>> {
     upload::prepare(settings)
 }

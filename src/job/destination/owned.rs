@@ -13,7 +13,7 @@ use crate::storage::{self, Kind};
 
 /// What is at an output path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AtOutput {
+pub(crate) enum AtOutput {
     /// Nothing: publishing creates it.
     Nothing,
     /// An empty directory.
@@ -28,7 +28,7 @@ pub enum AtOutput {
 ///
 /// # Errors
 /// It cannot be examined or listed.
-pub fn inspect(target: &Path) -> Result<AtOutput> {
+pub(crate) fn inspect(target: &Path) -> Result<AtOutput> {
     let source = storage::source(target);
     let stat = match source.stat_link(target) {
         Ok(s) => s,
@@ -78,7 +78,7 @@ pub fn inspect(target: &Path) -> Result<AtOutput> {
 ///
 /// # Errors
 /// Anything else is at `target`, or it cannot be examined.
-pub fn check_replaceable(target: &Path, when: &str) -> Result<AtOutput> {
+pub(crate) fn check_replaceable(target: &Path, when: &str) -> Result<AtOutput> {
     let found = inspect(target)?;
     if let AtOutput::Other(what) = &found {
         bail!(
@@ -91,7 +91,7 @@ pub fn check_replaceable(target: &Path, when: &str) -> Result<AtOutput> {
 
 /// Whether `dir` is a directory (not a symbolic link) holding reshard's own index.json and its
 /// `.reshard/` directory.
-pub fn is_reshard_output(dir: &Path) -> bool {
+pub(crate) fn is_reshard_output(dir: &Path) -> bool {
     let source = storage::source(dir);
     let saved = dir.join(saved_index::DIR_NAME);
     // In an object store a prefix has no empty directories: a `--split` output keeps its saved

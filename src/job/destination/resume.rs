@@ -23,7 +23,7 @@ use anyhow::{anyhow, Context, Result};
 
 /// The arguments that shape the staging shards, as `--resume` records and compares them: those
 /// decided when the request was resolved, and the key map's size and time now.
-pub fn arguments(settings: &ResumeSettings) -> Vec<(String, String)> {
+pub(crate) fn arguments(settings: &ResumeSettings) -> Vec<(String, String)> {
     let mut args = settings.arguments.clone();
     if let Some(map) = &settings.key_map {
         let stamp = storage::stamp(map).map_or_else(
@@ -36,7 +36,7 @@ pub fn arguments(settings: &ResumeSettings) -> Vec<(String, String)> {
 }
 
 /// An input shard as a plan record names it, from its stamp.
-pub fn input_record(input: &InputShard, stamp: &FileStamp) -> InputRecord {
+pub(crate) fn input_record(input: &InputShard, stamp: &FileStamp) -> InputRecord {
     InputRecord {
         path: input.path.display().to_string(),
         size: stamp.size,
@@ -48,7 +48,7 @@ pub fn input_record(input: &InputShard, stamp: &FileStamp) -> InputRecord {
 ///
 /// # Errors
 /// A [`UsageError`] naming the first difference.
-pub fn check_same_request(
+pub(crate) fn check_same_request(
     recorded: &PlanRecord,
     args: &[(String, String)],
     inputs: &[InputRecord],
@@ -108,7 +108,7 @@ pub fn check_same_request(
 /// # Errors
 /// The record cannot be written, or the plan differs from the recorded one (a [`UsageError`]);
 /// agreed on every rank.
-pub fn record_plan(
+pub(crate) fn record_plan(
     comm: &impl Comm,
     settings: &ResumeSettings,
     staging: &Path,
@@ -141,7 +141,7 @@ pub fn record_plan(
 
 /// The checkpoints of this run's exchange: rank 0 adds the ranges that became durable to those
 /// an earlier attempt recorded, and replaces the checkpoint file.
-pub fn checkpoints<'a>(
+pub(crate) fn checkpoints<'a>(
     settings: &ResumeSettings,
     staging: &'a Path,
     resume: Option<&Resume>,
@@ -162,7 +162,7 @@ pub fn checkpoints<'a>(
 /// A digest of the plan, the same for every rank count: sums (over all ranks, in 32-bit halves so
 /// that nothing overflows) of hashes of every sample's input range and output positions, and
 /// of every shard's name, size and layout.
-pub fn digest(comm: &impl Comm, planned: &Planned) -> String {
+pub(crate) fn digest(comm: &impl Comm, planned: &Planned) -> String {
     let (index, placed, laid) = (&planned.index, &planned.placed, &planned.laid);
     let mut sums = [0u64; 4];
     let mut add = |words: &[u64]| {

@@ -17,7 +17,7 @@ use crate::storage::{self, Kind};
 /// ranked by epoch number, highest first; those beyond the first `keep.count` are returned,
 /// lowest last. Never `target`, never what `link` points at, never a symbolic link, never a
 /// directory of another name.
-pub fn outputs_beyond(
+pub(crate) fn outputs_beyond(
     target: &Path,
     keep: &Keep,
     epoch: u64,
@@ -64,7 +64,7 @@ pub fn outputs_beyond(
 ///
 /// # Errors
 /// The output's parent cannot be listed.
-pub fn say_what_keep_would_remove(target: &Path, keep: &Keep, epoch: u64) -> Result<()> {
+pub(crate) fn say_what_keep_would_remove(target: &Path, keep: &Keep, epoch: u64) -> Result<()> {
     for old in outputs_beyond(target, keep, epoch, None)? {
         crate::errln!(
             "reshard: --keep {} would remove the older output {}",
@@ -90,7 +90,7 @@ const ASIDE: &str = ".reshard-removing";
 ///
 /// # Errors
 /// It cannot be renamed or removed (what is left aside is finished by the next `--keep` run).
-pub fn remove_epoch(old: &Path) -> Result<()> {
+pub(crate) fn remove_epoch(old: &Path) -> Result<()> {
     let aside =
         aside_name(old).with_context(|| format!("--keep: {}: not a file name", old.display()))?;
     let sink = storage::sink(old);
@@ -117,7 +117,7 @@ pub fn remove_epoch(old: &Path) -> Result<()> {
 ///
 /// # Errors
 /// The output's parent cannot be listed.
-pub fn unfinished_removals(target: &Path, keep: &Keep) -> Result<Vec<PathBuf>> {
+pub(crate) fn unfinished_removals(target: &Path, keep: &Keep) -> Result<Vec<PathBuf>> {
     let parent = target
         .parent()
         .context("the output has no parent directory")?;

@@ -12,7 +12,7 @@ use crate::storage::{self, Kind};
 
 /// The bytes the staging directory still needs: the shards' bytes less what its files already
 /// hold on disk (a resumed run's earlier attempt).
-pub fn still_needed(staging: &Path, shard_bytes: u64) -> u64 {
+pub(crate) fn still_needed(staging: &Path, shard_bytes: u64) -> u64 {
     let source = storage::source(staging);
     let allocated: u64 = source
         .list(staging)
@@ -29,7 +29,7 @@ pub fn still_needed(staging: &Path, shard_bytes: u64) -> u64 {
 ///
 /// # Errors
 /// The output clearly does not fit (agreed on every rank).
-pub fn check(comm: &impl Comm, staging: &Path, shard_bytes: &[u64]) -> Result<()> {
+pub(crate) fn check(comm: &impl Comm, staging: &Path, shard_bytes: &[u64]) -> Result<()> {
     let outcome = if comm.rank() == 0 {
         fits(staging, shard_bytes.iter().sum())
     } else {

@@ -35,7 +35,7 @@ pub(super) struct Checkpointing<'a> {
     last: Instant,
     /// The round being synced, and this rank's samples up to it.
     pending: Option<(u64, (u64, u64))>,
-    pub taken: u64,
+    pub(crate) taken: u64,
     /// A rank received this stop signal: checkpoint, then end.
     stopping: Option<i32>,
 }
@@ -153,12 +153,12 @@ impl Checkpointing<'_> {
 #[derive(Debug, Default)]
 pub(super) struct Reused {
     /// This rank's input samples it had moved.
-    pub samples: u64,
+    pub(crate) samples: u64,
     /// Sample bytes in this rank's shards, and in all shards.
-    pub bytes: u64,
-    pub total: u64,
+    pub(crate) bytes: u64,
+    pub(crate) total: u64,
     /// This rank's shards it had completed.
-    pub shards: u64,
+    pub(crate) shards: u64,
 }
 
 /// What an earlier attempt placed: each rank sums, per shard, the bytes of its done samples and

@@ -28,24 +28,24 @@ use crate::watchdog::Watchdog;
 use checkpoint::Checkpointing;
 use pack::pack_rounds;
 use rounds::{exchange_rounds, Ends, Moved};
-pub use stages::Work;
+pub(crate) use stages::Work;
 use stages::{Delivery, Packed, Stages, CHUNK_HEADER};
 use writer::write_rounds;
 
 /// How a memory budget is split among the exchange's buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Buffers {
+pub(crate) struct Buffers {
     /// Bytes each destination may receive from this rank per round. A rank receives at most
     /// `per_destination * ranks` bytes per round, like it sends.
-    pub per_destination: usize,
+    pub(crate) per_destination: usize,
     /// Size of the sequential read window over the input.
-    pub read_window: usize,
+    pub(crate) read_window: usize,
 }
 
 impl Buffers {
     /// Splits `budget` bytes: a read window of at most 8 MiB, then equal shares for the send and
     /// receive buffers in flight (each holds `per_destination` bytes for every rank).
-    pub fn for_budget(budget: u64, ranks: usize) -> Self {
+    pub(crate) fn for_budget(budget: u64, ranks: usize) -> Self {
         let budget = usize::try_from(budget).unwrap_or(usize::MAX);
         let read_window = (budget / 16).clamp(MIN_READ_WINDOW, 8 << 20);
         let buffer = budget.saturating_sub(read_window) / (SEND_BUFFERS + RECV_BUFFERS);
@@ -75,7 +75,7 @@ const MIN_SEGMENT: u64 = 1 << 20;
 impl Buffers {
     /// [`Buffers::for_budget`], with segments no larger than at least [`MIN_ROUNDS`] rounds
     /// need when each rank moves about `bytes_per_rank`.
-    pub fn for_job(budget: u64, ranks: usize, bytes_per_rank: u64) -> Self {
+    pub(crate) fn for_job(budget: u64, ranks: usize, bytes_per_rank: u64) -> Self {
         let mut b = Self::for_budget(budget, ranks);
         let share = bytes_per_rank
             .div_ceil(MIN_ROUNDS * ranks as u64)
@@ -98,7 +98,12 @@ impl Buffers {
     /// lower rate limit) finishes each well within `stall` (the timeout): a paced rank's peers
     /// wait for it at every round's end, and a round that took longer than the timeout would
     /// make them end a healthy job as stalled. Without a limit or a timeout, unchanged.
-    pub fn within_stall(mut self, stall: Duration, share: Option<f64>, ranks: usize) -> Self {
+    pub(crate) fn within_stall(
+        mut self,
+        stall: Duration,
+        share: Option<f64>,
+        ranks: usize,
+    ) -> Self {
         let Some(share) = share.filter(|_| !stall.is_zero()) else {
             return self;
         };
@@ -113,13 +118,13 @@ impl Buffers {
 }
 
 /// How the exchange watches for a rank that stalls.
-pub struct Stall {
+pub(crate) struct Stall {
     /// How long a round may make no progress before the job is ended (zero: never).
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// Where every rank leaves its heartbeat, so that the message names the silent ranks.
-    pub heartbeats: Option<PathBuf>,
+    pub(crate) heartbeats: Option<PathBuf>,
     /// This rank's heartbeat, told the round it is in.
-    pub pulse: Option<std::sync::Arc<crate::heartbeat::Pulse>>,
+    pub(crate) pulse: Option<std::sync::Arc<crate::heartbeat::Pulse>>,
 }
 
 /// Buffers in flight: the reader fills one send buffer while two more are in flight
@@ -141,7 +146,7 @@ const RECV_BUFFERS: usize = 1 + rounds::ROUNDS_IN_FLIGHT;
 /// A read or write fails on this rank (the message names file and offset), a checkpoint cannot
 /// be recorded, or another rank failed ([`PeerFailed`]); either way every rank leaves at the
 /// same round.
-pub fn run(
+pub(crate) fn run(
     comm: &impl Comm,
     job: &Work<'_>,
     buffers: Buffers,

@@ -36,18 +36,18 @@ pub(super) const ROUNDS_IN_FLIGHT: usize = 2;
 /// The calling thread's ends of the channels to the reader and the writer.
 pub(super) struct Ends {
     /// Rounds the reader packed.
-    pub packed: Receiver<Packed>,
+    pub(crate) packed: Receiver<Packed>,
     /// Rounds exchanged, to the writer.
-    pub deliver: SyncSender<Delivery>,
+    pub(crate) deliver: SyncSender<Delivery>,
     /// Receive buffers the writer is done with.
-    pub free_recv: Receiver<Vec<u8>>,
+    pub(crate) free_recv: Receiver<Vec<u8>>,
 }
 
 /// The exchange's progress: sample bytes all ranks moved so far (from what an earlier attempt
 /// placed, with `--resume`), and who hears of it after every round.
 pub(super) struct Moved<'p> {
-    pub so_far: u64,
-    pub report: &'p mut dyn FnMut(u64),
+    pub(crate) so_far: u64,
+    pub(crate) report: &'p mut dyn FnMut(u64),
 }
 
 /// The calling thread's part: starts rounds as the reader packs them, settles them in order as

@@ -8,11 +8,11 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// The zero of this rank's timeline, when tracing.
 #[derive(Debug, Clone, Copy)]
-pub struct Zero(Instant);
+pub(crate) struct Zero(Instant);
 
 impl Zero {
     /// The zero, if `RESHARD_TRACE_ROUNDS` is set; says on stderr when it is.
-    pub fn start(me: usize) -> Option<Self> {
+    pub(crate) fn start(me: usize) -> Option<Self> {
         if !crate::hooks::trace_rounds() {
             return None;
         }
@@ -30,20 +30,20 @@ impl Zero {
 
 /// One round's timeline on one rank, up to its write.
 #[derive(Debug, Clone)]
-pub struct Timeline {
-    pub zero: Zero,
+pub(crate) struct Timeline {
+    pub(crate) zero: Zero,
     /// The reader filled the send buffer (empty when the reader had nothing more).
-    pub pack: Range<Instant>,
+    pub(crate) pack: Range<Instant>,
     /// The round was handed to the transport, and everything for this rank arrived.
-    pub exchange: Range<Instant>,
+    pub(crate) exchange: Range<Instant>,
     /// Bytes sent to other ranks and received from them.
-    pub out: usize,
-    pub into: usize,
+    pub(crate) out: usize,
+    pub(crate) into: usize,
 }
 
 impl Timeline {
     /// Prints the round's line, with the writer's time placing it.
-    pub fn print(&self, me: usize, round: u64, write: Range<Instant>) {
+    pub(crate) fn print(&self, me: usize, round: u64, write: Range<Instant>) {
         let span = |r: &Range<Instant>| (self.zero.ms(r.start), self.zero.ms(r.end));
         let (p0, p1) = span(&self.pack);
         let (x0, x1) = span(&self.exchange);

@@ -29,7 +29,7 @@ use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
 /// # Errors
 /// Bad input on any rank (agreed), a sample split across two shards, a duplicate key under
 /// `--on-duplicate abort`, or no samples at all.
-pub fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Result<Indexed> {
+pub(crate) fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Result<Indexed> {
     let (comm, inputs) = (ctx.comm, ctx.inputs);
     let (rank, ranks, lead) = (comm.rank(), comm.size(), ctx.lead());
     let sizes: Vec<u64> = inputs.iter().map(|s| s.size).collect();

@@ -19,7 +19,7 @@ use crate::tar::keys_at;
 /// # Errors
 /// An internal inconsistency (a position received twice or never), or a key that cannot be
 /// read back for the manifest's lists of dropped and repeated samples.
-pub fn run<C: Comm>(
+pub(crate) fn run<C: Comm>(
     ctx: &Shared<'_, C>,
     settings: &LayoutSettings,
     index: &Indexed,

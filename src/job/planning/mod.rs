@@ -8,8 +8,8 @@
 //! [`crate::job::handoff::Laid`].
 
 pub mod duplicates;
-pub mod index;
+pub(crate) mod index;
 pub mod layout;
-pub mod place;
-pub mod runs;
-pub mod split;
+pub(crate) mod place;
+pub(crate) mod runs;
+pub(crate) mod split;

@@ -33,7 +33,7 @@ use crate::tar::key_at;
 /// # Errors
 /// As [`positions`], a key map that fails to load or differs between ranks, or two shards that
 /// would get one name.
-pub fn run<C: Comm>(
+pub(crate) fn run<C: Comm>(
     ctx: &Shared<'_, C>,
     settings: &PlaceSettings,
     index: &mut Indexed,
@@ -86,7 +86,6 @@ pub fn run<C: Comm>(
             equalize: settings.equalize,
             sizing: settings.sizing,
             samples: index.samples,
-            sample_bytes: index.sample_bytes,
         },
         &LocalSamples {
             first_global: index.first_global,
@@ -225,12 +224,12 @@ fn narrate_placed(lead: bool, order: &OrderSpec, index: &Indexed, placed: &Place
 }
 
 /// The order's answer for this rank.
-pub struct Ordered {
-    pub placement: Placement,
-    pub groups: Vec<GroupPlan>,
+pub(crate) struct Ordered {
+    pub(crate) placement: Placement,
+    pub(crate) groups: Vec<GroupPlan>,
     /// Samples no key-map group claimed (left out by `--unmatched skip`).
-    pub unmatched: u64,
-    pub stratify: Option<StratifyReport>,
+    pub(crate) unmatched: u64,
+    pub(crate) stratify: Option<StratifyReport>,
 }
 
 /// The key map's groups, or else `--split`'s.
@@ -261,7 +260,7 @@ fn grouping<'a>(
 /// A sample without the member the order reads or with content that does not parse (unless
 /// `--missing last`), a key-map failure, or sizing that does not fit a group; on every rank
 /// (the cause on the rank that found it, or on rank 0 when every rank finds it).
-pub fn positions(
+pub(crate) fn positions(
     comm: &impl Comm,
     job: &OrderJob<'_>,
     local: &LocalSamples<'_>,
@@ -456,7 +455,6 @@ mod tests {
                 equalize: c.equalize,
                 sizing: c.sizing,
                 samples: N,
-                sample_bytes: samples.iter().map(|s| s.len).sum(),
             };
             let describe = |i: usize| format!("sample {}", a + i);
             let local = LocalSamples {

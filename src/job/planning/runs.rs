@@ -11,7 +11,11 @@ use crate::plan::runs::{join, Deviation, Run, Runs};
 ///
 /// # Errors
 /// A decoding failure on rank 0 (internal), agreed on every rank.
-pub fn total_runs(comm: &impl Comm, runs: &Runs, deviation: Deviation<'_>) -> Result<(u64, f64)> {
+pub(crate) fn total_runs(
+    comm: &impl Comm,
+    runs: &Runs,
+    deviation: Deviation<'_>,
+) -> Result<(u64, f64)> {
     let edges = gather_concat::<Run>(comm, 0, &runs.edges());
     // Only rank 0 decodes: agreed before the next collective.
     let joined = agree(comm, edges.map(join))?;

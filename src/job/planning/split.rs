@@ -21,35 +21,35 @@ use crate::plan::sort_key::label_key;
 use crate::plan::split::SplitDeal;
 
 /// Every local sample's split.
-pub struct Assigned {
+pub(crate) struct Assigned {
     /// Per local sample: its split (an index into `--split`'s list).
-    pub split_of: Vec<u32>,
+    pub(crate) split_of: Vec<u32>,
     /// Per local sample: its rank inside its split, in `0..counts[split]`.
-    pub rank: Vec<u64>,
+    pub(crate) rank: Vec<u64>,
     /// Samples per split, over all ranks.
-    pub counts: Vec<u64>,
+    pub(crate) counts: Vec<u64>,
     /// With `--stratify-by`: the labels, and the worst |count − share| of any label in any
     /// split.
-    pub stratified: Option<(u64, f64)>,
+    pub(crate) stratified: Option<(u64, f64)>,
 }
 
 /// What the assignment reads of this rank's samples.
-pub struct Labels<'a> {
-    pub spec: &'a OrderSpec,
+pub(crate) struct Labels<'a> {
+    pub(crate) spec: &'a OrderSpec,
     /// Member contents, one per local sample.
-    pub contents: &'a [Option<Vec<u8>>],
+    pub(crate) contents: &'a [Option<Vec<u8>>],
     /// `FILE: sample "KEY"` for messages.
-    pub describe: &'a dyn Fn(usize) -> String,
+    pub(crate) describe: &'a dyn Fn(usize) -> String,
 }
 
 /// This rank's samples and where they come from.
-pub struct Own<'a> {
-    pub inputs: &'a [InputShard],
+pub(crate) struct Own<'a> {
+    pub(crate) inputs: &'a [InputShard],
     /// In input order, global indices `first_global..`.
-    pub samples: &'a [LocalSample],
-    pub first_global: u64,
+    pub(crate) samples: &'a [LocalSample],
+    pub(crate) first_global: u64,
     /// Over all ranks.
-    pub total: u64,
+    pub(crate) total: u64,
 }
 
 /// Deals this rank's samples to the splits, or, when the input is itself a split output with
@@ -59,7 +59,7 @@ pub struct Own<'a> {
 /// Split counts that do not fit the sample count (a split with no sample), a sample without
 /// the label `--stratify-by` reads, or a split input whose splits are not `--split`'s; on every
 /// rank.
-pub fn assign(
+pub(crate) fn assign(
     comm: &impl Comm,
     settings: &SplitSettings,
     own: &Own<'_>,

@@ -1,6 +1,10 @@
-//! The S3 backend: `s3://bucket/key` locations in S3 or any S3-compatible store, read through
-//! the `object_store` crate (SigV4, the `AWS_*` variables, retries with backoff on 5xx, 503
-//! SlowDown and dropped connections).
+//! The object-store backend: `s3://bucket/key` locations in S3 or any S3-compatible store, and
+//! every other store registered in [`crate::storage`]'s table of schemes (`gs://`, `az://`),
+//! read through the `object_store` crate (signed requests, the store's own environment
+//! variables, retries with backoff on 5xx, 503 SlowDown and dropped connections). What is the
+//! same for every store lives here: ranged reads with read-ahead ([`read`]), multipart uploads
+//! with their journal ([`multipart`]), listings, requests sent again ([`requests`]); a store
+//! adds only its client ([`Scheme::client`]).
 //!
 //! `object_store` is asynchronous; reshard's phases are not. One small current-thread runtime
 //! per process runs every request, and each call blocks on it (`block_on` may be entered from
@@ -16,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use object_store::aws::AmazonS3;
 use object_store::multipart::MultipartStore;
 use object_store::path::Path as Key;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
@@ -28,11 +31,36 @@ mod read;
 mod requests;
 
 use multipart::{object_of, Upload};
-use read::{Ahead, S3Input};
-use requests::{again, block_on, error, not_found, store};
+use read::{Ahead, ObjectInput};
+use requests::{again, block_on, error, not_found};
+pub(crate) use requests::{retry_from_env, s3_client};
 
-/// The scheme this backend serves.
-pub const SCHEME: &str = "s3";
+/// What the shared code needs of a store's client: `object_store`'s objects and its multipart
+/// uploads. S3, GCS and Azure clients are all of it.
+pub(crate) trait Client: ObjectStore + MultipartStore {}
+
+impl<T: ObjectStore + MultipartStore> Client for T {}
+
+/// One object store as a URL scheme names it: what the shared code needs to know of it.
+#[derive(Debug)]
+pub(crate) struct Scheme {
+    /// The URL scheme, without `://` (`s3`).
+    pub(crate) name: &'static str,
+    /// What the store calls a bucket (`bucket`, `container`), for messages.
+    pub(crate) bucket: &'static str,
+    /// The variables that hold its credentials, for the message of a denied request.
+    pub(crate) credentials: &'static str,
+    /// The client of one bucket, made from the environment.
+    pub(crate) client: fn(&str) -> io::Result<Arc<dyn Client>>,
+}
+
+/// The S3 scheme: `s3://bucket/key`, its client from the `AWS_*` variables and profiles.
+pub(crate) static S3: Scheme = Scheme {
+    name: "s3",
+    bucket: "bucket",
+    credentials: "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN",
+    client: s3_client,
+};
 
 /// GETs and their bytes, PUTs (and parts) and theirs, in this process: the run's summary
 /// reports them per GiB moved ([`traffic`]).
@@ -60,7 +88,7 @@ fn count(counter: &Counter, bytes: usize) {
 }
 
 /// This process's requests so far: (GETs, bytes they read, PUTs and parts, bytes they wrote).
-pub fn traffic() -> [u64; 4] {
+pub(crate) fn traffic() -> [u64; 4] {
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     [
         load(&GETS.requests),
@@ -70,28 +98,35 @@ pub fn traffic() -> [u64; 4] {
     ]
 }
 
-/// Buckets and keys of `s3://` locations.
-pub struct S3;
+/// Buckets and keys of the locations of one object store (its [`Scheme`]).
+pub(crate) struct Objects(pub &'static Scheme);
 
-/// A location parsed: its bucket and its key (no leading or trailing `/`; empty for the
-/// bucket's root).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A location parsed: its store, its bucket and its key (no leading or trailing `/`; empty for
+/// the bucket's root).
+#[derive(Debug, Clone)]
 struct Location {
+    scheme: &'static Scheme,
     bucket: String,
     key: String,
 }
 
 impl Location {
-    fn parse(path: &Path) -> io::Result<Location> {
+    fn parse(path: &Path, scheme: &'static Scheme) -> io::Result<Location> {
         let text = path.to_str().unwrap_or_default();
-        let rest = text
-            .strip_prefix("s3://")
-            .ok_or_else(|| invalid(path, "expected s3://bucket/key"))?;
+        let name = scheme.name;
+        let (bucket_word, rest) = (scheme.bucket, text.strip_prefix(name));
+        let rest = rest
+            .and_then(|r| r.strip_prefix("://"))
+            .ok_or_else(|| invalid(path, &format!("expected {name}://{bucket_word}/key")))?;
         let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
-            return Err(invalid(path, "no bucket named (expected s3://bucket/key)"));
+            return Err(invalid(
+                path,
+                &format!("no {bucket_word} named (expected {name}://{bucket_word}/key)"),
+            ));
         }
         Ok(Location {
+            scheme,
             bucket: bucket.to_string(),
             key: key.trim_matches('/').to_string(),
         })
@@ -108,11 +143,11 @@ impl Location {
     }
 
     fn url(&self) -> String {
-        format!("s3://{}/{}", self.bucket, self.key)
+        format!("{}://{}/{}", self.scheme.name, self.bucket, self.key)
     }
 
-    fn store(&self) -> io::Result<Arc<AmazonS3>> {
-        store(&self.bucket)
+    fn store(&self) -> io::Result<Arc<dyn Client>> {
+        requests::store(self.scheme, &self.bucket)
     }
 }
 
@@ -141,11 +176,16 @@ fn stamp_of(meta: &ObjectMeta) -> FileStamp {
     }
 }
 
-impl S3 {
+impl Objects {
+    /// `path` parsed as a location of this store.
+    fn parse(&self, path: &Path) -> io::Result<Location> {
+        Location::parse(path, self.0)
+    }
+
     fn head(&self, loc: &Location) -> io::Result<ObjectMeta> {
         let store = loc.store()?;
         let key = loc.object()?;
-        block_on(again(|| store.head(&key))).map_err(|e| not_found(loc, &store, e))
+        block_on(again(|| store.head(&key))).map_err(|e| not_found(loc, &*store, e))
     }
 
     /// Whether any object's key starts with the prefix `loc/` (one page of a listing at most).
@@ -172,9 +212,9 @@ impl S3 {
     }
 }
 
-impl Source for S3 {
+impl Source for Objects {
     fn stat(&self, path: &Path) -> io::Result<Stat> {
-        let loc = Location::parse(path)?;
+        let loc = self.parse(path)?;
         if !loc.key.is_empty() && !path.to_string_lossy().ends_with('/') {
             let store = loc.store()?;
             let key = loc.object()?;
@@ -195,7 +235,10 @@ impl Source for S3 {
         if !self.has_objects(&loc)? {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("no such object or prefix in bucket {}", loc.bucket),
+                format!(
+                    "no such object or prefix in {} {}",
+                    loc.scheme.bucket, loc.bucket
+                ),
             ));
         }
         Ok(Stat {
@@ -209,7 +252,7 @@ impl Source for S3 {
     }
 
     fn list(&self, path: &Path) -> io::Result<Vec<Entry>> {
-        let loc = Location::parse(path)?;
+        let loc = self.parse(path)?;
         let (objects, prefixes) = self.list_under(&loc)?;
         let name = |k: &Key| OsString::from(k.filename().unwrap_or_default());
         let files = objects.iter().map(|o| Entry {
@@ -224,12 +267,12 @@ impl Source for S3 {
     }
 
     fn canonical(&self, path: &Path) -> io::Result<PathBuf> {
-        let loc = Location::parse(path)?;
+        let loc = self.parse(path)?;
         Ok(PathBuf::from(loc.url().trim_end_matches('/')))
     }
 
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
-        let loc = Location::parse(path)?;
+        let loc = self.parse(path)?;
         let store = loc.store()?;
         let key = loc.object()?;
         let got = block_on(again(|| async { store.get(&key).await?.bytes().await }));
@@ -237,13 +280,13 @@ impl Source for S3 {
             count(&GETS, b.len());
         }
         got.map(|b| b.to_vec())
-            .map_err(|e| not_found(&loc, &store, e))
+            .map_err(|e| not_found(&loc, &*store, e))
     }
 
     fn open(&self, path: &Path) -> io::Result<OpenInput> {
-        let loc = Location::parse(path)?;
+        let loc = self.parse(path)?;
         let meta = self.head(&loc)?;
-        Ok(Arc::new(S3Input {
+        Ok(Arc::new(ObjectInput {
             store: loc.store()?,
             key: loc.object()?,
             loc,
@@ -260,9 +303,9 @@ fn unsupported(path: &Path, what: &str) -> io::Error {
     )
 }
 
-impl S3 {
+impl Objects {
     fn put(&self, path: &Path, bytes: &[u8], mode: PutMode) -> io::Result<()> {
-        let loc = Location::parse(path)?;
+        let loc = self.parse(path)?;
         let store = loc.store()?;
         let key = loc.object()?;
         let payload = PutPayload::from(bytes.to_vec());
@@ -273,7 +316,7 @@ impl S3 {
     }
 }
 
-impl Sink for S3 {
+impl Sink for Objects {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             positioned_writes: false,
@@ -323,7 +366,7 @@ impl Sink for S3 {
         path: &Path,
         change: &mut dyn FnMut(&[u8]) -> Option<Vec<u8>>,
     ) -> io::Result<bool> {
-        let loc = Location::parse(path)?;
+        let loc = self.parse(path)?;
         let store = loc.store()?;
         let key = loc.object()?;
         let (meta, bytes) = block_on(again(|| async {
@@ -357,7 +400,7 @@ impl Sink for S3 {
     }
 
     fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
-        let loc = Location::parse(path)?;
+        let loc = self.parse(path)?;
         Ok(Box::new(Upload {
             store: loc.store()?,
             key: loc.object()?,
@@ -390,14 +433,14 @@ impl Sink for S3 {
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
-        let loc = Location::parse(path)?;
+        let loc = self.parse(path)?;
         let store = loc.store()?;
         let key = loc.object()?;
         block_on(again(|| store.delete(&key))).map_err(|e| error(&loc, e))
     }
 
     fn abort_unfinished(&self, dir: &Path) -> io::Result<usize> {
-        let loc = Location::parse(dir)?;
+        let loc = self.parse(dir)?;
         let store = loc.store()?;
         let prefix = loc.object()?;
         block_on(async {
@@ -424,7 +467,7 @@ impl Sink for S3 {
     }
 
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
-        let loc = Location::parse(path)?;
+        let loc = self.parse(path)?;
         let store = loc.store()?;
         let prefix = loc.object()?;
         block_on(async {
@@ -445,18 +488,18 @@ mod tests {
 
     #[test]
     fn locations_parse_into_bucket_and_key() {
-        let loc = Location::parse(Path::new("s3://data/train/a-0.tar")).unwrap();
+        let parse = |p: &str| Location::parse(Path::new(p), &S3);
+        let loc = parse("s3://data/train/a-0.tar").unwrap();
         assert_eq!(loc.bucket, "data");
         assert_eq!(loc.key, "train/a-0.tar");
-        let root = Location::parse(Path::new("s3://data/")).unwrap();
+        assert_eq!(loc.url(), "s3://data/train/a-0.tar");
+        let root = parse("s3://data/").unwrap();
         assert_eq!(root.key, "");
-        assert_eq!(
-            Location::parse(Path::new("s3://data/train/")).unwrap().key,
-            "train"
-        );
-        assert!(Location::parse(Path::new("s3:///k")).is_err());
-        assert!(Location::parse(Path::new("/local/k")).is_err());
-        let bad = Location::parse(Path::new("s3://data/a//b")).unwrap();
+        assert_eq!(parse("s3://data/train/").unwrap().key, "train");
+        assert!(parse("s3:///k").is_err());
+        assert!(parse("/local/k").is_err());
+        assert!(parse("s3x://data/k").is_err(), "another scheme");
+        let bad = parse("s3://data/a//b").unwrap();
         assert!(bad.object().is_err());
     }
 }

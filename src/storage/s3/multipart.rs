@@ -4,14 +4,13 @@
 use std::io;
 use std::sync::Arc;
 
-use object_store::aws::AmazonS3;
-use object_store::multipart::{MultipartStore, PartId};
+use object_store::multipart::PartId;
 use object_store::path::Path as Key;
 use object_store::MultipartId;
 use object_store::{ObjectStoreExt, PutPayload};
 
 use super::requests::{again, block_on, error};
-use super::{count, Location, PUTS};
+use super::{count, Client, Location, PUTS};
 use crate::storage::Writer;
 
 /// The first part size of a multipart upload. S3 takes parts of 5 MiB to 5 GiB (the last one
@@ -61,7 +60,7 @@ pub(super) fn object_of(journal: &Key) -> Option<Key> {
 /// upload whose parts go out as they fill, its id in a journal object until it is completed or
 /// aborted. Dropped unfinished, its upload is aborted, so no parts are left behind to be billed.
 pub(super) struct Upload {
-    pub(super) store: Arc<AmazonS3>,
+    pub(super) store: Arc<dyn Client>,
     pub(super) loc: Location,
     pub(super) key: Key,
     pub(super) buf: Vec<u8>,
@@ -145,7 +144,7 @@ impl Writer for Upload {
             self.store.delete(&journal_of(&self.key)).await
         });
         if let Err(e) = done {
-            abort(&self.store, &self.key, &id);
+            abort(&*self.store, &self.key, &id);
             return Err(error(&self.loc, e));
         }
         Ok(self.written)
@@ -154,7 +153,7 @@ impl Writer for Upload {
 
 /// Aborts the multipart upload `id` of `key` and removes its journal; quietly, on a failure
 /// path (an abort that fails leaves the journal for the next run).
-pub(super) fn abort(store: &AmazonS3, key: &Key, id: &MultipartId) {
+pub(super) fn abort(store: &dyn Client, key: &Key, id: &MultipartId) {
     let _ = block_on(async {
         store.abort_multipart(key, id).await?;
         store.delete(&journal_of(key)).await
@@ -165,7 +164,7 @@ impl Drop for Upload {
     fn drop(&mut self) {
         if let Some((id, _)) = self.upload.take() {
             // Unfinished: its parts would stay (and be billed) until aborted.
-            abort(&self.store, &self.key, &id);
+            abort(&*self.store, &self.key, &id);
         }
     }
 }

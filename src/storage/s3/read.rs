@@ -8,12 +8,11 @@ use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use object_store::aws::AmazonS3;
 use object_store::path::Path as Key;
-use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
+use object_store::{GetOptions, GetRange, ObjectMeta};
 
 use super::requests::{again, block_on, error, runtime};
-use super::{count, stamp_of, Location, GETS};
+use super::{count, stamp_of, Client, Location, GETS};
 use crate::storage::{FileStamp, Input};
 
 /// How much one ranged GET fetches at least: the tar header walk reads 512 bytes per member,
@@ -99,15 +98,15 @@ impl Drop for Reserved {
 
 /// An object open for ranged reads: the version seen when it was opened (every GET carries
 /// `If-Match` with its ETag, so a replaced object fails the read instead of mixing versions).
-pub(super) struct S3Input {
-    pub(super) store: Arc<AmazonS3>,
+pub(super) struct ObjectInput {
+    pub(super) store: Arc<dyn Client>,
     pub(super) loc: Location,
     pub(super) key: Key,
     pub(super) meta: ObjectMeta,
     pub(super) ahead: Mutex<Ahead>,
 }
 
-impl S3Input {
+impl ObjectInput {
     /// The request for the bytes `range` of the object, one GET, not yet under way.
     fn request(
         &self,
@@ -199,7 +198,7 @@ impl S3Input {
     }
 }
 
-impl Input for S3Input {
+impl Input for ObjectInput {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let size = self.meta.size;
         if offset >= size || buf.is_empty() {

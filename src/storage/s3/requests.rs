@@ -1,6 +1,7 @@
-//! Requests to S3: the one runtime every request blocks on, the client of each bucket with its
-//! credentials (the `AWS_*` variables, a profile, the role), a request sent again when it broke
-//! off in transit, and the errors a request's failure becomes.
+//! Requests to an object store: the one runtime every request blocks on, the client of each
+//! bucket (made once by its [`Scheme`]; S3's with its credentials from the `AWS_*` variables, a
+//! profile, the role), a request sent again when it broke off in transit, and the errors a
+//! request's failure becomes.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -8,16 +9,15 @@ use std::io;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as Key;
-use object_store::ObjectStore;
 use object_store::RetryConfig;
 
-use super::Location;
+use super::{Client, Location, Scheme};
 use crate::storage::aws_profile;
 
 /// The runtime every request runs on. A thread of its own drives it for good, so that the
-/// read-ahead requests spawned on it ([`S3Input::top_up`]) make progress while the reading
+/// read-ahead requests spawned on it ([`super::read`]) make progress while the reading
 /// threads are busy elsewhere; a thread's own `block_on` polls its future on that thread.
 pub(super) fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
@@ -101,41 +101,60 @@ pub(super) fn block_on<F: Future>(f: F) -> F::Output {
     runtime().block_on(f)
 }
 
-/// The client of `bucket`, made once per process from the environment: the `AWS_*` variables
+/// The client of `bucket` in the store of `scheme`, made once per process ([`Scheme::client`]).
+///
+/// # Errors
+/// The client cannot be made (a credential the store's variables name is wrong or missing).
+pub(super) fn store(scheme: &'static Scheme, bucket: &str) -> io::Result<Arc<dyn Client>> {
+    type Clients = HashMap<(&'static str, String), Arc<dyn Client>>;
+    static STORES: Mutex<Option<Clients>> = Mutex::new(None);
+    let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
+    let stores = stores.get_or_insert_with(HashMap::new);
+    let id = (scheme.name, bucket.to_string());
+    if let Some(s) = stores.get(&id) {
+        return Ok(s.clone());
+    }
+    let s = (scheme.client)(bucket)?;
+    stores.insert(id, s.clone());
+    Ok(s)
+}
+
+/// The client of the S3 `bucket`, from the environment: the `AWS_*` variables
 /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
 /// `AWS_ENDPOINT_URL` for an S3-compatible store, which implies path-style addressing unless
 /// `AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`), else the instance's or the web identity's role.
-pub(super) fn store(bucket: &str) -> io::Result<Arc<AmazonS3>> {
-    static STORES: Mutex<Option<HashMap<String, Arc<AmazonS3>>>> = Mutex::new(None);
-    let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
-    let stores = stores.get_or_insert_with(HashMap::new);
-    if let Some(s) = stores.get(bucket) {
-        return Ok(s.clone());
-    }
+///
+/// # Errors
+/// The named profile cannot be followed, or the client cannot be made.
+pub fn s3_client(bucket: &str) -> io::Result<Arc<dyn Client>> {
     let builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
     let (mut builder, endpoint) = with_profile(builder, bucket)?;
     if endpoint.starts_with("http://") {
         // A store on the local network or loopback without TLS: the user named it so.
         builder = builder.with_allow_http(true);
     }
-    if let Some(attempts) = std::env::var("AWS_MAX_ATTEMPTS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-    {
-        // As the AWS SDKs read it: attempts in all, the first included.
-        builder = builder.with_retry(RetryConfig {
-            max_retries: attempts.saturating_sub(1),
-            ..RetryConfig::default()
-        });
+    if let Some(retry) = retry_from_env() {
+        builder = builder.with_retry(retry);
     }
-    let s = Arc::new(builder.build().map_err(|e| {
+    let s = builder.build().map_err(|e| {
         io::Error::other(format!(
             "s3://{bucket}: cannot set up the S3 client ({}); check the AWS_* variables",
             plain(&e)
         ))
-    })?);
-    stores.insert(bucket.to_string(), s.clone());
-    Ok(s)
+    })?;
+    Ok(Arc::new(s))
+}
+
+/// The retries `AWS_MAX_ATTEMPTS` asks for, as the AWS SDKs read it (attempts in all, the
+/// first included), for every store's client.
+pub fn retry_from_env() -> Option<RetryConfig> {
+    let attempts = std::env::var("AWS_MAX_ATTEMPTS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())?;
+    Some(RetryConfig {
+        max_retries: attempts.saturating_sub(1),
+        ..RetryConfig::default()
+    })
 }
 
 /// The builder with what the named profile of the AWS shared files gives where the variables
@@ -193,32 +212,39 @@ pub(super) fn plain(e: &object_store::Error) -> String {
     e.to_string()
 }
 
+/// Whether a store's answer says the bucket (container) itself is missing.
+fn no_bucket(e: &object_store::Error) -> bool {
+    let text = plain(e);
+    text.contains("NoSuchBucket") || text.contains("ContainerNotFound")
+}
+
 /// An error of the client for `loc`, as an `io::Error` whose message names the bucket (the
 /// caller's context names the whole location, as for a POSIX error) and what to do; never a
 /// credential (the client's messages carry URLs and the store's error codes, never the
 /// request's headers).
 pub(super) fn error(loc: &Location, e: object_store::Error) -> io::Error {
     use object_store::Error as E;
+    let word = loc.scheme.bucket;
     match e {
         E::NotFound { .. } => io::Error::new(
             io::ErrorKind::NotFound,
-            format!("no such object in bucket {}", loc.bucket),
+            format!("no such object in {word} {}", loc.bucket),
         ),
         E::PermissionDenied { .. } | E::Unauthenticated { .. } => io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
-                "access denied to bucket {} key {}: check the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) and the bucket's policy",
-                loc.bucket, loc.key
+                "access denied to {word} {} key {}: check the credentials ({}) and the {word}'s policy",
+                loc.bucket, loc.key, loc.scheme.credentials
             ),
         ),
         E::AlreadyExists { .. } => io::Error::new(
             io::ErrorKind::AlreadyExists,
-            format!("exists already in bucket {}", loc.bucket),
+            format!("exists already in {word} {}", loc.bucket),
         ),
         E::NotImplemented { .. } => io::Error::new(
             io::ErrorKind::Unsupported,
             format!(
-                "the store of bucket {} cannot do this ({})",
+                "the store of {word} {} cannot do this ({})",
                 loc.bucket,
                 plain(&e)
             ),
@@ -226,28 +252,25 @@ pub(super) fn error(loc: &Location, e: object_store::Error) -> io::Error {
         E::Precondition { .. } | E::NotModified { .. } => io::Error::other(
             "the object changed while reshard read it (its ETag differs): run again on an input that stays unchanged",
         ),
-        e if plain(&e).contains("NoSuchBucket") => io::Error::new(
+        e if no_bucket(&e) => io::Error::new(
             io::ErrorKind::NotFound,
-            format!("bucket {} does not exist", loc.bucket),
+            format!("{word} {} does not exist", loc.bucket),
         ),
         e => io::Error::other(plain(&e)),
     }
 }
 
 /// A not-found object's better message: when the bucket itself is missing, say so.
-pub(super) fn not_found(loc: &Location, store: &AmazonS3, e: object_store::Error) -> io::Error {
+pub(super) fn not_found(loc: &Location, store: &dyn Client, e: object_store::Error) -> io::Error {
     if !matches!(e, object_store::Error::NotFound { .. }) {
         return error(loc, e);
     }
     let probe = block_on(store.list_with_delimiter(Some(&Key::from("")))).err();
     match probe {
-        Some(p)
-            if plain(&p).contains("NoSuchBucket")
-                || matches!(p, object_store::Error::NotFound { .. }) =>
-        {
+        Some(p) if no_bucket(&p) || matches!(p, object_store::Error::NotFound { .. }) => {
             io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("bucket {} does not exist", loc.bucket),
+                format!("{} {} does not exist", loc.scheme.bucket, loc.bucket),
             )
         }
         _ => error(loc, e),

@@ -9,17 +9,13 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 
-use super::args::{
-    Command, CompressArg, EqualizeArg, FilesArgs, GenerateArgs, PlanArgs, RunArgs, VerifyArgs,
-};
+use super::args::{Command, CompressArg, EqualizeArg, FilesArgs, PlanArgs, RunArgs, VerifyArgs};
 use crate::config::{
     Balance, EnergonDataset, ExchangeSettings, ExpandSettings, FinishSettings, GenerateConfig,
-    GpuLayout, HeaderFormat, IndexSettings, IoConfig, JobSettings, Keep, LayoutSettings,
-    LoaderIndexes, PlaceSettings, PlanSettings, ProgressConfig, PublishSettings, ReportSettings,
-    ResumeSettings, RunConfig, SplitSettings, Splits, UploadSettings, VerifyConfig, EPOCH,
-    MIN_MEM_LIMIT,
+    GpuLayout, IndexSettings, IoConfig, JobSettings, Keep, LayoutSettings, LoaderIndexes,
+    PlaceSettings, PlanSettings, ProgressConfig, PublishSettings, ReportSettings, ResumeSettings,
+    RunConfig, SplitSettings, Splits, UploadSettings, VerifyConfig, EPOCH, MIN_MEM_LIMIT,
 };
-use crate::generate::DEFAULT_SAMPLES;
 use crate::plan::order::{OrderBy, OrderSpec};
 use crate::plan::{Equalize, Sizing};
 use crate::report::picture::format_of;
@@ -845,77 +841,8 @@ pub(crate) fn verify_config(args: &VerifyArgs) -> Result<VerifyConfig> {
     })
 }
 
-/// `generate` arguments as a [`GenerateConfig`].
-///
-/// # Errors
-/// A message naming the flag and what it accepts.
-pub(crate) fn generate_config(args: &GenerateArgs) -> Result<GenerateConfig> {
-    if args.shards == 0 {
-        bail!("--shards must be at least 1");
-    }
-    check_prefix(&args.prefix)?;
-    if args.output.as_os_str().is_empty() {
-        bail!("--output must not be empty");
-    }
-    if !crate::storage::sink(&args.output)
-        .capabilities()
-        .positioned_writes
-    {
-        bail!(
-            "--output {}: reshard generate writes to a file system only",
-            args.output.display()
-        );
-    }
-    let mean_size = parse_size(&args.mean_size)
-        .map_err(|e| anyhow!("--mean-size {:?}: {e}", args.mean_size))?;
-    if mean_size == 0 {
-        bail!("--mean-size {:?}: must be at least 1 byte", args.mean_size);
-    }
-    if !(args.sigma.is_finite() && args.sigma >= 0.0) {
-        bail!("--sigma {}: expected a finite number >= 0", args.sigma);
-    }
-    if !args.skew.is_finite() {
-        bail!("--skew {}: expected a finite number", args.skew);
-    }
-    let format = header_format(&args.format)?;
-    let samples = match (&args.samples, &args.total_size) {
-        (Some(_), Some(_)) => bail!("--samples and --total-size are mutually exclusive"),
-        (Some(n), None) => *n,
-        (None, Some(total)) => {
-            let total = parse_size(total).map_err(|e| anyhow!("--total-size {total:?}: {e}"))?;
-            // Round to the nearest count, in u128 so that huge sizes cannot overflow.
-            let n = (u128::from(total) + u128::from(mean_size / 2)) / u128::from(mean_size);
-            u64::try_from(n).unwrap_or(u64::MAX).max(1)
-        }
-        (None, None) => DEFAULT_SAMPLES,
-    };
-    if samples < args.shards {
-        bail!(
-            "{samples} samples for {} shards: each shard needs at least one sample",
-            args.shards
-        );
-    }
-    Ok(GenerateConfig {
-        output: args.output.clone(),
-        shards: args.shards,
-        samples,
-        mean_size,
-        sigma: args.sigma,
-        skew: args.skew,
-        seed: args.seed,
-        long_names_every: args.long_names_every,
-        format,
-        prefix: args.prefix.clone(),
-    })
-}
-
-fn header_format(text: &str) -> Result<HeaderFormat> {
-    match text.to_ascii_lowercase().as_str() {
-        "gnu" => Ok(HeaderFormat::Gnu),
-        "pax" | "posix" => Ok(HeaderFormat::Pax),
-        _ => bail!("--format {text:?}: expected gnu or pax"),
-    }
-}
-
+mod generate;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use generate::generate_config;

@@ -279,6 +279,9 @@ fn classify(member: &Member) -> Kind<'_> {
 /// What a user can do about a link inside a sample.
 const LINK_ADVICE: &str = ": a sample's members must be regular files; create the shards with links dereferenced (GNU tar --dereference --hard-dereference, bsdtar -L)";
 
+/// What a user can do about another entry that is not a regular file inside a sample.
+const OTHER_ADVICE: &str = ": a sample's members must be regular files (webdataset reads only those); rename it so that its key is no sample's, or leave it out of the shard";
+
 /// A skipped entry that ended a sample, or a link named like a sample: a member with that key
 /// after it would split the sample.
 struct AfterSkip {
@@ -382,7 +385,7 @@ impl<'r> Grouper<'r> {
         if let Some(skip) = self.after_skip.take() {
             if skip.closed.as_deref() == Some(key) || skip.own.as_deref() == Some(key) {
                 bail!(
-                    "{} but sits between members of sample {:?}{}",
+                    "{} but sits among the members of sample {:?}{}",
                     skip.what,
                     String::from_utf8_lossy(key),
                     skip.advice
@@ -409,13 +412,10 @@ impl<'r> Grouper<'r> {
             Kind::Other | Kind::Member(_) => skipped.other_entries += 1,
         }
         let link = matches!(member.kind, EntryKind::HardLink | EntryKind::Symlink);
-        // A link named like a sample's members belongs to that sample: leaving it out would
-        // silently change the sample.
-        let own = if link {
-            sample_key(&member.path).map(<[u8]>::to_vec)
-        } else {
-            None
-        };
+        // An entry named like a sample's members (a link, a device, a directory, an unknown
+        // type) belongs to that sample, whether it comes first, last or between its files:
+        // leaving it out would silently change the sample, so it is refused wherever it sits.
+        let own = sample_key(&member.path).map(<[u8]>::to_vec);
         if let (Some(own), Some((open_key, _))) = (&own, &self.open) {
             if own == open_key {
                 let (what, advice) = skip_message(member, &kind, link);
@@ -541,7 +541,7 @@ fn skip_message(member: &Member, kind: &Kind<'_>, link: bool) -> (String, &'stat
             "byte offset {start}: member {name:?} is {}",
             member.kind.describe()
         ),
-        "",
+        OTHER_ADVICE,
     )
 }
 
@@ -708,6 +708,42 @@ mod tests {
         let idx = group(&Rules::default(), &entries).unwrap();
         assert_eq!(idx.samples.len(), 2);
         assert_eq!(idx.skipped.other_entries, 1);
+    }
+
+    #[test]
+    fn an_entry_named_like_a_sample_is_refused_first_last_or_between_its_files() {
+        // Once only between a sample's files: first or last it was left out, changing the
+        // sample silently.
+        let kinds = [
+            EntryKind::Other(b'6'),
+            EntryKind::Other(b'Z'),
+            EntryKind::Directory,
+            EntryKind::Label,
+            EntryKind::Symlink,
+        ];
+        for kind in kinds {
+            for (names, at) in [
+                (["a.fifo", "a.jpg", "a.cls", "b.jpg"], 0),
+                (["a.jpg", "a.fifo", "a.cls", "b.jpg"], 1024),
+                (["a.jpg", "a.cls", "a.fifo", "b.jpg"], 2048),
+            ] {
+                let mut entries = files(&names);
+                let i = names.iter().position(|n| *n == "a.fifo").unwrap();
+                entries[i].kind = kind;
+                let err = format!("{:#}", group(&Rules::default(), &entries).unwrap_err());
+                let want = format!("byte offset {at}: member \"a.fifo\" is {}", kind.describe());
+                assert!(
+                    err.contains(&want) && err.contains("sample \"a\""),
+                    "{kind:?} at {at}: {err}"
+                );
+            }
+            // With a key no sample has, it is left out and counted.
+            let mut entries = files(&["a.jpg", "z.fifo", "b.jpg"]);
+            entries[1].kind = kind;
+            let idx = group(&Rules::default(), &entries).unwrap();
+            assert_eq!(ranges(&idx), [(0, 1024), (2048, 1024)], "{kind:?}");
+            assert_eq!(idx.skipped.total(), 1);
+        }
     }
 
     #[test]

@@ -3,6 +3,10 @@
 //!
 //! - [`codec`]: how a shard is stored, and [`codec::open`], the one way to open its tar stream.
 //! - [`key`]: sample keys and extensions from member paths.
+//! - [`entry_type`]: the one table of tar entry types: what each type flag is, and whether data
+//!   follows its header.
+//! - [`fields`]: a header block's fields: checksum, numbers, path.
+//! - [`pax`]: extension records (PAX, GNU long names) and what they say of the next member.
 //! - [`headers`]: the header walk, with the extent the archive stores for every member.
 //! - [`reader`]: [`HeaderReader`], the reader under a plain shard's walk.
 //! - [`group`]: members into samples, the hygiene rules, and the one duplicate policy.
@@ -12,10 +16,13 @@
 
 pub(crate) mod check;
 pub(crate) mod codec;
+pub(crate) mod entry_type;
+pub(crate) mod fields;
 pub(crate) mod group;
 pub mod headers;
 pub(crate) mod index;
 pub(crate) mod key;
+pub(crate) mod pax;
 pub(crate) mod reader;
 pub(crate) mod stream;
 
@@ -43,5 +50,49 @@ pub(crate) mod testing {
             b.append_data(&mut h, name, *data).unwrap();
         }
         b.into_inner().unwrap()
+    }
+
+    /// A header block with `name`, `typeflag` and `size`, checksummed.
+    pub(crate) fn header(name: &str, typeflag: u8, size: u64, magic: &[u8; 8]) -> [u8; 512] {
+        let mut h = [0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        h[100..107].copy_from_slice(b"0000644");
+        h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+        h[156] = typeflag;
+        h[257..265].copy_from_slice(magic);
+        set_checksum(&mut h, false);
+        h
+    }
+
+    pub(crate) fn set_checksum(h: &mut [u8; 512], signed: bool) {
+        h[148..156].fill(b' ');
+        let sum: i64 = h
+            .iter()
+            .map(|&b| {
+                if signed {
+                    i64::from(b as i8)
+                } else {
+                    i64::from(b)
+                }
+            })
+            .sum();
+        h[148..155].copy_from_slice(format!("{:06o}\0", sum as u64 & 0o777777).as_bytes());
+    }
+
+    /// `data` padded with zeros to whole blocks.
+    pub(crate) fn padded(data: &[u8]) -> Vec<u8> {
+        let mut v = data.to_vec();
+        v.resize(data.len().div_ceil(512) * 512, 0);
+        v
+    }
+
+    /// One PAX record, `LEN key=value\n`, its length counting itself.
+    pub(crate) fn pax_record(key: &str, value: &str) -> String {
+        let body = format!(" {key}={value}\n");
+        let mut len = body.len() + 1;
+        while len.to_string().len() + body.len() != len {
+            len += 1;
+        }
+        format!("{len}{body}")
     }
 }

@@ -27,7 +27,20 @@ impl TarStream {
     ///
     /// # Errors
     /// As [`codec::open`].
+    #[cfg(test)]
     pub(crate) fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, |r| r)
+    }
+
+    /// Opens the shard at `path` at its first byte, reading its stream through `wrap` (which
+    /// sees every byte of the stream, in order, as it is read).
+    ///
+    /// # Errors
+    /// As [`codec::open`].
+    pub(crate) fn open_with(
+        path: &Path,
+        wrap: impl FnOnce(Box<dyn Read + Send>) -> Box<dyn Read + Send>,
+    ) -> Result<Self> {
         let (inner, name): (Box<dyn Read + Send>, String) = match codec::open(path)? {
             Opened::Plain(shard) => (
                 Box::new(Sequential::new(shard)),
@@ -36,7 +49,7 @@ impl TarStream {
             Opened::Decompressed(codec, stream) => (stream, codec::stream_name(path, codec)),
         };
         Ok(TarStream {
-            reader: BufReader::with_capacity(READ_BUFFER, inner),
+            reader: BufReader::with_capacity(READ_BUFFER, wrap(inner)),
             pos: 0,
             name,
         })
@@ -48,7 +61,6 @@ impl TarStream {
         self.pos
     }
 
-    #[cfg(test)]
     /// The shard as messages name it (with a note on offsets when compressed).
     pub(crate) fn name(&self) -> &str {
         &self.name

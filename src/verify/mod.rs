@@ -25,6 +25,7 @@
 //! its owner), `tally` (the owners compare), `problems` (what does not hold) and `report`.
 
 mod digest;
+mod members;
 mod problems;
 mod records;
 mod report;

@@ -2,12 +2,12 @@
 //! shard ([`check_outputs`], [`shard_problems`]) and with the samples as a whole and index.json's
 //! claims about them ([`data_problems`]).
 
+use super::members::{open_scanned, scan_problems};
 use super::records::{digest_samples, Record, Side};
 use super::report::{equalize_name, plural, Mismatches};
 use super::setup::{IndexView, OutputShard, RunView, Setup};
 use super::tally::{Kind, EXAMPLES};
 use crate::plan::Equalize;
-use crate::tar::TarStream;
 use crate::tar::{index_file, ShardIndex};
 
 /// What checking a rank's output shards found.
@@ -38,7 +38,8 @@ pub(super) fn check_outputs(outputs: &[OutputShard], mine: std::ops::Range<usize
         out.problems.extend(shard_problems(shard, &idx));
         let number = u32::try_from(i).expect("fewer than 2^32 output shards");
         let records = &mut out.records;
-        let checked = TarStream::open(path).and_then(|mut stream| {
+        let mut records_problems = Vec::new();
+        let checked = open_scanned(path, false).and_then(|(mut stream, scan)| {
             let n = digest_samples(&mut stream, &idx.samples, |s, digest| {
                 records.push(Record {
                     digest,
@@ -53,8 +54,10 @@ pub(super) fn check_outputs(outputs: &[OutputShard], mine: std::ops::Range<usize
             if idx.skipped.total() == 0 {
                 stream.check_tail()?;
             }
+            records_problems.extend(scan_problems(stream, &scan, &idx.samples)?);
             Ok(n)
         });
+        out.problems.append(&mut records_problems);
         match checked {
             Ok(n) => out.bytes += n,
             Err(e) => out.problems.push(format!("{e:#}")),

@@ -1,7 +1,9 @@
 //! [`Record`]: one sample on its way to the rank that owns its digest — made by digesting a
 //! shard's samples, encoded at a fixed width, routed by digest.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
+
+use super::members::{open_scanned, scan_problems};
 
 use super::digest::Digest128;
 use crate::comm::wire::{route_owned, Sink, Wire};
@@ -101,7 +103,7 @@ pub(super) fn digest_inputs(
         let path = &inputs[i].path;
         let idx = index_file_with(path, &rules)?;
         let shard = u32::try_from(i).context("more than 2^32 input shards")?;
-        let mut stream = TarStream::open(path)?;
+        let (mut stream, scan) = open_scanned(path, ignore_zeros)?;
         bytes += digest_samples(&mut stream, &idx.samples, |s, digest| {
             records.push(Record {
                 digest,
@@ -111,6 +113,12 @@ pub(super) fn digest_inputs(
                 offset: s.start,
             });
         })?;
+        // The members verify's own walk finds must be the samples' (a member the reader passed
+        // over would be missing from input and output alike, and the digests would agree).
+        let problems = scan_problems(stream, &scan, &idx.samples)?;
+        if !problems.is_empty() {
+            bail!("{} (a reshard bug: please report it)", problems.join("; "));
+        }
     }
     Ok((records, bytes))
 }

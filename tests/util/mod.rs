@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod corpus;
 pub mod data;
 pub mod files;
+pub mod fuzz;
 pub mod loaders;
 pub mod lock;
 pub mod ops;

@@ -98,9 +98,11 @@ pub(crate) fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Res
         return Err(everywhere(
             lead,
             anyhow!(
-                "the input holds no samples ({}, {} skipped)",
+                "the input holds no samples ({}, {} skipped): {}{}: from byte offset 0 to its end-of-archive marker, no regular file with a sample key",
                 count(inputs.len() as u64, "shard"),
-                count(skipped.total(), "entry").replace("entrys", "entries")
+                count(skipped.total(), "entry").replace("entrys", "entries"),
+                inputs.first().map_or(String::new(), |s| s.path.display().to_string()),
+                if inputs.len() > 1 { " (as every other shard)" } else { "" }
             ),
         ));
     }

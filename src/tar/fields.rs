@@ -173,18 +173,7 @@ pub(crate) fn numeric(field: &[u8]) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tar::headers::{Member, Seekable, Walk};
-    use crate::tar::testing::header;
-    use std::io::Cursor;
-
-    fn walk_all(bytes: &[u8]) -> Result<Vec<Member>> {
-        let mut w = Walk::new(Seekable(Cursor::new(bytes)), Some(bytes.len() as u64));
-        let mut out = Vec::new();
-        while let Some(m) = w.next_member()? {
-            out.push(m);
-        }
-        Ok(out)
-    }
+    use crate::tar::testing::{header, walk_all};
 
     #[test]
     fn a_sample_must_start_with_a_header_not_zeros_or_a_damaged_block() {

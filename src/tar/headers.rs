@@ -475,17 +475,8 @@ impl<S: Source> Walk<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tar::testing::{header, padded, pax_record, set_checksum};
+    use crate::tar::testing::{header, padded, pax_record, set_checksum, walk_all};
     use std::io::Cursor;
-
-    fn walk_all(bytes: &[u8]) -> Result<Vec<Member>> {
-        let mut w = Walk::new(Seekable(Cursor::new(bytes)), Some(bytes.len() as u64));
-        let mut out = Vec::new();
-        while let Some(m) = w.next_member()? {
-            out.push(m);
-        }
-        Ok(out)
-    }
 
     #[test]
     fn old_gnu_sparse_member_extent_is_its_stored_data_and_extension_blocks() {

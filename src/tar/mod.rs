@@ -39,6 +39,20 @@ pub(crate) use stream::TarStream;
 /// Helpers shared by the unit tests of the tar modules.
 #[cfg(test)]
 pub(crate) mod testing {
+    /// Every member the run's header walk finds in `bytes`, or its first error.
+    pub(crate) fn walk_all(bytes: &[u8]) -> anyhow::Result<Vec<super::headers::Member>> {
+        use super::headers::{Seekable, Walk};
+        let mut w = Walk::new(
+            Seekable(std::io::Cursor::new(bytes)),
+            Some(bytes.len() as u64),
+        );
+        let mut out = Vec::new();
+        while let Some(m) = w.next_member()? {
+            out.push(m);
+        }
+        Ok(out)
+    }
+
     /// A GNU tar of regular files `(name, data)`, with the end-of-archive blocks.
     pub(crate) fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
         let mut b = tar::Builder::new(Vec::new());

@@ -90,19 +90,7 @@ pub(crate) fn apply_pax(data: &[u8], p: &mut Pending, at: u64) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use crate::tar::headers::{Member, Seekable, Walk};
-    use crate::tar::testing::{header, padded, pax_record};
-    use anyhow::Result;
-    use std::io::Cursor;
-
-    fn walk_all(bytes: &[u8]) -> Result<Vec<Member>> {
-        let mut w = Walk::new(Seekable(Cursor::new(bytes)), Some(bytes.len() as u64));
-        let mut out = Vec::new();
-        while let Some(m) = w.next_member()? {
-            out.push(m);
-        }
-        Ok(out)
-    }
+    use crate::tar::testing::{header, padded, pax_record, walk_all};
 
     #[test]
     fn a_pax_record_too_short_to_hold_a_key_is_named_by_its_length() {

@@ -216,7 +216,9 @@ fn renameat2(a: &Path, b: &Path, flags: libc::c_uint) -> io::Result<()> {
 }
 
 /// Stops the whole process, every thread of it, with `SIGSTOP` (as a node that froze would),
-/// returning only if and when something sends it `SIGCONT`. For fault injection in tests.
+/// returning only if and when something sends it `SIGCONT`. For fault injection in tests (a
+/// user's build, without the `test-hooks` feature, has none).
+#[cfg(feature = "test-hooks")]
 pub(crate) fn stop_process() {
     // SAFETY: raise(2) on this process; no memory of ours is involved.
     unsafe {
@@ -226,6 +228,7 @@ pub(crate) fn stop_process() {
 
 /// Kills the whole process with `SIGKILL`, as the OOM killer or a lost node would: nothing of
 /// it runs again. For fault injection in tests.
+#[cfg(feature = "test-hooks")]
 pub(crate) fn kill_process() -> ! {
     // SAFETY: raise(2) on this process; no memory of ours is involved.
     unsafe {

@@ -226,8 +226,11 @@ fn run_phases(
     interrupt::check(comm).map_err(stopped)?;
     // Before publish writes the manifests into the staging directory; again before its rename.
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
-    // Every rank is here: the heartbeats end before rank 0 removes them.
+    // Every rank is here: the heartbeats end, and every rank's has ended (its thread joined)
+    // before rank 0 removes them. Without the second agreement a rank still beating raced the
+    // removal and its beat was published with the output.
     drop(heart);
+    agree(comm, Ok(()))?;
     times.detail("publish");
     publish::run(comm, &settings.publish, setup, &planned, &finished, lock)?;
     if settings.upload.target.is_some() {

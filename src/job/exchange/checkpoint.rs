@@ -88,14 +88,7 @@ impl<'a> Checkpointing<'a> {
         }
         if self.pending.is_some_and(|(m, _)| status.synced >= m) {
             let (_, range) = self.pending.take().expect("pending");
-            let ranges = gather_concat::<(u64, u64)>(comm, 0, &vec![range]);
-            let recorded = match (comm.rank() == 0, ranges) {
-                (true, Ok(r)) => (self.checkpoints.record)(r),
-                (true, Err(e)) => Err(e),
-                (false, _) => Ok(()),
-            };
-            agree(comm, recorded)?;
-            self.taken += 1;
+            self.record(comm, range)?;
             self.last = Instant::now();
             if let Some(signal) = self.stopping {
                 return Err(anyhow::Error::new(Interrupted {
@@ -114,6 +107,20 @@ impl<'a> Checkpointing<'a> {
 }
 
 impl Checkpointing<'_> {
+    /// Records a checkpoint of every rank's durable `range` (gathered on rank 0, which writes
+    /// the record), agreed by every rank.
+    fn record(&mut self, comm: &impl Comm, range: (u64, u64)) -> Result<()> {
+        let ranges = gather_concat::<(u64, u64)>(comm, 0, &vec![range]);
+        let recorded = match (comm.rank() == 0, ranges) {
+            (true, Ok(r)) => (self.checkpoints.record)(r),
+            (true, Err(e)) => Err(e),
+            (false, _) => Ok(()),
+        };
+        agree(comm, recorded)?;
+        self.taken += 1;
+        Ok(())
+    }
+
     /// After the last round, every sample placed (the writer has ended): a stop signal that came
     /// as the last rounds were settled, while the writers still placed them (a write limit keeps
     /// them rounds behind), found no later round to carry its checkpoint. It is taken here, over
@@ -134,14 +141,7 @@ impl Checkpointing<'_> {
         }
         agree(comm, job.output.sync_data())?;
         let range = (job.first_global, job.first_global + job.local.len() as u64);
-        let ranges = gather_concat::<(u64, u64)>(comm, 0, &vec![range]);
-        let recorded = match (comm.rank() == 0, ranges) {
-            (true, Ok(r)) => (self.checkpoints.record)(r),
-            (true, Err(e)) => Err(e),
-            (false, _) => Ok(()),
-        };
-        agree(comm, recorded)?;
-        self.taken += 1;
+        self.record(comm, range)?;
         Err(anyhow::Error::new(Interrupted {
             signal: i32::try_from(signal).unwrap_or(15),
             samples: None,

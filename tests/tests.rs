@@ -26,6 +26,7 @@ mod hygiene;
 mod integrity;
 mod loader_index;
 mod loose_files;
+mod loose_s3;
 mod memory;
 mod messages;
 mod odd_inputs;

@@ -617,7 +617,9 @@ impl Args for PlanArgs {
 /// `--input-files` and the flags that name its samples; `run`, `plan` and `verify` take them.
 #[derive(Debug, Args, Default)]
 pub struct FilesArgs {
-    /// A directory of loose files to pack into samples (a local or parallel file system). Its
+    /// A directory of loose files to pack into samples (a local or parallel file system), or
+    /// a prefix of objects (s3://bucket/prefix/; each object mode 0644, its mtime the
+    /// last-modified time). Its
     /// files are grouped by key (WebDataset's rule on the path relative to ROOT: the directory
     /// and the file name up to its first dot, so a/x.jpg and a/x.json are one sample) and
     /// follow the --input shards, each ROOT in the order given. Hidden files, editors'

@@ -31,7 +31,7 @@ pub(crate) mod s3;
 mod schemes;
 
 use paced::Paced;
-pub(crate) use schemes::{is_object_store, object_scheme, register_source, OBJECT_STORES};
+pub(crate) use schemes::{is_object_store, object_scheme, objects, register_source, OBJECT_STORES};
 use schemes::{object_store, PACED_OBJECT_STORES};
 
 /// What a location is.

@@ -31,6 +31,11 @@ pub fn is_object_store(path: &Path) -> bool {
     object_store(path).is_some()
 }
 
+/// The object store that holds `path`, if one does.
+pub(crate) fn objects(path: &Path) -> Option<&'static Objects> {
+    object_store(path).map(|i| &OBJECT_STORES[i])
+}
+
 /// The scheme of the object store that holds `path` (`s3`), if one does.
 pub fn object_scheme(path: &Path) -> Option<&'static str> {
     object_store(path).map(|i| OBJECT_STORES[i].0.name)

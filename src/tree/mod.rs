@@ -20,7 +20,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::input::InputShard;
 use crate::storage::paced::Paced;
-use crate::storage::posix::Posix;
 use crate::storage::{self, Entry, Kind, OpenInput, Source, Stat};
 
 pub mod header;
@@ -140,10 +139,14 @@ fn decode(text: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// The location of `unit` of `root`: `tree://ROOT//DIR`, with `?files` for a shallow unit.
+/// The location of `unit` of `root`: `tree://ROOT//DIR`, with `?files` for a shallow unit
+/// (`ROOT` may be an object store's URL: `tree://s3%3A/%2Fbucket/prefix//DIR`).
 pub fn unit_path(root: &Path, unit: &Unit) -> PathBuf {
     let mut s = format!("{SCHEME}://");
-    encode(root.as_os_str().as_bytes(), &mut s);
+    let mut r = String::new();
+    encode(root.as_os_str().as_bytes(), &mut r);
+    // The root's own `//` (an `s3://` root's) encoded, as `//` ends the root.
+    s.push_str(&r.replace("//", "/%2F"));
     s.push_str("//");
     encode(&unit.dir, &mut s);
     if !unit.deep {
@@ -269,8 +272,9 @@ pub fn expand(request: &FilesRequest) -> Result<(Vec<InputShard>, Vec<Root>)> {
     let mut classes: Vec<Vec<u8>> = Vec::new();
     for given in &request.roots {
         let what = || format!("--input-files {}", given.display());
-        let root = Posix.canonical(given).with_context(what)?;
-        if Posix.stat(&root).with_context(what)?.kind != Kind::Dir {
+        let store = storage::source(given);
+        let root = store.canonical(given).with_context(what)?;
+        if store.stat(&root).with_context(what)?.kind != Kind::Dir {
             bail!("{}: not a directory", what());
         }
         if root == Path::new("/") {
@@ -289,8 +293,12 @@ pub fn expand(request: &FilesRequest) -> Result<(Vec<InputShard>, Vec<Root>)> {
         let (units, own) = units::cut(&root, request.key_regex.is_some()).with_context(what)?;
         classes.extend(own);
         canon.push(root.clone());
-        // Without repeated or trailing slashes, which would end the root early in a location.
-        let given: PathBuf = given.components().collect();
+        // Without repeated or trailing slashes, which would end the root early in a location
+        // (an object store's URL keeps its `//`).
+        let given: PathBuf = match given.to_str() {
+            Some(url) if storage::is_object_store(given) => url.trim_end_matches('/').into(),
+            _ => given.components().collect(),
+        };
         cuts.push((given, root, units));
     }
     classes.sort();
@@ -348,7 +356,12 @@ mod tests {
                 .to_str()
                 .unwrap()
                 .starts_with("tree:///data/my%20set//"));
-            assert_eq!(parse(&path), Some((root.to_path_buf(), unit)));
+            assert_eq!(parse(&path), Some((root.to_path_buf(), unit.clone())));
+            let url = Path::new("s3://bucket/pre//fix");
+            assert_eq!(
+                parse(&unit_path(url, &unit)),
+                Some((url.to_path_buf(), unit))
+            );
         }
     }
 }

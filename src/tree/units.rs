@@ -11,8 +11,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use crate::storage::posix::Posix;
-use crate::storage::{Kind, Source};
+use crate::storage::{self, Kind};
 use crate::tree::view::file_path;
 use crate::tree::walk::{hidden, join, not_utf8};
 use crate::tree::Unit;
@@ -37,7 +36,7 @@ pub fn cut(root: &Path, whole: bool) -> Result<(Vec<Unit>, Vec<Vec<u8>>)> {
         let mut below = Vec::new();
         for dir in &level {
             let path = file_path(root, dir);
-            let entries = Posix
+            let entries = storage::source(&path)
                 .list(&path)
                 .with_context(|| format!("{}: cannot list the directory", path.display()))?;
             let mut files = false;

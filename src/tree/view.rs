@@ -10,7 +10,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::storage::posix::{self, FileFacts};
-use crate::storage::{FileStamp, Input, Kind};
+use crate::storage::s3::loose::Wanted;
+use crate::storage::s3::Objects;
+use crate::storage::{objects, FileStamp, Input, Kind};
 use crate::tree::header::{header_len, padded, write_header, HeaderFields, BLOCK};
 
 /// One member of a unit's tar view.
@@ -27,6 +29,10 @@ pub struct Member {
     /// read checks unchanged).
     pub mtime: i64,
     pub mtime_ns: i128,
+    /// On object storage, a hash of the ETag listed (what a read checks unchanged with the
+    /// size); 0 for a file or a label.
+    #[serde(default)]
+    pub identity: u64,
 }
 
 /// Where a member's bytes are.
@@ -92,6 +98,17 @@ impl Listing {
 }
 
 impl Member {
+    /// What the walk saw of the member's file: its size, modification time and identity.
+    pub(crate) fn stamp(&self) -> FileStamp {
+        FileStamp {
+            size: self.size,
+            mtime_ns: self.mtime_ns,
+            ctime_ns: 0,
+            dev: 0,
+            identity: self.identity,
+        }
+    }
+
     fn fields(&self) -> HeaderFields<'_> {
         HeaderFields {
             name: &self.name,
@@ -109,10 +126,20 @@ impl Input for View {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let listing = &*self.0;
         let mut done = 0;
+        // The data the read covers, filled once the headers and padding are: on object storage
+        // its GETs are then in flight together.
+        let mut data = Vec::new();
         while done < buf.len() && offset + (done as u64) < listing.size {
             let at = offset + done as u64;
-            let n = read_piece(listing, &mut buf[done..], at)?;
+            let n = read_piece(listing, &mut buf[done..], at, done, &mut data);
             done += n;
+        }
+        if let Some(store) = objects(&listing.root) {
+            fill_objects(store, listing, buf, &data)?;
+        } else {
+            for (i, from, range) in data {
+                read_data(listing, &listing.members[i], &mut buf[range], from)?;
+            }
         }
         Ok(done)
     }
@@ -126,39 +153,95 @@ impl Input for View {
     }
 }
 
+/// A member's data a read covers: the member's index, the offset in its data, and where its
+/// bytes go in the read's buffer.
+type DataPiece = (usize, u64, std::ops::Range<usize>);
+
 /// Fills the start of `buf` with the view's bytes at `at` up to the end of the piece (header,
-/// data, padding) that holds `at`: the count filled.
-fn read_piece(listing: &Listing, buf: &mut [u8], at: u64) -> io::Result<usize> {
+/// data, padding) that holds `at`: the count filled. Data is not read but added to `data`
+/// (`buf` starts at byte `base` of the read's buffer).
+fn read_piece(
+    listing: &Listing,
+    buf: &mut [u8],
+    at: u64,
+    base: usize,
+    data: &mut Vec<DataPiece>,
+) -> usize {
     let end_of_members = listing.size - 2 * BLOCK;
     if at >= end_of_members {
         let n = buf.len().min((listing.size - at) as usize);
         buf[..n].fill(0);
-        return Ok(n);
+        return n;
     }
     // Some member starts at or before `at`: the first starts at 0.
     let i = listing.starts.partition_point(|&s| s <= at) - 1;
     let m = &listing.members[i];
     let start = listing.starts[i];
     let fields = m.fields();
-    let data = start + header_len(&fields);
-    let data_end = data + m.size;
-    let member_end = data + padded(m.size);
-    if at < data {
-        let mut header = Vec::with_capacity((data - start) as usize);
+    let data_start = start + header_len(&fields);
+    let data_end = data_start + m.size;
+    let member_end = data_start + padded(m.size);
+    if at < data_start {
+        let mut header = Vec::with_capacity((data_start - start) as usize);
         write_header(&fields, &mut header);
         let from = (at - start) as usize;
         let n = buf.len().min(header.len() - from);
         buf[..n].copy_from_slice(&header[from..from + n]);
-        return Ok(n);
+        return n;
     }
     if at < data_end {
         let n = buf.len().min((data_end - at) as usize);
-        read_data(listing, m, &mut buf[..n], at - data)?;
-        return Ok(n);
+        data.push((i, at - data_start, base..base + n));
+        return n;
     }
     let n = buf.len().min((member_end - at) as usize);
     buf[..n].fill(0);
-    Ok(n)
+    n
+}
+
+/// Fills the data `pieces` (member index, offset in the member, bytes of `buf`) of a read of
+/// `listing`'s view: labels from the listing, objects by ranged GETs, all in flight at once up
+/// to the store's bound.
+///
+/// # Errors
+/// A GET fails, or an object is not the one listed (see [`Objects::get_many`]).
+fn fill_objects(
+    store: &Objects,
+    listing: &Listing,
+    buf: &mut [u8],
+    pieces: &[(usize, u64, std::ops::Range<usize>)],
+) -> std::io::Result<()> {
+    let mut paths = Vec::new();
+    for (i, _, _) in pieces {
+        let m: &Member = &listing.members[*i];
+        if let Bytes::File(rel) = &m.source {
+            paths.push(file_path(&listing.root, rel));
+        }
+    }
+    let mut next_path = paths.iter();
+    let mut wanted = Vec::with_capacity(paths.len());
+    for (i, offset, range) in pieces {
+        let m = &listing.members[*i];
+        match &m.source {
+            Bytes::Inline(bytes) => {
+                let from = *offset as usize;
+                buf[range.clone()].copy_from_slice(&bytes[from..from + range.len()]);
+            }
+            Bytes::File(_) => wanted.push(Wanted {
+                path: next_path.next().expect("one path per file piece"),
+                range: *offset..*offset + range.len() as u64,
+                listed: m.stamp(),
+            }),
+        }
+    }
+    let got = store.get_many(&wanted)?;
+    let files = pieces
+        .iter()
+        .filter(|(i, _, _)| matches!(listing.members[*i].source, Bytes::File(_)));
+    for ((_, _, range), bytes) in files.zip(got) {
+        buf[range.clone()].copy_from_slice(&bytes);
+    }
+    Ok(())
 }
 
 /// Reads `buf.len()` bytes at `offset` of a member's content: a label's bytes, or the file's,

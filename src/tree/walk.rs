@@ -12,7 +12,14 @@
 //! - empty files are members like any other, and a file that is itself a tar is a file.
 //!
 //! Every skip is counted and reported.
+//!
+//! On object storage (`--input-files s3://bucket/prefix/`) a deep unit is one flat listing of
+//! its prefix (the store pages through it whatever the layout below), a shallow one a listing
+//! with the delimiter `/`; the listing's size, last-modified time and ETag play the role of
+//! `lstat`: every object is a regular file of mode 0644 whose mtime is its last-modified time
+//! in whole seconds; a hidden name hides all below it, as a hidden directory does.
 
+use std::collections::HashSet;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -20,11 +27,16 @@ use anyhow::{bail, Context, Result};
 use regex::bytes::Regex;
 use serde::{Deserialize, Serialize};
 
-use crate::storage::posix::{self, Posix};
-use crate::storage::{Kind, Source};
+use crate::storage::posix::{self, FileFacts, Posix};
+use crate::storage::s3::Objects;
+use crate::storage::{objects, Kind, Source};
 use crate::tar::key::{extension, sample_key};
 use crate::tree::view::{file_path, Bytes, Listing, Member};
 use crate::tree::Unit;
+
+/// The mode every object's member gets (on object storage): what a file downloaded under the
+/// usual umask has.
+pub const OBJECT_MODE: u32 = 0o644;
 
 /// How a root's files become samples: the key rule and the label.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,6 +131,33 @@ pub fn walk_unit(root: &Path, unit: &Unit, rules: &Rules) -> Result<(Listing, Sk
         .transpose()
         .context("--key-regex")?;
     let mut skips = Skips::default();
+    let files = if let Some(store) = objects(root) {
+        object_files(store, root, unit, &mut skips)?
+    } else {
+        local_files(root, unit, &mut skips)?
+    };
+    let mut found = Vec::with_capacity(files.len());
+    for (rel, facts) in files {
+        match keyed(root, rel, &facts, regex.as_ref())? {
+            Some(k) => found.push(k),
+            None => skips.keyless += 1,
+        }
+    }
+    found.sort_by(|a, b| (&a.key, &a.member.name).cmp(&(&b.key, &b.member.name)));
+    if let Some(label) = &rules.label {
+        found = labelled(root, found, label)?;
+    }
+    let members = found.into_iter().map(|k| k.member).collect();
+    Ok((Listing::new(root.to_path_buf(), members), skips))
+}
+
+/// The regular files of `unit` of the directory `root` (links to files followed), relative to
+/// the root, with their facts: one `readdir` per directory, one `lstat` per file (a `stat` for
+/// a link). What is left out is counted in `skips`.
+///
+/// # Errors
+/// A directory that cannot be listed, a file that cannot be examined, a name that is not UTF-8.
+fn local_files(root: &Path, unit: &Unit, skips: &mut Skips) -> Result<Vec<(Vec<u8>, FileFacts)>> {
     let mut found = Vec::new();
     let mut dirs = vec![unit.dir.clone()];
     while let Some(dir) = dirs.pop() {
@@ -166,20 +205,52 @@ pub fn walk_unit(root: &Path, unit: &Unit, rules: &Rules) -> Result<(Listing, Sk
                             continue;
                         }
                     }
-                    match keyed(root, rel, &facts, regex.as_ref())? {
-                        Some(k) => found.push(k),
-                        None => skips.keyless += 1,
-                    }
+                    found.push((rel, facts));
                 }
             }
         }
     }
-    found.sort_by(|a, b| (&a.key, &a.member.name).cmp(&(&b.key, &b.member.name)));
-    if let Some(label) = &rules.label {
-        found = labelled(root, found, label)?;
+    Ok(found)
+}
+
+/// On object storage: the objects of `unit` of the prefix `root` in `store`, as files relative
+/// to the root with their facts; hidden names and editors' leftovers counted in `skips` (a
+/// hidden prefix once).
+///
+/// # Errors
+/// The listing fails; the message names the prefix.
+fn object_files(
+    store: &Objects,
+    root: &Path,
+    unit: &Unit,
+    skips: &mut Skips,
+) -> Result<Vec<(Vec<u8>, FileFacts)>> {
+    let prefix = file_path(root, &unit.dir);
+    let (listed, prefixes) = store
+        .list_objects(&prefix, unit.deep)
+        .with_context(|| format!("{}/: cannot list the prefix", prefix.display()))?;
+    // A shallow unit's hidden prefixes count as a directory's do in its listing.
+    skips.hidden += prefixes.iter().filter(|p| hidden(p.as_bytes())).count() as u64;
+    let mut hidden_dirs: HashSet<&str> = HashSet::new();
+    let mut out = Vec::with_capacity(listed.len());
+    for l in &listed {
+        let parts: Vec<&str> = l.rel.split('/').collect();
+        if let Some(i) = parts.iter().position(|p| hidden(p.as_bytes())) {
+            // The hidden part and what is above it: a hidden prefix counts once.
+            let end = parts[..=i].iter().map(|p| p.len()).sum::<usize>() + i;
+            if i + 1 == parts.len() || hidden_dirs.insert(&l.rel[..end]) {
+                skips.hidden += 1;
+            }
+            continue;
+        }
+        let facts = FileFacts {
+            kind: Kind::File,
+            stamp: l.stamp,
+            mode: OBJECT_MODE,
+        };
+        out.push((join(&unit.dir, l.rel.as_bytes()), facts));
     }
-    let members = found.into_iter().map(|k| k.member).collect();
-    Ok((Listing::new(root.to_path_buf(), members), skips))
+    Ok(out)
 }
 
 /// The file `rel` as a member named by the key rule; `None` when it has no key.
@@ -228,6 +299,7 @@ fn keyed(
             mode: facts.mode,
             mtime: i64::try_from(mtime_s).unwrap_or(0),
             mtime_ns: facts.stamp.mtime_ns,
+            identity: facts.stamp.identity,
         },
     }))
 }
@@ -300,6 +372,7 @@ fn label_group(root: &Path, mut group: Vec<Keyed>, label: &Label) -> Result<Vec<
             mode: 0o644,
             mtime: 0,
             mtime_ns: 0,
+            identity: 0,
         },
     });
     group.sort_by(|a, b| a.member.name.cmp(&b.member.name));

@@ -62,6 +62,11 @@ elif op == "get":
             f = dst / o["Key"][len(prefix) + 1:]
             f.parent.mkdir(parents=True, exist_ok=True)
             s3.download_file(bucket, o["Key"], str(f))
+            if len(sys.argv) > 5:
+                # As the listing says: mode 0644, mtime the last modification's whole second.
+                t = int(o["LastModified"].timestamp())
+                os.chmod(f, 0o644)
+                os.utime(f, (t, t))
 elif op == "wds":
     # webdataset reads the output the manifest lists, each shard streamed from S3 by `pipe:`.
     import json, webdataset
@@ -336,6 +341,13 @@ impl Server {
     /// Downloads every object under `s3://bucket/prefix/` into `to`.
     pub fn get(&self, dir: &Dir, bucket: &str, prefix: &str, to: &Path) {
         self.client(dir, &["get", bucket, prefix, to.to_str().unwrap()]);
+    }
+
+    /// Downloads every object under `s3://bucket/prefix/` into `to`, each file with mode 0644
+    /// and the object's last modification (whole seconds) as its mtime.
+    pub fn get_as_listed(&self, dir: &Dir, bucket: &str, prefix: &str, to: &Path) {
+        let to = to.to_str().unwrap();
+        self.client(dir, &["get", bucket, prefix, to, "as-listed"]);
     }
 
     /// The keys under `s3://bucket/prefix` (every key that starts with it), in order.

@@ -26,6 +26,7 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
 
 use super::{Capabilities, Entry, FileStamp, Kind, OpenInput, Output, Sink, Source, Stat, Writer};
 
+pub(crate) mod loose;
 mod multipart;
 mod read;
 mod requests;

@@ -3,7 +3,7 @@
 # loose files (one stream, the classic way), at several rank counts, interleaved, medians.
 #
 #   examples/bench-files.sh [--dir DIR] [--files N] [--dirs D] [--size BYTES] [--np "1 2"]
-#                           [--repeat R] [--keep-tree] [--shardwriter PYTHON]
+#                           [--repeat R] [--keep-tree] [--shardwriter PYTHON] [--s3 URL]
 #
 # Builds (once, deterministically: sizes vary +-50% around --size, bytes from a seeded PRNG) a
 # tree of N files in D directories under DIR/tree, then per repeat runs `tar -cf` and reshard at
@@ -14,15 +14,20 @@
 # median seconds, files/s, MiB/s, peak RSS (tar: the process; reshard: the largest rank, from
 # its summary, and /usr/bin/time's largest process). Caches stay warm (the machine is shared:
 # nothing is dropped); the load average is printed before and after.
+# With --s3 s3://bucket/prefix: the tree is uploaded there once (`aws s3 sync`; the AWS_*
+# variables name the store, AWS_ENDPOINT_URL for SeaweedFS or MinIO; $AWS names the aws
+# command), reshard packs the prefix (`--input-files URL/`), and the classic way from a bucket
+# is timed beside tar: `aws s3 cp --recursive` to local disk, then `tar -cf` (row s3cp+tar).
 set -euo pipefail
-dir=/tmp/bench-files files=200000 dirs=1000 size=8192 nps="1 2" repeat=3 keep=0 sw=""
+dir=/tmp/bench-files files=200000 dirs=1000 size=8192 nps="1 2" repeat=3 keep=0 sw="" s3=""
 while [ $# -gt 0 ]; do
   case $1 in
     --dir) dir=$2; shift 2;; --files) files=$2; shift 2;; --dirs) dirs=$2; shift 2;;
     --size) size=$2; shift 2;; --np) nps=$2; shift 2;; --repeat) repeat=$2; shift 2;;
     --keep-tree) keep=1; shift;;
     --shardwriter) sw=$2; shift 2;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0;;
+    --s3) s3=${2%/}; shift 2;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0;;
     *) echo "unknown argument $1" >&2; exit 2;;
   esac
 done
@@ -47,6 +52,12 @@ PY
   touch "$tree/.done"
 fi
 bytes=$(du -sb --exclude=.done "$tree" | cut -f1)
+input=$tree
+if [ -n "$s3" ]; then
+  aws=${AWS:-aws}
+  "$aws" s3 sync --quiet --exclude .done "$tree" "$s3"
+  input=$s3/
+fi
 echo "tree: $files files in $dirs directories, $bytes bytes, under $dir; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A secs rss ranks
 for r in $(seq "$repeat"); do
@@ -55,6 +66,14 @@ for r in $(seq "$repeat"); do
   t1=$(date +%s.%N)
   secs[tar]+="$(echo "$t1 - $t0" | bc) "; rss[tar]+="$(cat "$dir/time") "
   rm -f "$dir/out.tar"
+  if [ -n "$s3" ]; then
+    t0=$(date +%s.%N)
+    "$aws" s3 cp --quiet --recursive "$s3" "$dir/dl"
+    /usr/bin/time -f "%M" -o "$dir/time" tar -cf "$dir/out.tar" -C "$dir/dl" .
+    t1=$(date +%s.%N)
+    secs[s3cp+tar]+="$(echo "$t1 - $t0" | bc) "; rss[s3cp+tar]+="$(cat "$dir/time") "
+    rm -rf "$dir/out.tar" "$dir/dl"
+  fi
   if [ -n "$sw" ]; then
     mkdir -p "$dir/sw"
     t0=$(date +%s.%N)
@@ -88,7 +107,7 @@ PY
   fi
   for np in $nps; do
     t0=$(date +%s.%N)
-    /usr/bin/time -f "%M" -o "$dir/time" mpirun -np "$np" "$reshard" run --input-files "$tree" \
+    /usr/bin/time -f "%M" -o "$dir/time" mpirun -np "$np" "$reshard" run --input-files "$input" \
       --output "$dir/out" --shard-size 256MiB --seed 1 --progress none >"$dir/summary" 2>"$dir/log"
     t1=$(date +%s.%N)
     secs[np$np]+="$(echo "$t1 - $t0" | bc) "
@@ -99,7 +118,7 @@ PY
 done
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 printf '%-11s %10s %12s %10s %16s %s\n' tool "median s" "files/s" "MiB/s" "max RSS (KiB)" "largest rank (reshard)"
-for t in tar ${sw:+shardwriter} $(for np in $nps; do echo np$np; done); do
+for t in tar ${s3:+s3cp+tar} ${sw:+shardwriter} $(for np in $nps; do echo np$np; done); do
   m=$(echo "${secs[$t]}" | median)
   printf '%-11s %10.2f %12.0f %10.1f %16s %s   (runs: %s)\n' "$t" "$m" "$(echo "$files / $m" | bc -l)" \
     "$(echo "$bytes / 1048576 / $m" | bc -l)" "$(echo "${rss[$t]}" | median)" "${ranks[$t]:-}" "${secs[$t]}"

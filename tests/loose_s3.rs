@@ -41,6 +41,10 @@ fn a_prefix_of_objects_packs_to_the_same_bytes_at_np_1_to_3_as_its_local_copy() 
         // Hidden: four files of c0 and the prefix c2/.cache/ once; .git/ beside the classes is
         // left out where rank 0 cuts the root, uncounted.
         res.stderr_has("skipped: 5 hidden or editor's leftover, 1 without a key");
+        // One GET per object but the empty one (nothing to read): the index phase walks the
+        // synthesized headers without a GET.
+        let gets = format!("s3 requests: {} GET", files - 1);
+        res.check(res.stdout.contains(&gets), &gets);
         digests.push(output_digest(&dir.join(&out)));
     }
     assert!(

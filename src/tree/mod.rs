@@ -257,7 +257,7 @@ impl Source for Tree {
     }
 
     fn open(&self, path: &Path) -> io::Result<OpenInput> {
-        Ok(Arc::new(View(listing(path)?)))
+        Ok(Arc::new(View::new(listing(path)?)))
     }
 }
 

@@ -5,6 +5,7 @@
 use std::any::Any;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -120,11 +121,27 @@ impl Member {
 }
 
 /// The open tar view of a unit.
-pub struct View(pub Arc<Listing>);
+pub struct View {
+    listing: Arc<Listing>,
+    /// Set by [`Input::advise_random`] (the index phase, which walks headers only): a read
+    /// that starts outside a member's data ends where the next member's data starts, a short
+    /// read, so that walking the headers opens or GETs no file.
+    headers_only: AtomicBool,
+}
+
+impl View {
+    pub fn new(listing: Arc<Listing>) -> Self {
+        View {
+            listing,
+            headers_only: AtomicBool::new(false),
+        }
+    }
+}
 
 impl Input for View {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        let listing = &*self.0;
+        let listing = &*self.listing;
+        let headers_only = self.headers_only.load(Ordering::Relaxed);
         let mut done = 0;
         // The data the read covers, filled once the headers and padding are: on object storage
         // its GETs are then in flight together.
@@ -132,6 +149,10 @@ impl Input for View {
         while done < buf.len() && offset + (done as u64) < listing.size {
             let at = offset + done as u64;
             let n = read_piece(listing, &mut buf[done..], at, done, &mut data);
+            if headers_only && done > 0 && data.last().is_some_and(|d| d.2.start == done) {
+                data.pop();
+                break;
+            }
             done += n;
         }
         if let Some(store) = objects(&listing.root) {
@@ -145,7 +166,11 @@ impl Input for View {
     }
 
     fn stamp(&self) -> io::Result<FileStamp> {
-        Ok(self.0.stamp())
+        Ok(self.listing.stamp())
+    }
+
+    fn advise_random(&self) {
+        self.headers_only.store(true, Ordering::Relaxed);
     }
 
     fn as_any(&self) -> &dyn Any {

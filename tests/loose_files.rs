@@ -359,3 +359,61 @@ fn loader_indexes_gpus_and_splits_take_a_tree() {
         assert_eq!(train.len() + val.len(), samples, "np {np}");
     }
 }
+
+/// A tree of 2,000 files of about 4 KiB (one sample each) in 20 directories.
+fn many_files(dir: &Dir, rel: &str) {
+    for i in 0..2000u64 {
+        let bytes = crate::util::noise(i, 3000 + (i as usize * 37) % 2000);
+        dir.create_bytes(format!("{rel}/d{:02}/f{i:05}.bin", i % 20), &bytes);
+    }
+}
+
+/// `--input-files` under `mpirun -np NP`, slowed, in rounds of at most 1 MiB.
+fn slow_pack(dir: &Dir, np: usize, out: &str, extra: &[&str]) -> crate::util::TestCommand {
+    let mut cmd = dir.mpi(np);
+    cmd.args(["run", "--input-files", "many", "--output", out])
+        .args(["--shards", "5", "--seed", "3", "--mem-limit", "1MiB"])
+        .args(extra)
+        .env("RESHARD_TEST_SLOW_ROUNDS", "150");
+    cmd
+}
+
+/// SIGTERM to mpirun mid-exchange: the run stops in order (mpirun's own status aside: Hydra
+/// once answered 0 at np 2 while every rank exited 143 and nothing was published).
+fn stopped(dir: &Dir, np: usize, out: &str) {
+    use crate::signals::{processes, send, start, stopped_in_order_said, wait_for_exchange};
+    let job = start(slow_pack(dir, np, out, &[]));
+    wait_for_exchange(dir, out, &job);
+    let launchers = processes(dir.path(), "mpiexec");
+    assert_eq!(launchers.len(), 1, "one mpirun: {launchers:?}");
+    send("TERM", launchers[0]);
+    stopped_in_order_said(&job.join().unwrap(), dir.path(), out, "SIGTERM");
+}
+
+#[test]
+fn an_interrupted_tree_resumes_to_identical_bytes_and_a_changed_one_is_refused() {
+    let dir = Dir::new("files-resume");
+    many_files(&dir, "many");
+    dir.command()
+        .args(["run", "--input-files", "many", "--output", "ref"])
+        .args(["--shards", "5", "--seed", "3", "--mem-limit", "1MiB"])
+        .assert_success();
+    stopped(&dir, 3, "out");
+    let res = slow_pack(&dir, 2, "out", &["--resume"]).assert_success();
+    res.check(
+        res.stdout.contains("resumed: reused") && !res.stdout.contains("reused 0 samples"),
+        "the rerun reused what the stopped run had made durable",
+    );
+    crate::util::verifier::assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
+    // The same size, another modification time: the resume names the directory.
+    stopped(&dir, 3, "again");
+    let victim = dir.join("many/d07/f00007.bin");
+    let bytes = fs::read(&victim).unwrap();
+    fs::remove_file(&victim).unwrap();
+    fs::write(&victim, &bytes).unwrap();
+    let file = fs::File::options().write(true).open(&victim).unwrap();
+    file.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000))
+        .unwrap();
+    let res = slow_pack(&dir, 2, "again", &["--resume"]).assert_code(2);
+    res.stderr_has("the loose files under many/d07 changed since that run");
+}

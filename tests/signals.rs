@@ -54,7 +54,7 @@ pub fn input_and_reference(dir: &Dir) {
 }
 
 /// The processes whose working directory is `dir` and whose program is `exe` (by file name).
-fn processes(dir: &Path, exe: &str) -> Vec<u32> {
+pub fn processes(dir: &Path, exe: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for e in fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
@@ -98,7 +98,7 @@ fn wait_for_phase(dir: &Dir, out: &str, phase: &str, job: &thread::JoinHandle<Ru
     }
 }
 
-fn send(signal: &str, pid: u32) {
+pub fn send(signal: &str, pid: u32) {
     let ok = std::process::Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
         .status()
@@ -154,7 +154,7 @@ pub fn resumes_identically(dir: &Dir, np: usize, out: &str) {
     assert_same_output(&dir.join("ref"), &dir.join(out), &["ranks"]);
 }
 
-fn start(cmd: TestCommand) -> thread::JoinHandle<RunOutput> {
+pub fn start(cmd: TestCommand) -> thread::JoinHandle<RunOutput> {
     thread::spawn(move || cmd.output())
 }
 

@@ -166,7 +166,7 @@ pub(crate) fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
     let loaders = loader_indexes(args, equalize)?;
     Ok(RunConfig {
         inputs: args.inputs.clone(),
-        files: files(&args.files, args.resume)?,
+        files: files(&args.files)?,
         output,
         upload,
         sizing,
@@ -210,9 +210,9 @@ pub(crate) fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
 }
 
 /// `--input-files` and the flags that only it takes, checked ([`crate::tree::FilesRequest`]).
-fn files(args: &FilesArgs, resume: bool) -> Result<crate::tree::FilesRequest> {
+fn files(args: &FilesArgs) -> Result<crate::tree::FilesRequest> {
     let (roots, key_regex, label) = (&args.input_files, &args.key_regex, &args.label_from_dir);
-    crate::tree::FilesRequest::checked(roots, key_regex.as_deref(), label.as_deref(), resume)
+    crate::tree::FilesRequest::checked(roots, key_regex.as_deref(), label.as_deref())
 }
 
 /// What every phase of a job needs of `cfg`, each its own settings, decided here once.
@@ -833,7 +833,7 @@ pub(crate) fn verify_config(args: &VerifyArgs) -> Result<VerifyConfig> {
     }
     Ok(VerifyConfig {
         inputs: args.inputs.clone(),
-        files: files(&args.files, false)?,
+        files: files(&args.files)?,
         output: args.output.clone(),
         json: args.json,
         plot: args.plot.clone(),

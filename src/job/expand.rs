@@ -217,6 +217,13 @@ fn expand_inputs(
         inputs.push(input);
     }
     let (units, trees) = tree::expand(&settings.files)?;
+    // Stamped once walked (`resume::record_units`); a resumed run's units are the same
+    // locations (the cut depends on the tree alone).
+    records.extend(
+        units
+            .iter()
+            .map(|u| resume::input_record(u, &Default::default())),
+    );
     inputs.extend(units);
     Ok((inputs, records, trees))
 }

@@ -90,9 +90,16 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
     });
     let mut setup: Setup = broadcast_result(comm, 0, prepared)?;
     let staging = setup.staging.clone().filter(|_| !settings.dry_run);
-    let result = match walk::run(comm, &setup.trees, &mut setup.inputs, staging.as_deref()) {
+    let walked = walk::run(comm, &setup.trees, &mut setup.inputs, staging.as_deref());
+    let walked = walked.and_then(|w| {
+        let digests = w.as_ref().map_or(&[][..], |(_, d)| &d[..]);
+        let records = lead.then_some(&mut mine.inputs);
+        resume::record_units(comm, &setup, records, digests)?;
+        Ok(w)
+    });
+    let result = match walked {
         Ok(walked) => {
-            setup.files = walked.map(|w| w.files);
+            setup.files = walked.map(|(w, _)| w.files);
             run_phases(comm, settings, &setup, lead.then_some(&mine), &mut times)
         }
         Err(e) => Err(e),

@@ -19,6 +19,9 @@ use crate::tree::view::{Bytes, Listing};
 use crate::tree::walk::Skips;
 use crate::tree::{self, Root};
 
+/// Every unit's input index and listing digest ([`crate::tree::view::Listing::digest`]).
+pub type UnitDigests = Vec<(usize, u128)>;
+
 /// What the walk found, over all ranks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Walked {
@@ -28,7 +31,8 @@ pub struct Walked {
     pub skips: Skips,
 }
 
-/// Walks the units among `inputs` (sizing them in place) and moves each listing to its reader.
+/// Walks the units among `inputs` (sizing them in place) and moves each listing to its reader;
+/// what was found, and every unit's (input index, listing digest), the same on every rank.
 /// `staging`: where rank 0 writes the `--label-from-dir` class list (none when only planning).
 ///
 /// # Errors
@@ -38,7 +42,7 @@ pub fn run<C: Comm>(
     roots: &[Root],
     inputs: &mut [InputShard],
     staging: Option<&std::path::Path>,
-) -> Result<Option<Walked>> {
+) -> Result<Option<(Walked, UnitDigests)>> {
     let units: Vec<usize> = (0..inputs.len())
         .filter(|&i| tree::parse(&inputs[i].path).is_some())
         .collect();
@@ -51,9 +55,13 @@ pub fn run<C: Comm>(
     let mine: Vec<usize> = units[share.clone()].to_vec();
     let walked = agree(comm, walk_all(inputs, &mine))?;
     let mut sizes = vec![0; units.len()];
+    // Each unit's digest in two halves: one rank's slot, the others' 0, so the sums are it.
+    let mut halves = vec![0u64; 2 * units.len()];
     let mut totals = [0u64; 7];
     for ((_, listing, skips), j) in walked.iter().zip(share) {
         sizes[j] = listing.size();
+        let d = listing.digest();
+        (halves[2 * j], halves[2 * j + 1]) = ((d >> 64) as u64, d as u64);
         let files = listing
             .members
             .iter()
@@ -68,6 +76,12 @@ pub fn run<C: Comm>(
         inputs[units[j]].size = size;
     }
     let totals = comm.all_sum(&totals);
+    let halves = comm.all_sum(&halves);
+    let digests = units
+        .iter()
+        .zip(halves.chunks(2))
+        .map(|(&i, h)| (i, (u128::from(h[0]) << 64) | u128::from(h[1])))
+        .collect();
     let owners = assign_inputs(&inputs.iter().map(|s| s.size).collect::<Vec<_>>(), ranks);
     hand_over(comm, inputs, &owners, walked)?;
     let found = Walked {
@@ -83,7 +97,7 @@ pub fn run<C: Comm>(
             .write(&path, &list)
             .with_context(|| format!("{}: cannot write the class list", path.display()))?;
     }
-    Ok(Some(found))
+    Ok(Some((found, digests)))
 }
 
 /// The walk's line for rank 0's narration.

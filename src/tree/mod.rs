@@ -63,8 +63,7 @@ pub struct FilesRequest {
 
 impl FilesRequest {
     /// The request the flags make, checked without I/O: no rule without a root, a key regex
-    /// that compiles and has a capture group, a label extension that is one name part, and
-    /// no `--resume` (not yet).
+    /// that compiles and has a capture group, and a label extension that is one name part.
     ///
     /// # Errors
     /// A usage error saying which flag and why.
@@ -72,7 +71,6 @@ impl FilesRequest {
         roots: &[PathBuf],
         key_regex: Option<&str>,
         label: Option<&str>,
-        resume: bool,
     ) -> Result<Self> {
         if roots.is_empty() {
             for (given, flag) in [
@@ -84,9 +82,6 @@ impl FilesRequest {
                 }
             }
             return Ok(FilesRequest::default());
-        }
-        if resume {
-            bail!("--resume does not take --input-files yet: rerun without --resume");
         }
         if let Some(re) = key_regex {
             let compiled = regex::bytes::Regex::new(re)

@@ -85,6 +85,15 @@ impl Listing {
         self.size
     }
 
+    /// A digest of what the walk saw: every member's name, source, size, mode, times and
+    /// identity, in order. A resumed run checks each unit unchanged by it.
+    pub fn digest(&self) -> u128 {
+        use md5::Digest;
+        let bytes = bincode::serde::encode_to_vec(&self.members, bincode::config::standard())
+            .unwrap_or_default();
+        u128::from_be_bytes(md5::Md5::digest(&bytes).into())
+    }
+
     /// The stamp the view reports: its size; no times, no identity (each file is checked
     /// unchanged when it is read instead).
     pub fn stamp(&self) -> FileStamp {

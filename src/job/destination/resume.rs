@@ -91,12 +91,72 @@ pub(crate) fn check_same_request(
                 then.path, now.path
             )));
         }
-        if (then.size, then.mtime_ns) != (now.size, now.mtime_ns) {
+        // A unit of loose files is stamped once walked ([`record_units`]).
+        let unit = crate::tree::parse(Path::new(&now.path)).is_some();
+        if !unit && (then.size, then.mtime_ns) != (now.size, now.mtime_ns) {
             return Err(differs(format!(
                 "the input {} changed since (then {} bytes, modified at {} ns; now {} bytes, modified at {} ns)",
                 now.path, then.size, then.mtime_ns, now.size, now.mtime_ns
             )));
         }
+    }
+    Ok(())
+}
+
+/// After the walk phase: each unit of loose files stamped in rank 0's `records` (its tar
+/// view's size, and its listing's digest in place of a modification time), and with
+/// `--resume` checked against the recorded run's: a unit whose files changed since (one added,
+/// removed, or changed in size, time or ETag) refuses the resume, naming its directory.
+/// `digests`: every unit's (input index, digest), from the walk.
+///
+/// # Errors
+/// A changed unit (a [`UsageError`]), or the plan record cannot be read; agreed on every rank.
+pub(crate) fn record_units(
+    comm: &impl Comm,
+    setup: &crate::job::handoff::Setup,
+    records: Option<&mut Vec<InputRecord>>,
+    digests: &[(usize, u128)],
+) -> Result<()> {
+    let Some(records) = records else {
+        return agree(comm, Ok(()));
+    };
+    for &(i, digest) in digests {
+        if let Some(r) = records.get_mut(i) {
+            (r.size, r.mtime_ns) = (setup.inputs[i].size, digest);
+        }
+    }
+    let outcome = match (&setup.resume, &setup.staging) {
+        (Some(_), Some(staging)) if !digests.is_empty() => check_units(staging, records, digests),
+        _ => Ok(()),
+    };
+    agree(comm, outcome)
+}
+
+/// The units of `records` against those of the plan the run in `staging` recorded.
+fn check_units(staging: &Path, records: &[InputRecord], digests: &[(usize, u128)]) -> Result<()> {
+    let Some(plan) = checkpoint::read_plan(staging)? else {
+        return Ok(());
+    };
+    for &(i, _) in digests {
+        let (Some(then), Some(now)) = (plan.inputs.get(i), records.get(i)) else {
+            continue;
+        };
+        if (then.size, then.mtime_ns) == (now.size, now.mtime_ns) {
+            continue;
+        }
+        let dir = crate::tree::parse(Path::new(&now.path))
+            .map(|(root, unit)| crate::tree::view::file_path(&root, &unit.dir))
+            .unwrap_or_else(|| now.path.clone().into());
+        return Err(anyhow::Error::new(UsageError::new(anyhow!(
+            "cannot --resume the run whose staging directory is {}: the loose files under {} \
+             changed since that run (a file added, removed, or changed in size, modification \
+             time or ETag; its tar view was {} bytes, now {}). Rerun without --resume to start \
+             over (its staging directory is then removed)",
+            staging.display(),
+            dir.display(),
+            then.size,
+            now.size
+        ))));
     }
     Ok(())
 }

@@ -132,9 +132,8 @@ impl Member {
 /// The open tar view of a unit.
 pub struct View {
     listing: Arc<Listing>,
-    /// Set by [`Input::advise_random`] (the index phase, which walks headers only): a read
-    /// that starts outside a member's data ends where the next member's data starts, a short
-    /// read, so that walking the headers opens or GETs no file.
+    /// Set by [`Input::advise_random`] (the index phase, which walks headers only): on object
+    /// storage too, a read then ends where the next object's data starts (see `read_at`).
     headers_only: AtomicBool,
 }
 
@@ -150,21 +149,26 @@ impl View {
 impl Input for View {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let listing = &*self.listing;
-        let headers_only = self.headers_only.load(Ordering::Relaxed);
+        let store = objects(&listing.root);
+        let batched = store.is_some() && !self.headers_only.load(Ordering::Relaxed);
         let mut done = 0;
         // The data the read covers, filled once the headers and padding are: on object storage
         // its GETs are then in flight together.
         let mut data = Vec::new();
         while done < buf.len() && offset + (done as u64) < listing.size {
             let at = offset + done as u64;
-            let n = read_piece(listing, &mut buf[done..], at, done, &mut data);
-            if headers_only && done > 0 && data.last().is_some_and(|d| d.2.start == done) {
-                data.pop();
+            // A read never runs on into a file's bytes (a short read, which callers that want
+            // more repeat): a walk of the headers alone, the index pass, then opens no file and
+            // sends no GET. On object storage only where the reader said so (`advise_random`):
+            // the exchange's windows of many small objects are then one read, their GETs in
+            // flight together.
+            if done > 0 && !batched && starts_file_data(listing, at) {
                 break;
             }
+            let n = read_piece(listing, &mut buf[done..], at, done, &mut data);
             done += n;
         }
-        if let Some(store) = objects(&listing.root) {
+        if let Some(store) = store {
             fill_objects(store, listing, buf, &data)?;
         } else {
             for (i, from, range) in data {
@@ -190,6 +194,18 @@ impl Input for View {
 /// A member's data a read covers: the member's index, the offset in its data, and where its
 /// bytes go in the read's buffer.
 type DataPiece = (usize, u64, std::ops::Range<usize>);
+
+/// Whether `at` is the first byte of a file's data in the view.
+fn starts_file_data(listing: &Listing, at: u64) -> bool {
+    if at >= listing.size - 2 * BLOCK {
+        return false;
+    }
+    let i = listing.starts.partition_point(|&s| s <= at) - 1;
+    let m = &listing.members[i];
+    m.size > 0
+        && matches!(m.source, Bytes::File(_))
+        && at == listing.starts[i] + header_len(&m.fields())
+}
 
 /// Fills the start of `buf` with the view's bytes at `at` up to the end of the piece (header,
 /// data, padding) that holds `at`: the count filled. Data is not read but added to `data`
@@ -336,4 +352,48 @@ fn unchanged(m: &Member, now: &FileFacts) -> Result<(), String> {
 pub fn file_path(root: &Path, rel: &[u8]) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
     root.join(std::ffi::OsStr::from_bytes(rel))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Sequential;
+    use crate::tar::reader::HeaderReader;
+
+    fn member(name: &str, source: Bytes, size: u64) -> Member {
+        Member {
+            name: name.as_bytes().to_vec(),
+            source,
+            size,
+            mode: 0o644,
+            mtime: 1,
+            mtime_ns: 1_000_000_000,
+            identity: 0,
+        }
+    }
+
+    /// The index pass reads only headers: it indexes a unit whose files are gone (a read of
+    /// any file's bytes would fail naming it), so it opens none.
+    #[test]
+    fn indexing_a_unit_opens_no_file() {
+        let gone = std::env::temp_dir().join("reshard-no-such-root-for-view-test");
+        let members = vec![
+            member("a.jpg", Bytes::File(b"a.jpg".to_vec()), 8000),
+            member("a.cls", Bytes::Inline(b"3".to_vec()), 1),
+            member("b.jpg", Bytes::File(b"b.jpg".to_vec()), 300),
+            member("b.txt", Bytes::File(b"b.txt".to_vec()), 0),
+            member("c.jpg", Bytes::File(b"c.jpg".to_vec()), 70_000),
+        ];
+        let listing = Arc::new(Listing::new(gone, members));
+        let size = listing.size();
+        let view: crate::storage::OpenInput = Arc::new(View::new(listing.clone()));
+        let index =
+            crate::tar::index::index_reader(HeaderReader::new(Sequential::new(view.clone())), size)
+                .expect("a header walk that reads no file");
+        assert_eq!(index.samples.len(), 3);
+        // A read of the bytes themselves still goes to the file, and fails naming it.
+        let mut buf = vec![0; 4096];
+        let err = crate::storage::read_up_to_at(&*view, &mut buf, 0).unwrap_err();
+        assert!(err.to_string().contains("a.jpg"), "{err}");
+    }
 }

@@ -417,3 +417,73 @@ fn an_interrupted_tree_resumes_to_identical_bytes_and_a_changed_one_is_refused()
     let res = slow_pack(&dir, 2, "again", &["--resume"]).assert_code(2);
     res.stderr_has("the loose files under many/d07 changed since that run");
 }
+
+/// A directory of 9,000 files (one sample each, and one of two members) beside a small one.
+fn flat_tree(dir: &Dir, rel: &str) {
+    for i in 0..9000u64 {
+        let bytes = crate::util::noise(i, 100 + (i as usize * 13) % 300);
+        dir.create_bytes(format!("{rel}/big/s{i:05}.bin"), &bytes);
+    }
+    dir.create_bytes(format!("{rel}/big/s04096.txt"), b"a second member");
+    for i in 0..5u64 {
+        dir.create_bytes(format!("{rel}/small/t{i}.bin"), &crate::util::noise(i, 50));
+    }
+}
+
+#[test]
+fn a_large_flat_directory_is_read_by_every_rank_to_the_same_bytes() {
+    let dir = Dir::new("files-flat");
+    flat_tree(&dir, "flat");
+    let pack_flat = |np: usize, out: &str, extra: &[&str]| {
+        dir.mpi(np)
+            .args(["run", "--input-files", "flat", "--output", out])
+            .args([
+                "--shards",
+                "4",
+                "--seed",
+                "7",
+                "--report",
+                &format!("{out}.json"),
+            ])
+            .args(extra)
+            .assert_success()
+    };
+    // One unit for the whole root (a key regex that gives WebDataset's keys here): the same
+    // samples in the same canonical order, read by one rank.
+    pack_flat(1, "whole", &["--key-regex", "^([^.]*)\\."]);
+    let mut digests = Vec::new();
+    for np in [1, 2, 3] {
+        let out = format!("out{np}");
+        let res = pack_flat(np, &out, &[]);
+        // big/ in three units of at most 4,096 keys, small/ in one.
+        res.stderr_has("walked 9006 files (2.");
+        res.stderr_has("in 4 directory units of 1 root");
+        digests.push(output_digest(&dir.join(&out)));
+        // The shards are the same, byte for byte; the manifests count other inputs (and their
+        // bytes: each unit's tar view ends in two blocks of its own).
+        crate::util::verifier::assert_same_output(
+            &dir.join("whole"),
+            &dir.join(&out),
+            &["ranks", "inputs", "input_bytes"],
+        );
+        let report: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.join(format!("{out}.json"))).unwrap()).unwrap();
+        let read: Vec<u64> = report["per_rank"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["bytes_read"].as_u64().unwrap())
+            .collect();
+        // big/ is read by two ranks at least (one read it all, the other small/'s 5 files, when
+        // it was one unit). Units are whole (4,096 keys, 4 MiB here): at np 3 the byte-balanced
+        // contiguous assignment gives one rank none of these four.
+        let most = *read.iter().max().unwrap();
+        let sharing = read.iter().filter(|&&r| r * 5 >= most).count();
+        assert!(sharing >= np.min(2), "np {np}: {read:?}");
+    }
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+    // verify walks the same units: every file once, its bytes equal.
+    dir.mpi(2)
+        .args(["verify", "--input-files", "flat", "--output", "out2"])
+        .assert_success();
+}

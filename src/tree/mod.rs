@@ -34,12 +34,35 @@ use walk::{Rules, Skips};
 pub const SCHEME: &str = "tree";
 
 /// A directory of a root whose files one input shard holds: all below it (`deep`), or only
-/// the files directly in it.
+/// the files directly in it, or (a large flat directory, see [`units`]) only those of its files
+/// whose keys lie in a range.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unit {
     /// Relative to the root; empty for the root itself.
     pub dir: Vec<u8>,
     pub deep: bool,
+    /// A shallow unit's share of its directory's keys: from the first (inclusive; `None`:
+    /// from the start, where the skips are counted) to the second (exclusive; `None`: to the
+    /// end).
+    #[serde(default)]
+    pub keys: (Option<Vec<u8>>, Option<Vec<u8>>),
+}
+
+impl Unit {
+    /// The unit of `dir`, whole.
+    pub(crate) fn of(dir: Vec<u8>, deep: bool) -> Unit {
+        Unit {
+            dir,
+            deep,
+            keys: (None, None),
+        }
+    }
+
+    /// Whether the key `key` is this unit's.
+    pub(crate) fn holds(&self, key: &[u8]) -> bool {
+        self.keys.0.as_deref().is_none_or(|from| key >= from)
+            && self.keys.1.as_deref().is_none_or(|to| key < to)
+    }
 }
 
 /// A root as every rank knows it: its path as given (what its units' locations, and so the
@@ -147,25 +170,42 @@ pub fn unit_path(root: &Path, unit: &Unit) -> PathBuf {
     if !unit.deep {
         s.push_str("?files");
     }
+    for (bound, name) in [(&unit.keys.0, "&from="), (&unit.keys.1, "&to=")] {
+        if let Some(key) = bound {
+            s.push_str(name);
+            encode(key, &mut s);
+        }
+    }
     PathBuf::from(s)
 }
 
 /// The root and unit a location names.
 pub fn parse(path: &Path) -> Option<(PathBuf, Unit)> {
     let rest = path.to_str()?.strip_prefix("tree://")?;
-    let (rest, deep) = match rest.strip_suffix("?files") {
-        Some(r) => (r, false),
-        None => (rest, true),
+    // `?` and `&` are encoded in the root and the directory: the first `?` starts the query.
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut parts = query.split('&');
+    let deep = match parts.next() {
+        Some("files") => false,
+        Some("") | None => true,
+        Some(_) => return None,
     };
+    let mut keys = (None, None);
+    for part in parts {
+        match part.split_once('=')? {
+            ("from", k) => keys.0 = Some(decode(k)?),
+            ("to", k) => keys.1 = Some(decode(k)?),
+            _ => return None,
+        }
+    }
     let (root, dir) = rest.split_once("//")?;
     let root = PathBuf::from(std::ffi::OsStr::from_bytes(&decode(root)?));
-    Some((
-        root,
-        Unit {
-            dir: decode(dir)?,
-            deep,
-        },
-    ))
+    let unit = Unit {
+        dir: decode(dir)?,
+        deep,
+        keys,
+    };
+    Some((root, unit))
 }
 
 /// The roots registered on this rank, and the listings it holds, by location.
@@ -342,10 +382,10 @@ mod tests {
     fn unit_locations_read_back() {
         let root = Path::new("/data/my set");
         for (dir, deep) in [(&b""[..], false), (b"n01/a b", true), (b"\xff%?//x", true)] {
-            let unit = Unit {
-                dir: dir.to_vec(),
-                deep,
-            };
+            let mut unit = Unit::of(dir.to_vec(), deep);
+            if !deep {
+                unit.keys = (Some(b"a&b=?".to_vec()), Some(b"n01/z".to_vec()));
+            }
             let path = unit_path(root, &unit);
             assert!(path
                 .to_str()

@@ -143,6 +143,10 @@ pub fn walk_unit(root: &Path, unit: &Unit, rules: &Rules) -> Result<(Listing, Sk
             None => skips.keyless += 1,
         }
     }
+    if unit.keys.0.is_some() {
+        // The directory's skips are counted by its first unit.
+        skips = Skips::default();
+    }
     found.sort_by(|a, b| (&a.key, &a.member.name).cmp(&(&b.key, &b.member.name)));
     if let Some(label) = &rules.label {
         found = labelled(root, found, label)?;
@@ -181,6 +185,10 @@ fn local_files(root: &Path, unit: &Unit, skips: &mut Skips) -> Result<Vec<(Vec<u
                 Kind::Dir => {}
                 Kind::Other => skips.special += 1,
                 Kind::File | Kind::Link => {
+                    // Another unit's share of a large directory: not even examined.
+                    if sample_key(&rel).is_some_and(|k| !unit.holds(k)) {
+                        continue;
+                    }
                     let follow = entry.kind == Kind::Link;
                     let facts = match posix::facts(&file_path(root, &rel), follow) {
                         Ok(f) => f,

@@ -12,6 +12,7 @@ use crate::util::cluster::{
 };
 use crate::util::data::sized;
 use crate::util::runs::run;
+use crate::util::s3::Server;
 use crate::util::verifier::{assert_same_output, verify, Expected};
 use crate::util::{says, skip, Dir};
 
@@ -351,4 +352,72 @@ fn a_world_on_another_node_refuses_then_takes_over_a_dead_ones_lock() {
     let third = elsewhere().assert_success();
     third.stderr_has("taking over");
     assert_same_output(&dir.join("one"), &dir.join("out"), &["ranks"]);
+}
+
+/// 2 nodes x 2 ranks writing to `s3://` (from `s3://`, and from a file system) with `--scratch`
+/// on each node's own disk (a tmpfs no other node sees), against one S3 server on the host: the
+/// output is byte for byte the POSIX run's of the same arguments at the same rank count, no
+/// multipart upload is left open, and nothing was staged where the nodes share a directory.
+#[test]
+fn s3_output_with_node_local_scratch_matches_the_posix_run() {
+    let test = "s3_output_with_node_local_scratch_matches_the_posix_run";
+    if !cluster_or_skip(test) {
+        return;
+    }
+    let dir = Dir::new("cluster-node-local");
+    sized(&dir, "in", "12MiB", "64KiB", 8);
+    let (shards, seed) = (6, 4);
+    run(&dir, Some(4), &["in"], "posix", shards, seed, &[]);
+    let cluster = Cluster::up(&dir, 2, None);
+    let Some(s3) = Server::private_at(&dir, test, &cluster.host_address()) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    s3.put(&dir, &dir.join("in"), &bucket, "in");
+    let scratch = dir.create_dir("node-disk");
+    let scratch = scratch.to_string_lossy().into_owned();
+    for (input, prefix) in [
+        (format!("s3://{bucket}/in"), "from-s3"),
+        ("in".into(), "from-fs"),
+    ] {
+        let output = format!("s3://{bucket}/out/{prefix}");
+        let (shards, seed) = (shards.to_string(), seed.to_string());
+        let mut job = cluster.reshard(
+            2,
+            &[
+                "run",
+                "--input",
+                &input,
+                "--output",
+                &output,
+                "--shards",
+                &shards,
+                "--seed",
+                &seed,
+                "--scratch",
+                &scratch,
+            ],
+        );
+        s3.with_env(&mut job)
+            .env("SIMCLUSTER_PRIVATE", &scratch)
+            .timeout(Duration::from_secs(240));
+        let took = Instant::now();
+        job.assert_success();
+        println!(
+            "{input} -> {output} on 2 nodes x 2 ranks, node-local scratch: {:.1} s",
+            took.elapsed().as_secs_f64()
+        );
+        s3.get(&dir, &bucket, &format!("out/{prefix}"), &dir.join(prefix));
+        assert_same_output(&dir.join("posix"), &dir.join(prefix), &["inputs"]);
+    }
+    assert_eq!(
+        s3.uploads(&dir, &bucket),
+        Vec::<String>::new(),
+        "open multipart uploads"
+    );
+    let shared = std::fs::read_dir(&scratch).unwrap().count();
+    assert_eq!(
+        shared, 0,
+        "a rank staged on the shared file system, not on its node's disk"
+    );
 }

@@ -307,6 +307,7 @@ fn stopped_message(w: &Watched, (me, host): (usize, &str), phase: &str, dir: &Pa
     };
     let staging = dir
         .parent()
+        .filter(|d| storage::sink(d).capabilities().rename)
         .map(|d| format!(" (the staging directory {} is left: a rerun with --resume continues from its last checkpoint, one without removes it)", d.display()))
         .unwrap_or_default();
     format!(

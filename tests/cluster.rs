@@ -398,6 +398,15 @@ fn s3_output_with_node_local_scratch_matches_the_posix_run() {
     sized(&dir, "in", "12MiB", "64KiB", 8);
     let args = ["--shards", "6", "--seed", "4"];
     run(&dir, Some(4), &["in"], "posix", 6, 4, &[]);
+    // Split shards in directories and loader indexes beside them: per-shard files too.
+    let split = [
+        "--split",
+        "a=0.5,b=rest",
+        "--split-shards",
+        "2",
+        "--dali-index",
+    ];
+    run(&dir, Some(4), &["in"], "posix-split", 6, 4, &split);
     let cluster = Cluster::up(&dir, 2, None);
     let Some(s3) = Server::private_at(&dir, test, &cluster.host_address()) else {
         return;
@@ -410,11 +419,17 @@ fn s3_output_with_node_local_scratch_matches_the_posix_run() {
     for (input, prefix, scratch) in [
         (from_s3.as_str(), "from-s3", &node_disk),
         ("in", "from-fs", &node_disk),
+        ("in", "split", &node_disk),
         (from_s3.as_str(), "shared", &shared),
     ] {
         let output = format!("s3://{bucket}/out/{prefix}");
         let private = scratch == &node_disk;
-        let job = s3_job(&cluster, &s3, (input, &output), scratch, private, &args);
+        let all: Vec<&str> = args
+            .iter()
+            .chain(if prefix == "split" { &split[..] } else { &[] })
+            .copied()
+            .collect();
+        let job = s3_job(&cluster, &s3, (input, &output), scratch, private, &all);
         let took = Instant::now();
         let out = job.assert_success();
         let kind = if private { "node-local" } else { "shared" };
@@ -429,7 +444,14 @@ fn s3_output_with_node_local_scratch_matches_the_posix_run() {
             "says whether each node stages its own",
         );
         s3.get(&dir, &bucket, &format!("out/{prefix}"), &dir.join(prefix));
-        assert_same_output(&dir.join("posix"), &dir.join(prefix), &["inputs"]);
+        let posix = if prefix == "split" {
+            // A split output's own `.reshard/` is empty: a store holds no empty directory.
+            std::fs::create_dir_all(dir.join(prefix).join(".reshard")).unwrap();
+            "posix-split"
+        } else {
+            "posix"
+        };
+        assert_same_output(&dir.join(posix), &dir.join(prefix), &["inputs"]);
     }
     assert_eq!(
         s3.uploads(&dir, &bucket),
@@ -440,7 +462,7 @@ fn s3_output_with_node_local_scratch_matches_the_posix_run() {
         .keys(&dir, &bucket, "out/")
         .into_iter()
         .filter(|k| {
-            ["from-s3/", "from-fs/", "shared/"]
+            ["from-s3/", "from-fs/", "split/", "shared/"]
                 .iter()
                 .all(|p| !k.starts_with(&format!("out/{p}")))
         })

@@ -147,3 +147,51 @@ pub(crate) fn remove_node_copy(dir: &Path) {
         let _ = sink.remove_dir_all(&aside);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_go_beside_the_output_only_when_staged_per_node() {
+        let staging = Path::new("/scratch/reshard-scratch/b/p/.out.reshard-tmp.T0KEN");
+        let target = Path::new("s3://b/p/out");
+        let per_node = Scratch::PerNode { with_lead: false };
+        assert_eq!(
+            per_node.heartbeats(staging, Some(target)),
+            Path::new("s3://b/p/.out.reshard-tmp.T0KEN/.heartbeats")
+        );
+        assert_eq!(
+            Scratch::Shared.heartbeats(staging, Some(target)),
+            staging.join(".heartbeats")
+        );
+        assert!(per_node.removes_own_copy());
+        assert!(!Scratch::PerNode { with_lead: true }.removes_own_copy());
+        assert!(!Scratch::Shared.removes_own_copy());
+    }
+
+    #[test]
+    fn no_checkpoints_when_staged_per_node_and_a_copy_goes_once() {
+        let asked = ResumeSettings {
+            arguments: Vec::new(),
+            key_map: None,
+            mem_limit: 1,
+            checkpoint_every: Duration::from_secs(60),
+        };
+        let per_node = Scratch::PerNode { with_lead: true };
+        assert_eq!(
+            per_node.resume_settings(&asked).checkpoint_every,
+            Duration::MAX
+        );
+        let shared = Scratch::Shared.resume_settings(&asked);
+        assert_eq!(shared.checkpoint_every, Duration::from_secs(60));
+
+        let tmp = tempfile::tempdir().unwrap();
+        let copy = tmp.path().join(".out.reshard-tmp.T0KEN");
+        std::fs::create_dir_all(copy.join(".reshard")).unwrap();
+        std::fs::write(copy.join("shard-000000.tar"), b"x").unwrap();
+        remove_node_copy(&copy);
+        remove_node_copy(&copy);
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+}

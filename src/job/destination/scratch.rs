@@ -80,6 +80,12 @@ pub(crate) fn settle(comm: &impl Comm, settings: &JobSettings, setup: &Setup) ->
             .with_context(|| format!("--scratch: cannot create {}", staging.display()))
     };
     agree(comm, made)?;
+    if !seen {
+        // Rank 0 holds the output's lock: no other run writes it. What an earlier run killed
+        // outright left on this node's disk is nobody's now. (On rank 0's node the staging
+        // pointer leads to it, and the expand phase removed it or moved it aside.)
+        remove_earlier_copies(staging);
+    }
     crate::report::narrate::narrate(
         comm.rank() == 0,
         format_args!(
@@ -133,6 +139,31 @@ impl Scratch {
     /// failure): on a node without rank 0, whose copy rank 0 neither sees nor removes.
     pub(crate) fn removes_own_copy(self) -> bool {
         matches!(self, Scratch::PerNode { with_lead: false })
+    }
+}
+
+/// Removes, on this node's disk, the staging copies of earlier runs of the same output beside
+/// `staging` (`.NAME.reshard-tmp.TOKEN` of another token), each once however many ranks ask.
+fn remove_earlier_copies(staging: &Path) {
+    let (Some(parent), Some(name)) = (staging.parent(), staging.file_name()) else {
+        return;
+    };
+    let name = name.to_string_lossy();
+    let Some((base, _)) = name.rsplit_once('.') else {
+        return;
+    };
+    let Ok(entries) = storage::source(parent).list(parent) else {
+        return;
+    };
+    for e in entries.into_iter().filter(|e| e.kind == storage::Kind::Dir) {
+        let other = e.name.to_string_lossy();
+        let earlier = other
+            .strip_prefix(base)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .is_some_and(|token| !token.contains('.') && !token.is_empty());
+        if earlier && other != name {
+            remove_node_copy(&parent.join(&e.name));
+        }
     }
 }
 
@@ -193,5 +224,38 @@ mod tests {
         remove_node_copy(&copy);
         remove_node_copy(&copy);
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn earlier_runs_copies_on_a_node_go_and_nothing_else() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = |name: &str| {
+            let d = tmp.path().join(name);
+            std::fs::create_dir_all(d.join(".reshard")).unwrap();
+            d
+        };
+        let ours = dir(".out.reshard-tmp.NEW");
+        dir(".out.reshard-tmp.OLD");
+        // A removal under way (a node-mate's) is its own.
+        dir(".out.reshard-tmp.OLDER.removing");
+        for keep in [".other.reshard-tmp.OLD", "out", ".out.reshard-tmp"] {
+            dir(keep);
+        }
+        remove_earlier_copies(&ours);
+        let mut left: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                ".other.reshard-tmp.OLD",
+                ".out.reshard-tmp",
+                ".out.reshard-tmp.NEW",
+                ".out.reshard-tmp.OLDER.removing",
+                "out"
+            ]
+        );
     }
 }

@@ -518,7 +518,8 @@ pub(crate) fn run(
         report_progress(comm, cfg.progress, all_todo, &sent);
         uploads.join().expect("the upload thread does not panic")
     });
-    agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local))?;
+    let per_node = dealt.per_node;
+    agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local, per_node))?;
     let finished = (comm.rank() == 0).then(|| {
         finish(target, local, &dealt, lock)?;
         cfg.keep.as_ref().map_or(Ok(()), |keep| {
@@ -783,7 +784,15 @@ fn remove_objects(old: &Path) -> Result<()> {
         .with_context(|| format!("--keep: cannot remove {}", marker.display()))
 }
 
-fn not_published(target: &Path, local: &Path) -> String {
+/// What a failed upload says: where the finished output stays for `--resume`, or where each
+/// node staged its own copy (`per_node`), that there is nothing to resume from.
+fn not_published(target: &Path, local: &Path, per_node: bool) -> String {
+    if per_node {
+        return format!(
+            "nothing is published at {} (no {MANIFEST} written); each node staged its own copy, so there is nothing to --resume from: rerun with the same arguments",
+            target.display()
+        );
+    }
     format!(
         "nothing is published at {} (no {MANIFEST} written); the finished output stays in {}: rerun with the same arguments and --resume to upload it without moving data again",
         target.display(),
@@ -804,10 +813,12 @@ fn finish(
         .iter()
         .filter(|f| dealt.is_metadata(&f.0) && f.0 != MANIFEST);
     for (rel, _) in metadata {
-        upload_file(local, target, rel, 0, false).with_context(|| not_published(target, local))?;
+        upload_file(local, target, rel, 0, false)
+            .with_context(|| not_published(target, local, dealt.per_node))?;
     }
     lock.map_or(Ok(()), RemoteLock::check_owned)?;
-    upload_file(local, target, MANIFEST, 0, false).with_context(|| not_published(target, local))?;
+    upload_file(local, target, MANIFEST, 0, false)
+        .with_context(|| not_published(target, local, dealt.per_node))?;
     after_manifest(target, local, files, lock).context(CleanupFailed {
         output: target.to_path_buf(),
     })

@@ -43,6 +43,8 @@ pub(crate) struct Deal {
     pub(crate) files: Vec<(String, u64)>,
     /// The files their writers upload, by name: the writer's rank.
     pub(crate) writers: HashMap<String, usize>,
+    /// Whether some rank reads its files from a copy on its own node (not rank 0's).
+    pub(crate) per_node: bool,
 }
 
 impl Deal {
@@ -59,7 +61,11 @@ impl Deal {
         }
         files.extend(listing.into_iter().filter(|f| !writers.contains_key(&f.0)));
         files.sort();
-        Deal { files, writers }
+        Deal {
+            files,
+            writers,
+            per_node: false,
+        }
     }
 
     /// What `rank` uploads while every rank uploads, before rank 0's metadata: its written
@@ -114,6 +120,7 @@ pub(crate) fn deal(
     Ok(Deal {
         files,
         writers: writers.into_iter().collect(),
+        per_node: comm.all_sum(&[u64::from(copy != local)])[0] > 0,
     })
 }
 

@@ -73,7 +73,7 @@ pub(crate) trait Source: Read {
 }
 
 /// A [`Source`] over a seekable reader: skips are seeks.
-pub(crate) struct Seekable<R>(pub R);
+pub(crate) struct Seekable<R>(pub(crate) R);
 
 impl<R: Read> Read for Seekable<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -90,7 +90,7 @@ impl<R: Read + Seek> Source for Seekable<R> {
 }
 
 /// A [`Source`] over a forward-only stream (a decompressor): skips read and discard.
-pub(crate) struct Forward<R>(pub R);
+pub(crate) struct Forward<R>(pub(crate) R);
 
 impl<R: Read> Read for Forward<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {

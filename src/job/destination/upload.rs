@@ -55,7 +55,7 @@ const CHUNK: usize = 8 << 20;
 /// namespace, pid and start time, and a heartbeat it rewrites every second (a conditional PUT
 /// on the ETag it read). A holder dead by its pid (this host, boot and PID namespace) is taken
 /// over at once; any other once its heartbeat has not moved for `--lock-stale-after`.
-pub struct RemoteLock {
+pub(crate) struct RemoteLock {
     lock: OutputLock,
     /// Objects of the reshard output `--force` replaces (its manifest's names), removed once
     /// the new manifest is written.
@@ -98,7 +98,7 @@ impl RemoteLock {
 ///
 /// # Errors
 /// The lock is held or cannot be taken, or the output holds something that is not reshard's.
-pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
+pub(crate) fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
     let (Some(target), Some(local)) = (&cfg.target, &cfg.local) else {
         return Ok(None);
     };
@@ -470,7 +470,7 @@ fn restamp_layout(local: &Path, target: &Path, shard: &str, names: &HashSet<&str
 /// # Errors
 /// An upload fails (its multipart upload is aborted; nothing is published: no manifest), the
 /// lock was lost, or removing what was replaced fails after the manifest is written.
-pub fn run(
+pub(crate) fn run(
     comm: &impl Comm,
     cfg: &UploadSettings,
     local: &Path,

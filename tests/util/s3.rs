@@ -104,8 +104,10 @@ fn weed(python: &Path) -> Option<PathBuf> {
         .or_else(|| find_on_path("weed"))
 }
 
-/// `weed mini`, its S3 port the seventh of its twelve.
-fn weed_mini(weed: PathBuf) -> Launch {
+/// `weed mini`, its S3 port the seventh of its twelve, listening on `bind` (its parts still
+/// talk to each other on loopback).
+fn weed_mini(weed: PathBuf, bind: &str) -> Launch {
+    let bind = format!("-ip.bind={bind}");
     let names = [
         "master.port",
         "master.port.grpc",
@@ -126,7 +128,7 @@ fn weed_mini(weed: PathBuf) -> Launch {
             let mut cmd = Command::new(&weed);
             cmd.arg("mini")
                 .arg(format!("-dir={}", data.display()))
-                .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"])
+                .args(["-ip=127.0.0.1", &bind, "-admin.ui=false"])
                 // No anonymous statistics sent out from a test (the default reports to a URL).
                 .args(["-webdav=false", "-master.telemetry=false"])
                 .args(names.iter().zip(ports).map(|(n, p)| format!("-{n}={p}")))
@@ -151,7 +153,7 @@ fn start() -> Option<Server> {
     if !ok {
         return None;
     }
-    let ports = serve(weed_mini(weed));
+    let ports = serve(weed_mini(weed, "127.0.0.1"));
     Some(Server {
         endpoint: format!("http://127.0.0.1:{}", ports[6]),
         python,
@@ -163,13 +165,24 @@ impl Server {
     /// A server of the calling test's own, to stop and start again (in `dir`, dying with the
     /// test's thread); `None` (after reporting a skip) where the tools are missing.
     pub fn private(dir: &Dir, test: &str) -> Option<Server> {
+        Self::private_at(dir, test, "127.0.0.1")
+    }
+
+    /// [`Server::private`], listening on every address of this machine and reached at
+    /// `address` (one a simulated cluster's nodes reach).
+    pub fn private_at(dir: &Dir, test: &str, address: &str) -> Option<Server> {
         server(test)?;
         let python = test_python()?;
         let weed = weed(&python)?;
         let data = dir.create_dir("weed");
-        let (cmd, child, ports) = start_listening(&weed_mini(weed), &data);
+        let bind = if address == "127.0.0.1" {
+            address
+        } else {
+            "0.0.0.0"
+        };
+        let (cmd, child, ports) = start_listening(&weed_mini(weed, bind), &data);
         Some(Server {
-            endpoint: format!("http://127.0.0.1:{}", ports[6]),
+            endpoint: format!("http://{address}:{}", ports[6]),
             python,
             own: Some((cmd, child)),
         })

@@ -172,7 +172,8 @@ fn run_phases(
         comm,
         inputs: &setup.inputs,
     };
-    let mut index = index::run(&ctx, &plan.index)?;
+    let spool = spool_dir(&plan.index.spool, setup, comm.rank()).filter(|_| !settings.dry_run);
+    let mut index = index::run(&ctx, &plan.index, spool)?;
     hooks::kill_at(comm.rank(), "index");
     let samples = index.samples;
     let stopped = |e| interrupt::with_samples(e, samples);
@@ -183,7 +184,7 @@ fn run_phases(
     times.detail("layout");
     let laid = layout::run(&ctx, &plan.layout, &index, &placed)?;
     hooks::kill_at(comm.rank(), "plan");
-    let planned = Planned {
+    let mut planned = Planned {
         index,
         placed,
         laid,
@@ -216,6 +217,8 @@ fn run_phases(
         &output,
     )
     .map_err(stopped)?;
+    // Every sample read: the spooled input goes (the finish phase checks the store's objects).
+    drop(planned.index.spool.take());
     interrupt::check(comm).map_err(stopped)?;
     phase("finish");
     times.start("finish");
@@ -241,6 +244,14 @@ fn run_phases(
     times.stop();
     let summary = summary::gather(comm, &settings.report, setup, &planned, &stats, times)?;
     Ok(Outcome::Ran(Box::new(summary)))
+}
+
+/// This rank's spool directory in `root`, named by the run's token (its staging directory's
+/// `.NAME.reshard-tmp.TOKEN`) and the rank: several runs and ranks may share one scratch.
+fn spool_dir(root: &std::path::Path, setup: &Setup, rank: usize) -> Option<std::path::PathBuf> {
+    let staging = setup.staging.as_ref()?.file_name()?.to_str()?;
+    let token = staging.rsplit('.').next()?;
+    Some(root.join(format!("reshard-spool.{token}.{rank}")))
 }
 
 /// This rank's staging shards, created and the plan recorded (a first attempt), or the plan
@@ -445,6 +456,7 @@ mod tests {
             checksum: false,
             compress: Codec::Plain,
             saved_indexes: None,
+            spool: std::env::temp_dir(),
             link: None,
             keep: None,
             stall_timeout: std::time::Duration::from_secs(120),
@@ -474,7 +486,7 @@ mod tests {
             comm,
             inputs: &setup.inputs,
         };
-        let mut index = index::run(&ctx, &settings.plan.index).unwrap();
+        let mut index = index::run(&ctx, &settings.plan.index, None).unwrap();
         let placed = place::run(&ctx, &settings.plan.place, &mut index).unwrap();
         let laid = layout::run(&ctx, &settings.plan.layout, &index, &placed).unwrap();
         Planned {

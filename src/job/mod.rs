@@ -172,8 +172,7 @@ fn run_phases(
         comm,
         inputs: &setup.inputs,
     };
-    let spool = spool_dir(&plan.index.spool, setup, comm.rank()).filter(|_| !settings.dry_run);
-    let mut index = index::run(&ctx, &plan.index, spool)?;
+    let mut index = index::run(&ctx, &plan.index, spool_dir(settings, setup, comm.rank()))?;
     hooks::kill_at(comm.rank(), "index");
     let samples = index.samples;
     let stopped = |e| interrupt::with_samples(e, samples);
@@ -213,12 +212,10 @@ fn run_phases(
         comm,
         (&settings.exchange, &settings.resume),
         setup,
-        (&planned, pulse),
+        (&mut planned, pulse),
         &output,
     )
     .map_err(stopped)?;
-    // Every sample read: the spooled input goes (the finish phase checks the store's objects).
-    drop(planned.index.spool.take());
     interrupt::check(comm).map_err(stopped)?;
     phase("finish");
     times.start("finish");
@@ -246,11 +243,13 @@ fn run_phases(
     Ok(Outcome::Ran(Box::new(summary)))
 }
 
-/// This rank's spool directory in `root`, named by the run's token (its staging directory's
-/// `.NAME.reshard-tmp.TOKEN`) and the rank: several runs and ranks may share one scratch.
-fn spool_dir(root: &std::path::Path, setup: &Setup, rank: usize) -> Option<std::path::PathBuf> {
-    let staging = setup.staging.as_ref()?.file_name()?.to_str()?;
-    let token = staging.rsplit('.').next()?;
+/// This rank's spool directory, named by the run's token (its staging directory's
+/// `.NAME.reshard-tmp.TOKEN`) and the rank, so that runs and ranks may share one scratch; none
+/// when only planning.
+fn spool_dir(settings: &JobSettings, setup: &Setup, rank: usize) -> Option<std::path::PathBuf> {
+    let staging = setup.staging.as_ref().filter(|_| !settings.dry_run)?;
+    let token = staging.file_name()?.to_str()?.rsplit('.').next()?;
+    let root = &settings.plan.index.spool;
     Some(root.join(format!("reshard-spool.{token}.{rank}")))
 }
 
@@ -343,12 +342,15 @@ fn narrate_start(comm: &impl Comm, setup: &Setup) {
     }
 }
 
-/// The exchange, with a progress display on rank 0.
+/// The exchange, with a progress display on rank 0; the spooled input is removed after it.
 fn exchange_phase(
     comm: &impl Comm,
     (settings, resuming): (&ExchangeSettings, &ResumeSettings),
     setup: &Setup,
-    (planned, pulse): (&Planned, Option<std::sync::Arc<crate::heartbeat::Pulse>>),
+    (planned, pulse): (
+        &mut Planned,
+        Option<std::sync::Arc<crate::heartbeat::Pulse>>,
+    ),
     output: &OutputShards,
 ) -> Result<ExchangeStats> {
     let ranks = comm.size();
@@ -392,6 +394,8 @@ fn exchange_phase(
         &mut |d| progress.update(d),
     )?;
     progress.finish();
+    // Every sample read: the spooled input goes (the finish phase checks the store's objects).
+    drop(planned.index.spool.take());
     Ok(stats)
 }
 

@@ -43,16 +43,7 @@ pub(crate) fn run<C: Comm>(
     let mine = assign_inputs(&sizes, ranks)[rank].clone();
     let spool = spool.and_then(|dir| spool_for(dir, &inputs[mine.clone()]));
     let reused = AtomicUsize::new(0);
-    let saved = settings.saved_indexes.as_deref();
-    if let Some(dir) = saved.filter(|_| !settings.reuse_saved) {
-        narrate(
-            lead,
-            format_args!(
-                "--index {}: not used, the order or loader index asked for needs the tar headers",
-                dir.display()
-            ),
-        );
-    }
+    narrate_unused(lead, settings);
     let indexed = index_shards(
         inputs,
         mine.clone(),
@@ -248,6 +239,20 @@ fn report_progress(comm: &impl Comm, cfg: ProgressConfig, inputs: &[InputShard],
         }
     }
     progress.finish();
+}
+
+/// Rank 0 says that `--index` is not used where the rules need the tar headers.
+fn narrate_unused(lead: bool, settings: &IndexSettings) {
+    let saved = settings.saved_indexes.as_deref();
+    if let Some(dir) = saved.filter(|_| !settings.reuse_saved) {
+        narrate(
+            lead,
+            format_args!(
+                "--index {}: not used, the order or loader index asked for needs the tar headers",
+                dir.display()
+            ),
+        );
+    }
 }
 
 /// Rank 0 says how many input shards' saved indexes stood in for their tar headers.

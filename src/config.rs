@@ -223,6 +223,9 @@ pub(crate) struct IndexSettings {
     pub(crate) saved_indexes: Option<PathBuf>,
     /// Where object-store input shards are spooled: each rank's spool directory is made in it.
     pub(crate) spool: PathBuf,
+    /// The bytes of a rank's spooled shards held in memory, at most (a share of `--mem-limit`;
+    /// the exchange's buffers take the rest).
+    pub(crate) spool_memory: u64,
     /// Whether saved indexes may stand in for the tar headers: not when the rules need what
     /// only the headers hold (keys, labels, member names).
     pub(crate) reuse_saved: bool,

@@ -1,6 +1,6 @@
 //! An input read from object storage is fetched from the store once per run: the index phase
-//! spools each shard it streams on node-local scratch (`--scratch`, else `$TMPDIR`), the
-//! exchange reads the samples from there, and the spool is gone when the run ends, whether it
+//! spools each shard it streams, in memory within a share of `--mem-limit`, else on node-local
+//! scratch (`--scratch`, else `$TMPDIR`), the exchange reads the samples from there, and the spool is gone when the run ends, whether it
 //! published or failed. An object replaced after it was spooled is still refused.
 
 use std::path::Path;
@@ -97,21 +97,25 @@ fn s3_input_bytes_are_fetched_once_and_the_spool_goes() {
             got.stdout.contains("s3 requests: "),
             "the summary's request line",
         );
+        // Within a quarter of the memory budget (1 GiB): held in memory, no spool file.
+        got.stderr_has("fetched the object-store input once: 9.76 MiB held in memory, 0 B in");
         assert_same_output(&dir.join("local"), &dir.join(&out), &["ranks", "inputs"]);
         let left = spools(&dir.join("tmp"));
         got.check(left.is_empty(), &format!("spool left behind: {left:?}"));
     }
-    // On the scratch directory named, at two ranks: the same.
+    // On the scratch directory named, at two ranks, a memory budget too small to hold a shard:
+    // each fetched into a spool file, and once all the same.
     let scratch = dir.create_dir("scratch");
     let report = dir.join("scratch.json");
     let got = from_s3(&dir, s3, 2, &bucket, "on-scratch")
-        .arg("--scratch")
+        .args(["--mem-limit", "2MiB", "--scratch"])
         .arg(&scratch)
         .arg("--report")
         .arg(&report)
         .assert_success();
     let (get_bytes, input) = fetched(&report);
     got.check(get_bytes == input, "fetched once with --scratch");
+    got.stderr_has("0 B held in memory, 9.76 MiB in spool files");
     assert_same_output(
         &dir.join("local"),
         &dir.join("on-scratch"),
@@ -160,7 +164,9 @@ fn an_s3_input_replaced_after_it_was_spooled_is_refused_and_the_spool_goes() {
             }
             spooled
         });
+        // Spooled in files: no shard fits a quarter of 2 MiB.
         let failed = from_s3(&dir, s3, np, &bucket, "out")
+            .args(["--mem-limit", "2MiB"])
             .env("RESHARD_TEST_PAUSE_EXCHANGE", "120")
             .assert_code(1);
         (failed, watcher.join().unwrap())
@@ -178,7 +184,9 @@ fn an_s3_input_replaced_after_it_was_spooled_is_refused_and_the_spool_goes() {
 
     // A shard that is no tar, among good ones.
     s3.put_bytes(&dir, &bucket, "in/train-000004.tar", &[b'x'; 100_000]);
-    let bad = from_s3(&dir, s3, np, &bucket, "out").assert_code(1);
+    let bad = from_s3(&dir, s3, np, &bucket, "out")
+        .args(["--mem-limit", "2MiB"])
+        .assert_code(1);
     bad.stderr_has(&format!("s3://{bucket}/in/train-000004.tar"));
     bad.check(!dir.join("out").exists(), "an output was published");
     let left = spools(&tmp);

@@ -323,6 +323,10 @@ fn resume_arguments(cfg: &RunConfig) -> Vec<(String, String)> {
     args.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
+/// The part of `--mem-limit` that a rank's spooled input shards may hold in memory (1/SHARE):
+/// a quarter, so that the exchange, which takes the rest, keeps rounds of a useful size.
+const SPOOL_SHARE: u64 = 4;
+
 /// What each planning phase needs of `cfg`, with the values that depend on several flags
 /// decided here once: whether saved indexes can stand in for the headers, which groups the
 /// GPUs train on.
@@ -339,6 +343,7 @@ pub(crate) fn plan_settings(cfg: &RunConfig) -> PlanSettings {
             rules: rules.clone(),
             saved_indexes: cfg.saved_indexes.clone(),
             spool: cfg.spool.clone(),
+            spool_memory: cfg.mem_limit / SPOOL_SHARE,
             reuse_saved: !needs_headers,
             progress: cfg.progress,
         },

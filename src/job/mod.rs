@@ -377,10 +377,13 @@ fn exchange_phase(
         output,
     };
     let staging = setup.staging()?;
+    // The input spooled in memory holds its share of the budget until the exchange ends.
+    let spooled = planned.index.spool.as_ref().map_or(0, |s| s.held()[0]);
+    let budget = settings.mem_limit.saturating_sub(spooled);
     let stats = exchange::run(
         comm,
         &job,
-        Buffers::for_job(settings.mem_limit, ranks, total_out / ranks as u64).within_stall(
+        Buffers::for_job(budget, ranks, total_out / ranks as u64).within_stall(
             settings.stall_timeout,
             settings.limits.slowest_share(ranks),
             ranks,

@@ -1,10 +1,11 @@
-//! The spool: input shards on object storage, fetched once per run onto node-local scratch.
+//! The spool: input shards on object storage, fetched once per run, held in memory or on
+//! node-local scratch.
 //!
 //! The index phase streams every byte of an object-store shard to walk its tar headers (the
 //! read windows fetch the data between them too), and the exchange reads its samples from the
 //! same rank (the indexing rank's share is its reading share). So the index phase fetches each
-//! shard whole, once, into a spool file of this rank's spool directory, and indexes it from
-//! there; [`super::open`] then opens the spooled copy for every later read of that shard in this
+//! shard whole, once, into memory where it fits a share of the memory budget, else into a spool
+//! file of this rank's spool directory, and indexes it from there; [`super::open`] then opens the spooled copy for every later read of that shard in this
 //! process (the exchange, keys of `--equalize` and duplicates), so the store sees each input
 //! byte once. The copy is written from that one fetch, whose every GET is conditional on the
 //! ETag seen when the object was opened; the finish phase checks the object's stamp as before.
@@ -16,9 +17,11 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::{read_up_to_at, sinks, sources, FileStamp, Input, OpenInput};
+use crate::size::human_bytes;
 
 /// The bytes one fetch reads at a time (the object's read windows stream ahead of it).
 const CHUNK: usize = 1 << 20;
@@ -32,77 +35,120 @@ pub(super) fn spooled(path: &Path) -> Option<OpenInput> {
     spooled.as_ref()?.get(path).cloned()
 }
 
-/// A rank's spool directory and the shards it holds.
+/// A rank's spool: the shards it holds in memory, within a share of the memory budget, and in
+/// its directory on scratch.
 #[derive(Debug)]
 pub(crate) struct Spool {
     dir: PathBuf,
+    /// Whether shards that do not fit in memory go to `dir` (made, with room for them); off
+    /// after the first write there fails.
+    disk: AtomicBool,
+    /// Bytes of the memory share not yet taken.
+    memory_left: AtomicU64,
+    /// Bytes spooled in memory and on disk.
+    in_memory: AtomicU64,
+    on_disk: AtomicU64,
     shards: Mutex<Vec<PathBuf>>,
 }
 
+/// Why a shard went to the store instead of the spool: the spool's side failed.
+enum Failed {
+    /// The object (its read is the caller's error).
+    Object(io::Error),
+    /// The spool file (the shard is then read from the store).
+    Local(io::Error),
+}
+
 impl Spool {
-    /// A new spool in the directory `dir` (made here; nothing may be there).
-    ///
-    /// # Errors
-    /// The directory cannot be made.
-    pub(crate) fn create(dir: PathBuf) -> io::Result<Spool> {
-        sinks(&dir).0.create_dir_all(&dir)?;
-        Ok(Spool {
+    /// A spool for `bytes` of shards: the shards that fit in `memory` bytes are held there,
+    /// the others in the directory `dir`, made here where its file system has room for the
+    /// bytes beyond `memory`. Where it has not, or cannot be made, the second value says why
+    /// (a message): those shards are not spooled.
+    pub(crate) fn new(dir: PathBuf, memory: u64, bytes: u64) -> (Spool, Option<String>) {
+        let spool = Spool {
             dir,
+            disk: AtomicBool::new(false),
+            memory_left: AtomicU64::new(memory),
+            in_memory: AtomicU64::new(0),
+            on_disk: AtomicU64::new(0),
             shards: Mutex::new(Vec::new()),
-        })
+        };
+        let Some(beyond) = bytes.checked_sub(memory).filter(|b| *b > 0) else {
+            return (spool, None);
+        };
+        let sink = sinks(&spool.dir).0;
+        let room = sink
+            .create_dir_all(&spool.dir)
+            .and_then(|()| sink.free_space(&spool.dir));
+        let why = match room {
+            Ok(free) if free.is_none_or(|free| free / 16 * 15 > beyond) => {
+                spool.disk.store(true, Ordering::Relaxed);
+                return (spool, None);
+            }
+            Ok(free) => format!(
+                "{} free there, {} to spool",
+                human_bytes(free.unwrap_or(0)),
+                human_bytes(beyond)
+            ),
+            Err(e) => e.to_string(),
+        };
+        (spool, Some(why))
     }
 
-    /// Where the spool is.
+    /// Where the spool's files are.
     pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
-    /// The bytes its file system can still take, where that is known.
-    ///
-    /// # Errors
-    /// It cannot be told now.
-    pub(crate) fn free_space(&self) -> io::Result<Option<u64>> {
-        sinks(&self.dir).0.free_space(&self.dir)
+    /// Bytes of shards held in memory, and in files.
+    pub(crate) fn held(&self) -> [u64; 2] {
+        [
+            self.in_memory.load(Ordering::Relaxed),
+            self.on_disk.load(Ordering::Relaxed),
+        ]
     }
 
-    /// Fetches the whole object at `path` once into the spool file `name`, and from then on
-    /// serves every [`super::open`] of `path` in this process from that copy: the stamp of the
-    /// version fetched.
+    /// Fetches the whole object at `path` once, into memory where it fits the share left, else
+    /// into the spool file `name`, and from then on serves every [`super::open`] of `path` in
+    /// this process from that copy. False where neither could take it (nothing fetched then, or
+    /// a spool file that could not be written: said once; the shard is read from the store).
     ///
     /// # Errors
     /// The object cannot be read (or changed while it was read: each GET is conditional on the
-    /// version opened), or it ended early; the spool file cannot be written or opened.
-    pub(crate) fn fetch(&self, path: &Path, name: &str) -> io::Result<FileStamp> {
+    /// version opened), or it ended early.
+    pub(crate) fn fetch(&self, path: &Path, name: &str) -> io::Result<bool> {
         let object = super::source(path).open(path)?;
         let stamp = object.stamp()?;
-        let local = self.dir.join(name);
-        // Not paced: the fetch was (a rate limit is the store's, not the scratch disk's).
-        let out = sinks(&local).0.create(&local, stamp.size)?;
-        let mut buf = vec![0u8; CHUNK.min(usize::try_from(stamp.size).unwrap_or(CHUNK))];
-        let mut at = 0u64;
-        while at < stamp.size {
-            let want = buf
-                .len()
-                .min(usize::try_from(stamp.size - at).unwrap_or(usize::MAX));
-            let n = read_up_to_at(object.as_ref(), &mut buf[..want], at)?;
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "{}: byte offset {at}: expected {} bytes, found the end of the object",
-                        path.display(),
-                        stamp.size
-                    ),
-                ));
+        let copy = if self.take_memory(stamp.size) {
+            let mut bytes = vec![0u8; usize::try_from(stamp.size).map_err(io::Error::other)?];
+            let read = copy_object(object.as_ref(), path, stamp.size, &mut |chunk, at| {
+                bytes[at as usize..at as usize + chunk.len()].copy_from_slice(chunk);
+                Ok(())
+            });
+            if let Err(e) = read {
+                self.memory_left.fetch_add(stamp.size, Ordering::AcqRel);
+                return Err(e);
             }
-            out.write_at(&buf[..n], at)?;
-            at += n as u64;
-        }
-        drop(out);
-        let copy = Arc::new(Spooled {
-            local: sources(&local).0.open(&local)?,
-            stamp,
-        });
+            self.in_memory.fetch_add(stamp.size, Ordering::Relaxed);
+            Held::Memory(bytes)
+        } else if self.disk.load(Ordering::Relaxed) {
+            match self.to_file(object.as_ref(), path, stamp.size, name) {
+                Ok(local) => Held::File(local),
+                Err(Failed::Object(e)) => return Err(e),
+                Err(Failed::Local(e)) => {
+                    if self.disk.swap(false, Ordering::Relaxed) {
+                        crate::errln!(
+                            "reshard: warning: the input spool {} cannot take more ({e}): the exchange fetches the shards not spooled from the store again",
+                            self.dir.display()
+                        );
+                    }
+                    return Ok(false);
+                }
+            }
+        } else {
+            return Ok(false);
+        };
+        let copy = Arc::new(Spooled { copy, stamp });
         self.shards
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -111,8 +157,82 @@ impl Spool {
         spooled
             .get_or_insert_with(HashMap::new)
             .insert(path.to_path_buf(), copy);
-        Ok(stamp)
+        Ok(true)
     }
+
+    /// Takes `len` bytes of the memory share, if that many are left.
+    fn take_memory(&self, len: u64) -> bool {
+        self.memory_left
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                left.checked_sub(len)
+            })
+            .is_ok()
+    }
+
+    /// The object's `len` bytes in the spool file `name`, opened for reading; a file that
+    /// could not be written is removed.
+    fn to_file(
+        &self,
+        object: &dyn Input,
+        path: &Path,
+        len: u64,
+        name: &str,
+    ) -> Result<OpenInput, Failed> {
+        let local = self.dir.join(name);
+        // Not paced: the fetch was (a rate limit is the store's, not the scratch disk's).
+        let sink = sinks(&local).0;
+        let out = sink.create(&local, len).map_err(Failed::Local)?;
+        let mut local_failure = None;
+        let copied = copy_object(object, path, len, &mut |chunk, at| {
+            out.write_at(chunk, at)
+                .inspect_err(|e| local_failure = Some(io::Error::new(e.kind(), e.to_string())))
+        });
+        drop(out);
+        let opened = match (copied, local_failure) {
+            (Ok(()), _) => sources(&local).0.open(&local).map_err(Failed::Local),
+            (Err(_), Some(local)) => Err(Failed::Local(local)),
+            (Err(e), None) => Err(Failed::Object(e)),
+        };
+        if opened.is_err() {
+            let _ = sink.remove_file(&local);
+        } else {
+            self.on_disk.fetch_add(len, Ordering::Relaxed);
+        }
+        opened
+    }
+}
+
+/// Reads the `len` bytes of `object` (the shard at `path`) front to back, handing each piece
+/// and its offset to `put`.
+///
+/// # Errors
+/// A read or `put` fails, or the object ends early.
+fn copy_object(
+    object: &dyn Input,
+    path: &Path,
+    len: u64,
+    put: &mut dyn FnMut(&[u8], u64) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut buf = vec![0u8; CHUNK.min(usize::try_from(len).unwrap_or(CHUNK))];
+    let mut at = 0u64;
+    while at < len {
+        let want = buf
+            .len()
+            .min(usize::try_from(len - at).unwrap_or(usize::MAX));
+        let n = read_up_to_at(object, &mut buf[..want], at)?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: byte offset {at}: expected {len} bytes, found the end of the object",
+                    path.display()
+                ),
+            ));
+        }
+        put(&buf[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 impl Drop for Spool {
@@ -126,8 +246,8 @@ impl Drop for Spool {
                 }
             }
         }
-        // Its open copies are closed with the map's entries (a reader still holding one keeps
-        // reading the unlinked file).
+        // Its copies are dropped with the map's entries (a reader still holding one keeps
+        // reading it, an unlinked file included).
         if let Err(e) = sinks(&self.dir).0.remove_dir_all(&self.dir) {
             if e.kind() != io::ErrorKind::NotFound {
                 crate::errln!(
@@ -139,15 +259,31 @@ impl Drop for Spool {
     }
 }
 
-/// A spooled shard: the local copy's bytes, the object's stamp (the version fetched).
+/// Where a spooled shard's bytes are.
+enum Held {
+    Memory(Vec<u8>),
+    File(OpenInput),
+}
+
+/// A spooled shard: its copy, and the object's stamp (the version fetched).
 struct Spooled {
-    local: OpenInput,
+    copy: Held,
     stamp: FileStamp,
 }
 
 impl Input for Spooled {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.local.read_at(buf, offset)
+        match &self.copy {
+            Held::File(local) => local.read_at(buf, offset),
+            Held::Memory(bytes) => {
+                let from = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                let n = buf.len().min(bytes.len() - from);
+                buf[..n].copy_from_slice(&bytes[from..from + n]);
+                Ok(n)
+            }
+        }
     }
 
     fn stamp(&self) -> io::Result<FileStamp> {
@@ -155,13 +291,18 @@ impl Input for Spooled {
     }
 
     fn advise_random(&self) {
-        self.local.advise_random();
+        if let Held::File(local) = &self.copy {
+            local.advise_random();
+        }
     }
 
     fn as_any(&self) -> &dyn Any {
-        // The local file's own type: a sample that stays on its rank is copied from it inside
-        // the file system ([`super::Output::copy_from`]).
-        self.local.as_any()
+        match &self.copy {
+            // The local file's own type: a sample that stays on its rank is copied from it
+            // inside the file system ([`super::Output::copy_from`]).
+            Held::File(local) => local.as_any(),
+            Held::Memory(_) => self,
+        }
     }
 }
 
@@ -170,20 +311,31 @@ mod tests {
     use super::super::memory;
     use super::*;
 
-    /// A shard fetched into the spool is served from the copy (the object may go), with the
-    /// object's stamp; dropping the spool removes its directory and serves the store again.
-    #[test]
-    fn a_spooled_shard_is_read_from_its_copy_until_the_spool_goes() {
-        let object = Path::new("mem://spool-test/in/a.tar");
-        let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
-        memory::put(object, bytes.clone());
-        let stamp = super::super::stamp(object).unwrap();
+    /// An object of `len` bytes at `path`, in memory: its bytes.
+    fn object(path: &Path, len: u32) -> Vec<u8> {
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        memory::put(path, bytes.clone());
+        bytes
+    }
+
+    fn not_found(path: &Path) -> bool {
+        sources(path).0.stat(path).map_err(|e| e.kind()).err() == Some(io::ErrorKind::NotFound)
+    }
+
+    /// A shard fetched into the spool is served from the copy, whatever the store holds now,
+    /// with the stamp of the version fetched; dropping the spool forgets it and removes the
+    /// directory, and the store serves the path again.
+    fn served_from_the_copy(memory_share: u64, name: &str) {
+        let path = PathBuf::from(format!("mem://spool-test/{name}.tar"));
+        let bytes = object(&path, 3_000_000);
+        let stamp = super::super::stamp(&path).unwrap();
         let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("reshard-spool.t-0");
-        let spool = Spool::create(dir.clone()).unwrap();
-        assert_eq!(spool.fetch(object, "000000").unwrap(), stamp);
-        memory::put(object, b"replaced".to_vec());
-        let copy = super::super::open(object).unwrap();
+        let dir = tmp.path().join("reshard-spool.t.0");
+        let (spool, why) = Spool::new(dir.clone(), memory_share, 3_000_000);
+        assert_eq!(why, None);
+        assert!(spool.fetch(&path, "000000").unwrap());
+        memory::put(&path, b"replaced".to_vec());
+        let copy = super::super::open(&path).unwrap();
         assert_eq!(copy.stamp().unwrap(), stamp, "the version fetched");
         let mut buf = vec![0u8; 1000];
         assert_eq!(
@@ -191,23 +343,67 @@ mod tests {
             500
         );
         assert_eq!(buf[..500], bytes[2_999_500..]);
+        assert_eq!(
+            copy.read_at(&mut buf, 3_000_000).unwrap(),
+            0,
+            "0 at the end"
+        );
         let file = dir.join("000000");
-        assert_eq!(sources(&file).0.stat(&file).unwrap().stamp.size, 3_000_000);
+        if memory_share == 0 {
+            assert_eq!(spool.held(), [0, 3_000_000]);
+            assert_eq!(sources(&file).0.stat(&file).unwrap().stamp.size, 3_000_000);
+        } else {
+            assert_eq!(spool.held(), [3_000_000, 0]);
+            assert!(not_found(&dir), "nothing on disk");
+        }
         drop(spool);
-        let gone = sources(&dir).0.stat(&dir).unwrap_err();
-        assert_eq!(gone.kind(), io::ErrorKind::NotFound, "the spool removed");
-        let store = super::super::open(object).unwrap();
+        assert!(not_found(&dir), "the spool removed");
+        let store = super::super::open(&path).unwrap();
         assert_eq!(read_up_to_at(store.as_ref(), &mut buf, 0).unwrap(), 8);
     }
 
-    /// A missing object is an error, and nothing is spooled for it.
     #[test]
-    fn a_missing_object_is_not_spooled() {
+    fn a_shard_spooled_on_disk_is_read_from_its_copy_until_the_spool_goes() {
+        served_from_the_copy(0, "on-disk");
+    }
+
+    #[test]
+    fn a_shard_spooled_in_memory_is_read_from_its_copy_until_the_spool_goes() {
+        served_from_the_copy(4_000_000, "in-memory");
+    }
+
+    /// A missing object is an error, and nothing is spooled for it. A shard that fits neither
+    /// the memory share left nor a spool directory (one that cannot be written) is not
+    /// fetched or is let go: the store serves it.
+    #[test]
+    fn what_the_spool_cannot_take_is_read_from_the_store() {
         let tmp = tempfile::tempdir().unwrap();
-        let spool = Spool::create(tmp.path().join("s")).unwrap();
+        let (spool, _) = Spool::new(tmp.path().join("s"), 0, 10);
         let missing = Path::new("mem://spool-test/none.tar");
         let e = spool.fetch(missing, "000001").unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
         assert!(spooled(missing).is_none());
+
+        let (a, b) = (
+            Path::new("mem://spool-test/a.tar"),
+            Path::new("mem://spool-test/b.tar"),
+        );
+        object(a, 1000);
+        object(b, 1000);
+        let dir = tmp.path().join("gone");
+        let (spool, why) = Spool::new(dir.clone(), 1500, 2000);
+        assert_eq!(why, None, "room on disk");
+        sinks(&dir).0.remove_dir_all(&dir).unwrap();
+        assert!(spool.fetch(a, "a").unwrap(), "in memory");
+        assert!(
+            !spool.fetch(b, "b").unwrap(),
+            "neither in memory nor in the removed directory"
+        );
+        assert!(spooled(a).is_some() && spooled(b).is_none());
+        assert_eq!(spool.held(), [1000, 0]);
+
+        let (spool, why) = Spool::new(tmp.path().join("full"), 0, u64::MAX / 2);
+        assert!(why.unwrap().contains("free there"));
+        assert!(!spool.fetch(b, "b").unwrap());
     }
 }

@@ -41,7 +41,7 @@ pub(crate) fn run<C: Comm>(
     let (rank, ranks, lead) = (comm.rank(), comm.size(), ctx.lead());
     let sizes: Vec<u64> = inputs.iter().map(|s| s.size).collect();
     let mine = assign_inputs(&sizes, ranks)[rank].clone();
-    let spool = spool.and_then(|dir| spool_for(dir, &inputs[mine.clone()]));
+    let spool = spool.and_then(|dir| spool_for(dir, settings.spool_memory, &inputs[mine.clone()]));
     let reused = AtomicUsize::new(0);
     narrate_unused(lead, settings);
     let indexed = index_shards(
@@ -88,6 +88,7 @@ pub(crate) fn run<C: Comm>(
     let hygiene = Hygiene::from_array(summed.try_into().expect("three counts"));
     let reused = comm.all_sum(&[reused.into_inner() as u64])[0];
     narrate_reused(lead, reused, inputs.len());
+    narrate_spooled(comm, spool.as_ref());
     let (first_global, samples) = exclusive_sum(comm, local.len() as u64);
     let mut totals = vec![local.iter().map(|s| s.len).sum::<u64>(), zero_runs];
     totals.extend(skipped.to_array());
@@ -127,9 +128,10 @@ pub(crate) fn run<C: Comm>(
     })
 }
 
-/// A spool in `dir` for the shards of `share` on object storage, where its file system has
-/// room for them all; else none (said), and the exchange fetches them again.
-fn spool_for(dir: PathBuf, share: &[InputShard]) -> Option<Spool> {
+/// A spool in `dir` for the shards of `share` on object storage, holding in memory those that
+/// fit `memory` bytes; where the directory's file system has no room for the others, they are
+/// not spooled (said), and the exchange fetches them again.
+fn spool_for(dir: PathBuf, memory: u64, share: &[InputShard]) -> Option<Spool> {
     let bytes: u64 = share
         .iter()
         .filter(|s| storage::is_object_store(&s.path))
@@ -138,22 +140,15 @@ fn spool_for(dir: PathBuf, share: &[InputShard]) -> Option<Spool> {
     if bytes == 0 {
         return None;
     }
-    let spool =
-        Spool::create(dir.clone()).and_then(|spool| spool.free_space().map(|free| (spool, free)));
-    let why = match spool {
-        Ok((spool, free)) if free.is_none_or(|free| free / 16 * 15 > bytes) => return Some(spool),
-        Ok((_, free)) => format!(
-            "{} free there, {} to spool",
-            human_bytes(free.unwrap_or(0)),
-            human_bytes(bytes)
-        ),
-        Err(e) => e.to_string(),
-    };
-    crate::errln!(
-        "reshard: warning: not spooling input shards in {} ({why}): the exchange fetches them from the store again (set --scratch)",
-        dir.display()
-    );
-    None
+    let (spool, refused) = Spool::new(dir, memory, bytes);
+    if let Some(why) = refused {
+        crate::errln!(
+            "reshard: warning: not spooling input shards in {} ({why}): the exchange fetches those beyond the memory share ({}) from the store again (set --scratch)",
+            spool.dir().display(),
+            human_bytes(memory)
+        );
+    }
+    Some(spool)
 }
 
 /// One input shard's index, with its stamp from just before it was read.
@@ -239,6 +234,23 @@ fn report_progress(comm: &impl Comm, cfg: ProgressConfig, inputs: &[InputShard],
         }
     }
     progress.finish();
+}
+
+/// Rank 0 says how much of the input the ranks fetched from object storage into their spools,
+/// in memory and in files: the exchange reads it from there.
+fn narrate_spooled(comm: &impl Comm, spool: Option<&Spool>) {
+    let held = comm.all_sum(&spool.map_or([0, 0], Spool::held));
+    if held.iter().sum::<u64>() == 0 {
+        return;
+    }
+    narrate(
+        comm.rank() == 0,
+        format_args!(
+            "fetched the object-store input once: {} held in memory, {} in spool files on scratch",
+            human_bytes(held[0]),
+            human_bytes(held[1])
+        ),
+    );
 }
 
 /// Rank 0 says that `--index` is not used where the rules need the tar headers.
@@ -356,6 +368,7 @@ fn index_one(
 /// The shard's index from its tar headers, read from the spool when it is spooled.
 fn spooled_index(path: &Path, rules: &Rules, spool: Option<(&Spool, usize)>) -> Result<ShardIndex> {
     if let Some((spool, i)) = spool.filter(|_| storage::is_object_store(path)) {
+        // Not spooled (no room): read from the store, here and in the exchange.
         spool.fetch(path, &format!("{i:06}")).with_context(|| {
             format!(
                 "input {}: cannot fetch it into the spool {}",

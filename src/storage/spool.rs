@@ -235,6 +235,17 @@ fn copy_object(
     Ok(())
 }
 
+/// Reads up to `buf.len()` bytes at `offset` of `bytes` held in memory: the count, 0 past the
+/// end (as a file's `pread`).
+pub(super) fn read_held_at(bytes: &[u8], buf: &mut [u8], offset: u64) -> usize {
+    let from = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let n = buf.len().min(bytes.len() - from);
+    buf[..n].copy_from_slice(&bytes[from..from + n]);
+    n
+}
+
 impl Drop for Spool {
     fn drop(&mut self) {
         let shards = std::mem::take(self.shards.get_mut().unwrap_or_else(|e| e.into_inner()));
@@ -275,14 +286,7 @@ impl Input for Spooled {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         match &self.copy {
             Held::File(local) => local.read_at(buf, offset),
-            Held::Memory(bytes) => {
-                let from = usize::try_from(offset)
-                    .unwrap_or(usize::MAX)
-                    .min(bytes.len());
-                let n = buf.len().min(bytes.len() - from);
-                buf[..n].copy_from_slice(&bytes[from..from + n]);
-                Ok(n)
-            }
+            Held::Memory(bytes) => Ok(read_held_at(bytes, buf, offset)),
         }
     }
 

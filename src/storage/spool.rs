@@ -60,39 +60,17 @@ enum Failed {
 }
 
 impl Spool {
-    /// A spool for `bytes` of shards: the shards that fit in `memory` bytes are held there,
-    /// the others in the directory `dir`, made here where its file system has room for the
-    /// bytes beyond `memory`. Where it has not, or cannot be made, the second value says why
-    /// (a message): those shards are not spooled.
-    pub(crate) fn new(dir: PathBuf, memory: u64, bytes: u64) -> (Spool, Option<String>) {
-        let spool = Spool {
+    /// A spool in the directory `dir` (made when a shard first goes there), holding in memory
+    /// the shards that fit `memory` bytes.
+    pub(crate) fn new(dir: PathBuf, memory: u64) -> Spool {
+        Spool {
             dir,
-            disk: AtomicBool::new(false),
+            disk: AtomicBool::new(true),
             memory_left: AtomicU64::new(memory),
             in_memory: AtomicU64::new(0),
             on_disk: AtomicU64::new(0),
             shards: Mutex::new(Vec::new()),
-        };
-        let Some(beyond) = bytes.checked_sub(memory).filter(|b| *b > 0) else {
-            return (spool, None);
-        };
-        let sink = sinks(&spool.dir).0;
-        let room = sink
-            .create_dir_all(&spool.dir)
-            .and_then(|()| sink.free_space(&spool.dir));
-        let why = match room {
-            Ok(free) if free.is_none_or(|free| free / 16 * 15 > beyond) => {
-                spool.disk.store(true, Ordering::Relaxed);
-                return (spool, None);
-            }
-            Ok(free) => format!(
-                "{} free there, {} to spool",
-                human_bytes(free.unwrap_or(0)),
-                human_bytes(beyond)
-            ),
-            Err(e) => e.to_string(),
-        };
-        (spool, Some(why))
+        }
     }
 
     /// Where the spool's files are.
@@ -138,7 +116,7 @@ impl Spool {
                 Err(Failed::Local(e)) => {
                     if self.disk.swap(false, Ordering::Relaxed) {
                         crate::errln!(
-                            "reshard: warning: the input spool {} cannot take more ({e}): the exchange fetches the shards not spooled from the store again",
+                            "reshard: warning: the input spool {} cannot take more ({e}): the exchange fetches the shards not spooled from the store again (--scratch sets where it is)",
                             self.dir.display()
                         );
                     }
@@ -181,6 +159,21 @@ impl Spool {
         let local = self.dir.join(name);
         // Not paced: the fetch was (a rate limit is the store's, not the scratch disk's).
         let sink = sinks(&local).0;
+        sink.create_dir_all(&self.dir).map_err(Failed::Local)?;
+        // Room for the shard, with some to spare (other ranks of the node spool there too; a
+        // write that finds the disk full all the same lets the shard go as well).
+        let free = sink.free_space(&self.dir).map_err(Failed::Local)?;
+        if let Some(free) = free.filter(|free| free / 16 * 15 <= len) {
+            let why = format!(
+                "{} free, the shard takes {}",
+                human_bytes(free),
+                human_bytes(len)
+            );
+            return Err(Failed::Local(io::Error::new(
+                io::ErrorKind::StorageFull,
+                why,
+            )));
+        }
         let out = sink.create(&local, len).map_err(Failed::Local)?;
         let mut local_failure = None;
         let copied = copy_object(object, path, len, &mut |chunk, at| {
@@ -335,8 +328,7 @@ mod tests {
         let stamp = super::super::stamp(&path).unwrap();
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("reshard-spool.t.0");
-        let (spool, why) = Spool::new(dir.clone(), memory_share, 3_000_000);
-        assert_eq!(why, None);
+        let spool = Spool::new(dir.clone(), memory_share);
         assert!(spool.fetch(&path, "000000").unwrap());
         memory::put(&path, b"replaced".to_vec());
         let copy = super::super::open(&path).unwrap();
@@ -377,37 +369,31 @@ mod tests {
     }
 
     /// A missing object is an error, and nothing is spooled for it. A shard that fits neither
-    /// the memory share left nor a spool directory (one that cannot be written) is not
-    /// fetched or is let go: the store serves it.
+    /// the memory share left nor the room on the spool's file system is not fetched: the store
+    /// serves it, and the next one too.
     #[test]
     fn what_the_spool_cannot_take_is_read_from_the_store() {
         let tmp = tempfile::tempdir().unwrap();
-        let (spool, _) = Spool::new(tmp.path().join("s"), 0, 10);
+        let spool = Spool::new(tmp.path().join("s"), 0);
         let missing = Path::new("mem://spool-test/none.tar");
         let e = spool.fetch(missing, "000001").unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
         assert!(spooled(missing).is_none());
 
-        let (a, b) = (
-            Path::new("mem://spool-test/a.tar"),
-            Path::new("mem://spool-test/b.tar"),
-        );
-        object(a, 1000);
-        object(b, 1000);
-        let dir = tmp.path().join("gone");
-        let (spool, why) = Spool::new(dir.clone(), 1500, 2000);
-        assert_eq!(why, None, "room on disk");
-        sinks(&dir).0.remove_dir_all(&dir).unwrap();
-        assert!(spool.fetch(a, "a").unwrap(), "in memory");
+        let shards = ["a", "b", "c"].map(|n| PathBuf::from(format!("mem://spool-test/{n}.tar")));
+        for shard in &shards {
+            object(shard, 1000);
+        }
+        let dir = Path::new("mem://spool-test-scratch/reshard-spool.t.1");
+        memory::set_capacity(Path::new("mem://spool-test-scratch"), 1000);
+        let spool = Spool::new(dir.to_path_buf(), 1500);
+        assert!(spool.fetch(&shards[0], "a").unwrap(), "in memory");
         assert!(
-            !spool.fetch(b, "b").unwrap(),
-            "neither in memory nor in the removed directory"
+            !spool.fetch(&shards[1], "b").unwrap(),
+            "1000 bytes free are too few"
         );
-        assert!(spooled(a).is_some() && spooled(b).is_none());
+        assert!(!spool.fetch(&shards[2], "c").unwrap(), "not tried again");
+        assert!(spooled(&shards[0]).is_some() && spooled(&shards[1]).is_none());
         assert_eq!(spool.held(), [1000, 0]);
-
-        let (spool, why) = Spool::new(tmp.path().join("full"), 0, u64::MAX / 2);
-        assert!(why.unwrap().contains("free there"));
-        assert!(!spool.fetch(b, "b").unwrap());
     }
 }

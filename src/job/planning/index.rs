@@ -129,26 +129,10 @@ pub(crate) fn run<C: Comm>(
 }
 
 /// A spool in `dir` for the shards of `share` on object storage, holding in memory those that
-/// fit `memory` bytes; where the directory's file system has no room for the others, they are
-/// not spooled (said), and the exchange fetches them again.
+/// fit `memory` bytes; none without such shards.
 fn spool_for(dir: PathBuf, memory: u64, share: &[InputShard]) -> Option<Spool> {
-    let bytes: u64 = share
-        .iter()
-        .filter(|s| storage::is_object_store(&s.path))
-        .map(|s| s.size)
-        .sum();
-    if bytes == 0 {
-        return None;
-    }
-    let (spool, refused) = Spool::new(dir, memory, bytes);
-    if let Some(why) = refused {
-        crate::errln!(
-            "reshard: warning: not spooling input shards in {} ({why}): the exchange fetches those beyond the memory share ({}) from the store again (set --scratch)",
-            spool.dir().display(),
-            human_bytes(memory)
-        );
-    }
-    Some(spool)
+    let objects = share.iter().any(|s| storage::is_object_store(&s.path));
+    objects.then(|| Spool::new(dir, memory))
 }
 
 /// One input shard's index, with its stamp from just before it was read.

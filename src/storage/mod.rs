@@ -31,6 +31,7 @@ pub(crate) mod s3;
 mod schemes;
 
 use paced::Paced;
+pub(crate) use s3::e_tag_identity;
 pub(crate) use schemes::{is_object_store, object_scheme, register_source, OBJECT_STORES};
 use schemes::{object_store, PACED_OBJECT_STORES};
 
@@ -266,6 +267,19 @@ pub(crate) trait Sink: Send + Sync {
     /// It cannot be created.
     fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Writer>>;
 
+    /// [`Sink::create_stream`] that only creates: the object comes into being at
+    /// [`Writer::finish`] only if nothing is at `path` then (object storage: `If-None-Match: *`
+    /// on the PUT and on the multipart upload's completion), so that it never replaces an
+    /// object another run made. What a run writes at an output's final names goes through it.
+    ///
+    /// # Errors
+    /// It cannot be started, or the backend cannot create exclusively (`Unsupported`, the
+    /// default).
+    fn create_stream_new(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
+        let _ = path;
+        Err(io::ErrorKind::Unsupported.into())
+    }
+
     /// Renames `from` to `to` only if nothing is at `to`, atomically.
     ///
     /// # Errors
@@ -409,6 +423,24 @@ pub(crate) trait Writer: Write + Send {
     /// # Errors
     /// The sync (the upload's completion) fails.
     fn finish(self: Box<Self>) -> io::Result<u64>;
+
+    /// [`Writer::finish`], and what the store says of the object it made: its size and, on an
+    /// object store, its ETag (what a run records of every object it created, to find it again
+    /// as it left it before it commits).
+    ///
+    /// # Errors
+    /// As [`Writer::finish`]; for a writer of [`Sink::create_stream_new`], something was at its
+    /// path before it completed (`AlreadyExists`).
+    fn finish_created(self: Box<Self>) -> io::Result<Created> {
+        self.finish().map(|size| Created { size, e_tag: None })
+    }
+}
+
+/// An object a writer made: its size and the store's ETag of it (none on a file system).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Created {
+    pub(crate) size: u64,
+    pub(crate) e_tag: Option<String>,
 }
 
 /// The scheme of `path` (`mem` for `mem://…`), if it names one.

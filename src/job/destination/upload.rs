@@ -24,8 +24,10 @@ use crate::job::destination::series::{outputs_beyond, say_what_keep_would_remove
 use crate::output::{checkpoint, saved_index, seal};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
+use fenced::{Fence, Found};
 use progress::{report_progress, Sent};
 
+mod fenced;
 mod progress;
 
 /// The manifest: written last, it is what makes the output exist.
@@ -90,6 +92,15 @@ impl RemoteLock {
     /// That the lock still holds this run's token (right before the manifest is written).
     fn check_owned(&self) -> Result<()> {
         self.lock.check_held()
+    }
+
+    /// What lets every rank check that this run still holds the lock of `target`.
+    fn fence(&self, target: &Path) -> Fence {
+        Fence {
+            lock: lock_path(target),
+            token: self.lock.token().to_string(),
+            target: target.to_path_buf(),
+        }
     }
 }
 
@@ -162,14 +173,34 @@ pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
     };
     if staged {
         // A copy an earlier attempt staged and did not finish uploading: ours to continue
-        // (`--resume`) or to remove.
-        if !(cfg.resume && restage(local)?) {
+        // (`--resume`) or to remove, unless that run may only be suspended.
+        if let Some(token) = lock.lock.taken_from_silent() {
+            set_aside(local, token)?;
+        } else if !(cfg.resume && restage(local)?) {
             storage::sink(local)
                 .remove_dir_all(local)
                 .with_context(|| format!("{}: cannot remove the staged copy", local.display()))?;
         }
     }
     Ok(Some(lock))
+}
+
+/// The staged copy `local` of the run whose lock this one took over by its silence (it may
+/// only be suspended, and read its files when it wakes): moved aside, to `.NAME.reshard-left.
+/// TOKEN` beside it, not removed, so that this run can stage at `local`.
+fn set_aside(local: &Path, token: &str) -> Result<()> {
+    let name = local.file_name().unwrap_or_default().to_string_lossy();
+    let aside = local.with_file_name(format!(".{name}.reshard-left.{token}"));
+    storage::sink(local)
+        .rename(local, &aside)
+        .with_context(|| format!("{}: cannot move the staged copy aside", local.display()))?;
+    crate::errln!(
+        "reshard: moved {} aside to {}: it is the staged copy of the run whose lock this one \
+         took over, which may only be suspended; remove it once that run is surely gone",
+        local.display(),
+        aside.display()
+    );
+    Ok(())
 }
 
 /// Where the upload of `shard` of the staged copy `local` is noted.
@@ -224,6 +255,11 @@ fn note_uploaded(local: &Path, target: &Path, shard: &str) -> Result<()> {
             storage::write_unsynced(&record, &seal::seal(note_of(&object, &file).into_bytes()))
         })
         .with_context(|| format!("{}: cannot write", record.display()))
+}
+
+/// The stamp of the object `path` as a note spells it, if it is there.
+fn stamp_now(path: &Path) -> Option<String> {
+    storage::stamp(path).ok().map(|s| stamp_line(&s))
 }
 
 /// The shards of the staged copy `local` that an earlier attempt noted as uploaded to `target`
@@ -405,35 +441,6 @@ fn is_shard(rel: &str) -> bool {
     !rel.contains('/') && !rel.starts_with('.') && rel != MANIFEST
 }
 
-/// Uploads the local file `rel` under `local` to the same name under `target`. `last`: the
-/// rank's last shard (where a test hook may pause it).
-fn upload_file(local: &Path, target: &Path, rel: &str, rank: usize, last: bool) -> Result<u64> {
-    let (from, to) = (local.join(rel), target.join(rel));
-    let input = storage::open(&from).with_context(|| format!("{}: cannot open", from.display()))?;
-    let mut out = storage::sink(&to)
-        .create_stream(&to)
-        .with_context(|| format!("{}: cannot start the upload", to.display()))?;
-    let mut buf = vec![0u8; CHUNK];
-    let mut at = 0u64;
-    loop {
-        let n = storage::read_up_to_at(input.as_ref(), &mut buf, at)
-            .with_context(|| format!("{}: read failed at byte {at}", from.display()))?;
-        if n == 0 {
-            break;
-        }
-        out.write_all(&buf[..n])
-            .with_context(|| format!("{}: upload failed at byte {at}", to.display()))?;
-        at += n as u64;
-        if last && at == 2 * CHUNK as u64 {
-            // The first 16 MiB part of the rank's last shard is out: a multipart upload is
-            // under way, and the rank's other shards are up.
-            crate::hooks::pause_in_upload(local.parent().unwrap_or(local), rank);
-        }
-    }
-    out.finish()
-        .with_context(|| format!("{}: the upload did not complete", to.display()))
-}
-
 /// The saved index of the shard `shard`, relative to the output, if the output has one.
 fn layout_of(shard: &str) -> String {
     format!("{}/{shard}{}", saved_index::DIR_NAME, saved_index::SUFFIX)
@@ -496,8 +503,10 @@ pub fn run(
             target.display()
         );
     }
-    let begun = lock.map_or(Ok(()), |l| begin(target, &files, l));
+    let begun = lock.map_or(Ok(()), |l| begin(target, &files, &kept, l));
     agree(comm, begun)?;
+    let fence: Option<Fence> = broadcast_result(comm, 0, Some(Ok(lock.map(|l| l.fence(target)))))?;
+    let fence = fence.as_ref();
     let mine = share(&files, comm.rank(), comm.size());
     let names: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
     let was_up = with_layouts(kept.iter().map(String::as_str));
@@ -509,22 +518,27 @@ pub fn run(
     let rank = comm.rank();
     let sent: Result<u64> = std::thread::scope(|scope| {
         let uploads = scope.spawn(|| {
+            let mut created = Vec::new();
             let r = todo.iter().enumerate().try_fold(0, |sum, (i, f)| {
-                let n = upload_file(local, target, &f.0, rank, i + 1 == todo.len())?;
+                let pause = (i + 1 == todo.len()).then_some(rank);
+                let made = fenced::create(local, target, &f.0, Found::Replace, fence, pause)?;
                 restamp_layout(local, target, &f.0, &names)?;
                 note_uploaded(local, target, &f.0)?;
                 sent.add(f.1);
+                let n = made.size;
+                created.push((f.0.clone(), made));
                 Ok(sum + n)
             });
             sent.end();
-            r
+            // Before the manifest: every object this rank created is still its own.
+            r.and_then(|n| fenced::verify(local, target, &mut created, fence).map(|()| n))
         });
         report_progress(comm, cfg.progress, all_todo, &sent);
         uploads.join().expect("the upload thread does not panic")
     });
     agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local))?;
     let finished = (comm.rank() == 0).then(|| {
-        finish(target, local, &files, lock)?;
+        finish(target, local, &files, &kept, lock)?;
         cfg.keep.as_ref().map_or(Ok(()), |keep| {
             prune_series(target, keep, cfg.epoch, cfg.lock_stale_after)
                 .with_context(|| {
@@ -613,7 +627,7 @@ fn is_own_name(n: &str) -> bool {
 /// replaces recorded in the marker of an upload under way, and with `--force` the replaced
 /// output's manifest removed (it stops being an output before any of its objects is
 /// overwritten).
-fn begin(target: &Path, files: &[(String, u64)], lock: &RemoteLock) -> Result<()> {
+fn begin(target: &Path, files: &[(String, u64)], kept: &[String], lock: &RemoteLock) -> Result<()> {
     let names: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
     let mut uploads: Vec<String> = files.iter().map(|f| f.0.clone()).collect();
     uploads.extend(
@@ -627,14 +641,23 @@ fn begin(target: &Path, files: &[(String, u64)], lock: &RemoteLock) -> Result<()
         replaces: lock.replaced.clone(),
     }
     .write(target)?;
-    if lock.replaced.is_empty() {
+    if lock.replaced.is_empty() && lock.preserved.is_empty() {
         return Ok(());
     }
-    // Already gone where a failed run that was replacing it removed it.
-    let old = target.join(MANIFEST);
-    remove_if_there(&old)
-        .map(|_| ())
-        .with_context(|| format!("{}: cannot remove", old.display()))
+    lock.check_owned()?;
+    if !lock.replaced.is_empty() {
+        // Already gone where a failed run that was replacing it removed it.
+        let old = target.join(MANIFEST);
+        remove_if_there(&old).with_context(|| format!("{}: cannot remove", old.display()))?;
+    }
+    // Every object is only created: what is at a name this run creates (of the replaced output,
+    // or of the earlier attempt and not kept) goes first, the old output no output any more.
+    let keeps = with_layouts(kept.iter().map(String::as_str));
+    for (rel, _) in files.iter().filter(|f| !keeps.contains(&f.0)) {
+        let path = target.join(rel);
+        remove_if_there(&path).with_context(|| format!("{}: cannot remove", path.display()))?;
+    }
+    Ok(())
 }
 
 /// What a failed run left at `target`: unfinished multipart uploads aborted, and where it left
@@ -798,17 +821,38 @@ fn finish(
     target: &Path,
     local: &Path,
     files: &[(String, u64)],
+    kept: &[String],
     lock: Option<&RemoteLock>,
 ) -> Result<()> {
+    let fence = lock.map(|l| l.fence(target));
+    let fence = fence.as_ref();
     let layouts = with_layouts(files.iter().map(|f| f.0.as_str()).filter(|n| is_shard(n)));
     let metadata = files
         .iter()
         .filter(|f| !is_shard(&f.0) && f.0 != MANIFEST && !layouts.contains(&f.0));
+    let mut created = Vec::new();
     for (rel, _) in metadata {
-        upload_file(local, target, rel, 0, false).with_context(|| not_published(target, local))?;
+        let made = fenced::create(local, target, rel, Found::Replace, fence, None)
+            .with_context(|| not_published(target, local))?;
+        created.push((rel.clone(), made));
+    }
+    fenced::verify(local, target, &mut created, fence)
+        .with_context(|| not_published(target, local))?;
+    // The shards a resumed run keeps from the earlier attempt: still as it noted them.
+    if let Some(stale) = kept
+        .iter()
+        .find(|k| read_note(local, k).map(|n| n.0) != stamp_now(&target.join(k.as_str())))
+    {
+        bail!(
+            "{}: kept from the earlier attempt, but it is not the object that attempt noted              any more; {}",
+            target.join(stale).display(),
+            not_published(target, local)
+        );
     }
     lock.map_or(Ok(()), RemoteLock::check_owned)?;
-    upload_file(local, target, MANIFEST, 0, false).with_context(|| not_published(target, local))?;
+    // The commit: created only where no manifest is, so never over another run's.
+    fenced::create(local, target, MANIFEST, Found::Fail, fence, None)
+        .with_context(|| not_published(target, local))?;
     after_manifest(target, local, files, lock).context(CleanupFailed {
         output: target.to_path_buf(),
     })

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use object_store::multipart::PartId;
 use object_store::path::Path as Key;
 use object_store::MultipartId;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use super::requests::{again, block_on, error};
+use super::requests::{again, block_on, creating_store, error};
 use super::{count, Client, Location, PUTS};
-use crate::storage::Writer;
+use crate::storage::{Created, Writer};
 
 /// The first part size of a multipart upload. S3 takes parts of 5 MiB to 5 GiB (the last one
 /// smaller), at most 10,000 of them, and parts of one upload may differ in size: a stream does
@@ -67,6 +67,11 @@ pub(super) struct Upload {
     /// The multipart upload's id and its parts so far.
     pub(super) upload: Option<(MultipartId, Vec<PartId>)>,
     pub(super) written: u64,
+    /// Whether the object is only created, never put over another ([`Sink::create_stream_new`]):
+    /// the PUT and the completion carry the store's create-only condition.
+    ///
+    /// [`Sink::create_stream_new`]: crate::storage::Sink::create_stream_new
+    pub(super) create_only: bool,
 }
 
 impl Upload {
@@ -127,27 +132,80 @@ impl io::Write for Upload {
 }
 
 impl Writer for Upload {
-    fn finish(mut self: Box<Self>) -> io::Result<u64> {
+    fn finish(self: Box<Self>) -> io::Result<u64> {
+        self.finish_created().map(|c| c.size)
+    }
+
+    fn finish_created(mut self: Box<Self>) -> io::Result<Created> {
         if self.upload.is_none() {
             let payload = PutPayload::from(std::mem::take(&mut self.buf));
             count(&PUTS, payload.content_length());
-            block_on(again(|| self.store.put(&self.key, payload.clone())))
-                .map_err(|e| error(&self.loc, e))?;
-            return Ok(self.written);
+            let mode = if self.create_only {
+                PutMode::Create
+            } else {
+                PutMode::Overwrite
+            };
+            let put = || {
+                let opts = PutOptions::from(mode.clone());
+                self.store.put_opts(&self.key, payload.clone(), opts)
+            };
+            // Sent again only when a broken-off create may be: its second sending finds the
+            // first one's object, and says so (`AlreadyExists`) rather than replace anything.
+            let done = block_on(again(put)).map_err(|e| self.failed(e))?;
+            return Ok(self.created(done.e_tag));
         }
         if !self.buf.is_empty() {
             self.send_part(self.buf.len())?;
         }
         let (id, parts) = self.upload.take().expect("a multipart upload");
+        let completing = if self.create_only {
+            creating_store(self.loc.scheme, &self.loc.bucket)?
+        } else {
+            Arc::clone(&self.store)
+        };
         let done = block_on(async {
-            self.store.complete_multipart(&self.key, &id, parts).await?;
-            self.store.delete(&journal_of(&self.key)).await
+            let done = completing.complete_multipart(&self.key, &id, parts).await?;
+            self.store.delete(&journal_of(&self.key)).await?;
+            Ok(done)
         });
-        if let Err(e) = done {
-            abort(&*self.store, &self.key, &id);
-            return Err(error(&self.loc, e));
+        match done {
+            Ok(done) => Ok(self.created(done.e_tag)),
+            Err(e) => {
+                abort(&*self.store, &self.key, &id);
+                Err(self.failed(e))
+            }
         }
-        Ok(self.written)
+    }
+}
+
+impl Upload {
+    fn created(&self, e_tag: Option<String>) -> Created {
+        Created {
+            size: self.written,
+            e_tag,
+        }
+    }
+
+    /// The error of a failed PUT or completion: for a create-only one, an object that was
+    /// there already (the store's `412 Precondition Failed`) is `AlreadyExists`, and a store
+    /// without the condition says what reshard needs.
+    fn failed(&self, e: object_store::Error) -> io::Error {
+        use object_store::Error as E;
+        match e {
+            E::Precondition { .. } | E::AlreadyExists { .. } if self.create_only => io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists already: another writer created it", self.loc.url()),
+            ),
+            E::NotImplemented { .. } if self.create_only => io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{}: the store has no conditional writes ({}); reshard writes every object of an output only if nothing is at its name (If-None-Match: *), so that a run that lost the output's lock cannot overwrite it: use a store that has them (AWS S3, MinIO, Ceph RGW, SeaweedFS)",
+                    self.loc.url(),
+                    e
+                ),
+            ),
+            e => error(&self.loc, e),
+        }
     }
 }
 

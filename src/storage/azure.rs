@@ -22,7 +22,9 @@ pub static AZURE: Scheme = Scheme {
     bucket: "container",
     credentials: "AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY",
     client,
-    create_only: ("if-none-match", "*"),
+    // Its client signs a request before it adds the extra headers: a create-only multipart
+    // upload is completed at a side name and copied to its object with `If-None-Match: *`.
+    create_only: None,
 };
 
 /// The client of `container`, from the environment.

@@ -23,7 +23,7 @@ pub static GCS: Scheme = Scheme {
         "GOOGLE_SERVICE_ACCOUNT, GOOGLE_SERVICE_ACCOUNT_KEY, GOOGLE_APPLICATION_CREDENTIALS",
     client,
     // The XML API's condition: the object's generation is 0, i.e. there is none.
-    create_only: ("x-goog-if-generation-match", "0"),
+    create_only: Some(("x-goog-if-generation-match", "0")),
 };
 
 /// The client of `bucket`, from the environment.

@@ -175,7 +175,7 @@ pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
         // A copy an earlier attempt staged and did not finish uploading: ours to continue
         // (`--resume`) or to remove, unless that run may only be suspended.
         if let Some(token) = lock.lock.taken_from_silent() {
-            set_aside(local, token)?;
+            fenced::set_aside(local, token)?;
         } else if !(cfg.resume && restage(local)?) {
             storage::sink(local)
                 .remove_dir_all(local)
@@ -183,24 +183,6 @@ pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
         }
     }
     Ok(Some(lock))
-}
-
-/// The staged copy `local` of the run whose lock this one took over by its silence (it may
-/// only be suspended, and read its files when it wakes): moved aside, to `.NAME.reshard-left.
-/// TOKEN` beside it, not removed, so that this run can stage at `local`.
-fn set_aside(local: &Path, token: &str) -> Result<()> {
-    let name = local.file_name().unwrap_or_default().to_string_lossy();
-    let aside = local.with_file_name(format!(".{name}.reshard-left.{token}"));
-    storage::sink(local)
-        .rename(local, &aside)
-        .with_context(|| format!("{}: cannot move the staged copy aside", local.display()))?;
-    crate::errln!(
-        "reshard: moved {} aside to {}: it is the staged copy of the run whose lock this one \
-         took over, which may only be suspended; remove it once that run is surely gone",
-        local.display(),
-        aside.display()
-    );
-    Ok(())
 }
 
 /// Where the upload of `shard` of the staged copy `local` is noted.
@@ -255,11 +237,6 @@ fn note_uploaded(local: &Path, target: &Path, shard: &str) -> Result<()> {
             storage::write_unsynced(&record, &seal::seal(note_of(&object, &file).into_bytes()))
         })
         .with_context(|| format!("{}: cannot write", record.display()))
-}
-
-/// The stamp of the object `path` as a note spells it, if it is there.
-fn stamp_now(path: &Path) -> Option<String> {
-    storage::stamp(path).ok().map(|s| stamp_line(&s))
 }
 
 /// The shards of the staged copy `local` that an earlier attempt noted as uploaded to `target`
@@ -470,6 +447,33 @@ fn restamp_layout(local: &Path, target: &Path, shard: &str, names: &HashSet<&str
     )
 }
 
+/// This rank's share `todo` of the shards, each created (never put over another object) with
+/// its saved index and its note, then each found still as created (before the manifest): the
+/// bytes uploaded.
+fn upload_share(
+    local: &Path,
+    target: &Path,
+    todo: &[&(String, u64)],
+    names: &HashSet<&str>,
+    rank: usize,
+    fence: Option<&Fence>,
+    sent: &Sent,
+) -> Result<u64> {
+    let mut created = Vec::new();
+    let mut sum = 0;
+    for (i, f) in todo.iter().enumerate() {
+        let pause = (i + 1 == todo.len()).then_some(rank);
+        let made = fenced::create(local, target, &f.0, Found::Replace, fence, pause)?;
+        restamp_layout(local, target, &f.0, names)?;
+        note_uploaded(local, target, &f.0)?;
+        sent.add(f.1);
+        sum += made.size;
+        created.push((f.0.clone(), made));
+    }
+    fenced::verify(local, target, &mut created, fence)?;
+    Ok(sum)
+}
+
 /// Every rank uploads its share of the published local output; rank 0 then writes the
 /// metadata, checks the lock, writes the manifest, removes what `--force` replaced and the
 /// local copy.
@@ -510,7 +514,11 @@ pub fn run(
     let mine = share(&files, comm.rank(), comm.size());
     let names: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
     let was_up = with_layouts(kept.iter().map(String::as_str));
-    let todo: Vec<_> = mine.iter().filter(|f| !was_up.contains(&f.0)).collect();
+    let todo: Vec<_> = mine
+        .iter()
+        .filter(|f| !was_up.contains(&f.0))
+        .copied()
+        .collect();
     let all_todo = files
         .iter()
         .filter(|f| is_shard(&f.0) && !was_up.contains(&f.0));
@@ -518,25 +526,16 @@ pub fn run(
     let rank = comm.rank();
     let sent: Result<u64> = std::thread::scope(|scope| {
         let uploads = scope.spawn(|| {
-            let mut created = Vec::new();
-            let r = todo.iter().enumerate().try_fold(0, |sum, (i, f)| {
-                let pause = (i + 1 == todo.len()).then_some(rank);
-                let made = fenced::create(local, target, &f.0, Found::Replace, fence, pause)?;
-                restamp_layout(local, target, &f.0, &names)?;
-                note_uploaded(local, target, &f.0)?;
-                sent.add(f.1);
-                let n = made.size;
-                created.push((f.0.clone(), made));
-                Ok(sum + n)
-            });
+            let r = upload_share(local, target, &todo, &names, rank, fence, &sent);
             sent.end();
-            // Before the manifest: every object this rank created is still its own.
-            r.and_then(|n| fenced::verify(local, target, &mut created, fence).map(|()| n))
+            r
         });
         report_progress(comm, cfg.progress, all_todo, &sent);
         uploads.join().expect("the upload thread does not panic")
     });
-    agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local))?;
+    agree(comm, sent.map(|_| ())).with_context(|| {
+        fenced::lost(fence, target).unwrap_or_else(|| not_published(target, local))
+    })?;
     let finished = (comm.rank() == 0).then(|| {
         finish(target, local, &files, &kept, lock)?;
         cfg.keep.as_ref().map_or(Ok(()), |keep| {
@@ -680,6 +679,7 @@ fn clean_up_failed_run(
     if aborted > 0 {
         crate::errln!("reshard: aborted {aborted} unfinished multipart upload(s) an earlier run left under {}", target.display());
     }
+    fenced::remove_side_objects(target)?;
     let Some(marker) = left else {
         return Ok(None);
     };
@@ -838,17 +838,7 @@ fn finish(
     }
     fenced::verify(local, target, &mut created, fence)
         .with_context(|| not_published(target, local))?;
-    // The shards a resumed run keeps from the earlier attempt: still as it noted them.
-    if let Some(stale) = kept
-        .iter()
-        .find(|k| read_note(local, k).map(|n| n.0) != stamp_now(&target.join(k.as_str())))
-    {
-        bail!(
-            "{}: kept from the earlier attempt, but it is not the object that attempt noted              any more; {}",
-            target.join(stale).display(),
-            not_published(target, local)
-        );
-    }
+    fenced::check_kept(local, target, kept).with_context(|| not_published(target, local))?;
     lock.map_or(Ok(()), RemoteLock::check_owned)?;
     // The commit: created only where no manifest is, so never over another run's.
     fenced::create(local, target, MANIFEST, Found::Fail, fence, None)

@@ -30,7 +30,8 @@ mod multipart;
 mod read;
 mod requests;
 
-use multipart::{object_of, Upload};
+pub(crate) use multipart::SIDE;
+use multipart::{object_of, side_of, Upload};
 use read::{Ahead, ObjectInput};
 use requests::{again, block_on, error, not_found};
 pub(crate) use requests::{options_with_headers, retry_from_env, s3_client};
@@ -59,8 +60,10 @@ pub(crate) struct Scheme {
     /// on every request, where there are.
     pub(crate) client: MakeClient,
     /// The header (name, value) that makes a write create only, which the client completing
-    /// create-only multipart uploads sends ([`requests::creating_store`]).
-    pub(crate) create_only: (&'static str, &'static str),
+    /// create-only multipart uploads sends ([`requests::creating_store`]); `None` where the
+    /// client would not sign it (such an upload is completed at a side name and copied to its
+    /// object only if nothing is there).
+    pub(crate) create_only: Option<(&'static str, &'static str)>,
 }
 
 /// The S3 scheme: `s3://bucket/key`, its client from the `AWS_*` variables and profiles.
@@ -69,7 +72,7 @@ pub(crate) static S3: Scheme = Scheme {
     bucket: "bucket",
     credentials: "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN",
     client: s3_client,
-    create_only: ("if-none-match", "*"),
+    create_only: Some(("if-none-match", "*")),
 };
 
 /// GETs and their bytes, PUTs (and parts) and theirs, in this process: the run's summary
@@ -431,19 +434,23 @@ impl Sink for Objects {
             upload: None,
             written: 0,
             create_only: false,
+            side: None,
         }))
     }
 
     fn create_stream_new(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
         let loc = self.parse(path)?;
+        let key = loc.object()?;
+        let side = loc.scheme.create_only.is_none().then(|| side_of(&key));
         Ok(Box::new(Upload {
             store: loc.store()?,
-            key: loc.object()?,
+            key,
             loc,
             buf: Vec::new(),
             upload: None,
             written: 0,
             create_only: true,
+            side,
         }))
     }
 

@@ -72,6 +72,34 @@ pub(super) struct Upload {
     ///
     /// [`Sink::create_stream_new`]: crate::storage::Sink::create_stream_new
     pub(super) create_only: bool,
+    /// Where a create-only multipart upload goes on a store that cannot complete one
+    /// conditionally (Azure: its completion is signed without the client's extra headers): a
+    /// name of this writer's own under [`SIDE`] beside the object, completed there and then
+    /// copied to the object only if nothing is there (the store's conditional copy).
+    pub(super) side: Option<Key>,
+}
+
+/// The folder, beside an object, of the side objects of create-only multipart uploads
+/// ([`Upload::side`]); a run that holds the output's lock removes what an earlier run left there.
+pub(crate) const SIDE: &str = ".reshard-creating";
+
+/// A side name for a create-only multipart upload to `key` ([`Upload::side`]): unique to this
+/// process and moment, so that no other writer's upload goes there.
+pub(super) fn side_of(key: &Key) -> Key {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let text = key.as_ref();
+    let (dir, name) = text.rsplit_once('/').unwrap_or(("", text));
+    let unique = format!("{name}.{}-{nanos}-{n}", std::process::id());
+    let path = if dir.is_empty() {
+        format!("{SIDE}/{unique}")
+    } else {
+        format!("{dir}/{SIDE}/{unique}")
+    };
+    Key::from(path.as_str())
 }
 
 impl Upload {
@@ -83,6 +111,11 @@ impl Upload {
             .min(MAX_PART)
     }
 
+    /// The key the multipart upload goes to: the object's, or its side name.
+    fn upload_key(&self) -> &Key {
+        self.side.as_ref().unwrap_or(&self.key)
+    }
+
     fn sent(&self) -> usize {
         self.upload.as_ref().map_or(0, |u| u.1.len())
     }
@@ -90,9 +123,10 @@ impl Upload {
     /// Starts the multipart upload and journals its id.
     fn start(&self) -> object_store::Result<MultipartId> {
         block_on(async {
-            let id = self.store.create_multipart(&self.key).await?;
+            let key = self.upload_key();
+            let id = self.store.create_multipart(key).await?;
             let journal = PutPayload::from(id.clone().into_bytes());
-            self.store.put(&journal_of(&self.key), journal).await?;
+            self.store.put(&journal_of(key), journal).await?;
             Ok(id)
         })
     }
@@ -107,9 +141,9 @@ impl Upload {
         let data = PutPayload::from(std::mem::replace(&mut self.buf, rest));
         count(&PUTS, data.content_length());
         let (id, parts) = self.upload.as_mut().expect("started above");
+        let key = self.side.as_ref().unwrap_or(&self.key);
         let part = block_on(again(|| {
-            self.store
-                .put_part(&self.key, id, parts.len(), data.clone())
+            self.store.put_part(key, id, parts.len(), data.clone())
         }));
         parts.push(part.map_err(|e| error(&self.loc, e))?);
         Ok(())
@@ -158,23 +192,36 @@ impl Writer for Upload {
             self.send_part(self.buf.len())?;
         }
         let (id, parts) = self.upload.take().expect("a multipart upload");
-        let completing = if self.create_only {
+        let completing = if self.create_only && self.side.is_none() {
             creating_store(self.loc.scheme, &self.loc.bucket)?
         } else {
             Arc::clone(&self.store)
         };
+        let key = self.upload_key().clone();
         let done = block_on(async {
-            let done = completing.complete_multipart(&self.key, &id, parts).await?;
-            self.store.delete(&journal_of(&self.key)).await?;
+            let done = completing.complete_multipart(&key, &id, parts).await?;
+            self.store.delete(&journal_of(&key)).await?;
             Ok(done)
         });
-        match done {
-            Ok(done) => Ok(self.created(done.e_tag)),
+        let done = match done {
+            Ok(done) => done,
             Err(e) => {
-                abort(&*self.store, &self.key, &id);
-                Err(self.failed(e))
+                abort(&*self.store, &key, &id);
+                return Err(self.failed(e));
             }
-        }
+        };
+        let Some(side) = &self.side else {
+            return Ok(self.created(done.e_tag));
+        };
+        // Completed at its side name: copied to the object only if nothing is there.
+        let copied = block_on(async {
+            let copied = self.store.copy_if_not_exists(side, &self.key).await;
+            let _ = self.store.delete(side).await;
+            copied?;
+            self.store.head(&self.key).await
+        });
+        let meta = copied.map_err(|e| self.failed(e))?;
+        Ok(self.created(meta.e_tag))
     }
 }
 
@@ -222,7 +269,8 @@ impl Drop for Upload {
     fn drop(&mut self) {
         if let Some((id, _)) = self.upload.take() {
             // Unfinished: its parts would stay (and be billed) until aborted.
-            abort(&*self.store, &self.key, &id);
+            let key = self.upload_key().clone();
+            abort(&*self.store, &key, &id);
         }
     }
 }

@@ -129,12 +129,14 @@ fn client_of(scheme: &'static Scheme, bucket: &str, creating: bool) -> io::Resul
     if let Some(s) = stores.get(&id) {
         return Ok(s.clone());
     }
-    let headers = creating.then(|| {
-        let (name, value) = scheme.create_only;
-        let mut h = HeaderMap::new();
-        h.insert(name, HeaderValue::from_static(value));
-        h
-    });
+    let headers = scheme
+        .create_only
+        .filter(|_| creating)
+        .map(|(name, value)| {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static(value));
+            h
+        });
     let s = (scheme.client)(bucket, headers)?;
     stores.insert(id, s.clone());
     Ok(s)

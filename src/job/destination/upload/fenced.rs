@@ -219,3 +219,68 @@ fn upload(local: &Path, target: &Path, rel: &str, pause: Option<usize>) -> Resul
     out.finish_created()
         .with_context(|| format!("{}: the upload did not complete", to.display()))
 }
+
+/// The staged copy `local` of the run whose lock this one took over by its silence (it may
+/// only be suspended, and read its files when it wakes): moved aside, to `.NAME.reshard-left.
+/// TOKEN` beside it, not removed, so that this run can stage at `local`.
+pub(crate) fn set_aside(local: &Path, token: &str) -> Result<()> {
+    let name = local.file_name().unwrap_or_default().to_string_lossy();
+    let aside = local.with_file_name(format!(".{name}.reshard-left.{token}"));
+    storage::sink(local)
+        .rename(local, &aside)
+        .with_context(|| format!("{}: cannot move the staged copy aside", local.display()))?;
+    crate::errln!(
+        "reshard: moved {} aside to {}: it is the staged copy of the run whose lock this one \
+         took over, which may only be suspended; remove it once that run is surely gone",
+        local.display(),
+        aside.display()
+    );
+    Ok(())
+}
+
+/// When a run that took part in uploading finds it lost the output's lock (or that another run
+/// published meanwhile): what its failure says instead of "rerun with --resume" (nothing of it
+/// is the output's, and its staged copy is no longer where it was).
+pub(crate) fn lost(fence: Option<&Fence>, target: &Path) -> Option<String> {
+    let why = fence?.check().err()?;
+    Some(format!(
+        "nothing of this run is published at {} ({why:#})",
+        target.display()
+    ))
+}
+
+/// The shards a resumed run keeps from the earlier attempt (`kept`): each still the object that
+/// attempt noted (its size, modification time and ETag), not trusted.
+///
+/// # Errors
+/// One is not.
+pub(crate) fn check_kept(local: &Path, target: &Path, kept: &[String]) -> Result<()> {
+    let now = |p: &Path| storage::stamp(p).ok().map(|s| super::stamp_line(&s));
+    if let Some(stale) = kept
+        .iter()
+        .find(|k| super::read_note(local, k).map(|n| n.0) != now(&target.join(k.as_str())))
+    {
+        bail!(
+            "{}: kept from the earlier attempt, but it is not the object that attempt noted any \
+             more",
+            target.join(stale).display()
+        );
+    }
+    Ok(())
+}
+
+/// The side objects an earlier run's create-only uploads left under `target` (on a store that
+/// completes them at a side name and then copies them): that run's, never an output's. Removed
+/// by the run that holds the lock now; a run that lost it then fails to copy from them.
+///
+/// # Errors
+/// They cannot be listed or removed.
+pub(crate) fn remove_side_objects(target: &Path) -> Result<()> {
+    let side = target.join(crate::storage::s3::SIDE);
+    match storage::sink(&side).remove_dir_all(&side) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("{}: cannot remove", side.display()))
+        }
+        _ => Ok(()),
+    }
+}

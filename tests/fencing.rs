@@ -429,3 +429,53 @@ fn a_run_that_lost_its_lock_mid_multipart_upload_cannot_replace_published_object
         3,
     );
 }
+
+/// The run's own side of the fence: objects put at its shards' names while it uploads (one it
+/// created already, overwritten by a writer without conditions; one it has not completed yet)
+/// are found before the manifest, removed while it holds the lock, and created again: the
+/// store refused the conditional completion of its multipart upload (`412`), and the object
+/// it created earlier is not the size and ETag it recorded. The output is the clean run's bytes.
+/// Before this change the completion overwrote the one and the other went unnoticed.
+#[test]
+fn objects_put_at_a_runs_names_while_it_uploads_are_replaced_before_it_publishes() {
+    let test = "objects_put_at_a_runs_names_while_it_uploads_are_replaced_before_it_publishes";
+    let dir = Dir::new(test);
+    sized(&dir, "in", "40MiB", "64KiB", 2);
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    dir.reshard(None)
+        .args(upload_args("ref", 2, "3"))
+        .assert_success();
+    let mut run = dir.reshard(None);
+    run.args(upload_args(&format!("s3://{bucket}/out"), 2, "3"))
+        .arg("--scratch")
+        .arg(dir.join("scratch"))
+        .env("RESHARD_TEST_PAUSE_UPLOAD", "300");
+    s3.with_env(&mut run);
+    let run = std::thread::spawn(move || run.output());
+    let marker = dir.join(format!("scratch/reshard-scratch/{bucket}/.paused-upload-0"));
+    wait_until(
+        "the run pauses in its last shard's multipart upload",
+        || marker.exists(),
+    );
+    for i in 0..2 {
+        s3.put_bytes(
+            &dir,
+            &bucket,
+            &format!("out/shard-{i:06}.tar"),
+            b"not the run's",
+        );
+    }
+    fs::remove_file(&marker).unwrap();
+    let out = run.join().unwrap();
+    out.check(out.code() == Some(0), "expected success");
+    let replaced = out
+        .stderr
+        .matches("was there before this run created it")
+        .count();
+    out.check(replaced == 2, "both objects put there are replaced");
+    s3.get(&dir, &bucket, "out", &dir.join("got"));
+    assert_same_output(&dir.join("ref"), &dir.join("got"), &["ranks", "inputs"]);
+}

@@ -160,7 +160,7 @@ pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
     } else {
         Vec::new()
     };
-    let rest = clean_up_failed_run(target, left, &up)?;
+    let rest = clean_up_failed_run(target, left, &up, Some(&lock.fence(target)))?;
     lock.replaced = match rest {
         // What is left of a failed run is this run's: the objects kept for `--resume` (the
         // marker's uploads), and those of the output a failed `--force` run was replacing (its
@@ -652,9 +652,9 @@ fn begin(target: &Path, files: &[(String, u64)], kept: &[String], lock: &RemoteL
     // Every object is only created: what is at a name this run creates (of the replaced output,
     // or of the earlier attempt and not kept) goes first, the old output no output any more.
     let keeps = with_layouts(kept.iter().map(String::as_str));
+    let fence = lock.fence(target);
     for (rel, _) in files.iter().filter(|f| !keeps.contains(&f.0)) {
-        let path = target.join(rel);
-        remove_if_there(&path).with_context(|| format!("{}: cannot remove", path.display()))?;
+        fenced::remove(Some(&fence), &target.join(rel))?;
     }
     Ok(())
 }
@@ -668,6 +668,7 @@ fn clean_up_failed_run(
     target: &Path,
     left: Option<Marker>,
     kept: &[String],
+    fence: Option<&Fence>,
 ) -> Result<Option<Marker>> {
     let sink = storage::sink(target);
     let aborted = sink.abort_unfinished(target).with_context(|| {
@@ -688,8 +689,7 @@ fn clean_up_failed_run(
         marker.uploads.into_iter().partition(|n| keeps.contains(n));
     let mut removed = 0;
     for name in &gone {
-        let path = target.join(name);
-        if remove_if_there(&path).with_context(|| format!("{}: cannot remove", path.display()))? {
+        if fenced::remove(fence, &target.join(name))? {
             removed += 1;
         }
     }

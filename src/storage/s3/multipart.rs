@@ -246,7 +246,7 @@ impl Upload {
             E::NotImplemented { .. } if self.create_only => io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!(
-                    "{}: the store has no conditional writes ({}); reshard writes every object of an output only if nothing is at its name (If-None-Match: *), so that a run that lost the output's lock cannot overwrite it: use a store that has them (AWS S3, MinIO, Ceph RGW, SeaweedFS)",
+                    "{}: the store has no conditional writes ({}); reshard writes every object of an output only if nothing is at its name (If-None-Match: *), so that a run that lost the output's lock cannot overwrite it: use a store that has them (AWS S3 and SeaweedFS do)",
                     self.loc.url(),
                     e
                 ),

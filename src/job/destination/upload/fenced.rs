@@ -39,37 +39,49 @@ impl Fence {
     /// removes nothing there.
     ///
     /// # Errors
-    /// The lock is another run's or gone, or a manifest is there; both say nothing is published.
+    /// The lock is another run's or gone, or a manifest is there (both say nothing is
+    /// published), or the lock cannot be read.
     pub(crate) fn check(&self) -> Result<()> {
-        let text = storage::source(&self.lock)
-            .read(&self.lock)
-            .map(|b| String::from_utf8_lossy(&b).into_owned());
-        let holds = text.as_ref().ok().and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("token "))
-                .map(|t| t.trim() == self.token)
-        });
-        if holds != Some(true) {
-            let why = match text {
-                Ok(_) => "another run holds it now",
-                Err(_) => "it is gone",
-            };
-            bail!(
+        match self.lost()? {
+            None => Ok(()),
+            Some(why) => Err(anyhow::anyhow!(why)),
+        }
+    }
+
+    /// Why this run may remove nothing at the output any more (the lock is another run's or
+    /// gone, or a manifest is there), or `None` while it may.
+    ///
+    /// # Errors
+    /// The lock cannot be read (the store cannot tell).
+    fn lost(&self) -> Result<Option<String>> {
+        let why = match storage::source(&self.lock).read(&self.lock) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                let token = text.lines().find_map(|l| l.strip_prefix("token "));
+                (token.map(str::trim) != Some(self.token.as_str()))
+                    .then_some("another run holds it now")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("it is gone"),
+            Err(e) => {
+                return Err(e).with_context(|| format!("{}: cannot read", self.lock.display()))
+            }
+        };
+        if let Some(why) = why {
+            return Ok(Some(format!(
                 "{}: this run lost the output's lock ({why}): it removes nothing at {} and \
                  nothing is published",
                 self.lock.display(),
                 self.target.display()
-            );
+            )));
         }
         let manifest = self.target.join(MANIFEST);
-        if storage::source(&manifest).stat(&manifest).is_ok() {
-            bail!(
+        Ok(storage::source(&manifest).stat(&manifest).is_ok().then(|| {
+            format!(
                 "{}: another run published this output meanwhile: this run removes nothing \
                  there and nothing of it is published",
                 manifest.display()
-            );
-        }
-        Ok(())
+            )
+        }))
     }
 }
 
@@ -98,8 +110,9 @@ pub(crate) fn create(
     pause: Option<usize>,
 ) -> Result<Created> {
     let to = target.join(rel);
-    for _ in 0..ATTEMPTS {
-        match upload(local, target, rel, pause) {
+    for attempt in 0..ATTEMPTS {
+        // A test hook pauses the first attempt only.
+        match upload(local, target, rel, pause.filter(|_| attempt == 0)) {
             Ok(created) => return Ok(created),
             Err(e) if is_exists(&e) && found == Found::Replace => replace(fence, &to)?,
             Err(e) if is_exists(&e) => {
@@ -117,20 +130,26 @@ pub(crate) fn create(
     )
 }
 
-/// An object this run must remove from `to` before it can create its own there: the fence
-/// checked right before.
+/// An object this run must remove from `to` before it can create its own there ([`remove`]).
 fn replace(fence: Option<&Fence>, to: &Path) -> Result<()> {
-    if let Some(f) = fence {
-        f.check()?;
-    }
     crate::errln!(
         "reshard: {} was there before this run created it (a run that lost the output's lock \
          wrote it late): removed, and created again",
         to.display()
     );
-    remove_if_there(to)
-        .map(|_| ())
-        .with_context(|| format!("{}: cannot remove", to.display()))
+    remove(fence, to).map(|_| ())
+}
+
+/// Removes the object `path` at the output's names if it is there, `fence` checked right
+/// before (so that a run that lost the lock removes nothing there); whether it was there.
+///
+/// # Errors
+/// The fence forbids it, or it cannot be removed.
+pub(crate) fn remove(fence: Option<&Fence>, path: &Path) -> Result<bool> {
+    if let Some(f) = fence {
+        f.check()?;
+    }
+    remove_if_there(path).with_context(|| format!("{}: cannot remove", path.display()))
 }
 
 fn is_exists(e: &anyhow::Error) -> bool {
@@ -242,9 +261,9 @@ pub(crate) fn set_aside(local: &Path, token: &str) -> Result<()> {
 /// published meanwhile): what its failure says instead of "rerun with --resume" (nothing of it
 /// is the output's, and its staged copy is no longer where it was).
 pub(crate) fn lost(fence: Option<&Fence>, target: &Path) -> Option<String> {
-    let why = fence?.check().err()?;
+    let why = fence?.lost().ok()??;
     Some(format!(
-        "nothing of this run is published at {} ({why:#})",
+        "nothing of this run is published at {} ({why})",
         target.display()
     ))
 }

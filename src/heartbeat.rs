@@ -4,7 +4,8 @@
 //! collective forever.
 //!
 //! Each rank's heartbeat thread rewrites `rank-NNNNNN` in the heartbeat directory (on the shared
-//! file system, inside the staging directory) once a tick: a counter that moves every time, the
+//! file system, inside the staging directory; where `--scratch` is each node's own, in the
+//! output's object store beside it) once a tick: a counter that moves every time, the
 //! exchange round, the host and the phase. The thread runs beside the phase's own work, so a rank
 //! that is only slow (a huge shard's index, an fsync of minutes at finish, a wait on a rate limit)
 //! still beats; only a process that does not run at all goes silent.
@@ -271,6 +272,13 @@ impl Drop for Heartbeat {
 /// never an empty one. Best effort: a missing heartbeat only makes this rank look silent.
 fn write_beat(dir: &Path, rank: usize, beat: &Beat) {
     let path = path_of(dir, rank);
+    let sink = storage::sink(&path);
+    if !sink.capabilities().rename {
+        // In an object store (node-local scratch: crate::job::destination::scratch), where a
+        // PUT is atomic: a reader sees the old beat or the new one.
+        let _ = sink.write(&path, beat.render().as_bytes());
+        return;
+    }
     let tmp = dir.join(format!(".rank-{rank:06}"));
     let _ = storage::write_unsynced(&tmp, beat.render().as_bytes())
         .and_then(|()| storage::sink(&path).rename(&tmp, &path));
@@ -299,6 +307,7 @@ fn stopped_message(w: &Watched, (me, host): (usize, &str), phase: &str, dir: &Pa
     };
     let staging = dir
         .parent()
+        .filter(|d| storage::sink(d).capabilities().rename)
         .map(|d| format!(" (the staging directory {} is left: a rerun with --resume continues from its last checkpoint, one without removes it)", d.display()))
         .unwrap_or_default();
     format!(

@@ -27,8 +27,11 @@ use crate::storage::{self, Kind, Source};
 use fenced::{Fence, Found};
 use progress::{report_progress, Sent};
 
+mod deal;
 mod fenced;
 mod progress;
+
+pub(crate) use deal::written;
 
 /// The manifest: written last, it is what makes the output exist.
 const MANIFEST: &str = "index.json";
@@ -395,24 +398,6 @@ fn remove_if_there(path: &Path) -> std::io::Result<bool> {
     }
 }
 
-/// The files of `files` that rank `rank` of `ranks` uploads: the shards dealt largest first to
-/// the rank with the fewest bytes so far (every rank computes the same deal); the manifest and
-/// the other metadata are rank 0's, after the shards.
-fn share(files: &[(String, u64)], rank: usize, ranks: usize) -> Vec<&(String, u64)> {
-    let mut order: Vec<&(String, u64)> = files.iter().filter(|f| is_shard(&f.0)).collect();
-    order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut load = vec![0u64; ranks];
-    let mut mine = Vec::new();
-    for f in order {
-        let least = (0..ranks).min_by_key(|&r| (load[r], r)).unwrap_or(0);
-        load[least] += f.1;
-        if least == rank {
-            mine.push(f);
-        }
-    }
-    mine
-}
-
 /// A shard (uploaded by any rank) rather than metadata (rank 0's, after every shard).
 fn is_shard(rel: &str) -> bool {
     !rel.contains('/') && !rel.starts_with('.') && rel != MANIFEST
@@ -447,59 +432,41 @@ fn restamp_layout(local: &Path, target: &Path, shard: &str, names: &HashSet<&str
     )
 }
 
-/// This rank's share `todo` of the shards, each created (never put over another object) with
-/// its saved index and its note, then each found still as created (before the manifest): the
-/// bytes uploaded.
-fn upload_share(
-    local: &Path,
-    target: &Path,
-    todo: &[&(String, u64)],
-    names: &HashSet<&str>,
-    rank: usize,
-    fence: Option<&Fence>,
-    sent: &Sent,
-) -> Result<u64> {
-    let mut created = Vec::new();
-    let mut sum = 0;
-    for (i, f) in todo.iter().enumerate() {
-        let pause = (i + 1 == todo.len()).then_some(rank);
-        let made = fenced::create(local, target, &f.0, Found::Replace, fence, pause)?;
-        restamp_layout(local, target, &f.0, names)?;
-        note_uploaded(local, target, &f.0)?;
-        sent.add(f.1);
-        sum += made.size;
-        created.push((f.0.clone(), made));
-    }
-    fenced::verify(local, target, &mut created, fence)?;
-    Ok(sum)
+/// Where an upload reads: `local`, the copy rank 0 published on its scratch directory;
+/// `copy`, this rank's node's copy (`local`, or where `--scratch` is each node's own, the
+/// node's staging directory: [`crate::job::destination::scratch`]); the per-shard files this
+/// rank wrote ([`written`]).
+pub(crate) struct Staged<'a> {
+    pub(crate) local: &'a Path,
+    pub(crate) copy: &'a Path,
+    pub(crate) written: Vec<String>,
 }
 
-/// Every rank uploads its share of the published local output; rank 0 then writes the
-/// metadata, checks the lock, writes the manifest, removes what `--force` replaced and the
-/// local copy.
+/// Every writer uploads its own shards (and their saved and loader indexes) from its node's
+/// copy; rank 0 then writes the metadata, checks the lock, writes the manifest, removes what
+/// `--force` replaced and the local copy; a node's own copy goes with its ranks.
 ///
 /// # Errors
 /// An upload fails (its multipart upload is aborted; nothing is published: no manifest), the
 /// lock was lost, or removing what was replaced fails after the manifest is written.
-pub fn run(
+pub(crate) fn run(
     comm: &impl Comm,
     cfg: &UploadSettings,
-    local: &Path,
+    staged: &Staged<'_>,
     lock: Option<&RemoteLock>,
 ) -> Result<()> {
     let Some(target) = &cfg.target else {
         return Ok(());
     };
+    let (local, copy) = (staged.local, staged.copy);
     let started = Instant::now();
-    let listed = (comm.rank() == 0).then(|| files_of(local, true));
-    let listed = listed.map(|l| {
-        l.map(|files| {
-            let up = lock.map(|l| &l.preserved[..]).unwrap_or_default();
-            let kept = still_staged(local, &files, up);
-            (files, kept)
-        })
+    let dealt = deal::deal(comm, local, copy, &staged.written)?;
+    let files = &dealt.files;
+    let kept = (comm.rank() == 0).then(|| {
+        let up = lock.map(|l| &l.preserved[..]).unwrap_or_default();
+        Ok(still_staged(local, files, up))
     });
-    let (files, kept): (Vec<(String, u64)>, Vec<String>) = broadcast_result(comm, 0, listed)?;
+    let kept: Vec<String> = broadcast_result(comm, 0, kept)?;
     if comm.rank() == 0 && !kept.is_empty() {
         crate::errln!(
             "reshard: --resume: kept {} shard(s) the earlier run uploaded completely to {}",
@@ -507,13 +474,13 @@ pub fn run(
             target.display()
         );
     }
-    let begun = lock.map_or(Ok(()), |l| begin(target, &files, &kept, l));
+    let begun = lock.map_or(Ok(()), |l| begin(target, files, &kept, l));
     agree(comm, begun)?;
     let fence: Option<Fence> = broadcast_result(comm, 0, Some(Ok(lock.map(|l| l.fence(target)))))?;
     let fence = fence.as_ref();
-    let mine = share(&files, comm.rank(), comm.size());
     let names: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
     let was_up = with_layouts(kept.iter().map(String::as_str));
+    let mine = dealt.mine(comm.rank());
     let todo: Vec<_> = mine
         .iter()
         .filter(|f| !was_up.contains(&f.0))
@@ -526,18 +493,19 @@ pub fn run(
     let rank = comm.rank();
     let sent: Result<u64> = std::thread::scope(|scope| {
         let uploads = scope.spawn(|| {
-            let r = upload_share(local, target, &todo, &names, rank, fence, &sent);
+            let r = fenced::upload_share(copy, target, &todo, &names, rank, fence, &sent);
             sent.end();
             r
         });
         report_progress(comm, cfg.progress, all_todo, &sent);
         uploads.join().expect("the upload thread does not panic")
     });
+    let per_node = dealt.per_node;
     agree(comm, sent.map(|_| ())).with_context(|| {
-        fenced::lost(fence, target).unwrap_or_else(|| not_published(target, local))
+        fenced::lost(fence, target).unwrap_or_else(|| not_published(target, local, per_node))
     })?;
     let finished = (comm.rank() == 0).then(|| {
-        finish(target, local, &files, &kept, lock)?;
+        finish(target, local, &dealt, &kept, lock)?;
         cfg.keep.as_ref().map_or(Ok(()), |keep| {
             prune_series(target, keep, cfg.epoch, cfg.lock_stale_after)
                 .with_context(|| {
@@ -549,6 +517,9 @@ pub fn run(
         })
     });
     broadcast_result(comm, 0, finished)?;
+    if copy != local {
+        crate::job::destination::scratch::remove_node_copy(copy);
+    }
     let tally = |up: bool| {
         let v = files.iter().filter(|f| was_up.contains(&f.0) == up);
         (v.clone().count(), human_bytes(v.map(|f| f.1).sum()))
@@ -807,7 +778,15 @@ fn remove_objects(old: &Path) -> Result<()> {
         .with_context(|| format!("--keep: cannot remove {}", marker.display()))
 }
 
-fn not_published(target: &Path, local: &Path) -> String {
+/// What a failed upload says: where the finished output stays for `--resume`, or where each
+/// node staged its own copy (`per_node`), that there is nothing to resume from.
+fn not_published(target: &Path, local: &Path, per_node: bool) -> String {
+    if per_node {
+        return format!(
+            "nothing is published at {} (no {MANIFEST} written); each node staged its own copy, so there is nothing to --resume from: rerun with the same arguments",
+            target.display()
+        );
+    }
     format!(
         "nothing is published at {} (no {MANIFEST} written); the finished output stays in {}: rerun with the same arguments and --resume to upload it without moving data again",
         target.display(),
@@ -820,29 +799,29 @@ fn not_published(target: &Path, local: &Path) -> String {
 fn finish(
     target: &Path,
     local: &Path,
-    files: &[(String, u64)],
+    dealt: &deal::Deal,
     kept: &[String],
     lock: Option<&RemoteLock>,
 ) -> Result<()> {
     let fence = lock.map(|l| l.fence(target));
     let fence = fence.as_ref();
-    let layouts = with_layouts(files.iter().map(|f| f.0.as_str()).filter(|n| is_shard(n)));
+    let files = &dealt.files;
     let metadata = files
         .iter()
-        .filter(|f| !is_shard(&f.0) && f.0 != MANIFEST && !layouts.contains(&f.0));
+        .filter(|f| dealt.is_metadata(&f.0) && f.0 != MANIFEST);
     let mut created = Vec::new();
     for (rel, _) in metadata {
         let made = fenced::create(local, target, rel, Found::Replace, fence, None)
-            .with_context(|| not_published(target, local))?;
+            .with_context(|| not_published(target, local, dealt.per_node))?;
         created.push((rel.clone(), made));
     }
-    fenced::verify(local, target, &mut created, fence)
-        .with_context(|| not_published(target, local))?;
-    fenced::check_kept(local, target, kept).with_context(|| not_published(target, local))?;
+    let not_published = || not_published(target, local, dealt.per_node);
+    fenced::verify(local, target, &mut created, fence).with_context(not_published)?;
+    fenced::check_kept(local, target, kept).with_context(not_published)?;
     lock.map_or(Ok(()), RemoteLock::check_owned)?;
     // The commit: created only where no manifest is, so never over another run's.
     fenced::create(local, target, MANIFEST, Found::Fail, fence, None)
-        .with_context(|| not_published(target, local))?;
+        .with_context(not_published)?;
     after_manifest(target, local, files, lock).context(CleanupFailed {
         output: target.to_path_buf(),
     })

@@ -9,6 +9,7 @@
 //! this run holds the lock and no manifest is there. Once the manifest is up, every name it lists
 //! exists, so a late create of a run that lost the lock fails and changes nothing.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -302,4 +303,33 @@ pub(crate) fn remove_side_objects(target: &Path) -> Result<()> {
         }
         _ => Ok(()),
     }
+}
+
+/// This rank's share `todo` (its shards and their per-shard files) uploaded from its node's
+/// `copy`, each created (never put over another object), a shard with its saved index and its
+/// note; then each found still as created (before the manifest): the bytes uploaded.
+pub(crate) fn upload_share(
+    copy: &Path,
+    target: &Path,
+    todo: &[&(String, u64)],
+    names: &HashSet<&str>,
+    rank: usize,
+    fence: Option<&Fence>,
+    sent: &super::progress::Sent,
+) -> Result<u64> {
+    let mut created = Vec::new();
+    let mut sum = 0;
+    for (i, f) in todo.iter().enumerate() {
+        let pause = (i + 1 == todo.len()).then_some(rank);
+        let made = create(copy, target, &f.0, Found::Replace, fence, pause)?;
+        if super::is_shard(&f.0) {
+            super::restamp_layout(copy, target, &f.0, names)?;
+            super::note_uploaded(copy, target, &f.0)?;
+            sent.add(f.1);
+        }
+        sum += made.size;
+        created.push((f.0.clone(), made));
+    }
+    verify(copy, target, &mut created, fence)?;
+    Ok(sum)
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::util::files::tree;
 use crate::util::s3::server;
+use crate::util::stores::Store;
 use crate::util::verifier::{assert_same_output, output_digest};
 use crate::util::{Dir, TestCommand};
 

@@ -20,7 +20,7 @@ use crate::tree::walk::Skips;
 use crate::tree::{self, Root};
 
 /// Every unit's input index and listing digest ([`crate::tree::view::Listing::digest`]).
-pub type UnitDigests = Vec<(usize, u128)>;
+pub(crate) type UnitDigests = Vec<(usize, u128)>;
 
 /// What the walk found, over all ranks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -18,14 +18,14 @@ use crate::tree::walk::{hidden, join, not_utf8};
 use crate::tree::Unit;
 
 /// A level with at least this many directories is cut into units.
-pub const WIDE: usize = 64;
+pub(crate) const WIDE: usize = 64;
 /// A directory's own files beyond this many keys are cut into units of this many keys each
 /// (by key ranges, from the names rank 0 has listed anyway), so that a flat directory is read
 /// by several ranks. Not on object storage, where each unit's listing would be the whole
 /// directory's again.
-pub const KEYS_PER_UNIT: usize = 4096;
+pub(crate) const KEYS_PER_UNIT: usize = 4096;
 /// Levels listed at most before the directories are units whatever their count.
-pub const DEEPEST: usize = 3;
+pub(crate) const DEEPEST: usize = 3;
 
 /// The units of `root` in the canonical order (by directory, a shallow unit before the deep
 /// units below it), and the root's own directories (the classes of `--label-from-dir`), sorted.
@@ -34,7 +34,7 @@ pub const DEEPEST: usize = 3;
 ///
 /// # Errors
 /// A directory that cannot be listed, or a name that is not UTF-8.
-pub fn cut(root: &Path, whole: bool) -> Result<(Vec<Unit>, Vec<Vec<u8>>)> {
+pub(crate) fn cut(root: &Path, whole: bool) -> Result<(Vec<Unit>, Vec<Vec<u8>>)> {
     let mut units = Vec::new();
     let mut level = vec![Vec::new()];
     let mut classes = None;

@@ -31,7 +31,7 @@ pub use group::{
     Grouper, Hygiene, OnDuplicate, OnIncomplete, Rules, Sample, ShardIndex, Skipped, Warnings,
 };
 pub use index::{index_file, index_reader};
-pub(crate) use index::{index_file_with, key_at, keys_at};
+pub(crate) use index::{index_file_reaching, index_file_with, key_at, keys_at};
 pub(crate) use key::key_hash;
 pub use reader::HeaderReader;
 pub(crate) use stream::TarStream;

@@ -21,7 +21,7 @@ use crate::progress::Progress;
 use crate::report::narrate;
 use crate::report::narrate::count;
 use crate::storage::{self, FileStamp};
-use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
+use crate::tar::{index_file_reaching, Hygiene, Rules, ShardIndex, Skipped};
 
 /// Indexes this rank's share, checks for samples split across shards and for duplicate keys,
 /// and numbers the samples globally.
@@ -168,6 +168,50 @@ impl Work {
     }
 }
 
+/// One shard's part of [`Work`] while a thread indexes it: the bytes its header walk has passed
+/// count as they are passed, so that progress moves within a large shard rather than only when
+/// a shard ends, and the shard's whole size once it is done (a shard indexed from its saved
+/// index or compressed tells no offsets on the way).
+struct Reading<'a> {
+    work: &'a Work,
+    size: u64,
+    counted: u64,
+    paused: bool,
+}
+
+impl<'a> Reading<'a> {
+    fn new(work: &'a Work, size: u64) -> Self {
+        Reading {
+            work,
+            size,
+            counted: 0,
+            paused: false,
+        }
+    }
+
+    /// The walk is `at` bytes into the shard.
+    fn reached(&mut self, at: u64) {
+        let at = at.min(self.size);
+        if at > self.counted {
+            self.work
+                .bytes
+                .fetch_add(at - self.counted, Ordering::SeqCst);
+            self.counted = at;
+        }
+        if !self.paused && at.saturating_mul(2) >= self.size {
+            self.paused = true;
+            crate::hooks::pause_in_index();
+        }
+    }
+
+    /// The shard is indexed (or failed): the rest of its bytes count, and the shard.
+    fn done(self) {
+        let rest = self.size.saturating_sub(self.counted);
+        self.work.bytes.fetch_add(rest, Ordering::SeqCst);
+        self.work.shards.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// Ends an indexing thread's count in [`Work::running`], however the thread ends.
 struct Running<'a>(&'a Work);
 
@@ -254,17 +298,18 @@ fn index_shards(
                     if i >= mine.end {
                         break;
                     }
-                    let path = &inputs[i].path;
+                    let (path, size) = (&inputs[i].path, inputs[i].size);
+                    let mut reading = Reading::new(&work, size);
                     // Before the shard is read: a change while it is read moves its stamp.
                     let r = storage::stamp(path)
                         .with_context(|| format!("input {}: cannot stat", path.display()))
                         .and_then(|stamp| {
-                            index_one(path, settings, reused).map(|idx| (stamp, idx))
+                            index_one(path, settings, reused, &mut |at| reading.reached(at))
+                                .map(|idx| (stamp, idx))
                         });
                     let failed = r.is_err();
                     results.lock().unwrap()[i - mine.start] = Some(r);
-                    work.shards.fetch_add(1, Ordering::SeqCst);
-                    work.bytes.fetch_add(inputs[i].size, Ordering::SeqCst);
+                    reading.done();
                     if failed {
                         // Stop handing out shards; the first error in shard order is reported.
                         next.store(mine.end, Ordering::Relaxed);
@@ -278,7 +323,12 @@ fn index_shards(
 }
 
 /// One input shard's index: its saved index when it still matches, else its tar headers.
-fn index_one(path: &Path, settings: &IndexSettings, reused: &AtomicUsize) -> Result<ShardIndex> {
+fn index_one(
+    path: &Path,
+    settings: &IndexSettings,
+    reused: &AtomicUsize,
+    reached: &mut dyn FnMut(u64),
+) -> Result<ShardIndex> {
     let rules = &settings.rules;
     let saved = if settings.reuse_saved {
         saved_index::load(path, settings.saved_indexes.as_deref())
@@ -290,10 +340,10 @@ fn index_one(path: &Path, settings: &IndexSettings, reused: &AtomicUsize) -> Res
             reused.fetch_add(1, Ordering::Relaxed);
             Ok(idx)
         }
-        Lookup::Missing => index_file_with(path, rules),
+        Lookup::Missing => index_file_reaching(path, rules, reached),
         Lookup::Stale(why) => {
             crate::errln!("reshard: warning: re-indexing: {why}");
-            index_file_with(path, rules)
+            index_file_reaching(path, rules, reached)
         }
     }
 }

@@ -86,13 +86,15 @@ pub(crate) fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Res
     let reused = comm.all_sum(&[reused.into_inner() as u64])[0];
     narrate_reused(lead, reused, inputs.len());
     let (first_global, samples) = exclusive_sum(comm, local.len() as u64);
-    let mut totals = vec![local.iter().map(|s| s.len).sum::<u64>(), zero_runs];
+    // What this rank read so far is the index's: the limits were set just before it.
+    let read = crate::throttle::tallies().0.bytes;
+    let mut totals = vec![local.iter().map(|s| s.len).sum::<u64>(), zero_runs, read];
     totals.extend(skipped.to_array());
     let totals = comm.all_sum(&totals);
-    let ([sample_bytes, zero_runs], skipped) = totals.split_at(2) else {
-        unreachable!("bytes and zero runs, then skipped counts")
+    let ([sample_bytes, zero_runs, read_bytes], skipped) = totals.split_at(3) else {
+        unreachable!("bytes, zero runs and bytes read, then skipped counts")
     };
-    let (sample_bytes, zero_runs) = (*sample_bytes, *zero_runs);
+    let (sample_bytes, zero_runs, read_bytes) = (*sample_bytes, *zero_runs, *read_bytes);
     let skipped = Skipped::from_array(skipped.try_into().expect("four counts"));
     if samples == 0 {
         return Err(everywhere(
@@ -118,6 +120,7 @@ pub(crate) fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Res
         skipped,
         hygiene,
         zero_runs,
+        read_bytes,
         unread,
         stamps,
     })

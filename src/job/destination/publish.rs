@@ -122,10 +122,7 @@ fn run_info(
         samples: index.samples,
         sample_bytes: index.sample_bytes,
         output_bytes: finished.file_bytes.iter().sum(),
-        inputs: inputs
-            .iter()
-            .map(|s| s.path.display().to_string())
-            .collect(),
+        inputs: crate::input::recorded_paths(inputs.iter().map(|s| s.path.as_path())),
         input_bytes: inputs.iter().map(|s| s.size).sum(),
         skipped: index.skipped,
         ranks,

@@ -43,7 +43,7 @@ use anyhow::Result;
 
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::{ExchangeSettings, JobSettings, ResumeSettings};
-use crate::heartbeat::Heartbeat;
+use crate::heartbeat::{self, Heartbeat};
 use crate::hooks;
 use crate::output::checkpoint::{self, Done, InputRecord};
 use crate::output::OutputShards;
@@ -97,6 +97,10 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
         }
         Err(e) => Err(e),
     };
+    if let (true, Err(_), Some(staging)) = (lead, &result, &staging) {
+        // Every rank has left the failed phase: heartbeats moved aside for publishing go.
+        Staging::at(staging).remove_heartbeats();
+    }
     if let (true, Err(e), Some(staging)) = (lead, &result, &setup.staging) {
         // Every rank has left the failed phase (failures are agreed collectively). A staging
         // directory another run took over is that run's.
@@ -154,17 +158,18 @@ fn run_phases(
     narrate_start(comm, setup);
     agree(comm, crate::throttle::start(&settings.io, comm.size()))?;
     // Every rank passed the set-up's broadcast: each beats and watches its neighbours from here
-    // to the last collective before publishing, when rank 0 removes the heartbeats.
+    // to the end of the job; rank 0 moves the heartbeats out of the output before publishing.
     let heart = setup.staging.as_ref().map(|staging| {
-        let (dir, owner) = (
-            Staging::at(staging).heartbeats(),
-            Staging::at(staging).owner_file(),
-        );
+        let place = heartbeat::Place {
+            dir: Staging::at(staging).heartbeats(),
+            aside: Some(Staging::at(staging).heartbeats_aside()),
+            owner: Some(Staging::at(staging).owner_file()),
+        };
         let ranks = (comm.rank(), comm.size());
         let timeout = settings.exchange.stall_timeout;
-        Heartbeat::start(timeout, ranks, (dir, Some(owner)), comm.aborter())
+        Heartbeat::start(timeout, ranks, place, comm.aborter())
     });
-    let phase = |name: &str| heart.iter().for_each(|h| h.pulse.phase(name));
+    let phase = |name: &str| heart.iter().for_each(|h| h.phase(name));
     phase("index");
     times.start("index");
     let plan = &settings.plan;
@@ -226,20 +231,44 @@ fn run_phases(
     interrupt::check(comm).map_err(stopped)?;
     // Before publish writes the manifests into the staging directory; again before its rename.
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
-    // Every rank is here: the heartbeats end, and every rank's has ended (its thread joined)
-    // before rank 0 removes them. Without the second agreement a rank still beating raced the
-    // removal and its beat was published with the output.
-    drop(heart);
-    agree(comm, Ok(()))?;
+    let done = (&planned, &finished, &stats);
+    publish_and_after(comm, settings, setup, done, mine, heart, times)
+}
+
+/// Publishing, the upload of an `s3://` output and the summary. Rank 0 moves the heartbeats out
+/// of the staging directory before its rename; every rank beats on into them there, so that a
+/// rank stopped while rank 0 publishes (or after) ends the job rather than leaving the others
+/// in a collective for ever.
+fn publish_and_after(
+    comm: &impl Comm,
+    settings: &JobSettings,
+    setup: &Setup,
+    (planned, finished, stats): (&Planned, &handoff::Finished, &ExchangeStats),
+    mine: Option<&Held>,
+    heart: Option<Heartbeat>,
+    times: &mut PhaseTimes,
+) -> Result<Outcome> {
+    let phase = |name: &str| heart.iter().for_each(|h| h.phase(name));
+    let lock = mine.and_then(|m| m.lock.as_ref());
+    phase("publish");
     times.detail("publish");
-    publish::run(comm, &settings.publish, setup, &planned, &finished, lock)?;
+    publish::run(comm, &settings.publish, setup, planned, finished, lock)?;
     if settings.upload.target.is_some() {
+        phase("upload");
         times.detail("upload");
     }
     let remote = mine.and_then(|m| m.remote.as_ref());
     upload::run(comm, &settings.upload, setup.target()?, remote)?;
     times.stop();
-    let summary = summary::gather(comm, &settings.report, setup, &planned, &stats, times)?;
+    phase("summary");
+    let summary = summary::gather(comm, &settings.report, setup, planned, stats, times)?;
+    // Every rank's heartbeat has ended (its thread joined) before rank 0 removes them: a rank
+    // still beating would leave a file behind in the directory being removed.
+    drop(heart);
+    agree(comm, Ok(()))?;
+    if comm.rank() == 0 {
+        Staging::at(setup.staging()?).remove_heartbeats();
+    }
     Ok(Outcome::Ran(Box::new(summary)))
 }
 

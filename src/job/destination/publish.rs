@@ -43,7 +43,7 @@ pub fn run(
     hooks::kill_before_publish(comm.rank());
     let published = (comm.rank() == 0).then(|| {
         let (staging, target) = (setup.staging()?, setup.target()?);
-        Staging::at(staging).remove_heartbeats();
+        Staging::at(staging).move_heartbeats_aside();
         let info = run_info(comm.size(), settings, setup, planned, finished);
         let shardlist = shard_list(settings, &planned.placed, &planned.laid, finished);
         // The checkpoint records stay until the rename: a failure before it leaves a finished

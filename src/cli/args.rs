@@ -667,7 +667,7 @@ pub struct VerifyArgs {
 
     /// Also draw the output to FILE (.svg or .png): histograms of its shards' bytes and samples,
     /// and which input shards each output shard draws from next to what a uniform random
-    /// permutation gives.
+    /// permutation gives; and say in words whether the order looks uniformly mixed.
     #[arg(long, value_name = "FILE")]
     pub(crate) plot: Option<PathBuf>,
 

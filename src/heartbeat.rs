@@ -4,7 +4,8 @@
 //! collective forever.
 //!
 //! Each rank's heartbeat thread rewrites `rank-NNNNNN` in the heartbeat directory (on the shared
-//! file system, inside the staging directory) once a tick: a counter that moves every time, the
+//! file system, inside the staging directory; where `--scratch` is each node's own, in the
+//! output's object store beside it) once a tick: a counter that moves every time, the
 //! exchange round, the host and the phase. The thread runs beside the phase's own work, so a rank
 //! that is only slow (a huge shard's index, an fsync of minutes at finish, a wait on a rate limit)
 //! still beats; only a process that does not run at all goes silent.
@@ -193,9 +194,14 @@ impl Place {
                 .stat(d)
                 .is_ok_and(|s| s.kind == storage::Kind::Dir)
         };
+        let Some(aside) = &self.aside else {
+            // Heartbeats that never move (in an object store beside the output, see
+            // crate::job::destination::scratch): a prefix is there once a beat is.
+            return Some(&self.dir);
+        };
         Some(&self.dir)
             .filter(is_dir)
-            .or_else(|| self.aside.as_ref().filter(is_dir))
+            .or_else(|| Some(aside).filter(is_dir))
     }
 }
 
@@ -274,14 +280,21 @@ fn beat_and_watch(
         .map(Watched::new)
         .collect();
     let mark = |p: &PathBuf| storage::source(p).read(p).ok();
-    let ours = place.owner.as_ref().map(mark);
+    let ours = place.owner.as_ref().and_then(mark);
     let mut counter = 0u64;
     let mut asked: Option<Sender<()>> = None;
     loop {
         let Some(dir) = place.now() else {
             return;
         };
-        if *dir == place.dir && place.owner.as_ref().map(mark) != ours {
+        // Another run's mark: taken over. No mark (the staging directory published, or moved
+        // by a successor, whose heartbeats are elsewhere) stops nothing.
+        if place
+            .owner
+            .as_ref()
+            .and_then(mark)
+            .is_some_and(|now| Some(&now) != ours.as_ref())
+        {
             return;
         }
         counter += 1;
@@ -340,6 +353,13 @@ impl Drop for Heartbeat {
 /// never an empty one. Best effort: a missing heartbeat only makes this rank look silent.
 fn write_beat(dir: &Path, rank: usize, beat: &Beat) {
     let path = path_of(dir, rank);
+    let sink = storage::sink(&path);
+    if !sink.capabilities().rename {
+        // In an object store (node-local scratch: crate::job::destination::scratch), where a
+        // PUT is atomic: a reader sees the old beat or the new one.
+        let _ = sink.write(&path, beat.render().as_bytes());
+        return;
+    }
     let tmp = dir.join(format!(".rank-{rank:06}"));
     let _ = storage::write_unsynced(&tmp, beat.render().as_bytes())
         .and_then(|()| storage::sink(&path).rename(&tmp, &path));
@@ -374,8 +394,8 @@ fn stopped_message(
     };
     let outcome = match staging {
         _ if publishing => "aborting the job while it published: the output is there whole (its index.json names this run's shards) or not at all, never in part".to_string(),
-        Some(d) => format!("aborting the job, nothing is published (the staging directory {} is left: a rerun with --resume continues from its last checkpoint, one without removes it)", d.display()),
-        None => "aborting the job, nothing is published".to_string(),
+        Some(d) if storage::sink(d).capabilities().rename => format!("aborting the job, nothing is published (the staging directory {} is left: a rerun with --resume continues from its last checkpoint, one without removes it)", d.display()),
+        _ => "aborting the job, nothing is published".to_string(),
     };
     format!(
         "reshard: error: {whom}: its heartbeat has not moved for {} s (--stall-timeout) while rank {me} on {host} ran in phase {phase} \

@@ -76,9 +76,12 @@ impl Watchdog {
                             .as_deref()
                             .map(|d| suspects(d, (rank, ranks), round, timeout))
                             .unwrap_or_else(|| "another rank or its node stopped answering".into());
+                        // Not where the heartbeats are in the output's store (each node
+                        // stages its own, and keeps nothing for --resume).
                         let staging = heartbeats
                             .as_deref()
                             .and_then(Path::parent)
+                            .filter(|d| storage::sink(d).capabilities().rename)
                             .map(|d| format!(" (the staging directory {} is left: a rerun with --resume continues from its last checkpoint, one without removes it)", d.display()))
                             .unwrap_or_default();
                         crate::errln!(

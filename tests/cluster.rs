@@ -12,6 +12,7 @@ use crate::util::cluster::{
 };
 use crate::util::data::sized;
 use crate::util::runs::run;
+use crate::util::s3::Server;
 use crate::util::verifier::{assert_same_output, verify, Expected};
 use crate::util::{says, skip, Dir};
 
@@ -351,4 +352,189 @@ fn a_world_on_another_node_refuses_then_takes_over_a_dead_ones_lock() {
     let third = elsewhere().assert_success();
     third.stderr_has("taking over");
     assert_same_output(&dir.join("one"), &dir.join("out"), &["ranks"]);
+}
+
+/// `reshard run --input INPUT --output OUTPUT --scratch SCRATCH ARGS` as 2 ranks a node with
+/// `s3`'s environment; with `private`, every node has its own disk at `scratch`.
+fn s3_job(
+    cluster: &Cluster,
+    s3: &Server,
+    (input, output): (&str, &str),
+    scratch: &str,
+    private: bool,
+    args: &[&str],
+) -> crate::util::TestCommand {
+    let mut all = vec![
+        "run",
+        "--input",
+        input,
+        "--output",
+        output,
+        "--scratch",
+        scratch,
+    ];
+    all.extend_from_slice(args);
+    let mut job = cluster.reshard(2, &all);
+    s3.with_env(&mut job).timeout(Duration::from_secs(240));
+    if private {
+        job.env("SIMCLUSTER_PRIVATE", scratch);
+    }
+    job
+}
+
+/// 2 nodes x 2 ranks writing to `s3://` (from `s3://`, and from a file system) with `--scratch`
+/// on each node's own disk (a tmpfs no other node sees), against one S3 server on the host: the
+/// output is byte for byte the POSIX run's of the same arguments at the same rank count, no
+/// multipart upload is left open, nothing is left beside the outputs (heartbeats, lock), and
+/// nothing was staged where the nodes share a directory. Then the same on a shared scratch, for
+/// the time it takes.
+#[test]
+fn s3_output_with_node_local_scratch_matches_the_posix_run() {
+    let test = "s3_output_with_node_local_scratch_matches_the_posix_run";
+    if !cluster_or_skip(test) {
+        return;
+    }
+    let dir = Dir::new("cluster-node-local");
+    sized(&dir, "in", "12MiB", "64KiB", 8);
+    let args = ["--shards", "6", "--seed", "4"];
+    run(&dir, Some(4), &["in"], "posix", 6, 4, &[]);
+    // Split shards in directories and loader indexes beside them: per-shard files too.
+    let split = [
+        "--split",
+        "a=0.5,b=rest",
+        "--split-shards",
+        "2",
+        "--dali-index",
+    ];
+    run(&dir, Some(4), &["in"], "posix-split", 6, 4, &split);
+    let cluster = Cluster::up(&dir, 2, None);
+    let Some(s3) = Server::private_at(&dir, test, &cluster.host_address()) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    s3.put(&dir, &dir.join("in"), &bucket, "in");
+    let node_disk = dir.create_dir("node-disk").to_string_lossy().into_owned();
+    let shared = dir.create_dir("shared-disk").to_string_lossy().into_owned();
+    let from_s3 = format!("s3://{bucket}/in");
+    for (input, prefix, scratch) in [
+        (from_s3.as_str(), "from-s3", &node_disk),
+        ("in", "from-fs", &node_disk),
+        ("in", "split", &node_disk),
+        (from_s3.as_str(), "shared", &shared),
+    ] {
+        let output = format!("s3://{bucket}/out/{prefix}");
+        let private = scratch == &node_disk;
+        let all: Vec<&str> = args
+            .iter()
+            .chain(if prefix == "split" { &split[..] } else { &[] })
+            .copied()
+            .collect();
+        let job = s3_job(&cluster, &s3, (input, &output), scratch, private, &all);
+        let took = Instant::now();
+        let out = job.assert_success();
+        let kind = if private { "node-local" } else { "shared" };
+        println!(
+            "{input} -> {output} on 2 nodes x 2 ranks, {kind} scratch: {:.1} s",
+            took.elapsed().as_secs_f64()
+        );
+        out.check(
+            out.stderr
+                .contains("every writer stages and uploads its own shards")
+                == private,
+            "says whether each node stages its own",
+        );
+        s3.get(&dir, &bucket, &format!("out/{prefix}"), &dir.join(prefix));
+        let posix = if prefix == "split" {
+            // A split output's own `.reshard/` is empty: a store holds no empty directory.
+            std::fs::create_dir_all(dir.join(prefix).join(".reshard")).unwrap();
+            "posix-split"
+        } else {
+            "posix"
+        };
+        assert_same_output(&dir.join(posix), &dir.join(prefix), &["inputs"]);
+    }
+    assert_eq!(
+        s3.uploads(&dir, &bucket),
+        Vec::<String>::new(),
+        "open multipart uploads"
+    );
+    let beside: Vec<String> = s3
+        .keys(&dir, &bucket, "out/")
+        .into_iter()
+        .filter(|k| {
+            ["from-s3/", "from-fs/", "split/", "shared/"]
+                .iter()
+                .all(|p| !k.starts_with(&format!("out/{p}")))
+        })
+        .collect();
+    assert_eq!(beside, Vec::<String>::new(), "objects beside the outputs");
+    let staged = std::fs::read_dir(&node_disk).unwrap().count();
+    assert_eq!(
+        staged, 0,
+        "a rank staged on the shared file system, not on its node's disk"
+    );
+}
+
+/// 2 nodes x 2 ranks, `s3://` output, node-local `--scratch`: `--resume` is refused (its
+/// records would be on one node's disk), exit 2; the heartbeats reach across nodes (through the
+/// bucket), so once node 1 is frozen (its ranks stopped) mid-exchange a rank on node 0 names a
+/// rank on node 1 and ends the job within `--stall-timeout`, publishing nothing; a rerun takes
+/// the output over and writes the POSIX run's bytes. Before, a rank's neighbour on another node
+/// never saw its heartbeat at all.
+#[test]
+fn a_frozen_node_is_caught_across_nodes_with_node_local_scratch() {
+    let test = "a_frozen_node_is_caught_across_nodes_with_node_local_scratch";
+    if !cluster_or_skip(test) {
+        return;
+    }
+    let dir = Dir::new("cluster-node-local-stall");
+    sized(&dir, "in", "40MiB", "256KiB", 6);
+    let args = ["--shards", "6", "--seed", "1", "--mem-limit", "4MiB"];
+    run(&dir, Some(4), &["in"], "posix", 6, 1, &args[4..]);
+    let cluster = Cluster::up(&dir, 2, Some(LOST_NODE_RATE));
+    let Some(s3) = Server::private_at(&dir, test, &cluster.host_address()) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    let output = format!("s3://{bucket}/out");
+    let disk = dir.create_dir("node-disk").to_string_lossy().into_owned();
+    let job = |extra: &[&str]| {
+        let all: Vec<&str> = args.iter().chain(extra).copied().collect();
+        s3_job(&cluster, &s3, ("in", &output), &disk, true, &all)
+    };
+    let refused = job(&["--resume"]).assert_code(2);
+    refused.stderr_has("--resume continues from records on one node's disk");
+
+    let (handle, _) = start_exchange(&cluster, job(&["--stall-timeout", "3"]));
+    let frozen = Instant::now();
+    for pid in cluster.pids(1, "reshard") {
+        // SAFETY: kill(2) on a rank this test started, inside its own cluster.
+        unsafe {
+            libc::kill(pid, libc::SIGSTOP);
+        }
+    }
+    let out = handle.join().expect("the job thread");
+    out.check(
+        out.code().is_some_and(|c| c != 0),
+        "the frozen job must fail",
+    );
+    out.stderr_has("--stall-timeout");
+    out.stderr_has("on node1");
+    println!(
+        "froze node 1; the job ended {:.1} s later: {}",
+        frozen.elapsed().as_secs_f64(),
+        out.stderr
+            .lines()
+            .find(|l| l.contains("node1"))
+            .unwrap_or_default()
+    );
+    let published = s3
+        .keys(&dir, &bucket, "out/")
+        .iter()
+        .any(|k| k.ends_with("index.json"));
+    assert!(!published, "a manifest was written by a job that failed");
+
+    job(&[]).assert_success();
+    s3.get(&dir, &bucket, "out", &dir.join("got"));
+    assert_same_output(&dir.join("posix"), &dir.join("got"), &["inputs"]);
 }

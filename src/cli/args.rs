@@ -125,7 +125,8 @@ pub struct RunArgs {
     pub(crate) output: Option<PathBuf>,
 
     /// With an `s3://` output: the directory the output is assembled in before it is uploaded
-    /// (every rank must see it). Default: $TMPDIR (else /tmp), in reshard-scratch/BUCKET/KEY.
+    /// (shared by every rank, or each node's own disk: then --resume and --energon are refused).
+    /// Default: $TMPDIR (else /tmp), in reshard-scratch/BUCKET/KEY.
     #[arg(help_heading = "Output and loaders", long, value_name = "DIR")]
     pub(crate) scratch: Option<PathBuf>,
 

@@ -53,6 +53,7 @@ use crate::report::narrate::count;
 use crate::report::picture::{self, Picture};
 use crate::report::{narrate, PlanReport};
 use crate::size::human_bytes;
+use destination::scratch::Scratch;
 use destination::staging::{self, Staging};
 use destination::{publish, resume, space, upload, Held};
 use exchange::Buffers;
@@ -90,22 +91,35 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
     });
     let mut setup: Setup = broadcast_result(comm, 0, prepared)?;
     let staging = setup.staging.clone().filter(|_| !settings.dry_run);
-    let result = match walk::run(comm, &setup.trees, &mut setup.inputs, staging.as_deref()) {
-        Ok(walked) => {
-            setup.files = walked.map(|w| w.files);
-            run_phases(comm, settings, &setup, lead.then_some(&mine), &mut times)
-        }
-        Err(e) => Err(e),
-    };
-    if let (true, Err(_), Some(staging)) = (lead, &result, &staging) {
-        // Every rank has left the failed phase: heartbeats moved aside for publishing go.
-        Staging::at(staging).remove_heartbeats();
-    }
-    if let (true, Err(e), Some(staging)) = (lead, &result, &setup.staging) {
+    let mut scratch = Scratch::Shared;
+    let result = (|| {
+        scratch = destination::scratch::settle(comm, settings, &setup)?;
+        let walked = walk::run(comm, &setup.trees, &mut setup.inputs, staging.as_deref())?;
+        setup.files = walked.map(|w| w.files);
+        run_phases(
+            comm,
+            settings,
+            &setup,
+            lead.then_some(&mine),
+            scratch,
+            &mut times,
+        )
+    })();
+    if let (Err(e), Some(staging)) = (&result, &setup.staging) {
         // Every rank has left the failed phase (failures are agreed collectively). A staging
         // directory another run took over is that run's.
-        if mine.lock.as_ref().is_none_or(|l| l.may_clean_up(staging)) {
-            abandon(staging, e.downcast_ref::<interrupt::Interrupted>());
+        let ours = mine.lock.as_ref().is_none_or(|l| l.may_clean_up(staging));
+        if lead && ours {
+            let target = settings.upload.target.as_deref();
+            scratch.remove_heartbeats(staging, target);
+            if scratch == Scratch::Shared {
+                abandon(staging, e.downcast_ref::<interrupt::Interrupted>());
+            } else {
+                // Nothing to resume from: the other nodes remove their copies too.
+                remove_own(staging);
+            }
+        } else if scratch.removes_own_copy() {
+            destination::scratch::remove_node_copy(staging);
         }
     }
     drop(mine);
@@ -150,6 +164,7 @@ fn run_phases(
     settings: &JobSettings,
     setup: &Setup,
     mine: Option<&Held>,
+    scratch: Scratch,
     times: &mut PhaseTimes,
 ) -> Result<Outcome> {
     let lead = comm.rank() == 0;
@@ -157,18 +172,7 @@ fn run_phases(
     let lock = mine.and_then(|m| m.lock.as_ref());
     narrate_start(comm, setup);
     agree(comm, crate::throttle::start(&settings.io, comm.size()))?;
-    // Every rank passed the set-up's broadcast: each beats and watches its neighbours from here
-    // to the end of the job; rank 0 moves the heartbeats out of the output before publishing.
-    let heart = setup.staging.as_ref().map(|staging| {
-        let place = heartbeat::Place {
-            dir: Staging::at(staging).heartbeats(),
-            aside: Some(Staging::at(staging).heartbeats_aside()),
-            owner: Some(Staging::at(staging).owner_file()),
-        };
-        let ranks = (comm.rank(), comm.size());
-        let timeout = settings.exchange.stall_timeout;
-        Heartbeat::start(timeout, ranks, place, comm.aborter())
-    });
+    let (heart, beats) = start_heartbeat(comm, settings, setup, scratch);
     let phase = |name: &str| heart.iter().for_each(|h| h.phase(name));
     phase("index");
     times.start("index");
@@ -208,16 +212,18 @@ fn run_phases(
     }
     phase("staging");
     times.detail("staging");
-    let output = staging_shards(comm, &settings.resume, setup, inputs, &planned)?;
+    let resuming = &scratch.resume_settings(&settings.resume);
+    let per_node = scratch != Scratch::Shared;
+    let output = staging_shards(comm, (resuming, per_node), setup, inputs, &planned)?;
     phase("exchange");
     times.start("exchange");
     hooks::pause_before_exchange(setup.staging()?, comm.rank());
     let pulse = heart.as_ref().map(|h| std::sync::Arc::clone(&h.pulse));
     let stats = exchange_phase(
         comm,
-        (&settings.exchange, &settings.resume),
+        (&settings.exchange, resuming),
         setup,
-        (&planned, pulse),
+        (&planned, pulse, beats),
         &output,
     )
     .map_err(stopped)?;
@@ -232,19 +238,19 @@ fn run_phases(
     // Before publish writes the manifests into the staging directory; again before its rename.
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
     let done = (&planned, &finished, &stats);
-    publish_and_after(comm, settings, setup, done, mine, heart, times)
+    publish_and_after(comm, settings, setup, done, (mine, scratch), heart, times)
 }
 
-/// Publishing, the upload of an `s3://` output and the summary. Rank 0 moves the heartbeats out
-/// of the staging directory before its rename; every rank beats on into them there, so that a
-/// rank stopped while rank 0 publishes (or after) ends the job rather than leaving the others
-/// in a collective for ever.
+/// Publishing, the upload of an object store's output and the summary. Rank 0 moves heartbeats
+/// in the staging directory beside it before its rename (those in an object store stay where
+/// they are); every rank beats on, so that a rank stopped while rank 0 publishes (or after)
+/// ends the job rather than leaving the others in a collective for ever.
 fn publish_and_after(
     comm: &impl Comm,
     settings: &JobSettings,
     setup: &Setup,
     (planned, finished, stats): (&Planned, &handoff::Finished, &ExchangeStats),
-    mine: Option<&Held>,
+    (mine, scratch): (Option<&Held>, Scratch),
     heart: Option<Heartbeat>,
     times: &mut PhaseTimes,
 ) -> Result<Outcome> {
@@ -257,8 +263,7 @@ fn publish_and_after(
         phase("upload");
         times.detail("upload");
     }
-    let remote = mine.and_then(|m| m.remote.as_ref());
-    upload::run(comm, &settings.upload, setup.target()?, remote)?;
+    upload_phase(comm, settings, setup, planned, mine)?;
     times.stop();
     phase("summary");
     let summary = summary::gather(comm, &settings.report, setup, planned, stats, times)?;
@@ -267,16 +272,66 @@ fn publish_and_after(
     drop(heart);
     agree(comm, Ok(()))?;
     if comm.rank() == 0 {
-        Staging::at(setup.staging()?).remove_heartbeats();
+        let target = settings.upload.target.as_deref();
+        scratch.remove_heartbeats(setup.staging()?, target);
     }
     Ok(Outcome::Ran(Box::new(summary)))
 }
 
-/// This rank's staging shards, created and the plan recorded (a first attempt), or the plan
-/// checked and the shards an earlier attempt left reopened (`--resume`).
+/// Every rank passed the set-up's broadcast: each beats and watches its neighbours from here to
+/// the end of the job. With the heartbeats' directory.
+fn start_heartbeat(
+    comm: &impl Comm,
+    settings: &JobSettings,
+    setup: &Setup,
+    scratch: Scratch,
+) -> (Option<Heartbeat>, Option<std::path::PathBuf>) {
+    let Some(staging) = setup.staging.as_deref() else {
+        return (None, None);
+    };
+    let dir = scratch.heartbeats(staging, settings.upload.target.as_deref());
+    let place = heartbeat::Place {
+        aside: (dir == Staging::at(staging).heartbeats())
+            .then(|| Staging::at(staging).heartbeats_aside()),
+        dir: dir.clone(),
+        owner: Some(Staging::at(staging).owner_file()),
+    };
+    let ranks = (comm.rank(), comm.size());
+    let timeout = settings.exchange.stall_timeout;
+    let heart = Heartbeat::start(timeout, ranks, place, comm.aborter());
+    (Some(heart), Some(dir))
+}
+
+/// Phase "upload" (an object store's output): every rank reads its files from its node's copy,
+/// the published one, or where the publishing rename did not reach (a node of its own, see
+/// [`destination::scratch`]) the staging directory.
+fn upload_phase(
+    comm: &impl Comm,
+    settings: &JobSettings,
+    setup: &Setup,
+    planned: &Planned,
+    mine: Option<&Held>,
+) -> Result<()> {
+    let (staging, local) = (setup.staging()?, setup.target()?);
+    let staged = upload::Staged {
+        local,
+        copy: if Staging::at(staging).present() {
+            staging
+        } else {
+            local
+        },
+        written: upload::written(planned, &settings.finish),
+    };
+    let remote = mine.and_then(|m| m.remote.as_ref());
+    upload::run(comm, &settings.upload, &staged, remote)
+}
+
+/// This rank's staging shards, created and the plan recorded (a first attempt; not when
+/// `unrecorded`, staged per node), or the plan checked and the shards an earlier attempt left
+/// reopened (`--resume`).
 fn staging_shards(
     comm: &impl Comm,
-    resuming: &ResumeSettings,
+    (resuming, unrecorded): (&ResumeSettings, bool),
     setup: &Setup,
     inputs: Option<&[InputRecord]>,
     planned: &Planned,
@@ -294,7 +349,9 @@ fn staging_shards(
     }
     let output = agree(comm, OutputShards::create(staging, names, layout))?;
     // Recorded once every shard exists: a plan record promises them to a resumed run.
-    resume::record_plan(comm, resuming, staging, None, inputs, planned)?;
+    if !unrecorded {
+        resume::record_plan(comm, resuming, staging, None, inputs, planned)?;
+    }
     Ok(output)
 }
 
@@ -366,7 +423,11 @@ fn exchange_phase(
     comm: &impl Comm,
     (settings, resuming): (&ExchangeSettings, &ResumeSettings),
     setup: &Setup,
-    (planned, pulse): (&Planned, Option<std::sync::Arc<crate::heartbeat::Pulse>>),
+    (planned, pulse, heartbeats): (
+        &Planned,
+        Option<std::sync::Arc<crate::heartbeat::Pulse>>,
+        Option<std::path::PathBuf>,
+    ),
     output: &OutputShards,
 ) -> Result<ExchangeStats> {
     let ranks = comm.size();
@@ -403,7 +464,7 @@ fn exchange_phase(
         ),
         exchange::Stall {
             timeout: settings.stall_timeout,
-            heartbeats: Some(Staging::at(staging).heartbeats()),
+            heartbeats,
             pulse,
         },
         resume::checkpoints(resuming, staging, resume),

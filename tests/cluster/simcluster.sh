@@ -13,6 +13,7 @@
 #   simcluster.sh pids NODE [NAME]     processes inside a node (named NAME), one pid a line
 #   simcluster.sh counters             one line per node: NODE ADDRESS RX_BYTES TX_BYTES
 #   simcluster.sh status               what exists for this id
+#   simcluster.sh host-address         the host's address on the bridge, which nodes reach
 #   simcluster.sh down                 remove everything this id created (idempotent)
 #   simcluster.sh reap                 remove every id's cluster whose owner process is gone
 #
@@ -28,6 +29,12 @@
 # (SIMCLUSTER_SHIM=0 leaves it out, to see reshard end a job whose MPI_Finalize hangs);
 # ch4:ofi builds get FI_PROVIDER=tcp. Ranks on one node still share memory, as on a real node.
 # Hydra starts one proxy per node through this script (-launcher-exec), which stands in for ssh.
+#
+# The host has the address <subnet>.254 on the bridge (`host-address` prints it), so that the
+# nodes reach a server the test runs on the host (an S3 server bound there). SIMCLUSTER_PRIVATE=DIR
+# (an existing directory) gives every node of a `run` its own empty tmpfs mounted at DIR, which no
+# other node sees (a node's local disk, as on a cloud GPU cluster without a shared file system);
+# the rest of the file system stays shared.
 set -euo pipefail
 
 ID=${SIMCLUSTER_ID:-1}
@@ -44,6 +51,7 @@ SELF=$(readlink -f "$0")
 die() { echo "simcluster[$ID]: $*" >&2; exit 1; }
 ns_of() { echo "${TAG}n$1"; }
 addr_of() { echo "$SUBNET.$(($1 + 1))"; }
+host_addr() { echo "$SUBNET.254"; }
 host_end() { echo "${TAG}h$1"; }  # the bridge-side end of node I's link
 
 # The namespaces of this id, in node order.
@@ -118,6 +126,7 @@ cmd_up() {
   trap 'echo "simcluster[$ID]: up failed, removing what it built" >&2; teardown' ERR
   ip link set "$BRIDGE" alias "owner=$owner nodes=$n rate=${rate:-none}"
   exec 9>&-
+  ip addr add "$(host_addr)/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   local burst=
   [[ -n $rate ]] && burst=$(burst_for "$rate")
@@ -172,7 +181,7 @@ cmd_run() {
   # (hydra would otherwise pass this machine's hostname, which names 127.0.0.1 everywhere).
   # No shared-memory transport in UCX_TLS: UCX would take it between namespaces (they share
   # /dev/shm), bypassing the network; MPICH still uses its own shared memory within a node.
-  exec ip netns exec "$(ns_of 0)" unshare --uts "$SELF" hostname-and-exec 0 \
+  exec ip netns exec "$(ns_of 0)" unshare --uts "$SELF" hostname-and-exec 0 "$SELF" private \
     mpiexec -launcher ssh -launcher-exec "$SELF" \
     -hosts "${hosts%,}" -n $((n * ppn)) -localhost "$(addr_of 0)" \
     -genv UCX_TLS tcp,self -genv UCX_NET_DEVICES "$LINK" -genv FI_PROVIDER tcp \
@@ -211,7 +220,18 @@ cmd_launch() {
   shift
   [[ $host == "$SUBNET".* ]] || die "launcher: $host is not a node of this cluster"
   local i=$((${host##*.} - 1))
-  exec ip netns exec "$(ns_of "$i")" unshare --uts "$SELF" hostname-and-exec "$i" sh -c "exec $*"
+  exec ip netns exec "$(ns_of "$i")" unshare --uts "$SELF" hostname-and-exec "$i" \
+    "$SELF" private sh -c "exec $*"
+}
+
+# With SIMCLUSTER_PRIVATE set: COMMAND in a mount namespace of its own, with a fresh tmpfs at
+# that directory (the node's local disk); without it, COMMAND as it is.
+cmd_private() {
+  if [[ -n ${SIMCLUSTER_PRIVATE:-} ]]; then
+    exec unshare -m --propagation private \
+      sh -c 'mount -t tmpfs simcluster-local "$0" && exec "$@"' "$SIMCLUSTER_PRIVATE" "$@"
+  fi
+  exec "$@"
 }
 
 # Inside a node's own UTS namespace: name it node<I>, so that what ranks report about their
@@ -288,6 +308,8 @@ case ${1:-} in
   link) shift; cmd_link "$@" ;;
   pids) shift; cmd_pids "$@" ;;
   hostname-and-exec) shift; cmd_hostname_and_exec "$@" ;;
+  private) shift; cmd_private "$@" ;;
+  host-address) host_addr ;;
   counters) cmd_counters ;;
   status) cmd_status ;;
   down) teardown ;;

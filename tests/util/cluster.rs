@@ -141,6 +141,12 @@ impl Cluster {
             .collect()
     }
 
+    /// The host's address on the cluster's bridge: where the nodes reach a server of the test.
+    pub fn host_address(&self) -> String {
+        let out = self.command(&["host-address"]).assert_success();
+        out.stdout.trim().to_string()
+    }
+
     pub fn link_down(&self, node: usize) {
         self.command(&["link", &node.to_string(), "down"])
             .assert_success();

@@ -140,8 +140,9 @@ fn remove_dead_servers_data() {
     }
 }
 
-/// `weed mini` on `ports` (the S3 port is the seventh), its data in `data`.
-fn weed_mini(weed: &Path, data: &Path, ports: &[u16]) -> Command {
+/// `weed mini` on `ports` (the S3 port is the seventh), its data in `data`, listening on
+/// `bind` (its parts still talk to each other on loopback).
+fn weed_mini(weed: &Path, data: &Path, ports: &[u16], bind: &str) -> Command {
     let names = [
         "master.port",
         "master.port.grpc",
@@ -159,7 +160,11 @@ fn weed_mini(weed: &Path, data: &Path, ports: &[u16]) -> Command {
     let mut cmd = Command::new(weed);
     cmd.arg("mini")
         .arg(format!("-dir={}", data.display()))
-        .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"])
+        .args([
+            "-ip=127.0.0.1",
+            &format!("-ip.bind={bind}"),
+            "-admin.ui=false",
+        ])
         // No anonymous statistics sent out from a test (the default reports to a URL).
         .args(["-webdav=false", "-master.telemetry=false"])
         .args(names.iter().zip(ports).map(|(n, p)| format!("-{n}={p}")))
@@ -173,11 +178,11 @@ fn weed_mini(weed: &Path, data: &Path, ports: &[u16]) -> Command {
 
 /// Starts `weed mini` on fresh ports until one start listens on its S3 port: a start may
 /// lose a port picked free to another process (two copies of the suite at once) and exit.
-fn start_listening(weed: &Path, data: &Path) -> (Command, Child, Vec<u16>) {
+fn start_listening(weed: &Path, data: &Path, bind: &str) -> (Command, Child, Vec<u16>) {
     let mut failures = String::new();
     for _ in 0..3 {
         let ports = free_ports(12);
-        let mut cmd = weed_mini(weed, data, &ports);
+        let mut cmd = weed_mini(weed, data, &ports, bind);
         dies_with_its_thread(&mut cmd);
         let mut child = cmd.spawn().expect("start weed mini");
         let started = std::time::Instant::now();
@@ -229,7 +234,7 @@ fn start() -> Option<Server> {
     // outlives the tests.
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
-        let (_cmd, _child, ports) = start_listening(&weed, &data);
+        let (_cmd, _child, ports) = start_listening(&weed, &data, "127.0.0.1");
         let _ = tx.send(ports);
         loop {
             thread::park();
@@ -247,13 +252,24 @@ impl Server {
     /// A server of the calling test's own, to stop and start again (in `dir`, dying with the
     /// test's thread); `None` (after reporting a skip) where the tools are missing.
     pub fn private(dir: &Dir, test: &str) -> Option<Server> {
+        Self::private_at(dir, test, "127.0.0.1")
+    }
+
+    /// [`Server::private`], listening on every address of this machine and reached at
+    /// `address` (one a simulated cluster's nodes reach).
+    pub fn private_at(dir: &Dir, test: &str, address: &str) -> Option<Server> {
         server(test)?;
         let python = test_python()?;
         let weed = weed(&python)?;
         let data = dir.create_dir("weed");
-        let (cmd, child, ports) = start_listening(&weed, &data);
+        let bind = if address == "127.0.0.1" {
+            address
+        } else {
+            "0.0.0.0"
+        };
+        let (cmd, child, ports) = start_listening(&weed, &data, bind);
         Some(Server {
-            endpoint: format!("http://127.0.0.1:{}", ports[6]),
+            endpoint: format!("http://{address}:{}", ports[6]),
             python,
             own: Some((cmd, child)),
         })

@@ -2,14 +2,16 @@
 //! ([`staging`]), what reshard may replace or remove ([`owned`], [`series`] for `--keep`),
 //! `--link` ([`link`]), the space check ([`space`]), the records a `--resume` continues from
 //! ([`resume`]), the publishing rename ([`publish`]), and for an `s3://` output its lock object
-//! and upload ([`upload`]). The phases call in here; nothing in here runs a phase of its own
-//! but publish and upload, which take the other phases' hand-offs ([`crate::job::handoff`]).
+//! and upload ([`upload`]), staged per node where `--scratch` is each node's own ([`scratch`]).
+//! The phases call in here; nothing in here runs a phase of its own but publish and upload,
+//! which take the other phases' hand-offs ([`crate::job::handoff`]).
 
 pub(crate) mod link;
 pub mod lock;
 pub(crate) mod owned;
 pub(crate) mod publish;
 pub(crate) mod resume;
+pub(crate) mod scratch;
 pub(crate) mod series;
 pub(crate) mod space;
 pub mod staging;

@@ -190,6 +190,18 @@ impl<'a> Staging<'a> {
             .and_then(|()| sink.create_dir_all(&self.heartbeats()))
     }
 
+    /// The same directory on a node that does not see the lock holder's (node-local
+    /// `--scratch`, [`crate::job::destination::scratch`]): made there by every rank of that
+    /// node, so nothing where it exists. Its path carries the run's token: it is this run's.
+    ///
+    /// # Errors
+    /// A directory cannot be made.
+    pub(crate) fn make_on_this_node(&self) -> io::Result<()> {
+        let sink = self.sink();
+        sink.create_dir_all(&self.saved_indexes())
+            .and_then(|()| sink.create_dir_all(&self.heartbeats()))
+    }
+
     /// `--resume`: removes what an earlier attempt's finish phase may have left (saved indexes,
     /// heartbeats, index.json), so that this attempt makes them again.
     ///

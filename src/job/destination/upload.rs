@@ -26,7 +26,10 @@ use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
 use progress::{report_progress, Sent};
 
+mod deal;
 mod progress;
+
+pub(crate) use deal::written;
 
 /// The manifest: written last, it is what makes the output exist.
 const MANIFEST: &str = "index.json";
@@ -382,24 +385,6 @@ fn remove_if_there(path: &Path) -> std::io::Result<bool> {
     }
 }
 
-/// The files of `files` that rank `rank` of `ranks` uploads: the shards dealt largest first to
-/// the rank with the fewest bytes so far (every rank computes the same deal); the manifest and
-/// the other metadata are rank 0's, after the shards.
-fn share(files: &[(String, u64)], rank: usize, ranks: usize) -> Vec<&(String, u64)> {
-    let mut order: Vec<&(String, u64)> = files.iter().filter(|f| is_shard(&f.0)).collect();
-    order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut load = vec![0u64; ranks];
-    let mut mine = Vec::new();
-    for f in order {
-        let least = (0..ranks).min_by_key(|&r| (load[r], r)).unwrap_or(0);
-        load[least] += f.1;
-        if least == rank {
-            mine.push(f);
-        }
-    }
-    mine
-}
-
 /// A shard (uploaded by any rank) rather than metadata (rank 0's, after every shard).
 fn is_shard(rel: &str) -> bool {
     !rel.contains('/') && !rel.starts_with('.') && rel != MANIFEST
@@ -463,32 +448,41 @@ fn restamp_layout(local: &Path, target: &Path, shard: &str, names: &HashSet<&str
     )
 }
 
-/// Every rank uploads its share of the published local output; rank 0 then writes the
-/// metadata, checks the lock, writes the manifest, removes what `--force` replaced and the
-/// local copy.
+/// Where an upload reads: `local`, the copy rank 0 published on its scratch directory;
+/// `copy`, this rank's node's copy (`local`, or where `--scratch` is each node's own, the
+/// node's staging directory: [`crate::job::destination::scratch`]); the per-shard files this
+/// rank wrote ([`written`]).
+pub(crate) struct Staged<'a> {
+    pub(crate) local: &'a Path,
+    pub(crate) copy: &'a Path,
+    pub(crate) written: Vec<String>,
+}
+
+/// Every writer uploads its own shards (and their saved and loader indexes) from its node's
+/// copy; rank 0 then writes the metadata, checks the lock, writes the manifest, removes what
+/// `--force` replaced and the local copy; a node's own copy goes with its ranks.
 ///
 /// # Errors
 /// An upload fails (its multipart upload is aborted; nothing is published: no manifest), the
 /// lock was lost, or removing what was replaced fails after the manifest is written.
-pub fn run(
+pub(crate) fn run(
     comm: &impl Comm,
     cfg: &UploadSettings,
-    local: &Path,
+    staged: &Staged<'_>,
     lock: Option<&RemoteLock>,
 ) -> Result<()> {
     let Some(target) = &cfg.target else {
         return Ok(());
     };
+    let (local, copy) = (staged.local, staged.copy);
     let started = Instant::now();
-    let listed = (comm.rank() == 0).then(|| files_of(local, true));
-    let listed = listed.map(|l| {
-        l.map(|files| {
-            let up = lock.map(|l| &l.preserved[..]).unwrap_or_default();
-            let kept = still_staged(local, &files, up);
-            (files, kept)
-        })
+    let dealt = deal::deal(comm, local, copy, &staged.written)?;
+    let files = &dealt.files;
+    let kept = (comm.rank() == 0).then(|| {
+        let up = lock.map(|l| &l.preserved[..]).unwrap_or_default();
+        Ok(still_staged(local, files, up))
     });
-    let (files, kept): (Vec<(String, u64)>, Vec<String>) = broadcast_result(comm, 0, listed)?;
+    let kept: Vec<String> = broadcast_result(comm, 0, kept)?;
     if comm.rank() == 0 && !kept.is_empty() {
         crate::errln!(
             "reshard: --resume: kept {} shard(s) the earlier run uploaded completely to {}",
@@ -496,11 +490,11 @@ pub fn run(
             target.display()
         );
     }
-    let begun = lock.map_or(Ok(()), |l| begin(target, &files, l));
+    let begun = lock.map_or(Ok(()), |l| begin(target, files, l));
     agree(comm, begun)?;
-    let mine = share(&files, comm.rank(), comm.size());
     let names: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
     let was_up = with_layouts(kept.iter().map(String::as_str));
+    let mine = dealt.mine(comm.rank());
     let todo: Vec<_> = mine.iter().filter(|f| !was_up.contains(&f.0)).collect();
     let all_todo = files
         .iter()
@@ -510,10 +504,12 @@ pub fn run(
     let sent: Result<u64> = std::thread::scope(|scope| {
         let uploads = scope.spawn(|| {
             let r = todo.iter().enumerate().try_fold(0, |sum, (i, f)| {
-                let n = upload_file(local, target, &f.0, rank, i + 1 == todo.len())?;
-                restamp_layout(local, target, &f.0, &names)?;
-                note_uploaded(local, target, &f.0)?;
-                sent.add(f.1);
+                let n = upload_file(copy, target, &f.0, rank, i + 1 == todo.len())?;
+                if is_shard(&f.0) {
+                    restamp_layout(copy, target, &f.0, &names)?;
+                    note_uploaded(copy, target, &f.0)?;
+                    sent.add(f.1);
+                }
                 Ok(sum + n)
             });
             sent.end();
@@ -522,9 +518,10 @@ pub fn run(
         report_progress(comm, cfg.progress, all_todo, &sent);
         uploads.join().expect("the upload thread does not panic")
     });
-    agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local))?;
+    let per_node = dealt.per_node;
+    agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local, per_node))?;
     let finished = (comm.rank() == 0).then(|| {
-        finish(target, local, &files, lock)?;
+        finish(target, local, &dealt, lock)?;
         cfg.keep.as_ref().map_or(Ok(()), |keep| {
             prune_series(target, keep, cfg.epoch, cfg.lock_stale_after)
                 .with_context(|| {
@@ -536,6 +533,9 @@ pub fn run(
         })
     });
     broadcast_result(comm, 0, finished)?;
+    if copy != local {
+        crate::job::destination::scratch::remove_node_copy(copy);
+    }
     let tally = |up: bool| {
         let v = files.iter().filter(|f| was_up.contains(&f.0) == up);
         (v.clone().count(), human_bytes(v.map(|f| f.1).sum()))
@@ -784,7 +784,15 @@ fn remove_objects(old: &Path) -> Result<()> {
         .with_context(|| format!("--keep: cannot remove {}", marker.display()))
 }
 
-fn not_published(target: &Path, local: &Path) -> String {
+/// What a failed upload says: where the finished output stays for `--resume`, or where each
+/// node staged its own copy (`per_node`), that there is nothing to resume from.
+fn not_published(target: &Path, local: &Path, per_node: bool) -> String {
+    if per_node {
+        return format!(
+            "nothing is published at {} (no {MANIFEST} written); each node staged its own copy, so there is nothing to --resume from: rerun with the same arguments",
+            target.display()
+        );
+    }
     format!(
         "nothing is published at {} (no {MANIFEST} written); the finished output stays in {}: rerun with the same arguments and --resume to upload it without moving data again",
         target.display(),
@@ -797,18 +805,20 @@ fn not_published(target: &Path, local: &Path) -> String {
 fn finish(
     target: &Path,
     local: &Path,
-    files: &[(String, u64)],
+    dealt: &deal::Deal,
     lock: Option<&RemoteLock>,
 ) -> Result<()> {
-    let layouts = with_layouts(files.iter().map(|f| f.0.as_str()).filter(|n| is_shard(n)));
+    let files = &dealt.files;
     let metadata = files
         .iter()
-        .filter(|f| !is_shard(&f.0) && f.0 != MANIFEST && !layouts.contains(&f.0));
+        .filter(|f| dealt.is_metadata(&f.0) && f.0 != MANIFEST);
     for (rel, _) in metadata {
-        upload_file(local, target, rel, 0, false).with_context(|| not_published(target, local))?;
+        upload_file(local, target, rel, 0, false)
+            .with_context(|| not_published(target, local, dealt.per_node))?;
     }
     lock.map_or(Ok(()), RemoteLock::check_owned)?;
-    upload_file(local, target, MANIFEST, 0, false).with_context(|| not_published(target, local))?;
+    upload_file(local, target, MANIFEST, 0, false)
+        .with_context(|| not_published(target, local, dealt.per_node))?;
     after_manifest(target, local, files, lock).context(CleanupFailed {
         output: target.to_path_buf(),
     })

@@ -1,29 +1,10 @@
-//! The tests of an `s3://` output's upload ([`super`]): its lock object, the shares, what
+//! The tests of an `s3://` output's upload ([`super`]): its lock object, what
 //! `--force` and `--keep` remove.
 
 use super::*;
 
 #[test]
-fn shards_are_dealt_by_bytes_and_metadata_is_rank_0s_after_them() {
-    let files: Vec<(String, u64)> = [
-        ("index.json", 5),
-        ("s-0.tar", 100),
-        ("s-1.tar", 60),
-        ("s-2.tar", 50),
-        (".reshard/s-0.tar.reshard-layout", 1),
-    ]
-    .iter()
-    .map(|(n, s)| ((*n).to_string(), *s))
-    .collect();
-    let names = |r| {
-        share(&files, r, 2)
-            .iter()
-            .map(|f| f.0.clone())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(names(0), ["s-0.tar"]);
-    assert_eq!(names(1), ["s-1.tar", "s-2.tar"]);
-    assert_eq!(share(&files, 0, 1).len(), 3);
+fn the_lock_object_is_beside_the_output() {
     assert_eq!(
         lock_path(Path::new("s3://b/p/epoch-1")),
         Path::new("s3://b/p/.epoch-1.reshard-lock")

@@ -1,0 +1,263 @@
+//! Where an object-store output is staged: on a `--scratch` every rank sees (one staging
+//! directory, as for a file system's output), or on each node's own disk (a cloud cluster with
+//! its data in a bucket and no shared file system).
+//!
+//! Found once, right after rank 0 made the staging directory: its name carries the run's token,
+//! so a rank that sees it sees this run's, and one that does not is on another node's disk. When
+//! every rank sees it nothing changes. When some rank does not, the run stages per node: every
+//! rank that does not see it makes the same directory on its own node, each writer assembles
+//! and finishes its shards there (it does so on a shared scratch too) and uploads them itself
+//! ([`crate::job::destination::upload`]), the heartbeats go to the bucket, and each node
+//! removes its own copy. One test at one moment, not a rule per call site: everything else is
+//! the file-system pipeline, which never needed another rank's files but for what rank 0 reads
+//! (the manifest's sizes and digests travel by message).
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+
+use crate::cli::resolve::UsageError;
+use crate::comm::{agree, agree_once, Comm};
+use crate::config::{JobSettings, ResumeSettings};
+use crate::job::destination::staging::Staging;
+use crate::job::handoff::Setup;
+use crate::storage;
+
+/// How the ranks of a run see its staging directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scratch {
+    /// Every rank sees rank 0's (and always for a file system's output).
+    Shared,
+    /// Some rank does not: each node stages in its own directory at the same path.
+    PerNode {
+        /// Whether this rank sees rank 0's copy (it is on rank 0's node).
+        with_lead: bool,
+    },
+}
+
+/// Finds how the ranks see the staging directory of an object-store output, and where some do
+/// not, makes it on their nodes. Every rank returns the same kind.
+///
+/// # Errors
+/// The directory cannot be made on a node, or the run asks for what needs one directory every
+/// rank sees: `--resume` (its records are on rank 0's node), `--energon` (rank 0 reads every
+/// writer's rows). Those are a [`UsageError`], said once.
+pub(crate) fn settle(comm: &impl Comm, settings: &JobSettings, setup: &Setup) -> Result<Scratch> {
+    let (Some(staging), Some(target)) = (&setup.staging, &settings.upload.target) else {
+        return Ok(Scratch::Shared);
+    };
+    if settings.dry_run {
+        return Ok(Scratch::Shared);
+    }
+    let seen = Staging::at(staging).present();
+    let unseen = comm.all_sum(&[u64::from(!seen)])[0];
+    if unseen == 0 {
+        return Ok(Scratch::Shared);
+    }
+    let why = if settings.upload.resume {
+        Some("--resume continues from records on one node's disk, which other nodes cannot read: rerun without --resume (the run starts over), or give a --scratch every rank shares")
+    } else if settings.finish.loaders.energon.is_some() {
+        Some("--energon needs every writer's index rows on one disk: give a --scratch every rank shares")
+    } else {
+        None
+    };
+    let refused = why.map_or(Ok(()), |why| {
+        Err(anyhow::Error::new(UsageError::new(anyhow!(
+            "--scratch: {} of {} ranks do not see the staging directory {} (the scratch directory is on each node's own disk); {why}",
+            unseen,
+            comm.size(),
+            staging.display()
+        ))))
+    });
+    agree_once(comm, refused)?;
+    let made = if seen {
+        Ok(())
+    } else {
+        Staging::at(staging)
+            .make_on_this_node()
+            .with_context(|| format!("--scratch: cannot create {}", staging.display()))
+    };
+    agree(comm, made)?;
+    if !seen {
+        // Rank 0 holds the output's lock: no other run writes it. What an earlier run killed
+        // outright left on this node's disk is nobody's now. (On rank 0's node the staging
+        // pointer leads to it, and the expand phase removed it or moved it aside.)
+        remove_earlier_copies(staging);
+    }
+    crate::report::narrate::narrate(
+        comm.rank() == 0,
+        format_args!(
+            "--scratch is each node's own ({unseen} of {} ranks do not see rank 0's): every writer stages and uploads its own shards to {}",
+            comm.size(),
+            target.display()
+        ),
+    );
+    Ok(Scratch::PerNode { with_lead: seen })
+}
+
+impl Scratch {
+    /// Where the ranks' heartbeats go. In the staging directory when every rank sees it; else
+    /// where every rank reaches, beside the output in its store, under the staging directory's
+    /// name (hidden, named after the run's token, as the lock is beside the output): one small
+    /// PUT and two GETs a rank per tick.
+    pub(crate) fn heartbeats(self, staging: &Path, target: Option<&Path>) -> PathBuf {
+        match (self, target) {
+            (Scratch::PerNode { .. }, Some(target)) => target
+                .with_file_name(staging.file_name().unwrap_or_default())
+                .join(".heartbeats"),
+            _ => Staging::at(staging).heartbeats(),
+        }
+    }
+
+    /// After the last heartbeat, or a failure (rank 0): heartbeats in the store removed, and
+    /// those rank 0 moved beside the staging directory for publishing. Best effort: they are no
+    /// part of the output.
+    pub(crate) fn remove_heartbeats(self, staging: &Path, target: Option<&Path>) {
+        Staging::at(staging).remove_heartbeats();
+        if let Scratch::PerNode { .. } = self {
+            let dir = self.heartbeats(staging, target);
+            if let Some(prefix) = dir.parent() {
+                let _ = storage::sink(prefix).remove_dir_all(prefix);
+            }
+        }
+    }
+
+    /// The `--resume` records' settings: as asked where every rank sees the staging directory;
+    /// else without checkpoints, since no disk every rank sees holds them (nor the plan record:
+    /// the caller skips it).
+    pub(crate) fn resume_settings(self, asked: &ResumeSettings) -> Cow<'_, ResumeSettings> {
+        match self {
+            Scratch::Shared => Cow::Borrowed(asked),
+            Scratch::PerNode { .. } => Cow::Owned(ResumeSettings {
+                checkpoint_every: Duration::MAX,
+                ..asked.clone()
+            }),
+        }
+    }
+
+    /// Whether this rank removes its node's staging copy itself (after the upload, or a
+    /// failure): on a node without rank 0, whose copy rank 0 neither sees nor removes.
+    pub(crate) fn removes_own_copy(self) -> bool {
+        matches!(self, Scratch::PerNode { with_lead: false })
+    }
+}
+
+/// Removes, on this node's disk, the staging copies of earlier runs of the same output beside
+/// `staging` (`.NAME.reshard-tmp.TOKEN` of another token), each once however many ranks ask.
+fn remove_earlier_copies(staging: &Path) {
+    let (Some(parent), Some(name)) = (staging.parent(), staging.file_name()) else {
+        return;
+    };
+    let name = name.to_string_lossy();
+    let Some((base, _)) = name.rsplit_once('.') else {
+        return;
+    };
+    let Ok(entries) = storage::source(parent).list(parent) else {
+        return;
+    };
+    for e in entries.into_iter().filter(|e| e.kind == storage::Kind::Dir) {
+        let other = e.name.to_string_lossy();
+        let earlier = other
+            .strip_prefix(base)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .is_some_and(|token| !token.contains('.') && !token.is_empty());
+        if earlier && other != name {
+            remove_node_copy(&parent.join(&e.name));
+        }
+    }
+}
+
+/// Removes a node's copy `dir` of the staging directory, once, however many of the node's
+/// ranks ask: the first moves it aside (one rename, which the others then find gone) and
+/// removes it. Best effort: a copy left on a node's disk is no part of the output.
+pub(crate) fn remove_node_copy(dir: &Path) {
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    let aside = dir.with_file_name(format!("{name}.removing"));
+    let sink = storage::sink(dir);
+    if sink.rename(dir, &aside).is_ok() {
+        let _ = sink.remove_dir_all(&aside);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_go_beside_the_output_only_when_staged_per_node() {
+        let staging = Path::new("/scratch/reshard-scratch/b/p/.out.reshard-tmp.T0KEN");
+        let target = Path::new("s3://b/p/out");
+        let per_node = Scratch::PerNode { with_lead: false };
+        assert_eq!(
+            per_node.heartbeats(staging, Some(target)),
+            Path::new("s3://b/p/.out.reshard-tmp.T0KEN/.heartbeats")
+        );
+        assert_eq!(
+            Scratch::Shared.heartbeats(staging, Some(target)),
+            staging.join(".heartbeats")
+        );
+        assert!(per_node.removes_own_copy());
+        assert!(!Scratch::PerNode { with_lead: true }.removes_own_copy());
+        assert!(!Scratch::Shared.removes_own_copy());
+    }
+
+    #[test]
+    fn no_checkpoints_when_staged_per_node_and_a_copy_goes_once() {
+        let asked = ResumeSettings {
+            arguments: Vec::new(),
+            key_map: None,
+            mem_limit: 1,
+            checkpoint_every: Duration::from_secs(60),
+        };
+        let per_node = Scratch::PerNode { with_lead: true };
+        assert_eq!(
+            per_node.resume_settings(&asked).checkpoint_every,
+            Duration::MAX
+        );
+        let shared = Scratch::Shared.resume_settings(&asked);
+        assert_eq!(shared.checkpoint_every, Duration::from_secs(60));
+
+        let tmp = tempfile::tempdir().unwrap();
+        let copy = tmp.path().join(".out.reshard-tmp.T0KEN");
+        std::fs::create_dir_all(copy.join(".reshard")).unwrap();
+        std::fs::write(copy.join("shard-000000.tar"), b"x").unwrap();
+        remove_node_copy(&copy);
+        remove_node_copy(&copy);
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn earlier_runs_copies_on_a_node_go_and_nothing_else() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = |name: &str| {
+            let d = tmp.path().join(name);
+            std::fs::create_dir_all(d.join(".reshard")).unwrap();
+            d
+        };
+        let ours = dir(".out.reshard-tmp.NEW");
+        dir(".out.reshard-tmp.OLD");
+        // A removal under way (a node-mate's) is its own.
+        dir(".out.reshard-tmp.OLDER.removing");
+        for keep in [".other.reshard-tmp.OLD", "out", ".out.reshard-tmp"] {
+            dir(keep);
+        }
+        remove_earlier_copies(&ours);
+        let mut left: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                ".other.reshard-tmp.OLD",
+                ".out.reshard-tmp",
+                ".out.reshard-tmp.NEW",
+                ".out.reshard-tmp.OLDER.removing",
+                "out"
+            ]
+        );
+    }
+}

@@ -5,7 +5,8 @@
 //!
 //! Each rank's heartbeat thread rewrites `rank-NNNNNN` in the heartbeat directory (on the shared
 //! file system, inside the staging directory; where `--scratch` is each node's own, in the
-//! output's object store beside it) once a tick: a counter that moves every time, the
+//! output's object store beside it; moved beside the staging directory for publishing, see
+//! [`Place`]) once a tick: a counter that moves every time, the
 //! exchange round, the host and the phase. The thread runs beside the phase's own work, so a rank
 //! that is only slow (a huge shard's index, an fsync of minutes at finish, a wait on a rate limit)
 //! still beats; only a process that does not run at all goes silent.

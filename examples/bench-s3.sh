@@ -14,7 +14,7 @@
 # local directory. Prints the median
 # wall time of each command, its range, its ratio to the s5cmd command that moves the same
 # bytes, the peak RSS of each rank (reshard's --report; s5cmd's from GNU time), the requests
-# reshard made with its phase times, and the load average (1 min) before each median run. Figures, never assertions.
+# reshard made (and the bytes it fetched, as a multiple of the input's) with its phase times, and the load average (1 min) before each median run. Figures, never assertions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -112,7 +112,8 @@ r = json.load(open(sys.argv[1]))
 s = r.get("s3", {})
 phases = " ".join(f"{n}={t:.2f}" for n, t in r["phases"]["phases"])
 print(",".join(f'{x["peak_rss"] / 2**20:.0f}' for x in r["per_rank"]),
-      f'{s.get("gets", 0)} GET, {s.get("puts", 0)} PUT; {phases}', sep="|")
+      f'{s.get("gets", 0)} GET ({s.get("get_bytes", 0) / r["input_bytes"]:.2f}x the input), '
+      f'{s.get("puts", 0)} PUT; {phases}', sep="|")
 PY
 )
   record "$name" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{print b-a}')" "$rss" "$requests" "$rep" "$l0"

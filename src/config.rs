@@ -47,6 +47,8 @@ pub struct RunConfig {
     pub(crate) checksum: bool,
     /// `--index DIR`: where saved indexes are looked for.
     pub(crate) saved_indexes: Option<PathBuf>,
+    /// Where object-store input shards are spooled (`--scratch`, else `$TMPDIR`).
+    pub(crate) spool: PathBuf,
     pub(crate) link: Option<PathBuf>,
     pub(crate) keep: Option<Keep>,
     pub(crate) stall_timeout: Duration,
@@ -219,6 +221,11 @@ pub(crate) struct IndexSettings {
     pub(crate) rules: Rules,
     /// `--index DIR`: where saved indexes are looked for.
     pub(crate) saved_indexes: Option<PathBuf>,
+    /// Where object-store input shards are spooled: each rank's spool directory is made in it.
+    pub(crate) spool: PathBuf,
+    /// The bytes of a rank's spooled shards held in memory, at most (a share of `--mem-limit`;
+    /// the exchange's buffers take the rest).
+    pub(crate) spool_memory: u64,
     /// Whether saved indexes may stand in for the tar headers: not when the rules need what
     /// only the headers hold (keys, labels, member names).
     pub(crate) reuse_saved: bool,

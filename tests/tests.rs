@@ -41,6 +41,7 @@ mod rounds;
 mod run;
 mod s3;
 mod s3_loaders;
+mod s3_once;
 mod s3_user;
 mod signals;
 mod sizing;

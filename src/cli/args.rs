@@ -126,7 +126,9 @@ pub struct RunArgs {
 
     /// With an `s3://` output: the directory the output is assembled in before it is uploaded
     /// (shared by every rank, or each node's own disk: then --resume and --energon are refused).
-    /// Default: $TMPDIR (else /tmp), in reshard-scratch/BUCKET/KEY.
+    /// Default: $TMPDIR (else /tmp), in reshard-scratch/BUCKET/KEY. Input shards on object
+    /// storage beyond a quarter of --mem-limit are spooled here (node-local is enough), each
+    /// fetched once per run; removed when the exchange ends.
     #[arg(help_heading = "Output and loaders", long, value_name = "DIR")]
     pub(crate) scratch: Option<PathBuf>,
 

@@ -192,6 +192,7 @@ pub(crate) fn run_config(args: &RunArgs, plan_only: bool) -> Result<RunConfig> {
         },
         checksum: args.checksum,
         saved_indexes: args.index.clone(),
+        spool: scratch(args),
         link: args
             .link
             .as_ref()
@@ -322,6 +323,10 @@ fn resume_arguments(cfg: &RunConfig) -> Vec<(String, String)> {
     args.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
+/// The part of `--mem-limit` that a rank's spooled input shards may hold in memory (1/SHARE):
+/// a quarter, so that the exchange, which takes the rest, keeps rounds of a useful size.
+const SPOOL_SHARE: u64 = 4;
+
 /// What each planning phase needs of `cfg`, with the values that depend on several flags
 /// decided here once: whether saved indexes can stand in for the headers, which groups the
 /// GPUs train on.
@@ -337,6 +342,8 @@ pub(crate) fn plan_settings(cfg: &RunConfig) -> PlanSettings {
         index: IndexSettings {
             rules: rules.clone(),
             saved_indexes: cfg.saved_indexes.clone(),
+            spool: cfg.spool.clone(),
+            spool_memory: cfg.mem_limit / SPOOL_SHARE,
             reuse_saved: !needs_headers,
             progress: cfg.progress,
         },
@@ -583,9 +590,6 @@ fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, O
         .filter(|o| !crate::storage::sink(o).capabilities().positioned_writes)
         .and_then(|o| Some((o.clone(), crate::storage::object_scheme(o)?)))
     else {
-        if args.scratch.is_some() {
-            bail!("--scratch is where an s3:// output is staged: it needs --output s3://…");
-        }
         return Ok((output, None));
     };
     if args.link.is_some() {
@@ -604,9 +608,7 @@ fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, O
     {
         bail!("--output {text}: expected {scheme}://BUCKET/PREFIX/NAME (a key under the bucket, no empty, '.' or '..' parts)");
     }
-    let scratch = args.scratch.clone().unwrap_or_else(|| {
-        std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from)
-    });
+    let scratch = scratch(args);
     // Each store's outputs apart, so that `s3://b/x` and `gs://b/x` never share a staged copy;
     // S3's where they always were.
     let local = match scheme {
@@ -617,6 +619,14 @@ fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, O
         Some(local),
         Some(PathBuf::from(format!("{scheme}://{rest}"))),
     ))
+}
+
+/// `--scratch`, else `$TMPDIR`, else `/tmp`: where an object-store output is staged and
+/// object-store input shards are spooled.
+fn scratch(args: &RunArgs) -> PathBuf {
+    args.scratch.clone().unwrap_or_else(|| {
+        std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from)
+    })
 }
 
 /// Replaces `{epoch}` in a path with the epoch number: `--output 'data/epoch-{epoch}'`.

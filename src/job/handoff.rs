@@ -122,6 +122,8 @@ pub(crate) struct Indexed {
     /// This rank's input shards whose saved index was used: their streams were not read here,
     /// so the exchange reads the compressed ones to their end (checking their checksums).
     pub(crate) unread: Vec<usize>,
+    /// This rank's object-store shards, each fetched once into it (removed when dropped).
+    pub(crate) spool: Option<crate::storage::spool::Spool>,
 }
 
 /// What the place phase leaves on every rank.

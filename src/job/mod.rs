@@ -181,7 +181,7 @@ fn run_phases(
         comm,
         inputs: &setup.inputs,
     };
-    let mut index = index::run(&ctx, &plan.index)?;
+    let mut index = index::run(&ctx, &plan.index, spool_dir(settings, setup, comm.rank()))?;
     hooks::kill_at(comm.rank(), "index");
     let samples = index.samples;
     let stopped = |e| interrupt::with_samples(e, samples);
@@ -192,7 +192,7 @@ fn run_phases(
     times.detail("layout");
     let laid = layout::run(&ctx, &plan.layout, &index, &placed)?;
     hooks::kill_at(comm.rank(), "plan");
-    let planned = Planned {
+    let mut planned = Planned {
         index,
         placed,
         laid,
@@ -223,7 +223,7 @@ fn run_phases(
         comm,
         (&settings.exchange, resuming),
         setup,
-        (&planned, pulse, beats),
+        (&mut planned, pulse, beats),
         &output,
     )
     .map_err(stopped)?;
@@ -276,6 +276,16 @@ fn publish_and_after(
         scratch.remove_heartbeats(setup.staging()?, target);
     }
     Ok(Outcome::Ran(Box::new(summary)))
+}
+
+/// This rank's spool directory, named by the run's token (its staging directory's
+/// `.NAME.reshard-tmp.TOKEN`) and the rank, so that runs and ranks may share one scratch; none
+/// when only planning.
+fn spool_dir(settings: &JobSettings, setup: &Setup, rank: usize) -> Option<std::path::PathBuf> {
+    let staging = setup.staging.as_ref().filter(|_| !settings.dry_run)?;
+    let token = staging.file_name()?.to_str()?.rsplit('.').next()?;
+    let root = &settings.plan.index.spool;
+    Some(root.join(format!("reshard-spool.{token}.{rank}")))
 }
 
 /// Every rank passed the set-up's broadcast: each beats and watches its neighbours from here to
@@ -418,13 +428,13 @@ fn narrate_start(comm: &impl Comm, setup: &Setup) {
     }
 }
 
-/// The exchange, with a progress display on rank 0.
+/// The exchange, with a progress display on rank 0; the spooled input is removed after it.
 fn exchange_phase(
     comm: &impl Comm,
     (settings, resuming): (&ExchangeSettings, &ResumeSettings),
     setup: &Setup,
     (planned, pulse, heartbeats): (
-        &Planned,
+        &mut Planned,
         Option<std::sync::Arc<crate::heartbeat::Pulse>>,
         Option<std::path::PathBuf>,
     ),
@@ -454,10 +464,13 @@ fn exchange_phase(
         output,
     };
     let staging = setup.staging()?;
+    // The input spooled in memory holds its share of the budget until the exchange ends.
+    let spooled = planned.index.spool.as_ref().map_or(0, |s| s.held()[0]);
+    let budget = settings.mem_limit.saturating_sub(spooled);
     let stats = exchange::run(
         comm,
         &job,
-        Buffers::for_job(settings.mem_limit, ranks, total_out / ranks as u64).within_stall(
+        Buffers::for_job(budget, ranks, total_out / ranks as u64).within_stall(
             settings.stall_timeout,
             settings.limits.slowest_share(ranks),
             ranks,
@@ -471,6 +484,8 @@ fn exchange_phase(
         &mut |d| progress.update(d),
     )?;
     progress.finish();
+    // Every sample read: the spooled input goes (the finish phase checks the store's objects).
+    drop(planned.index.spool.take());
     Ok(stats)
 }
 
@@ -535,6 +550,7 @@ mod tests {
             checksum: false,
             compress: Codec::Plain,
             saved_indexes: None,
+            spool: std::env::temp_dir(),
             link: None,
             keep: None,
             stall_timeout: std::time::Duration::from_secs(120),
@@ -564,7 +580,7 @@ mod tests {
             comm,
             inputs: &setup.inputs,
         };
-        let mut index = index::run(&ctx, &settings.plan.index).unwrap();
+        let mut index = index::run(&ctx, &settings.plan.index, None).unwrap();
         let placed = place::run(&ctx, &settings.plan.place, &mut index).unwrap();
         let laid = layout::run(&ctx, &settings.plan.layout, &index, &placed).unwrap();
         Planned {

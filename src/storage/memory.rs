@@ -144,12 +144,7 @@ impl Source for Memory {
 impl Input for Object {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let bytes = self.bytes.read().unwrap();
-        let from = usize::try_from(offset)
-            .unwrap_or(usize::MAX)
-            .min(bytes.len());
-        let n = buf.len().min(bytes.len() - from);
-        buf[..n].copy_from_slice(&bytes[from..from + n]);
-        Ok(n)
+        Ok(super::spool::read_held_at(&bytes, buf, offset))
     }
 
     fn stamp(&self) -> io::Result<FileStamp> {

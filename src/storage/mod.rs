@@ -29,6 +29,7 @@ pub(crate) mod paced;
 pub(crate) mod posix;
 pub(crate) mod s3;
 mod schemes;
+pub(crate) mod spool;
 
 use paced::Paced;
 pub(crate) use schemes::{is_object_store, object_scheme, register_source, OBJECT_STORES};
@@ -475,12 +476,15 @@ fn sinks(path: &Path) -> (&'static dyn Sink, &'static dyn Sink) {
     }
 }
 
-/// Opens the shard at `path` in its [`source`].
+/// Opens the shard at `path` in its [`source`], or the copy a [`spool::Spool`] fetched.
 ///
 /// # Errors
 /// It cannot be opened.
 pub(crate) fn open(path: &Path) -> io::Result<OpenInput> {
-    source(path).open(path)
+    match spool::spooled(path) {
+        Some(copy) => Ok(copy),
+        None => source(path).open(path),
+    }
 }
 
 /// The stamp of `path` in its [`source`] now.

@@ -1,7 +1,7 @@
 //! Phase "index": each rank reads the tar headers of its byte-balanced share of the input (or
 //! their saved indexes), then the ranks agree on the global numbering of the samples.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -20,34 +20,37 @@ use crate::plan::placement::LocalSample;
 use crate::progress::Progress;
 use crate::report::narrate;
 use crate::report::narrate::count;
+use crate::size::human_bytes;
+use crate::storage::spool::Spool;
 use crate::storage::{self, FileStamp};
 use crate::tar::{index_file_reaching, Hygiene, Rules, ShardIndex, Skipped};
 
 /// Indexes this rank's share, checks for samples split across shards and for duplicate keys,
-/// and numbers the samples globally.
+/// and numbers the samples globally. `spool`: where this rank spools the shards of its share
+/// that are on object storage, each fetched once for the whole run (none when only planning).
 ///
 /// # Errors
 /// Bad input on any rank (agreed), a sample split across two shards, a duplicate key under
 /// `--on-duplicate abort`, or no samples at all.
-pub(crate) fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Result<Indexed> {
+pub(crate) fn run<C: Comm>(
+    ctx: &Shared<'_, C>,
+    settings: &IndexSettings,
+    spool: Option<PathBuf>,
+) -> Result<Indexed> {
     let (comm, inputs) = (ctx.comm, ctx.inputs);
     let (rank, ranks, lead) = (comm.rank(), comm.size(), ctx.lead());
     let sizes: Vec<u64> = inputs.iter().map(|s| s.size).collect();
     let mine = assign_inputs(&sizes, ranks)[rank].clone();
+    let spool = spool.and_then(|dir| spool_for(dir, settings.spool_memory, &inputs[mine.clone()]));
     let reused = AtomicUsize::new(0);
-    let saved = settings.saved_indexes.as_deref();
-    if let Some(dir) = saved.filter(|_| !settings.reuse_saved) {
-        narrate(
-            lead,
-            format_args!(
-                "--index {}: not used, the order or loader index asked for needs the tar headers",
-                dir.display()
-            ),
-        );
-    }
-    let indexed = index_shards(inputs, mine.clone(), settings, &reused, &mut |work| {
-        report_progress(comm, settings.progress, inputs, work)
-    });
+    narrate_unused(lead, settings);
+    let indexed = index_shards(
+        inputs,
+        mine.clone(),
+        (settings, spool.as_ref()),
+        &reused,
+        &mut |work| report_progress(comm, settings.progress, inputs, work),
+    );
     let Scanned {
         local,
         skipped,
@@ -85,6 +88,7 @@ pub(crate) fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Res
     let hygiene = Hygiene::from_array(summed.try_into().expect("three counts"));
     let reused = comm.all_sum(&[reused.into_inner() as u64])[0];
     narrate_reused(lead, reused, inputs.len());
+    narrate_spooled(comm, spool.as_ref());
     let (first_global, samples) = exclusive_sum(comm, local.len() as u64);
     // What this rank read so far is the index's: the limits were set just before it.
     let read = crate::throttle::tallies().0.bytes;
@@ -123,7 +127,15 @@ pub(crate) fn run<C: Comm>(ctx: &Shared<'_, C>, settings: &IndexSettings) -> Res
         read_bytes,
         unread,
         stamps,
+        spool,
     })
+}
+
+/// A spool in `dir` for the shards of `share` on object storage, holding in memory those that
+/// fit `memory` bytes; none without such shards.
+fn spool_for(dir: PathBuf, memory: u64, share: &[InputShard]) -> Option<Spool> {
+    let objects = share.iter().any(|s| storage::is_object_store(&s.path));
+    objects.then(|| Spool::new(dir, memory))
 }
 
 /// One input shard's index, with its stamp from just before it was read.
@@ -255,6 +267,37 @@ fn report_progress(comm: &impl Comm, cfg: ProgressConfig, inputs: &[InputShard],
     progress.finish();
 }
 
+/// Rank 0 says how much of the input the ranks fetched from object storage into their spools,
+/// in memory and in files: the exchange reads it from there.
+fn narrate_spooled(comm: &impl Comm, spool: Option<&Spool>) {
+    let held = comm.all_sum(&spool.map_or([0, 0], Spool::held));
+    if held.iter().sum::<u64>() == 0 {
+        return;
+    }
+    narrate(
+        comm.rank() == 0,
+        format_args!(
+            "fetched the object-store input once: {} held in memory, {} in spool files on scratch",
+            human_bytes(held[0]),
+            human_bytes(held[1])
+        ),
+    );
+}
+
+/// Rank 0 says that `--index` is not used where the rules need the tar headers.
+fn narrate_unused(lead: bool, settings: &IndexSettings) {
+    let saved = settings.saved_indexes.as_deref();
+    if let Some(dir) = saved.filter(|_| !settings.reuse_saved) {
+        narrate(
+            lead,
+            format_args!(
+                "--index {}: not used, the order or loader index asked for needs the tar headers",
+                dir.display()
+            ),
+        );
+    }
+}
+
 /// Rank 0 says how many input shards' saved indexes stood in for their tar headers.
 fn narrate_reused(lead: bool, reused: u64, inputs: usize) {
     if reused == 0 {
@@ -279,7 +322,7 @@ fn narrate_reused(lead: bool, reused: u64, inputs: usize) {
 fn index_shards(
     inputs: &[InputShard],
     mine: std::ops::Range<usize>,
-    settings: &IndexSettings,
+    (settings, spool): (&IndexSettings, Option<&Spool>),
     reused: &AtomicUsize,
     watch: &mut dyn FnMut(&Work),
 ) -> Result<Scanned> {
@@ -307,7 +350,9 @@ fn index_shards(
                     let r = storage::stamp(path)
                         .with_context(|| format!("input {}: cannot stat", path.display()))
                         .and_then(|stamp| {
-                            index_one(path, settings, reused, &mut |at| reading.reached(at))
+                            let spool = spool.map(|s| (s, i));
+                            let reached: &mut dyn FnMut(u64) = &mut |at| reading.reached(at);
+                            index_one(path, settings, reused, spool, reached)
                                 .map(|idx| (stamp, idx))
                         });
                     let failed = r.is_err();
@@ -325,11 +370,15 @@ fn index_shards(
     collect(results.into_inner().unwrap(), mine, &settings.rules)
 }
 
-/// One input shard's index: its saved index when it still matches, else its tar headers.
+/// One input shard's index: its saved index when it still matches, else its tar headers
+/// (`reached` hears how far their walk is); read from the spool, after one fetch of the whole
+/// shard into it, where `spool` (with the shard's number) is given and the shard is on object
+/// storage.
 fn index_one(
     path: &Path,
     settings: &IndexSettings,
     reused: &AtomicUsize,
+    spool: Option<(&Spool, usize)>,
     reached: &mut dyn FnMut(u64),
 ) -> Result<ShardIndex> {
     let rules = &settings.rules;
@@ -343,12 +392,32 @@ fn index_one(
             reused.fetch_add(1, Ordering::Relaxed);
             Ok(idx)
         }
-        Lookup::Missing => index_file_reaching(path, rules, reached),
+        Lookup::Missing => spooled_index(path, rules, spool, reached),
         Lookup::Stale(why) => {
             crate::errln!("reshard: warning: re-indexing: {why}");
-            index_file_reaching(path, rules, reached)
+            spooled_index(path, rules, spool, reached)
         }
     }
+}
+
+/// The shard's index from its tar headers, read from the spool when it is spooled.
+fn spooled_index(
+    path: &Path,
+    rules: &Rules,
+    spool: Option<(&Spool, usize)>,
+    reached: &mut dyn FnMut(u64),
+) -> Result<ShardIndex> {
+    if let Some((spool, i)) = spool.filter(|_| storage::is_object_store(path)) {
+        // Not spooled (no room): read from the store, here and in the exchange.
+        spool.fetch(path, &format!("{i:06}")).with_context(|| {
+            format!(
+                "input {}: cannot fetch it into the spool {}",
+                path.display(),
+                spool.dir().display()
+            )
+        })?;
+    }
+    index_file_reaching(path, rules, reached)
 }
 
 /// This rank's shard indexes, in shard order, as one list of samples; the first failure in

@@ -76,7 +76,7 @@ impl LivedClock {
 
 /// What a rank's heartbeat says besides that it runs: shared with the phases, which set it.
 #[derive(Debug, Default)]
-pub struct Pulse {
+pub(crate) struct Pulse {
     /// The exchange round the rank is in.
     pub(crate) round: AtomicU64,
     /// The phase the rank is in, for the messages (`index`, `exchange`, ...).

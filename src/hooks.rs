@@ -173,7 +173,7 @@ mod test_hooks {
 
     /// `RESHARD_TEST_PAUSE_EXCHANGE`: a window between planning and the exchange, as
     /// [`pause_before_finish`].
-    pub fn pause_before_exchange(staging: &Path, rank: usize) {
+    pub(crate) fn pause_before_exchange(staging: &Path, rank: usize) {
         pause(
             "RESHARD_TEST_PAUSE_EXCHANGE",
             &staging.join(format!(".paused-exchange-{rank}")),

@@ -217,7 +217,7 @@ fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
 ///
 /// # Errors
 /// A shard's directory holds such an index.json.
-pub fn refuse_equalized_output(paths: &[PathBuf]) -> Result<()> {
+pub(crate) fn refuse_equalized_output(paths: &[PathBuf]) -> Result<()> {
     let mut seen = std::collections::HashSet::new();
     for dir in paths.iter().filter_map(|p| p.parent()) {
         if !seen.insert(dir) {

@@ -33,4 +33,4 @@ pub mod tar;
 pub(crate) mod throttle;
 pub(crate) mod tree;
 pub mod verify;
-pub mod watchdog;
+pub(crate) mod watchdog;

@@ -20,7 +20,7 @@ use crate::heartbeat::{self, Beat, LivedClock, Pulse};
 use crate::storage;
 
 /// Watches for progress; dropping it stops watching.
-pub struct Watchdog {
+pub(crate) struct Watchdog {
     shared: Arc<Shared>,
     /// Dropping it wakes the watching thread at once to stop.
     stop: Option<Sender<()>>,
@@ -41,7 +41,7 @@ impl Watchdog {
     /// [`Watchdog::beat`], prints which rank stalled where (from the heartbeats in `heartbeats`)
     /// and calls `abort`. A zero timeout watches nothing. `pulse`: this rank's heartbeat, told
     /// each round.
-    pub fn start(
+    pub(crate) fn start(
         timeout: Duration,
         (rank, ranks): (usize, usize),
         (heartbeats, pulse): (Option<PathBuf>, Option<Arc<Pulse>>),
@@ -107,7 +107,7 @@ impl Watchdog {
 
     /// Records progress, and that the rank is now in exchange round `round`, `doing` something
     /// (what a stall message will say it was waiting for).
-    pub fn beat(&self, round: u64, doing: impl FnOnce() -> String) {
+    pub(crate) fn beat(&self, round: u64, doing: impl FnOnce() -> String) {
         self.touch();
         if let Some(p) = &self.shared.pulse {
             p.round.store(round, Ordering::Relaxed);
@@ -118,7 +118,7 @@ impl Watchdog {
     }
 
     /// Records progress only (for helper threads).
-    pub fn touch(&self) {
+    pub(crate) fn touch(&self) {
         self.shared.last.fetch_add(1, Ordering::Relaxed);
     }
 }

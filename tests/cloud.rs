@@ -2,15 +2,16 @@
 //! S3 backend's code through the storage seam give the bytes of the same run on a file system,
 //! at one and two ranks, as input and (where the emulator takes writes) as output.
 
-use crate::util::cloud::{azurite, gcs, Emulator};
+use crate::util::cloud::{azurite, gcs};
 use crate::util::runs::run;
+use crate::util::stores::Store;
 use crate::util::verifier::assert_same_output;
 use crate::util::{Dir, RunOutput};
 
 /// A dataset of uneven samples (about 19 MiB), generated locally, uploaded to
 /// `STORE://BUCKET/in/` by the emulator's own client, and reshuffled on the file system into
 /// `local` (5 shards) and `one` (1 shard, over a multipart upload's first part).
-fn dataset(dir: &Dir, store: &Emulator, test: &str) -> String {
+fn dataset(dir: &Dir, store: &impl Store, test: &str) -> String {
     dir.generate(
         "in",
         &[
@@ -37,7 +38,7 @@ fn dataset(dir: &Dir, store: &Emulator, test: &str) -> String {
 /// staged in the test's own scratch directory).
 fn run_on(
     dir: &Dir,
-    store: &Emulator,
+    store: &impl Store,
     np: usize,
     input: &str,
     out: &str,

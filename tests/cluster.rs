@@ -13,6 +13,7 @@ use crate::util::cluster::{
 use crate::util::data::sized;
 use crate::util::runs::run;
 use crate::util::s3::Server;
+use crate::util::stores::Store;
 use crate::util::verifier::{assert_same_output, verify, Expected};
 use crate::util::{says, skip, Dir};
 

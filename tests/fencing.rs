@@ -8,6 +8,7 @@ use std::fs;
 
 use crate::util::data::sized;
 use crate::util::lock::{in_namespaces, lock_field, stopped_in, wait_until, Stopped};
+use crate::util::stores::Store as _;
 use crate::util::verifier::assert_same_output;
 use crate::util::{reshard_processes, signal, Dir};
 

@@ -2,33 +2,40 @@
 //! pinned by a golden digest, read back file by file; and the bad inputs of a tree.
 
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, Instant};
 
 use crate::util::files::{members, tree, MTIME};
 use crate::util::loaders::check_with_python;
 use crate::util::splits::{key_sets, splits_of};
 use crate::util::verifier::output_digest;
-use crate::util::Dir;
+use crate::util::{Dir, TestCommand};
 
 /// The output of `--input-files tree --label-from-dir cls --shards 3 --seed 5` on
 /// [`tree`]'s tree, pinned.
 const GOLDEN: &str = "4170c90b0a903670e582df58bcd172b6";
 
-fn pack(dir: &Dir, np: usize, out: &str, extra: &[&str]) -> crate::util::TestCommand {
-    let mut cmd = dir.mpi(np);
-    cmd.args([
-        "run",
-        "--input-files",
-        "tree",
-        "--output",
-        out,
-        "--shards",
-        "3",
-        "--seed",
-        "5",
-    ])
-    .args(extra);
+/// `reshard run --input-files ROOT --output OUT ARGS` under `mpirun -np N` (`None`: alone).
+fn run_files(dir: &Dir, np: Option<usize>, root: &str, out: &str, args: &[&str]) -> TestCommand {
+    let mut cmd = dir.reshard(np);
+    cmd.args(["run", "--input-files", root, "--output", out])
+        .args(args);
     cmd
+}
+
+/// The tree of [`tree`] into 3 shards with seed 5, and `extra`.
+fn pack(dir: &Dir, np: usize, out: &str, extra: &[&str]) -> TestCommand {
+    let shards = ["--shards", "3", "--seed", "5"];
+    run_files(dir, Some(np), "tree", out, &[&shards[..], extra].concat())
+}
+
+/// `bad` into one shard with seed 1 and `extra`, which must exit `code` saying each of `says`.
+fn refused(dir: &Dir, np: Option<usize>, out: &str, extra: &[&str], code: i32, says: &[&str]) {
+    let mut cmd = run_files(dir, np, "bad", out, &["--shards", "1", "--seed", "1"]);
+    let res = cmd.args(extra).assert_code(code);
+    for s in says {
+        res.stderr_has(s);
+    }
 }
 
 #[test]
@@ -182,90 +189,20 @@ fn names_keys_and_labels_that_cannot_be_packed_are_refused_by_name() {
     let odd = std::ffi::OsStr::from_bytes(b"bad/a/\xffname.jpg");
     fs::write(dir.join(odd), b"y").unwrap();
     for np in [1, 2] {
-        let res = dir
-            .mpi(np)
-            .args([
-                "run",
-                "--input-files",
-                "bad",
-                "--output",
-                "o",
-                "--shards",
-                "1",
-                "--seed",
-                "1",
-            ])
-            .assert_code(1);
-        res.stderr_has("is not UTF-8");
-        res.stderr_has("bad/a/");
+        refused(&dir, Some(np), "o", &[], 1, &["is not UTF-8", "bad/a/"]);
     }
     fs::remove_file(dir.join(odd)).unwrap();
     fs::write(dir.join("bad/top.jpg"), b"z").unwrap();
-    let res = dir
-        .mpi(2)
-        .args([
-            "run",
-            "--input-files",
-            "bad",
-            "--output",
-            "o",
-            "--shards",
-            "1",
-            "--seed",
-            "1",
-        ])
-        .args(["--label-from-dir", "cls"])
-        .assert_code(1);
-    res.stderr_has(
-        "bad/top.jpg: --label-from-dir: a file directly in the root has no class directory",
-    );
-    let res = dir
-        .mpi(2)
-        .args([
-            "run",
-            "--input-files",
-            "bad",
-            "--output",
-            "o",
-            "--shards",
-            "1",
-            "--seed",
-            "1",
-        ])
-        .args(["--key-regex", "^(.*)$"])
-        .assert_code(1);
-    res.stderr_has("holds a '.' in its last part");
-    let res = dir
-        .command()
-        .args([
-            "run",
-            "--input-files",
-            "bad",
-            "--output",
-            "bad/o",
-            "--shards",
-            "1",
-            "--seed",
-            "1",
-        ])
-        .assert_code(1);
-    res.stderr_has("is inside the --input-files root");
-    let res = dir
-        .command()
-        .args([
-            "run",
-            "--input-files",
-            "bad",
-            "--output",
-            "o",
-            "--shards",
-            "1",
-            "--seed",
-            "1",
-        ])
-        .args(["--key-regex", "^[^/]*"])
-        .assert_code(2);
-    res.stderr_has("needs a capture group");
+    let no_class =
+        "bad/top.jpg: --label-from-dir: a file directly in the root has no class directory";
+    let cls = ["--label-from-dir", "cls"];
+    refused(&dir, Some(2), "o", &cls, 1, &[no_class]);
+    let dot = "holds a '.' in its last part";
+    refused(&dir, Some(2), "o", &["--key-regex", "^(.*)$"], 1, &[dot]);
+    let inside = "is inside the --input-files root";
+    refused(&dir, None, "bad/o", &[], 1, &[inside]);
+    let group = "needs a capture group";
+    refused(&dir, None, "o", &["--key-regex", "^[^/]*"], 2, &[group]);
 }
 
 #[test]
@@ -281,35 +218,23 @@ fn a_key_regex_groups_files_of_several_directories_into_one_sample() {
     }
     for np in [1, 3] {
         let out = format!("o{np}");
-        dir.mpi(np)
-            .args([
-                "run",
-                "--input-files",
-                "t",
-                "--output",
-                &out,
-                "--shards",
-                "1",
-                "--seed",
-                "1",
-            ])
-            .args([
-                "--key-regex",
-                "^[^/]*/([^/.]*)",
-                "--order",
-                "key",
-                "--on-duplicate",
-                "abort",
-            ])
-            .assert_success();
+        let regex = ["--key-regex", "^[^/]*/([^/.]*)"];
+        let strict = ["--order", "key", "--on-duplicate", "abort"];
+        let one = ["--shards", "1", "--seed", "1"];
+        run_files(
+            &dir,
+            Some(np),
+            "t",
+            &out,
+            &[&one[..], &regex, &strict].concat(),
+        )
+        .assert_success();
         let got = members(&dir.join(&out));
         let names: Vec<&str> = got.keys().map(String::as_str).collect();
         // Cut into one unit per directory, a1's files would be two samples of one key.
         assert_eq!(names, ["a1.jpg", "a1.txt", "b2.jpg", "b2.txt"], "np {np}");
     }
 }
-
-use std::os::unix::ffi::OsStrExt;
 
 #[test]
 fn loader_indexes_gpus_and_splits_take_a_tree() {
@@ -318,41 +243,29 @@ fn loader_indexes_gpus_and_splits_take_a_tree() {
     let samples = want.keys().filter(|n| n.ends_with(".cls")).count();
     for np in [2, 3] {
         let out = format!("idx{np}");
-        let mut cmd = dir.mpi(np);
-        cmd.args([
-            "run",
-            "--input-files",
+        let loaders = ["--seed", "5", "--gpus", "2", "--workers", "2"];
+        let cls = ["--label-from-dir", "cls"];
+        let indexes = ["--energon", "--dali-index"];
+        run_files(
+            &dir,
+            Some(np),
             "tree",
-            "--output",
             &out,
-            "--seed",
-            "5",
-        ])
-        .args(["--gpus", "2", "--workers", "2", "--label-from-dir", "cls"])
-        .args(["--energon", "--dali-index"])
+            &[&loaders[..], &cls, &indexes].concat(),
+        )
         .assert_success();
         let seen = check_with_python(&dir, &dir.join(&out), true, true);
         assert_eq!(seen, samples, "np {np}");
         let out = format!("split{np}");
-        dir.mpi(np)
-            .args([
-                "run",
-                "--input-files",
-                "tree",
-                "--output",
-                &out,
-                "--seed",
-                "5",
-            ])
-            .args([
-                "--shards",
-                "2",
-                "--split",
-                "train=0.8,val=rest",
-                "--label-from-dir",
-                "cls",
-            ])
-            .assert_success();
+        let split = [
+            "--seed",
+            "5",
+            "--shards",
+            "2",
+            "--split",
+            "train=0.8,val=rest",
+        ];
+        run_files(&dir, Some(np), "tree", &out, &[&split[..], &cls].concat()).assert_success();
         let keys = key_sets(&splits_of(&dir.join(&out)));
         let (train, val) = (&keys["train"], &keys["val"]);
         assert!(train.is_disjoint(val), "np {np}");

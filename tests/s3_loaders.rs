@@ -9,6 +9,7 @@ use std::path::Path;
 
 use crate::util::loaders::{energon_python, torch_standin};
 use crate::util::s3::{server, Server};
+use crate::util::stores::Store;
 use crate::util::{skip, Dir, RunOutput};
 
 const TEST: &str = "s3_output_trains_with_wids_and_energon_over_s3";

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use crate::util::runs::run;
 use crate::util::s3::{server, Server};
+use crate::util::stores::Store;
 use crate::util::verifier::assert_same_output;
 use crate::util::{Dir, TestCommand};
 

@@ -3,6 +3,7 @@
 //! credentials or the endpoint are.
 
 use crate::util::s3::server;
+use crate::util::stores::Store;
 use crate::util::Dir;
 
 /// `--keep 1` over three epochs of an `s3://` series whose shards (about 20 MiB) go up as

@@ -29,7 +29,7 @@
 //! the context every phase shares ([`handoff::Shared`]: the ranks and the input shards); their
 //! pure planning lives in [`crate::plan`].
 
-pub mod destination;
+pub(crate) mod destination;
 pub(crate) mod exchange;
 pub(crate) mod expand;
 pub(crate) mod finish;

@@ -16,17 +16,17 @@ use super::seal;
 use crate::storage::{self, FileStamp};
 
 /// The directory inside the staging directory that holds the records.
-pub const DIR_NAME: &str = ".resume";
+pub(crate) const DIR_NAME: &str = ".resume";
 const PLAN: &str = "plan.json";
 const CHECKPOINT: &str = "checkpoint.json";
 
 /// Sorted, disjoint, non-adjacent half-open ranges of global sample indices.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Done(Vec<(u64, u64)>);
+pub(crate) struct Done(Vec<(u64, u64)>);
 
 impl Done {
     /// The union of `ranges` (in any order, overlapping or not; empty ones ignored).
-    pub fn of(ranges: impl IntoIterator<Item = (u64, u64)>) -> Self {
+    pub(crate) fn of(ranges: impl IntoIterator<Item = (u64, u64)>) -> Self {
         let mut v: Vec<(u64, u64)> = ranges.into_iter().filter(|r| r.0 < r.1).collect();
         v.sort_unstable();
         let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
@@ -40,70 +40,71 @@ impl Done {
     }
 
     /// This set and `ranges` together.
-    pub fn with(&self, ranges: impl IntoIterator<Item = (u64, u64)>) -> Self {
+    pub(crate) fn with(&self, ranges: impl IntoIterator<Item = (u64, u64)>) -> Self {
         Done::of(self.0.iter().copied().chain(ranges))
     }
 
     /// The end of the range holding global index `g`, if any: every index in `g..end` is done.
-    pub fn done_until(&self, g: u64) -> Option<u64> {
+    pub(crate) fn done_until(&self, g: u64) -> Option<u64> {
         let k = self.0.partition_point(|r| r.1 <= g);
         self.0.get(k).filter(|r| r.0 <= g).map(|r| r.1)
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
     /// Number of indices in the set.
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.0.iter().map(|r| r.1 - r.0).sum()
     }
 
-    pub fn ranges(&self) -> &[(u64, u64)] {
+    #[cfg(test)]
+    pub(crate) fn ranges(&self) -> &[(u64, u64)] {
         &self.0
     }
 }
 
 /// One input shard as the plan saw it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InputRecord {
-    pub path: String,
-    pub size: u64,
+pub(crate) struct InputRecord {
+    pub(crate) path: String,
+    pub(crate) size: u64,
     /// Modification time, nanoseconds since the epoch (0 where unknown).
-    pub mtime_ns: u128,
+    pub(crate) mtime_ns: u128,
 }
 
 /// What a run planned, recorded before any data moves: what a resumed run must match.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlanRecord {
+pub(crate) struct PlanRecord {
     /// Every argument that shapes the staging shards, as (flag, value).
-    pub arguments: Vec<(String, String)>,
-    pub inputs: Vec<InputRecord>,
+    pub(crate) arguments: Vec<(String, String)>,
+    pub(crate) inputs: Vec<InputRecord>,
     /// A digest of every sample's input range and output place, and every shard's name and
     /// layout, independent of the rank count.
-    pub digest: String,
+    pub(crate) digest: String,
     /// For the reader: the run's rank count and memory budget (a resumed run may differ).
-    pub ranks: usize,
-    pub mem_limit: u64,
+    pub(crate) ranks: usize,
+    pub(crate) mem_limit: u64,
 }
 
 /// Which samples are durable in the staging shards.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checkpoint {
-    pub done: Done,
+pub(crate) struct Checkpoint {
+    pub(crate) done: Done,
     /// Samples the ranges hold, for reporting.
-    pub samples: u64,
+    pub(crate) samples: u64,
     /// Checkpoints taken so far over all attempts of the run.
-    pub checkpoints: u64,
+    pub(crate) checkpoints: u64,
     /// Once every staging shard is complete and synced ([`record_all`]): each one's path in
     /// the staging directory and stamp. Nothing writes them after that, so a resumed run
     /// refuses a shard whose stamp differs ([`check_shards`]).
     #[serde(default)]
-    pub shards: Vec<(String, FileStamp)>,
+    pub(crate) shards: Vec<(String, FileStamp)>,
 }
 
 /// Where the records of the staging directory `staging` are.
-pub fn dir(staging: &Path) -> PathBuf {
+pub(crate) fn dir(staging: &Path) -> PathBuf {
     staging.join(DIR_NAME)
 }
 
@@ -111,7 +112,7 @@ pub fn dir(staging: &Path) -> PathBuf {
 ///
 /// # Errors
 /// It exists but cannot be read or parsed.
-pub fn read_plan(staging: &Path) -> Result<Option<PlanRecord>> {
+pub(crate) fn read_plan(staging: &Path) -> Result<Option<PlanRecord>> {
     read_json(&dir(staging).join(PLAN))
 }
 
@@ -119,7 +120,7 @@ pub fn read_plan(staging: &Path) -> Result<Option<PlanRecord>> {
 ///
 /// # Errors
 /// It exists but cannot be read or parsed.
-pub fn read_checkpoint(staging: &Path) -> Result<Option<Checkpoint>> {
+pub(crate) fn read_checkpoint(staging: &Path) -> Result<Option<Checkpoint>> {
     read_json(&dir(staging).join(CHECKPOINT))
 }
 
@@ -127,7 +128,7 @@ pub fn read_checkpoint(staging: &Path) -> Result<Option<Checkpoint>> {
 ///
 /// # Errors
 /// It cannot be written or synced.
-pub fn write_plan(staging: &Path, plan: &PlanRecord) -> Result<()> {
+pub(crate) fn write_plan(staging: &Path, plan: &PlanRecord) -> Result<()> {
     storage::sink(staging)
         .create_dir_all(&dir(staging))
         .with_context(|| format!("{}: cannot create", dir(staging).display()))?;
@@ -138,7 +139,7 @@ pub fn write_plan(staging: &Path, plan: &PlanRecord) -> Result<()> {
 ///
 /// # Errors
 /// It cannot be written, synced or renamed.
-pub fn write_checkpoint(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
+pub(crate) fn write_checkpoint(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
     write_json(&dir(staging).join(CHECKPOINT), checkpoint)
 }
 
@@ -148,7 +149,7 @@ pub fn write_checkpoint(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
 ///
 /// # Errors
 /// It cannot be written, or a shard cannot be stat'ed.
-pub fn record_all(staging: &Path, all: (u64, u64), shards: &[String]) -> Result<()> {
+pub(crate) fn record_all(staging: &Path, all: (u64, u64), shards: &[String]) -> Result<()> {
     let plan = dir(staging).join(PLAN);
     if storage::source(&plan).stat(&plan).is_err() {
         return Ok(());
@@ -175,7 +176,7 @@ pub fn record_all(staging: &Path, all: (u64, u64), shards: &[String]) -> Result<
 ///
 /// # Errors
 /// A shard is missing or changed (named, with what changed).
-pub fn check_shards(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
+pub(crate) fn check_shards(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
     for (name, then) in &checkpoint.shards {
         let path = staging.join(name);
         let now = storage::stamp(&path).with_context(|| {
@@ -197,7 +198,7 @@ pub fn check_shards(staging: &Path, checkpoint: &Checkpoint) -> Result<()> {
 }
 
 /// Removes the records: the staging shards can no longer be resumed from.
-pub fn forget(staging: &Path) {
+pub(crate) fn forget(staging: &Path) {
     let sink = storage::sink(staging);
     let _ = sink.remove_file(&dir(staging).join(CHECKPOINT));
     let _ = sink.remove_file(&dir(staging).join(PLAN));

@@ -10,7 +10,7 @@
 //! - [`loaders`]: the loader indexes of a shard, from its [`members`]: [`energon`] (`--energon`)
 //!   and [`dali`] (`--dali-index`).
 
-pub mod checkpoint;
+pub(crate) mod checkpoint;
 pub(crate) mod compress;
 pub(crate) mod dali;
 pub mod energon;

@@ -31,7 +31,7 @@ pub const DIR_NAME: &str = ".reshard";
 /// 3: sealed ([`seal`]); files of formats 1 and 2 carry no checksum and are stale.
 const FORMAT: u32 = 3;
 /// What follows a shard's file name in its saved index's name.
-pub const SUFFIX: &str = ".reshard-layout";
+pub(crate) const SUFFIX: &str = ".reshard-layout";
 /// The suffix outputs written before it had (still read).
 const OLD_SUFFIX: &str = ".idx";
 
@@ -157,7 +157,7 @@ pub fn save(dir: &Path, shard: &Path, samples: impl Iterator<Item = Sample>) -> 
 /// # Errors
 /// `from` cannot be read or decoded, the copy cannot be stat'ed or differs in size, or `to`
 /// cannot be written.
-pub fn copy_restamped(from: &Path, shard: &Path, to: &Path) -> Result<()> {
+pub(crate) fn copy_restamped(from: &Path, shard: &Path, to: &Path) -> Result<()> {
     let bytes = storage::source(from)
         .read(from)
         .with_context(|| format!("{}: cannot read", from.display()))?;

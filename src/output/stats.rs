@@ -7,7 +7,7 @@ use crate::size::human_bytes;
 
 /// Minimum, mean, maximum and (population) standard deviation of some per-shard quantity.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Stats {
+pub(crate) struct Stats {
     pub(crate) min: u64,
     pub(crate) mean: f64,
     pub(crate) max: u64,

@@ -163,7 +163,7 @@ impl Sizing {
 }
 
 /// The shard size `--gpus` aims at when no `--shard-size` is given.
-pub const DEFAULT_SHARD_SIZE: u64 = 512 << 20;
+pub(crate) const DEFAULT_SHARD_SIZE: u64 = 512 << 20;
 
 /// The positive multiple of `unit` whose mean share of `total` is nearest `target`.
 fn nearest_multiple(total: u64, target: u64, unit: u64) -> u64 {

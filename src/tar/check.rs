@@ -20,7 +20,7 @@ use crate::storage::{self, Input};
 ///
 /// # Errors
 /// What is not so, with the byte offset in the archive where it was found.
-pub fn check_sample<S: Source>(src: S, start: u64, len: u64) -> Result<()> {
+pub(crate) fn check_sample<S: Source>(src: S, start: u64, len: u64) -> Result<()> {
     let end = start + len;
     let mut walk = Walk::within(src, start, end);
     let mut key: Option<(Vec<u8>, String)> = None;
@@ -55,7 +55,7 @@ pub fn check_sample<S: Source>(src: S, start: u64, len: u64) -> Result<()> {
 ///
 /// # Errors
 /// As [`check_sample`].
-pub fn check_sample_bytes(bytes: &[u8], start: u64) -> Result<()> {
+pub(crate) fn check_sample_bytes(bytes: &[u8], start: u64) -> Result<()> {
     check_sample(InMemory(bytes), start, bytes.len() as u64)
 }
 
@@ -63,7 +63,7 @@ pub fn check_sample_bytes(bytes: &[u8], start: u64) -> Result<()> {
 ///
 /// # Errors
 /// As [`check_sample`], or a read fails.
-pub fn check_sample_at(input: &dyn Input, start: u64, len: u64) -> Result<()> {
+pub(crate) fn check_sample_at(input: &dyn Input, start: u64, len: u64) -> Result<()> {
     let end = start + len;
     check_sample(
         At {

@@ -32,7 +32,7 @@
 
 /// What a member is, by its type flag, after its extension records are applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryKind {
+pub(crate) enum EntryKind {
     /// A regular file (`0`, NUL, `7`), GNU sparse 1.0 and 0.x members included (their type flag
     /// is `0`).
     Regular,
@@ -55,7 +55,7 @@ pub enum EntryKind {
 
 impl EntryKind {
     /// The kind of a member whose header has `typeflag`.
-    pub fn of(typeflag: u8) -> EntryKind {
+    pub(crate) fn of(typeflag: u8) -> EntryKind {
         match typeflag {
             b'0' | 0 | b'7' => EntryKind::Regular,
             b'S' => EntryKind::Sparse,
@@ -69,12 +69,12 @@ impl EntryKind {
     }
 
     /// Whether the member holds file data that belongs in a sample.
-    pub fn is_file(self) -> bool {
+    pub(crate) fn is_file(self) -> bool {
         matches!(self, EntryKind::Regular | EntryKind::Sparse)
     }
 
     /// How a message names this kind of entry.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             EntryKind::Regular => "a regular file",
             EntryKind::Sparse => "a sparse file",
@@ -96,7 +96,7 @@ impl EntryKind {
 
 /// A record that carries names or attributes for the member after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Extension {
+pub(crate) enum Extension {
     /// A PAX extended header (`x`, or Solaris's `X`).
     Pax,
     /// A GNU long name (`L`).
@@ -107,7 +107,7 @@ pub enum Extension {
 
 /// What a header's type flag makes of the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Record {
+pub(crate) enum Record {
     /// An extension record for the next member; its `size` bytes of data are its content.
     Extension(Extension),
     /// An entry of the archive (a member, a directory, a global header...).
@@ -117,7 +117,7 @@ pub enum Record {
 }
 
 /// What a type flag makes of a record.
-pub fn record(typeflag: u8) -> Record {
+pub(crate) fn record(typeflag: u8) -> Record {
     match typeflag {
         b'x' | b'X' => Record::Extension(Extension::Pax),
         b'L' => Record::Extension(Extension::LongName),
@@ -143,7 +143,7 @@ pub fn record(typeflag: u8) -> Record {
 /// # Errors
 /// The readers disagree on it (see the module's table): the reason, for a message that adds the
 /// file and the byte offset.
-pub fn stored_size(typeflag: u8, path: &[u8], size: u64) -> Result<u64, String> {
+pub(crate) fn stored_size(typeflag: u8, path: &[u8], size: u64) -> Result<u64, String> {
     let regular = matches!(typeflag, b'0' | 0 | b'7' | b'S');
     match typeflag {
         // POSIX: no data records for links and directories; all three readers agree.

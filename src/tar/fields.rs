@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 ///
 /// # Errors
 /// A zero block, or a block whose checksum does not match; the message starts with the offset.
-pub fn expect_header(block: &[u8; 512], at: u64) -> Result<()> {
+pub(crate) fn expect_header(block: &[u8; 512], at: u64) -> Result<()> {
     if block.iter().all(|&b| b == 0) {
         bail!("byte offset {at}: expected a tar header, found a zero block");
     }
@@ -75,7 +75,7 @@ fn check_numbers(block: &[u8; 512], at: u64) -> Result<()> {
 }
 
 /// What the first bytes of a file that is not a tar look like, for the message.
-pub fn describe_start(head: &[u8]) -> String {
+pub(crate) fn describe_start(head: &[u8]) -> String {
     let kind = match head {
         [0xff, 0xd8, 0xff, ..] => Some("a JPEG image"),
         [0x89, b'P', b'N', b'G', ..] => Some("a PNG image"),

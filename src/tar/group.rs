@@ -65,7 +65,7 @@ impl Skipped {
 /// `--on-incomplete`: what to do with a sample that lacks a `--require-ext` member.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
-pub enum OnIncomplete {
+pub(crate) enum OnIncomplete {
     /// Fail, naming the file, the key and what is missing.
     #[default]
     Abort,
@@ -139,7 +139,7 @@ impl OnDuplicate {
 /// Warnings about the input: each one counted, only the first [`Warnings::SHOWN`] printed (a
 /// dataset with a systematic problem would otherwise print one line per sample).
 #[derive(Debug, Default)]
-pub struct Warnings {
+pub(crate) struct Warnings {
     count: u64,
 }
 
@@ -163,7 +163,7 @@ impl Warnings {
 
 /// Sample hygiene rules applied while indexing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Rules {
+pub(crate) struct Rules {
     /// Extensions every sample must have (`--require-ext jpg,cls`).
     pub(crate) require_ext: Vec<String>,
     pub(crate) on_incomplete: OnIncomplete,
@@ -211,7 +211,7 @@ impl Rules {
 
 /// What the hygiene rules found (and kept or left out).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hygiene {
+pub(crate) struct Hygiene {
     /// Samples missing a required extension (kept with --on-incomplete warn).
     pub(crate) incomplete: u64,
     /// Samples left out by --on-incomplete exclude.
@@ -297,7 +297,7 @@ struct AfterSkip {
 /// Groups consecutive members by key into samples, applying the hygiene [`Rules`]. Feed it
 /// every member of a header walk in order ([`Grouper::push`]), then take the index
 /// ([`Grouper::finish`]).
-pub struct Grouper<'r> {
+pub(crate) struct Grouper<'r> {
     rules: &'r Rules,
     index: ShardIndex,
     /// The open sample: its key, start, and the extensions of its members so far.

@@ -19,51 +19,51 @@ use std::io::{self, Read, Seek, SeekFrom};
 use anyhow::{bail, Context, Result};
 
 use crate::sys::read_up_to;
-pub use crate::tar::entry_type::EntryKind;
+pub(crate) use crate::tar::entry_type::EntryKind;
 use crate::tar::entry_type::{self, Extension, Record};
 use crate::tar::fields::{check_header, header_path, numeric, until_nul};
-pub use crate::tar::fields::{describe_start, expect_header};
+pub(crate) use crate::tar::fields::{describe_start, expect_header};
 use crate::tar::pax::{apply_pax, nonempty_name, Pending};
 
 /// A tar record's size.
-pub const BLOCK: u64 = 512;
+pub(crate) const BLOCK: u64 = 512;
 /// Largest PAX extended header or GNU long name accepted: a garbled size field must not make the
 /// walk allocate gigabytes.
 const MAX_EXTENSION: u64 = 16 << 20;
 
 /// One member of the archive as the walk found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
+pub(crate) struct Member {
     /// Where its first record starts: the end of the previous member, so that its extension
     /// records are included.
-    pub start: u64,
+    pub(crate) start: u64,
     /// Where its own header is.
-    pub header: u64,
+    pub(crate) header: u64,
     /// Where its stored data starts.
-    pub data: u64,
+    pub(crate) data: u64,
     /// Stored data bytes (without the padding to a whole block).
-    pub stored: u64,
+    pub(crate) stored: u64,
     /// The end of its last record, padding included: where the next member starts.
-    pub end: u64,
-    pub kind: EntryKind,
+    pub(crate) end: u64,
+    pub(crate) kind: EntryKind,
     /// Its real path (see the module docs).
-    pub path: Vec<u8>,
+    pub(crate) path: Vec<u8>,
     /// A link's target (PAX `linkpath`, a GNU long link name, or the header's link name).
-    pub link: Vec<u8>,
+    pub(crate) link: Vec<u8>,
     /// Whether its data is stored sparse (old GNU `S`, or a GNU sparse PAX member): the stored
     /// bytes are not the file's bytes.
-    pub sparse: bool,
+    pub(crate) sparse: bool,
 }
 
 impl Member {
     /// The path for messages.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         String::from_utf8_lossy(&self.path).into_owned()
     }
 }
 
 /// Where the walk reads from: a file it can seek in, or a forward-only stream.
-pub trait Source: Read {
+pub(crate) trait Source: Read {
     /// Moves `n` bytes forward, returning how many bytes there were to pass (fewer at the end of
     /// a stream; a seekable source may not know and return `n`).
     ///
@@ -73,7 +73,7 @@ pub trait Source: Read {
 }
 
 /// A [`Source`] over a seekable reader: skips are seeks.
-pub struct Seekable<R>(pub R);
+pub(crate) struct Seekable<R>(pub(crate) R);
 
 impl<R: Read> Read for Seekable<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -90,7 +90,7 @@ impl<R: Read + Seek> Source for Seekable<R> {
 }
 
 /// A [`Source`] over a forward-only stream (a decompressor): skips read and discard.
-pub struct Forward<R>(pub R);
+pub(crate) struct Forward<R>(pub(crate) R);
 
 impl<R: Read> Read for Forward<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -105,7 +105,7 @@ impl<R: Read> Source for Forward<R> {
 }
 
 /// Walks an archive's headers, one [`Member`] at a time.
-pub struct Walk<S> {
+pub(crate) struct Walk<S> {
     src: S,
     /// The length of the input, where it is known (a plain file): data past it is truncation.
     len: Option<u64>,
@@ -124,18 +124,18 @@ pub struct Walk<S> {
 
 /// Data after the end-of-archive marker, as [`Walk::trailing`] finds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Trailing {
+pub(crate) struct Trailing {
     /// The first zero block's offset.
-    pub marker: u64,
+    pub(crate) marker: u64,
     /// The first byte that is not zero after it.
-    pub data_at: u64,
+    pub(crate) data_at: u64,
     /// How many bytes follow the first zero block (to the end of the input).
-    pub after: u64,
+    pub(crate) after: u64,
 }
 
 impl Trailing {
     /// The message: where, what follows, and what to do. The caller adds the file.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let Trailing {
             marker,
             data_at,
@@ -155,7 +155,7 @@ impl Trailing {
 impl<S: Source> Walk<S> {
     /// A walk over `src`, positioned at the archive's first byte; `len` is the input's length
     /// when known.
-    pub fn new(src: S, len: Option<u64>) -> Self {
+    pub(crate) fn new(src: S, len: Option<u64>) -> Self {
         Walk {
             src,
             len,
@@ -170,7 +170,7 @@ impl<S: Source> Walk<S> {
 
     /// A walk over the bytes `start..end` of an archive, `src` positioned at `start`: offsets
     /// (and messages) are the archive's, and data past `end` is truncation.
-    pub fn within(src: S, start: u64, end: u64) -> Self {
+    pub(crate) fn within(src: S, start: u64, end: u64) -> Self {
         Walk {
             pos: start,
             next: start,
@@ -181,13 +181,13 @@ impl<S: Source> Walk<S> {
     /// Makes the walk read past zero blocks (GNU tar's `--ignore-zeros`) when `yes`: members
     /// after them are returned, each starting at its own header, never at the zeros.
     #[must_use]
-    pub fn ignoring_zeros(mut self, yes: bool) -> Self {
+    pub(crate) fn ignoring_zeros(mut self, yes: bool) -> Self {
         self.ignore_zeros = yes;
         self
     }
 
     /// How many runs of zero blocks the walk read past with a member after them.
-    pub fn zero_runs(&self) -> u64 {
+    pub(crate) fn zero_runs(&self) -> u64 {
         self.zero_runs
     }
 
@@ -198,7 +198,7 @@ impl<S: Source> Walk<S> {
     ///
     /// # Errors
     /// A read fails (a compressed stream whose checksum does not match fails here).
-    pub fn trailing(&mut self) -> Result<Option<Trailing>> {
+    pub(crate) fn trailing(&mut self) -> Result<Option<Trailing>> {
         let Some(marker) = self.marker else {
             // No marker (the input ended) or zeros read past: the input was read to its end.
             return Ok(None);
@@ -237,7 +237,7 @@ impl<S: Source> Walk<S> {
     }
 
     /// Where the walk is: the end of the last member returned (where the next record starts).
-    pub fn offset(&self) -> u64 {
+    pub(crate) fn offset(&self) -> u64 {
         self.next
     }
 
@@ -247,7 +247,7 @@ impl<S: Source> Walk<S> {
     /// A header that is not one (bad checksum, a field that is not a number), an archive that
     /// ends inside a header or a member's data, an extension record with no member after it.
     /// Messages start with the byte offset of the record at fault.
-    pub fn next_member(&mut self) -> Result<Option<Member>> {
+    pub(crate) fn next_member(&mut self) -> Result<Option<Member>> {
         if self.done {
             return Ok(None);
         }
@@ -311,7 +311,7 @@ impl<S: Source> Walk<S> {
     ///
     /// # Errors
     /// The input ends before the data does.
-    pub fn read_data(&mut self, member: &Member) -> Result<Vec<u8>> {
+    pub(crate) fn read_data(&mut self, member: &Member) -> Result<Vec<u8>> {
         self.seek_to(member.data)?;
         let len = usize::try_from(member.stored).context("member too large")?;
         let mut buf = vec![0; len];

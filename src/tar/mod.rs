@@ -19,7 +19,7 @@ pub(crate) mod codec;
 pub(crate) mod entry_type;
 pub(crate) mod fields;
 pub(crate) mod group;
-pub mod headers;
+pub(crate) mod headers;
 pub(crate) mod index;
 pub(crate) mod key;
 pub(crate) mod pax;
@@ -27,9 +27,8 @@ pub(crate) mod reader;
 pub(crate) mod stream;
 
 pub(crate) use codec::Codec;
-pub use group::{
-    Grouper, Hygiene, OnDuplicate, OnIncomplete, Rules, Sample, ShardIndex, Skipped, Warnings,
-};
+pub(crate) use group::{Hygiene, OnIncomplete, Rules, Warnings};
+pub use group::{OnDuplicate, Sample, ShardIndex, Skipped};
 pub use index::{index_file, index_reader};
 pub(crate) use index::{index_file_reaching, index_file_with, key_at, keys_at};
 pub(crate) use key::key_hash;

@@ -4,19 +4,19 @@
 //! (over 100 bytes) or the size (8 GiB or more).
 
 /// A tar block.
-pub const BLOCK: u64 = 512;
+pub(crate) const BLOCK: u64 = 512;
 
 /// The largest value an 11-digit octal field holds (the ustar size and mtime fields).
 const OCTAL_11: u64 = 0o777_7777_7777;
 
 /// What a member's header says.
 #[derive(Debug, Clone, Copy)]
-pub struct HeaderFields<'a> {
-    pub name: &'a [u8],
-    pub size: u64,
-    pub mode: u32,
+pub(crate) struct HeaderFields<'a> {
+    pub(crate) name: &'a [u8],
+    pub(crate) size: u64,
+    pub(crate) mode: u32,
     /// Seconds since the epoch; clamped to the field's range (before 1970: 0).
-    pub mtime: i64,
+    pub(crate) mtime: i64,
 }
 
 /// The PAX records `fields` need: `path` for a name over 100 bytes, `size` for a size that
@@ -48,13 +48,13 @@ fn pax_record(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
 }
 
 /// Rounds `n` up to whole blocks.
-pub fn padded(n: u64) -> u64 {
+pub(crate) fn padded(n: u64) -> u64 {
     n.div_ceil(BLOCK) * BLOCK
 }
 
 /// The bytes of the member's header records (PAX header and its records, if any, then the
 /// ustar header): a multiple of 512.
-pub fn header_len(fields: &HeaderFields<'_>) -> u64 {
+pub(crate) fn header_len(fields: &HeaderFields<'_>) -> u64 {
     let pax = pax_records(fields).len() as u64;
     if pax == 0 {
         BLOCK
@@ -64,7 +64,7 @@ pub fn header_len(fields: &HeaderFields<'_>) -> u64 {
 }
 
 /// Appends the member's header records to `out` ([`header_len`] bytes).
-pub fn write_header(fields: &HeaderFields<'_>, out: &mut Vec<u8>) {
+pub(crate) fn write_header(fields: &HeaderFields<'_>, out: &mut Vec<u8>) {
     let pax = pax_records(fields);
     if !pax.is_empty() {
         // Python's tarfile names its PAX headers so; readers ignore the name.

@@ -23,43 +23,43 @@ use crate::storage::paced::Paced;
 use crate::storage::posix::Posix;
 use crate::storage::{self, Entry, Kind, OpenInput, Source, Stat};
 
-pub mod header;
-pub mod units;
-pub mod view;
-pub mod walk;
+pub(crate) mod header;
+pub(crate) mod units;
+pub(crate) mod view;
+pub(crate) mod walk;
 
 use view::{Listing, View};
 use walk::{Rules, Skips};
 
 /// The scheme of a unit's location.
-pub const SCHEME: &str = "tree";
+pub(crate) const SCHEME: &str = "tree";
 
 /// A directory of a root whose files one input shard holds: all below it (`deep`), or only
 /// the files directly in it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Unit {
+pub(crate) struct Unit {
     /// Relative to the root; empty for the root itself.
-    pub dir: Vec<u8>,
-    pub deep: bool,
+    pub(crate) dir: Vec<u8>,
+    pub(crate) deep: bool,
 }
 
 /// A root as every rank knows it: its path as given (what its units' locations, and so the
 /// manifest, name: the same wherever the tree is, as `--input` paths), its canonical path (for
 /// checks), and its rules.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Root {
-    pub path: PathBuf,
-    pub canonical: PathBuf,
-    pub rules: Rules,
+pub(crate) struct Root {
+    pub(crate) path: PathBuf,
+    pub(crate) canonical: PathBuf,
+    pub(crate) rules: Rules,
 }
 
 /// What `--input-files` asks for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FilesRequest {
-    pub roots: Vec<PathBuf>,
-    pub key_regex: Option<String>,
+pub(crate) struct FilesRequest {
+    pub(crate) roots: Vec<PathBuf>,
+    pub(crate) key_regex: Option<String>,
     /// `--label-from-dir EXT`.
-    pub label: Option<String>,
+    pub(crate) label: Option<String>,
 }
 
 impl FilesRequest {
@@ -69,7 +69,7 @@ impl FilesRequest {
     ///
     /// # Errors
     /// A usage error saying which flag and why.
-    pub fn checked(
+    pub(crate) fn checked(
         roots: &[PathBuf],
         key_regex: Option<&str>,
         label: Option<&str>,
@@ -141,7 +141,7 @@ fn decode(text: &str) -> Option<Vec<u8>> {
 }
 
 /// The location of `unit` of `root`: `tree://ROOT//DIR`, with `?files` for a shallow unit.
-pub fn unit_path(root: &Path, unit: &Unit) -> PathBuf {
+pub(crate) fn unit_path(root: &Path, unit: &Unit) -> PathBuf {
     let mut s = format!("{SCHEME}://");
     encode(root.as_os_str().as_bytes(), &mut s);
     s.push_str("//");
@@ -153,7 +153,7 @@ pub fn unit_path(root: &Path, unit: &Unit) -> PathBuf {
 }
 
 /// The root and unit a location names.
-pub fn parse(path: &Path) -> Option<(PathBuf, Unit)> {
+pub(crate) fn parse(path: &Path) -> Option<(PathBuf, Unit)> {
     let rest = path.to_str()?.strip_prefix("tree://")?;
     let (rest, deep) = match rest.strip_suffix("?files") {
         Some(r) => (r, false),
@@ -175,11 +175,11 @@ static ROOTS: Mutex<Vec<Root>> = Mutex::new(Vec::new());
 static LISTINGS: Mutex<Option<HashMap<PathBuf, Arc<Listing>>>> = Mutex::new(None);
 
 /// The source of `tree://` locations.
-pub struct Tree;
+pub(crate) struct Tree;
 static PACED: Paced<Tree> = Paced(&Tree);
 
 /// Registers the source with the storage seam and `roots` with it, on this rank.
-pub fn register(roots: &[Root]) {
+pub(crate) fn register(roots: &[Root]) {
     storage::register_source(SCHEME, (&Tree, &PACED));
     let mut known = ROOTS.lock().unwrap_or_else(|e| e.into_inner());
     for root in roots {
@@ -190,7 +190,7 @@ pub fn register(roots: &[Root]) {
 }
 
 /// Keeps `listing` for the unit at `path` (walked here or received from the rank that walked it).
-pub fn keep_listing(path: PathBuf, listing: Arc<Listing>) {
+pub(crate) fn keep_listing(path: PathBuf, listing: Arc<Listing>) {
     let mut held = LISTINGS.lock().unwrap_or_else(|e| e.into_inner());
     held.get_or_insert_with(HashMap::new).insert(path, listing);
 }
@@ -199,7 +199,7 @@ pub fn keep_listing(path: PathBuf, listing: Arc<Listing>) {
 ///
 /// # Errors
 /// The location names no registered root, or the walk fails (see [`walk::walk_unit`]).
-pub fn walk(path: &Path) -> Result<(Listing, Skips)> {
+pub(crate) fn walk(path: &Path) -> Result<(Listing, Skips)> {
     let (root, unit) = parse(path).with_context(|| format!("{}: not a unit", path.display()))?;
     let rules = {
         let roots = ROOTS.lock().unwrap_or_else(|e| e.into_inner());
@@ -263,7 +263,7 @@ impl Source for Tree {
 ///
 /// # Errors
 /// A root that is not a directory, named twice or inside another, or that cannot be listed.
-pub fn expand(request: &FilesRequest) -> Result<(Vec<InputShard>, Vec<Root>)> {
+pub(crate) fn expand(request: &FilesRequest) -> Result<(Vec<InputShard>, Vec<Root>)> {
     let mut canon: Vec<PathBuf> = Vec::new();
     let mut cuts = Vec::new();
     let mut classes: Vec<Vec<u8>> = Vec::new();
@@ -321,7 +321,7 @@ pub fn expand(request: &FilesRequest) -> Result<(Vec<InputShard>, Vec<Root>)> {
 }
 
 /// The class list of `--label-from-dir`, one name a line in index order.
-pub fn class_list(roots: &[Root]) -> Option<Vec<u8>> {
+pub(crate) fn class_list(roots: &[Root]) -> Option<Vec<u8>> {
     let label = roots.first()?.rules.label.as_ref()?;
     let mut out = Vec::new();
     for c in &label.classes {

@@ -18,9 +18,9 @@ use crate::tree::walk::{hidden, join, not_utf8};
 use crate::tree::Unit;
 
 /// A level with at least this many directories is cut into units.
-pub const WIDE: usize = 64;
+pub(crate) const WIDE: usize = 64;
 /// Levels listed at most before the directories are units whatever their count.
-pub const DEEPEST: usize = 3;
+pub(crate) const DEEPEST: usize = 3;
 
 /// The units of `root` in the canonical order (by directory, a shallow unit before the deep
 /// units below it), and the root's own directories (the classes of `--label-from-dir`), sorted.
@@ -29,7 +29,7 @@ pub const DEEPEST: usize = 3;
 ///
 /// # Errors
 /// A directory that cannot be listed, or a name that is not UTF-8.
-pub fn cut(root: &Path, whole: bool) -> Result<(Vec<Unit>, Vec<Vec<u8>>)> {
+pub(crate) fn cut(root: &Path, whole: bool) -> Result<(Vec<Unit>, Vec<Vec<u8>>)> {
     let mut units = Vec::new();
     let mut level = vec![Vec::new()];
     let mut classes = None;

@@ -15,33 +15,33 @@ use crate::tree::header::{header_len, padded, write_header, HeaderFields, BLOCK}
 
 /// One member of a unit's tar view.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Member {
+pub(crate) struct Member {
     /// The member's name in the tar: the sample's key, a dot and the extension.
-    pub name: Vec<u8>,
+    pub(crate) name: Vec<u8>,
     /// Where its bytes are: a file's path relative to the root, or the bytes themselves (a
     /// `--label-from-dir` label).
-    pub source: Bytes,
-    pub size: u64,
-    pub mode: u32,
+    pub(crate) source: Bytes,
+    pub(crate) size: u64,
+    pub(crate) mode: u32,
     /// Whole seconds since the epoch (the header's), and the full stamp's nanoseconds (what a
     /// read checks unchanged).
-    pub mtime: i64,
-    pub mtime_ns: i128,
+    pub(crate) mtime: i64,
+    pub(crate) mtime_ns: i128,
 }
 
 /// Where a member's bytes are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Bytes {
+pub(crate) enum Bytes {
     File(Vec<u8>),
     Inline(Vec<u8>),
 }
 
 /// A unit's members in their canonical order, and where each starts in the tar view.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Listing {
+pub(crate) struct Listing {
     /// The root the members' file paths are relative to.
-    pub root: PathBuf,
-    pub members: Vec<Member>,
+    pub(crate) root: PathBuf,
+    pub(crate) members: Vec<Member>,
     /// Each member's first header byte in the view; not sent between ranks (see [`Listing::new`]).
     #[serde(skip)]
     starts: Vec<u64>,
@@ -51,7 +51,7 @@ pub struct Listing {
 
 impl Listing {
     /// The listing of `members` (in order) under `root`, with the view's offsets computed.
-    pub fn new(root: PathBuf, members: Vec<Member>) -> Self {
+    pub(crate) fn new(root: PathBuf, members: Vec<Member>) -> Self {
         let mut listing = Listing {
             root,
             members,
@@ -63,7 +63,7 @@ impl Listing {
     }
 
     /// Computes the offsets again (after a listing was received from another rank).
-    pub fn lay_out(&mut self) {
+    pub(crate) fn lay_out(&mut self) {
         let mut at = 0;
         self.starts = Vec::with_capacity(self.members.len());
         for m in &self.members {
@@ -74,13 +74,13 @@ impl Listing {
     }
 
     /// The tar view's size: every member's records and the two end blocks.
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.size
     }
 
     /// The stamp the view reports: its size; no times, no identity (each file is checked
     /// unchanged when it is read instead).
-    pub fn stamp(&self) -> FileStamp {
+    pub(crate) fn stamp(&self) -> FileStamp {
         FileStamp {
             size: self.size,
             mtime_ns: 0,
@@ -103,7 +103,7 @@ impl Member {
 }
 
 /// The open tar view of a unit.
-pub struct View(pub Arc<Listing>);
+pub(crate) struct View(pub(crate) Arc<Listing>);
 
 impl Input for View {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
@@ -233,7 +233,7 @@ fn unchanged(m: &Member, now: &FileFacts) -> Result<(), String> {
 }
 
 /// The path of the file `rel` (relative, as bytes) under `root`.
-pub fn file_path(root: &Path, rel: &[u8]) -> PathBuf {
+pub(crate) fn file_path(root: &Path, rel: &[u8]) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
     root.join(std::ffi::OsStr::from_bytes(rel))
 }

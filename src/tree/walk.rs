@@ -28,41 +28,41 @@ use crate::tree::Unit;
 
 /// How a root's files become samples: the key rule and the label.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Rules {
+pub(crate) struct Rules {
     /// `--key-regex`: the key is the first capture group of this expression matched against
     /// the path relative to the root. `None`: WebDataset's rule.
-    pub key_regex: Option<String>,
+    pub(crate) key_regex: Option<String>,
     /// `--label-from-dir`: the label member's extension and the classes, in index order.
-    pub label: Option<Label>,
+    pub(crate) label: Option<Label>,
 }
 
 /// `--label-from-dir EXT`: every sample gets the member `KEY.EXT` holding its class index.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Label {
-    pub ext: String,
+pub(crate) struct Label {
+    pub(crate) ext: String,
     /// The class directories' names, sorted: a class's index is its place here.
-    pub classes: Vec<Vec<u8>>,
+    pub(crate) classes: Vec<Vec<u8>>,
 }
 
 /// What a walk left out, by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Skips {
+pub(crate) struct Skips {
     /// Hidden names and editors' leftovers (a directory counts once).
-    pub hidden: u64,
+    pub(crate) hidden: u64,
     /// Symbolic links to directories, dangling links.
-    pub links: u64,
+    pub(crate) links: u64,
     /// FIFOs, sockets, devices.
-    pub special: u64,
+    pub(crate) special: u64,
     /// Files without a key (no `.` in the name, or not matched by `--key-regex`).
-    pub keyless: u64,
+    pub(crate) keyless: u64,
 }
 
 impl Skips {
-    pub fn to_array(self) -> [u64; 4] {
+    pub(crate) fn to_array(self) -> [u64; 4] {
         [self.hidden, self.links, self.special, self.keyless]
     }
 
-    pub fn from_array(a: [u64; 4]) -> Self {
+    pub(crate) fn from_array(a: [u64; 4]) -> Self {
         Skips {
             hidden: a[0],
             links: a[1],
@@ -73,14 +73,14 @@ impl Skips {
 }
 
 /// Whether a name is hidden or an editor's leftover (see the module's rules).
-pub fn hidden(name: &[u8]) -> bool {
+pub(crate) fn hidden(name: &[u8]) -> bool {
     name.starts_with(b".")
         || name.ends_with(b"~")
         || (name.len() > 1 && name.starts_with(b"#") && name.ends_with(b"#"))
 }
 
 /// `dir/name` (or `name` at the root) as bytes.
-pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+pub(crate) fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
     let mut rel = dir.to_vec();
     if !rel.is_empty() {
         rel.push(b'/');
@@ -90,7 +90,7 @@ pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 }
 
 /// The error for a name that is not UTF-8.
-pub fn not_utf8(root: &Path, rel: &[u8]) -> anyhow::Error {
+pub(crate) fn not_utf8(root: &Path, rel: &[u8]) -> anyhow::Error {
     anyhow::anyhow!(
         "{}: the name is not UTF-8 ({:?}): a loader would not read it back as written; rename it",
         file_path(root, rel).display(),
@@ -111,7 +111,7 @@ struct Keyed {
 /// A directory that cannot be listed, a file that cannot be examined, a name that is not
 /// UTF-8, a key the loaders would read differently, a label that does not fit; each names the
 /// file.
-pub fn walk_unit(root: &Path, unit: &Unit, rules: &Rules) -> Result<(Listing, Skips)> {
+pub(crate) fn walk_unit(root: &Path, unit: &Unit, rules: &Rules) -> Result<(Listing, Skips)> {
     let regex = rules
         .key_regex
         .as_deref()

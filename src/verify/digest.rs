@@ -5,7 +5,7 @@
 /// 256-bit state and the length into two 64-bit halves. Not cryptographic: it detects corruption
 /// and tells samples apart, which is all `verify` needs, at memory speed.
 #[derive(Debug, Clone)]
-pub struct Digest128 {
+pub(crate) struct Digest128 {
     lanes: [u64; 4],
     pending: [u8; 32],
     pending_len: usize,
@@ -35,7 +35,7 @@ impl Default for Digest128 {
 }
 
 impl Digest128 {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Digest128 {
             lanes: LANE_SEEDS,
             pending: [0; 32],
@@ -55,7 +55,7 @@ impl Digest128 {
     }
 
     /// Feeds more bytes; any split of a stream gives the same digest.
-    pub fn update(&mut self, mut data: &[u8]) {
+    pub(crate) fn update(&mut self, mut data: &[u8]) {
         self.len += data.len() as u64;
         if self.pending_len > 0 {
             let take = (32 - self.pending_len).min(data.len());
@@ -79,7 +79,7 @@ impl Digest128 {
     }
 
     /// The digest of everything fed.
-    pub fn finish(mut self) -> u128 {
+    pub(crate) fn finish(mut self) -> u128 {
         if self.pending_len > 0 {
             // Zero-padded: the length, folded in below, tells the padding from data.
             self.pending[self.pending_len..].fill(0);
@@ -97,7 +97,8 @@ impl Digest128 {
     }
 
     /// The digest of `data`.
-    pub fn of(data: &[u8]) -> u128 {
+    #[cfg(test)]
+    pub(crate) fn of(data: &[u8]) -> u128 {
         let mut d = Digest128::new();
         d.update(data);
         d.finish()

@@ -36,9 +36,9 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-pub use crate::config::VerifyConfig;
-pub use digest::Digest128;
-pub use report::{Mismatches, Shuffle, VerifyReport};
+pub(crate) use crate::config::VerifyConfig;
+pub use report::VerifyReport;
+pub(crate) use report::{Mismatches, Shuffle};
 
 use crate::comm::wire::{decode_concat, encode_values as encode};
 use crate::progress::PhaseTimes;

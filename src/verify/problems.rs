@@ -170,49 +170,45 @@ fn mismatch_problems(m: &Mismatches, examples: &[(Kind, String)]) -> Vec<String>
         }
         s
     };
-    let mut problems = Vec::new();
-    if m.missing > 0 {
-        problems.push(with_examples(
-            format!(
-                "{} input sample{} missing from the output",
-                m.missing,
-                if m.missing == 1 { " is" } else { "s are" }
-            ),
+    let are = |n: u64| if n == 1 { " is" } else { "s are" };
+    let (missing, extra, twice, moved) = (m.missing, m.not_in_input, m.duplicated, m.misplaced);
+    let kinds = [
+        (
+            missing,
             Kind::Missing,
-        ));
-    }
-    if m.not_in_input > 0 {
-        problems.push(with_examples(
             format!(
-                "{} output sample{} not in the input",
-                m.not_in_input,
-                if m.not_in_input == 1 { " is" } else { "s are" }
+                "{missing} input sample{} missing from the output",
+                are(missing)
             ),
+        ),
+        (
+            extra,
             Kind::NotInInput,
-        ));
-    }
-    if m.duplicated > 0 {
-        problems.push(with_examples(
-            format!(
-                "{} duplicated sample{} in the output (extra copies of input samples)",
-                m.duplicated,
-                plural(m.duplicated)
-            ),
+            format!("{extra} output sample{} not in the input", are(extra)),
+        ),
+        (
+            twice,
             Kind::Duplicated,
-        ));
-    }
-    if m.misplaced > 0 {
-        problems.push(with_examples(
             format!(
-                "{} output sample{} not at the position the seeded order gives {} (same samples, another order)",
-                m.misplaced,
-                if m.misplaced == 1 { " is" } else { "s are" },
-                if m.misplaced == 1 { "it" } else { "them" }
+                "{twice} duplicated sample{} in the output (extra copies of input samples)",
+                plural(twice)
             ),
+        ),
+        (
+            moved,
             Kind::Misplaced,
-        ));
-    }
-    problems
+            format!(
+                "{moved} output sample{} not at the position the seeded order gives {} (same samples, another order)",
+                are(moved),
+                if moved == 1 { "it" } else { "them" }
+            ),
+        ),
+    ];
+    kinds
+        .into_iter()
+        .filter(|(n, _, _)| *n > 0)
+        .map(|(_, kind, head)| with_examples(head, kind))
+        .collect()
 }
 
 /// Where reshard's claims in index.json (the input's sample count, the dropped or repeated

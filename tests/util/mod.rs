@@ -25,6 +25,7 @@ pub mod samples;
 pub mod slurm;
 pub mod source;
 pub mod splits;
+pub mod stores;
 pub mod tar;
 pub mod verifier;
 

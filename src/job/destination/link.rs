@@ -30,7 +30,7 @@ pub(crate) fn check_link(link: &Path) -> Result<()> {
 ///
 /// # Errors
 /// As [`check_link`]; or a [`crate::cli::resolve::UsageError`] naming the link and why.
-pub fn check_link_before_the_run(link: &Path, target: &Path) -> Result<()> {
+pub(crate) fn check_link_before_the_run(link: &Path, target: &Path) -> Result<()> {
     check_link(link)?;
     let usage = |why: String| {
         anyhow::Error::new(crate::cli::resolve::UsageError::new(anyhow::anyhow!(

@@ -36,10 +36,12 @@ use crate::job::destination::staging::Staging;
 use crate::storage;
 use crate::sys;
 
-/// The default `--lock-stale-after`: how long a lock whose pid cannot be checked must show no
-/// heartbeat to be taken for dead. Minutes, so that a job its scheduler suspends for a while
-/// (`scontrol suspend` stops every process) is not taken for dead.
-pub const STALE_AFTER: Duration = Duration::from_secs(600);
+/// The default `--lock-stale-after` (`cli/args.rs` gives clap the same 600 s), for the tests'
+/// runs: how long a lock whose pid cannot be checked must show no heartbeat to be taken for
+/// dead. Minutes, so that a job its scheduler suspends for a while (`scontrol suspend` stops
+/// every process) is not taken for dead.
+#[cfg(test)]
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(600);
 
 /// How often the owner's heartbeat moves.
 const BEAT: Duration = Duration::from_secs(1);
@@ -52,7 +54,7 @@ const QUIET_NOTE: Duration = Duration::from_secs(3);
 const ATTEMPTS: usize = 6;
 
 /// The lock file beside the staging pointer `staging` (`.NAME.reshard-tmp` -> `.NAME.reshard-lock`).
-pub fn lock_path(staging: &Path) -> PathBuf {
+pub(crate) fn lock_path(staging: &Path) -> PathBuf {
     staging.with_file_name(format!("{}.reshard-lock", staging_base(staging)))
 }
 
@@ -180,7 +182,7 @@ struct Takeover {
 }
 
 /// Rank 0's ownership of the staging directory; dropping it releases the lock.
-pub struct OutputLock {
+pub(crate) struct OutputLock {
     path: PathBuf,
     owner: Owner,
     took_over: Option<Takeover>,
@@ -198,7 +200,7 @@ impl OutputLock {
     /// # Errors
     /// Another live run holds it (the message names its host and pid, and what to do), or the
     /// lock cannot be created.
-    pub fn acquire(path: &Path, output: &Path, stale_after: Duration) -> Result<Self> {
+    pub(crate) fn acquire(path: &Path, output: &Path, stale_after: Duration) -> Result<Self> {
         let me = Owner::me()?;
         let mut took_over = None;
         for _ in 0..ATTEMPTS {
@@ -271,7 +273,7 @@ impl OutputLock {
     ///
     /// # Errors
     /// The mark cannot be written.
-    pub fn mark_staging(&self, staging: &Path) -> Result<()> {
+    pub(crate) fn mark_staging(&self, staging: &Path) -> Result<()> {
         // Replaced atomically (POSIX: written aside and renamed; object storage: one PUT): a
         // newcomer reading it sees the old token or this one, never a part.
         let mark = Staging::at(staging).owner_file();
@@ -288,7 +290,7 @@ impl OutputLock {
     /// Another run took the lock over (this run was silent longer than `--lock-stale-after`:
     /// suspended, stopped, or unable to write its heartbeat); the message names the lock and the
     /// staging directory, and says that nothing is published.
-    pub fn check_owned(&self, staging: &Path) -> Result<()> {
+    pub(crate) fn check_owned(&self, staging: &Path) -> Result<()> {
         let lost = self.lost.lock().map(|l| l.clone()).unwrap_or_default();
         if let Some(why) = lost.or_else(|| self.lock_lost()) {
             bail!(
@@ -318,7 +320,7 @@ impl OutputLock {
     ///
     /// # Errors
     /// Another run took the lock over, or it was removed.
-    pub fn check_held(&self) -> Result<()> {
+    pub(crate) fn check_held(&self) -> Result<()> {
         let lost = self.lost.lock().map(|l| l.clone()).unwrap_or_default();
         if let Some(why) = lost.or_else(|| self.lock_lost()) {
             bail!(
@@ -334,7 +336,7 @@ impl OutputLock {
     ///
     /// # Errors
     /// As [`Self::check_owned`], or the mark cannot be removed.
-    pub fn check_before_publish(&self, staging: &Path) -> Result<()> {
+    pub(crate) fn check_before_publish(&self, staging: &Path) -> Result<()> {
         self.check_owned(staging)?;
         let mark = Staging::at(staging).owner_file();
         storage::sink(&mark)
@@ -354,7 +356,7 @@ impl OutputLock {
 
     /// This run's own staging directory beside the staging `pointer`, named after its token:
     /// no other run's path leads there.
-    pub fn run_dir(&self, pointer: &Path) -> PathBuf {
+    pub(crate) fn run_dir(&self, pointer: &Path) -> PathBuf {
         crate::job::destination::staging::run_dir(pointer, &self.owner.token)
     }
 
@@ -373,7 +375,7 @@ impl OutputLock {
     ///
     /// # Errors
     /// Such a directory cannot be renamed.
-    pub fn may_take(&self, earlier: &Path, pointer: &Path) -> Result<bool> {
+    pub(crate) fn may_take(&self, earlier: &Path, pointer: &Path) -> Result<bool> {
         let Some(t) = self.took_over.as_ref() else {
             return Ok(true);
         };
@@ -440,7 +442,7 @@ impl OutputLock {
     /// over, it is not: the directory, named after this run's token, is then removed (this run
     /// made it, and it lost the output; no other run uses it), and the staging pointer, which
     /// leads to the other run's, is left alone.
-    pub fn may_clean_up(&self, staging: &Path) -> bool {
+    pub(crate) fn may_clean_up(&self, staging: &Path) -> bool {
         let lost = self.lost.lock().map(|l| l.is_some()).unwrap_or(true);
         if !lost && self.lock_lost().is_none() {
             return true;
@@ -576,7 +578,7 @@ fn read_owner(path: &Path) -> Result<Option<Owner>> {
 /// where there is none, or its holder's pid, checkable from here, is gone (a lock
 /// [`OutputLock::acquire`] takes over at once); true for any other, and for a file there that
 /// is not a reshard lock.
-pub fn may_be_held(path: &Path) -> bool {
+pub(crate) fn may_be_held(path: &Path) -> bool {
     let (Ok(me), owner) = (Owner::me(), read_owner(path)) else {
         return true;
     };
@@ -738,7 +740,7 @@ fn rewrite_beat(path: &Path, owner: &Owner) -> io::Result<Option<String>> {
 }
 
 /// 128 bits from the OS's random source, as 32 hex digits.
-pub fn new_token() -> Result<String> {
+pub(crate) fn new_token() -> Result<String> {
     let mut bytes = [0u8; 16];
     sys::random_bytes(&mut bytes)
         .context("/dev/urandom: cannot read a token for the output's lock")?;

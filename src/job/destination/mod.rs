@@ -7,14 +7,14 @@
 //! which take the other phases' hand-offs ([`crate::job::handoff`]).
 
 pub(crate) mod link;
-pub mod lock;
+pub(crate) mod lock;
 pub(crate) mod owned;
 pub(crate) mod publish;
 pub(crate) mod resume;
 pub(crate) mod scratch;
 pub(crate) mod series;
 pub(crate) mod space;
-pub mod staging;
+pub(crate) mod staging;
 pub(crate) mod upload;
 
 use anyhow::Result;

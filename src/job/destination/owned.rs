@@ -110,7 +110,7 @@ pub(crate) fn is_reshard_output(dir: &Path) -> bool {
 /// (The rest of index.json is [`Manifest`]'s; fields this reader does not need are ignored, so
 /// that outputs of older versions are still recognised.)
 #[derive(Debug, Deserialize)]
-pub struct OutputManifest {
+pub(crate) struct OutputManifest {
     #[serde(rename = "__kind__")]
     kind: String,
     #[allow(dead_code)] // Its presence is what tells; its content is Manifest's.
@@ -121,7 +121,7 @@ pub struct OutputManifest {
 
 /// One shard a manifest lists.
 #[derive(Debug, Deserialize)]
-pub struct ListedShard {
+pub(crate) struct ListedShard {
     /// Relative to the directory holding index.json.
     pub url: String,
     pub filesize: u64,
@@ -134,7 +134,7 @@ impl OutputManifest {
     /// # Errors
     /// Why `dir` is not a reshard output, for a message ("no index.json written by reshard",
     /// "index.json lists shard-000003.tar, which is not there").
-    pub fn read(dir: &Path) -> std::result::Result<OutputManifest, String> {
+    pub(crate) fn read(dir: &Path) -> std::result::Result<OutputManifest, String> {
         const NOT_RESHARDS: &str = "no index.json written by reshard";
         let index = dir.join("index.json");
         let source = storage::source(&index);

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::comm::{broadcast_result, Comm};
 use crate::config::PublishSettings;
-pub use crate::exit::CleanupFailed;
+pub(crate) use crate::exit::CleanupFailed;
 use crate::hooks;
 use crate::job::destination::link::{check_link, relative_target};
 use crate::job::destination::lock::OutputLock;
@@ -32,7 +32,7 @@ use crate::storage;
 /// (nothing is published, and the finished staging directory stays for `--resume`); or a step
 /// after the rename fails: removing the replaced output or the checkpoint records, `--link` or
 /// `--keep` (a [`CleanupFailed`]: the new output is live).
-pub fn run(
+pub(crate) fn run(
     comm: &impl Comm,
     settings: &PublishSettings,
     setup: &Setup,
@@ -327,7 +327,7 @@ fn describe(found: &AtOutput) -> String {
     }
 }
 
-pub fn sync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     storage::sink(dir)
         .sync_dir(dir)
         .with_context(|| format!("{}: cannot sync directory", dir.display()))

@@ -26,7 +26,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::output::{checkpoint, saved_index};
+use crate::output::saved_index;
 use crate::storage::{self, Kind, Sink};
 
 /// The file, inside the staging directory, that names the run owning it.
@@ -36,24 +36,24 @@ const HEARTBEATS: &str = ".heartbeats";
 
 /// A staging directory (borrowed: the path lives in the job's set-up).
 #[derive(Debug, Clone, Copy)]
-pub struct Staging<'a>(&'a Path);
+pub(crate) struct Staging<'a>(&'a Path);
 
 /// The staging pointer of the output `NAME` in `parent`: beside it, `.NAME.reshard-tmp`. A
 /// symbolic link to the staging directory of the run that last took the output's lock ([`run_dir`]);
 /// a directory there is an older reshard's staging directory, or a staged upload moved back.
-pub fn path_for(parent: &Path, name: &std::ffi::OsStr) -> PathBuf {
+pub(crate) fn path_for(parent: &Path, name: &std::ffi::OsStr) -> PathBuf {
     parent.join(format!(".{}.reshard-tmp", name.to_string_lossy()))
 }
 
 /// The staging directory of the run whose token is `token`, beside the `pointer`:
 /// `.NAME.reshard-tmp.TOKEN`. Only that run's token leads there.
-pub fn run_dir(pointer: &Path, token: &str) -> PathBuf {
+pub(crate) fn run_dir(pointer: &Path, token: &str) -> PathBuf {
     let name = pointer.file_name().unwrap_or_default().to_string_lossy();
     pointer.with_file_name(format!("{name}.{token}"))
 }
 
 /// The pointer beside the run directory `run` ([`run_dir`]'s inverse).
-pub fn pointer_of(run: &Path) -> PathBuf {
+pub(crate) fn pointer_of(run: &Path) -> PathBuf {
     let name = run.file_name().unwrap_or_default().to_string_lossy();
     let base = name
         .rsplit_once('.')
@@ -67,7 +67,7 @@ pub fn pointer_of(run: &Path) -> PathBuf {
 ///
 /// # Errors
 /// It cannot be examined.
-pub fn pointed(pointer: &Path) -> io::Result<Option<PathBuf>> {
+pub(crate) fn pointed(pointer: &Path) -> io::Result<Option<PathBuf>> {
     let source = storage::source(pointer);
     match source.stat_link(pointer) {
         Ok(s) if s.kind == Kind::Dir => Ok(Some(pointer.to_path_buf())),
@@ -93,7 +93,7 @@ pub fn pointed(pointer: &Path) -> io::Result<Option<PathBuf>> {
 ///
 /// # Errors
 /// The link cannot be made or renamed.
-pub fn point(pointer: &Path, run: &Path) -> io::Result<()> {
+pub(crate) fn point(pointer: &Path, run: &Path) -> io::Result<()> {
     let sink = storage::sink(pointer);
     if !sink.capabilities().symlinks {
         return Ok(());
@@ -116,7 +116,7 @@ pub fn point(pointer: &Path, run: &Path) -> io::Result<()> {
 
 /// Removes the `pointer` if it leads to the run directory `run`, or nowhere (the run published
 /// its directory, or removed it).
-pub fn unpoint(pointer: &Path, run: &Path) {
+pub(crate) fn unpoint(pointer: &Path, run: &Path) {
     let source = storage::source(pointer);
     if !source
         .stat_link(pointer)
@@ -135,37 +135,39 @@ pub fn unpoint(pointer: &Path, run: &Path) {
 
 impl<'a> Staging<'a> {
     /// The staging directory at `dir`.
-    pub fn at(dir: &'a Path) -> Self {
+    pub(crate) fn at(dir: &'a Path) -> Self {
         Staging(dir)
     }
 
     /// The directory itself.
-    pub fn dir(&self) -> &'a Path {
+    #[cfg(test)]
+    pub(crate) fn dir(&self) -> &'a Path {
         self.0
     }
 
     /// The file naming the run that owns the directory.
-    pub fn owner_file(&self) -> PathBuf {
+    pub(crate) fn owner_file(&self) -> PathBuf {
         self.0.join(OWNER_FILE)
     }
 
     /// Where the watchdogs leave heartbeats.
-    pub fn heartbeats(&self) -> PathBuf {
+    pub(crate) fn heartbeats(&self) -> PathBuf {
         self.0.join(HEARTBEATS)
     }
 
     /// Where the shards' saved indexes go (without `--split`).
-    pub fn saved_indexes(&self) -> PathBuf {
+    pub(crate) fn saved_indexes(&self) -> PathBuf {
         self.0.join(saved_index::DIR_NAME)
     }
 
     /// Where the plan record and the checkpoints for `--resume` are.
-    pub fn resume_records(&self) -> PathBuf {
-        self.0.join(checkpoint::DIR_NAME)
+    #[cfg(test)]
+    pub(crate) fn resume_records(&self) -> PathBuf {
+        self.0.join(crate::output::checkpoint::DIR_NAME)
     }
 
     /// Whether something is at the staging directory's path.
-    pub fn present(&self) -> bool {
+    pub(crate) fn present(&self) -> bool {
         storage::source(self.0).stat(self.0).is_ok()
     }
 
@@ -178,7 +180,7 @@ impl<'a> Staging<'a> {
     ///
     /// # Errors
     /// It exists already, or a directory cannot be made.
-    pub fn create(&self) -> io::Result<()> {
+    pub(crate) fn create(&self) -> io::Result<()> {
         if self.present() {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
@@ -207,7 +209,7 @@ impl<'a> Staging<'a> {
     ///
     /// # Errors
     /// The directories cannot be made again.
-    pub fn prepare_resume(&self) -> io::Result<()> {
+    pub(crate) fn prepare_resume(&self) -> io::Result<()> {
         let sink = self.sink();
         let _ = sink.remove_dir_all(&self.saved_indexes());
         let _ = sink.remove_dir_all(&self.heartbeats());
@@ -239,7 +241,7 @@ impl<'a> Staging<'a> {
 
     /// Removes the heartbeats, wherever they are. Whatever fails to go stays: it is not the
     /// output's.
-    pub fn remove_heartbeats(&self) {
+    pub(crate) fn remove_heartbeats(&self) {
         let _ = self.sink().remove_dir_all(&self.heartbeats());
         self.remove_heartbeats_aside();
     }
@@ -253,7 +255,7 @@ impl<'a> Staging<'a> {
     ///
     /// # Errors
     /// Something in it cannot be removed.
-    pub fn remove(&self) -> io::Result<()> {
+    pub(crate) fn remove(&self) -> io::Result<()> {
         self.sink().remove_dir_all(self.0)
     }
 }
@@ -261,6 +263,7 @@ impl<'a> Staging<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::checkpoint;
     use std::fs;
 
     #[test]

@@ -58,7 +58,7 @@ const CHUNK: usize = 8 << 20;
 /// namespace, pid and start time, and a heartbeat it rewrites every second (a conditional PUT
 /// on the ETag it read). A holder dead by its pid (this host, boot and PID namespace) is taken
 /// over at once; any other once its heartbeat has not moved for `--lock-stale-after`.
-pub struct RemoteLock {
+pub(crate) struct RemoteLock {
     lock: OutputLock,
     /// Objects of the reshard output `--force` replaces (its manifest's names), removed once
     /// the new manifest is written.
@@ -101,7 +101,7 @@ impl RemoteLock {
 ///
 /// # Errors
 /// The lock is held or cannot be taken, or the output holds something that is not reshard's.
-pub fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
+pub(crate) fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
     let (Some(target), Some(local)) = (&cfg.target, &cfg.local) else {
         return Ok(None);
     };

@@ -53,12 +53,7 @@ fn a_run_that_lost_its_lock_mid_exchange_writes_nothing_a_resumed_successor_trus
     let checkpoint = dir.join(".out.reshard-tmp/.resume/checkpoint.json");
     wait_until("run A records a checkpoint", || checkpoint.exists());
     let a_token = lock_field(&dir, "token");
-    let a_pid = reshard_processes(dir.path())
-        .first()
-        .map(|&(pid, _)| i32::try_from(pid).unwrap())
-        .expect("run A runs");
-    let stopped_a = Stopped::stop(a_pid);
-    wait_until("run A is stopped", || stopped_in(&dir).contains(&a_pid));
+    let (a_pid, stopped_a) = stop_run_a(&dir);
 
     let mut b = dir.reshard(None);
     b.args(args("out"))
@@ -102,6 +97,18 @@ fn a_run_that_lost_its_lock_mid_exchange_writes_nothing_a_resumed_successor_trus
         left.is_empty(),
         "nothing of the three runs is left: {left:?}"
     );
+}
+
+/// Stops run A, the one reshard process running in `dir` (SIGSTOP), as a scheduler suspends a
+/// job: its pid, and what continues it when dropped.
+fn stop_run_a(dir: &Dir) -> (i32, Stopped) {
+    let a_pid = reshard_processes(dir.path())
+        .first()
+        .map(|&(pid, _)| i32::try_from(pid).unwrap())
+        .expect("run A runs");
+    let stopped = Stopped::stop(a_pid);
+    wait_until("run A is stopped", || stopped_in(dir).contains(&a_pid));
+    (a_pid, stopped)
 }
 
 /// The plain arguments of the refusal tests: a small input, two shards.
@@ -322,4 +329,154 @@ fn the_rules_of_outputs_hold_on_every_store() {
         assert!(store.get(&dir, "series/epoch-0/mine.txt").is_some());
         assert!(store.get(&dir, "series/epoch-1/index.json").is_none());
     }
+}
+
+/// The arguments of a run to `out` (an `s3://` location or a directory) with `seed`: the
+/// attacked run and its successor differ in seed, so that a shard of one over the other's shows.
+fn upload_args(out: &str, shards: usize, seed: &str) -> Vec<String> {
+    let shards = shards.to_string();
+    [
+        "run", "--input", "in", "--output", out, "--shards", &shards, "--seed", seed,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The attack of issue 37 on an `s3://` output, without test hooks: run A (another PID
+/// namespace, so only its heartbeat can tell whether it lives; its writes slowed by
+/// `--max-write-rate` so that its upload takes seconds) is stopped (SIGSTOP) once its first
+/// shards are up and another is on its way. Run B, another request on the same output, takes the
+/// lock over by silence and publishes, exit 0. A is continued: its upload in flight completes
+/// or fails, and A fails saying nothing is published. B's published objects must stay exactly
+/// B's (the bytes of B's request run on a file system), and A's staged copy must be left (moved
+/// aside), not removed. The bug: A's shard in flight was put over B's published one.
+fn a_run_that_lost_its_lock_mid_upload(test: &str, total: &str, shards: usize) {
+    let dir = Dir::new(test);
+    sized(&dir, "in", total, "64KiB", shards);
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    let target = format!("s3://{bucket}/out");
+    dir.reshard(None)
+        .args(upload_args("ref-b", shards, "2"))
+        .assert_success();
+
+    let mut a = in_namespaces(&dir, &upload_args(&target, shards, "1"));
+    a.args(["--max-write-rate", "6MiB", "--scratch"])
+        .arg(dir.join("scratch"));
+    s3.with_env(&mut a);
+    let a = std::thread::spawn(move || a.output());
+    let shard_keys = || {
+        s3.keys(&dir, &bucket, "out/")
+            .into_iter()
+            .filter(|k| k.ends_with(".tar") && !k.contains("/."))
+            .count()
+    };
+    wait_until("run A has uploaded a shard", || shard_keys() >= 1);
+    let (_, stopped_a) = stop_run_a(&dir);
+    let up_when_stopped = shard_keys();
+    assert!(up_when_stopped < shards, "A was stopped after its upload");
+
+    let mut b = dir.reshard(None);
+    b.args(upload_args(&target, shards, "2"))
+        .args(["--lock-stale-after", "1", "--scratch"])
+        .arg(dir.join("scratch"));
+    s3.with_env(&mut b);
+    let b = b.output();
+    b.check(b.code() == Some(0), "B takes the output over and publishes");
+    b.stderr_has("taking over");
+    b.stderr_has("aside");
+
+    drop(stopped_a);
+    let a = a.join().unwrap();
+    a.check(a.code() == Some(1), "A lost the output: it must fail");
+    a.stderr_has("nothing of this run is published");
+    a.stderr_has("this run lost the output's lock");
+
+    s3.get(&dir, &bucket, "out", &dir.join("got"));
+    assert_same_output(&dir.join("ref-b"), &dir.join("got"), &["ranks", "inputs"]);
+    let aside: Vec<String> = fs::read_dir(dir.join(format!("scratch/reshard-scratch/{bucket}")))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".out.reshard-left."))
+        .collect();
+    assert_eq!(aside.len(), 1, "A's staged copy is moved aside: {aside:?}");
+    let kept = dir.join(format!("scratch/reshard-scratch/{bucket}/{}", aside[0]));
+    assert!(
+        kept.join("index.json").exists(),
+        "A's staged copy is whole: {}",
+        crate::util::listing(&kept)
+    );
+}
+
+/// Shards under a part (one PUT each): A's PUT in flight lands after B published.
+#[test]
+fn a_run_that_lost_its_lock_mid_upload_cannot_replace_published_objects() {
+    a_run_that_lost_its_lock_mid_upload(
+        "a_run_that_lost_its_lock_mid_upload_cannot_replace_published_objects",
+        "24MiB",
+        6,
+    );
+}
+
+/// Shards of multipart uploads (over 16 MiB): A's upload in flight completes after B published.
+#[test]
+fn a_run_that_lost_its_lock_mid_multipart_upload_cannot_replace_published_objects() {
+    a_run_that_lost_its_lock_mid_upload(
+        "a_run_that_lost_its_lock_mid_multipart_upload_cannot_replace_published_objects",
+        "60MiB",
+        3,
+    );
+}
+
+/// The run's own side of the fence: objects put at its shards' names while it uploads (one it
+/// created already, overwritten by a writer without conditions; one it has not completed yet)
+/// are found before the manifest, removed while it holds the lock, and created again: the
+/// store refused the conditional completion of its multipart upload (`412`), and the object
+/// it created earlier is not the size and ETag it recorded. The output is the clean run's bytes.
+/// Before this change the completion overwrote the one and the other went unnoticed.
+#[test]
+fn objects_put_at_a_runs_names_while_it_uploads_are_replaced_before_it_publishes() {
+    let test = "objects_put_at_a_runs_names_while_it_uploads_are_replaced_before_it_publishes";
+    let dir = Dir::new(test);
+    sized(&dir, "in", "40MiB", "64KiB", 2);
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    dir.reshard(None)
+        .args(upload_args("ref", 2, "3"))
+        .assert_success();
+    let mut run = dir.reshard(None);
+    run.args(upload_args(&format!("s3://{bucket}/out"), 2, "3"))
+        .arg("--scratch")
+        .arg(dir.join("scratch"))
+        .env("RESHARD_TEST_PAUSE_UPLOAD", "300");
+    s3.with_env(&mut run);
+    let run = std::thread::spawn(move || run.output());
+    let marker = dir.join(format!("scratch/reshard-scratch/{bucket}/.paused-upload-0"));
+    wait_until(
+        "the run pauses in its last shard's multipart upload",
+        || marker.exists(),
+    );
+    for i in 0..2 {
+        s3.put_bytes(
+            &dir,
+            &bucket,
+            &format!("out/shard-{i:06}.tar"),
+            b"not the run's",
+        );
+    }
+    fs::remove_file(&marker).unwrap();
+    let out = run.join().unwrap();
+    out.check(out.code() == Some(0), "expected success");
+    let replaced = out
+        .stderr
+        .matches("was there before this run created it")
+        .count();
+    out.check(replaced == 2, "both objects put there are replaced");
+    s3.get(&dir, &bucket, "out", &dir.join("got"));
+    assert_same_output(&dir.join("ref"), &dir.join("got"), &["ranks", "inputs"]);
 }

@@ -12,9 +12,9 @@
 use std::io;
 use std::sync::Arc;
 
-use object_store::azure::MicrosoftAzureBuilder;
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 
-use super::s3::{retry_from_env, Client, Scheme};
+use super::s3::{options_with_headers, retry_from_env, Client, Scheme};
 
 /// The scheme: `az://container/key`.
 pub static AZURE: Scheme = Scheme {
@@ -22,13 +22,19 @@ pub static AZURE: Scheme = Scheme {
     bucket: "container",
     credentials: "AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY",
     client,
+    // Its client signs a request before it adds the extra headers: a create-only multipart
+    // upload is completed at a side name and copied to its object with `If-None-Match: *`.
+    create_only: None,
 };
 
 /// The client of `container`, from the environment.
 ///
 /// # Errors
 /// No account is named, or the credentials cannot be read.
-fn client(container: &str) -> io::Result<Arc<dyn Client>> {
+fn client(
+    container: &str,
+    headers: Option<object_store::HeaderMap>,
+) -> io::Result<Arc<dyn Client>> {
     let mut builder = MicrosoftAzureBuilder::from_env().with_container_name(container);
     let endpoint = std::env::var("AZURE_STORAGE_ENDPOINT").unwrap_or_default();
     if endpoint.starts_with("http://") {
@@ -37,6 +43,11 @@ fn client(container: &str) -> io::Result<Arc<dyn Client>> {
     }
     if let Some(retry) = retry_from_env() {
         builder = builder.with_retry(retry);
+    }
+    if let Some(headers) = headers {
+        let get = |k| builder.get_config_value(&AzureConfigKey::Client(k));
+        let options = options_with_headers(&get, headers);
+        builder = builder.with_client_options(options);
     }
     let s = builder.build().map_err(|e| {
         io::Error::other(format!(

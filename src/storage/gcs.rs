@@ -13,7 +13,7 @@ use std::sync::Arc;
 use object_store::gcp::{GcpCredential, GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::{ClientConfigKey, StaticCredentialProvider};
 
-use super::s3::{retry_from_env, Client, Scheme};
+use super::s3::{options_with_headers, retry_from_env, Client, Scheme};
 
 /// The scheme: `gs://bucket/key`.
 pub static GCS: Scheme = Scheme {
@@ -22,13 +22,15 @@ pub static GCS: Scheme = Scheme {
     credentials:
         "GOOGLE_SERVICE_ACCOUNT, GOOGLE_SERVICE_ACCOUNT_KEY, GOOGLE_APPLICATION_CREDENTIALS",
     client,
+    // The XML API's condition: the object's generation is 0, i.e. there is none.
+    create_only: Some(("x-goog-if-generation-match", "0")),
 };
 
 /// The client of `bucket`, from the environment.
 ///
 /// # Errors
 /// The credentials the variables name cannot be read.
-fn client(bucket: &str) -> io::Result<Arc<dyn Client>> {
+fn client(bucket: &str, headers: Option<object_store::HeaderMap>) -> io::Result<Arc<dyn Client>> {
     let mut builder = GoogleCloudStorageBuilder::from_env().with_bucket_name(bucket);
     if let Some(host) = std::env::var("STORAGE_EMULATOR_HOST")
         .ok()
@@ -55,6 +57,11 @@ fn client(bucket: &str) -> io::Result<Arc<dyn Client>> {
     }
     if let Some(retry) = retry_from_env() {
         builder = builder.with_retry(retry);
+    }
+    if let Some(headers) = headers {
+        let get = |k| builder.get_config_value(&GoogleConfigKey::Client(k));
+        let options = options_with_headers(&get, headers);
+        builder = builder.with_client_options(options);
     }
     let s = builder.build().map_err(|e| {
         io::Error::other(format!(

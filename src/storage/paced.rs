@@ -114,6 +114,10 @@ impl<B: Sink + ?Sized> Sink for Paced<B> {
         Ok(Box::new(PacedWriter(self.0.create_stream(path)?)))
     }
 
+    fn create_stream_new(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
+        Ok(Box::new(PacedWriter(self.0.create_stream_new(path)?)))
+    }
+
     fn rename_noreplace(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.0.rename_noreplace(from, to)
     }
@@ -230,6 +234,10 @@ impl Write for PacedWriter {
 impl Writer for PacedWriter {
     fn finish(self: Box<Self>) -> io::Result<u64> {
         self.0.finish()
+    }
+
+    fn finish_created(self: Box<Self>) -> io::Result<crate::storage::Created> {
+        self.0.finish_created()
     }
 }
 

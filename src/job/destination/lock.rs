@@ -354,6 +354,20 @@ impl OutputLock {
         }
     }
 
+    /// This run's token, which the lock holds while this run holds it.
+    pub(crate) fn token(&self) -> &str {
+        &self.owner.token
+    }
+
+    /// The token of the run whose lock this one took over when that run may only be suspended
+    /// (judged by its silent heartbeat, not by its pid): what it made is left to it.
+    pub(crate) fn taken_from_silent(&self) -> Option<&str> {
+        self.took_over
+            .as_ref()
+            .filter(|t| !t.surely_dead)
+            .map(|t| t.from.token.as_str())
+    }
+
     /// This run's own staging directory beside the staging `pointer`, named after its token:
     /// no other run's path leads there.
     pub(crate) fn run_dir(&self, pointer: &Path) -> PathBuf {

@@ -24,9 +24,11 @@ use crate::job::destination::series::{outputs_beyond, say_what_keep_would_remove
 use crate::output::{checkpoint, saved_index, seal};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
+use fenced::{Fence, Found};
 use progress::{report_progress, Sent};
 
 mod deal;
+mod fenced;
 mod progress;
 
 pub(crate) use deal::written;
@@ -94,6 +96,15 @@ impl RemoteLock {
     fn check_owned(&self) -> Result<()> {
         self.lock.check_held()
     }
+
+    /// What lets every rank check that this run still holds the lock of `target`.
+    fn fence(&self, target: &Path) -> Fence {
+        Fence {
+            lock: lock_path(target),
+            token: self.lock.token().to_string(),
+            target: target.to_path_buf(),
+        }
+    }
 }
 
 /// Rank 0, before any work: the scratch directory made, the lock taken, the output checked
@@ -152,7 +163,7 @@ pub(crate) fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
     } else {
         Vec::new()
     };
-    let rest = clean_up_failed_run(target, left, &up)?;
+    let rest = clean_up_failed_run(target, left, &up, Some(&lock.fence(target)))?;
     lock.replaced = match rest {
         // What is left of a failed run is this run's: the objects kept for `--resume` (the
         // marker's uploads), and those of the output a failed `--force` run was replacing (its
@@ -165,8 +176,10 @@ pub(crate) fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
     };
     if staged {
         // A copy an earlier attempt staged and did not finish uploading: ours to continue
-        // (`--resume`) or to remove.
-        if !(cfg.resume && restage(local)?) {
+        // (`--resume`) or to remove, unless that run may only be suspended.
+        if let Some(token) = lock.lock.taken_from_silent() {
+            fenced::set_aside(local, token)?;
+        } else if !(cfg.resume && restage(local)?) {
             storage::sink(local)
                 .remove_dir_all(local)
                 .with_context(|| format!("{}: cannot remove the staged copy", local.display()))?;
@@ -390,35 +403,6 @@ fn is_shard(rel: &str) -> bool {
     !rel.contains('/') && !rel.starts_with('.') && rel != MANIFEST
 }
 
-/// Uploads the local file `rel` under `local` to the same name under `target`. `last`: the
-/// rank's last shard (where a test hook may pause it).
-fn upload_file(local: &Path, target: &Path, rel: &str, rank: usize, last: bool) -> Result<u64> {
-    let (from, to) = (local.join(rel), target.join(rel));
-    let input = storage::open(&from).with_context(|| format!("{}: cannot open", from.display()))?;
-    let mut out = storage::sink(&to)
-        .create_stream(&to)
-        .with_context(|| format!("{}: cannot start the upload", to.display()))?;
-    let mut buf = vec![0u8; CHUNK];
-    let mut at = 0u64;
-    loop {
-        let n = storage::read_up_to_at(input.as_ref(), &mut buf, at)
-            .with_context(|| format!("{}: read failed at byte {at}", from.display()))?;
-        if n == 0 {
-            break;
-        }
-        out.write_all(&buf[..n])
-            .with_context(|| format!("{}: upload failed at byte {at}", to.display()))?;
-        at += n as u64;
-        if last && at == 2 * CHUNK as u64 {
-            // The first 16 MiB part of the rank's last shard is out: a multipart upload is
-            // under way, and the rank's other shards are up.
-            crate::hooks::pause_in_upload(local.parent().unwrap_or(local), rank);
-        }
-    }
-    out.finish()
-        .with_context(|| format!("{}: the upload did not complete", to.display()))
-}
-
 /// The saved index of the shard `shard`, relative to the output, if the output has one.
 fn layout_of(shard: &str) -> String {
     format!("{}/{shard}{}", saved_index::DIR_NAME, saved_index::SUFFIX)
@@ -490,12 +474,18 @@ pub(crate) fn run(
             target.display()
         );
     }
-    let begun = lock.map_or(Ok(()), |l| begin(target, files, l));
+    let begun = lock.map_or(Ok(()), |l| begin(target, files, &kept, l));
     agree(comm, begun)?;
+    let fence: Option<Fence> = broadcast_result(comm, 0, Some(Ok(lock.map(|l| l.fence(target)))))?;
+    let fence = fence.as_ref();
     let names: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
     let was_up = with_layouts(kept.iter().map(String::as_str));
     let mine = dealt.mine(comm.rank());
-    let todo: Vec<_> = mine.iter().filter(|f| !was_up.contains(&f.0)).collect();
+    let todo: Vec<_> = mine
+        .iter()
+        .filter(|f| !was_up.contains(&f.0))
+        .copied()
+        .collect();
     let all_todo = files
         .iter()
         .filter(|f| is_shard(&f.0) && !was_up.contains(&f.0));
@@ -503,15 +493,7 @@ pub(crate) fn run(
     let rank = comm.rank();
     let sent: Result<u64> = std::thread::scope(|scope| {
         let uploads = scope.spawn(|| {
-            let r = todo.iter().enumerate().try_fold(0, |sum, (i, f)| {
-                let n = upload_file(copy, target, &f.0, rank, i + 1 == todo.len())?;
-                if is_shard(&f.0) {
-                    restamp_layout(copy, target, &f.0, &names)?;
-                    note_uploaded(copy, target, &f.0)?;
-                    sent.add(f.1);
-                }
-                Ok(sum + n)
-            });
+            let r = fenced::upload_share(copy, target, &todo, &names, rank, fence, &sent);
             sent.end();
             r
         });
@@ -519,9 +501,11 @@ pub(crate) fn run(
         uploads.join().expect("the upload thread does not panic")
     });
     let per_node = dealt.per_node;
-    agree(comm, sent.map(|_| ())).with_context(|| not_published(target, local, per_node))?;
+    agree(comm, sent.map(|_| ())).with_context(|| {
+        fenced::lost(fence, target).unwrap_or_else(|| not_published(target, local, per_node))
+    })?;
     let finished = (comm.rank() == 0).then(|| {
-        finish(target, local, &dealt, lock)?;
+        finish(target, local, &dealt, &kept, lock)?;
         cfg.keep.as_ref().map_or(Ok(()), |keep| {
             prune_series(target, keep, cfg.epoch, cfg.lock_stale_after)
                 .with_context(|| {
@@ -613,7 +597,7 @@ fn is_own_name(n: &str) -> bool {
 /// replaces recorded in the marker of an upload under way, and with `--force` the replaced
 /// output's manifest removed (it stops being an output before any of its objects is
 /// overwritten).
-fn begin(target: &Path, files: &[(String, u64)], lock: &RemoteLock) -> Result<()> {
+fn begin(target: &Path, files: &[(String, u64)], kept: &[String], lock: &RemoteLock) -> Result<()> {
     let names: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
     let mut uploads: Vec<String> = files.iter().map(|f| f.0.clone()).collect();
     uploads.extend(
@@ -627,14 +611,23 @@ fn begin(target: &Path, files: &[(String, u64)], lock: &RemoteLock) -> Result<()
         replaces: lock.replaced.clone(),
     }
     .write(target)?;
-    if lock.replaced.is_empty() {
+    if lock.replaced.is_empty() && lock.preserved.is_empty() {
         return Ok(());
     }
-    // Already gone where a failed run that was replacing it removed it.
-    let old = target.join(MANIFEST);
-    remove_if_there(&old)
-        .map(|_| ())
-        .with_context(|| format!("{}: cannot remove", old.display()))
+    lock.check_owned()?;
+    if !lock.replaced.is_empty() {
+        // Already gone where a failed run that was replacing it removed it.
+        let old = target.join(MANIFEST);
+        remove_if_there(&old).with_context(|| format!("{}: cannot remove", old.display()))?;
+    }
+    // Every object is only created: what is at a name this run creates (of the replaced output,
+    // or of the earlier attempt and not kept) goes first, the old output no output any more.
+    let keeps = with_layouts(kept.iter().map(String::as_str));
+    let fence = lock.fence(target);
+    for (rel, _) in files.iter().filter(|f| !keeps.contains(&f.0)) {
+        fenced::remove(Some(&fence), &target.join(rel))?;
+    }
+    Ok(())
 }
 
 /// What a failed run left at `target`: unfinished multipart uploads aborted, and where it left
@@ -646,6 +639,7 @@ fn clean_up_failed_run(
     target: &Path,
     left: Option<Marker>,
     kept: &[String],
+    fence: Option<&Fence>,
 ) -> Result<Option<Marker>> {
     let sink = storage::sink(target);
     let aborted = sink.abort_unfinished(target).with_context(|| {
@@ -657,6 +651,7 @@ fn clean_up_failed_run(
     if aborted > 0 {
         crate::errln!("reshard: aborted {aborted} unfinished multipart upload(s) an earlier run left under {}", target.display());
     }
+    fenced::remove_side_objects(target)?;
     let Some(marker) = left else {
         return Ok(None);
     };
@@ -665,8 +660,7 @@ fn clean_up_failed_run(
         marker.uploads.into_iter().partition(|n| keeps.contains(n));
     let mut removed = 0;
     for name in &gone {
-        let path = target.join(name);
-        if remove_if_there(&path).with_context(|| format!("{}: cannot remove", path.display()))? {
+        if fenced::remove(fence, &target.join(name))? {
             removed += 1;
         }
     }
@@ -806,19 +800,28 @@ fn finish(
     target: &Path,
     local: &Path,
     dealt: &deal::Deal,
+    kept: &[String],
     lock: Option<&RemoteLock>,
 ) -> Result<()> {
+    let fence = lock.map(|l| l.fence(target));
+    let fence = fence.as_ref();
     let files = &dealt.files;
     let metadata = files
         .iter()
         .filter(|f| dealt.is_metadata(&f.0) && f.0 != MANIFEST);
+    let mut created = Vec::new();
     for (rel, _) in metadata {
-        upload_file(local, target, rel, 0, false)
+        let made = fenced::create(local, target, rel, Found::Replace, fence, None)
             .with_context(|| not_published(target, local, dealt.per_node))?;
+        created.push((rel.clone(), made));
     }
+    let not_published = || not_published(target, local, dealt.per_node);
+    fenced::verify(local, target, &mut created, fence).with_context(not_published)?;
+    fenced::check_kept(local, target, kept).with_context(not_published)?;
     lock.map_or(Ok(()), RemoteLock::check_owned)?;
-    upload_file(local, target, MANIFEST, 0, false)
-        .with_context(|| not_published(target, local, dealt.per_node))?;
+    // The commit: created only where no manifest is, so never over another run's.
+    fenced::create(local, target, MANIFEST, Found::Fail, fence, None)
+        .with_context(not_published)?;
     after_manifest(target, local, files, lock).context(CleanupFailed {
         output: target.to_path_buf(),
     })

@@ -30,16 +30,22 @@ mod multipart;
 mod read;
 mod requests;
 
-use multipart::{object_of, Upload};
+pub(crate) use multipart::SIDE;
+use multipart::{object_of, side_of, Upload};
 use read::{Ahead, ObjectInput};
 use requests::{again, block_on, error, not_found};
-pub(crate) use requests::{retry_from_env, s3_client};
+pub(crate) use requests::{options_with_headers, retry_from_env, s3_client};
 
 /// What the shared code needs of a store's client: `object_store`'s objects and its multipart
 /// uploads. S3, GCS and Azure clients are all of it.
 pub(crate) trait Client: ObjectStore + MultipartStore {}
 
 impl<T: ObjectStore + MultipartStore> Client for T {}
+
+/// How a store's client of one bucket is made: from the environment, and with the headers
+/// given sent on every request, where there are.
+pub(crate) type MakeClient =
+    fn(&str, Option<object_store::HeaderMap>) -> io::Result<Arc<dyn Client>>;
 
 /// One object store as a URL scheme names it: what the shared code needs to know of it.
 #[derive(Debug)]
@@ -50,8 +56,14 @@ pub(crate) struct Scheme {
     pub(crate) bucket: &'static str,
     /// The variables that hold its credentials, for the message of a denied request.
     pub(crate) credentials: &'static str,
-    /// The client of one bucket, made from the environment.
-    pub(crate) client: fn(&str) -> io::Result<Arc<dyn Client>>,
+    /// The client of one bucket, made from the environment; one that sends the headers given
+    /// on every request, where there are.
+    pub(crate) client: MakeClient,
+    /// The header (name, value) that makes a write create only, which the client completing
+    /// create-only multipart uploads sends ([`requests::creating_store`]); `None` where the
+    /// client would not sign it (such an upload is completed at a side name and copied to its
+    /// object only if nothing is there).
+    pub(crate) create_only: Option<(&'static str, &'static str)>,
 }
 
 /// The S3 scheme: `s3://bucket/key`, its client from the `AWS_*` variables and profiles.
@@ -60,6 +72,7 @@ pub(crate) static S3: Scheme = Scheme {
     bucket: "bucket",
     credentials: "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN",
     client: s3_client,
+    create_only: Some(("if-none-match", "*")),
 };
 
 /// GETs and their bytes, PUTs (and parts) and theirs, in this process: the run's summary
@@ -163,10 +176,7 @@ fn invalid(path: &Path, why: &str) -> io::Error {
 /// The hash (64-bit FNV-1a) is the same in every build: saved indexes and checkpoints keep it.
 fn stamp_of(meta: &ObjectMeta) -> FileStamp {
     let mtime = i128::from(meta.last_modified.timestamp_nanos_opt().unwrap_or(0));
-    let tag = meta.e_tag.as_deref().unwrap_or_default();
-    let hash = tag.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
+    let hash = e_tag_identity(meta.e_tag.as_deref().unwrap_or_default());
     FileStamp {
         size: meta.size,
         mtime_ns: mtime,
@@ -174,6 +184,13 @@ fn stamp_of(meta: &ObjectMeta) -> FileStamp {
         dev: 0,
         identity: hash,
     }
+}
+
+/// The identity of an object's stamp from its ETag as the store spells it (64-bit FNV-1a).
+pub(crate) fn e_tag_identity(tag: &str) -> u64 {
+    tag.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 impl Objects {
@@ -416,6 +433,24 @@ impl Sink for Objects {
             buf: Vec::new(),
             upload: None,
             written: 0,
+            create_only: false,
+            side: None,
+        }))
+    }
+
+    fn create_stream_new(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
+        let loc = self.parse(path)?;
+        let key = loc.object()?;
+        let side = loc.scheme.create_only.is_none().then(|| side_of(&key));
+        Ok(Box::new(Upload {
+            store: loc.store()?,
+            key,
+            loc,
+            buf: Vec::new(),
+            upload: None,
+            written: 0,
+            create_only: true,
+            side,
         }))
     }
 

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use object_store::multipart::PartId;
 use object_store::path::Path as Key;
 use object_store::MultipartId;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use super::requests::{again, block_on, error};
+use super::requests::{again, block_on, creating_store, error};
 use super::{count, Client, Location, PUTS};
-use crate::storage::Writer;
+use crate::storage::{Created, Writer};
 
 /// The first part size of a multipart upload. S3 takes parts of 5 MiB to 5 GiB (the last one
 /// smaller), at most 10,000 of them, and parts of one upload may differ in size: a stream does
@@ -67,6 +67,39 @@ pub(super) struct Upload {
     /// The multipart upload's id and its parts so far.
     pub(super) upload: Option<(MultipartId, Vec<PartId>)>,
     pub(super) written: u64,
+    /// Whether the object is only created, never put over another ([`Sink::create_stream_new`]):
+    /// the PUT and the completion carry the store's create-only condition.
+    ///
+    /// [`Sink::create_stream_new`]: crate::storage::Sink::create_stream_new
+    pub(super) create_only: bool,
+    /// Where a create-only multipart upload goes on a store that cannot complete one
+    /// conditionally (Azure: its completion is signed without the client's extra headers): a
+    /// name of this writer's own under [`SIDE`] beside the object, completed there and then
+    /// copied to the object only if nothing is there (the store's conditional copy).
+    pub(super) side: Option<Key>,
+}
+
+/// The folder, beside an object, of the side objects of create-only multipart uploads
+/// ([`Upload::side`]); a run that holds the output's lock removes what an earlier run left there.
+pub(crate) const SIDE: &str = ".reshard-creating";
+
+/// A side name for a create-only multipart upload to `key` ([`Upload::side`]): unique to this
+/// process and moment, so that no other writer's upload goes there.
+pub(super) fn side_of(key: &Key) -> Key {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let text = key.as_ref();
+    let (dir, name) = text.rsplit_once('/').unwrap_or(("", text));
+    let unique = format!("{name}.{}-{nanos}-{n}", std::process::id());
+    let path = if dir.is_empty() {
+        format!("{SIDE}/{unique}")
+    } else {
+        format!("{dir}/{SIDE}/{unique}")
+    };
+    Key::from(path.as_str())
 }
 
 impl Upload {
@@ -78,6 +111,11 @@ impl Upload {
             .min(MAX_PART)
     }
 
+    /// The key the multipart upload goes to: the object's, or its side name.
+    fn upload_key(&self) -> &Key {
+        self.side.as_ref().unwrap_or(&self.key)
+    }
+
     fn sent(&self) -> usize {
         self.upload.as_ref().map_or(0, |u| u.1.len())
     }
@@ -85,9 +123,10 @@ impl Upload {
     /// Starts the multipart upload and journals its id.
     fn start(&self) -> object_store::Result<MultipartId> {
         block_on(async {
-            let id = self.store.create_multipart(&self.key).await?;
+            let key = self.upload_key();
+            let id = self.store.create_multipart(key).await?;
             let journal = PutPayload::from(id.clone().into_bytes());
-            self.store.put(&journal_of(&self.key), journal).await?;
+            self.store.put(&journal_of(key), journal).await?;
             Ok(id)
         })
     }
@@ -102,9 +141,9 @@ impl Upload {
         let data = PutPayload::from(std::mem::replace(&mut self.buf, rest));
         count(&PUTS, data.content_length());
         let (id, parts) = self.upload.as_mut().expect("started above");
+        let key = self.side.as_ref().unwrap_or(&self.key);
         let part = block_on(again(|| {
-            self.store
-                .put_part(&self.key, id, parts.len(), data.clone())
+            self.store.put_part(key, id, parts.len(), data.clone())
         }));
         parts.push(part.map_err(|e| error(&self.loc, e))?);
         Ok(())
@@ -127,27 +166,93 @@ impl io::Write for Upload {
 }
 
 impl Writer for Upload {
-    fn finish(mut self: Box<Self>) -> io::Result<u64> {
+    fn finish(self: Box<Self>) -> io::Result<u64> {
+        self.finish_created().map(|c| c.size)
+    }
+
+    fn finish_created(mut self: Box<Self>) -> io::Result<Created> {
         if self.upload.is_none() {
             let payload = PutPayload::from(std::mem::take(&mut self.buf));
             count(&PUTS, payload.content_length());
-            block_on(again(|| self.store.put(&self.key, payload.clone())))
-                .map_err(|e| error(&self.loc, e))?;
-            return Ok(self.written);
+            let mode = if self.create_only {
+                PutMode::Create
+            } else {
+                PutMode::Overwrite
+            };
+            let put = || {
+                let opts = PutOptions::from(mode.clone());
+                self.store.put_opts(&self.key, payload.clone(), opts)
+            };
+            // Sent again only when a broken-off create may be: its second sending finds the
+            // first one's object, and says so (`AlreadyExists`) rather than replace anything.
+            let done = block_on(again(put)).map_err(|e| self.failed(e))?;
+            return Ok(self.created(done.e_tag));
         }
         if !self.buf.is_empty() {
             self.send_part(self.buf.len())?;
         }
         let (id, parts) = self.upload.take().expect("a multipart upload");
+        let completing = if self.create_only && self.side.is_none() {
+            creating_store(self.loc.scheme, &self.loc.bucket)?
+        } else {
+            Arc::clone(&self.store)
+        };
+        let key = self.upload_key().clone();
         let done = block_on(async {
-            self.store.complete_multipart(&self.key, &id, parts).await?;
-            self.store.delete(&journal_of(&self.key)).await
+            let done = completing.complete_multipart(&key, &id, parts).await?;
+            self.store.delete(&journal_of(&key)).await?;
+            Ok(done)
         });
-        if let Err(e) = done {
-            abort(&*self.store, &self.key, &id);
-            return Err(error(&self.loc, e));
+        let done = match done {
+            Ok(done) => done,
+            Err(e) => {
+                abort(&*self.store, &key, &id);
+                return Err(self.failed(e));
+            }
+        };
+        let Some(side) = &self.side else {
+            return Ok(self.created(done.e_tag));
+        };
+        // Completed at its side name: copied to the object only if nothing is there.
+        let copied = block_on(async {
+            let copied = self.store.copy_if_not_exists(side, &self.key).await;
+            let _ = self.store.delete(side).await;
+            copied?;
+            self.store.head(&self.key).await
+        });
+        let meta = copied.map_err(|e| self.failed(e))?;
+        Ok(self.created(meta.e_tag))
+    }
+}
+
+impl Upload {
+    fn created(&self, e_tag: Option<String>) -> Created {
+        Created {
+            size: self.written,
+            e_tag,
         }
-        Ok(self.written)
+    }
+
+    /// The error of a failed PUT or completion: for a create-only one, an object that was
+    /// there already (the store's `412 Precondition Failed`) is `AlreadyExists`, and a store
+    /// without the condition says what reshard needs.
+    fn failed(&self, e: object_store::Error) -> io::Error {
+        use object_store::Error as E;
+        match e {
+            E::Precondition { .. } | E::AlreadyExists { .. } if self.create_only => io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists already: another writer created it", self.loc.url()),
+            ),
+            E::NotImplemented { .. } if self.create_only => io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{}: the store has no conditional writes ({}); reshard writes every object of an output only if nothing is at its name (If-None-Match: *), so that a run that lost the output's lock cannot overwrite it: use a store that has them (AWS S3 and SeaweedFS do)",
+                    self.loc.url(),
+                    e
+                ),
+            ),
+            e => error(&self.loc, e),
+        }
     }
 }
 
@@ -164,7 +269,8 @@ impl Drop for Upload {
     fn drop(&mut self) {
         if let Some((id, _)) = self.upload.take() {
             // Unfinished: its parts would stay (and be billed) until aborted.
-            abort(&*self.store, &self.key, &id);
+            let key = self.upload_key().clone();
+            abort(&*self.store, &key, &id);
         }
     }
 }

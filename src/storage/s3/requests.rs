@@ -9,9 +9,9 @@ use std::io;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as Key;
-use object_store::RetryConfig;
+use object_store::{ClientConfigKey, ClientOptions, HeaderMap, HeaderValue, RetryConfig};
 
 use super::{Client, Location, Scheme};
 use crate::storage::{aws_profile, endpoint};
@@ -106,17 +106,81 @@ pub(super) fn block_on<F: Future>(f: F) -> F::Output {
 /// # Errors
 /// The client cannot be made (a credential the store's variables name is wrong or missing).
 pub(super) fn store(scheme: &'static Scheme, bucket: &str) -> io::Result<Arc<dyn Client>> {
-    type Clients = HashMap<(&'static str, String), Arc<dyn Client>>;
+    client_of(scheme, bucket, false)
+}
+
+/// The client of `bucket` whose every request carries the store's create-only condition
+/// ([`Scheme::create_only`]), made once per process: it completes the multipart uploads of
+/// [`crate::storage::Sink::create_stream_new`] (`object_store`'s own completion always
+/// overwrites; the condition is a header the client signs with the rest).
+///
+/// # Errors
+/// The client cannot be made.
+pub(super) fn creating_store(scheme: &'static Scheme, bucket: &str) -> io::Result<Arc<dyn Client>> {
+    client_of(scheme, bucket, true)
+}
+
+fn client_of(scheme: &'static Scheme, bucket: &str, creating: bool) -> io::Result<Arc<dyn Client>> {
+    type Clients = HashMap<(&'static str, String, bool), Arc<dyn Client>>;
     static STORES: Mutex<Option<Clients>> = Mutex::new(None);
     let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
     let stores = stores.get_or_insert_with(HashMap::new);
-    let id = (scheme.name, bucket.to_string());
+    let id = (scheme.name, bucket.to_string(), creating);
     if let Some(s) = stores.get(&id) {
         return Ok(s.clone());
     }
-    let s = (scheme.client)(bucket)?;
+    let headers = scheme
+        .create_only
+        .filter(|_| creating)
+        .map(|(name, value)| {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static(value));
+            h
+        });
+    let s = (scheme.client)(bucket, headers)?;
     stores.insert(id, s.clone());
     Ok(s)
+}
+
+/// The client settings a builder holds (`get` reads one), carried over to options that also
+/// send `headers` on every request: a builder's options are replaced whole, so every setting
+/// the environment gave it (a proxy, timeouts, plain HTTP) is copied first.
+pub(crate) fn options_with_headers(
+    get: &dyn Fn(ClientConfigKey) -> Option<String>,
+    headers: HeaderMap,
+) -> ClientOptions {
+    const KEYS: [&str; 20] = [
+        "allow_http",
+        "allow_invalid_certificates",
+        "disable_system_certificates",
+        "connect_timeout",
+        "default_content_type",
+        "http1_only",
+        "http2_only",
+        "http2_keep_alive_interval",
+        "http2_keep_alive_timeout",
+        "http2_keep_alive_while_idle",
+        "http2_max_frame_size",
+        "pool_idle_timeout",
+        "pool_max_idle_per_host",
+        "proxy_url",
+        "proxy_ca_certificate",
+        "proxy_excludes",
+        "randomize_addresses",
+        "read_timeout",
+        "timeout",
+        "user_agent",
+    ];
+    let mut options = ClientOptions::new();
+    for key in KEYS
+        .iter()
+        .filter_map(|k| k.parse::<ClientConfigKey>().ok())
+    {
+        if let Some(value) = get(key) {
+            options = options.with_config(key, value);
+        }
+    }
+    options.with_default_headers(headers)
 }
 
 /// The client of the S3 `bucket`, from the environment: the `AWS_*` variables
@@ -126,7 +190,7 @@ pub(super) fn store(scheme: &'static Scheme, bucket: &str) -> io::Result<Arc<dyn
 ///
 /// # Errors
 /// The named profile cannot be followed, or the client cannot be made.
-pub fn s3_client(bucket: &str) -> io::Result<Arc<dyn Client>> {
+pub fn s3_client(bucket: &str, headers: Option<HeaderMap>) -> io::Result<Arc<dyn Client>> {
     let builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
     let (mut builder, endpoint) = with_profile(builder, bucket)?;
     if endpoint.starts_with("http://") {
@@ -135,6 +199,11 @@ pub fn s3_client(bucket: &str) -> io::Result<Arc<dyn Client>> {
     }
     if let Some(retry) = retry_from_env() {
         builder = builder.with_retry(retry);
+    }
+    if let Some(headers) = headers {
+        let get = |k| builder.get_config_value(&AmazonS3ConfigKey::Client(k));
+        let options = options_with_headers(&get, headers);
+        builder = builder.with_client_options(options);
     }
     let s = builder.build().map_err(|e| {
         io::Error::other(format!(

@@ -138,6 +138,7 @@ fn a_failed_runs_objects_go_but_those_kept_and_the_marker_then_names_what_is_lef
         target,
         Some(marker(&names, &["old.tar"])),
         &["a.tar".to_string()],
+        None,
     )
     .unwrap();
     assert_eq!(
@@ -165,9 +166,10 @@ fn a_failed_runs_objects_go_but_those_kept_and_the_marker_then_names_what_is_lef
             ..m
         }),
         &[],
+        None,
     )
     .unwrap();
     assert_eq!(left, Some(Marker::default()));
     assert!(!present("a.tar") && !present(INCOMPLETE));
-    assert_eq!(clean_up_failed_run(target, None, &[]).unwrap(), None);
+    assert_eq!(clean_up_failed_run(target, None, &[], None).unwrap(), None);
 }

@@ -1,0 +1,335 @@
+//! How an `s3://` output's objects are written and committed, so that a run that lost the
+//! output's lock cannot change what its successor publishes (fencing by construction, not by
+//! checks at moments): every object at the output's final names, the manifest included, is only
+//! created, never put over another ([`crate::storage::Sink::create_stream_new`]: `If-None-Match:
+//! *` on the PUT and on the multipart upload's completion). A run records the size and ETag of
+//! every object it created and, before its manifest, finds each still as it left it; an object
+//! at one of its names that is not its own (a late write of a run that lost the lock, landed
+//! before this run's) is removed and created again, a bounded number of times, and only while
+//! this run holds the lock and no manifest is there. Once the manifest is up, every name it lists
+//! exists, so a late create of a run that lost the lock fails and changes nothing.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use super::{remove_if_there, CHUNK};
+use crate::storage::{self, Created};
+
+/// How many times an object is created at one name before the run gives up: each time after the
+/// first, something else was there (another run keeps writing the output).
+const ATTEMPTS: usize = 4;
+
+/// The manifest, whose creation commits the output.
+const MANIFEST: &str = "index.json";
+
+/// What lets any rank check that its run still holds the output's lock before it removes an
+/// object at the output's names: the lock object and the run's token (rank 0's, broadcast).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Fence {
+    pub(crate) lock: PathBuf,
+    pub(crate) token: String,
+    pub(crate) target: PathBuf,
+}
+
+impl Fence {
+    /// That this run still holds the lock (the lock object holds its token) and that no
+    /// manifest is at the output: checked right before an object at the output's names is
+    /// removed, so that a run that lost the lock, or that another run beat to publishing,
+    /// removes nothing there.
+    ///
+    /// # Errors
+    /// The lock is another run's or gone, or a manifest is there (both say nothing is
+    /// published), or the lock cannot be read.
+    pub(crate) fn check(&self) -> Result<()> {
+        match self.lost()? {
+            None => Ok(()),
+            Some(why) => Err(anyhow::anyhow!(why)),
+        }
+    }
+
+    /// Why this run may remove nothing at the output any more (the lock is another run's or
+    /// gone, or a manifest is there), or `None` while it may.
+    ///
+    /// # Errors
+    /// The lock cannot be read (the store cannot tell).
+    fn lost(&self) -> Result<Option<String>> {
+        let why = match storage::source(&self.lock).read(&self.lock) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                let token = text.lines().find_map(|l| l.strip_prefix("token "));
+                (token.map(str::trim) != Some(self.token.as_str()))
+                    .then_some("another run holds it now")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("it is gone"),
+            Err(e) => {
+                return Err(e).with_context(|| format!("{}: cannot read", self.lock.display()))
+            }
+        };
+        if let Some(why) = why {
+            return Ok(Some(format!(
+                "{}: this run lost the output's lock ({why}): it removes nothing at {} and \
+                 nothing is published",
+                self.lock.display(),
+                self.target.display()
+            )));
+        }
+        let manifest = self.target.join(MANIFEST);
+        Ok(storage::source(&manifest).stat(&manifest).is_ok().then(|| {
+            format!(
+                "{}: another run published this output meanwhile: this run removes nothing \
+                 there and nothing of it is published",
+                manifest.display()
+            )
+        }))
+    }
+}
+
+/// What is done when an object is found at a name this run creates.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// Removed (the fence checked first) and created again: a shard or metadata.
+    Replace,
+    /// The run fails: the manifest (another run committed the output).
+    Fail,
+}
+
+/// Creates the object `rel` under `target` from the file `rel` under `local`, only where
+/// nothing is at its name; with [`Found::Replace`] an object there already is removed (once
+/// `fence` allows it) and the object created again, up to [`ATTEMPTS`] times. `pause`: the
+/// rank whose test hook may pause in this upload. What was created: its size and ETag.
+///
+/// # Errors
+/// The upload fails, something stays at the name, or the fence forbids a removal.
+pub(crate) fn create(
+    local: &Path,
+    target: &Path,
+    rel: &str,
+    found: Found,
+    fence: Option<&Fence>,
+    pause: Option<usize>,
+) -> Result<Created> {
+    let to = target.join(rel);
+    for attempt in 0..ATTEMPTS {
+        // A test hook pauses the first attempt only.
+        match upload(local, target, rel, pause.filter(|_| attempt == 0)) {
+            Ok(created) => return Ok(created),
+            Err(e) if is_exists(&e) && found == Found::Replace => replace(fence, &to)?,
+            Err(e) if is_exists(&e) => {
+                return Err(e).with_context(|| {
+                    format!("another run published {} meanwhile", target.display())
+                })
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    bail!(
+        "{}: something else was created at this name {ATTEMPTS} times after this run removed \
+         it (another run keeps writing this output); nothing is published",
+        to.display()
+    )
+}
+
+/// An object this run must remove from `to` before it can create its own there ([`remove`]).
+fn replace(fence: Option<&Fence>, to: &Path) -> Result<()> {
+    crate::errln!(
+        "reshard: {} was there before this run created it (a run that lost the output's lock \
+         wrote it late): removed, and created again",
+        to.display()
+    );
+    remove(fence, to).map(|_| ())
+}
+
+/// Removes the object `path` at the output's names if it is there, `fence` checked right
+/// before (so that a run that lost the lock removes nothing there); whether it was there.
+///
+/// # Errors
+/// The fence forbids it, or it cannot be removed.
+pub(crate) fn remove(fence: Option<&Fence>, path: &Path) -> Result<bool> {
+    if let Some(f) = fence {
+        f.check()?;
+    }
+    remove_if_there(path).with_context(|| format!("{}: cannot remove", path.display()))
+}
+
+fn is_exists(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<std::io::Error>())
+        .any(|io| io.kind() == std::io::ErrorKind::AlreadyExists)
+}
+
+/// Whether the object at `path` is still the one this run created there: the same size and,
+/// where the store gave one, the same ETag.
+///
+/// # Errors
+/// It cannot be looked at (a missing object is no error: it is not this run's).
+pub(crate) fn still_created(path: &Path, created: &Created) -> Result<bool> {
+    let now = match storage::stamp(path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("{}: cannot stat", path.display())),
+    };
+    let tag_matches = created.e_tag.as_deref().is_none_or(|tag| {
+        let bare = tag.trim_matches('"');
+        [bare.to_string(), format!("\"{bare}\"")]
+            .iter()
+            .any(|t| storage::e_tag_identity(t) == now.identity)
+    });
+    Ok(now.size == created.size && tag_matches)
+}
+
+/// Before the manifest: each object this rank created (`created`, by name under `target`) is
+/// found as it left it; one that is not (a late write of a run that lost the lock landed after
+/// this run removed what was there, or this run's own create was answered "exists" after a
+/// retry) is replaced as [`create`] does, and looked at again.
+///
+/// # Errors
+/// As [`create`], or one stays another's after [`ATTEMPTS`] rounds.
+pub(crate) fn verify(
+    local: &Path,
+    target: &Path,
+    created: &mut [(String, Created)],
+    fence: Option<&Fence>,
+) -> Result<()> {
+    for (rel, made) in created.iter_mut() {
+        let to = target.join(rel.as_str());
+        let mut rounds = 0;
+        while !still_created(&to, made)? {
+            rounds += 1;
+            if rounds > ATTEMPTS {
+                bail!(
+                    "{}: not the object this run created there, {ATTEMPTS} times (another run \
+                     keeps writing this output); nothing is published",
+                    to.display()
+                );
+            }
+            replace(fence, &to)?;
+            *made = create(local, target, rel, Found::Replace, fence, None)?;
+        }
+    }
+    Ok(())
+}
+
+/// Uploads the local file `rel` under `local` to a new object of the same name under `target`
+/// (create only). `pause`: the rank whose test hook may pause once the first 16 MiB part is out.
+fn upload(local: &Path, target: &Path, rel: &str, pause: Option<usize>) -> Result<Created> {
+    let (from, to) = (local.join(rel), target.join(rel));
+    let input = storage::open(&from).with_context(|| format!("{}: cannot open", from.display()))?;
+    let mut out = storage::sink(&to)
+        .create_stream_new(&to)
+        .with_context(|| format!("{}: cannot start the upload", to.display()))?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut at = 0u64;
+    loop {
+        let n = storage::read_up_to_at(input.as_ref(), &mut buf, at)
+            .with_context(|| format!("{}: read failed at byte {at}", from.display()))?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])
+            .with_context(|| format!("{}: upload failed at byte {at}", to.display()))?;
+        at += n as u64;
+        if let Some(rank) = pause.filter(|_| at == 2 * CHUNK as u64) {
+            // The first 16 MiB part of the rank's last shard is out: a multipart upload is
+            // under way, and the rank's other shards are up.
+            crate::hooks::pause_in_upload(local.parent().unwrap_or(local), rank);
+        }
+    }
+    out.finish_created()
+        .with_context(|| format!("{}: the upload did not complete", to.display()))
+}
+
+/// The staged copy `local` of the run whose lock this one took over by its silence (it may
+/// only be suspended, and read its files when it wakes): moved aside, to `.NAME.reshard-left.
+/// TOKEN` beside it, not removed, so that this run can stage at `local`.
+pub(crate) fn set_aside(local: &Path, token: &str) -> Result<()> {
+    let name = local.file_name().unwrap_or_default().to_string_lossy();
+    let aside = local.with_file_name(format!(".{name}.reshard-left.{token}"));
+    storage::sink(local)
+        .rename(local, &aside)
+        .with_context(|| format!("{}: cannot move the staged copy aside", local.display()))?;
+    crate::errln!(
+        "reshard: moved {} aside to {}: it is the staged copy of the run whose lock this one \
+         took over, which may only be suspended; remove it once that run is surely gone",
+        local.display(),
+        aside.display()
+    );
+    Ok(())
+}
+
+/// When a run that took part in uploading finds it lost the output's lock (or that another run
+/// published meanwhile): what its failure says instead of "rerun with --resume" (nothing of it
+/// is the output's, and its staged copy is no longer where it was).
+pub(crate) fn lost(fence: Option<&Fence>, target: &Path) -> Option<String> {
+    let why = fence?.lost().ok()??;
+    Some(format!(
+        "nothing of this run is published at {} ({why})",
+        target.display()
+    ))
+}
+
+/// The shards a resumed run keeps from the earlier attempt (`kept`): each still the object that
+/// attempt noted (its size, modification time and ETag), not trusted.
+///
+/// # Errors
+/// One is not.
+pub(crate) fn check_kept(local: &Path, target: &Path, kept: &[String]) -> Result<()> {
+    let now = |p: &Path| storage::stamp(p).ok().map(|s| super::stamp_line(&s));
+    if let Some(stale) = kept
+        .iter()
+        .find(|k| super::read_note(local, k).map(|n| n.0) != now(&target.join(k.as_str())))
+    {
+        bail!(
+            "{}: kept from the earlier attempt, but it is not the object that attempt noted any \
+             more",
+            target.join(stale).display()
+        );
+    }
+    Ok(())
+}
+
+/// The side objects an earlier run's create-only uploads left under `target` (on a store that
+/// completes them at a side name and then copies them): that run's, never an output's. Removed
+/// by the run that holds the lock now; a run that lost it then fails to copy from them.
+///
+/// # Errors
+/// They cannot be listed or removed.
+pub(crate) fn remove_side_objects(target: &Path) -> Result<()> {
+    let side = target.join(crate::storage::s3::SIDE);
+    match storage::sink(&side).remove_dir_all(&side) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("{}: cannot remove", side.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// This rank's share `todo` (its shards and their per-shard files) uploaded from its node's
+/// `copy`, each created (never put over another object), a shard with its saved index and its
+/// note; then each found still as created (before the manifest): the bytes uploaded.
+pub(crate) fn upload_share(
+    copy: &Path,
+    target: &Path,
+    todo: &[&(String, u64)],
+    names: &HashSet<&str>,
+    rank: usize,
+    fence: Option<&Fence>,
+    sent: &super::progress::Sent,
+) -> Result<u64> {
+    let mut created = Vec::new();
+    let mut sum = 0;
+    for (i, f) in todo.iter().enumerate() {
+        let pause = (i + 1 == todo.len()).then_some(rank);
+        let made = create(copy, target, &f.0, Found::Replace, fence, pause)?;
+        if super::is_shard(&f.0) {
+            super::restamp_layout(copy, target, &f.0, names)?;
+            super::note_uploaded(copy, target, &f.0)?;
+            sent.add(f.1);
+        }
+        sum += made.size;
+        created.push((f.0.clone(), made));
+    }
+    verify(copy, target, &mut created, fence)?;
+    Ok(sum)
+}

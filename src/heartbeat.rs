@@ -5,7 +5,8 @@
 //!
 //! Each rank's heartbeat thread rewrites `rank-NNNNNN` in the heartbeat directory (on the shared
 //! file system, inside the staging directory; where `--scratch` is each node's own, in the
-//! output's object store beside it) once a tick: a counter that moves every time, the
+//! output's object store beside it; moved beside the staging directory for publishing, see
+//! [`Place`]) once a tick: a counter that moves every time, the
 //! exchange round, the host and the phase. The thread runs beside the phase's own work, so a rank
 //! that is only slow (a huge shard's index, an fsync of minutes at finish, a wait on a rate limit)
 //! still beats; only a process that does not run at all goes silent.
@@ -174,87 +175,168 @@ impl Watched {
     }
 }
 
+/// Where a job's heartbeats are: `dir` inside the staging directory until publishing, then
+/// `aside`, beside it, where rank 0 moves them before the publishing rename (they are no part of
+/// the output, and the ranks go on beating through publishing, uploading and the summary).
+/// `owner`: the staging directory's owner mark, checked while the heartbeats are in `dir`.
+#[derive(Debug, Clone)]
+pub(crate) struct Place {
+    pub(crate) dir: PathBuf,
+    pub(crate) aside: Option<PathBuf>,
+    pub(crate) owner: Option<PathBuf>,
+}
+
+impl Place {
+    /// The directory the heartbeats are in now: `dir`, else `aside`; `None` when neither is
+    /// there (the run was taken over, or the job is over).
+    fn now(&self) -> Option<&PathBuf> {
+        let is_dir = |d: &&PathBuf| {
+            storage::source(d)
+                .stat(d)
+                .is_ok_and(|s| s.kind == storage::Kind::Dir)
+        };
+        let Some(aside) = &self.aside else {
+            // Heartbeats that never move (in an object store beside the output, see
+            // crate::job::destination::scratch): a prefix is there once a beat is.
+            return Some(&self.dir);
+        };
+        Some(&self.dir)
+            .filter(is_dir)
+            .or_else(|| Some(aside).filter(is_dir))
+    }
+}
+
+/// What the phases tell a heartbeat thread: beat now (the phase changed), then say so.
+enum Tell {
+    BeatNow(Sender<()>),
+}
+
 /// A rank's heartbeat and its watch of its neighbours; dropping it stops both (at once).
 pub(crate) struct Heartbeat {
     pub(crate) pulse: Arc<Pulse>,
-    stop: Option<Sender<()>>,
+    stop: Option<Sender<Tell>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Heartbeat {
-    /// Starts beating into `dir` (every rank of the job at about the same point: the heartbeat
+    /// Starts beating into `place` (every rank of the job at about the same point: the heartbeat
     /// directory exists and every rank has passed a collective) and watching the neighbours.
     /// After `timeout` of silence from one, prints who stopped answering and calls `abort`. A
     /// zero timeout writes and watches nothing.
     ///
-    /// `owner`: the staging directory's owner mark. Before every heartbeat the thread checks it
+    /// Before every heartbeat in the staging directory the thread checks that its owner mark
     /// still says what it said at the start: a run taken over while it was stopped (its staging
     /// moved aside, another run's in its place) writes nothing into its successor's directory
     /// when it wakes, and stops beating and watching (its own checks then fail the run).
     pub(crate) fn start(
         timeout: Duration,
         (me, ranks): (usize, usize),
-        (dir, owner): (PathBuf, Option<PathBuf>),
+        place: Place,
         abort: Aborter,
     ) -> Self {
         let pulse = Arc::new(Pulse::default());
-        let (stop, stopped) = channel::<()>();
+        let (stop, told) = channel::<Tell>();
         let thread = (!timeout.is_zero()).then(|| {
             let pulse = Arc::clone(&pulse);
             std::thread::spawn(move || {
-                let tick = tick_for(timeout);
-                let host = crate::sys::hostname();
-                let mut clock = LivedClock::new(tick, Instant::now());
-                let mut watched: Vec<Watched> = neighbours(me, ranks)
-                    .into_iter()
-                    .map(Watched::new)
-                    .collect();
-                let mark = |p: &PathBuf| storage::source(p).read(p).ok();
-                let ours = owner.as_ref().map(mark);
-                let mut counter = 0u64;
-                loop {
-                    if owner.as_ref().map(mark) != ours {
-                        return;
-                    }
-                    counter += 1;
-                    let beat = Beat {
-                        counter,
-                        round: pulse.round.load(Ordering::Relaxed),
-                        host: host.clone(),
-                        phase: pulse.current(),
-                    };
-                    write_beat(&dir, me, &beat);
-                    if let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
-                    } else {
-                        return;
-                    }
-                    let lived = clock.step(Instant::now());
-                    for w in &mut watched {
-                        w.observe(read_beat(&dir, w.rank), lived);
-                    }
-                    if let Some(w) = watched.iter().find(|w| w.silent >= timeout) {
-                        if !storage::source(&dir)
-                            .stat(&dir)
-                            .is_ok_and(|s| s.kind == storage::Kind::Dir)
-                        {
-                            // The job is publishing (rank 0 removed the directory): nothing left
-                            // to watch.
-                            return;
-                        }
-                        crate::errln!("{}", stopped_message(w, (me, &host), &beat.phase, &dir));
-                        // Give the launcher a moment to forward the message: an abort kills
-                        // its stdio relays too, and the message is the point.
-                        std::thread::sleep(Duration::from_millis(300));
-                        abort(Exit::Stall);
-                        return;
-                    }
-                }
+                beat_and_watch(timeout, (me, ranks), &place, &pulse, &told, &abort)
             })
         });
         Heartbeat {
             pulse,
             stop: Some(stop),
             thread,
+        }
+    }
+
+    /// Records that the rank is now in `phase`, and has the thread beat with it at once (it
+    /// waits for that beat, a second at most): a rank stopped right after still names its phase.
+    pub(crate) fn phase(&self, phase: &str) {
+        self.pulse.phase(phase);
+        let (Some(stop), Some(_)) = (&self.stop, &self.thread) else {
+            return;
+        };
+        let (done, beaten) = channel();
+        if stop.send(Tell::BeatNow(done)).is_ok() {
+            let _ = beaten.recv_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+/// A heartbeat thread's life: beats every tick into `place` and watches `me`'s neighbours,
+/// until the phases stop it, its run was taken over, or a neighbour fell silent (`abort`).
+fn beat_and_watch(
+    timeout: Duration,
+    (me, ranks): (usize, usize),
+    place: &Place,
+    pulse: &Pulse,
+    told: &std::sync::mpsc::Receiver<Tell>,
+    abort: &Aborter,
+) {
+    let tick = tick_for(timeout);
+    let host = crate::sys::hostname();
+    let mut clock = LivedClock::new(tick, Instant::now());
+    let mut watched: Vec<Watched> = neighbours(me, ranks)
+        .into_iter()
+        .map(Watched::new)
+        .collect();
+    let mark = |p: &PathBuf| storage::source(p).read(p).ok();
+    let ours = place.owner.as_ref().and_then(mark);
+    let mut counter = 0u64;
+    let mut asked: Option<Sender<()>> = None;
+    loop {
+        let Some(dir) = place.now() else {
+            return;
+        };
+        // Another run's mark: taken over. No mark (the staging directory published, or moved
+        // by a successor, whose heartbeats are elsewhere) stops nothing.
+        if place
+            .owner
+            .as_ref()
+            .and_then(mark)
+            .is_some_and(|now| Some(&now) != ours.as_ref())
+        {
+            return;
+        }
+        counter += 1;
+        let beat = Beat {
+            counter,
+            round: pulse.round.load(Ordering::Relaxed),
+            host: host.clone(),
+            phase: pulse.current(),
+        };
+        write_beat(dir, me, &beat);
+        if let Some(done) = asked.take() {
+            let _ = done.send(());
+        }
+        match told.recv_timeout(tick) {
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(Tell::BeatNow(done)) => {
+                asked = Some(done);
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let lived = clock.step(Instant::now());
+        let Some(dir) = place.now() else {
+            // The job is over (rank 0 removed the heartbeats): nothing left to watch.
+            return;
+        };
+        for w in &mut watched {
+            w.observe(read_beat(dir, w.rank), lived);
+        }
+        if let Some(w) = watched.iter().find(|w| w.silent >= timeout) {
+            let publishing = *dir != place.dir;
+            let staging = place.dir.parent();
+            crate::errln!(
+                "{}",
+                stopped_message(w, (me, &host), &beat.phase, (staging, publishing))
+            );
+            // Give the launcher a moment to forward the message: an abort kills its stdio
+            // relays too, and the message is the point.
+            std::thread::sleep(Duration::from_millis(300));
+            abort(Exit::Stall);
+            return;
         }
     }
 }
@@ -291,8 +373,14 @@ pub(crate) fn read_beat(dir: &Path, rank: usize) -> Option<Beat> {
     Beat::parse(&String::from_utf8_lossy(&bytes))
 }
 
-/// What the rank that saw `w` go silent says.
-fn stopped_message(w: &Watched, (me, host): (usize, &str), phase: &str, dir: &Path) -> String {
+/// What the rank that saw `w` go silent says. `staging`: the staging directory; `publishing`:
+/// whether the heartbeats had moved aside for publishing (the output may be live by now).
+fn stopped_message(
+    w: &Watched,
+    (me, host): (usize, &str),
+    phase: &str,
+    (staging, publishing): (Option<&Path>, bool),
+) -> String {
     let whom = match &w.seen {
         Some(b) => format!(
             "rank {} on {} stopped answering in phase {}",
@@ -305,14 +393,14 @@ fn stopped_message(w: &Watched, (me, host): (usize, &str), phase: &str, dir: &Pa
             w.rank
         ),
     };
-    let staging = dir
-        .parent()
-        .filter(|d| storage::sink(d).capabilities().rename)
-        .map(|d| format!(" (the staging directory {} is left: a rerun with --resume continues from its last checkpoint, one without removes it)", d.display()))
-        .unwrap_or_default();
+    let outcome = match staging {
+        _ if publishing => "aborting the job while it published: the output is there whole (its index.json names this run's shards) or not at all, never in part".to_string(),
+        Some(d) if storage::sink(d).capabilities().rename => format!("aborting the job, nothing is published (the staging directory {} is left: a rerun with --resume continues from its last checkpoint, one without removes it)", d.display()),
+        _ => "aborting the job, nothing is published".to_string(),
+    };
     format!(
         "reshard: error: {whom}: its heartbeat has not moved for {} s (--stall-timeout) while rank {me} on {host} ran in phase {phase} \
-         (only time this rank was running counts: a job suspended as a whole is no stall); aborting the job, nothing is published{staging}",
+         (only time this rank was running counts: a job suspended as a whole is no stall); {outcome}",
         w.silent.as_secs()
     )
 }
@@ -398,7 +486,11 @@ mod tests {
         let abort: Aborter = Arc::new(move |e| {
             let _ = tx.lock().unwrap().send(e);
         });
-        let at = || (dir.path().to_path_buf(), None);
+        let at = || Place {
+            dir: dir.path().to_path_buf(),
+            aside: None,
+            owner: None,
+        };
         let live = Heartbeat::start(timeout, (1, 2), at(), Arc::clone(&abort));
         let watcher = Heartbeat::start(timeout, (0, 2), at(), abort);
         watcher.pulse.phase("index");
@@ -426,7 +518,12 @@ mod tests {
         std::fs::write(&owner, "run-a").unwrap();
         let abort: Aborter = Arc::new(|_| panic!("nothing to watch"));
         let timeout = Duration::from_millis(500);
-        let dog = Heartbeat::start(timeout, (0, 1), (beats.clone(), Some(owner.clone())), abort);
+        let place = Place {
+            dir: beats.clone(),
+            aside: None,
+            owner: Some(owner.clone()),
+        };
+        let dog = Heartbeat::start(timeout, (0, 1), place, abort);
         let mine = path_of(&beats, 0);
         let start = Instant::now();
         while !mine.exists() {

@@ -20,6 +20,9 @@
 //! - `RESHARD_TEST_PAUSE_EXCHANGE=seconds`: the same as the exchange starts (marker
 //!   `.paused-exchange-RANK`): after `--input-files` were walked and indexed, before any file's
 //!   bytes are read, so that a test changes or removes a listed file.
+//! - `RESHARD_TEST_PAUSE_INDEX=seconds`: every indexing thread sleeps that long once its header
+//!   walk has passed half of a shard, once per shard, so that a test sees the index's progress
+//!   while no shard is done.
 //! - `RESHARD_TEST_KILL=r:n`: rank r kills itself with SIGKILL as exchange round n starts (before
 //!   its status), like a node that died. Or at a named point: `r:index` (after indexing),
 //!   `r:plan` (after planning), `r:finish` (as the finish phase starts), `r:publish` (as the
@@ -49,7 +52,8 @@ use std::time::Duration;
 pub use test_hooks::slow_speaker;
 pub(crate) use test_hooks::{
     hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round,
-    pause_before_exchange, pause_before_finish, pause_before_publish, pause_in_upload, slow_round,
+    pause_before_exchange, pause_before_finish, pause_before_publish, pause_in_index,
+    pause_in_upload, slow_round,
 };
 
 /// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
@@ -186,6 +190,16 @@ mod test_hooks {
         );
     }
 
+    /// `RESHARD_TEST_PAUSE_INDEX`: an indexing thread halfway through a shard sleeps.
+    pub(crate) fn pause_in_index() {
+        if let Some(secs) = std::env::var("RESHARD_TEST_PAUSE_INDEX")
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+        {
+            std::thread::sleep(Duration::from_secs_f64(secs));
+        }
+    }
+
     /// Sleeps the seconds `var` says, or until the test removes `marker`.
     fn pause(var: &str, marker: &Path) {
         let _ = std::fs::remove_file(marker);
@@ -255,6 +269,7 @@ mod test_hooks {
     pub(crate) fn pause_before_publish(_staging: &Path, _rank: usize) {}
     pub(crate) fn pause_before_exchange(_staging: &Path, _rank: usize) {}
     pub(crate) fn pause_in_upload(_dir: &Path, _rank: usize) {}
+    pub(crate) fn pause_in_index() {}
     pub(crate) fn slow_round(_rank: usize) {}
     pub fn slow_speaker() {}
     pub(crate) fn hang_finalize(_rank: usize, _env: impl Fn(&str) -> Option<String>) -> bool {

@@ -16,6 +16,49 @@ pub struct InputShard {
     pub(crate) size: u64,
 }
 
+/// How `index.json` records the input shards at `paths`: as given, unless a directory on the
+/// way is reached through a symbolic link (the `--link` an epoch loop reads and moves, say):
+/// then the directory the link led to when the run read it, so that the record keeps naming the
+/// bytes this run read after the link moves. Only the directories are resolved, one look-up per
+/// distinct directory; a shard file that is a link itself is recorded by its own name.
+pub(crate) fn recorded_paths<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Vec<String> {
+    let cwd = std::env::current_dir().ok();
+    let mut dirs = std::collections::HashMap::new();
+    let mut record = |path: &Path| -> Option<String> {
+        let (cwd, name) = (cwd.as_deref()?, path.file_name()?);
+        if !storage::is_file_system(path) {
+            return None;
+        }
+        let dir = path.parent().unwrap_or(Path::new(""));
+        let real = dirs
+            .entry(dir.to_path_buf())
+            .or_insert_with(|| through_a_link(cwd, dir));
+        Some(real.as_ref()?.join(name).display().to_string())
+    };
+    paths
+        .into_iter()
+        .map(|path| record(path).unwrap_or_else(|| path.display().to_string()))
+        .collect()
+}
+
+/// The directory `dir` (relative to `cwd`) really is, when a symbolic link on its way makes it
+/// differ from `dir` read as written; `None` when it does not (or cannot be resolved).
+fn through_a_link(cwd: &Path, dir: &Path) -> Option<PathBuf> {
+    let written = cwd.join(dir);
+    let real = storage::source(&written).canonical(&written).ok()?;
+    let mut plain = PathBuf::new();
+    for part in written.components() {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                plain.pop();
+            }
+            other => plain.push(other),
+        }
+    }
+    (real != plain).then_some(real)
+}
+
 /// Expands every spec in order and concatenates the results.
 ///
 /// A spec is `@list.txt` (one path per line; blank lines and `#` comments skipped; relative paths
@@ -289,6 +332,29 @@ fn brace_alternatives(body: &str) -> Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inputs_are_recorded_where_a_linked_directory_led() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(tmp.path()).unwrap();
+        std::fs::create_dir(base.join("a")).unwrap();
+        std::fs::write(base.join("a/x.tar"), b"").unwrap();
+        std::os::unix::fs::symlink("a", base.join("l")).unwrap();
+        let given = [
+            base.join("a/x.tar"),
+            base.join("l/x.tar"),
+            base.join("a/./../a/x.tar"),
+        ];
+        let show = |p: &Path| p.display().to_string();
+        assert_eq!(
+            recorded_paths(given.iter().map(PathBuf::as_path)),
+            [
+                show(&given[0]),
+                show(&base.join("a/x.tar")),
+                show(&given[2])
+            ]
+        );
+    }
     use std::fs;
 
     #[test]

@@ -39,9 +39,11 @@ fn epochs_reuse_the_index_switch_the_link_and_keep_the_newest() {
     let prev = tar_files(&dir.join("out/epoch-0"));
     let res = epoch_run(&dir, 3, "current", 1, &[]);
     res.stderr_has("reused the saved index of 4 of 4 input shards");
+    // Read through the link, which now leads to epoch 1: the inputs were epoch 0's shards, and
+    // index.json names them (not current/..., which names epoch 1's own shards by now).
     let current: Vec<PathBuf> = prev
         .iter()
-        .map(|p| dir.join("current").join(p.file_name().unwrap()))
+        .map(|p| dir.join("out/epoch-0").join(p.file_name().unwrap()))
         .collect();
     verify(
         &epoch_expected(&dir, &current, 3, 1),
@@ -339,6 +341,50 @@ fn an_equalized_epoch_loop_keeps_every_original_sample() {
         res.check(
             tree_state(dir.path()) == before,
             "a refused run wrote files",
+        );
+    }
+}
+
+/// Issue 38: an epoch loop that reads the previous epoch through the `--link` it moves. The
+/// manifest's `inputs` named `series/current/...`, which the run then pointed at its own output;
+/// it names the directory the link led to, and a path without a link stays as written.
+#[test]
+fn inputs_read_through_the_link_are_recorded_where_the_link_led() {
+    let dir = Dir::new("link-inputs");
+    small(&dir);
+    let link = ["--link", "series/current", "--shards", "2", "--seed", "3"];
+    let run_epoch = |input: &str, epoch: &str| {
+        dir.mpi(2)
+            .args(["run", "--input", input, "--output"])
+            .arg(format!("series/epoch-{epoch}"))
+            .args(["--epoch", epoch])
+            .args(link)
+            .assert_success()
+    };
+    run_epoch("in", "0");
+    run_epoch("series/current", "1");
+    let inputs = |epoch: &str| -> Vec<String> {
+        let text = fs::read(dir.join(format!("series/epoch-{epoch}/index.json"))).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+        let list = v["reshard"]["inputs"].as_array().unwrap();
+        list.iter()
+            .map(|p| p.as_str().unwrap().to_string())
+            .collect()
+    };
+    let first = inputs("0");
+    assert!(
+        !first.is_empty() && first.iter().all(|p| p.starts_with("in/")),
+        "inputs without a link stay as written: {first:?}"
+    );
+    let epoch0 = fs::canonicalize(dir.join("series/epoch-0")).unwrap();
+    let second = inputs("1");
+    assert_eq!(second.len(), 2, "{second:?}");
+    for (k, path) in second.iter().enumerate() {
+        assert_eq!(
+            Path::new(path),
+            epoch0.join(format!("shard-{k:06}.tar")),
+            "{second:?}: the link now leads to {}",
+            fs::read_link(dir.join("series/current")).unwrap().display()
         );
     }
 }

@@ -171,12 +171,13 @@ fn epoch(dir: &Dir, epoch: u64) -> TestCommand {
     cmd
 }
 
-/// The entries of `data/` but a lock a killed run left (the next run takes it over), sorted.
+/// The entries of `data/` but a lock a killed run left and the heartbeats it had moved aside
+/// for publishing (the next run on that output takes the lock over and removes them), sorted.
 fn entries(dir: &Dir) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir.join("data"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.ends_with(".reshard-lock"))
+        .filter(|n| !n.ends_with(".reshard-lock") && !n.ends_with(".heartbeats"))
         .collect();
     names.sort();
     names

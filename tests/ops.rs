@@ -118,6 +118,50 @@ fn progress_shows_under_mpirun_for_index_and_exchange() {
 }
 
 #[test]
+fn index_progress_counts_the_bytes_of_shards_not_yet_done() {
+    let dir = Dir::new("ops-index-bytes");
+    // Two large shards, both read on one rank: shards only are done at the very end.
+    dir.generate(
+        "in",
+        &["--shards", "2", "--samples", "800", "--mean-size", "16KiB"],
+    );
+    let res = dir
+        .mpi(1)
+        .args(["run", "--input", "in", "--output", "out", "--shards", "2"])
+        .args([
+            "--seed",
+            "4",
+            "--progress",
+            "lines",
+            "--progress-interval",
+            "0",
+        ])
+        // Each indexing thread stops halfway through its shard for a while.
+        .env("RESHARD_TEST_PAUSE_INDEX", "1.5")
+        .assert_success();
+    let index = progress_lines(&res.stderr, "index");
+    let midway: Vec<&&str> = index
+        .iter()
+        .take_while(|l| l.contains("index 0 / 2 shards"))
+        .filter(|l| !l.contains("0 / 2 shards, 0 B /"))
+        .collect();
+    res.check(
+        !midway.is_empty(),
+        "a progress line with bytes read before the first shard was done",
+    );
+    res.check(
+        midway.iter().all(|l| !l.contains("ETA unknown")),
+        "an ETA once bytes were read",
+    );
+    res.check(
+        index
+            .last()
+            .is_some_and(|l| l.contains("2 / 2 shards") && l.contains("(100%)")),
+        "index progress ends at every shard and byte",
+    );
+}
+
+#[test]
 fn plan_counts_inodes_and_warns_about_tiny_shards() {
     let dir = Dir::new("ops-inodes");
     dir.generate(

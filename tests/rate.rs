@@ -244,6 +244,68 @@ fn a_plan_says_how_long_the_data_takes_at_the_limits() {
     );
 }
 
+/// The read limit paces every byte read, the header-only index's too (with small samples it
+/// reads most of the input), so `plan`'s least time counts the index's reads: the bytes a
+/// limited run reads are those the plan said, and the time is all of them at the limit.
+#[test]
+fn a_plan_at_the_read_limit_counts_the_index_reads() {
+    let dir = Dir::new("rate-plan-index");
+    // 2 KiB samples: the index reads through the headers 128 KiB at a time.
+    sized(&dir, "in", "2MiB", "2KiB", 2);
+    let input = bytes_of(&dir.join("in"), ".tar");
+    let args = ["-i", "in", "--shards", "2", "--seed", "1"];
+    let plan = dir
+        .mpi(2)
+        .arg("plan")
+        .args(args)
+        .args(["--max-read-rate", "4MiB/s", "--json"])
+        .assert_success();
+    let v: serde_json::Value = serde_json::from_str(&plan.stdout).unwrap();
+    let at = &v["at_limits"];
+    let figure = |name: &str| at[name].as_f64().unwrap_or_else(|| plan.fail(name));
+    let (index, read, secs) = (
+        figure("index_bytes"),
+        figure("read_bytes"),
+        figure("seconds"),
+    );
+    let samples = v["sample_bytes"].as_f64().unwrap();
+    plan.check(
+        index > input as f64 / 2.0 && read == index + samples,
+        "the plan counts the index's reads, most of the input here, before the samples'",
+    );
+    plan.check(
+        (secs - read / (4.0 * 1048576.0)).abs() < 0.01,
+        "the least time is every byte read at the limit",
+    );
+    let text = dir
+        .mpi(2)
+        .arg("plan")
+        .args(args)
+        .args(["--max-read-rate", "4MiB/s"])
+        .assert_success();
+    text.check(
+        text.stdout.contains(" of it by the index; "),
+        "the plan's line says what the index reads",
+    );
+    let help = dir.command().args(["run", "--help"]).assert_success();
+    let words = help.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    help.check(
+        words.contains("limits bytes, not requests: every byte read from storage counts, the header-only index's too"),
+        "--max-read-rate's help says the index's reads count",
+    );
+    let report = "limited.json";
+    dir.mpi(2)
+        .args(["run", "-o", "limited", "--report", report])
+        .args(args)
+        .args(["--max-read-rate", "100GiB/s"])
+        .assert_success();
+    let ran = moved(&dir, report).0.unwrap() as f64;
+    assert!(
+        (read..read * 1.05).contains(&ran),
+        "the run read {ran} bytes; the plan said {read}"
+    );
+}
+
 #[test]
 fn every_rank_runs_with_the_io_priority_and_nice_value_asked_for() {
     if crate::util::find_on_path("ionice").is_none() {

@@ -326,6 +326,25 @@ fn a_job_suspended_as_a_whole_is_not_a_stall() {
     }
 }
 
+/// Runs `cmd` with rank `rank` stopping itself (SIGSTOP) at the point `at`: the watchdog must
+/// end the job with 75, in bounded time, naming that rank.
+fn stopped_at(mut cmd: TestCommand, rank: usize, at: &str) -> RunOutput {
+    cmd.env("RESHARD_TEST_STOP", format!("{rank}:{at}"));
+    let res = cmd.timeout(2 * FAIL_FAST).output();
+    println!(
+        "rank {rank} stopped at {at}: {:?} after {:.1} s",
+        res.code(),
+        res.elapsed.as_secs_f64()
+    );
+    res.check(res.code() == Some(75), "the watchdog ends the job with 75");
+    res.check(
+        res.elapsed < FAIL_FAST,
+        "the job ends in bounded time instead of waiting for the stopped rank",
+    );
+    res.stderr_says(&format!("rank {rank} on"));
+    res
+}
+
 /// Issue 36: a rank stopped (SIGSTOP) outside the exchange, while its peers go on: they wait
 /// for it in a collective, where nothing watched them, for ever. Its neighbours' heartbeat watch
 /// now ends the job with 75 after --stall-timeout, naming it and its phase.
@@ -340,23 +359,66 @@ fn a_rank_stopped_in_any_phase_ends_the_job() {
         let out = format!("out-{at}");
         let mut cmd = dir.mpi(3);
         cmd.args(["run", "--input", "in", "--output", &out, "--shards", "3"])
-            .args(["--seed", "1", "--stall-timeout", "2"])
-            .env("RESHARD_TEST_STOP", format!("{rank}:{at}"));
-        let res = cmd.timeout(2 * FAIL_FAST).output();
-        println!(
-            "rank {rank} stopped at {at}: {:?} after {:.1} s",
-            res.code(),
-            res.elapsed.as_secs_f64()
-        );
-        res.check(res.code() == Some(75), "the watchdog ends the job with 75");
-        res.check(
-            res.elapsed < FAIL_FAST,
-            "the job ends in bounded time instead of waiting for the stopped rank",
-        );
-        res.stderr_says(&format!("rank {rank} on"));
+            .args(["--seed", "1", "--stall-timeout", "2"]);
+        let res = stopped_at(cmd, rank, at);
         res.stderr_says(&format!("stopped answering in phase {at}"));
         res.stderr_has("--stall-timeout");
         res.check(!dir.join(&out).exists(), "nothing may be published");
+    }
+}
+
+/// Issue 38: the heartbeats went before publishing, so a rank stopped while rank 0 published
+/// (or right after) left the others in a collective for ever. The heartbeats move beside the
+/// staging directory and go on to the end: the job ends with 75, naming the rank and phase, and
+/// the output is there whole or not at all.
+#[test]
+fn a_rank_stopped_while_publishing_ends_the_job() {
+    let dir = Dir::new("signals-stopped-publishing");
+    dir.generate(
+        "in",
+        &["--shards", "4", "--samples", "300", "--mean-size", "2KiB"],
+    );
+    let job = |out: &str| {
+        let mut cmd = dir.mpi(3);
+        cmd.args(["run", "--input", "in", "--output", out, "--shards", "3"])
+            .args(["--seed", "1", "--stall-timeout", "2"]);
+        cmd
+    };
+    job("ref").assert_success();
+    let aside = |out: &str| {
+        fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&format!(".{out}.")) && n.ends_with(".heartbeats"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(aside("ref"), Vec::<String>::new(), "heartbeats left beside");
+    assert!(
+        !dir.join("ref/.heartbeats").exists(),
+        "heartbeats published"
+    );
+    // Rank 1 as publishing starts (rank 0 publishes, then waits for it); rank 0 before its
+    // rename and right after it (ranks 1 and 2 wait for it).
+    for (rank, at, published) in [
+        (1, "publish", true),
+        (0, "publish", false),
+        (0, "published", true),
+    ] {
+        let out = format!("out-{rank}-{at}");
+        let res = stopped_at(job(&out), rank, at);
+        res.stderr_says("stopped answering in phase publish");
+        if published {
+            res.stderr_says("the output is there whole");
+            assert_same_output(&dir.join("ref"), &dir.join(&out), &["ranks"]);
+        } else {
+            // Stopped before rank 0 moved the heartbeats aside: before its rename too.
+            res.stderr_says("nothing is published");
+            res.check(!dir.join(&out).exists(), "nothing may be published");
+        }
+        // The next run on the output takes the dead run's lock and clears what it left beside.
+        job(&out).arg("--force").assert_success();
+        assert_eq!(aside(&out), Vec::<String>::new(), "heartbeats left beside");
+        assert_same_output(&dir.join("ref"), &dir.join(&out), &["ranks"]);
     }
 }
 

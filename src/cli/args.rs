@@ -456,6 +456,10 @@ pub struct RunArgs {
     /// Most bytes per second the whole job reads from its input, e.g. 2GiB/s or 500MB/s: shared
     /// equally among the ranks, each pacing its own reads. `plan` says how long the run then
     /// takes at least.
+    ///
+    /// It limits bytes, not requests: every byte read from storage counts, the header-only
+    /// index's too (a few percent of the input for samples of 100 KiB, most of it for samples of
+    /// a few KiB, which it reads through), and `plan`'s time includes them.
     #[arg(
         help_heading = "Sharing the machine",
         long,
@@ -668,7 +672,7 @@ pub struct VerifyArgs {
 
     /// Also draw the output to FILE (.svg or .png): histograms of its shards' bytes and samples,
     /// and which input shards each output shard draws from next to what a uniform random
-    /// permutation gives.
+    /// permutation gives; and say in words whether the order looks uniformly mixed.
     #[arg(long, value_name = "FILE")]
     pub(crate) plot: Option<PathBuf>,
 

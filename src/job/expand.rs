@@ -111,6 +111,14 @@ fn take_staging(
         Some(e) if lock.may_take(&e, pointer)? => Some(e),
         _ => None,
     };
+    // A run stopped while it published (the watchdog ended it) left its heartbeats beside its
+    // staging directory, which its rename may have published: they go once it surely ended.
+    let dead = lock
+        .dead_predecessor()
+        .map(|t| staging::run_dir(pointer, t));
+    for ended in earlier.iter().chain(&dead) {
+        Staging::at(ended).remove_heartbeats_aside();
+    }
     let mut continued = None;
     if resume {
         if let Some(earlier) = &earlier {

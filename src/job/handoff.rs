@@ -113,6 +113,9 @@ pub(crate) struct Indexed {
     pub(crate) hygiene: Hygiene,
     /// Runs of zero blocks read past inside inputs (`--ignore-zeros`), over all ranks.
     pub(crate) zero_runs: u64,
+    /// Bytes the index read from storage over all ranks (tar headers, saved indexes), as the
+    /// rate limits counted them: 0 when no limit is set.
+    pub(crate) read_bytes: u64,
     /// This rank's input shards as it saw them just before it read them (or their saved
     /// index), in order: the finish phase checks them unchanged.
     pub(crate) stamps: Vec<FileStamp>,

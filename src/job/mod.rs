@@ -43,7 +43,7 @@ use anyhow::Result;
 
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::{ExchangeSettings, JobSettings, ResumeSettings};
-use crate::heartbeat::Heartbeat;
+use crate::heartbeat::{self, Heartbeat};
 use crate::hooks;
 use crate::output::checkpoint::{self, Done, InputRecord};
 use crate::output::OutputShards;
@@ -171,13 +171,12 @@ fn run_phases(
     times: &mut PhaseTimes,
 ) -> Result<Outcome> {
     let lead = comm.rank() == 0;
-    let target = settings.upload.target.as_deref();
     let inputs = mine.map(|m| &m.inputs[..]);
     let lock = mine.and_then(|m| m.lock.as_ref());
     narrate_start(comm, setup);
     agree(comm, crate::throttle::start(&settings.io, comm.size()))?;
     let (heart, beats) = start_heartbeat(comm, settings, setup, scratch);
-    let phase = |name: &str| heart.iter().for_each(|h| h.pulse.phase(name));
+    let phase = |name: &str| heart.iter().for_each(|h| h.phase(name));
     phase("index");
     times.start("index");
     let plan = &settings.plan;
@@ -241,22 +240,44 @@ fn run_phases(
     interrupt::check(comm).map_err(stopped)?;
     // Before publish writes the manifests into the staging directory; again before its rename.
     agree(comm, lock.map_or(Ok(()), |l| l.check_owned(staging)))?;
-    // Every rank is here: the heartbeats end, and every rank's has ended (its thread joined)
-    // before rank 0 removes them. Without the second agreement a rank still beating raced the
-    // removal and its beat was published with the output.
-    drop(heart);
-    agree(comm, Ok(()))?;
-    if lead {
-        scratch.remove_heartbeats(staging, target);
-    }
+    let done = (&planned, &finished, &stats);
+    publish_and_after(comm, settings, setup, done, (mine, scratch), heart, times)
+}
+
+/// Publishing, the upload of an object store's output and the summary. Rank 0 moves heartbeats
+/// in the staging directory beside it before its rename (those in an object store stay where
+/// they are); every rank beats on, so that a rank stopped while rank 0 publishes (or after)
+/// ends the job rather than leaving the others in a collective for ever.
+fn publish_and_after(
+    comm: &impl Comm,
+    settings: &JobSettings,
+    setup: &Setup,
+    (planned, finished, stats): (&Planned, &handoff::Finished, &ExchangeStats),
+    (mine, scratch): (Option<&Held>, Scratch),
+    heart: Option<Heartbeat>,
+    times: &mut PhaseTimes,
+) -> Result<Outcome> {
+    let phase = |name: &str| heart.iter().for_each(|h| h.phase(name));
+    let lock = mine.and_then(|m| m.lock.as_ref());
+    phase("publish");
     times.detail("publish");
-    publish::run(comm, &settings.publish, setup, &planned, &finished, lock)?;
+    publish::run(comm, &settings.publish, setup, planned, finished, lock)?;
     if settings.upload.target.is_some() {
+        phase("upload");
         times.detail("upload");
     }
-    upload_phase(comm, settings, setup, &planned, mine)?;
+    upload_phase(comm, settings, setup, planned, mine)?;
     times.stop();
-    let summary = summary::gather(comm, &settings.report, setup, &planned, &stats, times)?;
+    phase("summary");
+    let summary = summary::gather(comm, &settings.report, setup, planned, stats, times)?;
+    // Every rank's heartbeat has ended (its thread joined) before rank 0 removes them: a rank
+    // still beating would leave a file behind in the directory being removed.
+    drop(heart);
+    agree(comm, Ok(()))?;
+    if comm.rank() == 0 {
+        let target = settings.upload.target.as_deref();
+        scratch.remove_heartbeats(setup.staging()?, target);
+    }
     Ok(Outcome::Ran(Box::new(summary)))
 }
 
@@ -271,8 +292,7 @@ fn spool_dir(settings: &JobSettings, setup: &Setup, rank: usize) -> Option<std::
 }
 
 /// Every rank passed the set-up's broadcast: each beats and watches its neighbours from here to
-/// the last collective before publishing, when rank 0 removes the heartbeats. With the
-/// heartbeats' directory.
+/// the end of the job. With the heartbeats' directory.
 fn start_heartbeat(
     comm: &impl Comm,
     settings: &JobSettings,
@@ -283,10 +303,15 @@ fn start_heartbeat(
         return (None, None);
     };
     let dir = scratch.heartbeats(staging, settings.upload.target.as_deref());
-    let owner = Staging::at(staging).owner_file();
+    let place = heartbeat::Place {
+        aside: (dir == Staging::at(staging).heartbeats())
+            .then(|| Staging::at(staging).heartbeats_aside()),
+        dir: dir.clone(),
+        owner: Some(Staging::at(staging).owner_file()),
+    };
     let ranks = (comm.rank(), comm.size());
     let timeout = settings.exchange.stall_timeout;
-    let heart = Heartbeat::start(timeout, ranks, (dir.clone(), Some(owner)), comm.aborter());
+    let heart = Heartbeat::start(timeout, ranks, place, comm.aborter());
     (Some(heart), Some(dir))
 }
 

@@ -410,14 +410,23 @@ fn free_space(output: &std::path::Path) -> Option<FreeSpace> {
     })
 }
 
-/// How long reading `read_bytes` and writing `write_bytes` takes at least at `limits`.
-fn at_limits(limits: Limits, read_bytes: u64, write_bytes: u64) -> Option<AtLimits> {
-    let seconds = limits.least_seconds(read_bytes, write_bytes)?;
+/// How long the index's `index_bytes` read, then the exchange's reading `read_bytes` and
+/// writing `write_bytes`, take at least at `limits`: the index ends before the exchange starts,
+/// so its time adds to the exchange's.
+fn at_limits(
+    limits: Limits,
+    index_bytes: u64,
+    read_bytes: u64,
+    write_bytes: u64,
+) -> Option<AtLimits> {
+    let exchange = limits.least_seconds(read_bytes, write_bytes)?;
+    let index = limits.least_seconds(index_bytes, 0).unwrap_or(0.0);
     Some(AtLimits {
         limits,
-        read_bytes,
+        index_bytes,
+        read_bytes: index_bytes + read_bytes,
         write_bytes,
-        seconds,
+        seconds: index + exchange,
     })
 }
 
@@ -461,6 +470,7 @@ pub(crate) fn plan_report(
         per_shard: laid.shardlist.clone(),
         at_limits: at_limits(
             settings.limits,
+            index.read_bytes,
             index.sample_bytes,
             laid.shard_bytes.iter().sum(),
         ),

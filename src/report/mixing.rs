@@ -79,6 +79,55 @@ impl Mixing {
     }
 }
 
+/// Cells whose expected count is below this make the chi-square figure meaningless.
+const LEAST_EXPECTED: f64 = 5.0;
+
+/// How many standard deviations from a uniform random permutation's chi-square still look like
+/// one (a uniform permutation lies beyond 4 about once in 10^4 to 10^5 runs).
+const UNIFORM_WITHIN: f64 = 4.0;
+
+impl Mixing {
+    /// Whether the order looks like a uniform random permutation, in words: Pearson's
+    /// chi-square of the binned counts against independence of output and input shard. Under a
+    /// uniform permutation it is about its degrees of freedom, (rows - 1)(cols - 1), give or
+    /// take the square root of twice that; an order that keeps input shards together lies far
+    /// above, a deliberate interleave far below.
+    pub(crate) fn verdict(&self) -> String {
+        let total: u64 = self.counts.iter().sum();
+        let cells = self.rows * self.cols;
+        let df = ((self.rows - 1) * (self.cols - 1)) as f64;
+        if df == 0.0 || (total as f64) < LEAST_EXPECTED * cells as f64 {
+            return format!(
+                "mixing: too few samples to judge the order ({total} in {} x {} bins of output x input shards, at least {} needed)",
+                self.rows,
+                self.cols,
+                (LEAST_EXPECTED * cells as f64) as u64
+            );
+        }
+        let mut chi = 0.0;
+        for r in 0..self.rows {
+            for c in 0..self.cols {
+                let want = self.row_sum(r) as f64 * self.col_sum(c) as f64 / total as f64;
+                if want > 0.0 {
+                    let off = self.counts[r * self.cols + c] as f64 - want;
+                    chi += off * off / want;
+                }
+            }
+        }
+        let z = (chi - df) / (2.0 * df).sqrt();
+        let how = if z > UNIFORM_WITHIN {
+            "not uniformly mixed: output shards draw unevenly from the input shards (an order that keeps input shards together)"
+        } else if z < -UNIFORM_WITHIN {
+            "more evenly spread than a uniform random permutation (a deliberate interleave, not a random order)"
+        } else {
+            "looks uniformly mixed"
+        };
+        format!(
+            "mixing: {how} (chi-square {chi:.1} on {df} degrees of freedom: {z:+.1} standard deviations from a uniform random permutation)"
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +155,42 @@ mod tests {
         let summed = small.with_counts(vec![3, 1, 0, 4]);
         assert!((summed.share(0, 0) - 0.75).abs() < 1e-12);
         assert!((summed.uniform_share(1) - 5.0 / 8.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_verdict_tells_a_shuffle_from_an_ordered_or_interleaved_one() {
+        let (outputs, inputs, n) = (10u64, 8u64, 8000u64);
+        // A seeded shuffle's placement (a multiplicative hash of the position: no structure).
+        let mut shuffled = Mixing::new(outputs, inputs);
+        let mut kept = Mixing::new(outputs, inputs);
+        let mut dealt = Mixing::new(outputs, inputs);
+        for i in 0..n {
+            let h = i.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17) % n;
+            shuffled.add(h * outputs / n, i * inputs / n);
+            kept.add(i * outputs / n, i * inputs / n);
+            dealt.add(i % outputs, i * inputs / n);
+        }
+        assert!(
+            shuffled.verdict().contains("looks uniformly mixed"),
+            "{}",
+            shuffled.verdict()
+        );
+        assert!(
+            kept.verdict().contains("not uniformly mixed"),
+            "{}",
+            kept.verdict()
+        );
+        assert!(
+            dealt.verdict().contains("more evenly spread"),
+            "{}",
+            dealt.verdict()
+        );
+        let mut few = Mixing::new(outputs, inputs);
+        few.add(0, 0);
+        assert!(
+            few.verdict().contains("too few samples"),
+            "{}",
+            few.verdict()
+        );
     }
 }

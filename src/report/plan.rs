@@ -46,11 +46,16 @@ pub struct PlanReport {
     pub(crate) at_limits: Option<AtLimits>,
 }
 
-/// The least time the data movement takes at the given rate limits: the bytes it reads and
-/// writes, each divided by its limit (the slower decides). Compute and waits are extra.
+/// The least time the data movement takes at the given rate limits: the index's reads at the
+/// read limit, then the bytes the exchange reads and writes, each divided by its limit (the
+/// slower decides). Compute and waits are extra.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub(crate) struct AtLimits {
     pub(crate) limits: Limits,
+    /// What the index read (tar headers, saved indexes), measured by the plan's own index pass,
+    /// which reads what the run's will.
+    pub(crate) index_bytes: u64,
+    /// Everything read: the index's bytes and the samples'.
     pub(crate) read_bytes: u64,
     pub(crate) write_bytes: u64,
     pub(crate) seconds: f64,
@@ -60,11 +65,12 @@ impl AtLimits {
     pub(crate) fn render(&self) -> String {
         let rate = |r: Option<u64>| r.map_or("none".to_string(), |r| human_bytes(r) + "/s");
         format!(
-            "  at the rate limits (read {}, write {}): the data movement takes at least {:.1} s ({} read, {} written)\n",
+            "  at the rate limits (read {}, write {}): the data movement takes at least {:.1} s ({} read, {} of it by the index; {} written)\n",
             rate(self.limits.read),
             rate(self.limits.write),
             self.seconds,
             human_bytes(self.read_bytes),
+            human_bytes(self.index_bytes),
             human_bytes(self.write_bytes)
         )
     }

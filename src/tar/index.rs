@@ -33,13 +33,28 @@ pub fn index_file(path: &Path) -> Result<ShardIndex> {
 /// # Errors
 /// As [`index_file`], plus the violations the rules say to abort on.
 pub(crate) fn index_file_with(path: &Path, rules: &Rules) -> Result<ShardIndex> {
+    index_file_reaching(path, rules, &mut |_| {})
+}
+
+/// [`index_file_with`], telling `reached` how far into the file the walk is (the end of each
+/// member, in bytes of the file) as it goes, so that a caller can show progress within a shard.
+/// A compressed shard's walk is in decompressed bytes, which the file's size does not bound: it
+/// tells nothing, and its caller counts it whole once done.
+///
+/// # Errors
+/// As [`index_file_with`].
+pub(crate) fn index_file_reaching(
+    path: &Path,
+    rules: &Rules,
+    reached: &mut dyn FnMut(u64),
+) -> Result<ShardIndex> {
     let shard = match codec::open(path)? {
         Opened::Plain(shard) => shard,
         Opened::Decompressed(codec, stream) => {
             // No seeking in a compressed stream: the whole shard is decompressed once, and
             // offsets are those of the decompressed stream.
             // Read to its end, so that the decoder checks the stream's checksum.
-            return index_walk(Walk::new(Forward(stream), None), rules)
+            return index_walk(Walk::new(Forward(stream), None), rules, &mut |_| {})
                 .with_context(|| codec::stream_name(path, codec));
         }
     };
@@ -50,8 +65,11 @@ pub(crate) fn index_file_with(path: &Path, rules: &Rules) -> Result<ShardIndex> 
     // Headers are small reads spread over the file: readahead would pull in the data between
     // them (most of the shard for ~100 KiB samples), so ask for none.
     shard.advise_random();
-    index_reader_with(HeaderReader::new(Sequential::new(shard)), len, rules)
-        .with_context(|| path.display().to_string())
+    let walk = Walk::new(
+        Seekable(HeaderReader::new(Sequential::new(shard))),
+        Some(len),
+    );
+    index_walk(walk, rules, reached).with_context(|| path.display().to_string())
 }
 
 /// The key of the sample whose records start at `start` of the shard at `path` (its first
@@ -171,18 +189,28 @@ pub(crate) fn index_reader_with<R: Read + Seek>(
     file_len: u64,
     rules: &Rules,
 ) -> Result<ShardIndex> {
-    index_walk(Walk::new(Seekable(reader), Some(file_len)), rules)
+    index_walk(
+        Walk::new(Seekable(reader), Some(file_len)),
+        rules,
+        &mut |_| {},
+    )
 }
 
 /// Groups the members of a header walk into samples.
 /// Data after the first zero block is an error unless [`Rules::ignore_zeros`]: the samples there
 /// would be left out without a word.
-fn index_walk<S: Source>(walk: Walk<S>, rules: &Rules) -> Result<ShardIndex> {
+/// `reached` hears the walk's offset after each member.
+fn index_walk<S: Source>(
+    walk: Walk<S>,
+    rules: &Rules,
+    reached: &mut dyn FnMut(u64),
+) -> Result<ShardIndex> {
     let mut walk = walk.ignoring_zeros(rules.ignore_zeros);
     let mut grouper = Grouper::new(rules);
     while let Some(member) = walk.next_member()? {
         let content = read_member(&mut walk, &member, rules)?;
         grouper.push(&member, content)?;
+        reached(walk.offset());
     }
     if let Some(trailing) = walk.trailing()? {
         bail!("{}", trailing.describe());

@@ -30,7 +30,7 @@ pub(crate) use codec::Codec;
 pub(crate) use group::{Hygiene, OnIncomplete, Rules, Warnings};
 pub use group::{OnDuplicate, Sample, ShardIndex, Skipped};
 pub use index::{index_file, index_reader};
-pub(crate) use index::{index_file_with, key_at, keys_at};
+pub(crate) use index::{index_file_reaching, index_file_with, key_at, keys_at};
 pub(crate) use key::key_hash;
 pub use reader::HeaderReader;
 pub(crate) use stream::TarStream;

@@ -146,6 +146,7 @@ fn plot(
             true,
             format_args!("verify: drew the output to {}", path.display()),
         );
+        narrate(true, format_args!("verify: {}", mixing.verdict()));
         Ok(())
     });
     agree(comm, drawn)

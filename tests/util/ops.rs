@@ -179,6 +179,11 @@ pub fn verify_pictures_of_a_shuffle_and_a_key_order(dir: &Dir) -> Vec<[(usize, u
             ])
             .assert_success();
         verify.stderr_has(&format!("drew the output to {png}"));
+        // And says in words whether the order looks like a uniform random permutation.
+        verify.stderr_has(match order {
+            "shuffle" => "verify: mixing: looks uniformly mixed (chi-square",
+            _ => "verify: mixing: not uniformly mixed",
+        });
         let png = dir.join(png);
         verify.check(png_size(&png) == (1200, 900), "a 1200 x 900 PNG");
         let size = fs::metadata(&png).unwrap().len();

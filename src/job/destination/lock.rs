@@ -374,6 +374,12 @@ impl OutputLock {
         crate::job::destination::staging::run_dir(pointer, &self.owner.token)
     }
 
+    /// The token of the run this one took the lock from, when its pid proved it dead.
+    pub(crate) fn dead_predecessor(&self) -> Option<&str> {
+        let t = self.took_over.as_ref()?;
+        (t.surely_dead && is_token(&t.from.token)).then_some(t.from.token.as_str())
+    }
+
     /// Whether the staging directory `earlier`, where the staging `pointer` led when this run
     /// took the lock, is this run's to continue (`--resume`) or remove: yes, unless this run
     /// took the lock over from a run that may only be suspended (judged by its silent

@@ -43,7 +43,7 @@ pub(crate) fn run(
     hooks::kill_before_publish(comm.rank());
     let published = (comm.rank() == 0).then(|| {
         let (staging, target) = (setup.staging()?, setup.target()?);
-        Staging::at(staging).remove_heartbeats();
+        Staging::at(staging).move_heartbeats_aside();
         let info = run_info(comm.size(), settings, setup, planned, finished);
         let shardlist = shard_list(settings, &planned.placed, &planned.laid, finished);
         // The checkpoint records stay until the rename: a failure before it leaves a finished
@@ -122,10 +122,7 @@ fn run_info(
         samples: index.samples,
         sample_bytes: index.sample_bytes,
         output_bytes: finished.file_bytes.iter().sum(),
-        inputs: inputs
-            .iter()
-            .map(|s| s.path.display().to_string())
-            .collect(),
+        inputs: crate::input::recorded_paths(inputs.iter().map(|s| s.path.as_path())),
         input_bytes: inputs.iter().map(|s| s.size).sum(),
         skipped: index.skipped,
         ranks,

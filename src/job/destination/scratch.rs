@@ -111,9 +111,11 @@ impl Scratch {
         }
     }
 
-    /// After the last heartbeat, or a failure (rank 0): heartbeats in the store removed; those
-    /// in the staging directory go with it. Best effort: they are no part of the output.
+    /// After the last heartbeat, or a failure (rank 0): heartbeats in the store removed, and
+    /// those rank 0 moved beside the staging directory for publishing. Best effort: they are no
+    /// part of the output.
     pub(crate) fn remove_heartbeats(self, staging: &Path, target: Option<&Path>) {
+        Staging::at(staging).remove_heartbeats();
         if let Scratch::PerNode { .. } = self {
             let dir = self.heartbeats(staging, target);
             if let Some(prefix) = dir.parent() {

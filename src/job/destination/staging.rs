@@ -16,8 +16,9 @@
 //! .OUT.reshard-tmp.TOKEN/
 //!   .reshard-owner      the owning run's token (see crate::job::destination::lock)
 //!   .reshard/           saved indexes of the shards (published with the output)
-//!   .heartbeats/        the ranks' heartbeats from indexing to publishing (removed before
-//!                       publishing; see crate::heartbeat)
+//!   .heartbeats/        the ranks' heartbeats from indexing to publishing (moved beside,
+//!                       to .OUT.reshard-tmp.TOKEN.heartbeats, before the publishing rename,
+//!                       and removed when the job ends; see crate::heartbeat)
 //!   .resume/            the plan record and checkpoints for --resume (removed after publishing)
 //!   index.json, shards
 //! ```
@@ -217,10 +218,37 @@ impl<'a> Staging<'a> {
             .and_then(|()| sink.create_dir_all(&self.heartbeats()))
     }
 
-    /// Removes the heartbeats (before publishing: they are no part of the output). Whatever
-    /// fails to go stays: it is not the output's.
+    /// Where the heartbeats go for publishing and after, beside the staging directory
+    /// (`.OUT.reshard-tmp.TOKEN.heartbeats`): they are no part of the output, and the ranks go
+    /// on beating until the job ends.
+    pub(crate) fn heartbeats_aside(&self) -> PathBuf {
+        let mut name = self.0.file_name().unwrap_or_default().to_os_string();
+        name.push(".heartbeats");
+        self.0.with_file_name(name)
+    }
+
+    /// Moves the heartbeats aside (before publishing). A failure to move them removes them: the
+    /// heartbeats then stop, but they are never published.
+    pub(crate) fn move_heartbeats_aside(&self) {
+        let sink = self.sink();
+        if sink
+            .rename(&self.heartbeats(), &self.heartbeats_aside())
+            .is_err()
+        {
+            let _ = sink.remove_dir_all(&self.heartbeats());
+        }
+    }
+
+    /// Removes the heartbeats, wherever they are. Whatever fails to go stays: it is not the
+    /// output's.
     pub(crate) fn remove_heartbeats(&self) {
         let _ = self.sink().remove_dir_all(&self.heartbeats());
+        self.remove_heartbeats_aside();
+    }
+
+    /// Removes the heartbeats moved aside for publishing, if they are there.
+    pub(crate) fn remove_heartbeats_aside(&self) {
+        let _ = self.sink().remove_dir_all(&self.heartbeats_aside());
     }
 
     /// Removes the whole staging directory.
@@ -256,6 +284,14 @@ mod tests {
         assert_eq!(fs::read_dir(staging.heartbeats()).unwrap().count(), 0);
         staging.remove_heartbeats();
         assert!(!staging.heartbeats().exists());
+        // Moved aside for publishing: beside the directory, never in it, and removed there.
+        fs::create_dir(staging.heartbeats()).unwrap();
+        staging.move_heartbeats_aside();
+        let aside = staging.heartbeats_aside();
+        assert!(!staging.heartbeats().exists() && aside.is_dir());
+        assert_eq!(aside.parent(), dir.parent());
+        staging.remove_heartbeats();
+        assert!(!aside.exists());
         staging.remove().unwrap();
         assert!(!staging.present());
     }

@@ -23,7 +23,7 @@ use crate::report::narrate::count;
 use crate::size::human_bytes;
 use crate::storage::spool::Spool;
 use crate::storage::{self, FileStamp};
-use crate::tar::{index_file_with, Hygiene, Rules, ShardIndex, Skipped};
+use crate::tar::{index_file_reaching, Hygiene, Rules, ShardIndex, Skipped};
 
 /// Indexes this rank's share, checks for samples split across shards and for duplicate keys,
 /// and numbers the samples globally. `spool`: where this rank spools the shards of its share
@@ -90,13 +90,15 @@ pub(crate) fn run<C: Comm>(
     narrate_reused(lead, reused, inputs.len());
     narrate_spooled(comm, spool.as_ref());
     let (first_global, samples) = exclusive_sum(comm, local.len() as u64);
-    let mut totals = vec![local.iter().map(|s| s.len).sum::<u64>(), zero_runs];
+    // What this rank read so far is the index's: the limits were set just before it.
+    let read = crate::throttle::tallies().0.bytes;
+    let mut totals = vec![local.iter().map(|s| s.len).sum::<u64>(), zero_runs, read];
     totals.extend(skipped.to_array());
     let totals = comm.all_sum(&totals);
-    let ([sample_bytes, zero_runs], skipped) = totals.split_at(2) else {
-        unreachable!("bytes and zero runs, then skipped counts")
+    let ([sample_bytes, zero_runs, read_bytes], skipped) = totals.split_at(3) else {
+        unreachable!("bytes, zero runs and bytes read, then skipped counts")
     };
-    let (sample_bytes, zero_runs) = (*sample_bytes, *zero_runs);
+    let (sample_bytes, zero_runs, read_bytes) = (*sample_bytes, *zero_runs, *read_bytes);
     let skipped = Skipped::from_array(skipped.try_into().expect("four counts"));
     if samples == 0 {
         return Err(everywhere(
@@ -122,6 +124,7 @@ pub(crate) fn run<C: Comm>(
         skipped,
         hygiene,
         zero_runs,
+        read_bytes,
         unread,
         stamps,
         spool,
@@ -177,6 +180,50 @@ impl Work {
             std::thread::sleep(Duration::from_millis(5));
         }
         true
+    }
+}
+
+/// One shard's part of [`Work`] while a thread indexes it: the bytes its header walk has passed
+/// count as they are passed, so that progress moves within a large shard rather than only when
+/// a shard ends, and the shard's whole size once it is done (a shard indexed from its saved
+/// index or compressed tells no offsets on the way).
+struct Reading<'a> {
+    work: &'a Work,
+    size: u64,
+    counted: u64,
+    paused: bool,
+}
+
+impl<'a> Reading<'a> {
+    fn new(work: &'a Work, size: u64) -> Self {
+        Reading {
+            work,
+            size,
+            counted: 0,
+            paused: false,
+        }
+    }
+
+    /// The walk is `at` bytes into the shard.
+    fn reached(&mut self, at: u64) {
+        let at = at.min(self.size);
+        if at > self.counted {
+            self.work
+                .bytes
+                .fetch_add(at - self.counted, Ordering::SeqCst);
+            self.counted = at;
+        }
+        if !self.paused && at.saturating_mul(2) >= self.size {
+            self.paused = true;
+            crate::hooks::pause_in_index();
+        }
+    }
+
+    /// The shard is indexed (or failed): the rest of its bytes count, and the shard.
+    fn done(self) {
+        let rest = self.size.saturating_sub(self.counted);
+        self.work.bytes.fetch_add(rest, Ordering::SeqCst);
+        self.work.shards.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -297,18 +344,20 @@ fn index_shards(
                     if i >= mine.end {
                         break;
                     }
-                    let path = &inputs[i].path;
+                    let (path, size) = (&inputs[i].path, inputs[i].size);
+                    let mut reading = Reading::new(&work, size);
                     // Before the shard is read: a change while it is read moves its stamp.
                     let r = storage::stamp(path)
                         .with_context(|| format!("input {}: cannot stat", path.display()))
                         .and_then(|stamp| {
                             let spool = spool.map(|s| (s, i));
-                            index_one(path, settings, reused, spool).map(|idx| (stamp, idx))
+                            let reached: &mut dyn FnMut(u64) = &mut |at| reading.reached(at);
+                            index_one(path, settings, reused, spool, reached)
+                                .map(|idx| (stamp, idx))
                         });
                     let failed = r.is_err();
                     results.lock().unwrap()[i - mine.start] = Some(r);
-                    work.shards.fetch_add(1, Ordering::SeqCst);
-                    work.bytes.fetch_add(inputs[i].size, Ordering::SeqCst);
+                    reading.done();
                     if failed {
                         // Stop handing out shards; the first error in shard order is reported.
                         next.store(mine.end, Ordering::Relaxed);
@@ -321,14 +370,16 @@ fn index_shards(
     collect(results.into_inner().unwrap(), mine, &settings.rules)
 }
 
-/// One input shard's index: its saved index when it still matches, else its tar headers;
-/// read from the spool, after one fetch of the whole shard into it, where `spool` (with the
-/// shard's number) is given and the shard is on object storage.
+/// One input shard's index: its saved index when it still matches, else its tar headers
+/// (`reached` hears how far their walk is); read from the spool, after one fetch of the whole
+/// shard into it, where `spool` (with the shard's number) is given and the shard is on object
+/// storage.
 fn index_one(
     path: &Path,
     settings: &IndexSettings,
     reused: &AtomicUsize,
     spool: Option<(&Spool, usize)>,
+    reached: &mut dyn FnMut(u64),
 ) -> Result<ShardIndex> {
     let rules = &settings.rules;
     let saved = if settings.reuse_saved {
@@ -341,16 +392,21 @@ fn index_one(
             reused.fetch_add(1, Ordering::Relaxed);
             Ok(idx)
         }
-        Lookup::Missing => spooled_index(path, rules, spool),
+        Lookup::Missing => spooled_index(path, rules, spool, reached),
         Lookup::Stale(why) => {
             crate::errln!("reshard: warning: re-indexing: {why}");
-            spooled_index(path, rules, spool)
+            spooled_index(path, rules, spool, reached)
         }
     }
 }
 
 /// The shard's index from its tar headers, read from the spool when it is spooled.
-fn spooled_index(path: &Path, rules: &Rules, spool: Option<(&Spool, usize)>) -> Result<ShardIndex> {
+fn spooled_index(
+    path: &Path,
+    rules: &Rules,
+    spool: Option<(&Spool, usize)>,
+    reached: &mut dyn FnMut(u64),
+) -> Result<ShardIndex> {
     if let Some((spool, i)) = spool.filter(|_| storage::is_object_store(path)) {
         // Not spooled (no room): read from the store, here and in the exchange.
         spool.fetch(path, &format!("{i:06}")).with_context(|| {
@@ -361,7 +417,7 @@ fn spooled_index(path: &Path, rules: &Rules, spool: Option<(&Spool, usize)>) -> 
             )
         })?;
     }
-    index_file_with(path, rules)
+    index_file_reaching(path, rules, reached)
 }
 
 /// This rank's shard indexes, in shard order, as one list of samples; the first failure in

@@ -205,6 +205,46 @@ impl Writer for Pending {
     }
 }
 
+/// A stream that becomes the object at its path when finished, only if nothing is there then
+/// ([`Sink::create_stream_new`]).
+struct PendingNew {
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl Write for PendingNew {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Writer for PendingNew {
+    fn finish(self: Box<Self>) -> io::Result<u64> {
+        create_new(&self.path, &self.bytes)?;
+        Ok(self.bytes.len() as u64)
+    }
+}
+
+/// Makes the object at `path` from `bytes` only if nothing is there.
+fn create_new(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    with(|s| {
+        if s.objects.contains_key(path) {
+            return Err(io::ErrorKind::AlreadyExists.into());
+        }
+        let object = Object {
+            bytes: Arc::new(RwLock::new(bytes.to_vec())),
+            ino: NEXT_INO.fetch_add(1, Ordering::Relaxed),
+        };
+        s.objects.insert(path.to_path_buf(), object);
+        Ok(())
+    })
+}
+
 impl Drop for Pending {
     fn drop(&mut self) {
         put(&self.path, std::mem::take(&mut self.bytes));
@@ -262,6 +302,13 @@ impl Sink for Memory {
 
     fn create_stream(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
         Ok(Box::new(Pending {
+            path: path.to_path_buf(),
+            bytes: Vec::new(),
+        }))
+    }
+
+    fn create_stream_new(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
+        Ok(Box::new(PendingNew {
             path: path.to_path_buf(),
             bytes: Vec::new(),
         }))
@@ -334,17 +381,7 @@ impl Sink for Memory {
     }
 
     fn create_new(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
-        with(|s| {
-            if s.objects.contains_key(path) {
-                return Err(io::ErrorKind::AlreadyExists.into());
-            }
-            let object = Object {
-                bytes: Arc::new(RwLock::new(bytes.to_vec())),
-                ino: NEXT_INO.fetch_add(1, Ordering::Relaxed),
-            };
-            s.objects.insert(path.to_path_buf(), object);
-            Ok(())
-        })
+        create_new(path, bytes)
     }
 
     fn update(

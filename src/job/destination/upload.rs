@@ -847,10 +847,13 @@ fn after_manifest(
             )
         })?;
     let new: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
+    let fence = lock.map(|l| l.fence(target));
     let earlier = lock.map(|l| l.replaced.iter().chain(&l.preserved));
     for old in earlier.into_iter().flatten() {
         if !new.contains(&old.as_str()) {
             let path = target.join(old);
+            // A run suspended past its lock here removes nothing a successor published since.
+            fence.as_ref().map_or(Ok(()), fenced::Fence::check_lock)?;
             storage::sink(&path).remove_file(&path).with_context(|| {
                 format!(
                     "{} is published; removing {} of the output it replaced failed",
@@ -860,6 +863,7 @@ fn after_manifest(
             })?;
         }
     }
+    fence.as_ref().map_or(Ok(()), fenced::Fence::check_lock)?;
     storage::sink(local).remove_dir_all(local).with_context(|| {
         format!(
             "{} is published; removing the staged copy {} failed",

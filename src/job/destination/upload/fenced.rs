@@ -55,6 +55,34 @@ impl Fence {
     /// # Errors
     /// The lock cannot be read (the store cannot tell).
     fn lost(&self) -> Result<Option<String>> {
+        if let Some(why) = self.lock_lost()? {
+            return Ok(Some(format!("{why} and nothing is published")));
+        }
+        let manifest = self.target.join(MANIFEST);
+        Ok(storage::source(&manifest).stat(&manifest).is_ok().then(|| {
+            format!(
+                "{}: another run published this output meanwhile: this run removes nothing \
+                 there and nothing of it is published",
+                manifest.display()
+            )
+        }))
+    }
+
+    /// That this run still holds the lock: checked right before each removal after its own
+    /// manifest is up (the manifest half of [`Fence::check`] cannot apply then), so that a run
+    /// suspended past its lock after publishing removes nothing a successor published since.
+    ///
+    /// # Errors
+    /// The lock is another run's or gone, or cannot be read.
+    pub(crate) fn check_lock(&self) -> Result<()> {
+        match self.lock_lost()? {
+            None => Ok(()),
+            Some(why) => Err(anyhow::anyhow!(why)),
+        }
+    }
+
+    /// Why this run no longer holds the lock, or `None` while it does.
+    fn lock_lost(&self) -> Result<Option<String>> {
         let why = match storage::source(&self.lock).read(&self.lock) {
             Ok(bytes) => {
                 let text = String::from_utf8_lossy(&bytes);
@@ -67,20 +95,11 @@ impl Fence {
                 return Err(e).with_context(|| format!("{}: cannot read", self.lock.display()))
             }
         };
-        if let Some(why) = why {
-            return Ok(Some(format!(
-                "{}: this run lost the output's lock ({why}): it removes nothing at {} and \
-                 nothing is published",
+        Ok(why.map(|why| {
+            format!(
+                "{}: this run lost the output's lock ({why}): it removes nothing at {}",
                 self.lock.display(),
                 self.target.display()
-            )));
-        }
-        let manifest = self.target.join(MANIFEST);
-        Ok(storage::source(&manifest).stat(&manifest).is_ok().then(|| {
-            format!(
-                "{}: another run published this output meanwhile: this run removes nothing \
-                 there and nothing of it is published",
-                manifest.display()
             )
         }))
     }
@@ -117,9 +136,13 @@ pub(crate) fn create(
             Ok(created) => return Ok(created),
             Err(e) if is_exists(&e) && found == Found::Replace => replace(fence, &to)?,
             Err(e) if is_exists(&e) => {
+                // A create sent again after its answer was lost finds its own first copy.
+                if let Some(own) = same_bytes(local, &to, rel)? {
+                    return Ok(own);
+                }
                 return Err(e).with_context(|| {
                     format!("another run published {} meanwhile", target.display())
-                })
+                });
             }
             Err(e) => return Err(e),
         }
@@ -129,6 +152,25 @@ pub(crate) fn create(
          it (another run keeps writing this output); nothing is published",
         to.display()
     )
+}
+
+/// The object at `to` when it holds exactly the bytes of the file `rel` under `local` (a
+/// small object, the manifest: read back whole), else `None`.
+///
+/// # Errors
+/// Either cannot be read.
+fn same_bytes(local: &Path, to: &Path, rel: &str) -> Result<Option<Created>> {
+    let file = local.join(rel);
+    let ours = storage::source(&file)
+        .read(&file)
+        .with_context(|| format!("{}: cannot read", file.display()))?;
+    let there = match storage::source(to).read(to) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("{}: cannot read", to.display())),
+    };
+    let size = ours.len() as u64;
+    Ok((there == ours).then_some(Created { size, e_tag: None }))
 }
 
 /// An object this run must remove from `to` before it can create its own there ([`remove`]).

@@ -173,3 +173,64 @@ fn a_failed_runs_objects_go_but_those_kept_and_the_marker_then_names_what_is_lef
     assert!(!present("a.tar") && !present(INCOMPLETE));
     assert_eq!(clean_up_failed_run(target, None, &[], None).unwrap(), None);
 }
+
+/// A manifest whose create was sent again after its answer was lost finds its own first copy:
+/// the run goes on (the output is live); another run's manifest there still fails it.
+#[test]
+fn a_manifest_created_again_finds_its_own_copy_but_refuses_another() {
+    let local = Path::new("mem://upload-manifest-again/local");
+    let target = Path::new("mem://upload-manifest-again/target");
+    for dir in [local, target] {
+        storage::sink(dir).create_dir_all(dir).unwrap();
+    }
+    let put = |dir: &Path, bytes: &[u8]| {
+        let path = dir.join(MANIFEST);
+        storage::sink(&path).write(&path, bytes).unwrap();
+    };
+    put(local, b"{\"ours\": 1}");
+    put(target, b"{\"ours\": 1}");
+    let made = fenced::create(local, target, MANIFEST, fenced::Found::Fail, None, None).unwrap();
+    assert_eq!(made.size, 11);
+    put(target, b"{\"theirs\": 2}");
+    let err = fenced::create(local, target, MANIFEST, fenced::Found::Fail, None, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("another run published"), "{err}");
+}
+
+/// After its manifest, a run that lost the lock removes nothing more at the output: not the
+/// objects of the output it replaced (a successor may have published them since), not the
+/// staged copy.
+#[test]
+fn after_its_manifest_a_run_that_lost_the_lock_removes_nothing() {
+    let local = Path::new("mem://upload-after-lost/local");
+    let target = Path::new("mem://upload-after-lost/target");
+    for dir in [local, target] {
+        storage::sink(dir).create_dir_all(dir).unwrap();
+    }
+    let lock = RemoteLock::acquire(target, Duration::from_secs(60)).unwrap();
+    let put = |path: &Path, bytes: &[u8]| storage::sink(path).write(path, bytes).unwrap();
+    put(&target.join(INCOMPLETE), b"marker");
+    put(&target.join("old.tar"), b"a successor's shard now");
+    put(&local.join("new.tar"), b"staged");
+    let lock = RemoteLock {
+        replaced: vec!["old.tar".into()],
+        ..lock
+    };
+    // Another run took the lock over.
+    put(&lock_path(target), b"token someone-else\n");
+    let files = vec![("new.tar".to_string(), 6)];
+    let err = after_manifest(target, local, &files, Some(&lock)).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("lost the output's lock"),
+        "{err:#}"
+    );
+    assert!(
+        storage::stamp(&target.join("old.tar")).is_ok(),
+        "old.tar removed"
+    );
+    assert!(
+        storage::stamp(&local.join("new.tar")).is_ok(),
+        "staged copy removed"
+    );
+}

@@ -309,6 +309,12 @@ impl TestCommand {
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+            // Every rank of these jobs is on this host: UCX opens loopback only. Left to choose,
+            // it opens every addressed interface, and the simulated cluster's bridge (with the
+            // host's address for its S3 server) vanishing mid-MPI_Init failed a job at start
+            // ("init_worker No such device": 11 of 25 launches while such a bridge came and went).
+            // The cluster's own launches set their devices themselves.
+            .env("UCX_NET_DEVICES", "lo")
             .envs(self.envs.iter().map(|(k, v)| (k, v)))
             // Its own process group, so that a timeout kills the launcher and every rank.
             .process_group(0);

@@ -180,10 +180,12 @@ impl Output for Object {
     }
 }
 
-/// A stream that becomes the object at its path when dropped.
+/// A stream that becomes the object at its path: when dropped, or with `create_only`
+/// ([`Sink::create_stream_new`]) when finished and only if nothing is there then.
 struct Pending {
     path: PathBuf,
     bytes: Vec<u8>,
+    create_only: bool,
 }
 
 impl Write for Pending {
@@ -193,39 +195,20 @@ impl Write for Pending {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        put(&self.path, self.bytes.clone());
+        if !self.create_only {
+            put(&self.path, self.bytes.clone());
+        }
         Ok(())
     }
 }
 
 impl Writer for Pending {
     fn finish(self: Box<Self>) -> io::Result<u64> {
+        if self.create_only {
+            create_new(&self.path, &self.bytes)?;
+            return Ok(self.bytes.len() as u64);
+        }
         // Dropping it puts it.
-        Ok(self.bytes.len() as u64)
-    }
-}
-
-/// A stream that becomes the object at its path when finished, only if nothing is there then
-/// ([`Sink::create_stream_new`]).
-struct PendingNew {
-    path: PathBuf,
-    bytes: Vec<u8>,
-}
-
-impl Write for PendingNew {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.bytes.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Writer for PendingNew {
-    fn finish(self: Box<Self>) -> io::Result<u64> {
-        create_new(&self.path, &self.bytes)?;
         Ok(self.bytes.len() as u64)
     }
 }
@@ -247,7 +230,9 @@ fn create_new(path: &Path, bytes: &[u8]) -> io::Result<()> {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        put(&self.path, std::mem::take(&mut self.bytes));
+        if !self.create_only {
+            put(&self.path, std::mem::take(&mut self.bytes));
+        }
     }
 }
 
@@ -304,13 +289,15 @@ impl Sink for Memory {
         Ok(Box::new(Pending {
             path: path.to_path_buf(),
             bytes: Vec::new(),
+            create_only: false,
         }))
     }
 
     fn create_stream_new(&self, path: &Path) -> io::Result<Box<dyn Writer>> {
-        Ok(Box::new(PendingNew {
+        Ok(Box::new(Pending {
             path: path.to_path_buf(),
             bytes: Vec::new(),
+            create_only: true,
         }))
     }
 

@@ -571,6 +571,20 @@ fn read_text(path: &Path) -> io::Result<String> {
 ///
 /// # Errors
 /// It cannot be read, or it is not a reshard lock (then it is left alone).
+/// Why the run whose token is `token` no longer holds the lock at `path` (another run holds
+/// it, or it is gone), or `None` while it does: the check of a rank that has the token but not
+/// the lock itself.
+///
+/// # Errors
+/// The lock cannot be read, or is not a reshard lock.
+pub(crate) fn lost_by_token(path: &Path, token: &str) -> Result<Option<String>> {
+    Ok(match read_owner(path)? {
+        Some(owner) if owner.token == token => None,
+        Some(owner) => Some(format!("{} holds it now", owner.who())),
+        None => Some("it was removed".into()),
+    })
+}
+
 fn read_owner(path: &Path) -> Result<Option<Owner>> {
     match read_text(path) {
         Ok(text) => match Owner::parse(&text) {

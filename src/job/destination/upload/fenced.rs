@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use super::{remove_if_there, CHUNK};
+use crate::job::destination::lock::lost_by_token;
 use crate::storage::{self, Created};
 
 /// How many times an object is created at one name before the run gives up: each time after the
@@ -83,18 +84,7 @@ impl Fence {
 
     /// Why this run no longer holds the lock, or `None` while it does.
     fn lock_lost(&self) -> Result<Option<String>> {
-        let why = match storage::source(&self.lock).read(&self.lock) {
-            Ok(bytes) => {
-                let text = String::from_utf8_lossy(&bytes);
-                let token = text.lines().find_map(|l| l.strip_prefix("token "));
-                (token.map(str::trim) != Some(self.token.as_str()))
-                    .then_some("another run holds it now")
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("it is gone"),
-            Err(e) => {
-                return Err(e).with_context(|| format!("{}: cannot read", self.lock.display()))
-            }
-        };
+        let why = lost_by_token(&self.lock, &self.token)?;
         Ok(why.map(|why| {
             format!(
                 "{}: this run lost the output's lock ({why}): it removes nothing at {}",

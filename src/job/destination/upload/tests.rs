@@ -217,8 +217,16 @@ fn after_its_manifest_a_run_that_lost_the_lock_removes_nothing() {
         replaced: vec!["old.tar".into()],
         ..lock
     };
-    // Another run took the lock over.
-    put(&lock_path(target), b"token someone-else\n");
+    // Another run took the lock over: the lock as it wrote it, with its own token.
+    let held = String::from_utf8(
+        storage::source(&lock_path(target))
+            .read(&lock_path(target))
+            .unwrap(),
+    )
+    .unwrap();
+    let theirs = held.replace(lock.lock.token(), "someone-else");
+    assert_ne!(held, theirs);
+    put(&lock_path(target), theirs.as_bytes());
     let files = vec![("new.tar".to_string(), 6)];
     let err = after_manifest(target, local, &files, Some(&lock)).unwrap_err();
     assert!(

@@ -42,8 +42,7 @@ pub(crate) enum Scratch {
 ///
 /// # Errors
 /// The directory cannot be made on a node, or the run asks for what needs one directory every
-/// rank sees: `--resume` (its records are on rank 0's node), `--energon` (rank 0 reads every
-/// writer's rows). Those are a [`UsageError`], said once.
+/// rank sees: `--energon` (rank 0 reads every writer's rows), a [`UsageError`], said once.
 pub(crate) fn settle(comm: &impl Comm, settings: &JobSettings, setup: &Setup) -> Result<Scratch> {
     let (Some(staging), Some(target)) = (&setup.staging, &settings.upload.target) else {
         return Ok(Scratch::Shared);
@@ -56,9 +55,9 @@ pub(crate) fn settle(comm: &impl Comm, settings: &JobSettings, setup: &Setup) ->
     if unseen == 0 {
         return Ok(Scratch::Shared);
     }
-    let why = if settings.upload.resume {
-        Some("--resume continues from records on one node's disk, which other nodes cannot read: rerun without --resume (the run starts over), or give a --scratch every rank shares")
-    } else if settings.finish.loaders.energon.is_some() {
+    // `--resume` needs no shared disk here: its records of the upload are in the bucket
+    // (`upload::records`), and the exchange, which records nothing per node, runs again.
+    let why = if settings.finish.loaders.energon.is_some() {
         Some("--energon needs every writer's index rows on one disk: give a --scratch every rank shares")
     } else {
         None

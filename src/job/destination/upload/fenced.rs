@@ -302,16 +302,39 @@ pub(crate) fn lost(fence: Option<&Fence>, target: &Path) -> Option<String> {
 }
 
 /// The shards a resumed run keeps from the earlier attempt (`kept`): each still the object that
-/// attempt noted (its size, modification time and ETag), not trusted.
+/// attempt noted (its size, modification time and ETag) in the staged copy's notes, or the size
+/// and ETag of its record in the bucket (`records`), not trusted.
 ///
 /// # Errors
 /// One is not.
-pub(crate) fn check_kept(local: &Path, target: &Path, kept: &[String]) -> Result<()> {
+pub(crate) fn check_kept(
+    local: &Path,
+    target: &Path,
+    kept: &[String],
+    records: &[(String, super::records::Record)],
+) -> Result<()> {
     let now = |p: &Path| storage::stamp(p).ok().map(|s| super::stamp_line(&s));
-    if let Some(stale) = kept
-        .iter()
-        .find(|k| super::read_note(local, k).map(|n| n.0) != now(&target.join(k.as_str())))
-    {
+    let holds = |k: &String| -> Result<bool> {
+        let to = target.join(k.as_str());
+        if let Some((_, r)) = records.iter().find(|r| &r.0 == k) {
+            let made = Created {
+                size: r.size,
+                e_tag: Some(r.e_tag.clone()),
+            };
+            if still_created(&to, &made)? {
+                return Ok(true);
+            }
+        }
+        Ok(super::read_note(local, k).is_some_and(|n| Some(n.0) == now(&to)))
+    };
+    let mut stale = None;
+    for k in kept {
+        if !holds(k)? {
+            stale = Some(k);
+            break;
+        }
+    }
+    if let Some(stale) = stale {
         bail!(
             "{}: kept from the earlier attempt, but it is not the object that attempt noted any \
              more",
@@ -338,8 +361,8 @@ pub(crate) fn remove_side_objects(target: &Path) -> Result<()> {
 }
 
 /// This rank's share `todo` (its shards and their per-shard files) uploaded from its node's
-/// `copy`, each created (never put over another object), a shard with its saved index and its
-/// note; then each found still as created (before the manifest): the bytes uploaded.
+/// `copy`, each created (never put over another object), a shard with its saved index, its
+/// note and its record in the bucket ([`super::records`]); then each found still as created (before the manifest): the bytes uploaded.
 pub(crate) fn upload_share(
     copy: &Path,
     target: &Path,
@@ -357,6 +380,9 @@ pub(crate) fn upload_share(
         if super::is_shard(&f.0) {
             super::restamp_layout(copy, target, &f.0, names)?;
             super::note_uploaded(copy, target, &f.0)?;
+            if let Some(fence) = fence {
+                super::records::note(fence, copy, &f.0, &made)?;
+            }
             sent.add(f.1);
         }
         sum += made.size;

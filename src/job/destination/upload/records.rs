@@ -1,0 +1,282 @@
+//! The `--resume` records of an `s3://` output, kept in the bucket so that a resumed run on other
+//! nodes, with another rank count, or without the staged copy (node-local `--scratch`) keeps the
+//! shards an earlier run uploaded completely.
+//!
+//! Once a writer created a shard (and its saved index), it puts one record under its run's own
+//! hidden prefix beside the output, `.NAME.reshard-records.TOKEN/SHARD` (TOKEN: the output lock's
+//! token): the size and ETag the store answered to the create, and the MD5 of the bytes it sent.
+//! The marker of the upload names that token. Fencing by construction: no other run writes under
+//! that prefix, so a run that lost the lock can only write records under its own token, which a
+//! successor does not read (it reads the records of the run its lock came from, or, with the
+//! lock free, of the run the marker names), and a record is never trusted: believed only when it
+//! is sealed, of its prefix's token, the object at its name still has the recorded size and ETag
+//! (a HEAD), and the resumed run's own staged file has the recorded size and MD5: so a kept object
+//! holds exactly the bytes the resumed run would upload.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::deal::Deal;
+use super::fenced::{still_created, Fence};
+use super::is_shard;
+use crate::comm::{agree, broadcast_result, gather, Comm};
+use crate::job::destination::lock::OutputLock;
+use crate::output::{md5_file, seal};
+use crate::storage::{self, Created, Kind};
+
+/// What a record says of one shard's upload.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Record {
+    /// The run's token: a record found under another run's prefix is not believed.
+    pub(crate) token: String,
+    /// The object's size, as created.
+    pub(crate) size: u64,
+    /// The ETag the store answered to the create (content-derived: another object at the name
+    /// has another).
+    pub(crate) e_tag: String,
+    /// The MD5 of the bytes sent, hex.
+    pub(crate) md5: String,
+}
+
+/// The prefix of the records of the run `token` writing `target`: beside it, hidden.
+pub(crate) fn prefix(target: &Path, token: &str) -> PathBuf {
+    let name = target.file_name().unwrap_or_default().to_string_lossy();
+    target.with_file_name(format!(".{name}.reshard-records.{token}"))
+}
+
+/// Whether `token` may name a records prefix (a lock token: hex, no separators).
+pub(crate) fn is_token(token: &str) -> bool {
+    (16..=64).contains(&token.len()) && token.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Puts `record` of `shard` under the records prefix of the run `token`.
+///
+/// # Errors
+/// It cannot be written.
+pub(crate) fn write(target: &Path, token: &str, shard: &str, record: &Record) -> Result<()> {
+    let path = prefix(target, token).join(shard);
+    let json = serde_json::to_vec(record).expect("a record serializes");
+    storage::sink(&path)
+        .write(&path, &seal::seal(json))
+        .with_context(|| format!("{}: cannot write", path.display()))
+}
+
+/// After this run created `shard` (from its node's `copy`) with the answer `created`: its record,
+/// under this run's prefix (`fence`'s token). A store that answered no ETag gets no record (its
+/// object could not be told from another): a resumed run uploads that shard again.
+///
+/// # Errors
+/// The staged file cannot be read or the record written.
+pub(crate) fn note(fence: &Fence, copy: &Path, shard: &str, created: &Created) -> Result<()> {
+    let Some(e_tag) = &created.e_tag else {
+        return Ok(());
+    };
+    let record = Record {
+        token: fence.token.clone(),
+        size: created.size,
+        e_tag: e_tag.clone(),
+        md5: hex(&md5_file(&copy.join(shard))?),
+    };
+    write(&fence.target, &fence.token, shard, &record)
+}
+
+/// The records of the run `token` at `target` that hold still, by shard name, sorted: sealed, of
+/// that token, for a shard, and the object at the shard's name still of the recorded size and
+/// ETag. Any other is passed over (said, when it is damaged): its shard is uploaded again.
+///
+/// # Errors
+/// The prefix cannot be listed or an object cannot be looked at.
+pub(crate) fn verified(target: &Path, token: &str) -> Result<Vec<(String, Record)>> {
+    let dir = prefix(target, token);
+    let entries = match storage::source(&dir).list(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("{}: cannot list", dir.display())),
+    };
+    let mut out = Vec::new();
+    for e in entries.into_iter().filter(|e| e.kind == Kind::File) {
+        let shard = e.name.to_string_lossy().into_owned();
+        let Some(record) = read(&dir.join(&shard)).filter(|r| r.token == token) else {
+            continue;
+        };
+        let made = Created {
+            size: record.size,
+            e_tag: Some(record.e_tag.clone()),
+        };
+        if is_shard(&shard) && still_created(&target.join(&shard), &made)? {
+            out.push((shard, record));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// The record at `path`, if it is readable and sealed (a damaged one is said, naming it).
+fn read(path: &Path) -> Option<Record> {
+    let bytes = storage::source(path).read(path).ok()?;
+    match seal::open(&bytes) {
+        Ok(body) => serde_json::from_slice(body).ok(),
+        Err(e) => {
+            crate::errln!(
+                "reshard: warning: {}: {e}; its shard is uploaded again",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// Of `candidates` (records that hold still, [`verified`]), the shards whose staged file under
+/// `copy` has the recorded size and MD5: the object at its name holds exactly the bytes this run
+/// would upload. The others are said: they are uploaded again.
+///
+/// # Errors
+/// A staged file cannot be read.
+pub(crate) fn same_bytes(copy: &Path, candidates: &[(String, Record)]) -> Result<Vec<String>> {
+    let mut same = Vec::new();
+    for (shard, record) in candidates {
+        let file = copy.join(shard);
+        let size = storage::stamp(&file)
+            .with_context(|| format!("{}: cannot stat", file.display()))?
+            .size;
+        if size == record.size && hex(&md5_file(&file)?) == record.md5 {
+            same.push(shard.clone());
+        } else {
+            crate::errln!(
+                "reshard: --resume: {shard} in the bucket is not the bytes this run stages for it (another request's?): uploaded again"
+            );
+        }
+    }
+    Ok(same)
+}
+
+/// What rank 0 knows of the shards a resumed run may keep ([`kept`]).
+pub(crate) struct Candidates {
+    /// Kept by the staged copy's own notes (it was continued and the objects are as noted).
+    pub(crate) kept: Vec<String>,
+    /// The bucket's records, carried over, of shards the clean-up left in place.
+    pub(crate) records: Vec<(String, Record)>,
+}
+
+/// The shards a resumed run keeps, the same sorted list on every rank: `lead` (rank 0's) holds
+/// those it keeps by the staged copy's own notes, and the bucket's records of shards the new
+/// output names, carried over and preserved; of those records, each shard's uploader
+/// ([`Deal::mine`]) keeps the ones whose staged file in its node's `copy` has the recorded
+/// bytes ([`same_bytes`]).
+///
+/// # Errors
+/// A staged file cannot be read (on any rank).
+pub(crate) fn kept(
+    comm: &impl Comm,
+    copy: &Path,
+    dealt: &Deal,
+    lead: Option<Candidates>,
+) -> Result<Vec<String>> {
+    let lead = lead.map(|Candidates { kept, records }| {
+        let named: HashSet<&str> = dealt.files.iter().map(|f| f.0.as_str()).collect();
+        let candidates: Vec<(String, Record)> = records
+            .into_iter()
+            .filter(|r| named.contains(r.0.as_str()) && !kept.contains(&r.0))
+            .collect();
+        Ok((kept, candidates))
+    });
+    let (mut kept, candidates): (Vec<String>, Vec<(String, Record)>) =
+        broadcast_result(comm, 0, lead)?;
+    let mine: HashSet<String> = dealt
+        .mine(comm.rank())
+        .into_iter()
+        .map(|f| f.0.clone())
+        .collect();
+    let own: Vec<(String, Record)> = candidates
+        .into_iter()
+        .filter(|c| mine.contains(&c.0))
+        .collect();
+    let same = agree(comm, same_bytes(copy, &own))?;
+    let same = serde_json::to_vec(&same).expect("a list of names serializes");
+    let gathered = gather(comm, 0, &same);
+    let all = (comm.rank() == 0).then(|| {
+        for bytes in gathered {
+            let theirs: Vec<String> =
+                serde_json::from_slice(&bytes).context("decoding a rank's kept shards")?;
+            kept.extend(theirs);
+        }
+        kept.sort();
+        kept.dedup();
+        Ok(kept)
+    });
+    broadcast_result(comm, 0, all)
+}
+
+/// Rank 0, holding the lock, before it clears what a failed attempt left: that attempt's records
+/// which hold still ([`verified`]), when `--resume` asks for them, written again under this
+/// run's own prefix (a resumed run that fails in turn leaves them to the next); then that
+/// attempt's prefix removed. `earlier`: the token the attempt's marker names. Believed only when
+/// it is the run this one took the lock over from, or the lock was free (that run released
+/// it): a marker put late by a run that lost the lock names that run, whose records a
+/// successor does not read.
+///
+/// # Errors
+/// The records cannot be listed, read, written or removed, or an object cannot be looked at.
+pub(crate) fn carry_over(
+    target: &Path,
+    earlier: Option<&str>,
+    lock: &OutputLock,
+    resume: bool,
+) -> Result<Vec<(String, Record)>> {
+    let own = lock.token();
+    let Some(earlier) = earlier.filter(|t| is_token(t) && *t != own) else {
+        return Ok(Vec::new());
+    };
+    let from = lock.dead_predecessor().or_else(|| lock.taken_from_silent());
+    let mut carried = Vec::new();
+    if resume && from.is_none_or(|f| f == earlier) {
+        for (shard, mut record) in verified(target, earlier)? {
+            own.clone_into(&mut record.token);
+            write(target, own, &shard, &record)?;
+            carried.push((shard, record));
+        }
+    }
+    // Written only by that run, read by no other: nothing to keep once carried over.
+    remove(target, earlier)?;
+    Ok(carried)
+}
+
+/// Removes the records of the run `token` at `target` (after its output is published, or once a
+/// successor carried over what it keeps).
+///
+/// # Errors
+/// They cannot be listed or removed.
+pub(crate) fn remove(target: &Path, token: &str) -> Result<()> {
+    let dir = prefix(target, token);
+    match storage::sink(&dir).remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("{}: cannot remove", dir.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_live_beside_the_output_under_the_runs_token() {
+        let target = Path::new("s3://b/p/out");
+        assert_eq!(
+            prefix(target, "0123456789abcdef"),
+            Path::new("s3://b/p/.out.reshard-records.0123456789abcdef")
+        );
+        assert!(is_token("0123456789abcdef"));
+        for bad in ["", "../x", "0123456789abcdeg", "0123456789abcdef/x"] {
+            assert!(!is_token(bad), "{bad}");
+        }
+        assert_eq!(hex(&[0, 0xab, 0x10]), "00ab10");
+    }
+}

@@ -143,6 +143,26 @@ impl Scratch {
     }
 }
 
+/// Rank 0, having taken the output's lock over from a run its pid proved dead: the heartbeats
+/// that runs staged per node left in the store beside `target` (`.NAME.reshard-tmp.TOKEN/
+/// .heartbeats/`, [`Scratch::heartbeats`]), which a run killed outright cannot remove. This run
+/// beats there only later, once its ranks start. Best effort: they are no part of the output.
+pub(crate) fn remove_dead_heartbeats(target: &Path) {
+    let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
+        return;
+    };
+    let base = format!(".{}.reshard-tmp.", name.to_string_lossy());
+    let Ok(entries) = storage::source(parent).list(parent) else {
+        return;
+    };
+    for e in entries.into_iter().filter(|e| e.kind == storage::Kind::Dir) {
+        if e.name.to_string_lossy().starts_with(&base) {
+            let beats = parent.join(&e.name).join(".heartbeats");
+            let _ = storage::sink(&beats).remove_dir_all(&beats);
+        }
+    }
+}
+
 /// Removes, on this node's disk, the staging copies of earlier runs of the same output beside
 /// `staging` (`.NAME.reshard-tmp.TOKEN` of another token), each once however many ranks ask.
 fn remove_earlier_copies(staging: &Path) {

@@ -219,7 +219,8 @@ pub(crate) fn kept(
 /// attempt's prefix removed. `earlier`: the token the attempt's marker names. Believed only when
 /// it is the run this one took the lock over from, or the lock was free (that run released
 /// it): a marker put late by a run that lost the lock names that run, whose records a
-/// successor does not read.
+/// successor does not read. A run dead by its pid also leaves heartbeats in the store, which go
+/// ([`crate::job::destination::scratch::remove_dead_heartbeats`]).
 ///
 /// # Errors
 /// The records cannot be listed, read, written or removed, or an object cannot be looked at.
@@ -229,6 +230,9 @@ pub(crate) fn carry_over(
     lock: &OutputLock,
     resume: bool,
 ) -> Result<Vec<(String, Record)>> {
+    if lock.dead_predecessor().is_some() {
+        crate::job::destination::scratch::remove_dead_heartbeats(target);
+    }
     let own = lock.token();
     let Some(earlier) = earlier.filter(|t| is_token(t) && *t != own) else {
         return Ok(Vec::new());

@@ -882,10 +882,8 @@ fn after_manifest(
             })?;
         }
     }
-    if let Some(f) = &fence {
-        records::remove(target, &f.token)?; // read by no run once the output is published
-    }
     fence.as_ref().map_or(Ok(()), fenced::Fence::check_lock)?;
+    records::remove_all(target)?; // read by no run once the output is published
     storage::sink(local).remove_dir_all(local).with_context(|| {
         format!(
             "{} is published; removing the staged copy {} failed",

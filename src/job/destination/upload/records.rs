@@ -266,6 +266,28 @@ pub(crate) fn remove(target: &Path, token: &str) -> Result<()> {
     }
 }
 
+/// Once the output at `target` is published: every run's records beside it removed, this
+/// run's and any a run that lost the lock wrote late under its own token (read by no run: only
+/// a marker names the records a resumed run reads, and a published output has none).
+///
+/// # Errors
+/// The output's parent cannot be listed, or a prefix cannot be removed.
+pub(crate) fn remove_all(target: &Path) -> Result<()> {
+    let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
+        return Ok(());
+    };
+    let base = format!(".{}.reshard-records.", name.to_string_lossy());
+    let entries = storage::source(parent)
+        .list(parent)
+        .with_context(|| format!("{}: cannot list", parent.display()))?;
+    for e in entries.into_iter().filter(|e| e.kind == Kind::Dir) {
+        if let Some(token) = e.name.to_string_lossy().strip_prefix(&base) {
+            remove(target, token)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -305,4 +305,69 @@ mod tests {
         }
         assert_eq!(hex(&[0, 0xab, 0x10]), "00ab10");
     }
+
+    fn record(token: &str, size: u64, md5: &str) -> Record {
+        Record {
+            token: token.into(),
+            size,
+            e_tag: "\"etag\"".into(),
+            md5: md5.into(),
+        }
+    }
+
+    #[test]
+    fn a_shard_is_kept_only_where_the_staged_file_has_the_recorded_bytes() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("a.tar"), b"abc").unwrap();
+        std::fs::write(tmp.path().join("b.tar"), b"abd").unwrap();
+        std::fs::write(tmp.path().join("c.tar"), b"abcd").unwrap();
+        // MD5("abc"), as published with RFC 1321.
+        let abc = "900150983cd24fb0d6963f7d28e17f72";
+        let t = "0123456789abcdef";
+        let candidates = [
+            ("a.tar".to_string(), record(t, 3, abc)),
+            ("b.tar".to_string(), record(t, 3, abc)),
+            ("c.tar".to_string(), record(t, 3, abc)),
+        ];
+        assert_eq!(same_bytes(tmp.path(), &candidates).unwrap(), ["a.tar"]);
+        assert!(same_bytes(tmp.path(), &[("gone.tar".into(), record(t, 3, abc))]).is_err());
+    }
+
+    #[test]
+    fn a_record_that_is_damaged_of_another_token_or_of_no_object_is_not_believed() {
+        let target = Path::new("mem://upload-records/out");
+        let (t, other) = ("0123456789abcdef", "fedcba9876543210");
+        storage::sink(target).create_dir_all(target).unwrap();
+        assert!(verified(target, t).unwrap().is_empty(), "no prefix");
+        let put = |token: &str, shard: &str, bytes: &[u8]| {
+            let path = prefix(target, token).join(shard);
+            storage::sink(&path)
+                .create_dir_all(path.parent().unwrap())
+                .unwrap();
+            storage::sink(&path).write(&path, bytes).unwrap();
+        };
+        let sealed = |r: &Record| seal::seal(serde_json::to_vec(r).unwrap());
+        for shard in ["a.tar", "b.tar", "c.tar"] {
+            let path = target.join(shard);
+            storage::sink(&path).write(&path, b"abc").unwrap();
+        }
+        // Unsealed; another run's token under this prefix; no object at its name.
+        put(t, "a.tar", &serde_json::to_vec(&record(t, 3, "x")).unwrap());
+        put(t, "b.tar", &sealed(&record(other, 3, "x")));
+        put(t, "d.tar", &sealed(&record(t, 3, "x")));
+        // Sealed and of this token, but the object is not the recorded one (its ETag differs).
+        put(t, "c.tar", &sealed(&record(t, 3, "x")));
+        assert!(verified(target, t).unwrap().is_empty());
+        // Once published, every run's records go, and nothing else.
+        put(other, "a.tar", &sealed(&record(other, 3, "x")));
+        remove_all(target).unwrap();
+        let parent = target.parent().unwrap();
+        let left: Vec<String> = storage::source(parent)
+            .list(parent)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["out"]);
+    }
 }

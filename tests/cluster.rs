@@ -567,6 +567,46 @@ fn s3_job_on_node_0(
     job
 }
 
+/// Runs `job` and kills node 1's ranks (SIGKILL) once a shard is recorded as uploaded in the
+/// bucket and a multipart upload is open; the launcher ends the job, which must fail. The shards
+/// recorded, by name.
+fn kill_node_1_once_a_shard_is_recorded(
+    cluster: &Cluster,
+    dir: &Dir,
+    s3: &Server,
+    bucket: &str,
+    job: crate::util::TestCommand,
+) -> Vec<String> {
+    let handle = thread::spawn(move || job.output());
+    let records = || -> Vec<String> {
+        s3.keys(dir, bucket, "")
+            .into_iter()
+            .filter(|k| k.starts_with(".out.reshard-records."))
+            .collect()
+    };
+    let waiting = Instant::now();
+    while records().is_empty() || s3.uploads(dir, bucket).is_empty() {
+        assert!(!handle.is_finished(), "the job ended before a shard was up");
+        assert!(
+            waiting.elapsed() < Duration::from_secs(180),
+            "no shard recorded as uploaded"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    for pid in cluster.pids(1, "reshard") {
+        // SAFETY: kill(2) on a rank this test started, inside its own cluster.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+    let failed = handle.join().expect("the job thread");
+    failed.check(failed.code() != Some(0), "the killed job must fail");
+    records()
+        .iter()
+        .filter_map(|k| k.rsplit('/').next().map(str::to_string))
+        .collect()
+}
+
 /// Issue 37: 2 nodes x 2 ranks write an `s3://` output with `--scratch` on each node's own disk,
 /// each rank two shards of multipart uploads, writes slowed so the upload takes seconds. Once a
 /// first shard is up (its record in the bucket) and a multipart upload is open, node 1's ranks are killed (SIGKILL) mid-upload;
@@ -597,36 +637,9 @@ fn a_node_killed_mid_upload_resumes_from_the_bucket_on_the_other_node_alone() {
     // 3 MiB/s a rank: a second shard's multipart upload is open for seconds.
     slow.extend(["--max-write-rate", "12MiB"]);
     let job = s3_job(&cluster, &s3, ("in", &output), &disk, true, &slow);
-    let handle = thread::spawn(move || job.output());
-    let records = || -> Vec<String> {
-        s3.keys(&dir, &bucket, "")
-            .into_iter()
-            .filter(|k| k.starts_with(".out.reshard-records."))
-            .collect()
-    };
-    let waiting = Instant::now();
-    while records().is_empty() || s3.uploads(&dir, &bucket).is_empty() {
-        assert!(!handle.is_finished(), "the job ended before a shard was up");
-        assert!(
-            waiting.elapsed() < Duration::from_secs(180),
-            "no shard recorded as uploaded"
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
-    for pid in cluster.pids(1, "reshard") {
-        // SAFETY: kill(2) on a rank this test started, inside its own cluster.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-        }
-    }
-    let failed = handle.join().expect("the job thread");
-    failed.check(failed.code() != Some(0), "the killed job must fail");
+    let recorded = kill_node_1_once_a_shard_is_recorded(&cluster, &dir, &s3, &bucket, job);
     let keys = s3.keys(&dir, &bucket, "out/");
     assert!(!keys.contains(&"out/index.json".to_string()), "{keys:?}");
-    let recorded: Vec<String> = records()
-        .iter()
-        .filter_map(|k| k.rsplit('/').next().map(str::to_string))
-        .collect();
     let shards = keys.iter().filter(|k| k.starts_with("out/shard-")).count();
     assert!(
         !recorded.is_empty() && shards < 8,

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+use super::records::still_created;
 use super::{remove_if_there, CHUNK};
 use crate::job::destination::lock::lost_by_token;
 use crate::storage::{self, Created};
@@ -191,26 +192,6 @@ fn is_exists(e: &anyhow::Error) -> bool {
         .any(|io| io.kind() == std::io::ErrorKind::AlreadyExists)
 }
 
-/// Whether the object at `path` is still the one this run created there: the same size and,
-/// where the store gave one, the same ETag.
-///
-/// # Errors
-/// It cannot be looked at (a missing object is no error: it is not this run's).
-pub(crate) fn still_created(path: &Path, created: &Created) -> Result<bool> {
-    let now = match storage::stamp(path) {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e).with_context(|| format!("{}: cannot stat", path.display())),
-    };
-    let tag_matches = created.e_tag.as_deref().is_none_or(|tag| {
-        let bare = tag.trim_matches('"');
-        [bare.to_string(), format!("\"{bare}\"")]
-            .iter()
-            .any(|t| storage::e_tag_identity(t) == now.identity)
-    });
-    Ok(now.size == created.size && tag_matches)
-}
-
 /// Before the manifest: each object this rank created (`created`, by name under `target`) is
 /// found as it left it; one that is not (a late write of a run that lost the lock landed after
 /// this run removed what was there, or this run's own create was answered "exists" after a
@@ -381,7 +362,7 @@ pub(crate) fn upload_share(
             super::restamp_layout(copy, target, &f.0, names)?;
             super::note_uploaded(copy, target, &f.0)?;
             if let Some(fence) = fence {
-                super::records::note(fence, copy, &f.0, &made)?;
+                super::records::note(&fence.target, &fence.token, copy, &f.0, &made)?;
             }
             sent.add(f.1);
         }

@@ -19,7 +19,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::deal::Deal;
-use super::fenced::{still_created, Fence};
 use super::is_shard;
 use crate::comm::{agree, broadcast_result, gather, Comm};
 use crate::job::destination::lock::OutputLock;
@@ -67,23 +66,49 @@ pub(crate) fn write(target: &Path, token: &str, shard: &str, record: &Record) ->
         .with_context(|| format!("{}: cannot write", path.display()))
 }
 
-/// After this run created `shard` (from its node's `copy`) with the answer `created`: its record,
-/// under this run's prefix (`fence`'s token). A store that answered no ETag gets no record (its
+/// After this run created `shard` of `target` (from its node's `copy`) with the answer
+/// `created`: its record, under this run's prefix (its lock's `token`). A store that answered no ETag gets no record (its
 /// object could not be told from another): a resumed run uploads that shard again.
 ///
 /// # Errors
 /// The staged file cannot be read or the record written.
-pub(crate) fn note(fence: &Fence, copy: &Path, shard: &str, created: &Created) -> Result<()> {
+pub(crate) fn note(
+    target: &Path,
+    token: &str,
+    copy: &Path,
+    shard: &str,
+    created: &Created,
+) -> Result<()> {
     let Some(e_tag) = &created.e_tag else {
         return Ok(());
     };
     let record = Record {
-        token: fence.token.clone(),
+        token: token.to_string(),
         size: created.size,
         e_tag: e_tag.clone(),
         md5: hex(&md5_file(&copy.join(shard))?),
     };
-    write(&fence.target, &fence.token, shard, &record)
+    write(target, token, shard, &record)
+}
+
+/// Whether the object at `path` is still the one this run created there: the same size and,
+/// where the store gave one, the same ETag.
+///
+/// # Errors
+/// It cannot be looked at (a missing object is no error: it is not this run's).
+pub(crate) fn still_created(path: &Path, created: &Created) -> Result<bool> {
+    let now = match storage::stamp(path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("{}: cannot stat", path.display())),
+    };
+    let tag_matches = created.e_tag.as_deref().is_none_or(|tag| {
+        let bare = tag.trim_matches('"');
+        [bare.to_string(), format!("\"{bare}\"")]
+            .iter()
+            .any(|t| storage::e_tag_identity(t) == now.identity)
+    });
+    Ok(now.size == created.size && tag_matches)
 }
 
 /// The records of the run `token` at `target` that hold still, by shard name, sorted: sealed, of

@@ -883,7 +883,7 @@ fn after_manifest(
         }
     }
     fence.as_ref().map_or(Ok(()), fenced::Fence::check_lock)?;
-    records::remove_all(target)?; // read by no run once the output is published
+    records::remove_all(target); // read by no run once the output is published
     storage::sink(local).remove_dir_all(local).with_context(|| {
         format!(
             "{} is published; removing the staged copy {} failed",

@@ -515,12 +515,12 @@ fn an_upload_record_of_a_run_that_lost_its_lock_is_not_believed() {
             })
             .collect()
     };
-    let slow = |cmd: &mut crate::util::TestCommand, scratch: &str| {
-        cmd.args(["--max-write-rate", "3MiB", "--scratch"])
+    let slow = |cmd: &mut crate::util::TestCommand, rate: &str, scratch: &str| {
+        cmd.args(["--max-write-rate", rate, "--scratch"])
             .arg(dir.join(scratch));
     };
     let mut a = in_namespaces(&dir, &upload_args(&target, 6, "1"));
-    slow(&mut a, "scratch-a");
+    slow(&mut a, "3MiB", "scratch-a");
     s3.with_env(&mut a);
     let a = std::thread::spawn(move || a.output());
     wait_until("run A records a shard as uploaded", || {
@@ -532,7 +532,9 @@ fn an_upload_record_of_a_run_that_lost_its_lock_is_not_believed() {
     let mut b = dir.reshard(None);
     b.args(upload_args(&target, 6, "2"))
         .args(["--lock-stale-after", "1"]);
-    slow(&mut b, "scratch-b");
+    // Slower: killed once its first shard is recorded, B is seconds from its second, so the
+    // shard A was uploading when it was stopped is still free when A wakes.
+    slow(&mut b, "2MiB", "scratch-b");
     s3.with_env(&mut b);
     let b = std::thread::spawn(move || b.output());
     wait_until("run B records a shard as uploaded", || {

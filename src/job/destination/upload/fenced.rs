@@ -120,6 +120,21 @@ pub(crate) fn create(
     fence: Option<&Fence>,
     pause: Option<usize>,
 ) -> Result<Created> {
+    create_hashed(local, target, rel, found, fence, pause).map(|(created, _)| created)
+}
+
+/// [`create`], with the MD5 of the bytes it sent (hashed as they are read for the upload).
+///
+/// # Errors
+/// As [`create`].
+pub(crate) fn create_hashed(
+    local: &Path,
+    target: &Path,
+    rel: &str,
+    found: Found,
+    fence: Option<&Fence>,
+    pause: Option<usize>,
+) -> Result<(Created, [u8; 16])> {
     let to = target.join(rel);
     for attempt in 0..ATTEMPTS {
         // A test hook pauses the first attempt only.
@@ -129,7 +144,7 @@ pub(crate) fn create(
             Err(e) if is_exists(&e) => {
                 // A create sent again after its answer was lost finds its own first copy.
                 if let Some(own) = same_bytes(local, &to, rel)? {
-                    return Ok(own);
+                    return Ok((own, crate::output::md5_file(&local.join(rel))?));
                 }
                 return Err(e).with_context(|| {
                     format!("another run published {} meanwhile", target.display())
@@ -226,8 +241,15 @@ pub(crate) fn verify(
 
 /// Uploads the local file `rel` under `local` to a new object of the same name under `target`
 /// (create only). `pause`: the rank whose test hook may pause once the first 16 MiB part is out.
-fn upload(local: &Path, target: &Path, rel: &str, pause: Option<usize>) -> Result<Created> {
+fn upload(
+    local: &Path,
+    target: &Path,
+    rel: &str,
+    pause: Option<usize>,
+) -> Result<(Created, [u8; 16])> {
+    use md5::Digest;
     let (from, to) = (local.join(rel), target.join(rel));
+    let mut md5 = md5::Md5::new();
     let input = storage::open(&from).with_context(|| format!("{}: cannot open", from.display()))?;
     let mut out = storage::sink(&to)
         .create_stream_new(&to)
@@ -242,6 +264,7 @@ fn upload(local: &Path, target: &Path, rel: &str, pause: Option<usize>) -> Resul
         }
         out.write_all(&buf[..n])
             .with_context(|| format!("{}: upload failed at byte {at}", to.display()))?;
+        md5.update(&buf[..n]);
         at += n as u64;
         if let Some(rank) = pause.filter(|_| at == 2 * CHUNK as u64) {
             // The first 16 MiB part of the rank's last shard is out: a multipart upload is
@@ -249,8 +272,10 @@ fn upload(local: &Path, target: &Path, rel: &str, pause: Option<usize>) -> Resul
             crate::hooks::pause_in_upload(local.parent().unwrap_or(local), rank);
         }
     }
-    out.finish_created()
-        .with_context(|| format!("{}: the upload did not complete", to.display()))
+    let created = out
+        .finish_created()
+        .with_context(|| format!("{}: the upload did not complete", to.display()))?;
+    Ok((created, md5.finalize().into()))
 }
 
 /// The staged copy `local` of the run whose lock this one took over by its silence (it may
@@ -357,12 +382,12 @@ pub(crate) fn upload_share(
     let mut sum = 0;
     for (i, f) in todo.iter().enumerate() {
         let pause = (i + 1 == todo.len()).then_some(rank);
-        let made = create(copy, target, &f.0, Found::Replace, fence, pause)?;
+        let (made, md5) = create_hashed(copy, target, &f.0, Found::Replace, fence, pause)?;
         if super::is_shard(&f.0) {
             super::restamp_layout(copy, target, &f.0, names)?;
             super::note_uploaded(copy, target, &f.0)?;
             if let Some(fence) = fence {
-                super::records::note(&fence.target, &fence.token, copy, &f.0, &made)?;
+                super::records::note(&fence.target, &fence.token, &f.0, &made, md5)?;
             }
             sent.add(f.1);
         }

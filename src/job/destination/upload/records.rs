@@ -66,18 +66,19 @@ pub(crate) fn write(target: &Path, token: &str, shard: &str, record: &Record) ->
         .with_context(|| format!("{}: cannot write", path.display()))
 }
 
-/// After this run created `shard` of `target` (from its node's `copy`) with the answer
-/// `created`: its record, under this run's prefix (its lock's `token`). A store that answered no ETag gets no record (its
-/// object could not be told from another): a resumed run uploads that shard again.
+/// After this run created `shard` of `target` with the answer `created`, having sent bytes of
+/// the MD5 `md5`: its record, under this run's prefix (its lock's `token`). A store that
+/// answered no ETag gets no record (its object could not be told from another): a resumed run
+/// uploads that shard again.
 ///
 /// # Errors
-/// The staged file cannot be read or the record written.
+/// The record cannot be written.
 pub(crate) fn note(
     target: &Path,
     token: &str,
-    copy: &Path,
     shard: &str,
     created: &Created,
+    md5: [u8; 16],
 ) -> Result<()> {
     let Some(e_tag) = &created.e_tag else {
         return Ok(());
@@ -86,7 +87,7 @@ pub(crate) fn note(
         token: token.to_string(),
         size: created.size,
         e_tag: e_tag.clone(),
-        md5: hex(&md5_file(&copy.join(shard))?),
+        md5: hex(&md5),
     };
     write(target, token, shard, &record)
 }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::util::files::tree;
+use crate::util::files::{flat_tree, tree};
 use crate::util::s3::server;
 use crate::util::stores::Store;
 use crate::util::verifier::{assert_same_output, output_digest};
@@ -133,4 +133,50 @@ fn objects_that_vanish_or_are_replaced_during_the_run_are_refused_by_name() {
         res.stderr_has(says);
         res.check(!dir.join(&out).exists(), "nothing may be published");
     }
+}
+
+/// A flat prefix of 9,000 objects, listed once by one rank, is cut into units of 4,096 keys
+/// once listed and read by several ranks; the shards are those of its local copy.
+#[test]
+fn a_large_flat_prefix_is_read_by_several_ranks_to_the_same_bytes() {
+    let test = "a_large_flat_prefix_is_read_by_several_ranks_to_the_same_bytes";
+    let dir = Dir::new("files-s3-flat");
+    let Some(s3) = server(test) else { return };
+    flat_tree(&dir, "flat");
+    let bucket = s3.bucket(&dir, test);
+    s3.put(&dir, &dir.join("flat"), &bucket, "flat");
+    s3.get_as_listed(&dir, &bucket, "flat", &dir.join("copy"));
+    let root = format!("s3://{bucket}/flat/");
+    let run = |np: usize, root: &str, out: &str| {
+        let report = format!("{out}.json");
+        let mut cmd = dir.mpi(np);
+        cmd.args(["run", "--input-files", root, "--output", out])
+            .args(["--shards", "4", "--seed", "7", "--report", &report]);
+        s3.with_env(&mut cmd).assert_success()
+    };
+    let mut digests = Vec::new();
+    for np in [1, 2, 3] {
+        let out = format!("out{np}");
+        let res = run(np, &root, &out);
+        // big/ in three units of at most 4,096 keys, small/ in one.
+        res.stderr_has("walked 9006 files (2.");
+        res.stderr_has("in 4 directory units of 1 root");
+        digests.push(output_digest(&dir.join(&out)));
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{out}.json"))).unwrap())
+                .unwrap();
+        let read: Vec<u64> = report["per_rank"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["bytes_read"].as_u64().unwrap())
+            .collect();
+        // At np 3 the byte-balanced contiguous assignment of four units may give one rank none.
+        let most = *read.iter().max().unwrap();
+        let sharing = read.iter().filter(|&&r| r * 5 >= most).count();
+        assert!(sharing >= np.min(2), "np {np}: bytes read by rank {read:?}");
+    }
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+    run(2, "copy", "local");
+    assert_same_output(&dir.join("local"), &dir.join("out1"), &["ranks", "inputs"]);
 }

@@ -447,8 +447,7 @@ fn key_regex_samples_across_directories_are_read_by_several_ranks_to_the_same_by
         digests.push(output_digest(&dir.join(&out)));
         assert_shared(&read_by_rank(&dir, &out), np);
         let index: serde_json::Value =
-            serde_json::from_slice(&fs::read(dir.join(&out).join("index.json")).unwrap())
-                .unwrap();
+            serde_json::from_slice(&fs::read(dir.join(&out).join("index.json")).unwrap()).unwrap();
         assert_eq!(index["reshard"]["samples"], 3000, "np {np}");
     }
     assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");

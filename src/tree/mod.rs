@@ -6,7 +6,7 @@
 //! headers, the exchange reads byte ranges of it, `verify` digests its samples. Its bytes are a
 //! deterministic tar ([`header`]) of its files in the canonical order ([`walk`]), produced on
 //! demand ([`view`]). The source registers itself with the storage seam ([`register`]); the
-//! ranks walk the units in the job's walk phase (`job/walk.rs`), and the listings they hold are
+//! ranks walk the units in the job's walk phase (`job/walk/`), and the listings they hold are
 //! what [`Tree`] answers from.
 
 use std::collections::HashMap;

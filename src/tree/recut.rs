@@ -1,4 +1,4 @@
-//! Units cut again once walked (the pure half; the walk phase, `job/walk.rs`, runs the
+//! Units cut again once walked (the pure half; the walk phase, `job/walk/`, runs the
 //! collectives). Rank 0 cuts a root from the few directories at its top ([`super::units`]);
 //! what lies below is known only to the rank that walked it. So after the walk:
 //!
@@ -14,23 +14,17 @@
 //! rank count; and the units of a cut, in order, hold the members in the order one unit of
 //! the same files would, so the output is the same bytes however the files were cut.
 
-use crate::tar::key::sample_key;
 use crate::tree::units::KEYS_PER_UNIT;
 use crate::tree::view::{Listing, Member};
 use crate::tree::Unit;
-
-/// A member's key: every member is named `KEY.EXT` by the walk, whatever the key rule.
-pub(crate) fn key_of(m: &Member) -> &[u8] {
-    sample_key(&m.name).unwrap_or(&m.name)
-}
 
 /// The distinct keys of `members` (in key order), each with its count of members.
 fn keys(members: &[Member]) -> Vec<(&[u8], usize)> {
     let mut out: Vec<(&[u8], usize)> = Vec::new();
     for m in members {
         match out.last_mut() {
-            Some((k, n)) if *k == key_of(m) => *n += 1,
-            _ => out.push((key_of(m), 1)),
+            Some((k, n)) if *k == m.key() => *n += 1,
+            _ => out.push((m.key(), 1)),
         }
     }
     out
@@ -70,7 +64,7 @@ pub(crate) fn pieces(listing: Listing, starts: &[Vec<u8>]) -> Vec<Listing> {
     let mut out = Vec::with_capacity(starts.len() + 1);
     let mut rest = listing.members;
     for start in starts.iter().rev() {
-        let at = rest.partition_point(|m| key_of(m) < start.as_slice());
+        let at = rest.partition_point(|m| m.key() < start.as_slice());
         let tail = rest.split_off(at);
         out.push(Listing::new(root.clone(), tail));
     }
@@ -99,7 +93,7 @@ pub(crate) fn range_of(bounds: &[Vec<u8>], key: &[u8]) -> usize {
 /// Files per range of `bounds` among `members` (in key order), added to `counts`.
 pub(crate) fn count_files(bounds: &[Vec<u8>], members: &[Member], counts: &mut [u64]) {
     for m in members {
-        counts[range_of(bounds, key_of(m))] += 1;
+        counts[range_of(bounds, m.key())] += 1;
     }
 }
 
@@ -175,7 +169,7 @@ mod tests {
         let mut joined = Vec::new();
         for (u, p) in units.iter().zip(&parts) {
             assert!(keys(&p.members).len() <= KEYS_PER_UNIT);
-            assert!(p.members.iter().all(|m| u.holds(key_of(m))));
+            assert!(p.members.iter().all(|m| u.holds(m.key())));
             joined.extend(p.members.clone());
         }
         assert_eq!(joined, whole.members);

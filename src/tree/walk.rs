@@ -191,7 +191,7 @@ pub(crate) fn gathered(root: &Path, members: Vec<Member>, rules: &Rules) -> Resu
     let found = members
         .into_iter()
         .map(|member| Keyed {
-            key: crate::tree::recut::key_of(&member).to_vec(),
+            key: member.key().to_vec(),
             member,
         })
         .collect();

@@ -21,6 +21,8 @@ use crate::tree::{self, Root};
 
 mod recut;
 
+use recut::WalkedUnit;
+
 /// Every unit's input index and listing digest ([`crate::tree::view::Listing::digest`]).
 pub(crate) type UnitDigests = Vec<(usize, u128)>;
 
@@ -142,9 +144,6 @@ fn describe(w: &Walked, roots: usize) -> String {
 
 /// One unit's walk.
 type WalkResult = Result<(Listing, Skips)>;
-
-/// A walked unit: its input index, listing and skips.
-pub(crate) type WalkedUnit = (usize, Listing, Skips);
 
 /// Walks this rank's units, several at once (each walk is a chain of dependent metadata
 /// calls, and storage serves many at once); the first failure in unit order is the error.

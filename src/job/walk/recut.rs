@@ -10,16 +10,18 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result};
 use serde::{de::DeserializeOwned, Serialize};
 
-use super::WalkedUnit;
 use crate::comm::{agree, Comm};
 use crate::input::InputShard;
 use crate::plan::assign_inputs;
 use crate::tree::recut::{
-    count_files, cut_at, key_of, pieces, proposals, range_of, ranges, refinements, split_keys,
+    count_files, cut_at, pieces, proposals, range_of, ranges, refinements, split_keys,
 };
-use crate::tree::view::Member;
+use crate::tree::view::{Listing, Member};
 use crate::tree::walk::{gathered, Skips};
 use crate::tree::{self, Root};
+
+/// A walked unit: its input index, listing and skips.
+pub(super) type WalkedUnit = (usize, Listing, Skips);
 
 /// Cuts the units of `inputs` again from what this rank walked (`walked`, by input index):
 /// `inputs` gets every rank's new units in place of the old (unsized), and the listings this
@@ -236,7 +238,7 @@ fn regroup<C: Comm>(
     for (i, listing, _) in by_key {
         let r = root_of[i].expect("a regrouped unit has a root");
         for m in listing.members {
-            let range = offsets[r] + range_of(&bounds[r], key_of(&m));
+            let range = offsets[r] + range_of(&bounds[r], m.key());
             parts[builder(range).unwrap_or(0)].push((range as u64, m));
         }
     }

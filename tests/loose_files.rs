@@ -236,6 +236,31 @@ fn a_key_regex_groups_files_of_several_directories_into_one_sample() {
     }
 }
 
+/// A key regex that gives WebDataset's keys: the tree's directory units walked, regrouped by
+/// key into ranges of the root and labelled there, give the members of the default rule (in
+/// another canonical order: the root's by key, not its units' one after another), the same
+/// bytes at np 1 and 3.
+#[test]
+fn a_key_regex_of_webdatasets_keys_packs_a_labelled_tree_to_the_same_members() {
+    let dir = Dir::new("files-regex-same");
+    tree(&dir, "tree");
+    let cls = ["--label-from-dir", "cls"];
+    pack(&dir, 2, "plain", &cls).assert_success();
+    let mut digests = Vec::new();
+    for np in [1, 3] {
+        let out = format!("regex{np}");
+        let regex = ["--key-regex", "^((?:[^/]*/)*[^/.]+)\\."];
+        pack(&dir, np, &out, &[&cls[..], &regex].concat()).assert_success();
+        assert_eq!(
+            members(&dir.join(&out)),
+            members(&dir.join("plain")),
+            "np {np}"
+        );
+        digests.push(output_digest(&dir.join(&out)));
+    }
+    assert_eq!(digests[0], digests[1]);
+}
+
 #[test]
 fn loader_indexes_gpus_and_splits_take_a_tree() {
     let dir = Dir::new("files-downstream");

@@ -1,7 +1,9 @@
 //! Phase "walk" (only with `--input-files`): the ranks walk the units of the roots (each rank a
-//! contiguous share of them, by count), learn every unit's size from one sum, and hand each
-//! listing to the rank that will read that unit (the index phase's byte-balanced assignment), so
-//! that no file is listed or examined twice and no rank holds more than its share of the list.
+//! contiguous share of them, by count), cut them again where a walk found more than a unit's
+//! worth or a `--key-regex` root's files must be regrouped by key ([`recut`]), learn every
+//! unit's size from one sum, and hand each listing to the rank that will read that unit (the
+//! index phase's byte-balanced assignment), so that no file is listed or examined twice and no
+//! rank holds more than its share of the list.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};

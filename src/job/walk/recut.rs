@@ -283,3 +283,129 @@ fn exchange<C: Comm>(comm: &C, parts: Vec<Vec<(u64, Member)>>) -> Result<Vec<(u6
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::comm::local::LocalComm;
+    use crate::tree::units::KEYS_PER_UNIT;
+    use crate::tree::view::Bytes;
+    use crate::tree::walk::Rules;
+    use crate::tree::{unit_path, Unit};
+
+    fn member(rel: String, name: String) -> Member {
+        Member {
+            size: rel.len() as u64,
+            source: Bytes::File(rel.into_bytes()),
+            name: name.into_bytes(),
+            mode: 0o644,
+            mtime: 0,
+            mtime_ns: 0,
+            identity: 0,
+        }
+    }
+
+    fn root(path: &str, regex: bool) -> Root {
+        Root {
+            path: PathBuf::from(path),
+            canonical: PathBuf::from(path),
+            rules: Rules {
+                key_regex: regex.then(|| "^[^/]*/([^/.]*)".to_string()),
+                label: None,
+            },
+        }
+    }
+
+    /// A `--key-regex` root with no unit, a root whose one unit holds 9,000 keys, and a
+    /// `--key-regex` root of three directories of the same 3,000 keys (one range of 9,000
+    /// files, cut again), after an `--input` shard: the roots, inputs and walked listings.
+    fn walked() -> (Vec<Root>, Vec<InputShard>, Vec<Listing>) {
+        let roots = vec![
+            root("/empty", true),
+            root("/flat", false),
+            root("/rx", true),
+        ];
+        let mut inputs = vec![InputShard {
+            path: "a.tar".into(),
+            size: 1,
+        }];
+        let mut listings = Vec::new();
+        let big = Unit::of(b"big".to_vec(), false);
+        inputs.push(InputShard {
+            path: unit_path(&roots[1].path, &big),
+            size: 0,
+        });
+        let names = (0..9000).map(|k| format!("big/s{k:05}.bin"));
+        let members = names.map(|n| member(n.clone(), n)).collect();
+        listings.push(Listing::new(roots[1].path.clone(), members));
+        for dir in ["img", "seg", "txt"] {
+            let unit = Unit::of(dir.as_bytes().to_vec(), false);
+            inputs.push(InputShard {
+                path: unit_path(&roots[2].path, &unit),
+                size: 0,
+            });
+            let members = (0..3000)
+                .map(|k| member(format!("{dir}/k{k:04}.{dir}"), format!("k{k:04}.{dir}")))
+                .collect();
+            listings.push(Listing::new(roots[2].path.clone(), members));
+        }
+        (roots, inputs, listings)
+    }
+
+    /// Every rank count cuts the units alike and gathers the same members in each.
+    #[test]
+    fn units_are_cut_again_alike_at_every_rank_count() {
+        let mut seen = Vec::new();
+        for ranks in 1..=4 {
+            let results = LocalComm::run(ranks, |c| {
+                let (roots, mut inputs, listings) = walked();
+                let units: Vec<usize> = (1..inputs.len()).collect();
+                let share = assign_inputs(&vec![1; units.len()], c.size())[c.rank()].clone();
+                let mine = units[share]
+                    .iter()
+                    .map(|&i| (i, listings[i - 1].clone(), Skips::default()))
+                    .collect();
+                let held = run(c, &roots, &mut inputs, mine).unwrap();
+                let paths: Vec<PathBuf> = inputs.into_iter().map(|s| s.path).collect();
+                (paths, held)
+            });
+            let paths = results[0].0.clone();
+            let mut units: BTreeMap<usize, Vec<Member>> = BTreeMap::new();
+            for (p, held) in results {
+                assert_eq!(p, paths, "np {ranks}: every rank knows every unit");
+                for (i, listing, _) in held {
+                    assert!(units.insert(i, listing.members).is_none(), "unit {i} twice");
+                }
+            }
+            seen.push((paths, units));
+        }
+        let (paths, units) = &seen[0];
+        assert!(
+            seen.iter().all(|s| s == &seen[0]),
+            "cut otherwise by rank count"
+        );
+        // The shard, big/ in three units of at most 4,096 keys, the key ranges of /rx.
+        assert_eq!(paths[0], PathBuf::from("a.tar"));
+        assert!(paths[3]
+            .to_str()
+            .unwrap()
+            .ends_with("?files&from=big/s08192"));
+        let rx = &paths[4..];
+        assert!(rx.len() >= 3, "{rx:?}");
+        assert!(rx[0].to_str().unwrap().starts_with("tree:///rx//?deep&to="));
+        let mut files = 0;
+        for i in 4..paths.len() {
+            let members = &units[&i];
+            files += members.len();
+            assert!(members.len() <= 2 * KEYS_PER_UNIT, "{}", members.len());
+            // A key's three files are in one range, adjacent.
+            for trio in members.chunks(3) {
+                assert!(trio.iter().all(|m| m.key() == trio[0].key()));
+            }
+        }
+        assert_eq!(files, 9000);
+        assert_eq!(units.len(), paths.len() - 1);
+    }
+}

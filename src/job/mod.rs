@@ -76,7 +76,7 @@ pub enum Outcome {
 /// Bad input, I/O failure or invalid request, on this rank (the message names file and offset)
 /// or on another ([`crate::comm::PeerFailed`]). On error nothing is published, and the staging
 /// directory is removed unless a checkpoint makes it worth a `--resume`; except after the
-/// publishing rename ([`publish::CleanupFailed`]), where the new output is live.
+/// publishing rename ([`crate::exit::CleanupFailed`]), where the new output is live.
 pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
     let lead = comm.rank() == 0;
     let mut times = PhaseTimes::for_rank(comm.rank());

@@ -208,11 +208,12 @@ impl OutputLock {
                 Ok(()) => return Ok(Self::hold(path, me, took_over)),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
                 Err(e) => {
-                    // On a store, its error says what is wrong (credentials, endpoint).
-                    let hint = if crate::storage::is_object_store(path) {
-                        ""
-                    } else {
+                    // On a file system, permissions; on an object store (no directories to
+                    // rename in), its error says what is wrong (credentials, endpoint).
+                    let hint = if crate::storage::sink(path).capabilities().rename {
                         " (is the output's parent writable?)"
+                    } else {
+                        ""
                     };
                     return Err(e).with_context(|| {
                         format!(

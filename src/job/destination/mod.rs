@@ -6,6 +6,8 @@
 //! The phases call in here; nothing in here runs a phase of its own but publish and upload,
 //! which take the other phases' hand-offs ([`crate::job::handoff`]).
 
+pub(crate) mod by_rename;
+pub(crate) mod life;
 pub(crate) mod link;
 pub(crate) mod lock;
 pub(crate) mod owned;

@@ -13,7 +13,7 @@ use crate::config::{ExpandSettings, ResumeSettings};
 use crate::input::{expand_specs, InputShard};
 use crate::job::destination::life::may_replace;
 use crate::job::destination::link::check_link_before_the_run;
-use crate::job::destination::lock::{lock_path, OutputLock};
+use crate::job::destination::lock::{lock_of, OutputLock};
 use crate::job::destination::owned::inspect;
 use crate::job::destination::resume;
 use crate::job::destination::series::say_what_keep_would_remove;
@@ -60,7 +60,7 @@ pub(crate) fn prepare(
     let (target, pointer) = output_paths(out, settings.dry_run)?;
     // Before anything is checked or touched: another live run may be writing this output.
     let lock = (!settings.dry_run)
-        .then(|| OutputLock::acquire(&lock_path(&pointer), out, settings.lock_stale_after))
+        .then(|| OutputLock::acquire(&lock_of(&target), out, settings.lock_stale_after))
         .transpose()?;
     check_output(settings, out, &target, &pointer, &inputs)?;
     check_not_in_a_root(out, &target, &trees)?;

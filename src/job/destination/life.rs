@@ -2,14 +2,17 @@
 //! its rules (what a run may replace, what goes once its output is committed, which older
 //! outputs `--keep` removes and how a removal cut short is finished); a [`Commit`] strategy
 //! says how each step is done where the output is. The strategy follows what the sink can do
-//! ([`crate::storage::Capabilities::rename`]), never the URL's scheme: a file system renames the
-//! finished staging directory into place ([`super::by_rename`]), an object store creates the
-//! manifest last, only where none is ([`super::by_manifest`]).
+//! ([`crate::storage::Capabilities`]), never the URL's scheme: where the output's sink renames,
+//! the finished staging directory is renamed into place ([`super::by_rename`]); where it cannot
+//! (an object store), the output is staged on `--scratch` (`cli::resolve` decides it by the
+//! same capabilities), renamed there, uploaded, and committed by creating its manifest last,
+//! only where none is (the upload's `by_manifest`).
 //!
 //! The steps: the lock checked, the commit (nothing is visible at the output before it), then,
 //! the output live (a failure is a [`CleanupFailed`], never "nothing published"): the records
 //! only an unfinished run needs, what the output replaced, the run's staging released,
-//! `--link` pointed at it, and `--keep`'s older outputs removed.
+//! `--link` pointed at it, and `--keep`'s older outputs removed. A run that fails leaves only
+//! what `--resume` continues from ([`after_failure`]).
 
 use std::path::{Path, PathBuf};
 
@@ -19,7 +22,11 @@ use crate::config::Keep;
 use crate::exit::CleanupFailed;
 use crate::hooks;
 use crate::job::destination::owned::AtOutput;
+use crate::job::destination::scratch::{self, Scratch};
 use crate::job::destination::series::outputs_beyond;
+use crate::job::destination::staging::{self, Staging};
+use crate::job::interrupt::{message, Interrupted};
+use crate::output::checkpoint;
 
 /// How each step of an output's life is done where the output is. The order of the steps and
 /// what each may touch are [`life`](self)'s.
@@ -173,6 +180,67 @@ fn prune_series(strategy: &dyn Commit, keep: &Keep, rules: &Rules<'_>) -> Result
         strategy.remove_older(&old)?;
     }
     Ok(())
+}
+
+/// A run that failed: its staging directory, an object store's output, how it was staged, and
+/// the stop signal that ended it, if one did.
+pub(crate) struct Failed<'a> {
+    pub(crate) staging: &'a Path,
+    pub(crate) target: Option<&'a Path>,
+    pub(crate) scratch: Scratch,
+    pub(crate) interrupted: Option<&'a Interrupted>,
+}
+
+/// What a failed run leaves, on every store: only what `--resume` continues from, and only
+/// what the run still owns (`owner`: rank 0, its staging not taken over by another run). Its
+/// staging directory stays where a checkpoint recorded durable samples (staged per node, there
+/// is nothing to resume from: each node's copy goes). On an object store, what its upload put
+/// stays, named by the marker of the upload: the store may be out of reach now, so the next run
+/// holding the lock removes it, but for the shards `--resume` keeps (the upload's `prepare`).
+pub(crate) fn after_failure(failed: &Failed<'_>, owner: bool) {
+    let staging = failed.staging;
+    if owner {
+        failed.scratch.remove_heartbeats(staging, failed.target);
+        if failed.scratch == Scratch::Shared {
+            abandon(staging, failed.interrupted);
+        } else {
+            remove_staging(staging);
+        }
+    } else if failed.scratch.removes_own_copy() {
+        scratch::remove_node_copy(staging);
+    }
+}
+
+/// After a failure: the staging directory goes, unless a checkpoint recorded samples a rerun
+/// with `--resume` need not move again. A stop signal's message says which (`interrupted`).
+fn abandon(staging: &Path, interrupted: Option<&Interrupted>) {
+    let checkpoint = checkpoint::read_checkpoint(staging);
+    if let Some(i) = interrupted {
+        let durable = match &checkpoint {
+            Ok(Some(c)) => c.done.count(),
+            _ => 0,
+        };
+        crate::errln!("{}", message(i, staging, durable));
+        if durable == 0 {
+            remove_staging(staging);
+        }
+        return;
+    }
+    match checkpoint {
+        Ok(Some(c)) if !c.done.is_empty() => crate::errln!(
+            "reshard: kept {}: {} samples are durably in place there; rerun with the same arguments and --resume to continue, or without it to start over",
+            staging.display(),
+            c.done.count()
+        ),
+        _ => remove_staging(staging),
+    }
+}
+
+/// Removes this run's staging directory, and the staging pointer if it leads there.
+fn remove_staging(staging: &std::path::Path) {
+    if Staging::at(staging).remove().is_ok() {
+        staging::unpoint(&staging::pointer_of(staging), staging);
+    }
 }
 
 #[cfg(test)]

@@ -58,6 +58,16 @@ pub(crate) fn lock_path(staging: &Path) -> PathBuf {
     staging.with_file_name(format!("{}.reshard-lock", staging_base(staging)))
 }
 
+/// The lock of the output `target` on every store, one name: `.NAME.reshard-lock` beside it
+/// (beside its staging pointer, on a file system), outside what the output holds.
+pub(crate) fn lock_of(target: &Path) -> PathBuf {
+    let (parent, name) = (target.parent().unwrap_or(Path::new("")), target.file_name());
+    lock_path(&crate::job::destination::staging::path_for(
+        parent,
+        name.unwrap_or_default(),
+    ))
+}
+
 /// `.NAME` of the staging pointer `.NAME.reshard-tmp`.
 fn staging_base(staging: &Path) -> String {
     let name = staging.file_name().unwrap_or_default().to_string_lossy();

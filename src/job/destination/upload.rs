@@ -71,8 +71,7 @@ pub(crate) struct RemoteLock {
 
 /// The lock object of the output `target`: beside it, hidden, outside its prefix.
 fn lock_path(target: &Path) -> PathBuf {
-    let name = target.file_name().unwrap_or_default().to_string_lossy();
-    target.with_file_name(format!(".{name}.reshard-lock"))
+    crate::job::destination::lock::lock_of(target)
 }
 
 impl RemoteLock {

@@ -275,7 +275,19 @@ impl Store<'_> {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> crate::util::RunOutput {
-        let mut cmd = small_run(dir, &self.output(out));
+        let mut cmd = dir.reshard(None);
+        cmd.args([
+            "run",
+            "--input",
+            "in",
+            "--output",
+            &self.output(out),
+            "--seed",
+            "1",
+        ]);
+        if !extra.contains(&"--shards") {
+            cmd.args(["--shards", "2"]);
+        }
         cmd.args(extra);
         for (k, v) in env {
             cmd.env(k, v);
@@ -308,10 +320,11 @@ fn the_rules_of_outputs_hold_on_every_store() {
         ok(store.run(&dir, "series/epoch-1", &[]));
         let copied = store.get(&dir, "series/epoch-1/index.json").unwrap();
         // (what is at the output, flags, expected status, what the message says)
-        let table: [(&str, &[&str], i32, &str); 5] = [
+        let table: [(&str, &[&str], i32, &str); 6] = [
             ("a copied index.json", &["--force"], 1, "which is not there"),
             ("a copied index.json", &[], 1, "exists and is not empty"),
             ("a reshard output", &[], 1, "exists and is not empty"),
+            ("a reshard output of more shards", &["--force"], 0, ""),
             (
                 "the user's file alone",
                 &["--force"],
@@ -322,10 +335,11 @@ fn the_rules_of_outputs_hold_on_every_store() {
         ];
         for (i, (what, flags, status, says)) in table.into_iter().enumerate() {
             let out = format!("case-{i}");
-            if what == "a reshard output" {
+            if what.starts_with("a reshard output") {
                 // Replaced whole (on a file system) or but for the objects its manifest does
                 // not list (on S3): the user's file inside it is no rule's concern here.
-                ok(store.run(&dir, &out, &[]));
+                let more = what.ends_with("more shards");
+                ok(store.run(&dir, &out, if more { &["--shards", "3"] } else { &[] }));
             }
             store.put(&dir, &format!("{out}/mine.txt"), b"the user's own");
             if what == "a copied index.json" {
@@ -339,6 +353,15 @@ fn the_rules_of_outputs_hold_on_every_store() {
                     store.get(&dir, &format!("{out}/mine.txt")).is_some(),
                     "the user's file stays",
                 );
+            }
+            // What the new output replaced goes after the commit, a shard it does not name
+            // with its saved index (the bug: on S3 the saved index stayed under the new output).
+            for gone in [
+                "shard-000002.tar",
+                ".reshard/shard-000002.tar.reshard-layout",
+            ] {
+                let left = store.get(&dir, &format!("{out}/{gone}"));
+                res.check(left.is_none(), &format!("{what}: {gone} is left"));
             }
         }
         // --keep 1 over a series holding a directory with a copied index.json: it stays.

@@ -318,7 +318,7 @@ fn restage(local: &Path) -> Result<bool> {
 }
 
 /// What is at the output now: nothing, or with `--force` a reshard output whose manifest's
-/// objects the new output replaces.
+/// shards, with their saved indexes, the new output replaces.
 fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
     // The one rule of what a run may replace, on every store (destination::life).
     if !may_replace(
@@ -335,6 +335,14 @@ fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
         Err(why) => bail!("--output {}: {why}", target.display()),
     };
     names.retain(|n| is_own_name(n));
+    // A replaced shard's saved index is of the replaced output too: it goes with its shard (on
+    // a file system the whole directory goes), or it would outlive it under the new output.
+    let layouts: Vec<String> = names
+        .iter()
+        .map(|n| saved_index::path_for(Path::new(n), None))
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    names.extend(layouts);
     Ok(names)
 }
 

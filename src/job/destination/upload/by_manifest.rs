@@ -82,7 +82,9 @@ impl Commit for ByManifest<'_> {
             if !new.contains(&old.as_str()) {
                 let path = self.target.join(old);
                 fence.check_lock()?;
-                storage::sink(&path).remove_file(&path).with_context(|| {
+                // Gone already where a failed run removed it, or never there (a replaced
+                // output without saved indexes).
+                remove_if_there(&path).with_context(|| {
                     format!(
                         "{} is published; removing {} of the output it replaced failed",
                         self.target.display(),

@@ -237,7 +237,7 @@ fn abandon(staging: &Path, interrupted: Option<&Interrupted>) {
 }
 
 /// Removes this run's staging directory, and the staging pointer if it leads there.
-fn remove_staging(staging: &std::path::Path) {
+fn remove_staging(staging: &Path) {
     if Staging::at(staging).remove().is_ok() {
         staging::unpoint(&staging::pointer_of(staging), staging);
     }

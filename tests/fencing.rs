@@ -251,9 +251,47 @@ impl Store<'_> {
         }
     }
 
+    /// Whether anything is left of `name`: on a file system the directory or what `--keep`
+    /// moved aside of it (`.NAME.reshard-removing`), on S3 any object under its prefix.
+    fn anything_of(&self, dir: &Dir, name: &str) -> bool {
+        match self {
+            Store::Fs => {
+                let (parent, base) = name.rsplit_once('/').unwrap();
+                let aside = format!("{parent}/.{base}.reshard-removing");
+                dir.join(name).exists() || dir.join(aside).exists()
+            }
+            Store::S3(s3, bucket) => !s3.keys(dir, bucket, &format!("{name}/")).is_empty(),
+        }
+    }
+
     fn run(&self, dir: &Dir, out: &str, extra: &[&str]) -> crate::util::RunOutput {
-        let mut cmd = small_run(dir, &self.output(out));
+        self.run_with(dir, out, extra, &[])
+    }
+
+    fn run_with(
+        &self,
+        dir: &Dir,
+        out: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> crate::util::RunOutput {
+        let mut cmd = dir.reshard(None);
+        cmd.args([
+            "run",
+            "--input",
+            "in",
+            "--output",
+            &self.output(out),
+            "--seed",
+            "1",
+        ]);
+        if !extra.contains(&"--shards") {
+            cmd.args(["--shards", "2"]);
+        }
         cmd.args(extra);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         match self {
             Store::Fs => cmd.output(),
             Store::S3(s3, _) => {
@@ -282,9 +320,11 @@ fn the_rules_of_outputs_hold_on_every_store() {
         ok(store.run(&dir, "series/epoch-1", &[]));
         let copied = store.get(&dir, "series/epoch-1/index.json").unwrap();
         // (what is at the output, flags, expected status, what the message says)
-        let table: [(&str, &[&str], i32, &str); 4] = [
+        let table: [(&str, &[&str], i32, &str); 6] = [
             ("a copied index.json", &["--force"], 1, "which is not there"),
             ("a copied index.json", &[], 1, "exists and is not empty"),
+            ("a reshard output", &[], 1, "exists and is not empty"),
+            ("a reshard output of more shards", &["--force"], 0, ""),
             (
                 "the user's file alone",
                 &["--force"],
@@ -295,10 +335,11 @@ fn the_rules_of_outputs_hold_on_every_store() {
         ];
         for (i, (what, flags, status, says)) in table.into_iter().enumerate() {
             let out = format!("case-{i}");
-            if what == "a reshard output" {
+            if what.starts_with("a reshard output") {
                 // Replaced whole (on a file system) or but for the objects its manifest does
                 // not list (on S3): the user's file inside it is no rule's concern here.
-                ok(store.run(&dir, &out, &[]));
+                let more = what.ends_with("more shards");
+                ok(store.run(&dir, &out, if more { &["--shards", "3"] } else { &[] }));
             }
             store.put(&dir, &format!("{out}/mine.txt"), b"the user's own");
             if what == "a copied index.json" {
@@ -312,6 +353,15 @@ fn the_rules_of_outputs_hold_on_every_store() {
                     store.get(&dir, &format!("{out}/mine.txt")).is_some(),
                     "the user's file stays",
                 );
+            }
+            // What the new output replaced goes after the commit, a shard it does not name
+            // with its saved index (the bug: on S3 the saved index stayed under the new output).
+            for gone in [
+                "shard-000002.tar",
+                ".reshard/shard-000002.tar.reshard-layout",
+            ] {
+                let left = store.get(&dir, &format!("{out}/{gone}"));
+                res.check(left.is_none(), &format!("{what}: {gone} is left"));
             }
         }
         // --keep 1 over a series holding a directory with a copied index.json: it stays.
@@ -328,6 +378,28 @@ fn the_rules_of_outputs_hold_on_every_store() {
         ok(res);
         assert!(store.get(&dir, "series/epoch-0/mine.txt").is_some());
         assert!(store.get(&dir, "series/epoch-1/index.json").is_none());
+        // A --keep cut short once the older output stopped being one (moved aside, or its
+        // manifest gone under its removal marker) is finished by the next --keep run.
+        let keep = |epoch: &str, env: &[(&str, &str)]| {
+            let flags = ["--epoch", epoch, "--keep", "1"];
+            store.run_with(&dir, "series/epoch-{epoch}", &flags, env)
+        };
+        let cut = keep("3", &[("RESHARD_TEST_KILL", "0:keep")]);
+        cut.check(cut.code() != Some(0), "the run killed in --keep fails");
+        assert!(store.get(&dir, "series/epoch-3/index.json").is_some());
+        assert!(store.get(&dir, "series/epoch-2/index.json").is_none());
+        assert!(
+            store.anything_of(&dir, "series/epoch-2"),
+            "a removal cut short"
+        );
+        let res = keep("4", &[]);
+        res.stderr_has("--keep: finishing the removal of");
+        ok(res);
+        for gone in ["series/epoch-2", "series/epoch-3"] {
+            assert!(!store.anything_of(&dir, gone), "{gone} is removed");
+        }
+        assert!(store.get(&dir, "series/epoch-4/index.json").is_some());
+        assert!(store.get(&dir, "series/epoch-0/mine.txt").is_some());
     }
 }
 

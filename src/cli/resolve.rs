@@ -580,14 +580,19 @@ fn output(args: &RunArgs, dry_run: bool) -> Result<Option<PathBuf>> {
     })
 }
 
-/// An output on object storage (`s3://`, `gs://`, `az://`: a sink without positioned writes):
-/// the local path it is staged at (`--scratch`, default `$TMPDIR`, in
+/// An output on object storage (`s3://`, `gs://`, `az://`: a sink without positioned writes or
+/// renames): the local path it is staged at (`--scratch`, default `$TMPDIR`, in
 /// `reshard-scratch/BUCKET/KEY`) and the URL it is uploaded to. `--link` acts on a file system
 /// only; `--keep` on the uploaded series, not on the staged copy.
 fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, Option<PathBuf>)> {
     let Some((url, scheme)) = output
         .as_ref()
-        .filter(|o| !crate::storage::sink(o).capabilities().positioned_writes)
+        .filter(|o| {
+            // Assembled where it can be written at offsets and committed where it cannot be
+            // renamed into place: by the manifest (job::destination::life).
+            let can = crate::storage::sink(o).capabilities();
+            !can.positioned_writes || !can.rename
+        })
         .and_then(|o| Some((o.clone(), crate::storage::object_scheme(o)?)))
     else {
         return Ok((output, None));

@@ -11,9 +11,10 @@ use anyhow::{bail, Context, Result};
 use crate::config::JobSettings;
 use crate::config::{ExpandSettings, ResumeSettings};
 use crate::input::{expand_specs, InputShard};
+use crate::job::destination::life::may_replace;
 use crate::job::destination::link::check_link_before_the_run;
-use crate::job::destination::lock::{lock_path, OutputLock};
-use crate::job::destination::owned::check_replaceable;
+use crate::job::destination::lock::{lock_of, OutputLock};
+use crate::job::destination::owned::inspect;
 use crate::job::destination::resume;
 use crate::job::destination::series::say_what_keep_would_remove;
 use crate::job::destination::staging::{self, Staging};
@@ -59,7 +60,7 @@ pub(crate) fn prepare(
     let (target, pointer) = output_paths(out, settings.dry_run)?;
     // Before anything is checked or touched: another live run may be writing this output.
     let lock = (!settings.dry_run)
-        .then(|| OutputLock::acquire(&lock_path(&pointer), out, settings.lock_stale_after))
+        .then(|| OutputLock::acquire(&lock_of(&target), out, settings.lock_stale_after))
         .transpose()?;
     check_output(settings, out, &target, &pointer, &inputs)?;
     check_not_in_a_root(out, &target, &trees)?;
@@ -335,28 +336,12 @@ fn check_output(
             out.display()
         );
     }
-    match at_target.stat(target) {
-        Ok(s) if s.kind != Kind::Dir => {
-            bail!("--output {}: exists and is not a directory", out.display())
-        }
-        Ok(_) => {
-            let non_empty = !at_target
-                .list(target)
-                .with_context(|| format!("--output {}: cannot list it", out.display()))?
-                .is_empty();
-            if non_empty && !settings.force {
-                bail!(
-                    "--output {}: exists and is not empty (use --force to replace it if it is an output of reshard)",
-                    out.display()
-                );
-            }
-        }
-        Err(_) => {}
+    if at_target.stat(target).is_ok_and(|s| s.kind != Kind::Dir) {
+        bail!("--output {}: exists and is not a directory", out.display());
     }
-    if settings.force {
-        // Refused now, before any work, and checked again when publishing.
-        check_replaceable(target, "before the run")?;
-    }
+    // The rule of what a run may replace (life's, on every store): refused now, before any
+    // work, and asked again when publishing.
+    may_replace(out, &inspect(target)?, settings.force, "before the run")?;
     if let Some(link) = &settings.link {
         check_link_before_the_run(link, target)?;
     }

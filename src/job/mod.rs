@@ -54,7 +54,7 @@ use crate::report::picture::{self, Picture};
 use crate::report::{narrate, PlanReport};
 use crate::size::human_bytes;
 use destination::scratch::Scratch;
-use destination::staging::{self, Staging};
+use destination::staging::Staging;
 use destination::{publish, resume, space, upload, Held};
 use exchange::Buffers;
 use handoff::{ExchangeStats, Planned, Setup, Shared};
@@ -76,7 +76,7 @@ pub enum Outcome {
 /// Bad input, I/O failure or invalid request, on this rank (the message names file and offset)
 /// or on another ([`crate::comm::PeerFailed`]). On error nothing is published, and the staging
 /// directory is removed unless a checkpoint makes it worth a `--resume`; except after the
-/// publishing rename ([`publish::CleanupFailed`]), where the new output is live.
+/// publishing rename ([`crate::exit::CleanupFailed`]), where the new output is live.
 pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
     let lead = comm.rank() == 0;
     let mut times = PhaseTimes::for_rank(comm.rank());
@@ -112,53 +112,17 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
         // Every rank has left the failed phase (failures are agreed collectively). A staging
         // directory another run took over is that run's.
         let ours = mine.lock.as_ref().is_none_or(|l| l.may_clean_up(staging));
-        if lead && ours {
-            let target = settings.upload.target.as_deref();
-            scratch.remove_heartbeats(staging, target);
-            if scratch == Scratch::Shared {
-                abandon(staging, e.downcast_ref::<interrupt::Interrupted>());
-            } else {
-                // Nothing to resume from: the other nodes remove their copies too.
-                remove_own(staging);
-            }
-        } else if scratch.removes_own_copy() {
-            destination::scratch::remove_node_copy(staging);
-        }
+        let interrupted = e.downcast_ref::<interrupt::Interrupted>();
+        let failed = destination::life::Failed {
+            staging,
+            target: settings.upload.target.as_deref(),
+            scratch,
+            interrupted,
+        };
+        destination::life::after_failure(&failed, lead && ours);
     }
     drop(mine);
     result
-}
-
-/// After a failure: the staging directory goes, unless a checkpoint recorded samples a rerun
-/// with `--resume` need not move again. A stop signal's message says which (`interrupted`).
-fn abandon(staging: &std::path::Path, interrupted: Option<&interrupt::Interrupted>) {
-    let checkpoint = checkpoint::read_checkpoint(staging);
-    if let Some(i) = interrupted {
-        let durable = match &checkpoint {
-            Ok(Some(c)) => c.done.count(),
-            _ => 0,
-        };
-        crate::errln!("{}", interrupt::message(i, staging, durable));
-        if durable == 0 {
-            remove_own(staging);
-        }
-        return;
-    }
-    match checkpoint {
-        Ok(Some(c)) if !c.done.is_empty() => crate::errln!(
-            "reshard: kept {}: {} samples are durably in place there; rerun with the same arguments and --resume to continue, or without it to start over",
-            staging.display(),
-            c.done.count()
-        ),
-        _ => remove_own(staging),
-    }
-}
-
-/// Removes this run's staging directory, and the staging pointer if it leads there.
-fn remove_own(staging: &std::path::Path) {
-    if Staging::at(staging).remove().is_ok() {
-        staging::unpoint(&staging::pointer_of(staging), staging);
-    }
 }
 
 /// The phases after expand. `mine`: rank 0's records of the inputs and the output's lock.

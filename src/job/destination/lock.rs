@@ -58,6 +58,16 @@ pub(crate) fn lock_path(staging: &Path) -> PathBuf {
     staging.with_file_name(format!("{}.reshard-lock", staging_base(staging)))
 }
 
+/// The lock of the output `target` on every store, one name: `.NAME.reshard-lock` beside it
+/// (beside its staging pointer, on a file system), outside what the output holds.
+pub(crate) fn lock_of(target: &Path) -> PathBuf {
+    let (parent, name) = (target.parent().unwrap_or(Path::new("")), target.file_name());
+    lock_path(&crate::job::destination::staging::path_for(
+        parent,
+        name.unwrap_or_default(),
+    ))
+}
+
 /// `.NAME` of the staging pointer `.NAME.reshard-tmp`.
 fn staging_base(staging: &Path) -> String {
     let name = staging.file_name().unwrap_or_default().to_string_lossy();
@@ -208,11 +218,12 @@ impl OutputLock {
                 Ok(()) => return Ok(Self::hold(path, me, took_over)),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
                 Err(e) => {
-                    // On a store, its error says what is wrong (credentials, endpoint).
-                    let hint = if crate::storage::is_object_store(path) {
-                        ""
-                    } else {
+                    // On a file system, permissions; on an object store (no directories to
+                    // rename in), its error says what is wrong (credentials, endpoint).
+                    let hint = if crate::storage::sink(path).capabilities().rename {
                         " (is the output's parent writable?)"
+                    } else {
+                        ""
                     };
                     return Err(e).with_context(|| {
                         format!(

@@ -1,11 +1,16 @@
 //! The output location's life: its lock ([`lock`]), the staging directory where it is assembled
-//! ([`staging`]), what reshard may replace or remove ([`owned`], [`series`] for `--keep`),
-//! `--link` ([`link`]), the space check ([`space`]), the records a `--resume` continues from
-//! ([`resume`]), the publishing rename ([`publish`]), and for an `s3://` output its lock object
-//! and upload ([`upload`]), staged per node where `--scratch` is each node's own ([`scratch`]).
+//! ([`staging`]), what is at an output ([`owned`]) and the older outputs `--keep` may remove
+//! ([`series`]), `--link` ([`link`]), the space check ([`space`]), the records a `--resume`
+//! continues from ([`resume`]), and the publish and upload phases ([`publish`], [`upload`],
+//! staged per node where `--scratch` is each node's own: [`scratch`]). The steps from the lock
+//! check to `--keep`, their rules and what a failed run leaves are one mechanism ([`life`]) over
+//! two ways to commit, chosen by what the sink can do: a rename ([`by_rename`]) or a manifest
+//! created last (the upload's `by_manifest`).
 //! The phases call in here; nothing in here runs a phase of its own but publish and upload,
 //! which take the other phases' hand-offs ([`crate::job::handoff`]).
 
+pub(crate) mod by_rename;
+pub(crate) mod life;
 pub(crate) mod link;
 pub(crate) mod lock;
 pub(crate) mod owned;

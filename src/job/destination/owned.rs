@@ -3,13 +3,14 @@
 //! `reshard` object, read here as [`OutputManifest`], the one typed reader of a manifest that
 //! decides what reshard may remove) and every shard that manifest lists, with the size it
 //! records, beside its `.reshard/` directory. A copied or edited index.json does not make a
-//! directory reshard's. The expand phase checks `--force`'s target before any work, the publish
-//! phase again right before it replaces it, and `--keep` removes only outputs of its series that
-//! pass the same test, on every store.
+//! directory reshard's. What a run may do with what is found is the output's life's rule
+//! ([`crate::job::destination::life::may_replace`]), asked before any work and again right
+//! before an output is replaced; `--keep` removes only outputs of its series that pass the
+//! same test, on every store.
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde::Deserialize;
 
 use crate::output::manifest::Manifest;
@@ -77,31 +78,17 @@ pub(crate) fn inspect(target: &Path) -> Result<AtOutput> {
     )))
 }
 
-/// Refuses to replace `target` with `--force` unless it is nothing, an empty directory or a
-/// reshard output: `when` says at which moment (before the run, at publishing).
-///
-/// # Errors
-/// Anything else is at `target`, or it cannot be examined.
-pub(crate) fn check_replaceable(target: &Path, when: &str) -> Result<AtOutput> {
-    let found = inspect(target)?;
-    if let AtOutput::Other(what) = &found {
-        bail!(
-            "--output {}: {when} it is {what}; --force replaces only an empty directory or an output reshard wrote (its index.json and .reshard/), so it is left as it is: move it away or choose another --output",
-            target.display()
-        );
-    }
-    Ok(found)
-}
-
 /// Whether `dir` is a directory (not a symbolic link) holding reshard's own manifest, every shard
 /// it lists with its recorded size ([`OutputManifest::read`]), and its `.reshard/` directory.
 pub(crate) fn is_reshard_output(dir: &Path) -> bool {
     let source = storage::source(dir);
     let saved = dir.join(saved_index::DIR_NAME);
-    // In an object store a prefix has no empty directories: a `--split` output keeps its saved
-    // indexes under each split, and its own `.reshard/` is not there; its manifest tells.
+    // A store without renames commits by its manifest and keeps no empty directories (a
+    // prefix is there while an object is): a `--split` output keeps its saved indexes under
+    // each split, and its own `.reshard/` is not there; its manifest tells.
+    let by_manifest = !storage::sink(dir).capabilities().rename;
     source.stat_link(dir).is_ok_and(|s| s.kind == Kind::Dir)
-        && (source.stat(&saved).is_ok_and(|s| s.kind == Kind::Dir) || storage::is_object_store(dir))
+        && (by_manifest || source.stat(&saved).is_ok_and(|s| s.kind == Kind::Dir))
         && OutputManifest::read(dir).is_ok()
 }
 
@@ -181,6 +168,7 @@ impl OutputManifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::destination::life::may_replace;
     use std::fs;
 
     #[test]
@@ -224,14 +212,14 @@ mod tests {
         // Not through a symbolic link.
         let link = tmp.path().join("link");
         std::os::unix::fs::symlink(&out, &link).unwrap();
-        assert!(check_replaceable(&link, "now").is_err());
+        assert!(may_replace(&link, &inspect(&link).unwrap(), true, "now").is_err());
         // A wids index another tool wrote has no reshard object.
         fs::write(
             out.join("index.json"),
             r#"{"__kind__": "wids-shard-index-v1"}"#,
         )
         .unwrap();
-        let e = check_replaceable(&out, "before the run").unwrap_err();
+        let e = may_replace(&out, &inspect(&out).unwrap(), true, "before the run").unwrap_err();
         assert!(
             format!("{e}").contains("no index.json written by reshard"),
             "{e}"

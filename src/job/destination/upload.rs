@@ -17,16 +17,18 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::comm::{agree, broadcast_result, Comm};
-use crate::config::{Keep, UploadSettings};
-use crate::exit::CleanupFailed;
+use crate::config::UploadSettings;
+use crate::job::destination::life::{self, may_replace, Rules};
 use crate::job::destination::lock::OutputLock;
-use crate::job::destination::series::{outputs_beyond, say_what_keep_would_remove};
+use crate::job::destination::series::say_what_keep_would_remove;
 use crate::output::{checkpoint, saved_index, seal};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
+use by_manifest::{half_removed, remove_objects, ByManifest, REMOVING};
 use fenced::{Fence, Found};
 use progress::{report_progress, Sent};
 
+mod by_manifest;
 mod deal;
 mod fenced;
 mod progress;
@@ -41,11 +43,6 @@ const MANIFEST: &str = "index.json";
 /// next run can remove what a run that failed left, and those of the output `--force` replaces
 /// (written before the first shard, removed after the manifest).
 const INCOMPLETE: &str = ".reshard-incomplete";
-
-/// The object inside an older output of an `s3://` series that `--keep` is removing, written
-/// before its `index.json` goes and removed last: what a removal cut short leaves, for the next
-/// `--keep` run to finish (there is no rename to move it aside first, as on a file system).
-const REMOVING: &str = ".reshard-removing";
 
 /// The folder of the staged copy's `--resume` records where the rank that uploaded a shard
 /// notes the object's stamp once it (and its saved index) is up: a resumed upload keeps the
@@ -78,8 +75,7 @@ pub(crate) struct RemoteLock {
 
 /// The lock object of the output `target`: beside it, hidden, outside its prefix.
 fn lock_path(target: &Path) -> PathBuf {
-    let name = target.file_name().unwrap_or_default().to_string_lossy();
-    target.with_file_name(format!(".{name}.reshard-lock"))
+    crate::job::destination::lock::lock_of(target)
 }
 
 impl RemoteLock {
@@ -330,34 +326,31 @@ fn restage(local: &Path) -> Result<bool> {
 }
 
 /// What is at the output now: nothing, or with `--force` a reshard output whose manifest's
-/// objects the new output replaces.
+/// shards, with their saved indexes, the new output replaces.
 fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
-    let source = storage::source(target);
-    let present = match source.stat(target) {
-        Ok(s) => s.kind == Kind::Dir,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-        Err(e) => return Err(e).with_context(|| format!("--output {}", target.display())),
-    };
-    if !present {
+    // The one rule of what a run may replace, on every store (destination::life).
+    if !may_replace(
+        target,
+        &by_manifest::found(target)?,
+        force,
+        "before the run",
+    )? {
         return Ok(Vec::new());
     }
-    if !force {
-        bail!(
-            "--output {}: exists and is not empty (use --force to replace it if it is an output of reshard)",
-            target.display()
-        );
-    }
-    // The one rule of what reshard may replace, on every store (destination::owned).
     let mut names: Vec<String> = match crate::job::destination::owned::OutputManifest::read(target)
     {
         Ok(m) => m.shardlist.into_iter().map(|s| s.url).collect(),
-        Err(why) => bail!(
-            "--output {}: --force replaces only an output of reshard, and {} is not one ({why})",
-            target.display(),
-            target.display()
-        ),
+        Err(why) => bail!("--output {}: {why}", target.display()),
     };
     names.retain(|n| is_own_name(n));
+    // A replaced shard's saved index is of the replaced output too: it goes with its shard (on
+    // a file system the whole directory goes), or it would outlive it under the new output.
+    let layouts: Vec<String> = names
+        .iter()
+        .map(|n| saved_index::path_for(Path::new(n), None))
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    names.extend(layouts);
     Ok(names)
 }
 
@@ -515,18 +508,7 @@ pub(crate) fn run(
     agree(comm, sent.map(|_| ())).with_context(|| {
         fenced::lost(fence, target).unwrap_or_else(|| not_published(target, local, per_node))
     })?;
-    let finished = (comm.rank() == 0).then(|| {
-        finish(target, local, &dealt, &kept, lock)?;
-        cfg.keep.as_ref().map_or(Ok(()), |keep| {
-            prune_series(target, keep, cfg.epoch, cfg.lock_stale_after)
-                .with_context(|| {
-                    format!("{} is published; --keep did not finish", target.display())
-                })
-                .context(CleanupFailed {
-                    output: target.clone(),
-                })
-        })
-    });
+    let finished = (comm.rank() == 0).then(|| finish(cfg, local, &dealt, &kept, lock));
     broadcast_result(comm, 0, finished)?;
     if copy != local {
         crate::job::destination::scratch::remove_node_copy(copy);
@@ -700,102 +682,6 @@ fn clean_up_failed_run(
     Ok(Some(rest))
 }
 
-/// `--keep` over a series of `s3://` outputs, once the new one is published: first the removals
-/// an earlier run began and did not finish, then the older outputs beyond the `keep.count`
-/// highest epochs (the rule of a file system's series: only siblings named by the template
-/// that hold reshard's own `index.json` and `.reshard/`, never the new output).
-///
-/// # Errors
-/// The series cannot be listed or an object cannot be removed.
-fn prune_series(target: &Path, keep: &Keep, epoch: u64, stale_after: Duration) -> Result<()> {
-    let parent = target.parent().context("the output has no parent prefix")?;
-    let source = storage::source(parent);
-    let entries = source
-        .list(parent)
-        .with_context(|| format!("--keep: cannot list {}", parent.display()))?;
-    for e in entries {
-        let path = parent.join(&e.name);
-        let of_series = e.name.to_str().and_then(|n| keep.epoch_of(n)).is_some();
-        if e.kind == Kind::Dir && of_series && path != target && half_removed(&path) {
-            crate::errln!(
-                "reshard: --keep: finishing the removal of {} (an earlier run began it)",
-                path.display()
-            );
-            remove_remote_epoch(&path, stale_after)?;
-        }
-    }
-    for old in outputs_beyond(target, keep, epoch, None)? {
-        crate::errln!(
-            "reshard: --keep {}: removing the older output {}",
-            keep.count,
-            old.display()
-        );
-        remove_remote_epoch(&old, stale_after)?;
-    }
-    Ok(())
-}
-
-/// Whether `old` is an output whose removal by `--keep` began and did not finish: its marker
-/// [`REMOVING`] there and its `index.json` gone. (A marker beside an `index.json` is a removal
-/// that failed before it began: that output stands.)
-fn half_removed(old: &Path) -> bool {
-    let source = storage::source(old);
-    source.stat(&old.join(REMOVING)).is_ok() && source.stat(&old.join(MANIFEST)).is_err()
-}
-
-/// Removes every object of the older output `old` of an `s3://` series (as a file system's
-/// `--keep` removes its whole directory), holding its lock, so that no run writes it meanwhile
-/// (one that does is left alone: "skipped"): its unfinished multipart uploads aborted, the
-/// marker [`REMOVING`] written, then its `index.json` removed (it stops being an output), then
-/// the rest, the marker last.
-fn remove_remote_epoch(old: &Path, stale_after: Duration) -> Result<()> {
-    let skipped = |why: &dyn std::fmt::Display| {
-        crate::errln!(
-            "reshard: --keep: skipped {}: {why}; the next run with --keep removes it",
-            old.display()
-        );
-    };
-    if crate::job::destination::lock::may_be_held(&lock_path(old)) {
-        skipped(&"another run holds its lock");
-        return Ok(());
-    }
-    let _held = match RemoteLock::acquire(old, stale_after) {
-        Ok(lock) => lock,
-        Err(e) => {
-            skipped(&format_args!("{e:#}"));
-            return Ok(());
-        }
-    };
-    remove_objects(old)
-}
-
-/// [`remove_remote_epoch`]'s removal, its lock held.
-fn remove_objects(old: &Path) -> Result<()> {
-    let sink = storage::sink(old);
-    sink.abort_unfinished(old).with_context(|| {
-        format!(
-            "--keep: cannot abort the unfinished uploads under {}",
-            old.display()
-        )
-    })?;
-    let marker = old.join(REMOVING);
-    sink.write(&marker, b"")
-        .with_context(|| format!("--keep: {}: cannot write", marker.display()))?;
-    let remove = |path: &Path| {
-        remove_if_there(path).with_context(|| format!("--keep: cannot remove {}", path.display()))
-    };
-    remove(&old.join(MANIFEST))?;
-    crate::hooks::kill_at(0, "keep");
-    for (rel, _) in files_of(old, false)?
-        .iter()
-        .filter(|(rel, _)| rel != REMOVING)
-    {
-        remove(&old.join(rel))?;
-    }
-    sink.remove_file(&marker)
-        .with_context(|| format!("--keep: cannot remove {}", marker.display()))
-}
-
 /// What a failed upload says: where the finished output stays for `--resume`, or where each
 /// node staged its own copy (`per_node`), that there is nothing to resume from.
 fn not_published(target: &Path, local: &Path, per_node: bool) -> String {
@@ -812,15 +698,17 @@ fn not_published(target: &Path, local: &Path, per_node: bool) -> String {
     )
 }
 
-/// Rank 0 after every shard is up: the metadata, the lock checked, the manifest, then what
-/// `--force` replaced and the local copy removed.
+/// Rank 0 after every shard is up: the metadata, found as this run created it with the kept
+/// shards, then the output's life commits it by its manifest ([`ByManifest`]) and does what
+/// follows (what `--force` replaced removed, the staged copy, `--keep`).
 fn finish(
-    target: &Path,
+    cfg: &UploadSettings,
     local: &Path,
     dealt: &deal::Deal,
     kept: &[String],
     lock: Option<&RemoteLock>,
 ) -> Result<()> {
+    let target = cfg.target.as_deref().context("an upload has a target")?;
     let fence = lock.map(|l| l.fence(target));
     let fence = fence.as_ref();
     let files = &dealt.files;
@@ -837,60 +725,20 @@ fn finish(
     fenced::verify(local, target, &mut created, fence).with_context(not_published)?;
     let kept_records = lock.map_or(&[][..], |l| &l.records);
     fenced::check_kept(local, target, kept, kept_records).with_context(not_published)?;
-    lock.map_or(Ok(()), RemoteLock::check_owned)?;
-    // The commit: created only where no manifest is, so never over another run's.
-    fenced::create(local, target, MANIFEST, Found::Fail, fence, None)
-        .with_context(not_published)?;
-    after_manifest(target, local, files, lock).context(CleanupFailed {
-        output: target.to_path_buf(),
-    })
-}
-
-/// Rank 0 once the manifest is up (the output is live: a failure here is a clean-up's): the
-/// marker of the upload removed, the objects of what was replaced or left from a failed run
-/// that the new manifest does not name removed, and the staged copy.
-fn after_manifest(
-    target: &Path,
-    local: &Path,
-    files: &[(String, u64)],
-    lock: Option<&RemoteLock>,
-) -> Result<()> {
-    let marker = target.join(INCOMPLETE);
-    storage::sink(&marker)
-        .remove_file(&marker)
-        .with_context(|| {
-            format!(
-                "{} is published; removing {} failed",
-                target.display(),
-                marker.display()
-            )
-        })?;
-    let new: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
-    let fence = lock.map(|l| l.fence(target));
-    let earlier = lock.map(|l| l.replaced.iter().chain(&l.preserved));
-    for old in earlier.into_iter().flatten() {
-        if !new.contains(&old.as_str()) {
-            let path = target.join(old);
-            // A run suspended past its lock here removes nothing a successor published since.
-            fence.as_ref().map_or(Ok(()), fenced::Fence::check_lock)?;
-            storage::sink(&path).remove_file(&path).with_context(|| {
-                format!(
-                    "{} is published; removing {} of the output it replaced failed",
-                    target.display(),
-                    path.display()
-                )
-            })?;
-        }
-    }
-    fence.as_ref().map_or(Ok(()), fenced::Fence::check_lock)?;
-    records::remove_all(target); // read by no run once the output is published
-    storage::sink(local).remove_dir_all(local).with_context(|| {
-        format!(
-            "{} is published; removing the staged copy {} failed",
-            target.display(),
-            local.display()
-        )
-    })
+    let strategy = ByManifest {
+        target,
+        local,
+        files,
+        lock,
+        not_published: not_published(),
+        stale_after: cfg.lock_stale_after,
+    };
+    let rules = Rules {
+        link: None,
+        keep: cfg.keep.as_ref(),
+        epoch: cfg.epoch,
+    };
+    life::commit(&strategy, &rules)
 }
 
 #[cfg(test)]

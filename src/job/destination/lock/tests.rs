@@ -29,6 +29,10 @@ fn wait_for(what: &str, cond: impl Fn() -> bool) {
 fn the_lock_and_run_directory_names_follow_the_staging_pointer() {
     let staging = Path::new("/d/.out.reshard-tmp");
     assert_eq!(lock_path(staging), Path::new("/d/.out.reshard-lock"));
+    // One name on every store: beside the output, outside what it holds.
+    assert_eq!(lock_of(Path::new("/d/out")), lock_path(staging));
+    let bucket = Path::new("s3://b/p/epoch-1");
+    assert_eq!(lock_of(bucket), Path::new("s3://b/p/.epoch-1.reshard-lock"));
     let tmp = tempfile::tempdir().unwrap();
     let pointer = tmp.path().join(".out.reshard-tmp");
     let lock = silent(&lock_path(&pointer), elsewhere());

@@ -231,7 +231,20 @@ fn after_its_manifest_a_run_that_lost_the_lock_removes_nothing() {
     assert_ne!(held, theirs);
     put(&lock_path(target), theirs.as_bytes());
     let files = vec![("new.tar".to_string(), 6)];
-    let err = after_manifest(target, local, &files, Some(&lock)).unwrap_err();
+    let strategy = ByManifest {
+        target,
+        local,
+        files: &files,
+        lock: Some(&lock),
+        not_published: String::new(),
+        stale_after: Duration::from_secs(60),
+    };
+    let rules = life::Rules {
+        link: None,
+        keep: None,
+        epoch: 0,
+    };
+    let err = life::after_commit(&strategy, true, &rules).unwrap_err();
     assert!(
         format!("{err:#}").contains("lost the output's lock"),
         "{err:#}"

@@ -1,0 +1,224 @@
+//! How an object store's output becomes live and what follows, for the output's life
+//! ([`crate::job::destination::life`]): there is no rename, so the commit is the manifest,
+//! created last and only where none is (never over another run's); once it is up, the marker
+//! of the upload under way goes, then the objects of what it replaced (or a failed run left)
+//! that it does not name, each while the run still holds the lock, then the staged copy.
+//! `--keep` removes an older output holding its lock, its marker written first: a removal cut
+//! short is found by the marker and finished by the next run.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use super::fenced::{self, Found};
+use super::{files_of, lock_path, remove_if_there, RemoteLock, INCOMPLETE, MANIFEST};
+use crate::config::Keep;
+use crate::job::destination::life::Commit;
+use crate::job::destination::owned::{inspect, AtOutput};
+use crate::storage::{self, Kind};
+
+/// The object inside an older output of an `s3://` series that `--keep` is removing, written
+/// before its `index.json` goes and removed last: what a removal cut short leaves, for the next
+/// `--keep` run to finish (there is no rename to move it aside first, as on a file system).
+pub(super) const REMOVING: &str = ".reshard-removing";
+
+/// The uploaded output at `target`, from the staged copy `local`, with the names it holds
+/// (`files`) and the run's lock.
+pub(crate) struct ByManifest<'a> {
+    pub(crate) target: &'a Path,
+    pub(crate) local: &'a Path,
+    pub(crate) files: &'a [(String, u64)],
+    pub(crate) lock: Option<&'a RemoteLock>,
+    /// What a failed commit says (where the finished output stays for `--resume`).
+    pub(crate) not_published: String,
+    /// `--lock-stale-after`, for the locks of the older outputs `--keep` removes.
+    pub(crate) stale_after: Duration,
+}
+
+impl Commit for ByManifest<'_> {
+    fn target(&self) -> &Path {
+        self.target
+    }
+
+    fn check_owned(&self) -> Result<()> {
+        self.lock.map_or(Ok(()), RemoteLock::check_owned)
+    }
+
+    /// The manifest, created only where none is, so never over another run's.
+    fn commit(&self) -> Result<bool> {
+        let fence = self.lock.map(|l| l.fence(self.target));
+        let (target, local) = (self.target, self.local);
+        fenced::create(local, target, MANIFEST, Found::Fail, fence.as_ref(), None)
+            .with_context(|| self.not_published.clone())?;
+        Ok(self.lock.is_some_and(|l| !l.replaced.is_empty()))
+    }
+
+    /// The marker of the upload under way.
+    fn drop_records(&self) -> Result<()> {
+        let marker = self.target.join(INCOMPLETE);
+        storage::sink(&marker)
+            .remove_file(&marker)
+            .with_context(|| {
+                format!(
+                    "{} is published; removing {} failed",
+                    self.target.display(),
+                    marker.display()
+                )
+            })
+    }
+
+    /// The objects of the output replaced, or of a failed run, that the new manifest does not
+    /// name; only while this run holds the lock, so that a run suspended past its lock here
+    /// removes nothing a successor published since.
+    fn remove_replaced(&self, _replaced: bool) -> Result<()> {
+        let Some(lock) = self.lock else {
+            return Ok(());
+        };
+        let new: HashSet<&str> = self.files.iter().map(|f| f.0.as_str()).collect();
+        let fence = lock.fence(self.target);
+        for old in lock.replaced.iter().chain(&lock.preserved) {
+            if !new.contains(&old.as_str()) {
+                let path = self.target.join(old);
+                fence.check_lock()?;
+                // Gone already where a failed run removed it, or never there (a replaced
+                // output without saved indexes).
+                remove_if_there(&path).with_context(|| {
+                    format!(
+                        "{} is published; removing {} of the output it replaced failed",
+                        self.target.display(),
+                        path.display()
+                    )
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The staged copy, while this run holds the lock.
+    fn release_staging(&self) -> Result<()> {
+        if let Some(lock) = self.lock {
+            lock.fence(self.target).check_lock()?;
+        }
+        super::records::remove_all(self.target); // read by no run once the output is published
+        storage::sink(self.local)
+            .remove_dir_all(self.local)
+            .with_context(|| {
+                format!(
+                    "{} is published; removing the staged copy {} failed",
+                    self.target.display(),
+                    self.local.display()
+                )
+            })
+    }
+
+    fn point_link(&self, link: &Path) -> Result<()> {
+        bail!(
+            "--link {}: an object store has no symbolic links",
+            link.display()
+        )
+    }
+
+    fn unfinished_removals(&self, keep: &Keep) -> Result<(Vec<PathBuf>, &'static str)> {
+        let parent = self
+            .target
+            .parent()
+            .context("the output has no parent prefix")?;
+        let entries = storage::source(parent)
+            .list(parent)
+            .with_context(|| format!("--keep: cannot list {}", parent.display()))?;
+        let mut halves = Vec::new();
+        for e in entries {
+            let path = parent.join(&e.name);
+            let of_series = e.name.to_str().and_then(|n| keep.epoch_of(n)).is_some();
+            if e.kind == Kind::Dir && of_series && path != self.target && half_removed(&path) {
+                halves.push(path);
+            }
+        }
+        Ok((halves, "an earlier run began it"))
+    }
+
+    fn finish_removal(&self, half: &Path) -> Result<()> {
+        remove_remote_epoch(half, self.stale_after)
+    }
+
+    fn remove_older(&self, old: &Path) -> Result<()> {
+        remove_remote_epoch(old, self.stale_after)
+    }
+}
+
+/// What is at an object store's output for life's rule of what may be replaced: the objects
+/// under its prefix (an object named as the prefix itself is beside it, not at it).
+///
+/// # Errors
+/// The store cannot tell.
+pub(super) fn found(target: &Path) -> Result<AtOutput> {
+    match storage::source(target).stat(target) {
+        Ok(s) if s.kind == Kind::Dir => inspect(target),
+        Ok(_) => Ok(AtOutput::Nothing),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(AtOutput::Nothing),
+        Err(e) => Err(e).with_context(|| format!("--output {}", target.display())),
+    }
+}
+
+/// Whether `old` is an output whose removal by `--keep` began and did not finish: its marker
+/// [`REMOVING`] there and its `index.json` gone. (A marker beside an `index.json` is a removal
+/// that failed before it began: that output stands.)
+pub(super) fn half_removed(old: &Path) -> bool {
+    let source = storage::source(old);
+    source.stat(&old.join(REMOVING)).is_ok() && source.stat(&old.join(MANIFEST)).is_err()
+}
+
+/// Removes every object of the older output `old` of an `s3://` series (as a file system's
+/// `--keep` removes its whole directory), holding its lock, so that no run writes it meanwhile
+/// (one that does is left alone: "skipped"): its unfinished multipart uploads aborted, the
+/// marker [`REMOVING`] written, then its `index.json` removed (it stops being an output), then
+/// the rest, the marker last.
+fn remove_remote_epoch(old: &Path, stale_after: Duration) -> Result<()> {
+    let skipped = |why: &dyn std::fmt::Display| {
+        crate::errln!(
+            "reshard: --keep: skipped {}: {why}; the next run with --keep removes it",
+            old.display()
+        );
+    };
+    if crate::job::destination::lock::may_be_held(&lock_path(old)) {
+        skipped(&"another run holds its lock");
+        return Ok(());
+    }
+    let _held = match RemoteLock::acquire(old, stale_after) {
+        Ok(lock) => lock,
+        Err(e) => {
+            skipped(&format_args!("{e:#}"));
+            return Ok(());
+        }
+    };
+    remove_objects(old)
+}
+
+/// [`remove_remote_epoch`]'s removal, its lock held.
+pub(super) fn remove_objects(old: &Path) -> Result<()> {
+    let sink = storage::sink(old);
+    sink.abort_unfinished(old).with_context(|| {
+        format!(
+            "--keep: cannot abort the unfinished uploads under {}",
+            old.display()
+        )
+    })?;
+    let marker = old.join(REMOVING);
+    sink.write(&marker, b"")
+        .with_context(|| format!("--keep: {}: cannot write", marker.display()))?;
+    let remove = |path: &Path| {
+        remove_if_there(path).with_context(|| format!("--keep: cannot remove {}", path.display()))
+    };
+    remove(&old.join(MANIFEST))?;
+    crate::hooks::kill_at(0, "keep");
+    for (rel, _) in files_of(old, false)?
+        .iter()
+        .filter(|(rel, _)| rel != REMOVING)
+    {
+        remove(&old.join(rel))?;
+    }
+    sink.remove_file(&marker)
+        .with_context(|| format!("--keep: cannot remove {}", marker.display()))
+}

@@ -97,25 +97,64 @@ pub(crate) fn count_files(bounds: &[Vec<u8>], members: &[Member], counts: &mut [
     }
 }
 
-/// More keys to cut at inside the ranges of `bounds` that hold more than twice
-/// [`KEYS_PER_UNIT`] files over all units (`counts`, summed over every rank): a unit holding
-/// `d` of a range's keys proposes every `s`th of them with `s = d * KEYS_PER_UNIT / files`
-/// (at least 1), so that a range between two proposals holds about [`KEYS_PER_UNIT`] files
-/// (the units' shares plus at most one key of each unit).
-pub(crate) fn refinements(bounds: &[Vec<u8>], counts: &[u64], members: &[Member]) -> Vec<Vec<u8>> {
+/// Candidates a refinement draws per [`KEYS_PER_UNIT`] files of a heavy range; [`thinned`]
+/// keeps every `SAMPLE`th, so that a range between two kept ones holds about that many files.
+pub(crate) const SAMPLE: usize = 8;
+
+/// A stable draw in `0..2^32` for `member` in refinement `round` (its name and file hashed).
+fn draw(member: &Member, round: u32) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&round.to_le_bytes());
+    h.update(&member.name);
+    if let crate::tree::view::Bytes::File(path) = &member.source {
+        h.update(path);
+    }
+    // CRC is linear: mixed (murmur3's finalizer) so that its low bits are as good as any.
+    let mut x = h.finalize();
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x85eb_ca6b);
+    x ^= x >> 13;
+    x = x.wrapping_mul(0xc2b2_ae35);
+    x ^ (x >> 16)
+}
+
+/// Candidate keys to cut at inside the ranges of `bounds` that hold more than twice
+/// [`KEYS_PER_UNIT`] files over all units (`counts`, summed over every rank): a key of
+/// `members` with `m` files here is one with chance `m * SAMPLE / KEYS_PER_UNIT`, drawn from
+/// its first member and `round`. A heavy range of `F` files thus gets about
+/// `SAMPLE * F / KEYS_PER_UNIT` candidates over all units, however many units share it (a
+/// unit's own share of a range is no measure of where to cut it: hashed names put every
+/// directory's keys everywhere), spread as its files are.
+pub(crate) fn refinements(
+    bounds: &[Vec<u8>],
+    counts: &[u64],
+    members: &[Member],
+    round: u32,
+) -> Vec<Vec<u8>> {
     let heavy = |r: usize| counts[r] > 2 * KEYS_PER_UNIT as u64;
-    let mut by_range: Vec<Vec<&[u8]>> = vec![Vec::new(); counts.len()];
-    for (k, _) in keys(members) {
-        let r = range_of(bounds, k);
-        if heavy(r) {
-            by_range[r].push(k);
+    let mut out = Vec::new();
+    for key in members.chunk_by(|a, b| a.key() == b.key()) {
+        let k = key[0].key();
+        let chance = (key.len() * SAMPLE) as u64;
+        let drawn = u64::from(draw(&key[0], round)) % KEYS_PER_UNIT as u64;
+        if drawn < chance && heavy(range_of(bounds, k)) {
+            out.push(k.to_vec());
         }
     }
+    out
+}
+
+/// Every [`SAMPLE`]th of the candidates `drawn` (sorted, distinct, all units') in each range of
+/// `bounds`: the keys that cut a heavy range into ranges of about [`KEYS_PER_UNIT`] files.
+pub(crate) fn thinned(bounds: &[Vec<u8>], drawn: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    for (r, ks) in by_range.iter().enumerate().filter(|(_, ks)| !ks.is_empty()) {
-        let step = (ks.len() as u64 * KEYS_PER_UNIT as u64 / counts[r]).max(1);
-        let step = usize::try_from(step).unwrap_or(usize::MAX);
-        out.extend(ks.iter().step_by(step).map(|k| k.to_vec()));
+    let mut at = (usize::MAX, 0);
+    for k in drawn {
+        let r = range_of(bounds, k);
+        at = if at.0 == r { (r, at.1 + 1) } else { (r, 1) };
+        if at.1 % SAMPLE == 0 {
+            out.push(k.clone());
+        }
     }
     out
 }
@@ -196,8 +235,17 @@ mod tests {
         assert_eq!(counts, [20_000]);
         let mut more: Vec<Vec<u8>> = units
             .iter()
-            .flat_map(|m| refinements(&bounds, &counts, m))
+            .flat_map(|m| refinements(&bounds, &counts, m, 0))
             .collect();
+        more.sort();
+        more.dedup();
+        // About SAMPLE candidates per KEYS_PER_UNIT files, not 40 units' worth.
+        assert!(
+            more.len() <= 3 * SAMPLE * 20_000 / KEYS_PER_UNIT,
+            "{}",
+            more.len()
+        );
+        let mut more = thinned(&bounds, &more);
         more.extend(bounds);
         more.sort();
         more.dedup();

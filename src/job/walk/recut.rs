@@ -14,8 +14,9 @@ use crate::comm::{agree, Comm};
 use crate::input::InputShard;
 use crate::plan::assign_inputs;
 use crate::tree::recut::{
-    count_files, cut_at, pieces, proposals, range_of, ranges, refinements, split_keys,
+    count_files, cut_at, pieces, proposals, range_of, ranges, refinements, split_keys, thinned,
 };
+use crate::tree::units::KEYS_PER_UNIT;
 use crate::tree::view::{Listing, Member};
 use crate::tree::walk::{gathered, Skips};
 use crate::tree::{self, Root};
@@ -62,7 +63,7 @@ pub(super) fn run<C: Comm>(
         .iter()
         .filter_map(|(i, l, _)| Some((root_of[*i]?, &l.members[..])))
         .collect();
-    let bounds = key_bounds(comm, &live, &keyed)?;
+    let (bounds, _) = key_bounds(comm, &live, &keyed)?;
     // The new inputs: the old, a split unit's pieces in its place, a regrouped root's ranges in
     // place of its first unit (and its other units gone).
     let mut new = Vec::with_capacity(inputs.len());
@@ -135,14 +136,19 @@ fn merged(found: Vec<(usize, Vec<u8>)>, into: &mut [Vec<Vec<u8>>], least: &[Opti
     }
 }
 
+/// Refinements of a `--key-regex` root's ranges at most: each cuts the ranges still heavy
+/// (a sample's spread may leave one), with draws of its own.
+const REFINE_ROUNDS: u32 = 4;
+
 /// Each `--key-regex` root's key ranges, as the sorted keys that start every range but the
 /// first: the keys the walked units of `keyed` (root, members in key order) propose, and where
-/// a range gathers too many files, more of them (see [`refinements`]).
+/// a range gathers too many files, more of them (see [`refinements`], [`thinned`]); and how
+/// many candidates the refinements gathered on every rank.
 fn key_bounds<C: Comm>(
     comm: &C,
     live: &[bool],
     keyed: &[(usize, &[Member])],
-) -> Result<Vec<Vec<Vec<u8>>>> {
+) -> Result<(Vec<Vec<Vec<u8>>>, usize)> {
     let roots = live.len();
     let mut bounds = vec![Vec::new(); roots];
     let mine: Vec<(usize, Vec<u8>)> = keyed
@@ -157,22 +163,39 @@ fn key_bounds<C: Comm>(
         }
     }
     merged(all, &mut bounds, &least);
-    let counts = files_per_range(comm, &bounds, live, keyed);
-    let heavy = |c: &u64| *c > 2 * crate::tree::units::KEYS_PER_UNIT as u64;
-    if !counts.iter().flatten().any(heavy) {
-        return Ok(bounds);
+    let mut gathered = 0;
+    for round in 0..REFINE_ROUNDS {
+        let counts = files_per_range(comm, &bounds, live, keyed);
+        if !counts
+            .iter()
+            .flatten()
+            .any(|c| *c > 2 * KEYS_PER_UNIT as u64)
+        {
+            break;
+        }
+        let drawn: Vec<(usize, Vec<u8>)> = keyed
+            .iter()
+            .flat_map(|(r, members)| {
+                refinements(&bounds[*r], &counts[*r], members, round)
+                    .into_iter()
+                    .map(|k| (*r, k))
+            })
+            .collect();
+        let drawn = share_all(comm, &drawn)?;
+        gathered += drawn.len();
+        let mut by_root = vec![Vec::new(); roots];
+        for (r, key) in drawn {
+            by_root[r].push(key);
+        }
+        let mut kept = Vec::new();
+        for (r, mut keys) in by_root.into_iter().enumerate() {
+            keys.sort();
+            keys.dedup();
+            kept.extend(thinned(&bounds[r], &keys).into_iter().map(|k| (r, k)));
+        }
+        merged(kept, &mut bounds, &least);
     }
-    let more: Vec<(usize, Vec<u8>)> = keyed
-        .iter()
-        .flat_map(|(r, members)| {
-            refinements(&bounds[*r], &counts[*r], members)
-                .into_iter()
-                .map(|k| (*r, k))
-        })
-        .collect();
-    let more = share_all(comm, &more)?;
-    merged(more, &mut bounds, &least);
-    Ok(bounds)
+    Ok((bounds, gathered))
 }
 
 /// Files per range of every root's `bounds`, over all ranks (no range for a root not `live`).
@@ -290,7 +313,6 @@ mod tests {
 
     use super::*;
     use crate::comm::local::LocalComm;
-    use crate::tree::units::KEYS_PER_UNIT;
     use crate::tree::view::Bytes;
     use crate::tree::walk::Rules;
     use crate::tree::{unit_path, Unit};
@@ -407,5 +429,86 @@ mod tests {
         }
         assert_eq!(files, 9000);
         assert_eq!(units.len(), paths.len() - 1);
+    }
+
+    /// `count` keys of a hash-like spread (a stable mix of `seed` and the index), sorted.
+    fn spread(seed: u64, count: u64) -> Vec<String> {
+        let mut keys: Vec<String> = (0..count)
+            .map(|k| {
+                let mut x = (seed << 20 | k).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                x ^= x >> 29;
+                format!("{:016x}", x.wrapping_mul(0xbf58_476d_1ce4_e5b9))
+            })
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// A `--key-regex` root of 400 directories of 250 files, each a key of its own, hashed (the
+    /// directories' keys interleave, none shares one): each directory's first key is at the
+    /// start of the key space, so the first cut leaves one range of nearly all files. The
+    /// refinement gathers about 8 candidates per 4,096 files of it, whatever the number of
+    /// directories, and cuts it into ranges of about 4,096 files, alike at every rank count.
+    #[test]
+    fn many_interleaved_units_are_refined_into_few_ranges() {
+        const DIRS: u64 = 400;
+        const FILES: u64 = 250;
+        let listings: Vec<Listing> = (0..DIRS)
+            .map(|d| {
+                let members = spread(d, FILES)
+                    .into_iter()
+                    .map(|k| member(format!("d{d:03}/{k}.bin"), format!("{k}.bin")))
+                    .collect();
+                Listing::new(PathBuf::from("/rx"), members)
+            })
+            .collect();
+        let roots = vec![root("/rx", true)];
+        let inputs: Vec<InputShard> = (0..DIRS)
+            .map(|d| InputShard {
+                path: unit_path(
+                    &roots[0].path,
+                    &Unit::of(format!("d{d:03}").into_bytes(), false),
+                ),
+                size: 0,
+            })
+            .collect();
+        let files = DIRS * FILES;
+        let target = files / KEYS_PER_UNIT as u64;
+        let mut seen = Vec::new();
+        for ranks in 1..=4 {
+            let results = LocalComm::run(ranks, |c| {
+                let share = assign_inputs(&vec![1; inputs.len()], c.size())[c.rank()].clone();
+                let mine: Vec<(usize, &[Member])> = share
+                    .clone()
+                    .map(|i| (0, &listings[i].members[..]))
+                    .collect();
+                let (bounds, gathered) = key_bounds(c, &[true], &mine).unwrap();
+                let walked = share
+                    .map(|i| (i, listings[i].clone(), Skips::default()))
+                    .collect();
+                let mut inputs = inputs.clone();
+                let held = run(c, &roots, &mut inputs, walked).unwrap();
+                let sizes: Vec<(usize, usize)> =
+                    held.iter().map(|(i, l, _)| (*i, l.members.len())).collect();
+                (bounds, gathered, inputs.len(), sizes)
+            });
+            let (bounds, gathered, units, _) = &results[0];
+            assert!(results.iter().all(|r| &r.0 == bounds && r.2 == *units));
+            let mut sizes: Vec<(usize, usize)> = results.iter().flat_map(|r| r.3.clone()).collect();
+            sizes.sort();
+            assert_eq!(sizes.len(), *units);
+            assert_eq!(sizes.iter().map(|s| s.1 as u64).sum::<u64>(), files);
+            assert!(*gathered as u64 <= 16 * target, "{gathered} gathered");
+            // The first cut's ranges (one per directory at most) and about `target` more.
+            assert!(*units as u64 <= DIRS + 2 * target, "{units} ranges");
+            let big = sizes.iter().filter(|s| s.1 > 1000).count() as u64;
+            assert!(big >= target / 2, "{big} ranges of more than 1,000 files");
+            assert!(sizes.iter().all(|s| s.1 <= 2 * KEYS_PER_UNIT), "{sizes:?}");
+            seen.push((bounds.clone(), sizes));
+        }
+        assert!(
+            seen.iter().all(|s| s == &seen[0]),
+            "cut otherwise by rank count"
+        );
     }
 }

@@ -306,7 +306,8 @@ pub(crate) fn remove(target: &Path, token: &str) -> Result<()> {
 /// run's and any a run that lost the lock wrote late under its own token (read by no run: only
 /// a marker names the records a resumed run reads, and a published output has none). Best
 /// effort: hidden, no part of the output; one left is said and removed by the next run that
-/// publishes there.
+/// publishes there. The whole parent is listed: the storage seam lists a directory, not the
+/// names under a prefix.
 pub(crate) fn remove_all(target: &Path) {
     let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
         return;
@@ -318,7 +319,9 @@ pub(crate) fn remove_all(target: &Path) {
         .and_then(|entries| {
             let dirs = entries.into_iter().filter(|e| e.kind == Kind::Dir);
             for e in dirs {
-                if let Some(token) = e.name.to_string_lossy().strip_prefix(&base) {
+                let name = e.name.to_string_lossy();
+                // A name of no token is no run's (a user's prefix): it stays.
+                if let Some(token) = name.strip_prefix(&base).filter(|t| is_token(t)) {
                     remove(target, token)?;
                 }
             }
@@ -413,5 +416,20 @@ mod tests {
         for shard in ["a.tar", "b.tar", "c.tar"] {
             assert!(storage::stamp(&target.join(shard)).is_ok(), "{shard} stays");
         }
+    }
+
+    /// A user's prefix named like records but of no token is no run's: it stays.
+    #[test]
+    fn a_prefix_named_like_records_but_of_no_token_stays() {
+        let target = Path::new("mem://upload-records-user/out");
+        let mine = target.with_file_name(".out.reshard-records.mine");
+        let kept = mine.join("notes.txt");
+        storage::sink(&mine).create_dir_all(&mine).unwrap();
+        storage::sink(&kept).write(&kept, b"mine").unwrap();
+        remove_all(target);
+        assert!(
+            storage::stamp(&kept).is_ok(),
+            "the user's object is removed"
+        );
     }
 }

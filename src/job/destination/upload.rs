@@ -591,8 +591,8 @@ fn is_own_name(n: &str) -> bool {
     !n.is_empty() && !n.starts_with('/') && !n.split('/').any(|p| p == "..")
 }
 
-/// Rank 0 before any object is uploaded: the names it will upload and those of the output it
-/// replaces recorded in the marker of an upload under way, and with `--force` the replaced
+/// Rank 0 before any object is uploaded, having checked that it still holds the lock: the
+/// names it will upload and those of the output it replaces recorded in the marker of an upload under way, and with `--force` the replaced
 /// output's manifest removed (it stops being an output before any of its objects is
 /// overwritten).
 fn begin(target: &Path, files: &[(String, u64)], kept: &[String], lock: &RemoteLock) -> Result<()> {
@@ -604,6 +604,9 @@ fn begin(target: &Path, files: &[(String, u64)], kept: &[String], lock: &RemoteL
             .filter(|p| !names.contains(p.as_str()))
             .cloned(),
     );
+    // The marker is a plain PUT: written only while this run holds the lock, never over a
+    // successor's.
+    lock.check_owned()?;
     Marker {
         uploads,
         replaces: lock.replaced.clone(),
@@ -613,7 +616,7 @@ fn begin(target: &Path, files: &[(String, u64)], kept: &[String], lock: &RemoteL
     if lock.replaced.is_empty() && lock.preserved.is_empty() {
         return Ok(());
     }
-    lock.check_owned()?;
+    lock.check_owned()?; // again, before anything of the output goes
     if !lock.replaced.is_empty() {
         // Already gone where a failed run that was replacing it removed it.
         let old = target.join(MANIFEST);

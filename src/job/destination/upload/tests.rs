@@ -258,3 +258,27 @@ fn after_its_manifest_a_run_that_lost_the_lock_removes_nothing() {
         "staged copy removed"
     );
 }
+
+/// A run that lost the lock before its upload begins writes no marker: the marker there may be
+/// its successor's (a plain PUT would overwrite it), even with nothing replaced or preserved.
+#[test]
+fn a_run_that_lost_the_lock_writes_no_marker() {
+    let target = Path::new("mem://upload-begin-lost/target");
+    storage::sink(target).create_dir_all(target).unwrap();
+    let lock = RemoteLock::acquire(target, Duration::from_secs(60)).unwrap();
+    let put = |path: &Path, bytes: &[u8]| storage::sink(path).write(path, bytes).unwrap();
+    let read = |path: &Path| storage::source(path).read(path).unwrap();
+    let held = String::from_utf8(read(&lock_path(target))).unwrap();
+    put(
+        &lock_path(target),
+        held.replace(lock.lock.token(), "someone-else").as_bytes(),
+    );
+    put(&target.join(INCOMPLETE), b"the successor's marker");
+    let files = vec![("new.tar".to_string(), 6)];
+    let err = begin(target, &files, &[], &lock).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("lost the output's lock"),
+        "{err:#}"
+    );
+    assert_eq!(read(&target.join(INCOMPLETE)), b"the successor's marker");
+}

@@ -17,6 +17,7 @@ use anyhow::{bail, Context, Result};
 use super::records::still_created;
 use super::{remove_if_there, CHUNK};
 use crate::job::destination::lock::lost_by_token;
+use crate::output::saved_index;
 use crate::storage::{self, Created};
 
 /// How many times an object is created at one name before the run gives up: each time after the
@@ -309,10 +310,11 @@ pub(crate) fn lost(fence: Option<&Fence>, target: &Path) -> Option<String> {
 
 /// The shards a resumed run keeps from the earlier attempt (`kept`): each still the object that
 /// attempt noted (its size, modification time and ETag) in the staged copy's notes, or the size
-/// and ETag of its record in the bucket (`records`), not trusted.
+/// and ETag of its record in the bucket (`records`), not trusted; and its saved index at the
+/// output, where `local` holds one ([`restore_layout`]).
 ///
 /// # Errors
-/// One is not.
+/// One is not, or its saved index cannot be written again.
 pub(crate) fn check_kept(
     local: &Path,
     target: &Path,
@@ -347,7 +349,26 @@ pub(crate) fn check_kept(
             target.join(stale).display()
         );
     }
-    Ok(())
+    kept.iter()
+        .try_for_each(|k| restore_layout(local, target, k))
+}
+
+/// The saved index of `shard`, kept from the earlier attempt, at `target`: written again from
+/// `local`'s (stamped for the object) unless the one there matches the object. That attempt may
+/// have died between the shard and its index, or the index may have gone since. Nothing where
+/// `local` has no saved index of it.
+fn restore_layout(local: &Path, target: &Path, shard: &str) -> Result<()> {
+    let layout = super::layout_of(shard);
+    let from = local.join(&layout);
+    if storage::stamp(&from).is_err() {
+        return Ok(());
+    }
+    let (object, to) = (target.join(shard), target.join(&layout));
+    let found = saved_index::load(&object, Some(to.parent().unwrap_or(target)));
+    if matches!(found, saved_index::Lookup::Found(_)) {
+        return Ok(());
+    }
+    saved_index::copy_restamped(&from, &object, &to)
 }
 
 /// The side objects an earlier run's create-only uploads left under `target` (on a store that

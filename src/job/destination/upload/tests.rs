@@ -282,3 +282,33 @@ fn a_run_that_lost_the_lock_writes_no_marker() {
     );
     assert_eq!(read(&target.join(INCOMPLETE)), b"the successor's marker");
 }
+
+/// A shard kept from the earlier attempt whose saved index did not reach the store (that
+/// attempt died between the two, or the index went since) gets it again before the manifest,
+/// stamped for the object there.
+#[test]
+fn a_kept_shard_gets_its_saved_index_again() {
+    let local = Path::new("mem://upload-kept-layout/local");
+    let target = Path::new("mem://upload-kept-layout/target");
+    for dir in [local, target] {
+        storage::sink(dir).create_dir_all(dir).unwrap();
+    }
+    for dir in [local, target] {
+        let path = dir.join("a.tar");
+        storage::sink(&path).write(&path, &[0; 1024]).unwrap();
+    }
+    let staged = local.join(saved_index::DIR_NAME);
+    storage::sink(&staged).create_dir_all(&staged).unwrap();
+    saved_index::save(&staged, &local.join("a.tar"), std::iter::empty()).unwrap();
+    note_uploaded(local, target, "a.tar").unwrap();
+    let kept = vec!["a.tar".to_string()];
+    fenced::check_kept(local, target, &kept, &[]).unwrap();
+    let dir = target.join(saved_index::DIR_NAME);
+    assert!(
+        matches!(
+            saved_index::load(&target.join("a.tar"), Some(&dir)),
+            saved_index::Lookup::Found(_)
+        ),
+        "no saved index of a.tar at the output"
+    );
+}

@@ -567,10 +567,12 @@ fn s3_job_on_node_0(
     job
 }
 
-/// Runs `job` and kills node 1's ranks (SIGKILL) once a shard is recorded as uploaded in the
-/// bucket and a multipart upload is open; the launcher ends the job, which must fail. The shards
-/// recorded, by name.
-fn kill_node_1_once_a_shard_is_recorded(
+/// Runs `job` and, once a shard is recorded as uploaded in the bucket and a multipart upload is
+/// open, stops every rank of both nodes (SIGSTOP) so that no upload under way completes, then
+/// kills node 1's ranks and node 0's (SIGKILL): the whole job dies mid-upload, a node lost, and
+/// must fail. (Killing node 1's alone let node 0's ranks complete their uploads until the
+/// launcher ended them.) The shards recorded, by name.
+fn kill_the_job_once_a_shard_is_recorded(
     cluster: &Cluster,
     dir: &Dir,
     s3: &Server,
@@ -584,21 +586,39 @@ fn kill_node_1_once_a_shard_is_recorded(
             .filter(|k| k.starts_with(".out.reshard-records."))
             .collect()
     };
+    let under_way = || !records().is_empty() && !s3.uploads(dir, bucket).is_empty();
+    let signal = |pids: &[i32], signal: i32| {
+        for &pid in pids {
+            // SAFETY: kill(2) on a rank this test started, inside its own cluster.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    };
     let waiting = Instant::now();
-    while records().is_empty() || s3.uploads(dir, bucket).is_empty() {
+    let (node_1, node_0) = loop {
         assert!(!handle.is_finished(), "the job ended before a shard was up");
         assert!(
             waiting.elapsed() < Duration::from_secs(180),
             "no shard recorded as uploaded"
         );
-        thread::sleep(Duration::from_millis(100));
-    }
-    for pid in cluster.pids(1, "reshard") {
-        // SAFETY: kill(2) on a rank this test started, inside its own cluster.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
+        if under_way() {
+            let (node_1, node_0) = (cluster.pids(1, "reshard"), cluster.pids(0, "reshard"));
+            signal(&node_1, libc::SIGSTOP);
+            signal(&node_0, libc::SIGSTOP);
+            // A request a rank sent before it stopped (an upload's completion) is let finish:
+            // what is open then stays open.
+            thread::sleep(Duration::from_secs(2));
+            if under_way() {
+                break (node_1, node_0);
+            }
+            signal(&node_1, libc::SIGCONT);
+            signal(&node_0, libc::SIGCONT);
         }
-    }
+        thread::sleep(Duration::from_millis(100));
+    };
+    signal(&node_1, libc::SIGKILL);
+    signal(&node_0, libc::SIGKILL);
     let failed = handle.join().expect("the job thread");
     failed.check(failed.code() != Some(0), "the killed job must fail");
     records()
@@ -609,8 +629,8 @@ fn kill_node_1_once_a_shard_is_recorded(
 
 /// Issue 37: 2 nodes x 2 ranks write an `s3://` output with `--scratch` on each node's own disk,
 /// each rank two shards of multipart uploads, writes slowed so the upload takes seconds. Once a
-/// first shard is up (its record in the bucket) and a multipart upload is open, node 1's ranks are killed (SIGKILL) mid-upload;
-/// the launcher ends the job. `--resume` on node 0 alone, 2 ranks (no node's disk holds anything
+/// first shard is up (its record in the bucket) and a multipart upload is open, every rank is
+/// stopped, then node 1's ranks and node 0's killed (SIGKILL) mid-upload. `--resume` on node 0 alone, 2 ranks (no node's disk holds anything
 /// of the dead run): the output is the POSIX run's bytes; every shard the dead run recorded as
 /// uploaded is kept, the very object (its ETag and time unchanged), not uploaded again; the dead
 /// run's open multipart uploads are aborted and none is left; nothing is left beside the output.
@@ -637,7 +657,7 @@ fn a_node_killed_mid_upload_resumes_from_the_bucket_on_the_other_node_alone() {
     // 3 MiB/s a rank: a second shard's multipart upload is open for seconds.
     slow.extend(["--max-write-rate", "12MiB"]);
     let job = s3_job(&cluster, &s3, ("in", &output), &disk, true, &slow);
-    let recorded = kill_node_1_once_a_shard_is_recorded(&cluster, &dir, &s3, &bucket, job);
+    let recorded = kill_the_job_once_a_shard_is_recorded(&cluster, &dir, &s3, &bucket, job);
     let keys = s3.keys(&dir, &bucket, "out/");
     assert!(!keys.contains(&"out/index.json".to_string()), "{keys:?}");
     let shards = keys.iter().filter(|k| k.starts_with("out/shard-")).count();

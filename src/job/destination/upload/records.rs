@@ -256,8 +256,8 @@ pub(crate) fn carry_over(
     lock: &OutputLock,
     resume: bool,
 ) -> Result<Vec<(String, Record)>> {
-    if let Some(dead) = lock.dead_predecessor() {
-        crate::job::destination::scratch::remove_dead_heartbeats(target, dead);
+    if lock.dead_predecessor().is_some() {
+        crate::job::destination::scratch::remove_dead_heartbeats(target);
     }
     let own = lock.token();
     let Some(earlier) = earlier.filter(|t| is_token(t) && *t != own) else {

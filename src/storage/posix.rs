@@ -132,20 +132,20 @@ pub fn facts(path: &Path, follow: bool) -> io::Result<FileFacts> {
 /// A loose file open for reading (see [`open_loose`]).
 pub struct LooseFile(File);
 
-/// Opens the loose file at `path` for reading. `O_NONBLOCK`, so that a FIFO put where a regular
-/// file was listed never blocks the open (the caller checks the kind in the facts returned, and
-/// reads nothing from anything but a regular file).
+/// Opens the loose file at `path` for reading, without examining it: the caller checks its
+/// [`LooseFile::facts`] after reading and uses no byte of anything but the regular file it
+/// listed. `O_NONBLOCK`, so that a FIFO or device put where a regular file was listed never
+/// blocks the open or a read (a `pread` of a FIFO fails at once, `ESPIPE`).
 ///
 /// # Errors
-/// It cannot be opened or examined.
-pub fn open_loose(path: &Path) -> io::Result<(LooseFile, FileFacts)> {
+/// It cannot be opened.
+pub fn open_loose(path: &Path) -> io::Result<LooseFile> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
-    let facts = facts_of(&file.metadata()?);
-    Ok((LooseFile(file), facts))
+    Ok(LooseFile(file))
 }
 
 impl LooseFile {

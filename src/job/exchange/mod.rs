@@ -92,10 +92,13 @@ impl Buffers {
 
 /// A rank alone sends nothing over MPI: its rounds' send buffers only hand its own samples
 /// from the reader to the writer (those it does not copy inside the kernel: loose files,
-/// compressed inputs), so they need not be larger than this. Each buffer's pages are faulted
-/// in once: at np=1, 200,000 loose files of 8 KiB on tmpfs, rounds of 103 MiB took 3.4 s of
-/// system CPU and 516 MB of RSS, rounds of 8-17 MiB 3.1-3.2 s and 114-148 MB.
-const ALONE_SEGMENT: usize = 16 << 20;
+/// compressed inputs), so they need not be larger than this, and small ones are still in the
+/// CPU's caches when the writer copies them out. At np=1, 200,000 loose files of 8 KiB on
+/// tmpfs (user + system CPU, medians of 3, load 9-12): rounds of 16 MiB 3.9 s and 145 MB of
+/// RSS, 1.07 MiB 3.8 s and 85 MB, 140 KiB 4.2 s (the rounds' own costs); rounds of 103 MiB
+/// (the budget's share) took 0.2-0.3 s more system CPU than 8-17 MiB and 516 MB of RSS, every
+/// buffer's pages faulted in.
+const ALONE_SEGMENT: usize = 1 << 20;
 
 /// The part of the stall timeout one round may take at a rank's share of a rate limit.
 /// A round reads and writes up to about twice its send buffer on a rank (its segments, then

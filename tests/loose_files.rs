@@ -5,11 +5,11 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, Instant};
 
-use crate::util::files::{members, tree, MTIME};
+use crate::util::files::{flat_tree, members, tree, MTIME};
 use crate::util::loaders::check_with_python;
 use crate::util::splits::{key_sets, splits_of};
 use crate::util::verifier::output_digest;
-use crate::util::{Dir, TestCommand};
+use crate::util::{Dir, RunOutput, TestCommand};
 
 /// The output of `--input-files tree --label-from-dir cls --shards 3 --seed 5` on
 /// [`tree`]'s tree, pinned.
@@ -236,6 +236,31 @@ fn a_key_regex_groups_files_of_several_directories_into_one_sample() {
     }
 }
 
+/// A key regex that gives WebDataset's keys: the tree's directory units walked, regrouped by
+/// key into ranges of the root and labelled there, give the members of the default rule (in
+/// another canonical order: the root's by key, not its units' one after another), the same
+/// bytes at np 1 and 3.
+#[test]
+fn a_key_regex_of_webdatasets_keys_packs_a_labelled_tree_to_the_same_members() {
+    let dir = Dir::new("files-regex-same");
+    tree(&dir, "tree");
+    let cls = ["--label-from-dir", "cls"];
+    pack(&dir, 2, "plain", &cls).assert_success();
+    let mut digests = Vec::new();
+    for np in [1, 3] {
+        let out = format!("regex{np}");
+        let regex = ["--key-regex", "^((?:[^/]*/)*[^/.]+)\\."];
+        pack(&dir, np, &out, &[&cls[..], &regex].concat()).assert_success();
+        assert_eq!(
+            members(&dir.join(&out)),
+            members(&dir.join("plain")),
+            "np {np}"
+        );
+        digests.push(output_digest(&dir.join(&out)));
+    }
+    assert_eq!(digests[0], digests[1]);
+}
+
 #[test]
 fn loader_indexes_gpus_and_splits_take_a_tree() {
     let dir = Dir::new("files-downstream");
@@ -358,43 +383,46 @@ fn loose_files_split_between_small_rounds_arrive_whole_at_every_rank_count() {
     assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
 }
 
-/// A directory of 9,000 files (one sample each, and one of two members) beside a small one.
-fn flat_tree(dir: &Dir, rel: &str) {
-    for i in 0..9000u64 {
-        let bytes = crate::util::noise(i, 100 + (i as usize * 13) % 300);
-        dir.create_bytes(format!("{rel}/big/s{i:05}.bin"), &bytes);
-    }
-    dir.create_bytes(format!("{rel}/big/s04096.txt"), b"a second member");
-    for i in 0..5u64 {
-        dir.create_bytes(format!("{rel}/small/t{i}.bin"), &crate::util::noise(i, 50));
-    }
+/// `reshard run --input-files ROOT --output OUT --shards 4 --seed 7 --report OUT.json` and
+/// `extra` under `mpirun -np N`, which must succeed.
+fn pack_spread(dir: &Dir, np: usize, root: &str, out: &str, extra: &[&str]) -> RunOutput {
+    let report = format!("{out}.json");
+    let args = ["--shards", "4", "--seed", "7", "--report", &report];
+    run_files(dir, Some(np), root, out, &[&args[..], extra].concat()).assert_success()
+}
+
+/// The input bytes each rank read, from the report of [`pack_spread`]'s run into `out`.
+fn read_by_rank(dir: &Dir, out: &str) -> Vec<u64> {
+    let report: serde_json::Value =
+        serde_json::from_slice(&fs::read(dir.join(format!("{out}.json"))).unwrap()).unwrap();
+    report["per_rank"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["bytes_read"].as_u64().unwrap())
+        .collect()
+}
+
+/// At least two ranks (at np 2 and more) read a fifth of the most any rank read. Units are
+/// whole (4,096 keys, about 4 MiB here): at np 3 the byte-balanced contiguous assignment may
+/// give one rank none.
+fn assert_shared(read: &[u64], np: usize) {
+    let most = *read.iter().max().unwrap();
+    let sharing = read.iter().filter(|&&r| r * 5 >= most).count();
+    assert!(sharing >= np.min(2), "np {np}: bytes read by rank {read:?}");
 }
 
 #[test]
 fn a_large_flat_directory_is_read_by_every_rank_to_the_same_bytes() {
     let dir = Dir::new("files-flat");
     flat_tree(&dir, "flat");
-    let pack_flat = |np: usize, out: &str, extra: &[&str]| {
-        dir.mpi(np)
-            .args(["run", "--input-files", "flat", "--output", out])
-            .args([
-                "--shards",
-                "4",
-                "--seed",
-                "7",
-                "--report",
-                &format!("{out}.json"),
-            ])
-            .args(extra)
-            .assert_success()
-    };
-    // One unit for the whole root (a key regex that gives WebDataset's keys here): the same
-    // samples in the same canonical order, read by one rank.
-    pack_flat(1, "whole", &["--key-regex", "^([^.]*)\\."]);
+    // A key regex that gives WebDataset's keys here: the same samples in the same canonical
+    // order, in other units (the directories regrouped by key into ranges of the root's keys).
+    pack_spread(&dir, 1, "flat", "whole", &["--key-regex", "^([^.]*)\\."]);
     let mut digests = Vec::new();
     for np in [1, 2, 3] {
         let out = format!("out{np}");
-        let res = pack_flat(np, &out, &[]);
+        let res = pack_spread(&dir, np, "flat", &out, &[]);
         // big/ in three units of at most 4,096 keys, small/ in one.
         res.stderr_has("walked 9006 files (2.");
         res.stderr_has("in 4 directory units of 1 root");
@@ -406,24 +434,80 @@ fn a_large_flat_directory_is_read_by_every_rank_to_the_same_bytes() {
             &dir.join(&out),
             &["ranks", "inputs", "input_bytes"],
         );
-        let report: serde_json::Value =
-            serde_json::from_slice(&fs::read(dir.join(format!("{out}.json"))).unwrap()).unwrap();
-        let read: Vec<u64> = report["per_rank"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["bytes_read"].as_u64().unwrap())
-            .collect();
         // big/ is read by two ranks at least (one read it all, the other small/'s 5 files, when
-        // it was one unit). Units are whole (4,096 keys, 4 MiB here): at np 3 the byte-balanced
-        // contiguous assignment gives one rank none of these four.
-        let most = *read.iter().max().unwrap();
-        let sharing = read.iter().filter(|&&r| r * 5 >= most).count();
-        assert!(sharing >= np.min(2), "np {np}: {read:?}");
+        // it was one unit).
+        assert_shared(&read_by_rank(&dir, &out), np);
     }
     assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
     // verify walks the same units: every file once, its bytes equal.
     dir.mpi(2)
         .args(["verify", "--input-files", "flat", "--output", "out2"])
         .assert_success();
+}
+
+/// Below the three levels rank 0 lists, a directory is part of a deep unit, walked by one
+/// rank: a flat one there is cut into units of 4,096 keys once walked, and read by several.
+#[test]
+fn a_flat_directory_below_the_top_levels_is_read_by_several_ranks_to_the_same_bytes() {
+    let dir = Dir::new("files-flat-deep");
+    flat_tree(&dir, "deep/a/b/c");
+    let mut digests = Vec::new();
+    for np in 1..=4 {
+        let out = format!("out{np}");
+        let res = pack_spread(&dir, np, "deep", &out, &[]);
+        // a/b/c (the deep unit, with big/ and small/: 9,005 keys) in three of 4,096 keys.
+        res.stderr_has("walked 9006 files (2.");
+        res.stderr_has("in 3 directory units of 1 root");
+        digests.push(output_digest(&dir.join(&out)));
+        assert_shared(&read_by_rank(&dir, &out), np);
+    }
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+    // Cut otherwise (regrouped by a key regex that gives WebDataset's keys), the same shards.
+    pack_spread(&dir, 2, "deep", "regex", &["--key-regex", "^([^.]*)\\."]);
+    crate::util::verifier::assert_same_output(
+        &dir.join("regex"),
+        &dir.join("out1"),
+        &["ranks", "inputs", "input_bytes"],
+    );
+    dir.mpi(3)
+        .args(["verify", "--input-files", "deep", "--output", "out3"])
+        .assert_success();
+}
+
+/// With `--key-regex`, a sample's files may lie in any directories: four directories of the
+/// same 3,000 keys (one member each) are walked by every rank, regrouped by key into ranges of
+/// about 4,096 files, and read by several ranks; every key is one sample of four members.
+#[test]
+fn key_regex_samples_across_directories_are_read_by_several_ranks_to_the_same_bytes() {
+    let dir = Dir::new("files-regex-spread");
+    let exts = ["jpg", "txt", "json", "seg"];
+    for (d, ext) in exts.iter().enumerate() {
+        for k in 0..3000u64 {
+            let bytes = crate::util::noise(k * 7 + d as u64, 60 + (k as usize * 17) % 400);
+            dir.create_bytes(format!("t/{ext}s/k{k:04}.{ext}"), &bytes);
+        }
+    }
+    let regex = ["--key-regex", "^[^/]*/([^/.]*)", "--on-duplicate", "abort"];
+    let mut digests = Vec::new();
+    for np in 1..=4 {
+        let out = format!("out{np}");
+        let res = pack_spread(&dir, np, "t", &out, &regex);
+        res.stderr_has("walked 12000 files");
+        // One range of all 3,000 keys (every directory proposes k0000) gathers 12,000 files:
+        // cut at every 1,024th key of each directory.
+        res.stderr_has("in 3 directory units of 1 root");
+        digests.push(output_digest(&dir.join(&out)));
+        assert_shared(&read_by_rank(&dir, &out), np);
+        let index: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.join(&out).join("index.json")).unwrap()).unwrap();
+        assert_eq!(index["reshard"]["samples"], 3000, "np {np}");
+    }
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+    let got = members(&dir.join("out1"));
+    assert_eq!(got.len(), 12_000);
+    for k in (0..3000).step_by(7) {
+        for ext in exts {
+            assert!(got.contains_key(&format!("k{k:04}.{ext}")), "k{k:04}.{ext}");
+        }
+    }
 }

@@ -5,11 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::util::files::tree;
+use crate::util::files::{flat_tree, tree};
 use crate::util::s3::server;
 use crate::util::stores::Store;
 use crate::util::verifier::{assert_same_output, output_digest};
-use crate::util::{Dir, TestCommand};
+use crate::util::{Dir, RunOutput, TestCommand};
 
 /// `reshard run --input-files ROOT` under `mpirun -np NP` with the server's environment.
 fn pack(dir: &Dir, np: usize, root: &str, out: &str) -> TestCommand {
@@ -133,4 +133,47 @@ fn objects_that_vanish_or_are_replaced_during_the_run_are_refused_by_name() {
         res.stderr_has(says);
         res.check(!dir.join(&out).exists(), "nothing may be published");
     }
+}
+
+/// A flat prefix of 9,000 objects, listed once by one rank, is cut into units of 4,096 keys
+/// once listed and read by several ranks, to the same bytes at np 1 and 2 (the objects are
+/// many: uploading them takes most of the test).
+#[test]
+fn a_large_flat_prefix_is_read_by_several_ranks_to_the_same_bytes() {
+    let test = "a_large_flat_prefix_is_read_by_several_ranks_to_the_same_bytes";
+    let dir = Dir::new("files-s3-flat");
+    let Some(s3) = server(test) else { return };
+    flat_tree(&dir, "flat");
+    let bucket = s3.bucket(&dir, test);
+    s3.put(&dir, &dir.join("flat"), &bucket, "flat");
+    let root = format!("s3://{bucket}/flat/");
+    let run = |np: usize, root: &str, out: &str| -> RunOutput {
+        let report = format!("{out}.json");
+        let mut cmd = dir.mpi(np);
+        cmd.args(["run", "--input-files", root, "--output", out])
+            .args(["--shards", "4", "--seed", "7", "--report", &report]);
+        s3.with_env(&mut cmd).assert_success()
+    };
+    let mut digests = Vec::new();
+    for np in [1, 2] {
+        let out = format!("out{np}");
+        let res = run(np, &root, &out);
+        // big/ in three units of at most 4,096 keys, small/ in one.
+        res.stderr_has("walked 9006 files (2.");
+        res.stderr_has("in 4 directory units of 1 root");
+        digests.push(output_digest(&dir.join(&out)));
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{out}.json"))).unwrap())
+                .unwrap();
+        let read: Vec<u64> = report["per_rank"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["bytes_read"].as_u64().unwrap())
+            .collect();
+        let most = *read.iter().max().unwrap();
+        let sharing = read.iter().filter(|&&r| r * 5 >= most).count();
+        assert!(sharing >= np.min(2), "np {np}: bytes read by rank {read:?}");
+    }
+    assert_eq!(digests[0], digests[1]);
 }

@@ -6,7 +6,7 @@
 //! headers, the exchange reads byte ranges of it, `verify` digests its samples. Its bytes are a
 //! deterministic tar ([`header`]) of its files in the canonical order ([`walk`]), produced on
 //! demand ([`view`]). The source registers itself with the storage seam ([`register`]); the
-//! ranks walk the units in the job's walk phase (`job/walk.rs`), and the listings they hold are
+//! ranks walk the units in the job's walk phase (`job/walk/`), and the listings they hold are
 //! what [`Tree`] answers from.
 
 use std::collections::HashMap;
@@ -23,6 +23,7 @@ use crate::storage::paced::Paced;
 use crate::storage::{self, Entry, Kind, OpenInput, Source, Stat};
 
 pub(crate) mod header;
+pub(crate) mod recut;
 pub(crate) mod units;
 pub(crate) mod view;
 pub(crate) mod walk;
@@ -157,8 +158,9 @@ fn decode(text: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// The location of `unit` of `root`: `tree://ROOT//DIR`, with `?files` for a shallow unit
-/// (`ROOT` may be an object store's URL: `tree://s3%3A/%2Fbucket/prefix//DIR`).
+/// The location of `unit` of `root`: `tree://ROOT//DIR`, with `?files` for a shallow unit and
+/// `?deep` for a deep one holding a range of keys, the range as `&from=K1&to=K2` (`ROOT` may
+/// be an object store's URL: `tree://s3%3A/%2Fbucket/prefix//DIR`).
 pub(crate) fn unit_path(root: &Path, unit: &Unit) -> PathBuf {
     let mut s = format!("{SCHEME}://");
     let mut r = String::new();
@@ -169,6 +171,8 @@ pub(crate) fn unit_path(root: &Path, unit: &Unit) -> PathBuf {
     encode(&unit.dir, &mut s);
     if !unit.deep {
         s.push_str("?files");
+    } else if unit.keys != (None, None) {
+        s.push_str("?deep");
     }
     for (bound, name) in [(&unit.keys.0, "&from="), (&unit.keys.1, "&to=")] {
         if let Some(key) = bound {
@@ -187,7 +191,7 @@ pub(crate) fn parse(path: &Path) -> Option<(PathBuf, Unit)> {
     let mut parts = query.split('&');
     let deep = match parts.next() {
         Some("files") => false,
-        Some("") | None => true,
+        Some("deep" | "") | None => true,
         Some(_) => return None,
     };
     let mut keys = (None, None);
@@ -298,10 +302,16 @@ impl Source for Tree {
 
 /// On rank 0: the roots of `request` checked and cut into units, as input shards (sized by the
 /// walk phase) after `before` (the `--input` shards), and the roots every rank registers.
+/// `regrouped`: the walk phase regroups a `--key-regex` root's files by key once its
+/// directories are walked (a run); else (`verify`, whose ranks walk the units they read) such
+/// a root is one unit, as a sample's files must be in one unit to be grouped.
 ///
 /// # Errors
 /// A root that is not a directory, named twice or inside another, or that cannot be listed.
-pub(crate) fn expand(request: &FilesRequest) -> Result<(Vec<InputShard>, Vec<Root>)> {
+pub(crate) fn expand(
+    request: &FilesRequest,
+    regrouped: bool,
+) -> Result<(Vec<InputShard>, Vec<Root>)> {
     let mut canon: Vec<PathBuf> = Vec::new();
     let mut cuts = Vec::new();
     let mut classes: Vec<Vec<u8>> = Vec::new();
@@ -325,7 +335,8 @@ pub(crate) fn expand(request: &FilesRequest) -> Result<(Vec<InputShard>, Vec<Roo
                 other.display()
             );
         }
-        let (units, own) = units::cut(&root, request.key_regex.is_some()).with_context(what)?;
+        let (units, own) =
+            units::cut(&root, request.key_regex.is_some() && !regrouped).with_context(what)?;
         classes.extend(own);
         canon.push(root.clone());
         // Without repeated or trailing slashes, which would end the root early in a location
@@ -381,9 +392,16 @@ mod tests {
     #[test]
     fn unit_locations_read_back() {
         let root = Path::new("/data/my set");
-        for (dir, deep) in [(&b""[..], false), (b"n01/a b", true), (b"\xff%?//x", true)] {
+        let cases = [
+            (&b""[..], false, true),
+            (b"n01/a b", true, false),
+            (b"\xff%?//x", true, false),
+            (b"", true, true),
+            (b"n02", true, true),
+        ];
+        for (dir, deep, ranged) in cases {
             let mut unit = Unit::of(dir.to_vec(), deep);
-            if !deep {
+            if ranged {
                 unit.keys = (Some(b"a&b=?".to_vec()), Some(b"n01/z".to_vec()));
             }
             let path = unit_path(root, &unit);

@@ -22,15 +22,16 @@ pub(crate) const WIDE: usize = 64;
 /// A directory's own files beyond this many keys are cut into units of this many keys each
 /// (by key ranges, from the names rank 0 has listed anyway), so that a flat directory is read
 /// by several ranks. Not on object storage, where each unit's listing would be the whole
-/// directory's again.
+/// directory's again: there, and below the levels listed here, the walk phase cuts a unit
+/// once walked ([`crate::tree::recut`]).
 pub(crate) const KEYS_PER_UNIT: usize = 4096;
 /// Levels listed at most before the directories are units whatever their count.
 pub(crate) const DEEPEST: usize = 3;
 
 /// The units of `root` in the canonical order (by directory, a shallow unit before the deep
 /// units below it), and the root's own directories (the classes of `--label-from-dir`), sorted.
-/// `whole`: the root is one unit (`--key-regex`: a key may gather files of any directories, and
-/// a sample's files must be in one unit to be grouped).
+/// `whole`: the root is one unit (`--key-regex` where nothing regroups the walked files by key:
+/// a key may gather files of any directories, and a sample's files must be in one unit).
 ///
 /// # Errors
 /// A directory that cannot be listed, or a name that is not UTF-8.

@@ -119,6 +119,11 @@ impl Member {
         }
     }
 
+    /// The member's key: every member is named `KEY.EXT` by the walk, whatever the key rule.
+    pub(crate) fn key(&self) -> &[u8] {
+        crate::tar::key::sample_key(&self.name).unwrap_or(&self.name)
+    }
+
     fn fields(&self) -> HeaderFields<'_> {
         HeaderFields {
             name: &self.name,

@@ -130,38 +130,87 @@ pub(crate) fn walk_unit(root: &Path, unit: &Unit, rules: &Rules) -> Result<(List
         .map(Regex::new)
         .transpose()
         .context("--key-regex")?;
+    // With `--key-regex`, a unit of the root's whole tree holds a range of the rule's keys
+    // (the walk phase's regrouped units); any other unit's range is of WebDataset's keys of
+    // the paths (a large directory's, cut by the names listed), and its samples are whole only
+    // once regrouped: it gets no labels.
+    let by_rule = rules.key_regex.is_some() && unit.dir.is_empty() && unit.deep;
     let mut skips = Skips::default();
     let files = if let Some(store) = objects(root) {
         object_files(store, root, unit, &mut skips)?
     } else {
-        local_files(root, unit, &mut skips)?
+        local_files(root, unit, !by_rule, &mut skips)?
     };
     let mut found = Vec::with_capacity(files.len());
     for (rel, facts) in files {
+        let held = by_rule || sample_key(&rel).is_none_or(|k| unit.holds(k));
         match keyed(root, rel, &facts, regex.as_ref())? {
-            Some(k) => found.push(k),
-            None => skips.keyless += 1,
+            Some(k) if by_rule && !unit.holds(&k.key) => {}
+            Some(k) if held => found.push(k),
+            Some(_) => {}
+            None if held => skips.keyless += 1,
+            None => {}
         }
     }
     if unit.keys.0.is_some() {
         // The directory's skips are counted by its first unit.
         skips = Skips::default();
     }
-    found.sort_by(|a, b| (&a.key, &a.member.name).cmp(&(&b.key, &b.member.name)));
-    if let Some(label) = &rules.label {
+    let label = rules
+        .label
+        .as_ref()
+        .filter(|_| by_rule || rules.key_regex.is_none());
+    let listing = in_order(root, found, label)?;
+    Ok((listing, skips))
+}
+
+/// `found` as a listing in the canonical order (by key, then member name), with labels.
+fn in_order(root: &Path, mut found: Vec<Keyed>, label: Option<&Label>) -> Result<Listing> {
+    // Two files of one name under `--key-regex` (a duplicate member) in the order of their
+    // paths, whatever ranks walked them.
+    fn path(k: &Keyed) -> &[u8] {
+        match &k.member.source {
+            Bytes::File(rel) => rel,
+            Bytes::Inline(_) => &[],
+        }
+    }
+    found.sort_by(|a, b| (&a.key, &a.member.name, path(a)).cmp(&(&b.key, &b.member.name, path(b))));
+    if let Some(label) = label {
         found = labelled(root, found, label)?;
     }
     let members = found.into_iter().map(|k| k.member).collect();
-    Ok((Listing::new(root.to_path_buf(), members), skips))
+    Ok(Listing::new(root.to_path_buf(), members))
+}
+
+/// The listing of one key range of a `--key-regex` root: `members`, gathered from the walks of
+/// the directories that hold them, in the canonical order, with their labels.
+///
+/// # Errors
+/// A label that does not fit (see `--label-from-dir`), naming the file.
+pub(crate) fn gathered(root: &Path, members: Vec<Member>, rules: &Rules) -> Result<Listing> {
+    let found = members
+        .into_iter()
+        .map(|member| Keyed {
+            key: member.key().to_vec(),
+            member,
+        })
+        .collect();
+    in_order(root, found, rules.label.as_ref())
 }
 
 /// The regular files of `unit` of the directory `root` (links to files followed), relative to
 /// the root, with their facts: one `readdir` per directory, one `lstat` per file (a `stat` for
-/// a link). What is left out is counted in `skips`.
+/// a link). What is left out is counted in `skips`; with `by_path`, a file whose key by
+/// WebDataset's rule is outside the unit's range is left out uncounted, never examined.
 ///
 /// # Errors
 /// A directory that cannot be listed, a file that cannot be examined, a name that is not UTF-8.
-fn local_files(root: &Path, unit: &Unit, skips: &mut Skips) -> Result<Vec<(Vec<u8>, FileFacts)>> {
+fn local_files(
+    root: &Path,
+    unit: &Unit,
+    by_path: bool,
+    skips: &mut Skips,
+) -> Result<Vec<(Vec<u8>, FileFacts)>> {
     let mut found = Vec::new();
     let mut dirs = vec![unit.dir.clone()];
     while let Some(dir) = dirs.pop() {
@@ -186,7 +235,7 @@ fn local_files(root: &Path, unit: &Unit, skips: &mut Skips) -> Result<Vec<(Vec<u
                 Kind::Other => skips.special += 1,
                 Kind::File | Kind::Link => {
                     // Another unit's share of a large directory: not even examined.
-                    if sample_key(&rel).is_some_and(|k| !unit.holds(k)) {
+                    if by_path && sample_key(&rel).is_some_and(|k| !unit.holds(k)) {
                         continue;
                     }
                     let follow = entry.kind == Kind::Link;

@@ -187,7 +187,7 @@ pub(super) fn share(comm: &impl Comm, cfg: &VerifyConfig) -> Result<(Setup, Opti
 /// The input cannot be expanded or a shard's size read, or the output directory is not one.
 fn prepare(cfg: &VerifyConfig) -> Result<(Setup, Lead)> {
     let mut inputs = input_shards(&cfg.inputs)?;
-    let (units, trees) = crate::tree::expand(&cfg.files)?;
+    let (units, trees) = crate::tree::expand(&cfg.files, false)?;
     inputs.extend(units);
     let dir = &cfg.output;
     let stat = storage::source(dir)

@@ -144,3 +144,15 @@ pub fn members(out: &Path) -> BTreeMap<String, Found> {
     }
     found
 }
+
+/// A directory of 9,000 files (one sample each, and one of two members) beside a small one.
+pub fn flat_tree(dir: &Dir, rel: &str) {
+    for i in 0..9000u64 {
+        let bytes = noise(i, 100 + (i as usize * 13) % 300);
+        dir.create_bytes(format!("{rel}/big/s{i:05}.bin"), &bytes);
+    }
+    dir.create_bytes(format!("{rel}/big/s04096.txt"), b"a second member");
+    for i in 0..5u64 {
+        dir.create_bytes(format!("{rel}/small/t{i}.bin"), &noise(i, 50));
+    }
+}

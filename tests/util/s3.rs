@@ -45,26 +45,32 @@ if op == "mb":
                 raise
             time.sleep(0.5)
 elif op == "put":
+    # Many at once: a tree of thousands of small files would take minutes one by one.
+    from concurrent.futures import ThreadPoolExecutor
     src, prefix = pathlib.Path(sys.argv[3]), sys.argv[4]
-    for f in sorted(src.rglob("*")):
-        if f.is_file():
-            s3.upload_file(str(f), bucket, prefix + "/" + f.relative_to(src).as_posix())
+    files = [f for f in sorted(src.rglob("*")) if f.is_file()]
+    put = lambda f: s3.upload_file(str(f), bucket, prefix + "/" + f.relative_to(src).as_posix())
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, files))
 elif op == "rm":
     s3.delete_object(Bucket=bucket, Key=sys.argv[3])
 elif op == "put1":
     s3.upload_file(sys.argv[3], bucket, sys.argv[4])
 elif op == "get":
+    from concurrent.futures import ThreadPoolExecutor
     prefix, dst = sys.argv[3], pathlib.Path(sys.argv[4])
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
-        for o in page.get("Contents", []):
-            f = dst / o["Key"][len(prefix) + 1:]
-            f.parent.mkdir(parents=True, exist_ok=True)
-            s3.download_file(bucket, o["Key"], str(f))
-            if len(sys.argv) > 5:
-                # As the listing says: mode 0644, mtime the last modification's whole second.
-                t = int(o["LastModified"].timestamp())
-                os.chmod(f, 0o644)
-                os.utime(f, (t, t))
+    def get(o):
+        f = dst / o["Key"][len(prefix) + 1:]
+        f.parent.mkdir(parents=True, exist_ok=True)
+        s3.download_file(bucket, o["Key"], str(f))
+        if len(sys.argv) > 5:
+            # As the listing says: mode 0644, mtime the last modification's whole second.
+            t = int(o["LastModified"].timestamp())
+            os.chmod(f, 0o644)
+            os.utime(f, (t, t))
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(get, [o for page in pages for o in page.get("Contents", [])]))
 elif op == "wds":
     # webdataset reads the output the manifest lists, each shard streamed from S3 by `pipe:`.
     import json, webdataset

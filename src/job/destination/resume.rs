@@ -77,23 +77,27 @@ pub(crate) fn check_same_request(
     {
         return Err(differs(format!("{flag} was {then}, now it is not given")));
     }
-    if recorded.inputs.len() != inputs.len() {
+    // The units of loose files are cut again and stamped once walked ([`record_units`]).
+    let shards = |records: &[InputRecord]| -> Vec<InputRecord> {
+        let unit = |r: &&InputRecord| crate::tree::parse(Path::new(&r.path)).is_some();
+        records.iter().filter(|r| !unit(r)).cloned().collect()
+    };
+    let (then, now) = (shards(&recorded.inputs), shards(inputs));
+    if then.len() != now.len() {
         return Err(differs(format!(
             "that run read {}, this one {}",
-            count(recorded.inputs.len() as u64, "input shard"),
-            inputs.len()
+            count(then.len() as u64, "input shard"),
+            now.len()
         )));
     }
-    for (then, now) in recorded.inputs.iter().zip(inputs) {
+    for (then, now) in then.iter().zip(&now) {
         if then.path != now.path {
             return Err(differs(format!(
                 "an input was {}, now {}",
                 then.path, now.path
             )));
         }
-        // A unit of loose files is stamped once walked ([`record_units`]).
-        let unit = crate::tree::parse(Path::new(&now.path)).is_some();
-        if !unit && (then.size, then.mtime_ns) != (now.size, now.mtime_ns) {
+        if (then.size, then.mtime_ns) != (now.size, now.mtime_ns) {
             return Err(differs(format!(
                 "the input {} changed since (then {} bytes, modified at {} ns; now {} bytes, modified at {} ns)",
                 now.path, then.size, then.mtime_ns, now.size, now.mtime_ns
@@ -103,11 +107,11 @@ pub(crate) fn check_same_request(
     Ok(())
 }
 
-/// After the walk phase: each unit of loose files stamped in rank 0's `records` (its tar
-/// view's size, and its listing's digest in place of a modification time), and with
-/// `--resume` checked against the recorded run's: a unit whose files changed since (one added,
-/// removed, or changed in size, time or ETag) refuses the resume, naming its directory.
-/// `digests`: every unit's (input index, digest), from the walk.
+/// After the walk phase: the units of loose files as the walk cut them, each stamped in rank
+/// 0's `records` (its tar view's size, and its listing's digest in place of a modification
+/// time), and with `--resume` checked against the recorded run's: a unit whose files changed
+/// since (one added, removed, or changed in size, time or ETag), or cut otherwise, refuses the
+/// resume, naming its directory. `digests`: every unit's (input index, digest), from the walk.
 ///
 /// # Errors
 /// A changed unit (a [`UsageError`]), or the plan record cannot be read; agreed on every rank.
@@ -120,30 +124,43 @@ pub(crate) fn record_units(
     let Some(records) = records else {
         return agree(comm, Ok(()));
     };
+    // The `--input` shards come first; the walk may have cut the units again.
+    records.retain(|r| crate::tree::parse(Path::new(&r.path)).is_none());
     for &(i, digest) in digests {
-        if let Some(r) = records.get_mut(i) {
-            (r.size, r.mtime_ns) = (setup.inputs[i].size, digest);
-        }
+        let mut record = input_record(&setup.inputs[i], &FileStamp::default());
+        (record.size, record.mtime_ns) = (setup.inputs[i].size, digest);
+        records.push(record);
     }
     let outcome = match (&setup.resume, &setup.staging) {
-        (Some(_), Some(staging)) if !digests.is_empty() => check_units(staging, records, digests),
+        (Some(_), Some(staging)) if !digests.is_empty() => check_units(staging, records),
         _ => Ok(()),
     };
     agree(comm, outcome)
 }
 
 /// The units of `records` against those of the plan the run in `staging` recorded.
-fn check_units(staging: &Path, records: &[InputRecord], digests: &[(usize, u128)]) -> Result<()> {
+fn check_units(staging: &Path, records: &[InputRecord]) -> Result<()> {
     let Some(plan) = checkpoint::read_plan(staging)? else {
         return Ok(());
     };
-    for &(i, _) in digests {
-        let (Some(then), Some(now)) = (plan.inputs.get(i), records.get(i)) else {
-            continue;
-        };
-        if (then.size, then.mtime_ns) == (now.size, now.mtime_ns) {
+    let units = |records: &[InputRecord]| -> Vec<InputRecord> {
+        let unit = |r: &&InputRecord| crate::tree::parse(Path::new(&r.path)).is_some();
+        records.iter().filter(unit).cloned().collect()
+    };
+    let (then, now) = (units(&plan.inputs), units(records));
+    let blank = InputRecord {
+        path: String::new(),
+        size: 0,
+        mtime_ns: 0,
+    };
+    for k in 0..then.len().max(now.len()) {
+        let (then, now) = (then.get(k).unwrap_or(&blank), now.get(k).unwrap_or(&blank));
+        if then == now {
             continue;
         }
+        // A unit cut otherwise (a directory that grew past a unit's worth of keys) is named
+        // by the location of either run.
+        let now = if now.path.is_empty() { then } else { now };
         let dir = crate::tree::parse(Path::new(&now.path))
             .map(|(root, unit)| crate::tree::view::file_path(&root, &unit.dir))
             .unwrap_or_else(|| now.path.clone().into());

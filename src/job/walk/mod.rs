@@ -1,7 +1,9 @@
 //! Phase "walk" (only with `--input-files`): the ranks walk the units of the roots (each rank a
-//! contiguous share of them, by count), learn every unit's size from one sum, and hand each
-//! listing to the rank that will read that unit (the index phase's byte-balanced assignment), so
-//! that no file is listed or examined twice and no rank holds more than its share of the list.
+//! contiguous share of them, by count), cut them again where a walk found more than a unit's
+//! worth or a `--key-regex` root's files must be regrouped by key ([`recut`]), learn every
+//! unit's size from one sum, and hand each listing to the rank that will read that unit (the
+//! index phase's byte-balanced assignment), so that no file is listed or examined twice and no
+//! rank holds more than its share of the list.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,6 +21,10 @@ use crate::tree::view::{Bytes, Listing};
 use crate::tree::walk::Skips;
 use crate::tree::{self, Root};
 
+mod recut;
+
+use recut::WalkedUnit;
+
 /// Every unit's input index and listing digest ([`crate::tree::view::Listing::digest`]).
 pub(crate) type UnitDigests = Vec<(usize, u128)>;
 
@@ -31,51 +37,56 @@ pub struct Walked {
     pub skips: Skips,
 }
 
-/// Walks the units among `inputs` (sizing them in place) and moves each listing to its reader;
-/// what was found, and every unit's (input index, listing digest), the same on every rank.
-/// `staging`: where rank 0 writes the `--label-from-dir` class list (none when only planning).
+/// Walks the units among `inputs`, cuts them again where a walk found more than a unit's worth
+/// (see [`crate::tree::recut`]: `inputs` then holds the new units in place of the old, sized),
+/// and moves each listing to its reader; what was found, and every unit's (input index, listing
+/// digest), the same on every rank. `staging`: where rank 0 writes the `--label-from-dir` class
+/// list (none when only planning).
 ///
 /// # Errors
 /// A walk that failed on any rank (agreed: every rank returns it).
 pub fn run<C: Comm>(
     comm: &C,
     roots: &[Root],
-    inputs: &mut [InputShard],
+    inputs: &mut Vec<InputShard>,
     staging: Option<&std::path::Path>,
 ) -> Result<Option<(Walked, UnitDigests)>> {
-    let units: Vec<usize> = (0..inputs.len())
-        .filter(|&i| tree::parse(&inputs[i].path).is_some())
-        .collect();
+    let units: Vec<usize> = unit_indices(inputs);
     if units.is_empty() {
         return Ok(None);
     }
     tree::register(roots);
     let (rank, ranks, lead) = (comm.rank(), comm.size(), comm.rank() == 0);
     let share = assign_inputs(&vec![1; units.len()], ranks)[rank].clone();
-    let mine: Vec<usize> = units[share.clone()].to_vec();
+    let mine: Vec<usize> = units[share].to_vec();
     let walked = agree(comm, walk_all(inputs, &mine))?;
-    let mut sizes = vec![0; units.len()];
-    // Each unit's digest in two halves: one rank's slot, the others' 0, so the sums are it.
-    let mut halves = vec![0u64; 2 * units.len()];
-    let mut totals = [0u64; 7];
-    for ((_, listing, skips), j) in walked.iter().zip(share) {
-        sizes[j] = listing.size();
-        let d = listing.digest();
-        (halves[2 * j], halves[2 * j + 1]) = ((d >> 64) as u64, d as u64);
+    let mut totals = [0u64; 6];
+    for (_, listing, skips) in &walked {
         let files = listing
             .members
             .iter()
             .filter(|m| matches!(m.source, Bytes::File(_)));
         totals[0] += files.clone().count() as u64;
         totals[1] += files.map(|m| m.size).sum::<u64>();
-        for (t, s) in totals[3..].iter_mut().zip(skips.to_array()) {
+        for (t, s) in totals[2..].iter_mut().zip(skips.to_array()) {
             *t += s;
         }
+    }
+    let totals = comm.all_sum(&totals);
+    let walked = recut::run(comm, roots, inputs, walked)?;
+    let units = unit_indices(inputs);
+    let mut sizes = vec![0; units.len()];
+    // Each unit's digest in two halves: one rank's slot, the others' 0, so the sums are it.
+    let mut halves = vec![0u64; 2 * units.len()];
+    for (i, listing, _) in &walked {
+        let j = units.binary_search(i).expect("a walked unit is an input");
+        sizes[j] = listing.size();
+        let d = listing.digest();
+        (halves[2 * j], halves[2 * j + 1]) = ((d >> 64) as u64, d as u64);
     }
     for (j, size) in comm.all_sum(&sizes).into_iter().enumerate() {
         inputs[units[j]].size = size;
     }
-    let totals = comm.all_sum(&totals);
     let halves = comm.all_sum(&halves);
     let digests = units
         .iter()
@@ -88,7 +99,7 @@ pub fn run<C: Comm>(
         files: totals[0],
         file_bytes: totals[1],
         units: units.len() as u64,
-        skips: Skips::from_array(totals[3..].try_into().expect("four counts")),
+        skips: Skips::from_array(totals[2..].try_into().expect("four counts")),
     };
     narrate(lead, format_args!("{}", describe(&found, roots.len())));
     if let (true, Some(staging), Some(list)) = (lead, staging, tree::class_list(roots)) {
@@ -98,6 +109,13 @@ pub fn run<C: Comm>(
             .with_context(|| format!("{}: cannot write the class list", path.display()))?;
     }
     Ok(Some((found, digests)))
+}
+
+/// The indices of the units of loose files among `inputs`, in order.
+fn unit_indices(inputs: &[InputShard]) -> Vec<usize> {
+    (0..inputs.len())
+        .filter(|&i| tree::parse(&inputs[i].path).is_some())
+        .collect()
 }
 
 /// The walk's line for rank 0's narration.
@@ -128,9 +146,6 @@ fn describe(w: &Walked, roots: usize) -> String {
 
 /// One unit's walk.
 type WalkResult = Result<(Listing, Skips)>;
-
-/// A walked unit: its input index, listing and skips.
-type WalkedUnit = (usize, Listing, Skips);
 
 /// Walks this rank's units, several at once (each walk is a chain of dependent metadata
 /// calls, and storage serves many at once); the first failure in unit order is the error.

@@ -160,7 +160,7 @@ type LastDir = Mutex<Option<(Vec<u8>, Arc<posix::LooseDir>)>>;
 /// Opens the file `rel` (relative to the listing's root) from its directory, which `last`
 /// keeps open: a unit's files come directory by directory, so each directory's path is
 /// resolved once and each file by its name alone (at 200,000 files under
-/// `/dev/shm/lf-bench/tree/DIR/`, the path walk was 4-5% of a run's CPU). A directory renamed
+/// `/dev/shm/lf-bench/tree/DIR/`, the lookups of the whole path were about 3% of a run's CPU). A directory renamed
 /// or replaced during the run is still the one whose files were listed; each file is checked
 /// against its listing after it is read.
 fn open_file(listing: &Listing, last: &LastDir, rel: &[u8]) -> io::Result<posix::LooseFile> {

@@ -476,9 +476,8 @@ fn s3_output_with_node_local_scratch_matches_the_posix_run() {
     );
 }
 
-/// 2 nodes x 2 ranks, `s3://` output, node-local `--scratch`: `--resume` is refused (its
-/// records would be on one node's disk), exit 2; the heartbeats reach across nodes (through the
-/// bucket), so once node 1 is frozen (its ranks stopped) mid-exchange a rank on node 0 names a
+/// 2 nodes x 2 ranks, `s3://` output, node-local `--scratch`: the heartbeats reach across nodes
+/// (through the bucket), so once node 1 is frozen (its ranks stopped) mid-exchange a rank on node 0 names a
 /// rank on node 1 and ends the job within `--stall-timeout`, publishing nothing; a rerun takes
 /// the output over and writes the POSIX run's bytes. Before, a rank's neighbour on another node
 /// never saw its heartbeat at all.
@@ -503,9 +502,6 @@ fn a_frozen_node_is_caught_across_nodes_with_node_local_scratch() {
         let all: Vec<&str> = args.iter().chain(extra).copied().collect();
         s3_job(&cluster, &s3, ("in", &output), &disk, true, &all)
     };
-    let refused = job(&["--resume"]).assert_code(2);
-    refused.stderr_has("--resume continues from records on one node's disk");
-
     let (handle, _) = start_exchange(&cluster, job(&["--stall-timeout", "3"]));
     let frozen = Instant::now();
     for pid in cluster.pids(1, "reshard") {
@@ -538,4 +534,156 @@ fn a_frozen_node_is_caught_across_nodes_with_node_local_scratch() {
     job(&[]).assert_success();
     s3.get(&dir, &bucket, "out", &dir.join("got"));
     assert_same_output(&dir.join("posix"), &dir.join("got"), &["inputs"]);
+}
+
+/// `reshard ARGS` as `np` ranks on node 0 alone (one `mpiexec` inside its namespace), with
+/// `s3`'s environment and its own disk at `scratch`: a job on the node left after another was
+/// lost, reaching the same S3 server.
+fn s3_job_on_node_0(
+    cluster: &Cluster,
+    s3: &Server,
+    np: usize,
+    scratch: &str,
+    args: &[&str],
+) -> crate::util::TestCommand {
+    let script = crate::util::cluster::script();
+    let exe = crate::util::reshard_exe();
+    let np = np.to_string();
+    let mut job = cluster.command(&["exec", "0", "--"]);
+    job.arg(script)
+        .args(["private", "mpiexec", "-n", &np])
+        .args([
+            "-genv",
+            "UCX_TLS",
+            "tcp,self",
+            "-genv",
+            "UCX_NET_DEVICES",
+            "eth0",
+        ])
+        .arg(exe)
+        .args(args)
+        .env("SIMCLUSTER_PRIVATE", scratch);
+    s3.with_env(&mut job).timeout(Duration::from_secs(240));
+    job
+}
+
+/// Runs `job` and kills node 1's ranks (SIGKILL) once a shard is recorded as uploaded in the
+/// bucket and a multipart upload is open; the launcher ends the job, which must fail. The shards
+/// recorded, by name.
+fn kill_node_1_once_a_shard_is_recorded(
+    cluster: &Cluster,
+    dir: &Dir,
+    s3: &Server,
+    bucket: &str,
+    job: crate::util::TestCommand,
+) -> Vec<String> {
+    let handle = thread::spawn(move || job.output());
+    let records = || -> Vec<String> {
+        s3.keys(dir, bucket, "")
+            .into_iter()
+            .filter(|k| k.starts_with(".out.reshard-records."))
+            .collect()
+    };
+    let waiting = Instant::now();
+    while records().is_empty() || s3.uploads(dir, bucket).is_empty() {
+        assert!(!handle.is_finished(), "the job ended before a shard was up");
+        assert!(
+            waiting.elapsed() < Duration::from_secs(180),
+            "no shard recorded as uploaded"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    for pid in cluster.pids(1, "reshard") {
+        // SAFETY: kill(2) on a rank this test started, inside its own cluster.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+    let failed = handle.join().expect("the job thread");
+    failed.check(failed.code() != Some(0), "the killed job must fail");
+    records()
+        .iter()
+        .filter_map(|k| k.rsplit('/').next().map(str::to_string))
+        .collect()
+}
+
+/// Issue 37: 2 nodes x 2 ranks write an `s3://` output with `--scratch` on each node's own disk,
+/// each rank two shards of multipart uploads, writes slowed so the upload takes seconds. Once a
+/// first shard is up (its record in the bucket) and a multipart upload is open, node 1's ranks are killed (SIGKILL) mid-upload;
+/// the launcher ends the job. `--resume` on node 0 alone, 2 ranks (no node's disk holds anything
+/// of the dead run): the output is the POSIX run's bytes; every shard the dead run recorded as
+/// uploaded is kept, the very object (its ETag and time unchanged), not uploaded again; the dead
+/// run's open multipart uploads are aborted and none is left; nothing is left beside the output.
+/// Before, `--resume` was refused on node-local scratch (exit 2).
+#[test]
+fn a_node_killed_mid_upload_resumes_from_the_bucket_on_the_other_node_alone() {
+    let test = "a_node_killed_mid_upload_resumes_from_the_bucket_on_the_other_node_alone";
+    if !cluster_or_skip(test) {
+        return;
+    }
+    let dir = Dir::new("cluster-bucket-resume");
+    // 8 shards of about 24 MiB: each a multipart upload (16 MiB parts), two a rank.
+    sized(&dir, "in", "192MiB", "256KiB", 8);
+    let args = ["--shards", "8", "--seed", "5"];
+    run(&dir, Some(2), &["in"], "posix", 8, 5, &[]);
+    let cluster = Cluster::up(&dir, 2, None);
+    let Some(s3) = Server::private_at(&dir, test, &cluster.host_address()) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    let output = format!("s3://{bucket}/out");
+    let disk = dir.create_dir("node-disk").to_string_lossy().into_owned();
+    let mut slow = args.to_vec();
+    // 3 MiB/s a rank: a second shard's multipart upload is open for seconds.
+    slow.extend(["--max-write-rate", "12MiB"]);
+    let job = s3_job(&cluster, &s3, ("in", &output), &disk, true, &slow);
+    let recorded = kill_node_1_once_a_shard_is_recorded(&cluster, &dir, &s3, &bucket, job);
+    let keys = s3.keys(&dir, &bucket, "out/");
+    assert!(!keys.contains(&"out/index.json".to_string()), "{keys:?}");
+    let shards = keys.iter().filter(|k| k.starts_with("out/shard-")).count();
+    assert!(
+        !recorded.is_empty() && shards < 8,
+        "killed mid-upload: {recorded:?} recorded, {shards} of 8 shards up"
+    );
+    let open = s3.uploads(&dir, &bucket);
+    assert!(!open.is_empty(), "no multipart upload was under way");
+    let stamp_of = |name: &str| {
+        s3.stamps(&dir, &bucket, &format!("out/{name}"))
+            .into_iter()
+            .next()
+            .unwrap_or_default()
+    };
+    let before: Vec<String> = recorded.iter().map(|s| stamp_of(s)).collect();
+
+    let mut resume = vec![
+        "run",
+        "--input",
+        "in",
+        "--output",
+        &output,
+        "--scratch",
+        &disk,
+    ];
+    resume.extend(args);
+    resume.push("--resume");
+    let resumed = s3_job_on_node_0(&cluster, &s3, 2, &disk, &resume).assert_success();
+    resumed.stderr_has(&format!(
+        "kept {} shard(s) the earlier run uploaded completely",
+        recorded.len()
+    ));
+    resumed.stderr_has("unfinished multipart upload(s)");
+    let after: Vec<String> = recorded.iter().map(|s| stamp_of(s)).collect();
+    assert_eq!(
+        before, after,
+        "a shard recorded as uploaded was uploaded again"
+    );
+    s3.assert_only_the_output(&dir, &bucket, "posix", &["inputs"]);
+    println!(
+        "killed node 1 with {} of 8 shards up ({} recorded, {} multipart uploads open); \
+         the resume on node 0 alone kept {}",
+        shards,
+        recorded.len(),
+        open.len(),
+        recorded.len()
+    );
 }

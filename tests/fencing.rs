@@ -480,3 +480,98 @@ fn objects_put_at_a_runs_names_while_it_uploads_are_replaced_before_it_publishes
     s3.get(&dir, &bucket, "out", &dir.join("got"));
     assert_same_output(&dir.join("ref"), &dir.join("got"), &["ranks", "inputs"]);
 }
+
+/// The upload records of issue 37's bucket `--resume` are fenced: run A (another PID namespace,
+/// seed 1) is stopped (SIGSTOP) once a shard of it is recorded as uploaded in the bucket; run B
+/// (seed 2) takes the output over by A's silence and is killed (SIGKILL) once a shard of its own
+/// is recorded. A is continued: having lost the lock, it goes on creating the shards B never
+/// reached and records them, late, under its own token; then it fails. A `--resume` of A's
+/// request (seed 1) on a scratch directory of its own (no staged copy to continue, as on another
+/// node) continues B, the run whose lock it took over: it does not read A's late records (each
+/// would hold up: A's objects are there, with the resumed run's very bytes), and it does not keep
+/// B's recorded shards (B's request's bytes, not its own: the MD5 differs). It publishes A's
+/// request's bytes, leaves no open multipart upload and nothing beside the output.
+#[test]
+fn an_upload_record_of_a_run_that_lost_its_lock_is_not_believed() {
+    let test = "an_upload_record_of_a_run_that_lost_its_lock_is_not_believed";
+    let dir = Dir::new(test);
+    sized(&dir, "in", "24MiB", "64KiB", 6);
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    let target = format!("s3://{bucket}/out");
+    dir.reshard(None)
+        .args(upload_args("ref-a", 6, "1"))
+        .assert_success();
+    // Every run's records, by its token: (token, shard).
+    let records = || -> Vec<(String, String)> {
+        s3.keys(&dir, &bucket, ".out.reshard-records.")
+            .into_iter()
+            .filter_map(|k| {
+                let (prefix, shard) = k.split_once('/')?;
+                let token = prefix.strip_prefix(".out.reshard-records.")?;
+                Some((token.to_string(), shard.to_string()))
+            })
+            .collect()
+    };
+    let slow = |cmd: &mut crate::util::TestCommand, rate: &str, scratch: &str| {
+        cmd.args(["--max-write-rate", rate, "--scratch"])
+            .arg(dir.join(scratch));
+    };
+    let mut a = in_namespaces(&dir, &upload_args(&target, 6, "1"));
+    slow(&mut a, "3MiB", "scratch-a");
+    s3.with_env(&mut a);
+    let a = std::thread::spawn(move || a.output());
+    wait_until("run A records a shard as uploaded", || {
+        !records().is_empty()
+    });
+    let (a_pid, stopped_a) = stop_run_a(&dir);
+    let a_token = records()[0].0.clone();
+
+    let mut b = dir.reshard(None);
+    b.args(upload_args(&target, 6, "2"))
+        .args(["--lock-stale-after", "1"]);
+    // Slower: killed once its first shard is recorded, B is seconds from its second, so the
+    // shard A was uploading when it was stopped is still free when A wakes.
+    slow(&mut b, "2MiB", "scratch-b");
+    s3.with_env(&mut b);
+    let b = std::thread::spawn(move || b.output());
+    wait_until("run B records a shard as uploaded", || {
+        records().iter().any(|r| r.0 != a_token)
+    });
+    for (pid, _) in reshard_processes(dir.path()) {
+        if i32::try_from(pid).unwrap() != a_pid {
+            signal(pid, libc::SIGKILL);
+        }
+    }
+    let b = b.join().unwrap();
+    b.check(b.code() != Some(0), "B was killed");
+    b.stderr_has("taking over");
+    let of_b = records().iter().filter(|r| r.0 != a_token).count();
+
+    drop(stopped_a);
+    let a = a.join().unwrap();
+    a.check(a.code() == Some(1), "A lost the output: it must fail");
+    a.stderr_has("this run lost the output's lock");
+    let late = records().iter().filter(|r| r.0 == a_token).count();
+    assert!(late > 0, "A recorded nothing after it lost the lock");
+
+    let mut c = dir.reshard(None);
+    c.args(upload_args(&target, 6, "1"))
+        .args(["--resume", "--scratch"])
+        .arg(dir.join("scratch-c"));
+    s3.with_env(&mut c);
+    let c = c.assert_success();
+    c.check(
+        !c.stderr.contains("the earlier run uploaded completely"),
+        "a shard was kept",
+    );
+    let other = c.stderr.matches("is not the bytes this run stages").count();
+    c.check(
+        other == of_b,
+        "each of B's recorded shards is found another's",
+    );
+    s3.assert_only_the_output(&dir, &bucket, "ref-a", &["ranks", "inputs"]);
+    println!("A recorded {late} shard(s) after it lost the lock, B {of_b}: none kept");
+}

@@ -274,6 +274,31 @@ impl Server {
         self.client(dir, &["rm", bucket, key]);
     }
 
+    /// What a run that published `s3://bucket/out` must leave: no open multipart upload, no
+    /// object outside `out/` (lock, heartbeats, records), and under it the output in `dir`'s
+    /// directory `reference`, byte for byte (the manifest fields `ignore` aside).
+    pub fn assert_only_the_output(
+        &self,
+        dir: &Dir,
+        bucket: &str,
+        reference: &str,
+        ignore: &[&str],
+    ) {
+        assert_eq!(
+            self.uploads(dir, bucket),
+            Vec::<String>::new(),
+            "open uploads"
+        );
+        let beside: Vec<String> = self
+            .keys(dir, bucket, "")
+            .into_iter()
+            .filter(|k| !k.starts_with("out/"))
+            .collect();
+        assert_eq!(beside, Vec::<String>::new(), "objects beside the output");
+        self.get(dir, bucket, "out", &dir.join("got"));
+        super::verifier::assert_same_output(&dir.join(reference), &dir.join("got"), ignore);
+    }
+
     /// The secret the server's clients sign with: no output of reshard may show it.
     pub fn secret(&self) -> &'static str {
         SECRET_KEY

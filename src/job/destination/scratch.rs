@@ -42,8 +42,7 @@ pub(crate) enum Scratch {
 ///
 /// # Errors
 /// The directory cannot be made on a node, or the run asks for what needs one directory every
-/// rank sees: `--resume` (its records are on rank 0's node), `--energon` (rank 0 reads every
-/// writer's rows). Those are a [`UsageError`], said once.
+/// rank sees: `--energon` (rank 0 reads every writer's rows), a [`UsageError`], said once.
 pub(crate) fn settle(comm: &impl Comm, settings: &JobSettings, setup: &Setup) -> Result<Scratch> {
     let (Some(staging), Some(target)) = (&setup.staging, &settings.upload.target) else {
         return Ok(Scratch::Shared);
@@ -56,9 +55,9 @@ pub(crate) fn settle(comm: &impl Comm, settings: &JobSettings, setup: &Setup) ->
     if unseen == 0 {
         return Ok(Scratch::Shared);
     }
-    let why = if settings.upload.resume {
-        Some("--resume continues from records on one node's disk, which other nodes cannot read: rerun without --resume (the run starts over), or give a --scratch every rank shares")
-    } else if settings.finish.loaders.energon.is_some() {
+    // `--resume` needs no shared disk here: its records of the upload are in the bucket
+    // (`upload::records`), and the exchange, which records nothing per node, runs again.
+    let why = if settings.finish.loaders.energon.is_some() {
         Some("--energon needs every writer's index rows on one disk: give a --scratch every rank shares")
     } else {
         None
@@ -141,6 +140,26 @@ impl Scratch {
     /// failure): on a node without rank 0, whose copy rank 0 neither sees nor removes.
     pub(crate) fn removes_own_copy(self) -> bool {
         matches!(self, Scratch::PerNode { with_lead: false })
+    }
+}
+
+/// Rank 0, having taken the output's lock over from a run its pid proved dead: the heartbeats
+/// that runs staged per node left in the store beside `target` (`.NAME.reshard-tmp.TOKEN/
+/// .heartbeats/`, [`Scratch::heartbeats`]), which a run killed outright cannot remove. This run
+/// beats there only later, once its ranks start. Best effort: they are no part of the output.
+pub(crate) fn remove_dead_heartbeats(target: &Path) {
+    let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
+        return;
+    };
+    let base = format!(".{}.reshard-tmp.", name.to_string_lossy());
+    let Ok(entries) = storage::source(parent).list(parent) else {
+        return;
+    };
+    for e in entries.into_iter().filter(|e| e.kind == storage::Kind::Dir) {
+        if e.name.to_string_lossy().starts_with(&base) {
+            let beats = parent.join(&e.name).join(".heartbeats");
+            let _ = storage::sink(&beats).remove_dir_all(&beats);
+        }
     }
 }
 

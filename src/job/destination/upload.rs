@@ -30,6 +30,7 @@ use progress::{report_progress, Sent};
 mod deal;
 mod fenced;
 mod progress;
+mod records;
 
 pub(crate) use deal::written;
 
@@ -70,6 +71,9 @@ pub(crate) struct RemoteLock {
     /// output names from the same staged files are not uploaded again ([`still_staged`]); the
     /// others are replaced or, not named by the new manifest, removed after it.
     preserved: Vec<String>,
+    /// The bucket's records of a failed attempt's uploads that hold still, carried over under
+    /// this run's prefix ([`records::carry_over`]): what [`records::kept`] chooses from.
+    records: Vec<(String, records::Record)>,
 }
 
 /// The lock object of the output `target`: beside it, hidden, outside its prefix.
@@ -89,6 +93,7 @@ impl RemoteLock {
             lock,
             replaced: Vec::new(),
             preserved: Vec::new(),
+            records: Vec::new(),
         })
     }
 
@@ -158,11 +163,14 @@ pub(crate) fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
             target.display()
         );
     }
-    let up = if cfg.resume && staged && left.is_some() {
+    let mut up = if cfg.resume && staged && left.is_some() {
         uploaded_before(local, target)?
     } else {
         Vec::new()
     };
+    let earlier = left.as_ref().and_then(|m| m.records.as_deref());
+    lock.records = records::carry_over(target, earlier, &lock.lock, cfg.resume)?;
+    up.extend(lock.records.iter().map(|r| r.0.clone()));
     let rest = clean_up_failed_run(target, left, &up, Some(&lock.fence(target)))?;
     lock.replaced = match rest {
         // What is left of a failed run is this run's: the objects kept for `--resume` (the
@@ -462,11 +470,14 @@ pub(crate) fn run(
     let started = Instant::now();
     let dealt = deal::deal(comm, local, copy, &staged.written)?;
     let files = &dealt.files;
-    let kept = (comm.rank() == 0).then(|| {
+    let lead = (comm.rank() == 0).then(|| {
         let up = lock.map(|l| &l.preserved[..]).unwrap_or_default();
-        Ok(still_staged(local, files, up))
+        let records = lock.map(|l| l.records.iter()).into_iter().flatten();
+        let records = records.filter(|r| up.contains(&r.0)).cloned().collect();
+        let kept = still_staged(local, files, up);
+        records::Candidates { kept, records }
     });
-    let kept: Vec<String> = broadcast_result(comm, 0, kept)?;
+    let kept = records::kept(comm, copy, &dealt, lead)?;
     if comm.rank() == 0 && !kept.is_empty() {
         crate::errln!(
             "reshard: --resume: kept {} shard(s) the earlier run uploaded completely to {}",
@@ -552,6 +563,9 @@ struct Marker {
     uploads: Vec<String>,
     #[serde(default)]
     replaces: Vec<String>,
+    /// The token of the run whose records of its uploads are in the bucket.
+    #[serde(default)]
+    records: Option<String>,
 }
 
 impl Marker {
@@ -574,6 +588,7 @@ impl Marker {
             Ok(m) => Marker {
                 uploads: names(m.uploads),
                 replaces: names(m.replaces),
+                records: m.records.filter(|t| records::is_token(t)),
             },
             Err(_) => Marker {
                 uploads: names(
@@ -583,6 +598,7 @@ impl Marker {
                         .collect(),
                 ),
                 replaces: Vec::new(),
+                records: None,
             },
         })
     }
@@ -609,6 +625,7 @@ fn begin(target: &Path, files: &[(String, u64)], kept: &[String], lock: &RemoteL
     Marker {
         uploads,
         replaces: lock.replaced.clone(),
+        records: Some(lock.lock.token().to_string()),
     }
     .write(target)?;
     if lock.replaced.is_empty() && lock.preserved.is_empty() {
@@ -665,10 +682,11 @@ fn clean_up_failed_run(
         }
     }
     let rest = Marker {
+        records: fence.filter(|_| !stay.is_empty()).map(|f| f.token.clone()),
         uploads: stay,
         replaces: marker.replaces,
     };
-    if rest == Marker::default() {
+    if rest.uploads.is_empty() && rest.replaces.is_empty() {
         let path = target.join(INCOMPLETE);
         sink.remove_file(&path)
             .with_context(|| format!("{}: cannot remove", path.display()))?;
@@ -783,7 +801,7 @@ fn remove_objects(old: &Path) -> Result<()> {
 fn not_published(target: &Path, local: &Path, per_node: bool) -> String {
     if per_node {
         return format!(
-            "nothing is published at {} (no {MANIFEST} written); each node staged its own copy, so there is nothing to --resume from: rerun with the same arguments",
+            "nothing is published at {} (no {MANIFEST} written); each node staged its own copy: rerun with the same arguments and --resume (on any nodes) to keep the shards uploaded completely and redo the rest",
             target.display()
         );
     }
@@ -817,7 +835,8 @@ fn finish(
     }
     let not_published = || not_published(target, local, dealt.per_node);
     fenced::verify(local, target, &mut created, fence).with_context(not_published)?;
-    fenced::check_kept(local, target, kept).with_context(not_published)?;
+    let kept_records = lock.map_or(&[][..], |l| &l.records);
+    fenced::check_kept(local, target, kept, kept_records).with_context(not_published)?;
     lock.map_or(Ok(()), RemoteLock::check_owned)?;
     // The commit: created only where no manifest is, so never over another run's.
     fenced::create(local, target, MANIFEST, Found::Fail, fence, None)
@@ -864,6 +883,7 @@ fn after_manifest(
         }
     }
     fence.as_ref().map_or(Ok(()), fenced::Fence::check_lock)?;
+    records::remove_all(target); // read by no run once the output is published
     storage::sink(local).remove_dir_all(local).with_context(|| {
         format!(
             "{} is published; removing the staged copy {} failed",

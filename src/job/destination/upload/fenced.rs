@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+use super::records::still_created;
 use super::{remove_if_there, CHUNK};
 use crate::job::destination::lock::lost_by_token;
 use crate::storage::{self, Created};
@@ -119,6 +120,21 @@ pub(crate) fn create(
     fence: Option<&Fence>,
     pause: Option<usize>,
 ) -> Result<Created> {
+    create_hashed(local, target, rel, found, fence, pause).map(|(created, _)| created)
+}
+
+/// [`create`], with the MD5 of the bytes it sent (hashed as they are read for the upload).
+///
+/// # Errors
+/// As [`create`].
+pub(crate) fn create_hashed(
+    local: &Path,
+    target: &Path,
+    rel: &str,
+    found: Found,
+    fence: Option<&Fence>,
+    pause: Option<usize>,
+) -> Result<(Created, [u8; 16])> {
     let to = target.join(rel);
     for attempt in 0..ATTEMPTS {
         // A test hook pauses the first attempt only.
@@ -128,7 +144,7 @@ pub(crate) fn create(
             Err(e) if is_exists(&e) => {
                 // A create sent again after its answer was lost finds its own first copy.
                 if let Some(own) = same_bytes(local, &to, rel)? {
-                    return Ok(own);
+                    return Ok((own, crate::output::md5_file(&local.join(rel))?));
                 }
                 return Err(e).with_context(|| {
                     format!("another run published {} meanwhile", target.display())
@@ -191,26 +207,6 @@ fn is_exists(e: &anyhow::Error) -> bool {
         .any(|io| io.kind() == std::io::ErrorKind::AlreadyExists)
 }
 
-/// Whether the object at `path` is still the one this run created there: the same size and,
-/// where the store gave one, the same ETag.
-///
-/// # Errors
-/// It cannot be looked at (a missing object is no error: it is not this run's).
-pub(crate) fn still_created(path: &Path, created: &Created) -> Result<bool> {
-    let now = match storage::stamp(path) {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e).with_context(|| format!("{}: cannot stat", path.display())),
-    };
-    let tag_matches = created.e_tag.as_deref().is_none_or(|tag| {
-        let bare = tag.trim_matches('"');
-        [bare.to_string(), format!("\"{bare}\"")]
-            .iter()
-            .any(|t| storage::e_tag_identity(t) == now.identity)
-    });
-    Ok(now.size == created.size && tag_matches)
-}
-
 /// Before the manifest: each object this rank created (`created`, by name under `target`) is
 /// found as it left it; one that is not (a late write of a run that lost the lock landed after
 /// this run removed what was there, or this run's own create was answered "exists" after a
@@ -245,8 +241,15 @@ pub(crate) fn verify(
 
 /// Uploads the local file `rel` under `local` to a new object of the same name under `target`
 /// (create only). `pause`: the rank whose test hook may pause once the first 16 MiB part is out.
-fn upload(local: &Path, target: &Path, rel: &str, pause: Option<usize>) -> Result<Created> {
+fn upload(
+    local: &Path,
+    target: &Path,
+    rel: &str,
+    pause: Option<usize>,
+) -> Result<(Created, [u8; 16])> {
+    use md5::Digest;
     let (from, to) = (local.join(rel), target.join(rel));
+    let mut md5 = md5::Md5::new();
     let input = storage::open(&from).with_context(|| format!("{}: cannot open", from.display()))?;
     let mut out = storage::sink(&to)
         .create_stream_new(&to)
@@ -261,6 +264,7 @@ fn upload(local: &Path, target: &Path, rel: &str, pause: Option<usize>) -> Resul
         }
         out.write_all(&buf[..n])
             .with_context(|| format!("{}: upload failed at byte {at}", to.display()))?;
+        md5.update(&buf[..n]);
         at += n as u64;
         if let Some(rank) = pause.filter(|_| at == 2 * CHUNK as u64) {
             // The first 16 MiB part of the rank's last shard is out: a multipart upload is
@@ -268,8 +272,10 @@ fn upload(local: &Path, target: &Path, rel: &str, pause: Option<usize>) -> Resul
             crate::hooks::pause_in_upload(local.parent().unwrap_or(local), rank);
         }
     }
-    out.finish_created()
-        .with_context(|| format!("{}: the upload did not complete", to.display()))
+    let created = out
+        .finish_created()
+        .with_context(|| format!("{}: the upload did not complete", to.display()))?;
+    Ok((created, md5.finalize().into()))
 }
 
 /// The staged copy `local` of the run whose lock this one took over by its silence (it may
@@ -302,16 +308,39 @@ pub(crate) fn lost(fence: Option<&Fence>, target: &Path) -> Option<String> {
 }
 
 /// The shards a resumed run keeps from the earlier attempt (`kept`): each still the object that
-/// attempt noted (its size, modification time and ETag), not trusted.
+/// attempt noted (its size, modification time and ETag) in the staged copy's notes, or the size
+/// and ETag of its record in the bucket (`records`), not trusted.
 ///
 /// # Errors
 /// One is not.
-pub(crate) fn check_kept(local: &Path, target: &Path, kept: &[String]) -> Result<()> {
+pub(crate) fn check_kept(
+    local: &Path,
+    target: &Path,
+    kept: &[String],
+    records: &[(String, super::records::Record)],
+) -> Result<()> {
     let now = |p: &Path| storage::stamp(p).ok().map(|s| super::stamp_line(&s));
-    if let Some(stale) = kept
-        .iter()
-        .find(|k| super::read_note(local, k).map(|n| n.0) != now(&target.join(k.as_str())))
-    {
+    let holds = |k: &String| -> Result<bool> {
+        let to = target.join(k.as_str());
+        if let Some((_, r)) = records.iter().find(|r| &r.0 == k) {
+            let made = Created {
+                size: r.size,
+                e_tag: Some(r.e_tag.clone()),
+            };
+            if still_created(&to, &made)? {
+                return Ok(true);
+            }
+        }
+        Ok(super::read_note(local, k).is_some_and(|n| Some(n.0) == now(&to)))
+    };
+    let mut stale = None;
+    for k in kept {
+        if !holds(k)? {
+            stale = Some(k);
+            break;
+        }
+    }
+    if let Some(stale) = stale {
         bail!(
             "{}: kept from the earlier attempt, but it is not the object that attempt noted any \
              more",
@@ -338,8 +367,8 @@ pub(crate) fn remove_side_objects(target: &Path) -> Result<()> {
 }
 
 /// This rank's share `todo` (its shards and their per-shard files) uploaded from its node's
-/// `copy`, each created (never put over another object), a shard with its saved index and its
-/// note; then each found still as created (before the manifest): the bytes uploaded.
+/// `copy`, each created (never put over another object), a shard with its saved index, its
+/// note and its record in the bucket ([`super::records`]); then each found still as created (before the manifest): the bytes uploaded.
 pub(crate) fn upload_share(
     copy: &Path,
     target: &Path,
@@ -353,10 +382,13 @@ pub(crate) fn upload_share(
     let mut sum = 0;
     for (i, f) in todo.iter().enumerate() {
         let pause = (i + 1 == todo.len()).then_some(rank);
-        let made = create(copy, target, &f.0, Found::Replace, fence, pause)?;
+        let (made, md5) = create_hashed(copy, target, &f.0, Found::Replace, fence, pause)?;
         if super::is_shard(&f.0) {
             super::restamp_layout(copy, target, &f.0, names)?;
             super::note_uploaded(copy, target, &f.0)?;
+            if let Some(fence) = fence {
+                super::records::note(&fence.target, &fence.token, &f.0, &made, md5)?;
+            }
             sent.add(f.1);
         }
         sum += made.size;

@@ -100,6 +100,7 @@ fn the_marker_names_uploads_and_the_replaced_output_and_reads_a_plain_list() {
     let marker = Marker {
         uploads: vec!["s-0.tar".into(), ".reshard/s-0.tar.reshard-layout".into()],
         replaces: vec!["old-0.tar".into()],
+        records: Some("0123456789abcdef".into()),
     };
     marker.write(target).unwrap();
     assert_eq!(Marker::read(target), Some(marker));
@@ -112,6 +113,7 @@ fn the_marker_names_uploads_and_the_replaced_output_and_reads_a_plain_list() {
         Some(Marker {
             uploads: vec!["s-0.tar".into(), "index.json".into()],
             replaces: Vec::new(),
+            records: None,
         })
     );
 }
@@ -133,6 +135,7 @@ fn a_failed_runs_objects_go_but_those_kept_and_the_marker_then_names_what_is_lef
     let marker = |uploads: &[&str], replaces: &[&str]| Marker {
         uploads: uploads.iter().map(|n| (*n).to_string()).collect(),
         replaces: replaces.iter().map(|n| (*n).to_string()).collect(),
+        records: None,
     };
     let left = clean_up_failed_run(
         target,

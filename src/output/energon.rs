@@ -23,11 +23,14 @@
 //! `.tar.idx`, `.info.json` and `split.yaml`; looking samples up by key needs it (see
 //! docs/performance.md).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use md5::Digest;
 
+use crate::comm::wire::u64_at;
+use crate::comm::{agree, gather, Comm};
 use crate::config::EnergonDataset;
 use crate::output::members::SampleParts;
 use crate::storage;
@@ -170,6 +173,164 @@ fn write_rows(path: &Path, samples: &[SampleParts]) -> Result<()> {
     db.close()
         .map_err(|(_, e)| e)
         .with_context(|| format!("{shown}: cannot close"))
+}
+
+/// The most bytes of one shard's rows a rank sends rank 0 in one round of [`rows_to_lead`]:
+/// rank 0 holds at most this much from each rank at a time.
+const ROWS_ROUND: u64 = 1 << 20;
+
+/// Staging per node ([`crate::job::destination::scratch`]): the rows and digests of the shards
+/// `own` that this rank wrote ([`write_shard`]) go to rank 0 over the communicator, which puts
+/// them where its own node's writers left theirs, so that [`write_meta`] reads the same files
+/// as on a shared scratch. Only ranks that `send` (those not on rank 0's node) send anything.
+/// Streamed a shard at a time, each in rounds of at most [`ROWS_ROUND`] bytes per rank: the
+/// same rows file and 16-byte digest per shard, about 50–70 bytes per sample with two parts
+/// and short keys (measured in docs/storage.md), every byte once over the network. Collective.
+///
+/// # Errors
+/// A file cannot be read (on its writer) or written (on rank 0), agreed on every rank.
+pub(crate) fn rows_to_lead(
+    comm: &impl Comm,
+    staging: &Path,
+    own: &[u64],
+    send: bool,
+    key_index: bool,
+) -> Result<()> {
+    let own = if send { own } else { &[] };
+    let dir = staging.join(ROWS_DIR);
+    let mut result = if comm.rank() == 0 {
+        storage::sink(&dir)
+            .create_dir_all(&dir)
+            .with_context(|| format!("{}: cannot create", dir.display()))
+    } else {
+        Ok(())
+    };
+    let turns = comm.all_max(&[own.len() as u64])[0];
+    for k in 0..turns as usize {
+        let turn = rows_turn(comm, staging, own.get(k).copied(), key_index);
+        result = result.and(turn);
+    }
+    agree(comm, result)
+}
+
+/// One turn of [`rows_to_lead`]: each rank's next shard, if any (its number, digest and rows'
+/// length, then the rows in rounds). A rank that failed sends nothing more and goes on, so that
+/// every rank makes the same calls; the first failure is returned.
+fn rows_turn(comm: &impl Comm, staging: &Path, shard: Option<u64>, key_index: bool) -> Result<()> {
+    let mut failed = Ok(());
+    let opened = shard.map(|s| open_rows(staging, s, key_index)).transpose();
+    let (head, rows) = first(&mut failed, opened).flatten().unwrap_or_default();
+    let heads = gather(comm, 0, &head);
+    // On rank 0: the rows file of each rank that sent a shard, in rank order.
+    let mut sinks = Vec::new();
+    for head in heads.iter().filter(|h| h.len() == HEAD) {
+        let made = receive_head(staging, head);
+        sinks.push(first(&mut failed, made).flatten());
+    }
+    let len = if head.len() == HEAD {
+        u64_at(&head, 24)
+    } else {
+        0
+    };
+    let rounds = comm.all_max(&[len.div_ceil(ROWS_ROUND)])[0];
+    for j in 0..rounds {
+        let chunk = rows.as_ref().map_or(Ok(Vec::new()), |(path, input)| {
+            read_chunk(path, input.as_ref(), j * ROWS_ROUND, len)
+        });
+        let chunk = first(&mut failed, chunk).unwrap_or_default();
+        let got = gather(comm, 0, &chunk);
+        let sent = got.iter().zip(&heads).filter(|(_, h)| h.len() == HEAD);
+        for ((bytes, _), sink) in sent.zip(&mut sinks) {
+            if let Some(sink) = sink {
+                let wrote = sink
+                    .write_all(bytes)
+                    .context("writing a shard's rows from its writer");
+                first(&mut failed, wrote);
+            }
+        }
+    }
+    for sink in sinks.into_iter().flatten() {
+        let finished = sink
+            .finish()
+            .context("writing a shard's rows from its writer");
+        first(&mut failed, finished);
+    }
+    failed
+}
+
+/// The length of a shard's head in [`rows_to_lead`]: its number, digest and rows' length.
+const HEAD: usize = 32;
+
+/// `r`'s value, or none with its error kept in `failed` if that holds none yet.
+fn first<T>(failed: &mut Result<()>, r: Result<T>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            if failed.is_ok() {
+                *failed = Err(e);
+            }
+            None
+        }
+    }
+}
+
+/// Rank 0, given a shard's head: its digest written, and its rows file made if it has rows.
+fn receive_head(staging: &Path, head: &[u8]) -> Result<Option<Box<dyn storage::Writer>>> {
+    let shard = u64_at(head, 0);
+    let digest = digest_path(staging, shard);
+    storage::sink(&digest)
+        .write(&digest, &head[8..24])
+        .with_context(|| format!("{}: cannot write", digest.display()))?;
+    if u64_at(head, 24) == 0 {
+        return Ok(None);
+    }
+    let path = rows_path(staging, shard);
+    let made = storage::sink(&path).create_stream(&path);
+    made.map(Some)
+        .with_context(|| format!("{}: cannot create", path.display()))
+}
+
+/// A writer's shard for [`rows_to_lead`]: its number, digest and rows' length (32 bytes), and
+/// its rows file, open (none without `key_index`).
+#[allow(clippy::type_complexity)]
+fn open_rows(
+    staging: &Path,
+    shard: u64,
+    key_index: bool,
+) -> Result<(Vec<u8>, Option<(PathBuf, storage::OpenInput)>)> {
+    let digest = digest_path(staging, shard);
+    let sum = storage::source(&digest)
+        .read(&digest)
+        .with_context(|| format!("{}: cannot read", digest.display()))?;
+    let mut head = shard.to_le_bytes().to_vec();
+    head.extend_from_slice(&sum);
+    if !key_index {
+        head.extend_from_slice(&0u64.to_le_bytes());
+        return Ok((head, None));
+    }
+    let path = rows_path(staging, shard);
+    let source = storage::source(&path);
+    let opened = source
+        .stat(&path)
+        .and_then(|s| Ok((s.stamp.size, source.open(&path)?)));
+    let (len, input) = opened.with_context(|| format!("{}: cannot read", path.display()))?;
+    head.extend_from_slice(&len.to_le_bytes());
+    Ok((head, Some((path, input))))
+}
+
+/// The rows' bytes from `at` for one round of [`rows_to_lead`] (up to `len`, the file's size).
+fn read_chunk(path: &Path, input: &dyn storage::Input, at: u64, len: u64) -> Result<Vec<u8>> {
+    let mut buf = vec![0; len.saturating_sub(at).min(ROWS_ROUND) as usize];
+    let got = storage::read_up_to_at(input, &mut buf, at)
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    if got < buf.len() {
+        bail!(
+            "{}: ends at byte {}, before its {len} bytes",
+            path.display(),
+            at + got as u64
+        );
+    }
+    Ok(buf)
 }
 
 /// The dataset-wide files, for [`write_meta`].

@@ -290,14 +290,12 @@ fn receive_head(staging: &Path, head: &[u8]) -> Result<Option<Box<dyn storage::W
         .with_context(|| format!("{}: cannot create", path.display()))
 }
 
+/// A shard's rows file on its writer, open: its path (to name it in errors) and the file.
+type Rows = (PathBuf, storage::OpenInput);
+
 /// A writer's shard for [`rows_to_lead`]: its number, digest and rows' length (32 bytes), and
 /// its rows file, open (none without `key_index`).
-#[allow(clippy::type_complexity)]
-fn open_rows(
-    staging: &Path,
-    shard: u64,
-    key_index: bool,
-) -> Result<(Vec<u8>, Option<(PathBuf, storage::OpenInput)>)> {
+fn open_rows(staging: &Path, shard: u64, key_index: bool) -> Result<(Vec<u8>, Option<Rows>)> {
     let digest = digest_path(staging, shard);
     let sum = storage::source(&digest)
         .read(&digest)

@@ -175,17 +175,21 @@ fn write_rows(path: &Path, samples: &[SampleParts]) -> Result<()> {
         .with_context(|| format!("{shown}: cannot close"))
 }
 
-/// The most bytes of one shard's rows a rank sends rank 0 in one round of [`rows_to_lead`]:
-/// rank 0 holds at most this much from each rank at a time.
+/// The most bytes of one shard's rows a rank sends rank 0 in one round of [`rows_to_lead`].
 const ROWS_ROUND: u64 = 1 << 20;
+/// The most bytes rank 0 receives in one round of [`rows_to_lead`], from all ranks: each sends
+/// at most this over the rank count (at most [`ROWS_ROUND`], at least 4 KiB). A sixteenth of
+/// the default `--mem-limit`.
+const ROWS_RECEIVED: u64 = 64 << 20;
 
 /// Staging per node ([`crate::job::destination::scratch`]): the rows and digests of the shards
 /// `own` that this rank wrote ([`write_shard`]) go to rank 0 over the communicator, which puts
 /// them where its own node's writers left theirs, so that [`write_meta`] reads the same files
 /// as on a shared scratch. Only ranks that `send` (those not on rank 0's node) send anything.
-/// Streamed a shard at a time, each in rounds of at most [`ROWS_ROUND`] bytes per rank: the
-/// same rows file and 16-byte digest per shard, about 50–70 bytes per sample with two parts
-/// and short keys (measured in docs/storage.md), every byte once over the network. Collective.
+/// Streamed a shard at a time, each in rounds of at most [`ROWS_RECEIVED`] bytes in all (rank
+/// 0 holds no more at a time): the writer's rows file and 16-byte digest of each shard, about
+/// 82 bytes a sample with two parts and 20-byte keys (`a_writers_rows_take_under_100_bytes_a_
+/// sample`), every byte once over the network. Collective.
 ///
 /// # Errors
 /// A file cannot be read (on its writer) or written (on rank 0), agreed on every rank.
@@ -206,8 +210,9 @@ pub(crate) fn rows_to_lead(
         Ok(())
     };
     let turns = comm.all_max(&[own.len() as u64])[0];
+    let round = (ROWS_RECEIVED / comm.size() as u64).clamp(4096, ROWS_ROUND);
     for k in 0..turns as usize {
-        let turn = rows_turn(comm, staging, own.get(k).copied(), key_index);
+        let turn = rows_turn(comm, (staging, round), own.get(k).copied(), key_index);
         result = result.and(turn);
     }
     agree(comm, result)
@@ -216,7 +221,12 @@ pub(crate) fn rows_to_lead(
 /// One turn of [`rows_to_lead`]: each rank's next shard, if any (its number, digest and rows'
 /// length, then the rows in rounds). A rank that failed sends nothing more and goes on, so that
 /// every rank makes the same calls; the first failure is returned.
-fn rows_turn(comm: &impl Comm, staging: &Path, shard: Option<u64>, key_index: bool) -> Result<()> {
+fn rows_turn(
+    comm: &impl Comm,
+    (staging, round): (&Path, u64),
+    shard: Option<u64>,
+    key_index: bool,
+) -> Result<()> {
     let mut failed = Ok(());
     let opened = shard.map(|s| open_rows(staging, s, key_index)).transpose();
     let (head, rows) = first(&mut failed, opened).flatten().unwrap_or_default();
@@ -232,10 +242,10 @@ fn rows_turn(comm: &impl Comm, staging: &Path, shard: Option<u64>, key_index: bo
     } else {
         0
     };
-    let rounds = comm.all_max(&[len.div_ceil(ROWS_ROUND)])[0];
+    let rounds = comm.all_max(&[len.div_ceil(round)])[0];
     for j in 0..rounds {
         let chunk = rows.as_ref().map_or(Ok(Vec::new()), |(path, input)| {
-            read_chunk(path, input.as_ref(), j * ROWS_ROUND, len)
+            read_chunk(path, input.as_ref(), (j * round, round), len)
         });
         let chunk = first(&mut failed, chunk).unwrap_or_default();
         let got = gather(comm, 0, &chunk);
@@ -316,9 +326,15 @@ fn open_rows(staging: &Path, shard: u64, key_index: bool) -> Result<(Vec<u8>, Op
     Ok((head, Some((path, input))))
 }
 
-/// The rows' bytes from `at` for one round of [`rows_to_lead`] (up to `len`, the file's size).
-fn read_chunk(path: &Path, input: &dyn storage::Input, at: u64, len: u64) -> Result<Vec<u8>> {
-    let mut buf = vec![0; len.saturating_sub(at).min(ROWS_ROUND) as usize];
+/// The rows' bytes from `at` for one round of [`rows_to_lead`], at most `round` of them (up to
+/// `len`, the file's size).
+fn read_chunk(
+    path: &Path,
+    input: &dyn storage::Input,
+    (at, round): (u64, u64),
+    len: u64,
+) -> Result<Vec<u8>> {
+    let mut buf = vec![0; len.saturating_sub(at).min(round) as usize];
     let got = storage::read_up_to_at(input, &mut buf, at)
         .with_context(|| format!("{}: cannot read", path.display()))?;
     if got < buf.len() {
@@ -702,6 +718,84 @@ fn dataset_yaml(dataset: &EnergonDataset) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+
+    use crate::comm::local::LocalComm;
+    use crate::output::members::Part;
+
+    /// `n` samples of two parts (`jpg`, `json`) with 20-byte keys, as `examples/energon_index.rs`.
+    fn samples(n: u64, salt: u64) -> Vec<SampleParts> {
+        (0..n)
+            .map(|i| {
+                let start = i * 4096;
+                let part = |ext: &str, data: u64, size: u64| Part {
+                    path: format!("{i:016}.{ext}"),
+                    ext: ext.to_string(),
+                    data,
+                    size,
+                };
+                SampleParts {
+                    key: format!("img/{:016x}", i.wrapping_mul(0x9e37_79b9) ^ salt),
+                    start,
+                    len: 4096,
+                    parts: vec![
+                        part("jpg", start + 512, 2000),
+                        part("json", start + 3072, 300),
+                    ],
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn writers_rows_reach_rank_0_whole_from_other_nodes() {
+        // Rank 0's node (rank 0 alone) and another node (ranks 1 and 2, one disk).
+        let (lead, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // Shard 1's rows take several rounds.
+        let own: [&[u64]; 3] = [&[0], &[1, 3], &[2]];
+        let counts = [5, 30_000, 7, 0];
+        let out = LocalComm::run(3, |c| {
+            let staging = if c.rank() == 0 {
+                lead.path()
+            } else {
+                other.path()
+            };
+            for &s in own[c.rank()] {
+                let shard = staging.join(format!("{s}.tar"));
+                write_shard(staging, &shard, s, &samples(counts[s as usize], s), true)?;
+            }
+            rows_to_lead(c, staging, own[c.rank()], c.rank() != 0, true)
+        });
+        assert!(out.iter().all(Result::is_ok), "{out:?}");
+        assert!(fs::metadata(rows_path(other.path(), 1)).unwrap().len() > 2 * ROWS_ROUND);
+        for s in 0..4 {
+            let from = if s == 0 { lead.path() } else { other.path() };
+            for file in [rows_path, digest_path] {
+                let (got, sent) = (file(lead.path(), s), file(from, s));
+                assert_eq!(fs::read(&got).unwrap(), fs::read(&sent).unwrap(), "{got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_writers_rows_take_under_100_bytes_a_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 100_000;
+        write_shard(
+            dir.path(),
+            &dir.path().join("0.tar"),
+            0,
+            &samples(n, 0),
+            true,
+        )
+        .unwrap();
+        let bytes = fs::metadata(rows_path(dir.path(), 0)).unwrap().len();
+        println!(
+            "{bytes} bytes of rows for {n} samples: {} a sample",
+            bytes / n
+        );
+        assert!(bytes < 100 * n, "{bytes} bytes for {n} samples");
+    }
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()

@@ -10,7 +10,8 @@
 //! ([`crate::job::destination::upload`]), the heartbeats go to the bucket, and each node
 //! removes its own copy. One test at one moment, not a rule per call site: everything else is
 //! the file-system pipeline, which never needed another rank's files but for what rank 0 reads
-//! (the manifest's sizes and digests travel by message).
+//! (the manifest's sizes and digests travel by message, and so do `--energon`'s rows:
+//! [`crate::output::energon::rows_to_lead`]).
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};

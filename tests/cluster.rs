@@ -11,6 +11,7 @@ use crate::util::cluster::{
     MIB,
 };
 use crate::util::data::sized;
+use crate::util::loaders::{energon_python, read_energon};
 use crate::util::runs::run;
 use crate::util::s3::Server;
 use crate::util::stores::Store;
@@ -465,6 +466,9 @@ fn s3_output_with_node_local_scratch_matches_the_posix_run() {
             _ => "posix",
         };
         assert_same_output(&dir.join(posix), &dir.join(prefix), &["inputs"]);
+        if prefix == "energon" {
+            energon_reads(&dir, prefix, 192);
+        }
     }
     assert_eq!(
         s3.uploads(&dir, &bucket),
@@ -485,6 +489,22 @@ fn s3_output_with_node_local_scratch_matches_the_posix_run() {
     assert_eq!(
         staged, 0,
         "a rank staged on the shared file system, not on its node's disk"
+    );
+}
+
+/// Energon's own reader loads the output downloaded to `out`: `samples` samples.
+fn energon_reads(dir: &Dir, out: &str, samples: usize) {
+    let Some(py) = energon_python() else {
+        skip(
+            "energon reading an output staged per node",
+            "the test venv cannot import megatron.energon",
+        );
+        return;
+    };
+    let read = read_energon(dir, &py, out, None);
+    read.check(
+        read.stdout.contains(&format!(" {samples} samples")),
+        &format!("energon read {samples} samples"),
     );
 }
 

@@ -475,6 +475,27 @@ pub(crate) fn read_up_to_at(file: &File, buf: &mut [u8], offset: u64) -> io::Res
     read_up_to(&mut At { file, offset }, buf)
 }
 
+/// Opens `name` (a relative path, usually one name) under the open directory `dir` for reading,
+/// non-blocking (`openat(2)` with `O_RDONLY | O_NONBLOCK | O_CLOEXEC`): the path is resolved
+/// from `dir`, so a caller that opens many files of one directory walks the directory's own
+/// path once, not once a file.
+///
+/// # Errors
+/// `name` holds a NUL byte, or the open fails.
+pub(crate) fn open_nonblocking_at(dir: &File, name: &[u8]) -> io::Result<File> {
+    use std::os::fd::FromRawFd;
+    let name = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a name with a NUL byte"))?;
+    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC;
+    // SAFETY: a valid descriptor and a NUL-terminated name that lives across the call.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and nothing else owns it.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
 /// A [`Read`] over positioned reads of a shared file.
 struct At<'f> {
     file: &'f File,

@@ -11,6 +11,7 @@ use crate::util::cluster::{
     MIB,
 };
 use crate::util::data::sized;
+use crate::util::loaders::{energon_python, read_energon};
 use crate::util::runs::run;
 use crate::util::s3::Server;
 use crate::util::stores::Store;
@@ -383,7 +384,9 @@ fn s3_job(
     job
 }
 
-/// 2 nodes x 2 ranks writing to `s3://` (from `s3://`, and from a file system) with `--scratch`
+/// 2 nodes x 2 ranks writing to `s3://` (from `s3://`, and from a file system, also with
+/// `--split` and with `--energon`, whose `.nv-meta/` rank 0 builds from rows that node 1's
+/// writers staged on their disk) with `--scratch`
 /// on each node's own disk (a tmpfs no other node sees), against one S3 server on the host: the
 /// output is byte for byte the POSIX run's of the same arguments at the same rank count, no
 /// multipart upload is left open, nothing is left beside the outputs (heartbeats, lock), and
@@ -408,6 +411,9 @@ fn s3_output_with_node_local_scratch_matches_the_posix_run() {
         "--dali-index",
     ];
     run(&dir, Some(4), &["in"], "posix-split", 6, 4, &split);
+    // Energon's `.nv-meta/`, which rank 0 builds from every writer's rows (on node 1's disk).
+    let energon = ["--energon"];
+    run(&dir, Some(4), &["in"], "posix-energon", 6, 4, &energon);
     let cluster = Cluster::up(&dir, 2, None);
     let Some(s3) = Server::private_at(&dir, test, &cluster.host_address()) else {
         return;
@@ -421,13 +427,18 @@ fn s3_output_with_node_local_scratch_matches_the_posix_run() {
         (from_s3.as_str(), "from-s3", &node_disk),
         ("in", "from-fs", &node_disk),
         ("in", "split", &node_disk),
+        ("in", "energon", &node_disk),
         (from_s3.as_str(), "shared", &shared),
     ] {
         let output = format!("s3://{bucket}/out/{prefix}");
         let private = scratch == &node_disk;
         let all: Vec<&str> = args
             .iter()
-            .chain(if prefix == "split" { &split[..] } else { &[] })
+            .chain(match prefix {
+                "split" => &split[..],
+                "energon" => &energon[..],
+                _ => &[],
+            })
             .copied()
             .collect();
         let job = s3_job(&cluster, &s3, (input, &output), scratch, private, &all);
@@ -445,14 +456,19 @@ fn s3_output_with_node_local_scratch_matches_the_posix_run() {
             "says whether each node stages its own",
         );
         s3.get(&dir, &bucket, &format!("out/{prefix}"), &dir.join(prefix));
-        let posix = if prefix == "split" {
-            // A split output's own `.reshard/` is empty: a store holds no empty directory.
-            std::fs::create_dir_all(dir.join(prefix).join(".reshard")).unwrap();
-            "posix-split"
-        } else {
-            "posix"
+        let posix = match prefix {
+            "split" => {
+                // A split output's own `.reshard/` is empty: a store holds no empty directory.
+                std::fs::create_dir_all(dir.join(prefix).join(".reshard")).unwrap();
+                "posix-split"
+            }
+            "energon" => "posix-energon",
+            _ => "posix",
         };
         assert_same_output(&dir.join(posix), &dir.join(prefix), &["inputs"]);
+        if prefix == "energon" {
+            energon_reads(&dir, prefix, 192);
+        }
     }
     assert_eq!(
         s3.uploads(&dir, &bucket),
@@ -463,7 +479,7 @@ fn s3_output_with_node_local_scratch_matches_the_posix_run() {
         .keys(&dir, &bucket, "out/")
         .into_iter()
         .filter(|k| {
-            ["from-s3/", "from-fs/", "split/", "shared/"]
+            ["from-s3/", "from-fs/", "split/", "energon/", "shared/"]
                 .iter()
                 .all(|p| !k.starts_with(&format!("out/{p}")))
         })
@@ -473,6 +489,22 @@ fn s3_output_with_node_local_scratch_matches_the_posix_run() {
     assert_eq!(
         staged, 0,
         "a rank staged on the shared file system, not on its node's disk"
+    );
+}
+
+/// Energon's own reader loads the output downloaded to `out`: `samples` samples.
+fn energon_reads(dir: &Dir, out: &str, samples: usize) {
+    let Some(py) = energon_python() else {
+        skip(
+            "energon reading an output staged per node",
+            "the test venv cannot import megatron.energon",
+        );
+        return;
+    };
+    let read = read_energon(dir, &py, out, None);
+    read.check(
+        read.stdout.contains(&format!(" {samples} samples")),
+        &format!("energon read {samples} samples"),
     );
 }
 

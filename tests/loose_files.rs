@@ -356,6 +356,33 @@ fn an_interrupted_tree_resumes_to_identical_bytes_and_a_changed_one_is_refused()
     res.stderr_has("the loose files under many/d07 changed since that run");
 }
 
+/// In rounds of about 140 KiB (`--mem-limit 1MiB`) a sample is split between two rounds wherever
+/// a segment fills, and each part is read from its files at its own offset, straight into the
+/// send buffer (alone too: a rank's own loose files go through its segment, not a copy):
+/// every file arrives whole (verify reads the tree itself) and the shards are those of large
+/// rounds, at np 1 (no launcher), 2 and 3.
+#[test]
+fn loose_files_split_between_small_rounds_arrive_whole_at_every_rank_count() {
+    let dir = Dir::new("files-rounds");
+    many_files(&dir, "many");
+    let mut digests = Vec::new();
+    for (np, limit) in [
+        (None, "1GiB"),
+        (None, "1MiB"),
+        (Some(2), "1MiB"),
+        (Some(3), "1MiB"),
+    ] {
+        let out = format!("out-{}-{limit}", np.unwrap_or(1));
+        let extra = ["--shards", "5", "--seed", "3", "--mem-limit", limit];
+        run_files(&dir, np, "many", &out, &extra).assert_success();
+        digests.push(output_digest(&dir.join(&out)));
+        dir.mpi(np.unwrap_or(1))
+            .args(["verify", "--input-files", "many", "--output", &out])
+            .assert_success();
+    }
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+}
+
 /// `reshard run --input-files ROOT --output OUT --shards 4 --seed 7 --report OUT.json` and
 /// `extra` under `mpirun -np N`, which must succeed.
 fn pack_spread(dir: &Dir, np: usize, root: &str, out: &str, extra: &[&str]) -> RunOutput {

@@ -125,7 +125,7 @@ pub struct RunArgs {
     pub(crate) output: Option<PathBuf>,
 
     /// With an `s3://` output: the directory the output is assembled in before it is uploaded
-    /// (shared by every rank, or each node's own disk: then --resume and --energon are refused).
+    /// (shared by every rank, or each node's own disk: then each writer uploads its own shards).
     /// Default: $TMPDIR (else /tmp), in reshard-scratch/BUCKET/KEY. Input shards on object
     /// storage beyond a quarter of --mem-limit are spooled here (node-local is enough), each
     /// fetched once per run; removed when the exchange ends.

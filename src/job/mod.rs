@@ -46,7 +46,7 @@ use crate::config::{ExchangeSettings, JobSettings, ResumeSettings};
 use crate::heartbeat::{self, Heartbeat};
 use crate::hooks;
 use crate::output::checkpoint::{self, Done, InputRecord};
-use crate::output::OutputShards;
+use crate::output::{energon, OutputShards};
 use crate::progress::{PhaseTimes, Progress};
 use crate::report::mixing::Mixing;
 use crate::report::narrate::count;
@@ -199,6 +199,12 @@ fn run_phases(
     times.start("finish");
     let finished = finish::run(comm, &settings.finish, setup, &planned, output, lock)?;
     let staging = setup.staging()?;
+    let loaders = &settings.finish.loaders;
+    if scratch != Scratch::Shared && loaders.energon.is_some() {
+        // Rank 0 builds `.nv-meta/` from every writer's rows: those staged on other nodes.
+        let (own, send) = (&planned.laid.layout.shards, scratch.removes_own_copy());
+        energon::rows_to_lead(comm, staging, own, send, loaders.energon_key_index)?;
+    }
     crate::hooks::pause_before_publish(staging, comm.rank());
     // The last moment to stop: publishing is one rename.
     interrupt::check(comm).map_err(stopped)?;

@@ -23,11 +23,14 @@
 //! `.tar.idx`, `.info.json` and `split.yaml`; looking samples up by key needs it (see
 //! docs/performance.md).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use md5::Digest;
 
+use crate::comm::wire::u64_at;
+use crate::comm::{agree, gather, Comm};
 use crate::config::EnergonDataset;
 use crate::output::members::SampleParts;
 use crate::storage;
@@ -170,6 +173,178 @@ fn write_rows(path: &Path, samples: &[SampleParts]) -> Result<()> {
     db.close()
         .map_err(|(_, e)| e)
         .with_context(|| format!("{shown}: cannot close"))
+}
+
+/// The most bytes of one shard's rows a rank sends rank 0 in one round of [`rows_to_lead`].
+const ROWS_ROUND: u64 = 1 << 20;
+/// The most bytes rank 0 receives in one round of [`rows_to_lead`], from all ranks: each sends
+/// at most this over the rank count (at most [`ROWS_ROUND`], at least 4 KiB). A sixteenth of
+/// the default `--mem-limit`.
+const ROWS_RECEIVED: u64 = 64 << 20;
+
+/// Staging per node ([`crate::job::destination::scratch`]): the rows and digests of the shards
+/// `own` that this rank wrote ([`write_shard`]) go to rank 0 over the communicator, which puts
+/// them where its own node's writers left theirs, so that [`write_meta`] reads the same files
+/// as on a shared scratch. Only ranks that `send` (those not on rank 0's node) send anything.
+/// Streamed a shard at a time, each in rounds of at most [`ROWS_RECEIVED`] bytes in all (rank
+/// 0 holds no more at a time): the writer's rows file and 16-byte digest of each shard, about
+/// 82 bytes a sample with two parts and 20-byte keys (`a_writers_rows_take_under_100_bytes_a_
+/// sample`), every byte once over the network. Collective.
+///
+/// # Errors
+/// A file cannot be read (on its writer) or written (on rank 0), agreed on every rank.
+pub(crate) fn rows_to_lead(
+    comm: &impl Comm,
+    staging: &Path,
+    own: &[u64],
+    send: bool,
+    key_index: bool,
+) -> Result<()> {
+    let own = if send { own } else { &[] };
+    let dir = staging.join(ROWS_DIR);
+    let mut result = if comm.rank() == 0 {
+        storage::sink(&dir)
+            .create_dir_all(&dir)
+            .with_context(|| format!("{}: cannot create", dir.display()))
+    } else {
+        Ok(())
+    };
+    let turns = comm.all_max(&[own.len() as u64])[0];
+    let round = (ROWS_RECEIVED / comm.size() as u64).clamp(4096, ROWS_ROUND);
+    for k in 0..turns as usize {
+        let turn = rows_turn(comm, (staging, round), own.get(k).copied(), key_index);
+        result = result.and(turn);
+    }
+    agree(comm, result)
+}
+
+/// One turn of [`rows_to_lead`]: each rank's next shard, if any (its number, digest and rows'
+/// length, then the rows in rounds). A rank that failed sends nothing more and goes on, so that
+/// every rank makes the same calls; the first failure is returned.
+fn rows_turn(
+    comm: &impl Comm,
+    (staging, round): (&Path, u64),
+    shard: Option<u64>,
+    key_index: bool,
+) -> Result<()> {
+    let mut failed = Ok(());
+    let opened = shard.map(|s| open_rows(staging, s, key_index)).transpose();
+    let (head, rows) = first(&mut failed, opened).flatten().unwrap_or_default();
+    let heads = gather(comm, 0, &head);
+    // On rank 0: the rows file of each rank that sent a shard, in rank order.
+    let mut sinks = Vec::new();
+    for head in heads.iter().filter(|h| h.len() == HEAD) {
+        let made = receive_head(staging, head);
+        sinks.push(first(&mut failed, made).flatten());
+    }
+    let len = if head.len() == HEAD {
+        u64_at(&head, 24)
+    } else {
+        0
+    };
+    let rounds = comm.all_max(&[len.div_ceil(round)])[0];
+    for j in 0..rounds {
+        let chunk = rows.as_ref().map_or(Ok(Vec::new()), |(path, input)| {
+            read_chunk(path, input.as_ref(), (j * round, round), len)
+        });
+        let chunk = first(&mut failed, chunk).unwrap_or_default();
+        let got = gather(comm, 0, &chunk);
+        let sent = got.iter().zip(&heads).filter(|(_, h)| h.len() == HEAD);
+        for ((bytes, _), sink) in sent.zip(&mut sinks) {
+            if let Some(sink) = sink {
+                let wrote = sink
+                    .write_all(bytes)
+                    .context("writing a shard's rows from its writer");
+                first(&mut failed, wrote);
+            }
+        }
+    }
+    for sink in sinks.into_iter().flatten() {
+        let finished = sink
+            .finish()
+            .context("writing a shard's rows from its writer");
+        first(&mut failed, finished);
+    }
+    failed
+}
+
+/// The length of a shard's head in [`rows_to_lead`]: its number, digest and rows' length.
+const HEAD: usize = 32;
+
+/// `r`'s value, or none with its error kept in `failed` if that holds none yet.
+fn first<T>(failed: &mut Result<()>, r: Result<T>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            if failed.is_ok() {
+                *failed = Err(e);
+            }
+            None
+        }
+    }
+}
+
+/// Rank 0, given a shard's head: its digest written, and its rows file made if it has rows.
+fn receive_head(staging: &Path, head: &[u8]) -> Result<Option<Box<dyn storage::Writer>>> {
+    let shard = u64_at(head, 0);
+    let digest = digest_path(staging, shard);
+    storage::sink(&digest)
+        .write(&digest, &head[8..24])
+        .with_context(|| format!("{}: cannot write", digest.display()))?;
+    if u64_at(head, 24) == 0 {
+        return Ok(None);
+    }
+    let path = rows_path(staging, shard);
+    let made = storage::sink(&path).create_stream(&path);
+    made.map(Some)
+        .with_context(|| format!("{}: cannot create", path.display()))
+}
+
+/// A shard's rows file on its writer, open: its path (to name it in errors) and the file.
+type Rows = (PathBuf, storage::OpenInput);
+
+/// A writer's shard for [`rows_to_lead`]: its number, digest and rows' length (32 bytes), and
+/// its rows file, open (none without `key_index`).
+fn open_rows(staging: &Path, shard: u64, key_index: bool) -> Result<(Vec<u8>, Option<Rows>)> {
+    let digest = digest_path(staging, shard);
+    let sum = storage::source(&digest)
+        .read(&digest)
+        .with_context(|| format!("{}: cannot read", digest.display()))?;
+    let mut head = shard.to_le_bytes().to_vec();
+    head.extend_from_slice(&sum);
+    if !key_index {
+        head.extend_from_slice(&0u64.to_le_bytes());
+        return Ok((head, None));
+    }
+    let path = rows_path(staging, shard);
+    let source = storage::source(&path);
+    let opened = source
+        .stat(&path)
+        .and_then(|s| Ok((s.stamp.size, source.open(&path)?)));
+    let (len, input) = opened.with_context(|| format!("{}: cannot read", path.display()))?;
+    head.extend_from_slice(&len.to_le_bytes());
+    Ok((head, Some((path, input))))
+}
+
+/// The rows' bytes from `at` for one round of [`rows_to_lead`], at most `round` of them (up to
+/// `len`, the file's size).
+fn read_chunk(
+    path: &Path,
+    input: &dyn storage::Input,
+    (at, round): (u64, u64),
+    len: u64,
+) -> Result<Vec<u8>> {
+    let mut buf = vec![0; len.saturating_sub(at).min(round) as usize];
+    let got = storage::read_up_to_at(input, &mut buf, at)
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    if got < buf.len() {
+        bail!(
+            "{}: ends at byte {}, before its {len} bytes",
+            path.display(),
+            at + got as u64
+        );
+    }
+    Ok(buf)
 }
 
 /// The dataset-wide files, for [`write_meta`].
@@ -543,6 +718,84 @@ fn dataset_yaml(dataset: &EnergonDataset) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+
+    use crate::comm::local::LocalComm;
+    use crate::output::members::Part;
+
+    /// `n` samples of two parts (`jpg`, `json`) with 20-byte keys, as `examples/energon_index.rs`.
+    fn samples(n: u64, salt: u64) -> Vec<SampleParts> {
+        (0..n)
+            .map(|i| {
+                let start = i * 4096;
+                let part = |ext: &str, data: u64, size: u64| Part {
+                    path: format!("{i:016}.{ext}"),
+                    ext: ext.to_string(),
+                    data,
+                    size,
+                };
+                SampleParts {
+                    key: format!("img/{:016x}", i.wrapping_mul(0x9e37_79b9) ^ salt),
+                    start,
+                    len: 4096,
+                    parts: vec![
+                        part("jpg", start + 512, 2000),
+                        part("json", start + 3072, 300),
+                    ],
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn writers_rows_reach_rank_0_whole_from_other_nodes() {
+        // Rank 0's node (rank 0 alone) and another node (ranks 1 and 2, one disk).
+        let (lead, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // Shard 1's rows take several rounds.
+        let own: [&[u64]; 3] = [&[0], &[1, 3], &[2]];
+        let counts = [5, 30_000, 7, 0];
+        let out = LocalComm::run(3, |c| {
+            let staging = if c.rank() == 0 {
+                lead.path()
+            } else {
+                other.path()
+            };
+            for &s in own[c.rank()] {
+                let shard = staging.join(format!("{s}.tar"));
+                write_shard(staging, &shard, s, &samples(counts[s as usize], s), true)?;
+            }
+            rows_to_lead(c, staging, own[c.rank()], c.rank() != 0, true)
+        });
+        assert!(out.iter().all(Result::is_ok), "{out:?}");
+        assert!(fs::metadata(rows_path(other.path(), 1)).unwrap().len() > 2 * ROWS_ROUND);
+        for s in 0..4 {
+            let from = if s == 0 { lead.path() } else { other.path() };
+            for file in [rows_path, digest_path] {
+                let (got, sent) = (file(lead.path(), s), file(from, s));
+                assert_eq!(fs::read(&got).unwrap(), fs::read(&sent).unwrap(), "{got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_writers_rows_take_under_100_bytes_a_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 100_000;
+        write_shard(
+            dir.path(),
+            &dir.path().join("0.tar"),
+            0,
+            &samples(n, 0),
+            true,
+        )
+        .unwrap();
+        let bytes = fs::metadata(rows_path(dir.path(), 0)).unwrap().len();
+        println!(
+            "{bytes} bytes of rows for {n} samples: {} a sample",
+            bytes / n
+        );
+        assert!(bytes < 100 * n, "{bytes} bytes for {n} samples");
+    }
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()

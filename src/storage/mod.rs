@@ -138,6 +138,27 @@ pub(crate) trait Input: Send + Sync {
     /// The backend's own type, for fast paths between two objects of one backend
     /// ([`Output::copy_from`]).
     fn as_any(&self) -> &dyn Any;
+
+    /// How the exchange reads its samples best ([`Reads`]).
+    fn reads(&self) -> Reads {
+        Reads::Stream
+    }
+}
+
+/// How the exchange reads an input's samples best.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reads {
+    /// Consecutive bytes of one object (a tar shard): small samples through a large read
+    /// window, this rank's own samples copied inside the storage where it can.
+    Stream,
+    /// Bytes gathered from many local files, each read whole by its own `pread` (a view of
+    /// loose files): a sample is read straight into its place in the send buffer (through a
+    /// window its bytes would only be copied once more), and never copied inside the storage
+    /// (there is no one file to copy from).
+    PerSample,
+    /// Bytes gathered from many objects of a store: through the read window, whose objects
+    /// are fetched together, and never copied inside the storage.
+    Batched,
 }
 
 /// Reads until `buf` is full or the input ends, at `offset` of `input`: the count read.

@@ -19,7 +19,9 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Capabilities, Entry, FileStamp, Input, OpenInput, Output, Sink, Source, Stat, Writer};
+use super::{
+    Capabilities, Entry, FileStamp, Input, OpenInput, Output, Reads, Sink, Source, Stat, Writer,
+};
 use crate::throttle;
 
 /// A backend whose transfers keep to the run's rate limits.
@@ -80,6 +82,10 @@ impl Input for PacedInput {
     /// it through the wrapper.
     fn as_any(&self) -> &dyn Any {
         self.0.as_any()
+    }
+
+    fn reads(&self) -> Reads {
+        self.0.reads()
     }
 }
 

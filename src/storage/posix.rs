@@ -129,23 +129,38 @@ pub fn facts(path: &Path, follow: bool) -> io::Result<FileFacts> {
     Ok(facts_of(&meta))
 }
 
-/// A loose file open for reading (see [`open_loose`]).
+/// A loose file open for reading (see [`LooseDir::open`]).
 pub struct LooseFile(File);
 
-/// Opens the loose file at `path` for reading. `O_NONBLOCK`, so that a FIFO put where a regular
-/// file was listed never blocks the open (the caller checks the kind in the facts returned, and
-/// reads nothing from anything but a regular file).
-///
-/// # Errors
-/// It cannot be opened or examined.
-pub fn open_loose(path: &Path) -> io::Result<(LooseFile, FileFacts)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    let facts = facts_of(&file.metadata()?);
-    Ok((LooseFile(file), facts))
+/// A directory of loose files open for opening them ([`LooseDir::open`]); `O_PATH`: it is
+/// never read.
+pub struct LooseDir(File);
+
+impl LooseDir {
+    /// Opens the directory at `path` (a link to a directory is followed).
+    ///
+    /// # Errors
+    /// It cannot be opened, or is not a directory.
+    pub fn new(path: &Path) -> io::Result<LooseDir> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(path)?;
+        Ok(LooseDir(dir))
+    }
+
+    /// Opens the loose file `name` (relative) in this directory for reading, without
+    /// examining it: its path is resolved from the directory, not again from the root. The
+    /// caller checks its [`LooseFile::facts`] after reading and uses no byte of anything but the
+    /// regular file it listed. `O_NONBLOCK`, so that a FIFO or device put where a regular file
+    /// was listed never blocks the open or a read (a `pread` of a FIFO fails at once, `ESPIPE`).
+    ///
+    /// # Errors
+    /// It cannot be opened.
+    pub fn open(&self, name: &[u8]) -> io::Result<LooseFile> {
+        sys::open_nonblocking_at(&self.0, name).map(LooseFile)
+    }
 }
 
 impl LooseFile {

@@ -19,10 +19,18 @@ pub(crate) struct HeaderFields<'a> {
     pub(crate) mtime: i64,
 }
 
+/// Whether `fields` need PAX records (see [`pax_records`]).
+fn needs_pax(fields: &HeaderFields<'_>) -> bool {
+    fields.name.len() > 100 || fields.size > OCTAL_11
+}
+
 /// The PAX records `fields` need: `path` for a name over 100 bytes, `size` for a size that
 /// 11 octal digits cannot hold.
 fn pax_records(fields: &HeaderFields<'_>) -> Vec<u8> {
     let mut out = Vec::new();
+    if !needs_pax(fields) {
+        return out;
+    }
     if fields.name.len() > 100 {
         pax_record(&mut out, b"path", fields.name);
     }
@@ -55,6 +63,10 @@ pub(crate) fn padded(n: u64) -> u64 {
 /// The bytes of the member's header records (PAX header and its records, if any, then the
 /// ustar header): a multiple of 512.
 pub(crate) fn header_len(fields: &HeaderFields<'_>) -> u64 {
+    // Asked for every member a read passes: without the records' allocation when none are due.
+    if !needs_pax(fields) {
+        return BLOCK;
+    }
     let pax = pax_records(fields).len() as u64;
     if pax == 0 {
         BLOCK
@@ -102,16 +114,23 @@ fn ustar(name: &[u8], size: u64, mode: u32, mtime: u64, typeflag: u8) -> [u8; 51
     h[148..156].fill(b' ');
     let sum: u64 = h.iter().map(|&b| u64::from(b)).sum();
     // Six digits, NUL, space: what GNU tar writes.
-    h[148..154].copy_from_slice(format!("{sum:06o}").as_bytes());
-    h[154] = 0;
+    octal(&mut h[148..155], sum);
     h
 }
 
-/// `value` in octal, zero-padded to fill the field but its last byte (a NUL).
-fn octal(field: &mut [u8], value: u64) {
+/// `value` in octal, zero-padded to fill the field but its last byte (a NUL). Digit by digit,
+/// not through `format!`: a header is made for every file a read passes (at 200,000 files of
+/// 8 KiB the formatting was 4% of a run's CPU). Every value fits its field (the callers clamp).
+fn octal(field: &mut [u8], mut value: u64) {
     let digits = field.len() - 1;
-    let text = format!("{value:0digits$o}");
-    field[..digits].copy_from_slice(text.as_bytes());
+    debug_assert!(
+        digits >= 22 || value >> (3 * digits) == 0,
+        "{value:o} fits {digits} digits"
+    );
+    for d in field[..digits].iter_mut().rev() {
+        *d = b'0' + (value & 7) as u8;
+        value >>= 3;
+    }
     field[digits] = 0;
 }
 
@@ -165,6 +184,22 @@ mod tests {
         let e = entries.next().unwrap().unwrap();
         assert_eq!(e.path_bytes().as_ref(), name.as_bytes());
         assert_eq!(e.size(), size);
+    }
+
+    /// The octal fields are what `format!` writes, at every width a header uses, from zero to
+    /// the largest value each holds.
+    #[test]
+    fn octal_fields_match_formatted_octal() {
+        for digits in [6usize, 7, 11] {
+            let top = (1u64 << (3 * digits)) - 1;
+            for value in [0, 1, 7, 8, 0o644, 0o7777, 123_456, top / 3, top - 1, top] {
+                let value = value.min(top);
+                let mut field = vec![b'x'; digits + 1];
+                octal(&mut field, value);
+                let want = format!("{value:0digits$o}\0");
+                assert_eq!(field, want.as_bytes(), "{value} in {digits} digits");
+            }
+        }
     }
 
     #[test]

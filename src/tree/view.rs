@@ -6,14 +6,14 @@ use std::any::Any;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
 use crate::storage::posix::{self, FileFacts};
 use crate::storage::s3::loose::Wanted;
 use crate::storage::s3::Objects;
-use crate::storage::{objects, FileStamp, Input, Kind};
+use crate::storage::{objects, FileStamp, Input, Kind, Reads};
 use crate::tree::header::{header_len, padded, write_header, HeaderFields, BLOCK};
 
 /// One member of a unit's tar view.
@@ -140,6 +140,8 @@ pub(crate) struct View {
     /// Set by [`Input::advise_random`] (the index phase, which walks headers only): on object
     /// storage too, a read then ends where the next object's data starts (see `read_at`).
     headers_only: AtomicBool,
+    /// The directory of the last file opened (see [`open_file`]).
+    last_dir: LastDir,
 }
 
 impl View {
@@ -147,8 +149,36 @@ impl View {
         View {
             listing,
             headers_only: AtomicBool::new(false),
+            last_dir: Mutex::new(None),
         }
     }
+}
+
+/// A directory of a unit, relative to its root, and that directory open.
+type LastDir = Mutex<Option<(Vec<u8>, Arc<posix::LooseDir>)>>;
+
+/// Opens the file `rel` (relative to the listing's root) from its directory, which `last`
+/// keeps open: a unit's files come directory by directory, so each directory's path is
+/// resolved once and each file by its name alone (at 200,000 files under
+/// `/dev/shm/lf-bench/tree/DIR/`, the lookups of the whole path were about 3% of a run's CPU). A directory renamed
+/// or replaced during the run is still the one whose files were listed; each file is checked
+/// against its listing after it is read.
+fn open_file(listing: &Listing, last: &LastDir, rel: &[u8]) -> io::Result<posix::LooseFile> {
+    let (parent, name) = match rel.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => (&rel[..0], rel),
+    };
+    let mut held = last.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = match &*held {
+        Some((p, dir)) if p == parent => dir.clone(),
+        _ => {
+            let dir = Arc::new(posix::LooseDir::new(&file_path(&listing.root, parent))?);
+            *held = Some((parent.to_vec(), dir.clone()));
+            dir
+        }
+    };
+    drop(held);
+    dir.open(name)
 }
 
 impl Input for View {
@@ -177,7 +207,13 @@ impl Input for View {
             fill_objects(store, listing, buf, &data)?;
         } else {
             for (i, from, range) in data {
-                read_data(listing, &listing.members[i], &mut buf[range], from)?;
+                read_data(
+                    listing,
+                    &self.last_dir,
+                    &listing.members[i],
+                    &mut buf[range],
+                    from,
+                )?;
             }
         }
         Ok(done)
@@ -189,6 +225,14 @@ impl Input for View {
 
     fn advise_random(&self) {
         self.headers_only.store(true, Ordering::Relaxed);
+    }
+
+    fn reads(&self) -> Reads {
+        if objects(&self.listing.root).is_some() {
+            Reads::Batched
+        } else {
+            Reads::PerSample
+        }
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -300,9 +344,22 @@ fn fill_objects(
 }
 
 /// Reads `buf.len()` bytes at `offset` of a member's content: a label's bytes, or the file's,
-/// checked unchanged since the walk before and after the read (a file that changed, vanished
-/// or became something else is an error naming it; its bytes are never used).
-fn read_data(listing: &Listing, m: &Member, buf: &mut [u8], offset: u64) -> io::Result<()> {
+/// checked unchanged since the walk once the bytes are read (a file that changed, vanished or
+/// became something else is an error naming it; its bytes are never used).
+///
+/// One `open`, one `pread` and one `fstat` a file: the `fstat` after the read sees any change
+/// made before the file was opened or while it was read (the kind, size and modification time
+/// are compared with the listing's, not with an earlier `fstat`), and the read cannot block
+/// on what is not a regular file (see [`posix::LooseDir::open`]). When the read fails or ends
+/// early, what the `fstat` says explains it if it can ("no longer a regular file" rather than
+/// the `pread`'s `ESPIPE`).
+fn read_data(
+    listing: &Listing,
+    last_dir: &LastDir,
+    m: &Member,
+    buf: &mut [u8],
+    offset: u64,
+) -> io::Result<()> {
     let rel = match &m.source {
         Bytes::Inline(bytes) => {
             buf.copy_from_slice(&bytes[offset as usize..offset as usize + buf.len()]);
@@ -312,16 +369,18 @@ fn read_data(listing: &Listing, m: &Member, buf: &mut [u8], offset: u64) -> io::
     };
     let path = file_path(&listing.root, rel);
     let failed = |what: String| io::Error::other(format!("{}: {what}", path.display()));
-    let (file, before) = posix::open_loose(&path).map_err(|e| {
+    let file = open_file(listing, last_dir, rel).map_err(|e| {
         failed(format!(
             "cannot open ({e}); it was listed as a file of {} bytes",
             m.size
         ))
     })?;
-    unchanged(m, &before).map_err(|what| failed(format!("{what} since it was listed")))?;
-    let n = file
-        .read_at(buf, offset)
-        .map_err(|e| failed(format!("read at byte {offset}: {e}")))?;
+    let read = file.read_at(buf, offset);
+    let now = file
+        .facts()
+        .map_err(|e| failed(format!("cannot stat: {e}")))?;
+    unchanged(m, &now).map_err(|what| failed(format!("{what} since it was listed")))?;
+    let n = read.map_err(|e| failed(format!("read at byte {offset}: {e}")))?;
     if n < buf.len() {
         return Err(failed(format!(
             "ended at byte {} while {} were listed: it changed during the run",
@@ -329,10 +388,6 @@ fn read_data(listing: &Listing, m: &Member, buf: &mut [u8], offset: u64) -> io::
             m.size
         )));
     }
-    let after = file
-        .facts()
-        .map_err(|e| failed(format!("cannot stat: {e}")))?;
-    unchanged(m, &after).map_err(|what| failed(format!("{what} while it was read")))?;
     Ok(())
 }
 
@@ -374,6 +429,81 @@ mod tests {
             mtime: 1,
             mtime_ns: 1_000_000_000,
             identity: 0,
+        }
+    }
+
+    /// A file is checked against its listing once it is read (one `fstat`, after the `pread`):
+    /// an unchanged one is read whole; one rewritten at the same size, cut, removed, or replaced
+    /// by a FIFO or a directory is refused naming it and saying what changed, and the FIFO's
+    /// read does not block.
+    #[test]
+    fn a_file_is_checked_against_its_listing_after_it_is_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let listed = |name: &str, bytes: &[u8]| {
+            let path = root.join(name);
+            std::fs::write(&path, bytes).unwrap();
+            let facts = posix::facts(&path, true).unwrap();
+            let mut m = member(
+                name,
+                Bytes::File(name.as_bytes().to_vec()),
+                facts.stamp.size,
+            );
+            m.mtime_ns = facts.stamp.mtime_ns;
+            (path, m)
+        };
+        let listing = Listing::new(root.to_path_buf(), Vec::new());
+        let last_dir = Mutex::new(None);
+        let read = |m: &Member| {
+            let mut buf = vec![0; m.size as usize];
+            read_data(&listing, &last_dir, m, &mut buf, 0)
+                .map(|()| buf)
+                .map_err(|e| e.to_string())
+        };
+        let (_, same) = listed("same.bin", b"unchanged bytes");
+        assert_eq!(read(&same).unwrap(), b"unchanged bytes");
+        // From one directory to another and back: each file from its own (the view keeps the
+        // last directory open), never a namesake in the one opened before.
+        std::fs::create_dir_all(root.join("sub/deeper")).unwrap();
+        let (_, deeper) = listed("sub/deeper/same.bin", b"other bytes, longer");
+        let (_, sub) = listed("sub/same.bin", b"a third file");
+        for (m, bytes) in [
+            (&deeper, &b"other bytes, longer"[..]),
+            (&sub, b"a third file"),
+            (&same, b"unchanged bytes"),
+            (&deeper, b"other bytes, longer"),
+        ] {
+            assert_eq!(read(m).unwrap(), bytes);
+        }
+        let mut refused = Vec::new();
+        let (path, m) = listed("rewritten.bin", b"0123456789");
+        std::fs::write(&path, b"9876543210").unwrap();
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(7))
+            .unwrap();
+        refused.push((
+            m,
+            "it changed: its modification time moved since it was listed",
+        ));
+        let (path, m) = listed("cut.bin", b"0123456789");
+        std::fs::write(&path, b"012").unwrap();
+        refused.push((m, "it changed: size 10 -> 3 bytes since it was listed"));
+        let (path, m) = listed("gone.bin", b"0123456789");
+        std::fs::remove_file(&path).unwrap();
+        refused.push((m, "cannot open"));
+        let (path, m) = listed("fifo.bin", b"0123456789");
+        std::fs::remove_file(&path).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.unwrap().success());
+        refused.push((m, "it is no longer a regular file since it was listed"));
+        let (path, m) = listed("dir.bin", b"0123456789");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        refused.push((m, "it is no longer a regular file since it was listed"));
+        for (m, says) in refused {
+            let err = read(&m).unwrap_err();
+            let name = std::str::from_utf8(&m.name).unwrap();
+            assert!(err.contains(name) && err.contains(says), "{name}: {err}");
         }
     }
 

@@ -10,16 +10,16 @@
 //! ([`crate::job::destination::upload`]), the heartbeats go to the bucket, and each node
 //! removes its own copy. One test at one moment, not a rule per call site: everything else is
 //! the file-system pipeline, which never needed another rank's files but for what rank 0 reads
-//! (the manifest's sizes and digests travel by message).
+//! (the manifest's sizes and digests travel by message, and so do `--energon`'s rows:
+//! [`crate::output::energon::rows_to_lead`]).
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 
-use crate::cli::resolve::UsageError;
-use crate::comm::{agree, agree_once, Comm};
+use crate::comm::{agree, Comm};
 use crate::config::{JobSettings, ResumeSettings};
 use crate::job::destination::staging::Staging;
 use crate::job::handoff::Setup;
@@ -41,8 +41,7 @@ pub(crate) enum Scratch {
 /// not, makes it on their nodes. Every rank returns the same kind.
 ///
 /// # Errors
-/// The directory cannot be made on a node, or the run asks for what needs one directory every
-/// rank sees: `--energon` (rank 0 reads every writer's rows), a [`UsageError`], said once.
+/// The directory cannot be made on a node.
 pub(crate) fn settle(comm: &impl Comm, settings: &JobSettings, setup: &Setup) -> Result<Scratch> {
     let (Some(staging), Some(target)) = (&setup.staging, &settings.upload.target) else {
         return Ok(Scratch::Shared);
@@ -57,20 +56,7 @@ pub(crate) fn settle(comm: &impl Comm, settings: &JobSettings, setup: &Setup) ->
     }
     // `--resume` needs no shared disk here: its records of the upload are in the bucket
     // (`upload::records`), and the exchange, which records nothing per node, runs again.
-    let why = if settings.finish.loaders.energon.is_some() {
-        Some("--energon needs every writer's index rows on one disk: give a --scratch every rank shares")
-    } else {
-        None
-    };
-    let refused = why.map_or(Ok(()), |why| {
-        Err(anyhow::Error::new(UsageError::new(anyhow!(
-            "--scratch: {} of {} ranks do not see the staging directory {} (the scratch directory is on each node's own disk); {why}",
-            unseen,
-            comm.size(),
-            staging.display()
-        ))))
-    });
-    agree_once(comm, refused)?;
+    // `--energon`'s rows reach rank 0 by message (`energon::rows_to_lead`).
     let made = if seen {
         Ok(())
     } else {

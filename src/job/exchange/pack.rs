@@ -10,7 +10,7 @@ use super::stages::{Packed, Stages, Work, CHUNK_HEADER};
 use crate::comm::wire::{ChunkHeader, Wire};
 use crate::input::InputShard;
 use crate::plan::placement::LocalSample;
-use crate::storage::{self, Input};
+use crate::storage::{self, Input, Reads};
 use crate::tar::check::{check_sample_at, check_sample_bytes};
 use crate::tar::codec::stream_name;
 use crate::tar::headers::{expect_header, BLOCK};
@@ -284,6 +284,11 @@ const IN_KERNEL: u64 = 64 << 10;
 /// Whether the own sample `s` is copied inside the kernel ([`IN_KERNEL`]). Alone, a rank copies
 /// every sample of a plain input so: its window would be a second read of all its input (on
 /// tmpfs, np=1, 4 KiB samples: 5.9 s of CPU against 4.9 s).
+/// Never a sample of loose files (an input whose bytes are gathered, not [`Reads::Stream`]):
+/// there is no one file to copy from, and the copy would go through a bounce buffer on the
+/// reader thread, header and data by separate writes, while the writer thread idles. Through
+/// the own segment the reader reads and the writer writes (each round sorted by output
+/// offset) at the same time.
 /// A sample whose place a saved index gave has its headers read before the copy ([`copy_own`]):
 /// only where that is a read of the page cache, a file. From an object store it would be more
 /// requests and bytes, so such a sample (`remote_saved`) goes through memory, walked there.
@@ -293,7 +298,8 @@ fn in_kernel(
     ranks: usize,
     remote_saved: bool,
 ) -> Result<bool> {
-    let plain = reader.file(s.shard as usize)?.1 == Codec::Plain;
+    let (file, codec) = reader.file(s.shard as usize)?;
+    let plain = codec == Codec::Plain && file.reads() == Reads::Stream;
     Ok(plain && !remote_saved && (s.len >= IN_KERNEL || ranks == 1))
 }
 

@@ -7,7 +7,7 @@ use std::ops::Range;
 use anyhow::{anyhow, Context, Result};
 
 use crate::input::InputShard;
-use crate::storage::{self, OpenInput};
+use crate::storage::{self, OpenInput, Reads};
 use crate::tar::codec::{self, Codec};
 
 /// Reads at least this large go straight into the caller's buffer instead of through the
@@ -16,7 +16,8 @@ use crate::tar::codec::{self, Codec};
 pub(super) const DIRECT: u64 = 64 << 10;
 
 /// Sequential reader over the input shards: small samples are served from a large read window,
-/// large ones are read straight into the send buffer.
+/// large ones, and every sample of an input read file by file ([`Reads::PerSample`]), are read
+/// straight into the send buffer.
 pub(super) struct InputReader<'a> {
     inputs: &'a [InputShard],
     /// The open input: shard, file, and how it is stored.
@@ -192,8 +193,9 @@ impl<'a> InputReader<'a> {
                     size
                 )
             };
-            if out.len() as u64 >= DIRECT.min(self.window.len() as u64 / 2) {
-                let file = self.file(shard)?.0;
+            let large = out.len() as u64 >= DIRECT.min(self.window.len() as u64 / 2);
+            let file = self.file(shard)?.0;
+            if large || file.reads() == Reads::PerSample {
                 storage::read_up_to_at(file.as_ref(), out, offset)
                     .with_context(|| {
                         format!("{}: cannot read at byte offset {offset}", path.display())

@@ -206,8 +206,11 @@ mod test_hooks {
         let Some(secs) = std::env::var(var).ok().and_then(|v| v.parse().ok()) else {
             return;
         };
-        // The pid, for a test that looks at the paused rank (its I/O priority, say).
-        let _ = std::fs::write(marker, std::process::id().to_string());
+        // The pid, for a test that looks at the paused rank (its I/O priority, say); written
+        // aside and renamed, so that a test never finds the marker there and still empty.
+        let aside = marker.with_extension("writing");
+        let _ = std::fs::write(&aside, std::process::id().to_string())
+            .and_then(|()| std::fs::rename(&aside, marker));
         let paused = std::time::Instant::now();
         while paused.elapsed() < Duration::from_secs(secs) && marker.exists() {
             std::thread::sleep(Duration::from_millis(50));

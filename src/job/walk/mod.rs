@@ -196,28 +196,10 @@ fn hand_over<C: Comm>(
             parts[owner].push((i as u64, listing));
         }
     }
-    let config = bincode::config::standard();
-    let mut send = Vec::new();
-    let mut ranges = Vec::with_capacity(ranks);
-    for part in &parts {
-        let start = send.len();
-        if !part.is_empty() {
-            send.extend(bincode::serde::encode_to_vec(part, config).context("listings")?);
-        }
-        ranges.push(start..send.len());
-    }
-    drop(parts);
-    let mut recv = Vec::new();
-    let got = comm.all_to_all(&send, &ranges, &mut recv);
-    drop(send);
-    for range in got.into_iter().filter(|r| !r.is_empty()) {
-        let (part, _): (Vec<(u64, Listing)>, _) =
-            bincode::serde::decode_from_slice(&recv[range], config).context("listings")?;
-        for (i, mut listing) in part {
-            listing.lay_out();
-            let path: PathBuf = inputs[i as usize].path.clone();
-            tree::keep_listing(path, Arc::new(listing));
-        }
+    for (i, mut listing) in recut::exchange(comm, parts, "listings")? {
+        listing.lay_out();
+        let path: PathBuf = inputs[i as usize].path.clone();
+        tree::keep_listing(path, Arc::new(listing));
     }
     Ok(())
 }

@@ -266,7 +266,7 @@ fn regroup<C: Comm>(
         }
     }
     let mut got: BTreeMap<usize, Vec<Member>> = BTreeMap::new();
-    for (range, m) in exchange(comm, parts)? {
+    for (range, m) in exchange(comm, parts, "members")? {
         got.entry(range as usize).or_default().push(m);
     }
     let mut out = Vec::new();
@@ -284,14 +284,25 @@ fn regroup<C: Comm>(
     Ok(out)
 }
 
-/// `parts[d]` sent to rank `d`; what every rank sent this one, in rank order.
-fn exchange<C: Comm>(comm: &C, parts: Vec<Vec<(u64, Member)>>) -> Result<Vec<(u64, Member)>> {
+/// Sends `parts[r]` to rank `r` (one all-to-all, each part bincode-encoded; an empty part
+/// sends nothing) and returns what every rank sent this one, in rank order. `what` names the
+/// items in an error.
+///
+/// # Errors
+/// A part cannot be encoded or decoded.
+pub(super) fn exchange<C: Comm, T: Serialize + DeserializeOwned>(
+    comm: &C,
+    parts: Vec<Vec<T>>,
+    what: &'static str,
+) -> Result<Vec<T>> {
     let config = bincode::config::standard();
     let mut send = Vec::new();
     let mut ranges = Vec::with_capacity(parts.len());
     for part in &parts {
         let start = send.len();
-        send.extend(bincode::serde::encode_to_vec(part, config).context("members")?);
+        if !part.is_empty() {
+            send.extend(bincode::serde::encode_to_vec(part, config).context(what)?);
+        }
         ranges.push(start..send.len());
     }
     drop(parts);
@@ -299,9 +310,9 @@ fn exchange<C: Comm>(comm: &C, parts: Vec<Vec<(u64, Member)>>) -> Result<Vec<(u6
     let got = comm.all_to_all(&send, &ranges, &mut recv);
     drop(send);
     let mut out = Vec::new();
-    for range in got {
-        let (part, _): (Vec<(u64, Member)>, _) =
-            bincode::serde::decode_from_slice(&recv[range], config).context("members")?;
+    for range in got.into_iter().filter(|r| !r.is_empty()) {
+        let (part, _): (Vec<T>, _) =
+            bincode::serde::decode_from_slice(&recv[range], config).context(what)?;
         out.extend(part);
     }
     Ok(out)

@@ -93,6 +93,11 @@ impl RemoteLock {
         })
     }
 
+    /// The output's lock: the run's one lock, its token the run's one token.
+    pub(crate) fn lock(&self) -> &OutputLock {
+        &self.lock
+    }
+
     /// That the lock still holds this run's token (right before the manifest is written).
     fn check_owned(&self) -> Result<()> {
         self.lock.check_held()
@@ -129,6 +134,10 @@ pub(crate) fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
         return Ok(None);
     }
     let mut lock = RemoteLock::acquire(target, cfg.lock_stale_after)?;
+    if let Some(dead) = lock.lock.dead_predecessor() {
+        // Its pid proved it dead: what it could not remove itself, and only what is its.
+        crate::job::destination::scratch::remove_dead_heartbeats(target, dead);
+    }
     if storage::source(target).stat(&target.join(REMOVING)).is_ok() {
         // A `--keep` run began removing this output: with its `index.json` gone, finish that
         // (it is reshard's, and no output any more); with it there, the removal never began.

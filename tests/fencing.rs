@@ -336,10 +336,11 @@ fn the_rules_of_outputs_hold_on_every_store() {
         for (i, (what, flags, status, says)) in table.into_iter().enumerate() {
             let out = format!("case-{i}");
             if what.starts_with("a reshard output") {
-                // Replaced whole (on a file system) or but for the objects its manifest does
-                // not list (on S3): the user's file inside it is no rule's concern here.
+                // The one of more shards with loader indexes (every shard's, and energon's
+                // `.nv-meta/`), which the new output, without them, does not write again.
                 let more = what.ends_with("more shards");
-                ok(store.run(&dir, &out, if more { &["--shards", "3"] } else { &[] }));
+                let loaders: &[&str] = &["--shards", "3", "--dali-index", "--energon"];
+                ok(store.run(&dir, &out, if more { loaders } else { &[] }));
             }
             store.put(&dir, &format!("{out}/mine.txt"), b"the user's own");
             if what == "a copied index.json" {
@@ -354,15 +355,30 @@ fn the_rules_of_outputs_hold_on_every_store() {
                     "the user's file stays",
                 );
             }
-            // What the new output replaced goes after the commit, a shard it does not name
-            // with its saved index (the bug: on S3 the saved index stayed under the new output).
+            // Nothing of what the new output replaced is left after the commit, on either
+            // store: a shard it does not name with its saved index (the bug: on S3 the saved
+            // index stayed under the new output), every loader index (on S3 those of a shard
+            // beyond the new count, and `.nv-meta/`, stayed), and what else the replaced
+            // output held (a file system replaces the directory whole).
+            let replaced: &[&str] = if status == 0 { &["mine.txt"] } else { &[] };
             for gone in [
                 "shard-000002.tar",
                 ".reshard/shard-000002.tar.reshard-layout",
-            ] {
+                "shard-000002.idx",
+                "shard-000002.tar.idx",
+                "shard-000000.idx",
+                ".nv-meta/index.sqlite",
+            ]
+            .iter()
+            .chain(replaced)
+            {
                 let left = store.get(&dir, &format!("{out}/{gone}"));
                 res.check(left.is_none(), &format!("{what}: {gone} is left"));
             }
+            res.check(
+                !store.anything_of(&dir, &format!("{out}/.nv-meta")),
+                &format!("{what}: .nv-meta/ is left"),
+            );
         }
         // --keep 1 over a series holding a directory with a copied index.json: it stays.
         store.put(&dir, "series/epoch-0/index.json", &copied);

@@ -334,8 +334,10 @@ fn restage(local: &Path) -> Result<bool> {
     Ok(true)
 }
 
-/// What is at the output now: nothing, or with `--force` a reshard output whose manifest's
-/// shards, with their saved indexes, the new output replaces.
+/// What is at the output now: nothing, or with `--force` a reshard output, every object under
+/// whose prefix the new output replaces, as a file system's `--force` replaces the directory
+/// whole: its shards and their saved and loader indexes (of shards beyond the new count too),
+/// its `.nv-meta/` and whatever else it held, so that nothing of it is left beside the new one.
 fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
     // The one rule of what a run may replace, on every store (destination::life).
     if !may_replace(
@@ -346,20 +348,8 @@ fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
     )? {
         return Ok(Vec::new());
     }
-    let mut names: Vec<String> = match crate::job::destination::owned::OutputManifest::read(target)
-    {
-        Ok(m) => m.shardlist.into_iter().map(|s| s.url).collect(),
-        Err(why) => bail!("--output {}: {why}", target.display()),
-    };
+    let mut names: Vec<String> = files_of(target, false)?.into_iter().map(|f| f.0).collect();
     names.retain(|n| is_own_name(n));
-    // A replaced shard's saved index is of the replaced output too: it goes with its shard (on
-    // a file system the whole directory goes), or it would outlive it under the new output.
-    let layouts: Vec<String> = names
-        .iter()
-        .map(|n| saved_index::path_for(Path::new(n), None))
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    names.extend(layouts);
     Ok(names)
 }
 

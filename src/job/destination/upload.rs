@@ -522,6 +522,7 @@ pub(crate) fn run(
     agree(comm, sent.map(|_| ())).with_context(|| {
         fenced::lost(fence, target).unwrap_or_else(|| not_published(target, local, per_node))
     })?;
+    crate::hooks::kill_at(comm.rank(), "uploaded");
     let finished = (comm.rank() == 0).then(|| finish(cfg, local, &dealt, &kept, lock));
     broadcast_result(comm, 0, finished)?;
     if copy != local {

@@ -1,10 +1,8 @@
 //! The bucket `--resume` of an `s3://` output (issue 37): what a killed run recorded in the
 //! bucket is kept by a resumed run that has none of its staged files (another scratch, as on
 //! another node), the very objects, and the output is the uninterrupted run's bytes. Here: the
-//! shards of a `--split` output's splits, and a shard the killed run created again before its
-//! manifest.
-
-use std::path::Path;
+//! shards of a `--split` output's splits (a shard created again before its manifest: on Azurite,
+//! whose ETags are not of the content, in `cloud`).
 
 use crate::util::data::sized;
 use crate::util::lock::wait_until;
@@ -140,67 +138,4 @@ fn a_killed_split_output_resumes_from_the_bucket_keeping_its_recorded_split_shar
         "killed with {shards} of 6 shards up, {} recorded ({kept:?}): all kept",
         kept.len()
     );
-}
-
-/// A run (1 rank, 2 shards of multipart uploads) pauses in its last shard's upload; meanwhile
-/// another writer puts an object over its first shard, already created and recorded. The run
-/// finds it before its manifest, removes it and creates its shard again, then dies (SIGKILL,
-/// `RESHARD_TEST_KILL=0:uploaded`) before its manifest. `--resume` on another scratch keeps
-/// both shards, the one created again too (its record was written again with the new ETag),
-/// and publishes the clean run's bytes. Before, the record of the first create stayed, its ETag
-/// no longer the object's: the resumed run uploaded that shard again.
-#[test]
-fn a_shard_created_again_before_its_manifest_is_kept_by_a_resume() {
-    let test = "a_shard_created_again_before_its_manifest_is_kept_by_a_resume";
-    let dir = Dir::new("s3-resume-recreated");
-    sized(&dir, "in", "40MiB", "64KiB", 2);
-    run(&dir, Some(1), &["in"], "ref", 2, 7, &[]);
-    let Some(s3) = crate::util::s3::server(test) else {
-        return;
-    };
-    let bucket = s3.bucket(&dir, test);
-    let output = format!("s3://{bucket}/out");
-    let paused = dir.join(format!(
-        "scratch-killed/reshard-scratch/{bucket}/.paused-upload-0"
-    ));
-    let killed = std::thread::scope(|scope| {
-        let job = scope.spawn(|| {
-            let mut cmd = dir.mpi(1);
-            cmd.args(["run", "--input", "in", "--output", &output, "--seed", "7"])
-                .args(["--shards", "2", "--scratch"])
-                .arg(dir.join("scratch-killed"))
-                .env("RESHARD_TEST_PAUSE_UPLOAD", "300")
-                .env("RESHARD_TEST_KILL", "0:uploaded");
-            s3.with_env(&mut cmd).output()
-        });
-        wait_until("the run pauses in its last shard's upload", || {
-            paused.exists()
-        });
-        assert_eq!(recorded(&dir, s3, &bucket), ["shard-000000.tar"]);
-        s3.put_bytes(&dir, &bucket, "out/shard-000000.tar", b"not the run's");
-        remove(&paused);
-        job.join().unwrap()
-    });
-    killed.check(killed.code() != Some(0), "the run was killed");
-    killed.stderr_has("was there before this run created it");
-    killed.stderr_has("now dies (SIGKILL) at uploaded");
-    let shards = [
-        "shard-000000.tar".to_string(),
-        "shard-000001.tar".to_string(),
-    ];
-    let before = stamps(&dir, s3, &bucket, &shards);
-
-    let mut cmd = dir.mpi(1);
-    cmd.args(["run", "--input", "in", "--output", &output, "--seed", "7"])
-        .args(["--shards", "2", "--resume", "--scratch"])
-        .arg(dir.join("scratch-resumed"));
-    let resumed = s3.with_env(&mut cmd).output();
-    resumed.check(resumed.code() == Some(0), "expected success");
-    resumed.stderr_has("kept 2 shard(s) the earlier run uploaded completely");
-    assert_eq!(stamps(&dir, s3, &bucket, &shards), before, "uploaded again");
-    only_the_output(&dir, s3, &bucket, "ref", false);
-}
-
-fn remove(path: &Path) {
-    std::fs::remove_file(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }

@@ -6,7 +6,7 @@ use std::any::Any;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -30,10 +30,20 @@ pub(crate) struct Member {
     /// read checks unchanged).
     pub(crate) mtime: i64,
     pub(crate) mtime_ns: i128,
-    /// On object storage, a hash of the ETag listed (what a read checks unchanged with the
-    /// size); 0 for a file or a label.
+    /// A file's inode; on object storage, a hash of the ETag listed (what a read checks
+    /// unchanged with the size); 0 for a label.
     #[serde(default)]
     pub(crate) identity: u64,
+    /// A file's status-change time in nanoseconds (a user can set the modification time back,
+    /// `touch -r`, `cp -p`, but not this one); on object storage the last-modified time; 0
+    /// for a label. Never in a header.
+    #[serde(default)]
+    pub(crate) ctime_ns: i128,
+    /// The file system the walk found a file on, as the walking host sees it ([`volume`]): the
+    /// inode is compared only by a reader that sees the same (inode numbers, like device
+    /// numbers, may differ between hosts). 0: unknown, or not a file. Not in the digest.
+    #[serde(default)]
+    pub(crate) volume: u64,
 }
 
 /// Where a member's bytes are.
@@ -86,11 +96,20 @@ impl Listing {
     }
 
     /// A digest of what the walk saw: every member's name, source, size, mode, times and
-    /// identity, in order. A resumed run checks each unit unchanged by it.
+    /// identity, in order (not its [`Member::volume`], which names the walking host). A resumed
+    /// run checks each unit unchanged by it.
     pub(crate) fn digest(&self) -> u128 {
         use md5::Digest;
-        let bytes = bincode::serde::encode_to_vec(&self.members, bincode::config::standard())
-            .unwrap_or_default();
+        let seen: Vec<_> = self
+            .members
+            .iter()
+            .map(|m| {
+                let times = (m.mtime, m.mtime_ns, m.ctime_ns);
+                (&m.name, &m.source, m.size, m.mode, times, m.identity)
+            })
+            .collect();
+        let bytes =
+            bincode::serde::encode_to_vec(&seen, bincode::config::standard()).unwrap_or_default();
         u128::from_be_bytes(md5::Md5::digest(&bytes).into())
     }
 
@@ -108,12 +127,12 @@ impl Listing {
 }
 
 impl Member {
-    /// What the walk saw of the member's file: its size, modification time and identity.
+    /// What the walk saw of the member's file: its size, times and identity.
     pub(crate) fn stamp(&self) -> FileStamp {
         FileStamp {
             size: self.size,
             mtime_ns: self.mtime_ns,
-            ctime_ns: 0,
+            ctime_ns: self.ctime_ns,
             dev: 0,
             identity: self.identity,
         }
@@ -379,7 +398,7 @@ fn read_data(
     let now = file
         .facts()
         .map_err(|e| failed(format!("cannot stat: {e}")))?;
-    unchanged(m, &now).map_err(|what| failed(format!("{what} since it was listed")))?;
+    unchanged(m, &now).map_err(failed)?;
     let n = read.map_err(|e| failed(format!("read at byte {offset}: {e}")))?;
     if n < buf.len() {
         return Err(failed(format!(
@@ -391,21 +410,64 @@ fn read_data(
     Ok(())
 }
 
-/// Whether the open file is the regular file the walk listed, with the same size and mtime.
+/// Whether the open file is the regular file the walk listed, as it was: the same kind, size,
+/// modification and status-change times, and (where the reader sees the file system the walk
+/// saw, [`Member::volume`]) the same inode; else what changed. A file rewritten at its size
+/// with its modification time put back (`touch -r`, `cp -p`, `rsync -t`) still has a new
+/// status-change time, which no user can set; one replaced by rename has another inode.
 fn unchanged(m: &Member, now: &FileFacts) -> Result<(), String> {
+    let since = "since it was listed";
     if now.kind != Kind::File {
-        return Err("it is no longer a regular file".into());
+        return Err(format!("it is no longer a regular file {since}"));
     }
     if now.stamp.size != m.size {
         return Err(format!(
-            "it changed: size {} -> {} bytes",
+            "it changed: size {} -> {} bytes {since}",
             m.size, now.stamp.size
         ));
     }
     if now.stamp.mtime_ns != m.mtime_ns {
-        return Err("it changed: its modification time moved".into());
+        return Err(format!("it changed: its modification time moved {since}"));
+    }
+    if m.volume != 0 && volume(now.stamp.dev) == m.volume && now.stamp.identity != m.identity {
+        return Err(format!(
+            "it was replaced {since}: another file (inode {}, listed {}) is at its path, \
+             with the size and modification time listed",
+            now.stamp.identity, m.identity
+        ));
+    }
+    if now.stamp.ctime_ns != m.ctime_ns {
+        return Err(format!(
+            "it changed: its status-change time (ctime) moved {since}, its size and \
+             modification time as listed (rewritten and its time put back, or its mode, \
+             owner or links changed)"
+        ));
     }
     Ok(())
+}
+
+/// The file system of device `dev` as this host sees it, for [`Member::volume`]: a hash of
+/// this boot's id and the device number, never 0; 0 where the boot id is unknown. Another
+/// host (another boot id) never sees the same, so its reader does not compare inodes.
+pub(crate) fn volume(dev: u64) -> u64 {
+    static HOST: OnceLock<u64> = OnceLock::new();
+    let host = *HOST.get_or_init(|| {
+        use md5::Digest;
+        let boot = crate::sys::boot_id();
+        if boot.is_empty() {
+            return 0;
+        }
+        let d = md5::Md5::digest(boot.as_bytes());
+        u64::from_le_bytes(d[..8].try_into().expect("eight bytes")) | 1
+    });
+    if host == 0 {
+        return 0;
+    }
+    // splitmix64's finalizer over the host and the device.
+    let mut z = host ^ dev.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)).max(1)
 }
 
 /// The path of the file `rel` (relative, as bytes) under `root`.
@@ -419,6 +481,7 @@ mod tests {
     use super::*;
     use crate::storage::Sequential;
     use crate::tar::reader::HeaderReader;
+    use std::time::{Duration, UNIX_EPOCH};
 
     fn member(name: &str, source: Bytes, size: u64) -> Member {
         Member {
@@ -429,13 +492,32 @@ mod tests {
             mtime: 1,
             mtime_ns: 1_000_000_000,
             identity: 0,
+            ctime_ns: 0,
+            volume: 0,
+        }
+    }
+
+    /// Sets the modification time of `path` back to `m`'s, as `touch -r` does, until its
+    /// status-change time is not `m`'s (the kernel's clock may not have moved since `m` was
+    /// listed).
+    fn restore_mtime(path: &Path, m: &Member) {
+        let listed = UNIX_EPOCH + Duration::from_nanos(m.mtime_ns as u64);
+        loop {
+            let f = std::fs::File::options().write(true).open(path).unwrap();
+            f.set_modified(listed).unwrap();
+            let now = posix::facts(path, false).unwrap().stamp;
+            assert_eq!(now.mtime_ns, m.mtime_ns);
+            if now.ctime_ns != m.ctime_ns {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
     /// A file is checked against its listing once it is read (one `fstat`, after the `pread`):
-    /// an unchanged one is read whole; one rewritten at the same size, cut, removed, or replaced
-    /// by a FIFO or a directory is refused naming it and saying what changed, and the FIFO's
-    /// read does not block.
+    /// an unchanged one is read whole; one rewritten at the same size (its modification time
+    /// put back or not), replaced by rename, cut, removed, or replaced by a FIFO or a directory
+    /// is refused naming it and saying what changed, and the FIFO's read does not block.
     #[test]
     fn a_file_is_checked_against_its_listing_after_it_is_read() {
         let tmp = tempfile::tempdir().unwrap();
@@ -450,6 +532,9 @@ mod tests {
                 facts.stamp.size,
             );
             m.mtime_ns = facts.stamp.mtime_ns;
+            m.ctime_ns = facts.stamp.ctime_ns;
+            m.identity = facts.stamp.identity;
+            m.volume = volume(facts.stamp.dev);
             (path, m)
         };
         let listing = Listing::new(root.to_path_buf(), Vec::new());
@@ -500,6 +585,29 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         std::fs::create_dir(&path).unwrap();
         refused.push((m, "it is no longer a regular file since it was listed"));
+        // Rewritten at the same size, or replaced by rename, with the modification time put
+        // back (`touch -r`): the status-change time, and the inode, tell.
+        let (path, m) = listed("restored.bin", b"0123456789");
+        std::fs::write(&path, b"9876543210").unwrap();
+        restore_mtime(&path, &m);
+        refused.push((
+            m,
+            "its status-change time (ctime) moved since it was listed",
+        ));
+        let (path, m) = listed("renamed.bin", b"0123456789");
+        let aside = root.join("renamed.new");
+        std::fs::write(&aside, b"9876543210").unwrap();
+        restore_mtime(&aside, &m);
+        std::fs::rename(&aside, &path).unwrap();
+        refused.push((
+            m.clone(),
+            "it was replaced since it was listed: another file",
+        ));
+        // Listed on another host (another volume): the inode is not compared, the rest is.
+        let mut elsewhere = m;
+        let facts = posix::facts(&path, false).unwrap();
+        (elsewhere.ctime_ns, elsewhere.volume) = (facts.stamp.ctime_ns, elsewhere.volume ^ 1);
+        assert_eq!(read(&elsewhere).unwrap(), b"9876543210");
         for (m, says) in refused {
             let err = read(&m).unwrap_err();
             let name = std::str::from_utf8(&m.name).unwrap();

@@ -31,7 +31,7 @@ use crate::storage::posix::{self, FileFacts, Posix};
 use crate::storage::s3::Objects;
 use crate::storage::{objects, Kind, Source};
 use crate::tar::key::{extension, sample_key};
-use crate::tree::view::{file_path, Bytes, Listing, Member};
+use crate::tree::view::{file_path, volume, Bytes, Listing, Member};
 use crate::tree::Unit;
 
 /// The mode every object's member gets (on object storage): what a file downloaded under the
@@ -136,6 +136,7 @@ pub(crate) fn walk_unit(root: &Path, unit: &Unit, rules: &Rules) -> Result<(List
     // once regrouped: it gets no labels.
     let by_rule = rules.key_regex.is_some() && unit.dir.is_empty() && unit.deep;
     let mut skips = Skips::default();
+    let local = objects(root).is_none();
     let files = if let Some(store) = objects(root) {
         object_files(store, root, unit, &mut skips)?
     } else {
@@ -144,7 +145,7 @@ pub(crate) fn walk_unit(root: &Path, unit: &Unit, rules: &Rules) -> Result<(List
     let mut found = Vec::with_capacity(files.len());
     for (rel, facts) in files {
         let held = by_rule || sample_key(&rel).is_none_or(|k| unit.holds(k));
-        match keyed(root, rel, &facts, regex.as_ref())? {
+        match keyed(root, rel, &facts, regex.as_ref(), local)? {
             Some(k) if by_rule && !unit.holds(&k.key) => {}
             Some(k) if held => found.push(k),
             Some(_) => {}
@@ -316,6 +317,7 @@ fn keyed(
     rel: Vec<u8>,
     facts: &posix::FileFacts,
     regex: Option<&Regex>,
+    local: bool,
 ) -> Result<Option<Keyed>> {
     let ext = extension(&rel).to_vec();
     let key = match regex {
@@ -357,6 +359,8 @@ fn keyed(
             mtime: i64::try_from(mtime_s).unwrap_or(0),
             mtime_ns: facts.stamp.mtime_ns,
             identity: facts.stamp.identity,
+            ctime_ns: facts.stamp.ctime_ns,
+            volume: if local { volume(facts.stamp.dev) } else { 0 },
         },
     }))
 }
@@ -430,6 +434,8 @@ fn label_group(root: &Path, mut group: Vec<Keyed>, label: &Label) -> Result<Vec<
             mtime: 0,
             mtime_ns: 0,
             identity: 0,
+            ctime_ns: 0,
+            volume: 0,
         },
     });
     group.sort_by(|a, b| a.member.name.cmp(&b.member.name));

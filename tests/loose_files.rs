@@ -414,15 +414,14 @@ fn an_interrupted_tree_resumes_to_identical_bytes_and_a_changed_one_is_refused()
         "the rerun reused what the stopped run had made durable",
     );
     crate::util::verifier::assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
-    // The same size, another modification time: the resume names the directory.
+    // Rewritten in place at the same size, its modification time put back (`touch -r`): only
+    // its status-change time tells, and the resume names the directory.
     stopped(&dir, 3, "again");
-    let victim = dir.join("many/d07/f00007.bin");
-    let bytes = fs::read(&victim).unwrap();
-    fs::remove_file(&victim).unwrap();
-    fs::write(&victim, &bytes).unwrap();
-    let file = fs::File::options().write(true).open(&victim).unwrap();
-    file.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000))
-        .unwrap();
+    let victim = "many/d07/f00007.bin";
+    tool(dir.path(), &["cp", "-p", victim, "before"]);
+    let size = fs::metadata(dir.join(victim)).unwrap().len() as usize;
+    fs::write(dir.join(victim), vec![b'x'; size]).unwrap();
+    tool(dir.path(), &["touch", "-r", "before", victim]);
     let res = slow_pack(&dir, 2, "again", &["--resume"]).assert_code(2);
     res.stderr_has("the loose files under many/d07 changed since that run");
 }

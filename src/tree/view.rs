@@ -6,7 +6,7 @@ use std::any::Any;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -39,9 +39,10 @@ pub(crate) struct Member {
     /// for a label. Never in a header.
     #[serde(default)]
     pub(crate) ctime_ns: i128,
-    /// The file system the walk found a file on, as the walking host sees it ([`volume`]): the
-    /// inode is compared only by a reader that sees the same (inode numbers, like device
-    /// numbers, may differ between hosts). 0: unknown, or not a file. Not in the digest.
+    /// The file system the walk found a file on, as the host that examined it sees it
+    /// ([`posix::volume`]): the inode is compared only by a reader that sees the same (inode
+    /// numbers, like device numbers, may differ between hosts). 0: unknown, or not a file.
+    /// Not in the digest.
     #[serde(default)]
     pub(crate) volume: u64,
 }
@@ -429,7 +430,7 @@ fn unchanged(m: &Member, now: &FileFacts) -> Result<(), String> {
     if now.stamp.mtime_ns != m.mtime_ns {
         return Err(format!("it changed: its modification time moved {since}"));
     }
-    if m.volume != 0 && volume(now.stamp.dev) == m.volume && now.stamp.identity != m.identity {
+    if m.volume != 0 && now.volume == m.volume && now.stamp.identity != m.identity {
         return Err(format!(
             "it was replaced {since}: another file (inode {}, listed {}) is at its path, \
              with the size and modification time listed",
@@ -444,30 +445,6 @@ fn unchanged(m: &Member, now: &FileFacts) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// The file system of device `dev` as this host sees it, for [`Member::volume`]: a hash of
-/// this boot's id and the device number, never 0; 0 where the boot id is unknown. Another
-/// host (another boot id) never sees the same, so its reader does not compare inodes.
-pub(crate) fn volume(dev: u64) -> u64 {
-    static HOST: OnceLock<u64> = OnceLock::new();
-    let host = *HOST.get_or_init(|| {
-        use md5::Digest;
-        let boot = crate::sys::boot_id();
-        if boot.is_empty() {
-            return 0;
-        }
-        let d = md5::Md5::digest(boot.as_bytes());
-        u64::from_le_bytes(d[..8].try_into().expect("eight bytes")) | 1
-    });
-    if host == 0 {
-        return 0;
-    }
-    // splitmix64's finalizer over the host and the device.
-    let mut z = host ^ dev.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    (z ^ (z >> 31)).max(1)
 }
 
 /// The path of the file `rel` (relative, as bytes) under `root`.
@@ -534,7 +511,7 @@ mod tests {
             m.mtime_ns = facts.stamp.mtime_ns;
             m.ctime_ns = facts.stamp.ctime_ns;
             m.identity = facts.stamp.identity;
-            m.volume = volume(facts.stamp.dev);
+            m.volume = facts.volume;
             (path, m)
         };
         let listing = Listing::new(root.to_path_buf(), Vec::new());

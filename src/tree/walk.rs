@@ -31,7 +31,7 @@ use crate::storage::posix::{self, FileFacts, Posix};
 use crate::storage::s3::Objects;
 use crate::storage::{objects, Kind, Source};
 use crate::tar::key::{extension, sample_key};
-use crate::tree::view::{file_path, volume, Bytes, Listing, Member};
+use crate::tree::view::{file_path, Bytes, Listing, Member};
 use crate::tree::Unit;
 
 /// The mode every object's member gets (on object storage): what a file downloaded under the
@@ -136,7 +136,6 @@ pub(crate) fn walk_unit(root: &Path, unit: &Unit, rules: &Rules) -> Result<(List
     // once regrouped: it gets no labels.
     let by_rule = rules.key_regex.is_some() && unit.dir.is_empty() && unit.deep;
     let mut skips = Skips::default();
-    let local = objects(root).is_none();
     let files = if let Some(store) = objects(root) {
         object_files(store, root, unit, &mut skips)?
     } else {
@@ -145,7 +144,7 @@ pub(crate) fn walk_unit(root: &Path, unit: &Unit, rules: &Rules) -> Result<(List
     let mut found = Vec::with_capacity(files.len());
     for (rel, facts) in files {
         let held = by_rule || sample_key(&rel).is_none_or(|k| unit.holds(k));
-        match keyed(root, rel, &facts, regex.as_ref(), local)? {
+        match keyed(root, rel, &facts, regex.as_ref())? {
             Some(k) if by_rule && !unit.holds(&k.key) => {}
             Some(k) if held => found.push(k),
             Some(_) => {}
@@ -305,6 +304,7 @@ fn object_files(
             kind: Kind::File,
             stamp: l.stamp,
             mode: OBJECT_MODE,
+            volume: 0,
         };
         out.push((join(&unit.dir, l.rel.as_bytes()), facts));
     }
@@ -317,7 +317,6 @@ fn keyed(
     rel: Vec<u8>,
     facts: &posix::FileFacts,
     regex: Option<&Regex>,
-    local: bool,
 ) -> Result<Option<Keyed>> {
     let ext = extension(&rel).to_vec();
     let key = match regex {
@@ -360,7 +359,7 @@ fn keyed(
             mtime_ns: facts.stamp.mtime_ns,
             identity: facts.stamp.identity,
             ctime_ns: facts.stamp.ctime_ns,
-            volume: if local { volume(facts.stamp.dev) } else { 0 },
+            volume: facts.volume,
         },
     }))
 }

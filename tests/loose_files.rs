@@ -580,4 +580,22 @@ fn key_regex_samples_across_directories_are_read_by_several_ranks_to_the_same_by
             assert!(got.contains_key(&format!("k{k:04}.{ext}")), "k{k:04}.{ext}");
         }
     }
+    // verify walks and regroups the root as run does: its input is read by several ranks too
+    // (it was one unit, read by one rank).
+    for np in [2, 3] {
+        let mut cmd = dir.mpi(np);
+        cmd.args(["verify", "--input-files", "t", "--output", "out1", "--json"])
+            .args(&regex[..2]);
+        let res = cmd.assert_success();
+        let report = crate::util::runs::report_json(&res);
+        assert_eq!(report["input_samples"], 3000, "np {np}");
+        let read: Vec<u64> = report["input_bytes_per_rank"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .collect();
+        assert_eq!(read.len(), np);
+        assert_shared(&read, np);
+    }
 }

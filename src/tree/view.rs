@@ -160,8 +160,8 @@ pub(crate) struct View {
     /// Set by [`Input::advise_random`] (the index phase, which walks headers only): on object
     /// storage too, a read then ends where the next object's data starts (see `read_at`).
     headers_only: AtomicBool,
-    /// The directory of the last file opened (see [`open_file`]).
-    last_dir: LastDir,
+    /// The directories of the files opened last (see [`open_file`]).
+    dirs: Mutex<OpenDirs>,
 }
 
 impl View {
@@ -169,35 +169,59 @@ impl View {
         View {
             listing,
             headers_only: AtomicBool::new(false),
-            last_dir: Mutex::new(None),
+            dirs: Mutex::default(),
         }
     }
 }
 
-/// A directory of a unit, relative to its root, and that directory open.
-type LastDir = Mutex<Option<(Vec<u8>, Arc<posix::LooseDir>)>>;
+/// At most this many directories of a unit stay open: a `--key-regex` unit's samples take
+/// their files from several directories (`images/K.jpg` beside `captions/K.txt`), and each
+/// directory is opened once for all of them, not once a file.
+const OPEN_DIRS: usize = 8;
 
-/// Opens the file `rel` (relative to the listing's root) from its directory, which `last`
-/// keeps open: a unit's files come directory by directory, so each directory's path is
-/// resolved once and each file by its name alone (at 200,000 files under
-/// `/dev/shm/lf-bench/tree/DIR/`, the lookups of the whole path were about 3% of a run's CPU). A directory renamed
-/// or replaced during the run is still the one whose files were listed; each file is checked
-/// against its listing after it is read.
-fn open_file(listing: &Listing, last: &LastDir, rel: &[u8]) -> io::Result<posix::LooseFile> {
+/// Directories of a unit (relative to its root) open, the most recently used last.
+#[derive(Default)]
+pub(crate) struct OpenDirs {
+    held: Vec<(Vec<u8>, Arc<posix::LooseDir>)>,
+    /// How many directories were opened.
+    opened: u64,
+}
+
+/// Opens the file `rel` (relative to the listing's root) from its directory, which `dirs`
+/// keeps open with the few used last: a unit's files come directory by directory (or, with
+/// `--key-regex`, from a few directories in turn), so each directory's path is resolved once
+/// and each file by its name alone (at 200,000 files under `/dev/shm/lf-bench/tree/DIR/`, the
+/// lookups of the whole path were about 3% of a run's CPU). A directory renamed or replaced
+/// during the run is still the one whose files were listed; each file is checked against its
+/// listing after it is read.
+fn open_file(
+    listing: &Listing,
+    dirs: &Mutex<OpenDirs>,
+    rel: &[u8],
+) -> io::Result<posix::LooseFile> {
     let (parent, name) = match rel.iter().rposition(|&b| b == b'/') {
         Some(i) => (&rel[..i], &rel[i + 1..]),
         None => (&rel[..0], rel),
     };
-    let mut held = last.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = match &*held {
-        Some((p, dir)) if p == parent => dir.clone(),
-        _ => {
+    let mut open = dirs.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = match open.held.iter().rposition(|(p, _)| p == parent) {
+        Some(i) => {
+            let used = open.held.remove(i);
+            let dir = used.1.clone();
+            open.held.push(used);
+            dir
+        }
+        None => {
             let dir = Arc::new(posix::LooseDir::new(&file_path(&listing.root, parent))?);
-            *held = Some((parent.to_vec(), dir.clone()));
+            if open.held.len() == OPEN_DIRS {
+                open.held.remove(0);
+            }
+            open.held.push((parent.to_vec(), dir.clone()));
+            open.opened += 1;
             dir
         }
     };
-    drop(held);
+    drop(open);
     dir.open(name)
 }
 
@@ -229,7 +253,7 @@ impl Input for View {
             for (i, from, range) in data {
                 read_data(
                     listing,
-                    &self.last_dir,
+                    &self.dirs,
                     &listing.members[i],
                     &mut buf[range],
                     from,
@@ -375,7 +399,7 @@ fn fill_objects(
 /// the `pread`'s `ESPIPE`).
 fn read_data(
     listing: &Listing,
-    last_dir: &LastDir,
+    dirs: &Mutex<OpenDirs>,
     m: &Member,
     buf: &mut [u8],
     offset: u64,
@@ -389,7 +413,7 @@ fn read_data(
     };
     let path = file_path(&listing.root, rel);
     let failed = |what: String| io::Error::other(format!("{}: {what}", path.display()));
-    let file = open_file(listing, last_dir, rel).map_err(|e| {
+    let file = open_file(listing, dirs, rel).map_err(|e| {
         failed(format!(
             "cannot open ({e}); it was listed as a file of {} bytes",
             m.size
@@ -515,17 +539,17 @@ mod tests {
             (path, m)
         };
         let listing = Listing::new(root.to_path_buf(), Vec::new());
-        let last_dir = Mutex::new(None);
+        let dirs = Mutex::default();
         let read = |m: &Member| {
             let mut buf = vec![0; m.size as usize];
-            read_data(&listing, &last_dir, m, &mut buf, 0)
+            read_data(&listing, &dirs, m, &mut buf, 0)
                 .map(|()| buf)
                 .map_err(|e| e.to_string())
         };
         let (_, same) = listed("same.bin", b"unchanged bytes");
         assert_eq!(read(&same).unwrap(), b"unchanged bytes");
         // From one directory to another and back: each file from its own (the view keeps the
-        // last directory open), never a namesake in the one opened before.
+        // directories used last open), never a namesake in another.
         std::fs::create_dir_all(root.join("sub/deeper")).unwrap();
         let (_, deeper) = listed("sub/deeper/same.bin", b"other bytes, longer");
         let (_, sub) = listed("sub/same.bin", b"a third file");
@@ -590,6 +614,41 @@ mod tests {
             let name = std::str::from_utf8(&m.name).unwrap();
             assert!(err.contains(name) && err.contains(says), "{name}: {err}");
         }
+    }
+
+    /// A unit whose samples take their files from a few directories in turn (as a
+    /// `--key-regex` unit of `jpgs/K.jpg`, `txts/K.txt` does) opens each directory once; one
+    /// of more directories than are kept open still reads every file from its own directory.
+    #[test]
+    fn files_from_a_few_directories_in_turn_open_each_directory_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let dirs_count = OPEN_DIRS + 2;
+        let mut members = Vec::new();
+        for k in 0..5 {
+            for d in 0..dirs_count {
+                let rel = format!("d{d}/k{k}.bin");
+                std::fs::create_dir_all(root.join(format!("d{d}"))).unwrap();
+                std::fs::write(root.join(&rel), rel.as_bytes()).unwrap();
+                let facts = posix::facts(&root.join(&rel), false).unwrap();
+                let mut m = member(&rel, Bytes::File(rel.as_bytes().to_vec()), facts.stamp.size);
+                m.mtime_ns = facts.stamp.mtime_ns;
+                (m.ctime_ns, m.identity) = (facts.stamp.ctime_ns, facts.stamp.identity);
+                members.push((d, m));
+            }
+        }
+        let listing = Listing::new(root.to_path_buf(), Vec::new());
+        let read_all = |dirs: &Mutex<OpenDirs>, within: usize| {
+            for (_, m) in members.iter().filter(|(d, _)| *d < within) {
+                let mut buf = vec![0; m.size as usize];
+                read_data(&listing, dirs, m, &mut buf, 0).unwrap();
+                assert_eq!(buf, m.name, "{}", String::from_utf8_lossy(&m.name));
+            }
+            dirs.lock().unwrap().opened
+        };
+        assert_eq!(read_all(&Mutex::default(), 4), 4);
+        // Ten directories in turn, eight kept: each file still from its own.
+        assert!(read_all(&Mutex::default(), dirs_count) >= dirs_count as u64);
     }
 
     /// The index pass reads only headers: it indexes a unit whose files are gone (a read of

@@ -245,6 +245,16 @@ pub(crate) struct Capabilities {
     pub(crate) symlinks: bool,
 }
 
+impl Capabilities {
+    /// The one predicate of how an output's life commits on this sink: where it can neither
+    /// write at offsets nor rename (an object store), the output is assembled elsewhere (on
+    /// `--scratch`) and committed by creating its manifest last; else its staging directory is
+    /// renamed into place (`job::destination::life`).
+    pub(crate) fn commits_by_manifest(self) -> bool {
+        !(self.positioned_writes && self.rename)
+    }
+}
+
 /// Where outputs go: the staging area, its shards and metadata, and their publishing. What is
 /// there is examined and read back through the [`Source`] of the same location.
 pub(crate) trait Sink: Send + Sync {

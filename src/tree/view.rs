@@ -105,9 +105,15 @@ impl Listing {
     /// identity, in order. A resumed run checks each unit unchanged by it.
     pub(crate) fn digest(&self) -> u128 {
         use md5::Digest;
-        let bytes = bincode::serde::encode_to_vec(&self.members, bincode::config::standard())
-            .unwrap_or_default();
-        u128::from_be_bytes(md5::Md5::digest(&bytes).into())
+        // The encoding goes straight into the hash: the same bytes as encoding it whole first
+        // (what resume records hold), without that copy of the listing, grown by doubling.
+        let mut hash = md5::Md5::new();
+        let _ = bincode::serde::encode_into_std_write(
+            &self.members,
+            &mut hash,
+            bincode::config::standard(),
+        );
+        u128::from_be_bytes(hash.finalize().into())
     }
 
     /// The stamp the view reports: its size; no times, no identity (each file is checked
@@ -533,6 +539,19 @@ mod tests {
             let name = std::str::from_utf8(&m.name).unwrap();
             assert!(err.contains(name) && err.contains(says), "{name}: {err}");
         }
+    }
+
+    /// The digest is MD5 over the members' bincode encoding, as resume records hold it.
+    #[test]
+    fn a_listing_digest_is_md5_of_its_members_encoding() {
+        use md5::Digest;
+        let members = vec![
+            member("a.jpg", Bytes::File(b"d/a.jpg".to_vec()), 8000),
+            member("a.cls", Bytes::Inline(b"3".to_vec()), 1),
+        ];
+        let bytes = bincode::serde::encode_to_vec(&members, bincode::config::standard()).unwrap();
+        let want = u128::from_be_bytes(md5::Md5::digest(&bytes).into());
+        assert_eq!(Listing::new(PathBuf::from("/r"), members).digest(), want);
     }
 
     /// The index pass reads only headers: it indexes a unit whose files are gone (a read of

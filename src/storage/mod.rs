@@ -155,6 +155,14 @@ pub(crate) trait Input: Send + Sync {
     fn reads(&self) -> Reads {
         Reads::Stream
     }
+
+    /// Whether the input's tar records are made from a listing as they are read (a view of
+    /// loose files), not stored: its headers cannot change during a run, and every member's
+    /// bytes are checked against the listing by the read itself, so a reader need not walk a
+    /// sample's headers again to see that it is still the sample indexed.
+    fn checks_itself(&self) -> bool {
+        false
+    }
 }
 
 /// How the exchange reads an input's samples best.

@@ -35,6 +35,14 @@ impl<C: Comm> Shared<'_, C> {
     }
 }
 
+/// What one rank's walk phase asked of the file system: directories listed (prefixes on object
+/// storage), files examined (`lstat`, or `stat` for a link).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WalkCalls {
+    pub(crate) listed: u64,
+    pub(crate) examined: u64,
+}
+
 /// What rank 0 resolves before any data is read, shared with every rank.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Setup {
@@ -48,6 +56,9 @@ pub(crate) struct Setup {
     pub(crate) trees: Vec<crate::tree::Root>,
     /// The loose files the walk phase found in them (set by it on every rank).
     pub(crate) files: Option<u64>,
+    /// This rank's own metadata calls in the walk phase (set by it; not shared).
+    #[serde(skip)]
+    pub(crate) walk_calls: WalkCalls,
 }
 
 impl Setup {
@@ -80,6 +91,7 @@ impl Setup {
             resume: None,
             trees,
             files: None,
+            walk_calls: Default::default(),
         }
     }
 }

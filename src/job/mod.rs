@@ -98,6 +98,7 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
         let digests = walked.as_ref().map_or(&[][..], |(_, d)| &d[..]);
         let records = lead.then_some(&mut mine.inputs);
         resume::record_units(comm, &setup, records, digests)?;
+        setup.walk_calls = walked.as_ref().map(|(w, _)| w.calls).unwrap_or_default();
         setup.files = walked.map(|(w, _)| w.files);
         run_phases(
             comm,

@@ -79,7 +79,7 @@ pub(crate) fn prepare(
         resume,
         trees,
         files: None,
-        walk_calls: Default::default(),
+        walk: Default::default(),
     };
     Ok((
         setup,

@@ -319,8 +319,8 @@ pub(crate) fn gather(
         .expect("three sums");
     let read_nanos = comm.all_gather(stats.read_nanos);
     let write_nanos = comm.all_gather(stats.write_nanos);
-    let listed = comm.all_gather(setup.walk_calls.listed);
-    let examined = comm.all_gather(setup.walk_calls.examined);
+    let listed = comm.all_gather(setup.walk.calls.listed);
+    let examined = comm.all_gather(setup.walk.calls.examined);
     let per_rank = (0..ranks)
         .map(|r| RankStats {
             bytes_read: bytes_read[r],
@@ -347,7 +347,7 @@ pub(crate) fn gather(
         },
         inputs: setup.inputs.len(),
         files: setup.files,
-        input_bytes: setup.inputs.iter().map(|s| s.size).sum(),
+        input_bytes: setup.input_bytes(),
         samples: index.samples,
         sample_bytes: index.sample_bytes,
         shards: placed.shards,

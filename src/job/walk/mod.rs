@@ -36,6 +36,8 @@ pub struct Walked {
     pub file_bytes: u64,
     pub units: u64,
     pub skips: Skips,
+    /// The directory units as rank 0 cut the roots, before any key range.
+    pub dir_units: u64,
     /// This rank's own metadata calls (not summed).
     pub(crate) calls: crate::job::handoff::WalkCalls,
 }
@@ -61,6 +63,7 @@ pub fn run<C: Comm>(
     tree::register(roots);
     let (ranks, lead) = (comm.size(), comm.rank() == 0);
     let (walked, calls) = deal::walk(comm, roots, inputs, &units)?;
+    let dir_units = directory_units(inputs);
     let mut totals = [0u64; 6];
     for (_, listing, skips) in &walked {
         let files = listing
@@ -101,6 +104,7 @@ pub fn run<C: Comm>(
         file_bytes: totals[1],
         units: units.len() as u64,
         skips: Skips::from_array(totals[2..].try_into().expect("four counts")),
+        dir_units,
         calls,
     };
     narrate(lead, format_args!("{}", describe(&found, roots.len())));
@@ -111,6 +115,15 @@ pub fn run<C: Comm>(
             .with_context(|| format!("{}: cannot write the class list", path.display()))?;
     }
     Ok(Some((found, digests)))
+}
+
+/// The directory units of `inputs` as rank 0 cut the roots (a deep unit, or a directory's own
+/// files, however many key ranges it was cut into): the units of the tree before any key
+/// range, which neither the cut of a large directory's keys, the walk's cut, a `--key-regex`
+/// root's regrouping nor the rank count changes.
+fn directory_units(inputs: &[InputShard]) -> u64 {
+    let first = |s: &InputShard| tree::parse(&s.path).is_some_and(|(_, u)| u.keys.0.is_none());
+    inputs.iter().filter(|s| first(s)).count() as u64
 }
 
 /// The indices of the units of loose files among `inputs`, in order.

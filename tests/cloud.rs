@@ -3,6 +3,8 @@
 //! at one and two ranks, as input and (where the emulator takes writes) as output.
 
 use crate::util::cloud::{azurite, gcs};
+use crate::util::data::sized;
+use crate::util::lock::wait_until;
 use crate::util::runs::run;
 use crate::util::stores::Store;
 use crate::util::verifier::assert_same_output;
@@ -220,4 +222,70 @@ fn az_loose_files_pack_alike_at_one_and_two_ranks() {
         );
     }
     assert_same_output(&dir.join("loose-1"), &dir.join("loose-2"), &["ranks"]);
+}
+
+/// A run to `az://` (1 rank, 2 shards of multipart uploads) pauses in its last shard's upload;
+/// meanwhile another writer puts a blob over its first shard, already created and recorded in
+/// the container. The run finds it before its manifest, removes it and creates its shard again
+/// (an Azure ETag is new at every write, whatever the bytes), then dies (SIGKILL,
+/// `RESHARD_TEST_KILL=0:uploaded`) before its manifest. `--resume` on another scratch (nothing
+/// of it staged there) keeps both shards, the one created again too (its record was written
+/// again with its new ETag), and publishes the clean run's bytes. Before, the record of the
+/// first create stayed, its ETag no longer the blob's: the resumed run uploaded it again.
+#[test]
+fn az_a_shard_created_again_before_its_manifest_is_kept_by_a_resume() {
+    let test = "az_a_shard_created_again_before_its_manifest_is_kept_by_a_resume";
+    let Some(az) = azurite(test) else {
+        return;
+    };
+    let dir = Dir::new("az-recreated");
+    sized(&dir, "in", "40MiB", "64KiB", 2);
+    run(&dir, Some(1), &["in"], "ref", 2, 7, &[]);
+    let container = az.bucket(&dir, test);
+    let output = format!("az://{container}/out");
+    let job = |scratch: &str, extra: &[&str]| {
+        let mut cmd = dir.mpi(1);
+        cmd.args(["run", "--input", "in", "--output", &output, "--seed", "7"])
+            .args(["--shards", "2", "--scratch"])
+            .arg(dir.join(scratch))
+            .args(extra);
+        az.with_env(&mut cmd);
+        cmd
+    };
+    let records = || az.keys(&dir, &container, ".out.reshard-records.");
+    let paused = dir.join(format!(
+        "scratch-killed/reshard-scratch/az/{container}/.paused-upload-0"
+    ));
+    std::fs::create_dir_all(dir.join("other")).unwrap();
+    std::fs::write(dir.join("other/shard-000000.tar"), b"not the run's").unwrap();
+    let killed = std::thread::scope(|scope| {
+        let mut cmd = job("scratch-killed", &[]);
+        cmd.env("RESHARD_TEST_PAUSE_UPLOAD", "300")
+            .env("RESHARD_TEST_KILL", "0:uploaded");
+        let run = scope.spawn(move || cmd.output());
+        wait_until("the run pauses in its last shard's upload", || {
+            paused.exists()
+        });
+        let first = records();
+        assert!(
+            first.len() == 1 && first[0].ends_with("/shard-000000.tar"),
+            "{first:?}"
+        );
+        az.put(&dir, &dir.join("other"), &container, "out");
+        std::fs::remove_file(&paused).unwrap();
+        run.join().unwrap()
+    });
+    killed.check(killed.code() != Some(0), "the run was killed");
+    killed.stderr_has("was there before this run created it");
+    killed.stderr_has("now dies (SIGKILL) at uploaded");
+    let resumed = job("scratch-resumed", &["--resume"]).assert_success();
+    resumed.stderr_has("kept 2 shard(s) the earlier run uploaded completely");
+    az.get(&dir, &container, "out", &dir.join("got"));
+    assert_same_output(&dir.join("ref"), &dir.join("got"), &["ranks", "inputs"]);
+    let left: Vec<String> = az
+        .keys(&dir, &container, "")
+        .into_iter()
+        .filter(|k| !k.starts_with("out/"))
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "blobs beside the output");
 }

@@ -151,33 +151,104 @@ fn files_that_change_vanish_or_turn_into_fifos_during_the_run_are_refused_by_nam
         ),
     ];
     for (np, (victim, change, says)) in [1, 3, 4].into_iter().zip(changes) {
-        let out = format!("out-{np}");
-        let markers: Vec<_> = (0..np)
-            .map(|r| dir.join(format!(".{out}.reshard-tmp/.paused-exchange-{r}")))
-            .collect();
         let path = dir.join("tree").join(victim);
-        let watcher = std::thread::spawn(move || {
-            let start = Instant::now();
-            // Every rank paused: none has read a file yet.
-            while !markers.iter().all(|m| m.exists()) {
-                assert!(
-                    start.elapsed() < Duration::from_secs(60),
-                    "the run never paused"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            change(&path);
-            for m in &markers {
-                let _ = fs::remove_file(m);
-            }
-        });
-        let res = pack(&dir, np, &out, &[])
-            .env("RESHARD_TEST_PAUSE_EXCHANGE", "30")
-            .assert_code(1);
-        watcher.join().unwrap();
-        res.stderr_has(&format!("tree/{victim}"));
-        res.stderr_has(says);
-        res.check(!dir.join(&out).exists(), "nothing may be published");
+        changed_while_paused(&dir, np, victim, says, move || change(&path));
+    }
+}
+
+/// [`pack`] at `np` into `out-NP`, paused before any rank reads a file while `change` runs:
+/// the run must fail naming `tree/VICTIM` and saying `says`, and publish nothing.
+fn changed_while_paused(
+    dir: &Dir,
+    np: usize,
+    victim: &str,
+    says: &str,
+    change: impl FnOnce() + Send + 'static,
+) {
+    let out = format!("out-{np}");
+    let markers: Vec<_> = (0..np)
+        .map(|r| dir.join(format!(".{out}.reshard-tmp/.paused-exchange-{r}")))
+        .collect();
+    let watcher = std::thread::spawn(move || {
+        let start = Instant::now();
+        // Every rank paused: none has read a file yet.
+        while !markers.iter().all(|m| m.exists()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the run never paused"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        change();
+        for m in &markers {
+            let _ = fs::remove_file(m);
+        }
+    });
+    let res = pack(dir, np, &out, &[])
+        .env("RESHARD_TEST_PAUSE_EXCHANGE", "30")
+        .assert_code(1);
+    watcher.join().unwrap();
+    res.stderr_has(&format!("tree/{victim}"));
+    res.stderr_has(says);
+    res.check(!dir.join(&out).exists(), "nothing may be published");
+}
+
+/// `argv` (`cp`, `touch`, `mv`) run in `root`, which must succeed.
+fn tool(root: &std::path::Path, argv: &[&str]) {
+    let status = std::process::Command::new(argv[0])
+        .args(&argv[1..])
+        .current_dir(root)
+        .status()
+        .unwrap();
+    assert!(status.success(), "{argv:?}: {status}");
+}
+
+/// A file rewritten at its size with its modification time put back, by `touch -r` or
+/// `cp -p`, or replaced by `mv` of a file of that size and time, keeps every field of its tar
+/// header: only its status-change time (which no user can set) and its inode tell. The run
+/// fails naming it at every rank count.
+#[test]
+fn files_rewritten_with_their_times_put_back_during_the_run_are_refused_by_name() {
+    let dir = Dir::new("files-change-ctime");
+    tree(&dir, "tree");
+    type Change = fn(&std::path::Path, &str);
+    let changes: [(&str, Change, &str); 3] = [
+        (
+            "c1/s004.seg.png",
+            // In place, then `touch -r` from a copy taken before.
+            |root, victim| {
+                tool(root, &["cp", "-p", victim, "before"]);
+                fs::write(root.join(victim), vec![b'x'; 700]).unwrap();
+                tool(root, &["touch", "-r", "before", victim]);
+            },
+            "its status-change time (ctime) moved since it was listed",
+        ),
+        (
+            "c0/s001.jpg",
+            // `cp -p` over it (in place, its inode kept) of other bytes with its time.
+            |root, victim| {
+                let size = fs::metadata(root.join(victim)).unwrap().len() as usize;
+                fs::write(root.join("other"), vec![b'y'; size]).unwrap();
+                tool(root, &["touch", "-r", victim, "other"]);
+                tool(root, &["cp", "-p", "other", victim]);
+            },
+            "its status-change time (ctime) moved since it was listed",
+        ),
+        (
+            "c2/s006.jpg",
+            // Replaced by rename of a file of its size and time.
+            |root, victim| {
+                let size = fs::metadata(root.join(victim)).unwrap().len() as usize;
+                fs::write(root.join("other"), vec![b'z'; size]).unwrap();
+                tool(root, &["touch", "-r", victim, "other"]);
+                tool(root, &["mv", "other", victim]);
+            },
+            "it was replaced since it was listed: another file",
+        ),
+    ];
+    for (np, (victim, change, says)) in [2, 3, 4].into_iter().zip(changes) {
+        let (root, path) = (dir.path().to_path_buf(), format!("tree/{victim}"));
+        changed_while_paused(&dir, np, victim, says, move || change(&root, &path));
     }
 }
 
@@ -343,15 +414,14 @@ fn an_interrupted_tree_resumes_to_identical_bytes_and_a_changed_one_is_refused()
         "the rerun reused what the stopped run had made durable",
     );
     crate::util::verifier::assert_same_output(&dir.join("ref"), &dir.join("out"), &["ranks"]);
-    // The same size, another modification time: the resume names the directory.
+    // Rewritten in place at the same size, its modification time put back (`touch -r`): only
+    // its status-change time tells, and the resume names the directory.
     stopped(&dir, 3, "again");
-    let victim = dir.join("many/d07/f00007.bin");
-    let bytes = fs::read(&victim).unwrap();
-    fs::remove_file(&victim).unwrap();
-    fs::write(&victim, &bytes).unwrap();
-    let file = fs::File::options().write(true).open(&victim).unwrap();
-    file.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000))
-        .unwrap();
+    let victim = "many/d07/f00007.bin";
+    tool(dir.path(), &["cp", "-p", victim, "before"]);
+    let size = fs::metadata(dir.join(victim)).unwrap().len() as usize;
+    fs::write(dir.join(victim), vec![b'x'; size]).unwrap();
+    tool(dir.path(), &["touch", "-r", "before", victim]);
     let res = slow_pack(&dir, 2, "again", &["--resume"]).assert_code(2);
     res.stderr_has("the loose files under many/d07 changed since that run");
 }
@@ -512,6 +582,24 @@ fn key_regex_samples_across_directories_are_read_by_several_ranks_to_the_same_by
         for ext in exts {
             assert!(got.contains_key(&format!("k{k:04}.{ext}")), "k{k:04}.{ext}");
         }
+    }
+    // verify walks and regroups the root as run does: its input is read by several ranks too
+    // (it was one unit, read by one rank).
+    for np in [2, 3] {
+        let mut cmd = dir.mpi(np);
+        cmd.args(["verify", "--input-files", "t", "--output", "out1", "--json"])
+            .args(&regex[..2]);
+        let res = cmd.assert_success();
+        let report = crate::util::runs::report_json(&res);
+        assert_eq!(report["input_samples"], 3000, "np {np}");
+        let read: Vec<u64> = report["input_bytes_per_rank"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .collect();
+        assert_eq!(read.len(), np);
+        assert_shared(&read, np);
     }
 }
 

@@ -43,6 +43,7 @@ mod run;
 mod s3;
 mod s3_loaders;
 mod s3_once;
+mod s3_resume;
 mod s3_user;
 mod signals;
 mod sizing;

@@ -226,7 +226,7 @@ fn expand_inputs(
         records.push(resume::input_record(&input, &stamp));
         inputs.push(input);
     }
-    let (units, trees) = tree::expand(&settings.files, true)?;
+    let (units, trees) = tree::expand(&settings.files)?;
     // Stamped once walked (`resume::record_units`); a resumed run's units are the same
     // locations (the cut depends on the tree alone).
     records.extend(

@@ -83,6 +83,18 @@ pub(crate) trait Source: Send + Sync {
     /// It is not a directory or cannot be listed.
     fn list(&self, path: &Path) -> io::Result<Vec<Entry>>;
 
+    /// The entries of the directory (or prefix) `path` whose names start with `start`. An object
+    /// store asks for only those (a listing of the prefix `path/start`), not for the whole
+    /// directory; by default the directory's listing, filtered (what a file system reads anyway).
+    ///
+    /// # Errors
+    /// It is not a directory or cannot be listed.
+    fn list_starting(&self, path: &Path, start: &str) -> io::Result<Vec<Entry>> {
+        let mut entries = self.list(path)?;
+        entries.retain(|e| e.name.to_string_lossy().starts_with(start));
+        Ok(entries)
+    }
+
     /// One name for the object at `path`, the same for every path that names it (two inputs
     /// naming one file are told by it).
     ///

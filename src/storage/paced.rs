@@ -40,6 +40,10 @@ impl<B: Source + ?Sized> Source for Paced<B> {
         self.0.list(path)
     }
 
+    fn list_starting(&self, path: &Path, start: &str) -> io::Result<Vec<Entry>> {
+        self.0.list_starting(path, start)
+    }
+
     fn canonical(&self, path: &Path) -> io::Result<PathBuf> {
         self.0.canonical(path)
     }

@@ -105,15 +105,46 @@ pub struct FileFacts {
     pub stamp: FileStamp,
     /// The permission bits (`st_mode & 0o7777`).
     pub mode: u32,
+    /// The file system as the host that examined the file sees it ([`volume`]); 0 where
+    /// unknown (an object).
+    pub volume: u64,
 }
 
 fn facts_of(meta: &fs::Metadata) -> FileFacts {
     use std::os::unix::fs::PermissionsExt;
+    let stamp = FileStamp::of(meta);
     FileFacts {
         kind: kind(meta.file_type()),
-        stamp: FileStamp::of(meta),
+        stamp,
         mode: meta.permissions().mode() & 0o7777,
+        volume: volume(stamp.dev),
     }
+}
+
+/// The file system of device `dev` as this host sees it: a hash of this boot's id and the
+/// device number, never 0; 0 where the boot id is unknown. Two hosts never see the same one,
+/// so a file's inode is compared only by a host that sees the file system its listing saw
+/// (inode numbers, like device numbers, may differ between hosts on network and FUSE file
+/// systems).
+pub(crate) fn volume(dev: u64) -> u64 {
+    static HOST: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let host = *HOST.get_or_init(|| {
+        use md5::Digest;
+        let boot = sys::boot_id();
+        if boot.is_empty() {
+            return 0;
+        }
+        let d = md5::Md5::digest(boot.as_bytes());
+        u64::from_le_bytes(d[..8].try_into().expect("eight bytes")) | 1
+    });
+    if host == 0 {
+        return 0;
+    }
+    // splitmix64's finalizer over the host and the device.
+    let mut z = host ^ dev.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)).max(1)
 }
 
 /// The facts of `path`: one `stat` (`follow`) or `lstat`.

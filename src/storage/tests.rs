@@ -164,6 +164,13 @@ fn written_objects_read_back(root: &Path, source: &dyn Source, sink: &dyn Sink, 
         entry("sub", Kind::Dir),
     ];
     assert_eq!(listed, want, "every entry, and nothing left beside b.json");
+    let mut starting = source.list_starting(root, "b").unwrap();
+    starting.extend(source.list_starting(root, "su").unwrap());
+    assert_eq!(
+        starting,
+        [want[1].clone(), want[3].clone()],
+        "the names that start so"
+    );
 
     let input = source.open(&a).unwrap();
     input.advise_random();

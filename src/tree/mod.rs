@@ -301,17 +301,13 @@ impl Source for Tree {
 }
 
 /// On rank 0: the roots of `request` checked and cut into units, as input shards (sized by the
-/// walk phase) after `before` (the `--input` shards), and the roots every rank registers.
-/// `regrouped`: the walk phase regroups a `--key-regex` root's files by key once its
-/// directories are walked (a run); else (`verify`, whose ranks walk the units they read) such
-/// a root is one unit, as a sample's files must be in one unit to be grouped.
+/// walk phase) after `before` (the `--input` shards), and the roots every rank registers. A
+/// `--key-regex` root is cut into directory units as any other: the walk phase (of `run` and
+/// of `verify`) regroups its files by key once its directories are walked.
 ///
 /// # Errors
 /// A root that is not a directory, named twice or inside another, or that cannot be listed.
-pub(crate) fn expand(
-    request: &FilesRequest,
-    regrouped: bool,
-) -> Result<(Vec<InputShard>, Vec<Root>)> {
+pub(crate) fn expand(request: &FilesRequest) -> Result<(Vec<InputShard>, Vec<Root>)> {
     let mut canon: Vec<PathBuf> = Vec::new();
     let mut cuts = Vec::new();
     let mut classes: Vec<Vec<u8>> = Vec::new();
@@ -335,8 +331,7 @@ pub(crate) fn expand(
                 other.display()
             );
         }
-        let (units, own) =
-            units::cut(&root, request.key_regex.is_some() && !regrouped).with_context(what)?;
+        let (units, own) = units::cut(&root).with_context(what)?;
         classes.extend(own);
         canon.push(root.clone());
         // Without repeated or trailing slashes, which would end the root early in a location

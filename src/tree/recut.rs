@@ -179,6 +179,8 @@ mod tests {
             mtime: 0,
             mtime_ns: 0,
             identity: 0,
+            ctime_ns: 0,
+            volume: 0,
         }
     }
 

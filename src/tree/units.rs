@@ -30,12 +30,10 @@ pub(crate) const DEEPEST: usize = 3;
 
 /// The units of `root` in the canonical order (by directory, a shallow unit before the deep
 /// units below it), and the root's own directories (the classes of `--label-from-dir`), sorted.
-/// `whole`: the root is one unit (`--key-regex` where nothing regroups the walked files by key:
-/// a key may gather files of any directories, and a sample's files must be in one unit).
 ///
 /// # Errors
 /// A directory that cannot be listed, or a name that is not UTF-8.
-pub(crate) fn cut(root: &Path, whole: bool) -> Result<(Vec<Unit>, Vec<Vec<u8>>)> {
+pub(crate) fn cut(root: &Path) -> Result<(Vec<Unit>, Vec<Vec<u8>>)> {
     let mut units = Vec::new();
     let mut level = vec![Vec::new()];
     let mut classes = None;
@@ -62,16 +60,13 @@ pub(crate) fn cut(root: &Path, whole: bool) -> Result<(Vec<Unit>, Vec<Vec<u8>>)>
                 }
             }
             if !files.is_empty() {
-                let split = !whole && !storage::is_object_store(root);
+                let split = !storage::is_object_store(root);
                 units.extend(own_files(dir, files, split));
             }
         }
         below.sort();
         if depth == 0 {
             classes = Some(below.clone());
-            if whole {
-                return Ok((vec![Unit::of(Vec::new(), true)], below));
-            }
         }
         if below.len() >= WIDE || depth + 1 >= DEEPEST {
             units.extend(below.into_iter().map(|dir| Unit::of(dir, true)));

@@ -30,10 +30,21 @@ pub(crate) struct Member {
     /// read checks unchanged).
     pub(crate) mtime: i64,
     pub(crate) mtime_ns: i128,
-    /// On object storage, a hash of the ETag listed (what a read checks unchanged with the
-    /// size); 0 for a file or a label.
+    /// A file's inode; on object storage, a hash of the ETag listed (what a read checks
+    /// unchanged with the size); 0 for a label.
     #[serde(default)]
     pub(crate) identity: u64,
+    /// A file's status-change time in nanoseconds (a user can set the modification time back,
+    /// `touch -r`, `cp -p`, but not this one); on object storage the last-modified time; 0
+    /// for a label. Never in a header.
+    #[serde(default)]
+    pub(crate) ctime_ns: i128,
+    /// The file system the walk found a file on, as the host that examined it sees it
+    /// ([`posix::volume`]): the inode is compared only by a reader that sees the same (inode
+    /// numbers, like device numbers, may differ between hosts). 0: unknown, or not a file.
+    /// Not in the digest.
+    #[serde(default)]
+    pub(crate) volume: u64,
 }
 
 /// Where a member's bytes are.
@@ -86,11 +97,20 @@ impl Listing {
     }
 
     /// A digest of what the walk saw: every member's name, source, size, mode, times and
-    /// identity, in order. A resumed run checks each unit unchanged by it.
+    /// identity, in order (not its [`Member::volume`], which names the walking host). A resumed
+    /// run checks each unit unchanged by it.
     pub(crate) fn digest(&self) -> u128 {
         use md5::Digest;
-        let bytes = bincode::serde::encode_to_vec(&self.members, bincode::config::standard())
-            .unwrap_or_default();
+        let seen: Vec<_> = self
+            .members
+            .iter()
+            .map(|m| {
+                let times = (m.mtime, m.mtime_ns, m.ctime_ns);
+                (&m.name, &m.source, m.size, m.mode, times, m.identity)
+            })
+            .collect();
+        let bytes =
+            bincode::serde::encode_to_vec(&seen, bincode::config::standard()).unwrap_or_default();
         u128::from_be_bytes(md5::Md5::digest(&bytes).into())
     }
 
@@ -108,12 +128,12 @@ impl Listing {
 }
 
 impl Member {
-    /// What the walk saw of the member's file: its size, modification time and identity.
+    /// What the walk saw of the member's file: its size, times and identity.
     pub(crate) fn stamp(&self) -> FileStamp {
         FileStamp {
             size: self.size,
             mtime_ns: self.mtime_ns,
-            ctime_ns: 0,
+            ctime_ns: self.ctime_ns,
             dev: 0,
             identity: self.identity,
         }
@@ -140,8 +160,8 @@ pub(crate) struct View {
     /// Set by [`Input::advise_random`] (the index phase, which walks headers only): on object
     /// storage too, a read then ends where the next object's data starts (see `read_at`).
     headers_only: AtomicBool,
-    /// The directory of the last file opened (see [`open_file`]).
-    last_dir: LastDir,
+    /// The directories of the files opened last (see [`open_file`]).
+    dirs: Mutex<OpenDirs>,
 }
 
 impl View {
@@ -149,35 +169,59 @@ impl View {
         View {
             listing,
             headers_only: AtomicBool::new(false),
-            last_dir: Mutex::new(None),
+            dirs: Mutex::default(),
         }
     }
 }
 
-/// A directory of a unit, relative to its root, and that directory open.
-type LastDir = Mutex<Option<(Vec<u8>, Arc<posix::LooseDir>)>>;
+/// At most this many directories of a unit stay open: a `--key-regex` unit's samples take
+/// their files from several directories (`images/K.jpg` beside `captions/K.txt`), and each
+/// directory is opened once for all of them, not once a file.
+const OPEN_DIRS: usize = 8;
 
-/// Opens the file `rel` (relative to the listing's root) from its directory, which `last`
-/// keeps open: a unit's files come directory by directory, so each directory's path is
-/// resolved once and each file by its name alone (at 200,000 files under
-/// `/dev/shm/lf-bench/tree/DIR/`, the lookups of the whole path were about 3% of a run's CPU). A directory renamed
-/// or replaced during the run is still the one whose files were listed; each file is checked
-/// against its listing after it is read.
-fn open_file(listing: &Listing, last: &LastDir, rel: &[u8]) -> io::Result<posix::LooseFile> {
+/// Directories of a unit (relative to its root) open, the most recently used last.
+#[derive(Default)]
+pub(crate) struct OpenDirs {
+    held: Vec<(Vec<u8>, Arc<posix::LooseDir>)>,
+    /// How many directories were opened.
+    opened: u64,
+}
+
+/// Opens the file `rel` (relative to the listing's root) from its directory, which `dirs`
+/// keeps open with the few used last: a unit's files come directory by directory (or, with
+/// `--key-regex`, from a few directories in turn), so each directory's path is resolved once
+/// and each file by its name alone (at 200,000 files under `/dev/shm/lf-bench/tree/DIR/`, the
+/// lookups of the whole path were about 3% of a run's CPU). A directory renamed or replaced
+/// during the run is still the one whose files were listed; each file is checked against its
+/// listing after it is read.
+fn open_file(
+    listing: &Listing,
+    dirs: &Mutex<OpenDirs>,
+    rel: &[u8],
+) -> io::Result<posix::LooseFile> {
     let (parent, name) = match rel.iter().rposition(|&b| b == b'/') {
         Some(i) => (&rel[..i], &rel[i + 1..]),
         None => (&rel[..0], rel),
     };
-    let mut held = last.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = match &*held {
-        Some((p, dir)) if p == parent => dir.clone(),
-        _ => {
+    let mut open = dirs.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = match open.held.iter().rposition(|(p, _)| p == parent) {
+        Some(i) => {
+            let used = open.held.remove(i);
+            let dir = used.1.clone();
+            open.held.push(used);
+            dir
+        }
+        None => {
             let dir = Arc::new(posix::LooseDir::new(&file_path(&listing.root, parent))?);
-            *held = Some((parent.to_vec(), dir.clone()));
+            if open.held.len() == OPEN_DIRS {
+                open.held.remove(0);
+            }
+            open.held.push((parent.to_vec(), dir.clone()));
+            open.opened += 1;
             dir
         }
     };
-    drop(held);
+    drop(open);
     dir.open(name)
 }
 
@@ -209,7 +253,7 @@ impl Input for View {
             for (i, from, range) in data {
                 read_data(
                     listing,
-                    &self.last_dir,
+                    &self.dirs,
                     &listing.members[i],
                     &mut buf[range],
                     from,
@@ -355,7 +399,7 @@ fn fill_objects(
 /// the `pread`'s `ESPIPE`).
 fn read_data(
     listing: &Listing,
-    last_dir: &LastDir,
+    dirs: &Mutex<OpenDirs>,
     m: &Member,
     buf: &mut [u8],
     offset: u64,
@@ -369,7 +413,7 @@ fn read_data(
     };
     let path = file_path(&listing.root, rel);
     let failed = |what: String| io::Error::other(format!("{}: {what}", path.display()));
-    let file = open_file(listing, last_dir, rel).map_err(|e| {
+    let file = open_file(listing, dirs, rel).map_err(|e| {
         failed(format!(
             "cannot open ({e}); it was listed as a file of {} bytes",
             m.size
@@ -379,7 +423,7 @@ fn read_data(
     let now = file
         .facts()
         .map_err(|e| failed(format!("cannot stat: {e}")))?;
-    unchanged(m, &now).map_err(|what| failed(format!("{what} since it was listed")))?;
+    unchanged(m, &now).map_err(failed)?;
     let n = read.map_err(|e| failed(format!("read at byte {offset}: {e}")))?;
     if n < buf.len() {
         return Err(failed(format!(
@@ -391,19 +435,38 @@ fn read_data(
     Ok(())
 }
 
-/// Whether the open file is the regular file the walk listed, with the same size and mtime.
+/// Whether the open file is the regular file the walk listed, as it was: the same kind, size,
+/// modification and status-change times, and (where the reader sees the file system the walk
+/// saw, [`Member::volume`]) the same inode; else what changed. A file rewritten at its size
+/// with its modification time put back (`touch -r`, `cp -p`, `rsync -t`) still has a new
+/// status-change time, which no user can set; one replaced by rename has another inode.
 fn unchanged(m: &Member, now: &FileFacts) -> Result<(), String> {
+    let since = "since it was listed";
     if now.kind != Kind::File {
-        return Err("it is no longer a regular file".into());
+        return Err(format!("it is no longer a regular file {since}"));
     }
     if now.stamp.size != m.size {
         return Err(format!(
-            "it changed: size {} -> {} bytes",
+            "it changed: size {} -> {} bytes {since}",
             m.size, now.stamp.size
         ));
     }
     if now.stamp.mtime_ns != m.mtime_ns {
-        return Err("it changed: its modification time moved".into());
+        return Err(format!("it changed: its modification time moved {since}"));
+    }
+    if m.volume != 0 && now.volume == m.volume && now.stamp.identity != m.identity {
+        return Err(format!(
+            "it was replaced {since}: another file (inode {}, listed {}) is at its path, \
+             with the size and modification time listed",
+            now.stamp.identity, m.identity
+        ));
+    }
+    if now.stamp.ctime_ns != m.ctime_ns {
+        return Err(format!(
+            "it changed: its status-change time (ctime) moved {since}, its size and \
+             modification time as listed (rewritten and its time put back, or its mode, \
+             owner or links changed)"
+        ));
     }
     Ok(())
 }
@@ -419,6 +482,7 @@ mod tests {
     use super::*;
     use crate::storage::Sequential;
     use crate::tar::reader::HeaderReader;
+    use std::time::{Duration, UNIX_EPOCH};
 
     fn member(name: &str, source: Bytes, size: u64) -> Member {
         Member {
@@ -429,13 +493,32 @@ mod tests {
             mtime: 1,
             mtime_ns: 1_000_000_000,
             identity: 0,
+            ctime_ns: 0,
+            volume: 0,
+        }
+    }
+
+    /// Sets the modification time of `path` back to `m`'s, as `touch -r` does, until its
+    /// status-change time is not `m`'s (the kernel's clock may not have moved since `m` was
+    /// listed).
+    fn restore_mtime(path: &Path, m: &Member) {
+        let listed = UNIX_EPOCH + Duration::from_nanos(m.mtime_ns as u64);
+        loop {
+            let f = std::fs::File::options().write(true).open(path).unwrap();
+            f.set_modified(listed).unwrap();
+            let now = posix::facts(path, false).unwrap().stamp;
+            assert_eq!(now.mtime_ns, m.mtime_ns);
+            if now.ctime_ns != m.ctime_ns {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
     /// A file is checked against its listing once it is read (one `fstat`, after the `pread`):
-    /// an unchanged one is read whole; one rewritten at the same size, cut, removed, or replaced
-    /// by a FIFO or a directory is refused naming it and saying what changed, and the FIFO's
-    /// read does not block.
+    /// an unchanged one is read whole; one rewritten at the same size (its modification time
+    /// put back or not), replaced by rename, cut, removed, or replaced by a FIFO or a directory
+    /// is refused naming it and saying what changed, and the FIFO's read does not block.
     #[test]
     fn a_file_is_checked_against_its_listing_after_it_is_read() {
         let tmp = tempfile::tempdir().unwrap();
@@ -450,20 +533,23 @@ mod tests {
                 facts.stamp.size,
             );
             m.mtime_ns = facts.stamp.mtime_ns;
+            m.ctime_ns = facts.stamp.ctime_ns;
+            m.identity = facts.stamp.identity;
+            m.volume = facts.volume;
             (path, m)
         };
         let listing = Listing::new(root.to_path_buf(), Vec::new());
-        let last_dir = Mutex::new(None);
+        let dirs = Mutex::default();
         let read = |m: &Member| {
             let mut buf = vec![0; m.size as usize];
-            read_data(&listing, &last_dir, m, &mut buf, 0)
+            read_data(&listing, &dirs, m, &mut buf, 0)
                 .map(|()| buf)
                 .map_err(|e| e.to_string())
         };
         let (_, same) = listed("same.bin", b"unchanged bytes");
         assert_eq!(read(&same).unwrap(), b"unchanged bytes");
         // From one directory to another and back: each file from its own (the view keeps the
-        // last directory open), never a namesake in the one opened before.
+        // directories used last open), never a namesake in another.
         std::fs::create_dir_all(root.join("sub/deeper")).unwrap();
         let (_, deeper) = listed("sub/deeper/same.bin", b"other bytes, longer");
         let (_, sub) = listed("sub/same.bin", b"a third file");
@@ -500,11 +586,69 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         std::fs::create_dir(&path).unwrap();
         refused.push((m, "it is no longer a regular file since it was listed"));
+        // Rewritten at the same size, or replaced by rename, with the modification time put
+        // back (`touch -r`): the status-change time, and the inode, tell.
+        let (path, m) = listed("restored.bin", b"0123456789");
+        std::fs::write(&path, b"9876543210").unwrap();
+        restore_mtime(&path, &m);
+        refused.push((
+            m,
+            "its status-change time (ctime) moved since it was listed",
+        ));
+        let (path, m) = listed("renamed.bin", b"0123456789");
+        let aside = root.join("renamed.new");
+        std::fs::write(&aside, b"9876543210").unwrap();
+        restore_mtime(&aside, &m);
+        std::fs::rename(&aside, &path).unwrap();
+        refused.push((
+            m.clone(),
+            "it was replaced since it was listed: another file",
+        ));
+        // Listed on another host (another volume): the inode is not compared, the rest is.
+        let mut elsewhere = m;
+        let facts = posix::facts(&path, false).unwrap();
+        (elsewhere.ctime_ns, elsewhere.volume) = (facts.stamp.ctime_ns, elsewhere.volume ^ 1);
+        assert_eq!(read(&elsewhere).unwrap(), b"9876543210");
         for (m, says) in refused {
             let err = read(&m).unwrap_err();
             let name = std::str::from_utf8(&m.name).unwrap();
             assert!(err.contains(name) && err.contains(says), "{name}: {err}");
         }
+    }
+
+    /// A unit whose samples take their files from a few directories in turn (as a
+    /// `--key-regex` unit of `jpgs/K.jpg`, `txts/K.txt` does) opens each directory once; one
+    /// of more directories than are kept open still reads every file from its own directory.
+    #[test]
+    fn files_from_a_few_directories_in_turn_open_each_directory_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let dirs_count = OPEN_DIRS + 2;
+        let mut members = Vec::new();
+        for k in 0..5 {
+            for d in 0..dirs_count {
+                let rel = format!("d{d}/k{k}.bin");
+                std::fs::create_dir_all(root.join(format!("d{d}"))).unwrap();
+                std::fs::write(root.join(&rel), rel.as_bytes()).unwrap();
+                let facts = posix::facts(&root.join(&rel), false).unwrap();
+                let mut m = member(&rel, Bytes::File(rel.as_bytes().to_vec()), facts.stamp.size);
+                m.mtime_ns = facts.stamp.mtime_ns;
+                (m.ctime_ns, m.identity) = (facts.stamp.ctime_ns, facts.stamp.identity);
+                members.push((d, m));
+            }
+        }
+        let listing = Listing::new(root.to_path_buf(), Vec::new());
+        let read_all = |dirs: &Mutex<OpenDirs>, within: usize| {
+            for (_, m) in members.iter().filter(|(d, _)| *d < within) {
+                let mut buf = vec![0; m.size as usize];
+                read_data(&listing, dirs, m, &mut buf, 0).unwrap();
+                assert_eq!(buf, m.name, "{}", String::from_utf8_lossy(&m.name));
+            }
+            dirs.lock().unwrap().opened
+        };
+        assert_eq!(read_all(&Mutex::default(), 4), 4);
+        // Ten directories in turn, eight kept: each file still from its own.
+        assert!(read_all(&Mutex::default(), dirs_count) >= dirs_count as u64);
     }
 
     /// The index pass reads only headers: it indexes a unit whose files are gone (a read of

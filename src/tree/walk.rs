@@ -384,6 +384,7 @@ fn object_files(
             kind: Kind::File,
             stamp: l.stamp,
             mode: OBJECT_MODE,
+            volume: 0,
         };
         out.push((join(&unit.dir, l.rel.as_bytes()), facts));
     }
@@ -437,6 +438,8 @@ fn keyed(
             mtime: i64::try_from(mtime_s).unwrap_or(0),
             mtime_ns: facts.stamp.mtime_ns,
             identity: facts.stamp.identity,
+            ctime_ns: facts.stamp.ctime_ns,
+            volume: facts.volume,
         },
     }))
 }
@@ -510,6 +513,8 @@ fn label_group(root: &Path, mut group: Vec<Keyed>, label: &Label) -> Result<Vec<
             mtime: 0,
             mtime_ns: 0,
             identity: 0,
+            ctime_ns: 0,
+            volume: 0,
         },
     });
     group.sort_by(|a, b| a.member.name.cmp(&b.member.name));

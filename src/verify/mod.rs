@@ -91,8 +91,8 @@ pub fn verify(comm: &impl Comm, cfg: &VerifyConfig) -> Result<Verdict> {
     let outputs = output_side(comm, &setup);
     times.start("verify compare");
     let tally = owners_compare(comm, &setup, inputs.records, outputs.records);
-    let bytes = inputs.bytes + outputs.bytes;
     times.start("verify report");
+    let bytes = (inputs.bytes, outputs.bytes);
     let findings = gather_findings(comm, &setup, &tally, &outputs.problems, bytes);
     let report = lead.map(|lead| {
         let counts = (inputs.samples, outputs.samples);
@@ -239,6 +239,8 @@ struct Findings {
     equalized_keys: Option<Vec<Vec<u8>>>,
     shard_problems: Vec<Vec<u8>>,
     bytes_read: u64,
+    /// The input sample bytes each rank read.
+    input_bytes_per_rank: Vec<u64>,
     ranks: usize,
 }
 
@@ -248,7 +250,7 @@ fn gather_findings(
     setup: &Setup,
     tally: &Tally,
     shard_problems: &[String],
-    bytes: u64,
+    (input_bytes, output_bytes): (u64, u64),
 ) -> Findings {
     let mut counts = tally.mismatches.to_array().to_vec();
     counts.push(tally.sums.n as u64);
@@ -272,7 +274,10 @@ fn gather_findings(
         _ => None,
     };
     let shard_problems = gather(comm, 0, &encode(&shard_problems));
-    let bytes_read = comm.all_sum(&[bytes])[0];
+    let mut per_rank = vec![0; comm.size() + 1];
+    (per_rank[0], per_rank[comm.rank() + 1]) = (input_bytes + output_bytes, input_bytes);
+    let per_rank = comm.all_sum(&per_rank);
+    let (bytes_read, input_bytes_per_rank) = (per_rank[0], per_rank[1..].to_vec());
     Findings {
         mismatches,
         per_shard,
@@ -281,6 +286,7 @@ fn gather_findings(
         equalized_keys,
         shard_problems,
         bytes_read,
+        input_bytes_per_rank,
         ranks: comm.size(),
     }
 }
@@ -335,6 +341,7 @@ fn lead_report(
             input_shards_per_output_shard: Stats::of(&findings.per_shard),
         },
         bytes_read: findings.bytes_read,
+        input_bytes_per_rank: findings.input_bytes_per_rank,
         seconds: started.elapsed().as_secs_f64(),
         problems,
     }

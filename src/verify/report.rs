@@ -90,6 +90,8 @@ pub struct VerifyReport {
     pub(crate) order: String,
     /// Bytes read and digested, input and output together.
     pub(crate) bytes_read: u64,
+    /// The input sample bytes each rank read and digested, by rank.
+    pub(crate) input_bytes_per_rank: Vec<u64>,
     pub(crate) seconds: f64,
     /// Everything that does not hold, each naming the file (and byte offset where there is one).
     pub problems: Vec<String>,

@@ -31,8 +31,8 @@ pub(super) struct OutputShard {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct Setup {
     pub(super) inputs: Vec<InputShard>,
-    /// The `--input-files` roots, whose units follow the `--input` shards in `inputs` (each
-    /// walked by the rank that digests it).
+    /// The `--input-files` roots, whose units follow the `--input` shards in `inputs` (walked
+    /// by every rank, cut again and sized by the walk phase, as in `run`).
     pub(super) trees: Vec<crate::tree::Root>,
     pub(super) outputs: Vec<OutputShard>,
     pub(super) equalize: Equalize,
@@ -175,8 +175,10 @@ pub(super) fn share(comm: &impl Comm, cfg: &VerifyConfig) -> Result<(Setup, Opti
             setup
         })
     });
-    let setup: Setup = broadcast_result(comm, 0, prepared)?;
-    crate::tree::register(&setup.trees);
+    let mut setup: Setup = broadcast_result(comm, 0, prepared)?;
+    // Walked, cut again and handed to their readers as `run` does: a large directory and a
+    // `--key-regex` root are read by several ranks.
+    crate::job::walk::run(comm, &setup.trees, &mut setup.inputs, None)?;
     Ok((setup, lead))
 }
 
@@ -187,7 +189,7 @@ pub(super) fn share(comm: &impl Comm, cfg: &VerifyConfig) -> Result<(Setup, Opti
 /// The input cannot be expanded or a shard's size read, or the output directory is not one.
 fn prepare(cfg: &VerifyConfig) -> Result<(Setup, Lead)> {
     let mut inputs = input_shards(&cfg.inputs)?;
-    let (units, trees) = crate::tree::expand(&cfg.files, false)?;
+    let (units, trees) = crate::tree::expand(&cfg.files)?;
     inputs.extend(units);
     let dir = &cfg.output;
     let stat = storage::source(dir)

@@ -110,7 +110,7 @@ pub(crate) fn check_same_request(
 /// After the walk phase: the units of loose files as the walk cut them, each stamped in rank
 /// 0's `records` (its tar view's size, and its listing's digest in place of a modification
 /// time), and with `--resume` checked against the recorded run's: a unit whose files changed
-/// since (one added, removed, or changed in size, time or ETag), or cut otherwise, refuses the
+/// since (one added, removed, replaced, or changed in size, times or ETag), or cut otherwise, refuses the
 /// resume, naming its directory. `digests`: every unit's (input index, digest), from the walk.
 ///
 /// # Errors
@@ -166,9 +166,9 @@ fn check_units(staging: &Path, records: &[InputRecord]) -> Result<()> {
             .unwrap_or_else(|| now.path.clone().into());
         return Err(anyhow::Error::new(UsageError::new(anyhow!(
             "cannot --resume the run whose staging directory is {}: the loose files under {} \
-             changed since that run (a file added, removed, or changed in size, modification \
-             time or ETag; its tar view was {} bytes, now {}). Rerun without --resume to start \
-             over (its staging directory is then removed)",
+             changed since that run (a file added, removed, replaced, or changed in size, \
+             modification or status-change time, or ETag; its tar view was {} bytes, now {}). \
+             Rerun without --resume to start over (its staging directory is then removed)",
             staging.display(),
             dir.display(),
             then.size,

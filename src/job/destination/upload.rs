@@ -253,12 +253,11 @@ fn note_uploaded(local: &Path, target: &Path, shard: &str) -> Result<()> {
 /// is no reason to fail: that shard is uploaded again.
 fn uploaded_before(local: &Path, target: &Path) -> Result<Vec<String>> {
     let records = checkpoint::dir(local).join(UPLOADED);
-    let Ok(entries) = storage::source(local).list(&records) else {
+    let Ok(noted) = records::names_under(&records) else {
         return Ok(Vec::new());
     };
     let mut up = Vec::new();
-    for e in entries.into_iter().filter(|e| e.kind == Kind::File) {
-        let shard = e.name.to_string_lossy().into_owned();
+    for shard in noted {
         let Some((object, _)) = read_note(local, &shard).filter(|_| is_shard(&shard)) else {
             continue;
         };
@@ -399,14 +398,22 @@ fn remove_if_there(path: &Path) -> std::io::Result<bool> {
     }
 }
 
-/// A shard (uploaded by any rank) rather than metadata (rank 0's, after every shard).
+/// A shard (uploaded by any rank) rather than metadata (rank 0's, after every shard): a file at
+/// the top of the output or, with `--split`, at the top of a split's directory (`NAME/FILE`; a
+/// key map's templates name no directory), hidden in neither, and no manifest.
 fn is_shard(rel: &str) -> bool {
-    !rel.contains('/') && !rel.starts_with('.') && rel != MANIFEST
+    let parts: Vec<&str> = rel.split('/').collect();
+    parts.len() <= 2
+        && parts.iter().all(|p| !p.is_empty() && !p.starts_with('.'))
+        && parts.last() != Some(&MANIFEST)
 }
 
-/// The saved index of the shard `shard`, relative to the output, if the output has one.
+/// The saved index of the shard `shard`, relative to the output, if the output has one: in the
+/// `.reshard/` beside it (a split's own, for a split's shard).
 fn layout_of(shard: &str) -> String {
-    format!("{}/{shard}{}", saved_index::DIR_NAME, saved_index::SUFFIX)
+    saved_index::path_for(Path::new(shard), None)
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// The shards `shards` and their saved indexes, by name (the saved index of a shard is
@@ -490,6 +497,11 @@ pub(crate) fn run(
         .filter(|f| !was_up.contains(&f.0))
         .copied()
         .collect();
+    let kept_mine: Vec<&str> = mine
+        .iter()
+        .filter(|f| is_shard(&f.0) && kept.contains(&f.0))
+        .map(|f| f.0.as_str())
+        .collect();
     let all_todo = files
         .iter()
         .filter(|f| is_shard(&f.0) && !was_up.contains(&f.0));
@@ -497,7 +509,9 @@ pub(crate) fn run(
     let rank = comm.rank();
     let sent: Result<u64> = std::thread::scope(|scope| {
         let uploads = scope.spawn(|| {
-            let r = fenced::upload_share(copy, target, &todo, &names, rank, fence, &sent);
+            let r = fenced::restore_layouts(copy, target, &kept_mine, &names).and_then(|()| {
+                fenced::upload_share(copy, target, &todo, &names, rank, fence, &sent)
+            });
             sent.end();
             r
         });
@@ -508,6 +522,7 @@ pub(crate) fn run(
     agree(comm, sent.map(|_| ())).with_context(|| {
         fenced::lost(fence, target).unwrap_or_else(|| not_published(target, local, per_node))
     })?;
+    crate::hooks::kill_at(comm.rank(), "uploaded");
     let finished = (comm.rank() == 0).then(|| finish(cfg, local, &dealt, &kept, lock));
     broadcast_result(comm, 0, finished)?;
     if copy != local {
@@ -727,7 +742,8 @@ fn finish(
     let not_published = || not_published(target, local, dealt.per_node);
     fenced::verify(local, target, &mut created, fence).with_context(not_published)?;
     let kept_records = lock.map_or(&[][..], |l| &l.records);
-    fenced::check_kept(local, target, kept, kept_records).with_context(not_published)?;
+    let names: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
+    fenced::check_kept(local, target, kept, kept_records, &names).with_context(not_published)?;
     let strategy = ByManifest {
         target,
         local,

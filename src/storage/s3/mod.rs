@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::multipart::MultipartStore;
 use object_store::path::Path as Key;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
@@ -39,9 +40,9 @@ pub(crate) use requests::{options_with_headers, retry_from_env, s3_client};
 
 /// What the shared code needs of a store's client: `object_store`'s objects and its multipart
 /// uploads. S3, GCS and Azure clients are all of it.
-pub(crate) trait Client: ObjectStore + MultipartStore {}
+pub(crate) trait Client: ObjectStore + MultipartStore + PaginatedListStore {}
 
-impl<T: ObjectStore + MultipartStore> Client for T {}
+impl<T: ObjectStore + MultipartStore + PaginatedListStore> Client for T {}
 
 /// How a store's client of one bucket is made: from the environment, and with the headers
 /// given sent on every request, where there are.
@@ -220,6 +221,43 @@ impl Objects {
         }
     }
 
+    /// The objects and sub-prefixes directly under the prefix `loc` (as a directory) whose
+    /// names start with `start`: one listing of the keys that start with `loc/start`, page by
+    /// page (`object_store`'s own listing takes whole path segments only).
+    fn list_names_starting(&self, loc: &Location, start: &str) -> io::Result<Vec<Entry>> {
+        let store = loc.store()?;
+        let prefix = if loc.key.is_empty() {
+            start.to_string()
+        } else {
+            format!("{}/{start}", loc.key)
+        };
+        let name = |k: &Key| OsString::from(k.filename().unwrap_or_default());
+        let mut entries = Vec::new();
+        let mut page_token = None;
+        loop {
+            let opts = PaginatedListOptions {
+                delimiter: Some("/".into()),
+                page_token: page_token.take(),
+                ..PaginatedListOptions::default()
+            };
+            let page = block_on(again(|| store.list_paginated(Some(&prefix), opts.clone())))
+                .map_err(|e| error(loc, e))?;
+            let files = page.result.objects.iter().map(|o| Entry {
+                name: name(&o.location),
+                kind: Kind::File,
+            });
+            let dirs = page.result.common_prefixes.iter().map(|p| Entry {
+                name: name(p),
+                kind: Kind::Dir,
+            });
+            entries.extend(files.chain(dirs));
+            match page.page_token {
+                Some(next) => page_token = Some(next),
+                None => return Ok(entries),
+            }
+        }
+    }
+
     /// The objects and sub-prefixes directly under the prefix `loc` (as a directory).
     fn list_under(&self, loc: &Location) -> io::Result<(Vec<ObjectMeta>, Vec<Key>)> {
         let store = loc.store()?;
@@ -289,6 +327,11 @@ impl Source for Objects {
             kind: Kind::Dir,
         });
         Ok(files.chain(dirs).collect())
+    }
+
+    fn list_starting(&self, path: &Path, start: &str) -> io::Result<Vec<Entry>> {
+        let loc = self.parse(path)?;
+        self.list_names_starting(&loc, start)
     }
 
     fn canonical(&self, path: &Path) -> io::Result<PathBuf> {

@@ -211,7 +211,9 @@ fn is_exists(e: &anyhow::Error) -> bool {
 /// Before the manifest: each object this rank created (`created`, by name under `target`) is
 /// found as it left it; one that is not (a late write of a run that lost the lock landed after
 /// this run removed what was there, or this run's own create was answered "exists" after a
-/// retry) is replaced as [`create`] does, and looked at again.
+/// retry) is replaced as [`create`] does, and looked at again. The objects created again, with
+/// the MD5 of the bytes sent (their answers are in `created`): what was noted of their first
+/// create no longer holds.
 ///
 /// # Errors
 /// As [`create`], or one stays another's after [`ATTEMPTS`] rounds.
@@ -220,10 +222,12 @@ pub(crate) fn verify(
     target: &Path,
     created: &mut [(String, Created)],
     fence: Option<&Fence>,
-) -> Result<()> {
+) -> Result<Vec<(String, [u8; 16])>> {
+    let mut again = Vec::new();
     for (rel, made) in created.iter_mut() {
         let to = target.join(rel.as_str());
         let mut rounds = 0;
+        let mut md5 = None;
         while !still_created(&to, made)? {
             rounds += 1;
             if rounds > ATTEMPTS {
@@ -234,10 +238,14 @@ pub(crate) fn verify(
                 );
             }
             replace(fence, &to)?;
-            *made = create(local, target, rel, Found::Replace, fence, None)?;
+            let (now, sent) = create_hashed(local, target, rel, Found::Replace, fence, None)?;
+            (*made, md5) = (now, Some(sent));
+        }
+        if let Some(md5) = md5 {
+            again.push((rel.clone(), md5));
         }
     }
-    Ok(())
+    Ok(again)
 }
 
 /// Uploads the local file `rel` under `local` to a new object of the same name under `target`
@@ -310,16 +318,18 @@ pub(crate) fn lost(fence: Option<&Fence>, target: &Path) -> Option<String> {
 
 /// The shards a resumed run keeps from the earlier attempt (`kept`): each still the object that
 /// attempt noted (its size, modification time and ETag) in the staged copy's notes, or the size
-/// and ETag of its record in the bucket (`records`), not trusted; and its saved index at the
-/// output, where `local` holds one ([`restore_layout`]).
+/// and ETag of its record in the bucket (`records`), not trusted; and its saved index, where the
+/// output has one (`names`), at the output and matching the object: checked at the store, so
+/// the same whichever node's writer staged it and wrote it again ([`restore_layouts`]).
 ///
 /// # Errors
-/// One is not, or its saved index cannot be written again.
+/// One is not.
 pub(crate) fn check_kept(
     local: &Path,
     target: &Path,
     kept: &[String],
     records: &[(String, super::records::Record)],
+    names: &HashSet<&str>,
 ) -> Result<()> {
     let now = |p: &Path| storage::stamp(p).ok().map(|s| super::stamp_line(&s));
     let holds = |k: &String| -> Result<bool> {
@@ -335,40 +345,62 @@ pub(crate) fn check_kept(
         }
         Ok(super::read_note(local, k).is_some_and(|n| Some(n.0) == now(&to)))
     };
-    let mut stale = None;
     for k in kept {
         if !holds(k)? {
-            stale = Some(k);
-            break;
+            bail!(
+                "{}: kept from the earlier attempt, but it is not the object that attempt noted \
+                 any more",
+                target.join(k).display()
+            );
+        }
+        let layout = super::layout_of(k);
+        if names.contains(layout.as_str()) && !layout_holds(target, k) {
+            bail!(
+                "{}: the saved index of {k}, kept from the earlier attempt, is not at the output \
+                 (or not of that object) after its writer wrote it again",
+                target.join(&layout).display()
+            );
         }
     }
-    if let Some(stale) = stale {
-        bail!(
-            "{}: kept from the earlier attempt, but it is not the object that attempt noted any \
-             more",
-            target.join(stale).display()
-        );
-    }
-    kept.iter()
-        .try_for_each(|k| restore_layout(local, target, k))
+    Ok(())
 }
 
-/// The saved index of `shard`, kept from the earlier attempt, at `target`: written again from
-/// `local`'s (stamped for the object) unless the one there matches the object. That attempt may
-/// have died between the shard and its index, or the index may have gone since. Nothing where
-/// `local` has no saved index of it.
-fn restore_layout(local: &Path, target: &Path, shard: &str) -> Result<()> {
-    let layout = super::layout_of(shard);
-    let from = local.join(&layout);
-    if storage::stamp(&from).is_err() {
-        return Ok(());
+/// Whether the saved index of `shard` at `target` matches the object.
+fn layout_holds(target: &Path, shard: &str) -> bool {
+    let (object, layout) = (target.join(shard), target.join(super::layout_of(shard)));
+    let dir = layout.parent().unwrap_or(target);
+    matches!(
+        saved_index::load(&object, Some(dir)),
+        saved_index::Lookup::Found(_)
+    )
+}
+
+/// The saved indexes of the shards a resumed run keeps that this rank uploads (`mine`), at
+/// `target`: each written again from this rank's node's `copy` (stamped for the object) where
+/// the output has one (`names`) and the one there does not match the object. That attempt may
+/// have died between the shard and its index, or the index may have gone since. Done by the
+/// shard's writer, whose node staged the index (rank 0's node may hold none of it).
+///
+/// # Errors
+/// One cannot be read from `copy` or written.
+pub(crate) fn restore_layouts(
+    copy: &Path,
+    target: &Path,
+    mine: &[&str],
+    names: &HashSet<&str>,
+) -> Result<()> {
+    for shard in mine {
+        let layout = super::layout_of(shard);
+        if !names.contains(layout.as_str()) || layout_holds(target, shard) {
+            continue;
+        }
+        saved_index::copy_restamped(
+            &copy.join(&layout),
+            &target.join(shard),
+            &target.join(&layout),
+        )?;
     }
-    let (object, to) = (target.join(shard), target.join(&layout));
-    let found = saved_index::load(&object, Some(to.parent().unwrap_or(target)));
-    if matches!(found, saved_index::Lookup::Found(_)) {
-        return Ok(());
-    }
-    saved_index::copy_restamped(&from, &object, &to)
+    Ok(())
 }
 
 /// The side objects an earlier run's create-only uploads left under `target` (on a store that
@@ -401,20 +433,32 @@ pub(crate) fn upload_share(
 ) -> Result<u64> {
     let mut created = Vec::new();
     let mut sum = 0;
+    let noted = |rel: &str, made: &Created, md5| -> Result<()> {
+        super::restamp_layout(copy, target, rel, names)?;
+        super::note_uploaded(copy, target, rel)?;
+        match fence {
+            Some(f) => super::records::note(&f.target, &f.token, rel, made, md5),
+            None => Ok(()),
+        }
+    };
     for (i, f) in todo.iter().enumerate() {
         let pause = (i + 1 == todo.len()).then_some(rank);
         let (made, md5) = create_hashed(copy, target, &f.0, Found::Replace, fence, pause)?;
         if super::is_shard(&f.0) {
-            super::restamp_layout(copy, target, &f.0, names)?;
-            super::note_uploaded(copy, target, &f.0)?;
-            if let Some(fence) = fence {
-                super::records::note(&fence.target, &fence.token, &f.0, &made, md5)?;
-            }
+            noted(&f.0, &made, md5)?;
             sent.add(f.1);
         }
         sum += made.size;
         created.push((f.0.clone(), made));
     }
-    verify(copy, target, &mut created, fence)?;
+    // A shard created again: its saved index, note and record of the first create are stale
+    // (a resume would upload it again), so they are written again.
+    for (rel, md5) in verify(copy, target, &mut created, fence)? {
+        if let Some((_, made)) = created.iter().find(|c| c.0 == rel) {
+            if super::is_shard(&rel) {
+                noted(&rel, made, md5)?;
+            }
+        }
+    }
     Ok(sum)
 }

@@ -61,9 +61,34 @@ fn hex(bytes: &[u8]) -> String {
 pub(crate) fn write(target: &Path, token: &str, shard: &str, record: &Record) -> Result<()> {
     let path = prefix(target, token).join(shard);
     let json = serde_json::to_vec(record).expect("a record serializes");
-    storage::sink(&path)
-        .write(&path, &seal::seal(json))
+    // A split's shard is recorded under its split's name (an object store makes no directory).
+    let sink = storage::sink(&path);
+    path.parent()
+        .map_or(Ok(()), |dir| sink.create_dir_all(dir))
+        .and_then(|()| sink.write(&path, &seal::seal(json)))
         .with_context(|| format!("{}: cannot write", path.display()))
+}
+
+/// The files under `dir`, by path relative to it (a split's shard's record or note is under its
+/// split's name), in no particular order.
+///
+/// # Errors
+/// `dir` or a directory under it cannot be listed (`NotFound` where `dir` is not there).
+pub(crate) fn names_under(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        let here = dir.join(&rel);
+        for e in storage::source(&here).list(&here)? {
+            let name = rel.join(&e.name);
+            match e.kind {
+                Kind::Dir => todo.push(name),
+                Kind::File => out.push(name.to_string_lossy().into_owned()),
+                _ => {}
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// After this run created `shard` of `target` with the answer `created`, having sent bytes of
@@ -120,14 +145,13 @@ pub(crate) fn still_created(path: &Path, created: &Created) -> Result<bool> {
 /// The prefix cannot be listed or an object cannot be looked at.
 pub(crate) fn verified(target: &Path, token: &str) -> Result<Vec<(String, Record)>> {
     let dir = prefix(target, token);
-    let entries = match storage::source(&dir).list(&dir) {
-        Ok(entries) => entries,
+    let names = match names_under(&dir) {
+        Ok(names) => names,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e).with_context(|| format!("{}: cannot list", dir.display())),
     };
     let mut out = Vec::new();
-    for e in entries.into_iter().filter(|e| e.kind == Kind::File) {
-        let shard = e.name.to_string_lossy().into_owned();
+    for shard in names {
         let Some(record) = read(&dir.join(&shard)).filter(|r| r.token == token) else {
             continue;
         };
@@ -285,13 +309,13 @@ pub(crate) fn carry_over(
 /// They cannot be listed or removed.
 pub(crate) fn remove(target: &Path, token: &str) -> Result<()> {
     let dir = prefix(target, token);
-    let entries = match storage::source(&dir).list(&dir) {
-        Ok(entries) => entries,
+    let names = match names_under(&dir) {
+        Ok(names) => names,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("{}: cannot list", dir.display())),
     };
-    for e in entries.into_iter().filter(|e| e.kind == Kind::File) {
-        let path = dir.join(&e.name);
+    for name in names {
+        let path = dir.join(&name);
         match storage::sink(&path).remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(e).with_context(|| format!("{}: cannot remove", path.display()))
@@ -306,15 +330,15 @@ pub(crate) fn remove(target: &Path, token: &str) -> Result<()> {
 /// run's and any a run that lost the lock wrote late under its own token (read by no run: only
 /// a marker names the records a resumed run reads, and a published output has none). Best
 /// effort: hidden, no part of the output; one left is said and removed by the next run that
-/// publishes there. The whole parent is listed: the storage seam lists a directory, not the
-/// names under a prefix.
+/// publishes there. Only the names that start with `.NAME.reshard-records.` are listed, not the
+/// whole parent (which may hold many outputs).
 pub(crate) fn remove_all(target: &Path) {
     let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
         return;
     };
     let base = format!(".{}.reshard-records.", name.to_string_lossy());
     let removed = storage::source(parent)
-        .list(parent)
+        .list_starting(parent, &base)
         .with_context(|| format!("{}: cannot list", parent.display()))
         .and_then(|entries| {
             let dirs = entries.into_iter().filter(|e| e.kind == Kind::Dir);

@@ -283,32 +283,47 @@ fn a_run_that_lost_the_lock_writes_no_marker() {
     assert_eq!(read(&target.join(INCOMPLETE)), b"the successor's marker");
 }
 
-/// A shard kept from the earlier attempt whose saved index did not reach the store (that
-/// attempt died between the two, or the index went since) gets it again before the manifest,
-/// stamped for the object there.
+/// A kept shard's saved index is checked at the output, whichever node staged it: on node-local
+/// scratch rank 0's copy (`local`) holds no saved index of a shard another node's writer staged
+/// (`copy`). Missing at the output, the check fails (before, rank 0 found none in its copy and
+/// skipped it silently); its writer writes it again from its own copy, stamped for the object,
+/// and the check then holds.
 #[test]
-fn a_kept_shard_gets_its_saved_index_again() {
+fn a_kept_shard_gets_its_saved_index_again_from_its_writers_node() {
     let local = Path::new("mem://upload-kept-layout/local");
+    let copy = Path::new("mem://upload-kept-layout/node-1");
     let target = Path::new("mem://upload-kept-layout/target");
-    for dir in [local, target] {
-        storage::sink(dir).create_dir_all(dir).unwrap();
+    let put = |dir: &Path, shard: &str| {
+        let path = dir.join(shard);
+        let sink = storage::sink(&path);
+        sink.create_dir_all(path.parent().unwrap()).unwrap();
+        sink.write(&path, &[0; 1024]).unwrap();
+    };
+    for dir in [local, copy, target] {
+        put(dir, "a.tar");
+        put(dir, "s/b.tar");
     }
-    for dir in [local, target] {
-        let path = dir.join("a.tar");
-        storage::sink(&path).write(&path, &[0; 1024]).unwrap();
-    }
-    let staged = local.join(saved_index::DIR_NAME);
+    // Only node 1's copy holds the saved index of s/b.tar (a split's shard) it staged.
+    let staged = copy.join("s").join(saved_index::DIR_NAME);
     storage::sink(&staged).create_dir_all(&staged).unwrap();
-    saved_index::save(&staged, &local.join("a.tar"), std::iter::empty()).unwrap();
-    note_uploaded(local, target, "a.tar").unwrap();
-    let kept = vec!["a.tar".to_string()];
-    fenced::check_kept(local, target, &kept, &[]).unwrap();
-    let dir = target.join(saved_index::DIR_NAME);
+    saved_index::save(&staged, &copy.join("s/b.tar"), std::iter::empty()).unwrap();
+    for shard in ["a.tar", "s/b.tar"] {
+        note_uploaded(local, target, shard).unwrap();
+    }
+    let layout = layout_of("s/b.tar");
+    assert_eq!(layout, "s/.reshard/b.tar.reshard-layout");
+    let names: HashSet<&str> = ["a.tar", "s/b.tar", layout.as_str()].into();
+    let kept = vec!["a.tar".to_string(), "s/b.tar".to_string()];
+    let err = fenced::check_kept(local, target, &kept, &[], &names).unwrap_err();
     assert!(
-        matches!(
-            saved_index::load(&target.join("a.tar"), Some(&dir)),
-            saved_index::Lookup::Found(_)
-        ),
-        "no saved index of a.tar at the output"
+        format!("{err:#}").contains("the saved index of s/b.tar"),
+        "{err:#}"
     );
+    fenced::restore_layouts(copy, target, &["s/b.tar"], &names).unwrap();
+    fenced::check_kept(local, target, &kept, &[], &names).unwrap();
+    let dir = target.join("s").join(saved_index::DIR_NAME);
+    assert!(matches!(
+        saved_index::load(&target.join("s/b.tar"), Some(&dir)),
+        saved_index::Lookup::Found(_)
+    ));
 }

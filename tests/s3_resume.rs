@@ -1,0 +1,141 @@
+//! The bucket `--resume` of an `s3://` output (issue 37): what a killed run recorded in the
+//! bucket is kept by a resumed run that has none of its staged files (another scratch, as on
+//! another node), the very objects, and the output is the uninterrupted run's bytes. Here: the
+//! shards of a `--split` output's splits (a shard created again before its manifest: on Azurite,
+//! whose ETags are not of the content, in `cloud`).
+
+use crate::util::data::sized;
+use crate::util::lock::wait_until;
+use crate::util::runs::run;
+use crate::util::s3::Server;
+use crate::util::stores::Store as _;
+use crate::util::verifier::assert_same_output;
+use crate::util::{reshard_processes, signal, Dir, RunOutput};
+
+/// `reshard run --input in --output s3://BUCKET/out --seed 7` under `mpirun -np np`, staged on
+/// `scratch` (a directory of the test's), with `extra`.
+fn to_s3(
+    dir: &Dir,
+    s3: &Server,
+    np: usize,
+    output: &str,
+    scratch: &str,
+    extra: &[&str],
+) -> RunOutput {
+    let mut cmd = dir.mpi(np);
+    cmd.args(["run", "--input", "in", "--output", output, "--seed", "7"])
+        .arg("--scratch")
+        .arg(dir.join(scratch))
+        .args(extra);
+    s3.with_env(&mut cmd).output()
+}
+
+/// The records under `.out.reshard-records.TOKEN/` in `bucket`, as shard names (a split's
+/// shard under its split's name).
+fn recorded(dir: &Dir, s3: &Server, bucket: &str) -> Vec<String> {
+    s3.keys(dir, bucket, ".out.reshard-records.")
+        .into_iter()
+        .filter_map(|k| k.split_once('/').map(|(_, shard)| shard.to_string()))
+        .collect()
+}
+
+/// The stamp (size, time, ETag) of each of `shards` under `out/`.
+fn stamps(dir: &Dir, s3: &Server, bucket: &str, shards: &[String]) -> Vec<String> {
+    shards
+        .iter()
+        .map(|s| {
+            let got = s3.stamps(dir, bucket, &format!("out/{s}"));
+            got.into_iter().next().unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The output downloaded equals `reference` byte for byte, no multipart upload is open and
+/// nothing is beside it; `split`: it is a `--split` output, whose own `.reshard/` is empty (a
+/// store holds no empty directory).
+fn only_the_output(dir: &Dir, s3: &Server, bucket: &str, reference: &str, split: bool) {
+    if !split {
+        s3.assert_only_the_output(dir, bucket, reference, &["inputs"]);
+        return;
+    }
+    assert_eq!(
+        s3.uploads(dir, bucket),
+        Vec::<String>::new(),
+        "open uploads"
+    );
+    let beside: Vec<String> = s3
+        .keys(dir, bucket, "")
+        .into_iter()
+        .filter(|k| !k.starts_with("out/"))
+        .collect();
+    assert_eq!(beside, Vec::<String>::new(), "objects beside the output");
+    s3.get(dir, bucket, "out", &dir.join("got"));
+    std::fs::create_dir_all(dir.join("got/.reshard")).unwrap();
+    assert_same_output(&dir.join(reference), &dir.join("got"), &["inputs"]);
+}
+
+/// A `--split` output at 2 ranks, writes slowed, is killed (SIGKILL, every rank) once a shard
+/// of a split is recorded as uploaded in the bucket. `--resume` on another scratch (nothing of
+/// the killed run staged there) keeps every recorded shard, the split's among them, the very
+/// object (its ETag and time unchanged), and publishes the uninterrupted run's bytes with
+/// nothing left beside them. Before, a split's shards were not recorded: the kill never came
+/// (no record in a split) and a resume uploaded every split shard again.
+#[test]
+fn a_killed_split_output_resumes_from_the_bucket_keeping_its_recorded_split_shards() {
+    let test = "a_killed_split_output_resumes_from_the_bucket_keeping_its_recorded_split_shards";
+    let dir = Dir::new("s3-resume-split");
+    sized(&dir, "in", "36MiB", "64KiB", 6);
+    let split = [
+        "--split",
+        "a=0.5,b=rest",
+        "--split-shards",
+        "3",
+        "--shards",
+        "3",
+    ];
+    run(&dir, Some(2), &["in"], "ref", 3, 7, &split[..4]);
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    let output = format!("s3://{bucket}/out");
+    let (out, scratch) = (output.clone(), "scratch-killed");
+    let mut slow: Vec<&str> = split.to_vec();
+    slow.extend(["--max-write-rate", "4MiB"]);
+    let killed = std::thread::scope(|scope| {
+        let job = scope.spawn(|| to_s3(&dir, s3, 2, &out, scratch, &slow));
+        wait_until("a shard of a split is recorded as uploaded", || {
+            recorded(&dir, s3, &bucket).iter().any(|s| s.contains('/'))
+        });
+        for (pid, _) in reshard_processes(dir.path()) {
+            signal(pid, libc::SIGKILL);
+        }
+        job.join().unwrap()
+    });
+    killed.check(killed.code() != Some(0), "the killed run must fail");
+    let keys = s3.keys(&dir, &bucket, "out/");
+    assert!(!keys.contains(&"out/index.json".to_string()), "{keys:?}");
+    let kept = recorded(&dir, s3, &bucket);
+    let shards = keys.iter().filter(|k| k.ends_with(".tar")).count();
+    assert!(shards < 6, "killed after its upload: {keys:?}");
+    let before = stamps(&dir, s3, &bucket, &kept);
+
+    let mut again: Vec<&str> = split.to_vec();
+    again.push("--resume");
+    let resumed = to_s3(&dir, s3, 2, &output, "scratch-resumed", &again);
+    resumed.check(resumed.code() == Some(0), "expected success");
+    resumed.stderr_has(&format!(
+        "kept {} shard(s) the earlier run uploaded completely",
+        kept.len()
+    ));
+    assert_eq!(
+        stamps(&dir, s3, &bucket, &kept),
+        before,
+        "a recorded shard was uploaded again: {kept:?}"
+    );
+    only_the_output(&dir, s3, &bucket, "ref", true);
+    println!(
+        "killed with {shards} of 6 shards up, {} recorded ({kept:?}): all kept",
+        kept.len()
+    );
+}

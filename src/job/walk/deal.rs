@@ -229,6 +229,14 @@ fn deal<C: Comm>(
     if total == 0 {
         return (Ok(Vec::new()), 0);
     }
+    if ranks == 1 {
+        // All are this rank's: examined here, not sent to itself.
+        let files: Vec<(u32, &Unexamined)> = pending
+            .iter()
+            .map(|(k, file)| (walking[*k].root as u32, file))
+            .collect();
+        return (Ok(examine_all(roots, &files)), total);
+    }
     // Every rank's files in one order; rank `q` examines the `q`th contiguous share of it.
     let share = |q: usize| {
         let at = |q: usize| (u128::from(total) * q as u128 / ranks as u128) as u64;
@@ -257,17 +265,8 @@ fn deal<C: Comm>(
     let examined = asked.as_ref().map_or(0, |a| a.len() as u64);
     let answers: Vec<Answer> = match &asked {
         Ok(asked) => {
-            let chunks: Vec<&[Asked]> = asked.chunks(256).collect();
-            let done = several(chunks, |chunk| {
-                Ok(chunk
-                    .iter()
-                    .map(|a| {
-                        examine(&roots[a.root as usize].path, &a.file).map_err(|e| e.to_string())
-                    })
-                    .collect::<Vec<Answer>>())
-            });
-            done.map(|d| d.into_iter().flatten().collect())
-                .unwrap_or_default()
+            let files: Vec<(u32, &Unexamined)> = asked.iter().map(|a| (a.root, &a.file)).collect();
+            examine_all(roots, &files)
         }
         Err(_) => Vec::new(),
     };
@@ -291,6 +290,21 @@ fn deal<C: Comm>(
         Ok(got)
     });
     (result, examined)
+}
+
+/// The answers for `files` (each with its root's index), in order, [`THREADS`] at a time.
+fn examine_all(roots: &[Root], files: &[(u32, &Unexamined)]) -> Vec<Answer> {
+    let chunks: Vec<&[(u32, &Unexamined)]> = files.chunks(256).collect();
+    let done = several(chunks, |chunk| {
+        Ok(chunk
+            .iter()
+            .map(|(root, file)| {
+                examine(&roots[*root as usize].path, file).map_err(|e| e.to_string())
+            })
+            .collect::<Vec<Answer>>())
+    });
+    done.map(|d| d.into_iter().flatten().collect())
+        .unwrap_or_default()
 }
 
 /// `f` of every item, [`THREADS`] at a time, in order; the first failure in order is the

@@ -41,6 +41,9 @@
 //!   the MPI library), so that a test sees the quiet ones wait for it.
 //! - `RESHARD_TEST_HANG_FINALIZE=r|all`: rank r (or every rank) blocks where it would call
 //!   MPI_Finalize, as MPI_Finalize does when it hangs (the finalize deadline must end the job).
+//! - `RESHARD_TEST_PER_NODE=1`: an object-store output is staged as if `--scratch` were each
+//!   node's own although every rank sees rank 0's (heartbeats in the bucket, no checkpoints), so
+//!   that one host without namespaces per node runs what a cluster without a shared disk does.
 //!
 //! Diagnostics, in every build:
 //! - `RESHARD_TRACE_ROUNDS`: every exchange round prints its timeline on stderr (when it was
@@ -55,7 +58,7 @@ pub use test_hooks::slow_speaker;
 pub(crate) use test_hooks::{
     hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round,
     pause_before_exchange, pause_before_finish, pause_before_publish, pause_in_index,
-    pause_in_upload, slow_round,
+    pause_in_upload, slow_round, stage_per_node,
 };
 
 /// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
@@ -250,6 +253,11 @@ mod test_hooks {
         }
     }
 
+    /// `RESHARD_TEST_PER_NODE=1`: an object-store output staged as if per node.
+    pub(crate) fn stage_per_node() -> bool {
+        std::env::var_os("RESHARD_TEST_PER_NODE").is_some_and(|v| v == "1")
+    }
+
     /// Test hook: `RESHARD_TEST_HANG_FINALIZE=r` makes rank r block forever where it would call
     /// MPI_Finalize (`all`: every rank), as MPI_Finalize does when it hangs.
     pub(crate) fn hang_finalize(rank: usize, env: impl Fn(&str) -> Option<String>) -> bool {
@@ -276,6 +284,9 @@ mod test_hooks {
     pub(crate) fn pause_in_upload(_dir: &Path, _rank: usize) {}
     pub(crate) fn pause_in_index() {}
     pub(crate) fn slow_round(_rank: usize) {}
+    pub(crate) fn stage_per_node() -> bool {
+        false
+    }
     pub fn slow_speaker() {}
     pub(crate) fn hang_finalize(_rank: usize, _env: impl Fn(&str) -> Option<String>) -> bool {
         false

@@ -588,10 +588,9 @@ fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, O
     let Some((url, scheme)) = output
         .as_ref()
         .filter(|o| {
-            // Assembled where it can be written at offsets and committed where it cannot be
-            // renamed into place: by the manifest (job::destination::life).
-            let can = crate::storage::sink(o).capabilities();
-            !can.positioned_writes || !can.rename
+            // Assembled where it can be written at offsets and committed by its manifest
+            // (job::destination::life), by the one predicate over the sink's capabilities.
+            crate::storage::sink(o).capabilities().commits_by_manifest()
         })
         .and_then(|o| Some((o.clone(), crate::storage::object_scheme(o)?)))
     else {

@@ -18,7 +18,7 @@ use crate::job::destination::owned::inspect;
 use crate::job::destination::resume;
 use crate::job::destination::series::say_what_keep_would_remove;
 use crate::job::destination::staging::{self, Staging};
-use crate::job::destination::{self, Held};
+use crate::job::destination::{self, upload, Held};
 use crate::job::handoff::{Resume, Setup};
 use crate::output::checkpoint::{self, InputRecord};
 use crate::report::narrate::count;
@@ -33,7 +33,8 @@ use crate::tree::{self, Root};
 /// As [`destination::prepare`] and [`prepare`].
 pub(crate) fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
     let remote = destination::prepare(&settings.upload)?;
-    let (setup, mut held) = prepare(&settings.expand, &settings.resume)?;
+    let taken = remote.as_ref().map(upload::RemoteLock::lock);
+    let (setup, mut held) = prepare(&settings.expand, &settings.resume, taken)?;
     held.remote = remote;
     Ok((setup, held))
 }
@@ -51,6 +52,7 @@ pub(crate) fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
 pub(crate) fn prepare(
     settings: &ExpandSettings,
     resuming: &ResumeSettings,
+    taken: Option<&OutputLock>,
 ) -> Result<(Setup, Held)> {
     let (inputs, records, trees) = expand_inputs(settings)?;
     let Some(out) = &settings.output else {
@@ -58,20 +60,22 @@ pub(crate) fn prepare(
         return Ok((Setup::planning(inputs, trees), Held::default()));
     };
     let (target, pointer) = output_paths(out, settings.dry_run)?;
-    // Before anything is checked or touched: another live run may be writing this output.
-    let lock = (!settings.dry_run)
+    // Before anything is checked or touched: another live run may be writing this output. An
+    // output staged on `--scratch` has its lock where it is committed (`taken`, in its
+    // store): the run's one lock, whose token names its staging directory here too.
+    let own = (!settings.dry_run && taken.is_none())
         .then(|| OutputLock::acquire(&lock_of(&target), out, settings.lock_stale_after))
         .transpose()?;
     check_output(settings, out, &target, &pointer, &inputs)?;
     check_not_in_a_root(out, &target, &trees)?;
-    let Some(lock) = lock else {
+    let Some(lock) = own.as_ref().or(taken).filter(|_| !settings.dry_run) else {
         // Checked as `run` would, but nothing is created, removed or written.
         if let Some(keep) = &settings.keep {
             say_what_keep_would_remove(&target, keep, settings.epoch)?;
         }
         return Ok((Setup::planning(inputs, trees), Held::default()));
     };
-    let (staging, resume) = take_staging(settings.resume, resuming, &lock, &pointer, &records)?;
+    let (staging, resume) = take_staging(settings.resume, resuming, lock, &pointer, &records)?;
     let setup = Setup {
         inputs,
         staging: Some(staging),
@@ -84,7 +88,7 @@ pub(crate) fn prepare(
     Ok((
         setup,
         Held {
-            lock: Some(lock),
+            lock: own,
             inputs: records,
             remote: None,
         },

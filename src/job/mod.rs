@@ -117,7 +117,7 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
     if let (Err(e), Some(staging)) = (&result, &setup.staging) {
         // Every rank has left the failed phase (failures are agreed collectively). A staging
         // directory another run took over is that run's.
-        let ours = mine.lock.as_ref().is_none_or(|l| l.may_clean_up(staging));
+        let ours = mine.lock().is_none_or(|l| l.may_clean_up(staging));
         let interrupted = e.downcast_ref::<interrupt::Interrupted>();
         let failed = destination::life::Failed {
             staging,
@@ -125,7 +125,7 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
             scratch,
             interrupted,
         };
-        destination::life::after_failure(&failed, lead && ours);
+        destination::life::after_failure(&failed, lead, ours);
     }
     drop(mine);
     result
@@ -142,7 +142,7 @@ fn run_phases(
 ) -> Result<Outcome> {
     let lead = comm.rank() == 0;
     let inputs = mine.map(|m| &m.inputs[..]);
-    let lock = mine.and_then(|m| m.lock.as_ref());
+    let lock = mine.and_then(Held::lock);
     narrate_start(comm, setup);
     agree(comm, crate::throttle::start(&settings.io, comm.size()))?;
     let (heart, beats) = start_heartbeat(comm, settings, setup, scratch);
@@ -234,7 +234,7 @@ fn publish_and_after(
     times: &mut PhaseTimes,
 ) -> Result<Outcome> {
     let phase = |name: &str| heart.iter().for_each(|h| h.phase(name));
-    let lock = mine.and_then(|m| m.lock.as_ref());
+    let lock = mine.and_then(Held::lock);
     phase("publish");
     times.detail("publish");
     publish::run(comm, &settings.publish, setup, planned, finished, lock)?;
@@ -552,8 +552,9 @@ mod tests {
         let mut cfg = cfg.clone();
         cfg.output = None;
         let settings = job_settings(&cfg);
-        let prepared = (comm.rank() == 0)
-            .then(|| expand::prepare(&settings.expand, &settings.resume).map(|(setup, _)| setup));
+        let prepared = (comm.rank() == 0).then(|| {
+            expand::prepare(&settings.expand, &settings.resume, None).map(|(setup, _)| setup)
+        });
         let setup: Setup = broadcast_result(comm, 0, prepared).unwrap();
         let ctx = Shared {
             comm,

@@ -155,6 +155,14 @@ pub(crate) trait Input: Send + Sync {
     fn reads(&self) -> Reads {
         Reads::Stream
     }
+
+    /// Whether the input's tar records are made from a listing as they are read (a view of
+    /// loose files), not stored: its headers cannot change during a run, and every member's
+    /// bytes are checked against the listing by the read itself, so a reader need not walk a
+    /// sample's headers again to see that it is still the sample indexed.
+    fn checks_itself(&self) -> bool {
+        false
+    }
 }
 
 /// How the exchange reads an input's samples best.
@@ -243,6 +251,16 @@ pub(crate) struct Capabilities {
     pub(crate) rename: bool,
     /// [`Sink::symlink`] makes symbolic links (the staging pointer, `--link`).
     pub(crate) symlinks: bool,
+}
+
+impl Capabilities {
+    /// The one predicate of how an output's life commits on this sink: where it can neither
+    /// write at offsets nor rename (an object store), the output is assembled elsewhere (on
+    /// `--scratch`) and committed by creating its manifest last; else its staging directory is
+    /// renamed into place (`job::destination::life`).
+    pub(crate) fn commits_by_manifest(self) -> bool {
+        !(self.positioned_writes && self.rename)
+    }
 }
 
 /// Where outputs go: the staging area, its shards and metadata, and their publishing. What is

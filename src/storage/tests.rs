@@ -387,3 +387,22 @@ fn sequential_streams_do_not_move_each_other() {
     assert_eq!(rest, b"89");
     assert!(a.seek(SeekFrom::Current(-100)).is_err());
 }
+
+#[test]
+fn an_output_commits_by_manifest_where_it_can_neither_write_at_offsets_nor_rename() {
+    let can = |positioned_writes, rename| Capabilities {
+        positioned_writes,
+        rename,
+        symlinks: false,
+    };
+    assert!(!can(true, true).commits_by_manifest());
+    for (positioned, rename) in [(false, true), (true, false), (false, false)] {
+        assert!(can(positioned, rename).commits_by_manifest());
+    }
+    assert!(!sink(Path::new("/tmp/out"))
+        .capabilities()
+        .commits_by_manifest());
+    assert!(sink(Path::new("s3://b/p/out"))
+        .capabilities()
+        .commits_by_manifest());
+}

@@ -192,15 +192,20 @@ pub(crate) struct Failed<'a> {
 }
 
 /// What a failed run leaves, on every store: only what `--resume` continues from, and only
-/// what the run still owns (`owner`: rank 0, its staging not taken over by another run). Its
+/// what the run still owns (`lead`: rank 0; `owner`: its staging not taken over by another
+/// run), but for its heartbeats, which only it reads. Its
 /// staging directory stays where a checkpoint recorded durable samples (staged per node, there
 /// is nothing to resume from: each node's copy goes). On an object store, what its upload put
 /// stays, named by the marker of the upload: the store may be out of reach now, so the next run
 /// holding the lock removes it, but for the shards `--resume` keeps (the upload's `prepare`).
-pub(crate) fn after_failure(failed: &Failed<'_>, owner: bool) {
+pub(crate) fn after_failure(failed: &Failed<'_>, lead: bool, owner: bool) {
     let staging = failed.staging;
-    if owner {
+    if lead {
+        // Its heartbeats are named by its own token (in the store when staged per node): no
+        // other run reads them, whether or not this one still owns the output.
         failed.scratch.remove_heartbeats(staging, failed.target);
+    }
+    if lead && owner {
         if failed.scratch == Scratch::Shared {
             abandon(staging, failed.interrupted);
         } else {

@@ -31,10 +31,23 @@ use crate::output::checkpoint::InputRecord;
 /// time as the run started (for the plan record).
 #[derive(Default)]
 pub(crate) struct Held {
+    /// The lock of an output on a file system, beside it.
     pub(crate) lock: Option<lock::OutputLock>,
-    /// An `s3://` output's lock (taken before this phase, see [`upload`]).
+    /// An `s3://` output's lock, in its store (taken before this phase, see [`upload`]), and
+    /// what its upload carries over from a failed run.
     pub(crate) remote: Option<upload::RemoteLock>,
     pub(crate) inputs: Vec<InputRecord>,
+}
+
+impl Held {
+    /// The run's one lock, wherever the output is: its token names everything the run writes
+    /// (its staging directory, on `--scratch` too, its heartbeats, its records in the bucket),
+    /// so that a successor that takes the lock over from it knows what is its.
+    pub(crate) fn lock(&self) -> Option<&lock::OutputLock> {
+        self.lock
+            .as_ref()
+            .or_else(|| self.remote.as_ref().map(upload::RemoteLock::lock))
+    }
 }
 
 /// Rank 0, before the expand phase looks at the output: for an `s3://` output its scratch

@@ -86,7 +86,7 @@ pub(crate) fn is_reshard_output(dir: &Path) -> bool {
     // A store without renames commits by its manifest and keeps no empty directories (a
     // prefix is there while an object is): a `--split` output keeps its saved indexes under
     // each split, and its own `.reshard/` is not there; its manifest tells.
-    let by_manifest = !storage::sink(dir).capabilities().rename;
+    let by_manifest = storage::sink(dir).capabilities().commits_by_manifest();
     source.stat_link(dir).is_ok_and(|s| s.kind == Kind::Dir)
         && (by_manifest || source.stat(&saved).is_ok_and(|s| s.kind == Kind::Dir))
         && OutputManifest::read(dir).is_ok()

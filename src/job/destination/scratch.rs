@@ -51,7 +51,7 @@ pub(crate) fn settle(comm: &impl Comm, settings: &JobSettings, setup: &Setup) ->
     }
     let seen = Staging::at(staging).present();
     let unseen = comm.all_sum(&[u64::from(!seen)])[0];
-    if unseen == 0 {
+    if unseen == 0 && !crate::hooks::stage_per_node() {
         return Ok(Scratch::Shared);
     }
     // `--resume` needs no shared disk here: its records of the upload are in the bucket
@@ -129,24 +129,20 @@ impl Scratch {
     }
 }
 
-/// Rank 0, having taken the output's lock over from a run its pid proved dead: the heartbeats
-/// that runs staged per node left in the store beside `target` (`.NAME.reshard-tmp.TOKEN/
-/// .heartbeats/`, [`Scratch::heartbeats`]), which a run killed outright cannot remove. This run
-/// beats there only later, once its ranks start. Best effort: they are no part of the output.
-pub(crate) fn remove_dead_heartbeats(target: &Path) {
+/// Rank 0, having taken the output's lock over from the run `dead` (its token) that its pid
+/// proved dead: the heartbeats that run left in the store beside `target` when it staged per
+/// node (`.NAME.reshard-tmp.TOKEN/.heartbeats/`, [`Scratch::heartbeats`]), which a run killed
+/// outright cannot remove. Only that run's: its staging directory, and so its heartbeats' prefix,
+/// is named after its lock's token (the run's one token), while a run that lost the lock earlier
+/// by its silence may live and beat on under its own. This run beats there only later, once its
+/// ranks start. Best effort: they are no part of the output.
+pub(crate) fn remove_dead_heartbeats(target: &Path, dead: &str) {
     let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
         return;
     };
-    let base = format!(".{}.reshard-tmp.", name.to_string_lossy());
-    let Ok(entries) = storage::source(parent).list(parent) else {
-        return;
-    };
-    for e in entries.into_iter().filter(|e| e.kind == storage::Kind::Dir) {
-        if e.name.to_string_lossy().starts_with(&base) {
-            let beats = parent.join(&e.name).join(".heartbeats");
-            let _ = storage::sink(&beats).remove_dir_all(&beats);
-        }
-    }
+    let name = format!(".{}.reshard-tmp.{dead}", name.to_string_lossy());
+    let beats = parent.join(name).join(".heartbeats");
+    let _ = storage::sink(&beats).remove_dir_all(&beats);
 }
 
 /// Removes, on this node's disk, the staging copies of earlier runs of the same output beside

@@ -93,6 +93,11 @@ impl RemoteLock {
         })
     }
 
+    /// The output's lock: the run's one lock, its token the run's one token.
+    pub(crate) fn lock(&self) -> &OutputLock {
+        &self.lock
+    }
+
     /// That the lock still holds this run's token (right before the manifest is written).
     fn check_owned(&self) -> Result<()> {
         self.lock.check_held()
@@ -129,6 +134,10 @@ pub(crate) fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
         return Ok(None);
     }
     let mut lock = RemoteLock::acquire(target, cfg.lock_stale_after)?;
+    if let Some(dead) = lock.lock.dead_predecessor() {
+        // Its pid proved it dead: what it could not remove itself, and only what is its.
+        crate::job::destination::scratch::remove_dead_heartbeats(target, dead);
+    }
     if storage::source(target).stat(&target.join(REMOVING)).is_ok() {
         // A `--keep` run began removing this output: with its `index.json` gone, finish that
         // (it is reshard's, and no output any more); with it there, the removal never began.
@@ -324,8 +333,11 @@ fn restage(local: &Path) -> Result<bool> {
     Ok(true)
 }
 
-/// What is at the output now: nothing, or with `--force` a reshard output whose manifest's
-/// shards, with their saved indexes, the new output replaces.
+/// What is at the output now: nothing, or with `--force` a reshard output, of which the new
+/// output replaces every object reshard wrote: the shards its manifest lists with their saved
+/// and loader indexes (`NAME.idx`, `NAME.tar.idx`; of shards beyond the new count too), and
+/// whatever is under its `.reshard/` directories and `.nv-meta/`. An object reshard did not write
+/// there (the user's own, which the manifest does not name) stays.
 fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
     // The one rule of what a run may replace, on every store (destination::life).
     if !may_replace(
@@ -336,20 +348,29 @@ fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
     )? {
         return Ok(Vec::new());
     }
-    let mut names: Vec<String> = match crate::job::destination::owned::OutputManifest::read(target)
-    {
+    let listed: Vec<String> = match crate::job::destination::owned::OutputManifest::read(target) {
         Ok(m) => m.shardlist.into_iter().map(|s| s.url).collect(),
         Err(why) => bail!("--output {}: {why}", target.display()),
     };
-    names.retain(|n| is_own_name(n));
-    // A replaced shard's saved index is of the replaced output too: it goes with its shard (on
-    // a file system the whole directory goes), or it would outlive it under the new output.
-    let layouts: Vec<String> = names
+    let of_shards: HashSet<String> = listed
         .iter()
-        .map(|n| saved_index::path_for(Path::new(n), None))
+        .flat_map(|n| {
+            let shard = Path::new(n);
+            [
+                shard.to_path_buf(),
+                crate::output::dali::index_path(shard),
+                crate::output::energon::tar_idx_path(shard),
+            ]
+        })
         .map(|p| p.to_string_lossy().into_owned())
         .collect();
-    names.extend(layouts);
+    let reshards = |n: &str| {
+        of_shards.contains(n)
+            || n.starts_with(&format!("{}/", crate::output::energon::META_DIR))
+            || n.split('/').any(|part| part == saved_index::DIR_NAME)
+    };
+    let mut names: Vec<String> = files_of(target, false)?.into_iter().map(|f| f.0).collect();
+    names.retain(|n| is_own_name(n) && reshards(n));
     Ok(names)
 }
 

@@ -11,7 +11,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use object_store::{GetOptions, GetRange, ObjectMeta};
 
 use super::requests::{again, block_on, error};
-use super::{count, e_tag_identity, stamp_of, Objects, GETS};
+use super::{count, stamp_of, Objects, GETS};
 use crate::storage::FileStamp;
 
 /// GETs of one batch in flight at once: small objects are latency-bound, so one rank keeps
@@ -25,16 +25,6 @@ pub(crate) const IN_FLIGHT: usize = 32;
 pub(crate) struct Listed {
     pub(crate) rel: String,
     pub(crate) stamp: FileStamp,
-}
-
-/// An object's stamp with its ETag's quotes left out of the identity: Azure's listing spells an
-/// ETag bare and its GET answer quoted, and the listing and the GET must agree on one object.
-fn loose_stamp(meta: &ObjectMeta) -> FileStamp {
-    let tag = meta.e_tag.as_deref().unwrap_or_default();
-    FileStamp {
-        identity: e_tag_identity(tag.trim_matches('"')),
-        ..stamp_of(meta)
-    }
 }
 
 /// One GET of a batch: the object at `path`, its bytes `range`, and the stamp it was listed with.
@@ -83,7 +73,7 @@ impl Objects {
                 let rel = o.location.as_ref().strip_prefix(base.as_str())?;
                 (!rel.is_empty()).then(|| Listed {
                     rel: rel.to_string(),
-                    stamp: loose_stamp(o),
+                    stamp: stamp_of(o),
                 })
             })
             .collect();
@@ -136,7 +126,7 @@ impl Objects {
             Err(e) => return Err(named(error(&loc, e).to_string())),
         };
         count(&GETS, bytes.len());
-        let now = loose_stamp(&meta);
+        let now = stamp_of(&meta);
         if now.size != w.listed.size {
             return Err(named(format!(
                 "it changed since it was listed: size {} -> {} bytes",
@@ -184,12 +174,9 @@ mod tests {
     /// A listing's bare ETag and a GET's quoted one are the same object; another ETag is not.
     #[test]
     fn an_etag_listed_bare_and_read_quoted_is_one_object() {
-        let listed = loose_stamp(&meta("0x8DC0FFEE"));
-        assert_eq!(listed, loose_stamp(&meta("\"0x8DC0FFEE\"")));
-        assert_ne!(
-            listed.identity,
-            loose_stamp(&meta("\"0x8DBADBAD\"")).identity
-        );
+        let listed = stamp_of(&meta("0x8DC0FFEE"));
+        assert_eq!(listed, stamp_of(&meta("\"0x8DC0FFEE\"")));
+        assert_ne!(listed.identity, stamp_of(&meta("\"0x8DBADBAD\"")).identity);
         assert_eq!((listed.size, listed.mtime_ns), (7, 0));
     }
 }

@@ -188,11 +188,18 @@ fn stamp_of(meta: &ObjectMeta) -> FileStamp {
     }
 }
 
-/// The identity of an object's stamp from its ETag as the store spells it (64-bit FNV-1a).
+/// The identity of an object's stamp from its ETag however the store spells it (64-bit
+/// FNV-1a), the one place its quotes are normalised: Azure's listing spells an ETag bare and its
+/// GET answer quoted, and a store's answer to a create may differ from its HEAD alike, so the
+/// tag is hashed quoted (as S3 spells it: the identities saved indexes already keep).
 pub(crate) fn e_tag_identity(tag: &str) -> u64 {
-    tag.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    let bare = tag.trim_matches('"');
+    std::iter::once(b'"')
+        .chain(bare.bytes())
+        .chain(std::iter::once(b'"'))
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
 }
 
 impl Objects {

@@ -128,12 +128,10 @@ pub(crate) fn still_created(path: &Path, created: &Created) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e).with_context(|| format!("{}: cannot stat", path.display())),
     };
-    let tag_matches = created.e_tag.as_deref().is_none_or(|tag| {
-        let bare = tag.trim_matches('"');
-        [bare.to_string(), format!("\"{bare}\"")]
-            .iter()
-            .any(|t| storage::e_tag_identity(t) == now.identity)
-    });
+    let tag_matches = created
+        .e_tag
+        .as_deref()
+        .is_none_or(|tag| storage::e_tag_identity(tag) == now.identity);
     Ok(now.size == created.size && tag_matches)
 }
 
@@ -269,8 +267,7 @@ pub(crate) fn kept(
 /// attempt's prefix removed. `earlier`: the token the attempt's marker names. Believed only when
 /// it is the run this one took the lock over from, or the lock was free (that run released
 /// it): a marker put late by a run that lost the lock names that run, whose records a
-/// successor does not read. A run dead by its pid also leaves heartbeats in the store, which go
-/// ([`crate::job::destination::scratch::remove_dead_heartbeats`]).
+/// successor does not read.
 ///
 /// # Errors
 /// The records cannot be listed, read, written or removed, or an object cannot be looked at.
@@ -280,9 +277,6 @@ pub(crate) fn carry_over(
     lock: &OutputLock,
     resume: bool,
 ) -> Result<Vec<(String, Record)>> {
-    if lock.dead_predecessor().is_some() {
-        crate::job::destination::scratch::remove_dead_heartbeats(target);
-    }
     let own = lock.token();
     let Some(earlier) = earlier.filter(|t| is_token(t) && *t != own) else {
         return Ok(Vec::new());

@@ -37,7 +37,7 @@ pub(crate) use schemes::{is_object_store, object_scheme, objects, register_sourc
 use schemes::{object_store, PACED_OBJECT_STORES};
 
 /// What a location is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Kind {
     File,
     Dir,

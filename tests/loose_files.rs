@@ -666,3 +666,22 @@ fn a_large_flat_directory_is_listed_once_and_its_files_examined_by_every_rank() 
     let out1 = dir.join("out1");
     crate::util::verifier::assert_same_output(&dir.join("regex"), &out1, &["ranks", "inputs"]);
 }
+
+/// A flat directory of 5,000 files, cut by rank 0 into two key ranges, with a dangling link in
+/// each: both counted, once, at every rank count (the second unit's found when its files are
+/// examined, by whichever rank the deal gives them to).
+#[test]
+fn skips_found_when_examined_count_once_in_every_key_range() {
+    let dir = Dir::new("files-flat-skips");
+    for i in 0..5000u64 {
+        dir.create_bytes(format!("flat/f{i:05}.bin"), &i.to_le_bytes());
+    }
+    for name in ["f00002.lnk", "f04600.lnk"] {
+        std::os::unix::fs::symlink("nothing", dir.join("flat").join(name)).unwrap();
+    }
+    for np in [1, 2] {
+        let res = pack_spread(&dir, np, "flat", &format!("out{np}"), &[]);
+        res.stderr_has("walked 5000 files");
+        res.stderr_has("skipped: 2 link to a directory or dangling");
+    }
+}

@@ -83,6 +83,7 @@ pub(crate) fn prepare(
         resume,
         trees,
         files: None,
+        walk: Default::default(),
     };
     Ok((
         setup,

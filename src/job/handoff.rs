@@ -35,6 +35,24 @@ impl<C: Comm> Shared<'_, C> {
     }
 }
 
+/// What one rank's walk phase asked of the file system: directories listed (prefixes on object
+/// storage), files examined (`lstat`, or `stat` for a link).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WalkCalls {
+    pub(crate) listed: u64,
+    pub(crate) examined: u64,
+}
+
+/// What the walk phase leaves for the phases after it (set by it on every rank; not sent).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WalkFacts {
+    /// The directory units rank 0 cut the roots into, before any key range: the input's bytes
+    /// count two end blocks for each ([`Setup::input_bytes`]).
+    pub(crate) dir_units: u64,
+    /// This rank's own calls.
+    pub(crate) calls: WalkCalls,
+}
+
 /// What rank 0 resolves before any data is read, shared with every rank.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Setup {
@@ -48,6 +66,9 @@ pub(crate) struct Setup {
     pub(crate) trees: Vec<crate::tree::Root>,
     /// The loose files the walk phase found in them (set by it on every rank).
     pub(crate) files: Option<u64>,
+    /// What the walk phase found (set by it on every rank; not sent).
+    #[serde(skip)]
+    pub(crate) walk: WalkFacts,
 }
 
 impl Setup {
@@ -71,6 +92,23 @@ impl Setup {
             .context("internal error: no output when only planning")
     }
 
+    /// The input's bytes (`input_bytes` in `index.json` and the summary): the `--input`
+    /// shards' sizes, and loose files as if each directory unit of rank 0's cut were one tar:
+    /// each member's records (header, data, padding) and two end blocks per directory unit.
+    /// The same however a directory's keys are cut into ranges (by rank 0, by the walk, by a
+    /// `--key-regex` root's regrouping; each range's tar view ends in two end blocks of its
+    /// own), at every rank count.
+    pub(crate) fn input_bytes(&self) -> u64 {
+        let units = self
+            .inputs
+            .iter()
+            .filter(|s| crate::tree::parse(&s.path).is_some())
+            .count() as u64;
+        let end = 2 * crate::tar::headers::BLOCK;
+        let sizes: u64 = self.inputs.iter().map(|s| s.size).sum();
+        (sizes + end * self.walk.dir_units).saturating_sub(end * units)
+    }
+
     /// Only planning: the inputs, no output.
     pub(crate) fn planning(inputs: Vec<InputShard>, trees: Vec<crate::tree::Root>) -> Self {
         Setup {
@@ -80,6 +118,7 @@ impl Setup {
             resume: None,
             trees,
             files: None,
+            walk: WalkFacts::default(),
         }
     }
 }

@@ -57,7 +57,7 @@ use destination::scratch::Scratch;
 use destination::staging::Staging;
 use destination::{publish, resume, space, upload, Held};
 use exchange::Buffers;
-use handoff::{ExchangeStats, Planned, Setup, Shared};
+use handoff::{ExchangeStats, Planned, Setup, Shared, WalkFacts};
 use planning::{index, layout, place};
 use summary::Summary;
 
@@ -98,6 +98,12 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
         let digests = walked.as_ref().map_or(&[][..], |(_, d)| &d[..]);
         let records = lead.then_some(&mut mine.inputs);
         resume::record_units(comm, &setup, records, digests)?;
+        if let Some((w, _)) = &walked {
+            setup.walk = WalkFacts {
+                dir_units: w.dir_units,
+                calls: w.calls,
+            };
+        }
         setup.files = walked.map(|(w, _)| w.files);
         run_phases(
             comm,
@@ -379,7 +385,7 @@ fn plot_plan(
 /// Rank 0 says what the job reads and where it writes.
 fn narrate_start(comm: &impl Comm, setup: &Setup) {
     let (ranks, lead) = (comm.size(), comm.rank() == 0);
-    let input_bytes: u64 = setup.inputs.iter().map(|s| s.size).sum();
+    let input_bytes = setup.input_bytes();
     narrate(
         lead,
         format_args!(

@@ -35,6 +35,10 @@ pub(crate) struct RankStats {
     /// writing: waits for buffers and peers excluded.
     pub(crate) read_seconds: f64,
     pub(crate) write_seconds: f64,
+    /// `--input-files`: the directories this rank listed in the walk phase, and the files it
+    /// examined (`lstat`, or `stat` for a link): every file once over the ranks.
+    pub(crate) dirs_listed: u64,
+    pub(crate) files_examined: u64,
 }
 
 /// Each per-rank figure over the ranks: the summary prints these, `--report` the full table.
@@ -315,6 +319,8 @@ pub(crate) fn gather(
         .expect("three sums");
     let read_nanos = comm.all_gather(stats.read_nanos);
     let write_nanos = comm.all_gather(stats.write_nanos);
+    let listed = comm.all_gather(setup.walk.calls.listed);
+    let examined = comm.all_gather(setup.walk.calls.examined);
     let per_rank = (0..ranks)
         .map(|r| RankStats {
             bytes_read: bytes_read[r],
@@ -322,6 +328,8 @@ pub(crate) fn gather(
             peak_rss: peak_rss[r],
             read_seconds: read_nanos[r] as f64 / 1e9,
             write_seconds: write_nanos[r] as f64 / 1e9,
+            dirs_listed: listed[r],
+            files_examined: examined[r],
         })
         .collect();
     let rank_spread = RankSpreads {
@@ -339,7 +347,7 @@ pub(crate) fn gather(
         },
         inputs: setup.inputs.len(),
         files: setup.files,
-        input_bytes: setup.inputs.iter().map(|s| s.size).sum(),
+        input_bytes: setup.input_bytes(),
         samples: index.samples,
         sample_bytes: index.sample_bytes,
         shards: placed.shards,

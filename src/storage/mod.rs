@@ -37,7 +37,7 @@ pub(crate) use schemes::{is_object_store, object_scheme, objects, register_sourc
 use schemes::{object_store, PACED_OBJECT_STORES};
 
 /// What a location is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Kind {
     File,
     Dir,
@@ -154,6 +154,14 @@ pub(crate) trait Input: Send + Sync {
     /// How the exchange reads its samples best ([`Reads`]).
     fn reads(&self) -> Reads {
         Reads::Stream
+    }
+
+    /// Whether the input's tar records are made from a listing as they are read (a view of
+    /// loose files), not stored: its headers cannot change during a run, and every member's
+    /// bytes are checked against the listing by the read itself, so a reader need not walk a
+    /// sample's headers again to see that it is still the sample indexed.
+    fn checks_itself(&self) -> bool {
+        false
     }
 }
 

@@ -99,7 +99,7 @@ impl Input for PosixInput {
 
 /// What a loose file's tar header takes from the file system (`--input-files`, see
 /// [`crate::tree`]): its kind, stamp and permission bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FileFacts {
     pub kind: Kind,
     pub stamp: FileStamp,

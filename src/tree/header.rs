@@ -80,13 +80,59 @@ pub(crate) fn write_header(fields: &HeaderFields<'_>, out: &mut Vec<u8>) {
     let pax = pax_records(fields);
     if !pax.is_empty() {
         // Python's tarfile names its PAX headers so; readers ignore the name.
-        out.extend_from_slice(&ustar(b"././@PaxHeader", pax.len() as u64, 0o644, 0, b'x'));
+        let mut block = [0u8; BLOCK as usize];
+        ustar(
+            &mut block,
+            b"././@PaxHeader",
+            pax.len() as u64,
+            0o644,
+            0,
+            b'x',
+        );
+        out.extend_from_slice(&block);
         let start = out.len();
         out.extend_from_slice(&pax);
         out.resize(start + padded(pax.len() as u64) as usize, 0);
     }
-    // Where a PAX record holds the value, the ustar field holds what fits (a truncated name,
-    // size 0), as Python's tarfile writes it.
+    let mut block = [0u8; BLOCK as usize];
+    member_block(fields, &mut block);
+    out.extend_from_slice(&block);
+}
+
+/// Copies the bytes of the member's header records from byte `from` on into the start of
+/// `out`, as many as fit: the count copied. Without an allocation where the header is one
+/// ustar block (no PAX records are due), which is every member but rare ones (a name over 100
+/// bytes, a size of 8 GiB or more): a read makes one for every file it passes.
+pub(crate) fn copy_header(fields: &HeaderFields<'_>, from: usize, out: &mut [u8]) -> usize {
+    if needs_pax(fields) {
+        let mut header = Vec::with_capacity(header_len(fields) as usize);
+        write_header(fields, &mut header);
+        let n = out.len().min(header.len() - from);
+        out[..n].copy_from_slice(&header[from..from + n]);
+        return n;
+    }
+    match out.get_mut(..BLOCK as usize) {
+        // The whole block: made where it goes.
+        Some(whole) if from == 0 => {
+            let block: &mut [u8; BLOCK as usize] = whole.try_into().expect("one block");
+            block.fill(0);
+            member_block(fields, block);
+            BLOCK as usize
+        }
+        _ => {
+            let mut block = [0u8; BLOCK as usize];
+            member_block(fields, &mut block);
+            let n = out.len().min(block.len() - from);
+            out[..n].copy_from_slice(&block[from..from + n]);
+            n
+        }
+    }
+}
+
+/// Fills the zeroed `block` with the member's ustar header. Where a PAX record holds the
+/// value, the ustar field holds what fits (a truncated name, size 0), as Python's tarfile
+/// writes it.
+fn member_block(fields: &HeaderFields<'_>, block: &mut [u8; BLOCK as usize]) {
     let name = &fields.name[..fields.name.len().min(100)];
     let size = if fields.size > OCTAL_11 {
         0
@@ -94,12 +140,18 @@ pub(crate) fn write_header(fields: &HeaderFields<'_>, out: &mut Vec<u8>) {
         fields.size
     };
     let mtime = u64::try_from(fields.mtime).unwrap_or(0).min(OCTAL_11);
-    out.extend_from_slice(&ustar(name, size, fields.mode, mtime, b'0'));
+    ustar(block, name, size, fields.mode, mtime, b'0');
 }
 
-/// One ustar header block.
-fn ustar(name: &[u8], size: u64, mode: u32, mtime: u64, typeflag: u8) -> [u8; 512] {
-    let mut h = [0u8; 512];
+/// Fills the zeroed block `h` with one ustar header.
+fn ustar(
+    h: &mut [u8; BLOCK as usize],
+    name: &[u8],
+    size: u64,
+    mode: u32,
+    mtime: u64,
+    typeflag: u8,
+) {
     h[..name.len()].copy_from_slice(name);
     octal(&mut h[100..108], u64::from(mode & 0o7777));
     octal(&mut h[108..116], 0);
@@ -115,7 +167,6 @@ fn ustar(name: &[u8], size: u64, mode: u32, mtime: u64, typeflag: u8) -> [u8; 51
     let sum: u64 = h.iter().map(|&b| u64::from(b)).sum();
     // Six digits, NUL, space: what GNU tar writes.
     octal(&mut h[148..155], sum);
-    h
 }
 
 /// `value` in octal, zero-padded to fill the field but its last byte (a NUL). Digit by digit,
@@ -198,6 +249,34 @@ mod tests {
                 octal(&mut field, value);
                 let want = format!("{value:0digits$o}\0");
                 assert_eq!(field, want.as_bytes(), "{value} in {digits} digits");
+            }
+        }
+    }
+
+    /// A header copied from any byte on into a buffer of any length is the written header's
+    /// bytes there, with and without PAX records, over whatever the buffer held before.
+    #[test]
+    fn a_copied_header_is_the_written_one_from_any_byte() {
+        let long = format!("{}/x.jpg", "d".repeat(150));
+        for name in [&b"n0144/x_1.JPEG"[..], long.as_bytes()] {
+            let whole = header(name, 1234);
+            let fields = HeaderFields {
+                name,
+                size: 1234,
+                mode: 0o640,
+                mtime: 1_700_000_000,
+            };
+            for from in [0, 1, 100, 511, 512, whole.len() - 1] {
+                if from >= whole.len() {
+                    continue;
+                }
+                for room in [1, 7, 512, 513, 2000] {
+                    let mut out = vec![0xa5; room];
+                    let n = copy_header(&fields, from, &mut out);
+                    assert_eq!(n, room.min(whole.len() - from), "{from} {room}");
+                    assert_eq!(out[..n], whole[from..from + n], "{from} {room}");
+                    assert!(out[n..].iter().all(|&b| b == 0xa5), "{from} {room}");
+                }
             }
         }
     }

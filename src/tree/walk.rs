@@ -117,13 +117,122 @@ struct Keyed {
 }
 
 /// Walks `unit` of `root`: its listing in the canonical order (by key, then member name), and
-/// what was skipped.
+/// what was skipped. The walk phase does the same in its steps ([`names`], [`examine`] here or
+/// on another rank, [`take`], [`finish`]), to deal a large directory's files over the ranks.
 ///
 /// # Errors
 /// A directory that cannot be listed, a file that cannot be examined, a name that is not
 /// UTF-8, a key the loaders would read differently, a label that does not fit; each names the
 /// file.
 pub(crate) fn walk_unit(root: &Path, unit: &Unit, rules: &Rules) -> Result<(Listing, Skips)> {
+    let Named {
+        mut found,
+        dirs,
+        mut skips,
+        ..
+    } = names(root, unit, rules)?;
+    for file in dirs.into_iter().flatten() {
+        let facts = examine(root, &file);
+        take(root, file, facts, &mut found, &mut skips)?;
+    }
+    finish(root, unit, rules, found, skips)
+}
+
+/// A file a unit's walk has named (its directory said it is a file or a link) and not yet
+/// examined.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Unexamined {
+    /// Relative to the root.
+    pub(crate) rel: Vec<u8>,
+    /// A symbolic link: examined by `stat`, not `lstat`.
+    pub(crate) follow: bool,
+}
+
+/// A unit walked up to its files' examination.
+#[derive(Debug, Default)]
+pub(crate) struct Named {
+    /// Files whose facts are known already (on object storage, the listing's).
+    pub(crate) found: Vec<(Vec<u8>, FileFacts)>,
+    /// The files still to examine, by directory (each in name order).
+    pub(crate) dirs: Vec<Vec<Unexamined>>,
+    pub(crate) skips: Skips,
+    /// The directories listed (or prefixes listed, on object storage).
+    pub(crate) listed: u64,
+}
+
+/// Whether `unit` of a root with `rules` is a key range of the rule's keys (see
+/// [`walk_unit`]'s cases).
+fn by_rule(unit: &Unit, rules: &Rules) -> bool {
+    rules.key_regex.is_some() && unit.dir.is_empty() && unit.deep
+}
+
+/// The files of `unit` of `root`, listed and not examined (a file outside a unit's keys left
+/// out, see [`local_files`]), and what the listings skipped.
+///
+/// # Errors
+/// A directory that cannot be listed, a name that is not UTF-8.
+pub(crate) fn names(root: &Path, unit: &Unit, rules: &Rules) -> Result<Named> {
+    let mut named = Named::default();
+    if let Some(store) = objects(root) {
+        named.found = object_files(store, root, unit, &mut named.skips)?;
+        named.listed = 1;
+    } else {
+        local_files(root, unit, !by_rule(unit, rules), &mut named)?;
+    }
+    Ok(named)
+}
+
+/// The facts of `file` of `root`: one `lstat` (a `stat` for a link).
+///
+/// # Errors
+/// It cannot be examined.
+pub(crate) fn examine(root: &Path, file: &Unexamined) -> std::io::Result<FileFacts> {
+    posix::facts(&file_path(root, &file.rel), file.follow)
+}
+
+/// `file` examined (`facts`) into `found`, or counted in `skips` (a link to a directory or a
+/// dangling one, a special file).
+///
+/// # Errors
+/// A file (not a link) that could not be examined, naming it.
+pub(crate) fn take(
+    root: &Path,
+    file: Unexamined,
+    facts: std::io::Result<FileFacts>,
+    found: &mut Vec<(Vec<u8>, FileFacts)>,
+    skips: &mut Skips,
+) -> Result<()> {
+    let facts = match facts {
+        Ok(f) => f,
+        Err(_) if file.follow => {
+            skips.links += 1;
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("{}: cannot stat", file_path(root, &file.rel).display()))
+        }
+    };
+    match facts.kind {
+        Kind::File => found.push((file.rel, facts)),
+        Kind::Dir | Kind::Link => skips.links += 1,
+        Kind::Other => skips.special += 1,
+    }
+    Ok(())
+}
+
+/// The listing of `unit` of `root` from its examined files (`files`) and what its walk
+/// skipped: named by the key rule, labelled, in the canonical order.
+///
+/// # Errors
+/// A key the loaders would read differently, a label that does not fit; each names the file.
+pub(crate) fn finish(
+    root: &Path,
+    unit: &Unit,
+    rules: &Rules,
+    files: Vec<(Vec<u8>, FileFacts)>,
+    mut skips: Skips,
+) -> Result<(Listing, Skips)> {
     let regex = rules
         .key_regex
         .as_deref()
@@ -134,13 +243,7 @@ pub(crate) fn walk_unit(root: &Path, unit: &Unit, rules: &Rules) -> Result<(List
     // (the walk phase's regrouped units); any other unit's range is of WebDataset's keys of
     // the paths (a large directory's, cut by the names listed), and its samples are whole only
     // once regrouped: it gets no labels.
-    let by_rule = rules.key_regex.is_some() && unit.dir.is_empty() && unit.deep;
-    let mut skips = Skips::default();
-    let files = if let Some(store) = objects(root) {
-        object_files(store, root, unit, &mut skips)?
-    } else {
-        local_files(root, unit, !by_rule, &mut skips)?
-    };
+    let by_rule = by_rule(unit, rules);
     let mut found = Vec::with_capacity(files.len());
     for (rel, facts) in files {
         let held = by_rule || sample_key(&rel).is_none_or(|k| unit.holds(k));
@@ -198,27 +301,24 @@ pub(crate) fn gathered(root: &Path, members: Vec<Member>, rules: &Rules) -> Resu
     in_order(root, found, rules.label.as_ref())
 }
 
-/// The regular files of `unit` of the directory `root` (links to files followed), relative to
-/// the root, with their facts: one `readdir` per directory, one `lstat` per file (a `stat` for
-/// a link). What is left out is counted in `skips`; with `by_path`, a file whose key by
+/// The regular files and links of `unit` of the directory `root`, relative to the root, by
+/// directory into `named` to be examined: one `readdir` per directory (the kind its entries
+/// give). What is left out is counted in its skips; with `by_path`, a file whose key by
 /// WebDataset's rule is outside the unit's range is left out uncounted, never examined.
 ///
 /// # Errors
-/// A directory that cannot be listed, a file that cannot be examined, a name that is not UTF-8.
-fn local_files(
-    root: &Path,
-    unit: &Unit,
-    by_path: bool,
-    skips: &mut Skips,
-) -> Result<Vec<(Vec<u8>, FileFacts)>> {
-    let mut found = Vec::new();
+/// A directory that cannot be listed, a name that is not UTF-8.
+fn local_files(root: &Path, unit: &Unit, by_path: bool, named: &mut Named) -> Result<()> {
+    let skips = &mut named.skips;
     let mut dirs = vec![unit.dir.clone()];
     while let Some(dir) = dirs.pop() {
         let path = file_path(root, &dir);
         let mut entries = Posix
             .list(&path)
             .with_context(|| format!("{}: cannot list the directory", path.display()))?;
+        named.listed += 1;
         entries.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut files = Vec::new();
         for entry in entries {
             let name = entry.name.as_bytes();
             let rel = join(&dir, name);
@@ -239,35 +339,15 @@ fn local_files(
                         continue;
                     }
                     let follow = entry.kind == Kind::Link;
-                    let facts = match posix::facts(&file_path(root, &rel), follow) {
-                        Ok(f) => f,
-                        Err(_) if follow => {
-                            skips.links += 1;
-                            continue;
-                        }
-                        Err(e) => {
-                            return Err(e).with_context(|| {
-                                format!("{}: cannot stat", file_path(root, &rel).display())
-                            })
-                        }
-                    };
-                    match facts.kind {
-                        Kind::File => {}
-                        Kind::Dir | Kind::Link => {
-                            skips.links += 1;
-                            continue;
-                        }
-                        Kind::Other => {
-                            skips.special += 1;
-                            continue;
-                        }
-                    }
-                    found.push((rel, facts));
+                    files.push(Unexamined { rel, follow });
                 }
             }
         }
+        if !files.is_empty() {
+            named.dirs.push(files);
+        }
     }
-    Ok(found)
+    Ok(())
 }
 
 /// On object storage: the objects of `unit` of the prefix `root` in `store`, as files relative

@@ -125,7 +125,7 @@ fn run_info(
         sample_bytes: index.sample_bytes,
         output_bytes: finished.file_bytes.iter().sum(),
         inputs: crate::input::recorded_paths(inputs.iter().map(|s| s.path.as_path())),
-        input_bytes: inputs.iter().map(|s| s.size).sum(),
+        input_bytes: setup.input_bytes(),
         skipped: index.skipped,
         ranks,
         sizing: placed.sizing.clone(),

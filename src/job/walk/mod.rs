@@ -1,17 +1,17 @@
 //! Phase "walk" (only with `--input-files`): the ranks walk the units of the roots (each rank a
-//! contiguous share of them, by count), cut them again where a walk found more than a unit's
+//! contiguous share of them, by count; a large directory's files examined by every rank,
+//! [`deal`]), cut them again where a walk found more than a unit's
 //! worth or a `--key-regex` root's files must be regrouped by key ([`recut`]), learn every
 //! unit's size from one sum, and hand each listing to the rank that will read that unit (the
 //! index phase's byte-balanced assignment), so that no file is listed or examined twice and no
 //! rank holds more than its share of the list.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
-use crate::comm::{agree, Comm};
+use crate::comm::Comm;
 use crate::input::InputShard;
 use crate::plan::assign_inputs;
 use crate::report::narrate;
@@ -21,6 +21,7 @@ use crate::tree::view::{Bytes, Listing};
 use crate::tree::walk::Skips;
 use crate::tree::{self, Root};
 
+mod deal;
 mod recut;
 
 use recut::WalkedUnit;
@@ -35,6 +36,10 @@ pub struct Walked {
     pub file_bytes: u64,
     pub units: u64,
     pub skips: Skips,
+    /// The directory units as rank 0 cut the roots, before any key range.
+    pub dir_units: u64,
+    /// This rank's own metadata calls (not summed).
+    pub(crate) calls: crate::job::handoff::WalkCalls,
 }
 
 /// Walks the units among `inputs`, cuts them again where a walk found more than a unit's worth
@@ -56,10 +61,9 @@ pub fn run<C: Comm>(
         return Ok(None);
     }
     tree::register(roots);
-    let (rank, ranks, lead) = (comm.rank(), comm.size(), comm.rank() == 0);
-    let share = assign_inputs(&vec![1; units.len()], ranks)[rank].clone();
-    let mine: Vec<usize> = units[share].to_vec();
-    let walked = agree(comm, walk_all(inputs, &mine))?;
+    let (ranks, lead) = (comm.size(), comm.rank() == 0);
+    let (walked, calls) = deal::walk(comm, roots, inputs, &units)?;
+    let dir_units = directory_units(inputs);
     let mut totals = [0u64; 6];
     for (_, listing, skips) in &walked {
         let files = listing
@@ -100,6 +104,8 @@ pub fn run<C: Comm>(
         file_bytes: totals[1],
         units: units.len() as u64,
         skips: Skips::from_array(totals[2..].try_into().expect("four counts")),
+        dir_units,
+        calls,
     };
     narrate(lead, format_args!("{}", describe(&found, roots.len())));
     if let (true, Some(staging), Some(list)) = (lead, staging, tree::class_list(roots)) {
@@ -109,6 +115,15 @@ pub fn run<C: Comm>(
             .with_context(|| format!("{}: cannot write the class list", path.display()))?;
     }
     Ok(Some((found, digests)))
+}
+
+/// The directory units of `inputs` as rank 0 cut the roots (a deep unit, or a directory's own
+/// files, however many key ranges it was cut into): the units of the tree before any key
+/// range, which neither the cut of a large directory's keys, the walk's cut, a `--key-regex`
+/// root's regrouping nor the rank count changes.
+fn directory_units(inputs: &[InputShard]) -> u64 {
+    let first = |s: &InputShard| tree::parse(&s.path).is_some_and(|(_, u)| u.keys.0.is_none());
+    inputs.iter().filter(|s| first(s)).count() as u64
 }
 
 /// The indices of the units of loose files among `inputs`, in order.
@@ -142,41 +157,6 @@ fn describe(w: &Walked, roots: usize) -> String {
         line += &format!("; skipped: {}", skipped.join(", "));
     }
     line
-}
-
-/// One unit's walk.
-type WalkResult = Result<(Listing, Skips)>;
-
-/// Walks this rank's units, several at once (each walk is a chain of dependent metadata
-/// calls, and storage serves many at once); the first failure in unit order is the error.
-fn walk_all(inputs: &[InputShard], mine: &[usize]) -> Result<Vec<WalkedUnit>> {
-    const THREADS: usize = 16;
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<WalkResult>>> =
-        Mutex::new((0..mine.len()).map(|_| None).collect());
-    std::thread::scope(|scope| {
-        for _ in 0..THREADS.min(mine.len()) {
-            scope.spawn(|| loop {
-                let k = next.fetch_add(1, Ordering::Relaxed);
-                if k >= mine.len() {
-                    break;
-                }
-                let r = tree::walk(&inputs[mine[k]].path);
-                let failed = r.is_err();
-                results.lock().unwrap()[k] = Some(r);
-                if failed {
-                    next.store(mine.len(), Ordering::Relaxed);
-                }
-            });
-        }
-    });
-    let mut out = Vec::with_capacity(mine.len());
-    for (&i, r) in mine.iter().zip(results.into_inner().unwrap()) {
-        let Some(r) = r else { continue };
-        let (listing, skips) = r?;
-        out.push((i, listing, skips));
-    }
-    Ok(out)
 }
 
 /// Sends each walked listing to the rank that reads its unit, keeps those this rank reads.

@@ -398,59 +398,68 @@ fn the_rules_of_outputs_hold_on_every_store() {
                 res.check(listing == fresh, &format!("{out}: {listing:?}"));
             }
         }
-        // --keep 1 over a series holding a directory with a copied index.json: it stays.
-        store.put(&dir, "series/epoch-0/index.json", &copied);
-        store.put(&dir, "series/epoch-0/mine.txt", b"the user's own");
-        if matches!(store, Store::Fs) {
-            dir.create_dir("series/epoch-0/.reshard");
-        }
-        // The user's file inside the older output --keep removes: only reshard's goes.
-        store.put(&dir, "series/epoch-1/mine.txt", b"the user's own 1");
-        let res = store.run(
-            &dir,
-            "series/epoch-{epoch}",
-            &["--epoch", "2", "--keep", "1"],
-        );
-        ok(res);
-        assert!(store.get(&dir, "series/epoch-0/mine.txt").is_some());
-        assert!(store.get(&dir, "series/epoch-1/index.json").is_none());
-        assert_eq!(store.listing(&dir, "series/epoch-1"), ["mine.txt"]);
-        assert_eq!(
-            store.get(&dir, "series/epoch-1/mine.txt").unwrap(),
-            b"the user's own 1"
-        );
-        // And in one whose removal is cut short, then finished by the next run.
-        store.put(&dir, "series/epoch-2/mine.txt", b"the user's own 2");
-        // A --keep cut short once the older output stopped being one (moved aside, or its
-        // manifest gone under its removal marker) is finished by the next --keep run.
-        let keep = |epoch: &str, env: &[(&str, &str)]| {
-            let flags = ["--epoch", epoch, "--keep", "1"];
-            store.run_with(&dir, "series/epoch-{epoch}", &flags, env)
-        };
-        let cut = keep("3", &[("RESHARD_TEST_KILL", "0:keep")]);
-        cut.check(cut.code() != Some(0), "the run killed in --keep fails");
-        assert!(store.get(&dir, "series/epoch-3/index.json").is_some());
-        assert!(store.get(&dir, "series/epoch-2/index.json").is_none());
-        assert!(
-            store.anything_of(&dir, "series/epoch-2"),
-            "a removal cut short"
-        );
-        let res = keep("4", &[]);
-        res.stderr_has("--keep: finishing the removal of");
-        ok(res);
-        assert!(
-            !store.anything_of(&dir, "series/epoch-3"),
-            "epoch-3 is removed"
-        );
-        assert_eq!(store.listing(&dir, "series/epoch-2"), ["mine.txt"]);
-        assert_eq!(
-            store.get(&dir, "series/epoch-2/mine.txt").unwrap(),
-            b"the user's own 2"
-        );
-        assert!(!dir.join("series/.epoch-2.reshard-removing").exists());
-        assert!(store.get(&dir, "series/epoch-4/index.json").is_some());
-        assert!(store.get(&dir, "series/epoch-0/mine.txt").is_some());
+        keep_removes_only_reshards(&store, &dir, &copied);
     }
+}
+
+/// `--keep` over the table's series (`series/epoch-1` published, with `copied` its manifest):
+/// a directory with a copied index.json stays; of an older output only what reshard wrote
+/// goes, the user's file inside it stays, also where the removal is cut short and finished by
+/// the next run.
+fn keep_removes_only_reshards(store: &Store<'_>, dir: &Dir, copied: &[u8]) {
+    let ok = |out: crate::util::RunOutput| out.check(out.code() == Some(0), "expected success");
+    // --keep 1 over a series holding a directory with a copied index.json: it stays.
+    store.put(dir, "series/epoch-0/index.json", copied);
+    store.put(dir, "series/epoch-0/mine.txt", b"the user's own");
+    if matches!(store, Store::Fs) {
+        dir.create_dir("series/epoch-0/.reshard");
+    }
+    // The user's file inside the older output --keep removes: only reshard's goes.
+    store.put(dir, "series/epoch-1/mine.txt", b"the user's own 1");
+    let res = store.run(
+        dir,
+        "series/epoch-{epoch}",
+        &["--epoch", "2", "--keep", "1"],
+    );
+    ok(res);
+    assert!(store.get(dir, "series/epoch-0/mine.txt").is_some());
+    assert!(store.get(dir, "series/epoch-1/index.json").is_none());
+    assert_eq!(store.listing(dir, "series/epoch-1"), ["mine.txt"]);
+    assert_eq!(
+        store.get(dir, "series/epoch-1/mine.txt").unwrap(),
+        b"the user's own 1"
+    );
+    // And in one whose removal is cut short, then finished by the next run.
+    store.put(dir, "series/epoch-2/mine.txt", b"the user's own 2");
+    // A --keep cut short once the older output stopped being one (moved aside, or its
+    // manifest gone under its removal marker) is finished by the next --keep run.
+    let keep = |epoch: &str, env: &[(&str, &str)]| {
+        let flags = ["--epoch", epoch, "--keep", "1"];
+        store.run_with(dir, "series/epoch-{epoch}", &flags, env)
+    };
+    let cut = keep("3", &[("RESHARD_TEST_KILL", "0:keep")]);
+    cut.check(cut.code() != Some(0), "the run killed in --keep fails");
+    assert!(store.get(dir, "series/epoch-3/index.json").is_some());
+    assert!(store.get(dir, "series/epoch-2/index.json").is_none());
+    assert!(
+        store.anything_of(dir, "series/epoch-2"),
+        "a removal cut short"
+    );
+    let res = keep("4", &[]);
+    res.stderr_has("--keep: finishing the removal of");
+    ok(res);
+    assert!(
+        !store.anything_of(dir, "series/epoch-3"),
+        "epoch-3 is removed"
+    );
+    assert_eq!(store.listing(dir, "series/epoch-2"), ["mine.txt"]);
+    assert_eq!(
+        store.get(dir, "series/epoch-2/mine.txt").unwrap(),
+        b"the user's own 2"
+    );
+    assert!(!dir.join("series/.epoch-2.reshard-removing").exists());
+    assert!(store.get(dir, "series/epoch-4/index.json").is_some());
+    assert!(store.get(dir, "series/epoch-0/mine.txt").is_some());
 }
 
 /// `--force` on a file system where the user's file in the replaced output has a name the new

@@ -253,9 +253,12 @@ fn az_a_shard_created_again_before_its_manifest_is_kept_by_a_resume() {
         cmd
     };
     let records = || az.keys(&dir, &container, ".out.reshard-records.");
-    let paused = dir.join(format!(
-        "scratch-killed/reshard-scratch/az/{container}/.paused-upload-0"
-    ));
+    let scratch = dir.join("scratch-killed");
+    let paused = || {
+        crate::util::staged_bucket(&scratch, &container)
+            .map(|b| b.join(".paused-upload-0"))
+            .filter(|m| m.exists())
+    };
     std::fs::create_dir_all(dir.join("other")).unwrap();
     std::fs::write(dir.join("other/shard-000000.tar"), b"not the run's").unwrap();
     let killed = std::thread::scope(|scope| {
@@ -264,7 +267,7 @@ fn az_a_shard_created_again_before_its_manifest_is_kept_by_a_resume() {
             .env("RESHARD_TEST_KILL", "0:uploaded");
         let run = scope.spawn(move || cmd.output());
         wait_until("the run pauses in its last shard's upload", || {
-            paused.exists()
+            paused().is_some()
         });
         let first = records();
         assert!(
@@ -272,7 +275,7 @@ fn az_a_shard_created_again_before_its_manifest_is_kept_by_a_resume() {
             "{first:?}"
         );
         az.put(&dir, &dir.join("other"), &container, "out");
-        std::fs::remove_file(&paused).unwrap();
+        std::fs::remove_file(paused().unwrap()).unwrap();
         run.join().unwrap()
     });
     killed.check(killed.code() != Some(0), "the run was killed");

@@ -598,14 +598,15 @@ fn a_run_that_lost_its_lock_mid_upload(test: &str, total: &str, shards: usize) {
 
     s3.get(&dir, &bucket, "out", &dir.join("got"));
     assert_same_output(&dir.join("ref-b"), &dir.join("got"), &["ranks", "inputs"]);
-    let aside: Vec<String> = fs::read_dir(dir.join(format!("scratch/reshard-scratch/{bucket}")))
+    let staged = crate::util::staged_bucket(&dir.join("scratch"), &bucket).unwrap();
+    let aside: Vec<String> = fs::read_dir(&staged)
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with(".out.reshard-left."))
         .collect();
     assert_eq!(aside.len(), 1, "A's staged copy is moved aside: {aside:?}");
-    let kept = dir.join(format!("scratch/reshard-scratch/{bucket}/{}", aside[0]));
+    let kept = staged.join(&aside[0]);
     assert!(
         kept.join("index.json").exists(),
         "A's staged copy is whole: {}",
@@ -658,10 +659,12 @@ fn objects_put_at_a_runs_names_while_it_uploads_are_replaced_before_it_publishes
         .env("RESHARD_TEST_PAUSE_UPLOAD", "300");
     s3.with_env(&mut run);
     let run = std::thread::spawn(move || run.output());
-    let marker = dir.join(format!("scratch/reshard-scratch/{bucket}/.paused-upload-0"));
+    let scratch = dir.join("scratch");
+    let marker =
+        || crate::util::staged_bucket(&scratch, &bucket).map(|b| b.join(".paused-upload-0"));
     wait_until(
         "the run pauses in its last shard's multipart upload",
-        || marker.exists(),
+        || marker().is_some_and(|m| m.exists()),
     );
     for i in 0..2 {
         s3.put_bytes(
@@ -671,7 +674,7 @@ fn objects_put_at_a_runs_names_while_it_uploads_are_replaced_before_it_publishes
             b"not the run's",
         );
     }
-    fs::remove_file(&marker).unwrap();
+    fs::remove_file(marker().unwrap()).unwrap();
     let out = run.join().unwrap();
     out.check(out.code() == Some(0), "expected success");
     let replaced = out
@@ -868,4 +871,60 @@ fn a_takeover_removes_only_the_heartbeats_of_the_run_it_proved_dead() {
     a.stderr_has("this run lost the output's lock");
     assert_eq!(beating(), Vec::<String>::new(), "A removed its own");
     s3.assert_only_the_output(&dir, &bucket, "ref-c", &["ranks", "inputs"]);
+}
+
+/// Two runs of *different* outputs of one name (`s3://B/out` at two endpoints; likewise an
+/// `az://` container in two accounts) staged on one `--scratch`: each holds only its own
+/// output's lock, in its own store, so at one staged path the second removed the first's live
+/// staged copy and the first published the second's manifest over its own shard, exit 0 (found
+/// by a review). The store is part of the staged path: both runs publish their own bytes.
+#[test]
+fn outputs_of_one_name_in_two_stores_staged_on_one_scratch_keep_apart() {
+    let test = "outputs_of_one_name_in_two_stores_staged_on_one_scratch_keep_apart";
+    let dir = Dir::new(test);
+    sized(&dir, "in", "40MiB", "64KiB", 2);
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let Some(s3b) = crate::util::s3::Server::private(&dir, test) else {
+        return;
+    };
+    for (out, seed) in [("ref-a", "3"), ("ref-b", "4")] {
+        dir.reshard(None)
+            .args(upload_args(out, 2, seed))
+            .assert_success();
+    }
+    let bucket = s3.bucket(&dir, test);
+    s3b.client(&dir, &["mb", &bucket]);
+    let target = format!("s3://{bucket}/out");
+    let scratch = dir.join("scratch");
+    let mut a = dir.reshard(None);
+    a.args(upload_args(&target, 2, "3"))
+        .arg("--scratch")
+        .arg(&scratch)
+        .env("RESHARD_TEST_PAUSE_UPLOAD", "300");
+    s3.with_env(&mut a);
+    let a = std::thread::spawn(move || a.output());
+    let marker = || {
+        crate::util::staged_bucket(&scratch, &bucket)
+            .map(|b| b.join(".paused-upload-0"))
+            .filter(|m| m.exists())
+    };
+    wait_until("run A pauses in its upload", || marker().is_some());
+    let marker = marker().unwrap();
+
+    let mut b = dir.reshard(None);
+    b.args(upload_args(&target, 2, "4"))
+        .arg("--scratch")
+        .arg(&scratch);
+    s3b.with_env(&mut b);
+    let b = b.output();
+    b.check(b.code() == Some(0), "B, another output, runs beside A");
+    fs::remove_file(&marker).unwrap();
+    let a = a.join().unwrap();
+    a.check(a.code() == Some(0), "A is untouched by B");
+    s3.get(&dir, &bucket, "out", &dir.join("got-a"));
+    s3b.get(&dir, &bucket, "out", &dir.join("got-b"));
+    assert_same_output(&dir.join("ref-a"), &dir.join("got-a"), &["ranks", "inputs"]);
+    assert_same_output(&dir.join("ref-b"), &dir.join("got-b"), &["ranks", "inputs"]);
 }

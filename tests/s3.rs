@@ -488,15 +488,16 @@ fn killed_mid_upload(dir: &Dir, s3: &mut Server, bucket: &str, target: &str) -> 
         .env("RESHARD_TEST_PAUSE_UPLOAD", "300")
         .env("AWS_MAX_ATTEMPTS", "2");
     s3.with_env(&mut cmd);
-    let markers: Vec<_> = (0..2)
-        .map(|r| {
-            dir.join(format!(
-                "scratch/reshard-scratch/{bucket}/out/.paused-upload-{r}"
-            ))
-        })
-        .collect();
+    let scratch = dir.join("scratch");
     std::thread::scope(|scope| {
         let run = scope.spawn(|| cmd.output());
+        wait_until("the output is staged", || {
+            crate::util::staged_bucket(&scratch, bucket).is_some()
+        });
+        let staged = crate::util::staged_bucket(&scratch, bucket).unwrap();
+        let markers: Vec<_> = (0..2)
+            .map(|r| staged.join(format!("out/.paused-upload-{r}")))
+            .collect();
         // Each rank pauses in its last shard's multipart upload: the rank with two shards has
         // uploaded its first completely.
         wait_for(&markers);

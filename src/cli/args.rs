@@ -126,7 +126,8 @@ pub struct RunArgs {
 
     /// With an `s3://` output: the directory the output is assembled in before it is uploaded
     /// (shared by every rank, or each node's own disk: then each writer uploads its own shards).
-    /// Default: $TMPDIR (else /tmp), in reshard-scratch/BUCKET/KEY. Input shards on object
+    /// Default: $TMPDIR (else /tmp), in reshard-scratch/STORE/BUCKET/KEY (STORE: the scheme,
+    /// with a hash of its endpoint or account variables where set). Input shards on object
     /// storage beyond a quarter of --mem-limit are spooled here (node-local is enough), each
     /// fetched once per run; removed when the exchange ends.
     #[arg(help_heading = "Output and loaders", long, value_name = "DIR")]

@@ -582,7 +582,7 @@ fn output(args: &RunArgs, dry_run: bool) -> Result<Option<PathBuf>> {
 
 /// An output on object storage (`s3://`, `gs://`, `az://`: a sink without positioned writes or
 /// renames): the local path it is staged at (`--scratch`, default `$TMPDIR`, in
-/// `reshard-scratch/BUCKET/KEY`) and the URL it is uploaded to. `--link` acts on a file system
+/// `reshard-scratch/STORE/BUCKET/KEY`, STORE naming the store: [`crate::storage::object_place`]) and the URL it is uploaded to. `--link` acts on a file system
 /// only; `--keep` on the uploaded series, not on the staged copy.
 fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, Option<PathBuf>)> {
     let Some((url, scheme)) = output
@@ -613,12 +613,11 @@ fn staged(args: &RunArgs, output: Option<PathBuf>) -> Result<(Option<PathBuf>, O
         bail!("--output {text}: expected {scheme}://BUCKET/PREFIX/NAME (a key under the bucket, no empty, '.' or '..' parts)");
     }
     let scratch = scratch(args);
-    // Each store's outputs apart, so that `s3://b/x` and `gs://b/x` never share a staged copy;
-    // S3's where they always were.
-    let local = match scheme {
-        "s3" => scratch.join("reshard-scratch").join(rest),
-        other => scratch.join("reshard-scratch").join(other).join(rest),
-    };
+    // Each store's outputs apart, so that `s3://b/x` and `gs://b/x`, or `s3://b/x` at two
+    // endpoints, never share a staged copy: two runs of different outputs would remove each
+    // other's (each holds only its own output's lock).
+    let place = crate::storage::object_place(&url).unwrap_or_else(|| scheme.to_string());
+    let local = scratch.join("reshard-scratch").join(place).join(rest);
     Ok((
         Some(local),
         Some(PathBuf::from(format!("{scheme}://{rest}"))),

@@ -25,6 +25,12 @@ pub static AZURE: Scheme = Scheme {
     // Its client signs a request before it adds the extra headers: a create-only multipart
     // upload is completed at a side name and copied to its object with `If-None-Match: *`.
     create_only: None,
+    location: &[
+        "AZURE_STORAGE_ACCOUNT_NAME",
+        "AZURE_STORAGE_ENDPOINT",
+        "AZURE_STORAGE_USE_EMULATOR",
+        "AZURITE_BLOB_STORAGE_URL",
+    ],
 };
 
 /// The client of `container`, from the environment.

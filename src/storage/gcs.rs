@@ -24,6 +24,7 @@ pub static GCS: Scheme = Scheme {
     client,
     // The XML API's condition: the object's generation is 0, i.e. there is none.
     create_only: Some(("x-goog-if-generation-match", "0")),
+    location: &["STORAGE_EMULATOR_HOST"],
 };
 
 /// The client of `bucket`, from the environment.

@@ -33,7 +33,9 @@ pub(crate) mod spool;
 
 use paced::Paced;
 pub(crate) use s3::e_tag_identity;
-pub(crate) use schemes::{is_object_store, object_scheme, objects, register_source, OBJECT_STORES};
+pub(crate) use schemes::{
+    is_object_store, object_place, object_scheme, objects, register_source, OBJECT_STORES,
+};
 use schemes::{object_store, PACED_OBJECT_STORES};
 
 /// What a location is.

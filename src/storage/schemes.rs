@@ -41,6 +41,11 @@ pub fn object_scheme(path: &Path) -> Option<&'static str> {
     object_store(path).map(|i| OBJECT_STORES[i].0.name)
 }
 
+/// The store that holds `path`, named for local paths ([`s3::Scheme::place`]), if one does.
+pub(crate) fn object_place(path: &Path) -> Option<String> {
+    object_store(path).map(|i| OBJECT_STORES[i].0.place())
+}
+
 /// A backend and its [`Paced`] twin.
 pub(crate) type Pair = (&'static dyn Source, &'static dyn Source);
 

@@ -189,6 +189,19 @@ pub fn tar_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// Where an object-store output's bucket (or container) `bucket` is staged on `scratch`:
+/// `scratch/reshard-scratch/STORE/bucket`, STORE naming the store (its scheme, and a hash of
+/// its endpoint variables); `None` before it exists or if two stores' are there.
+pub fn staged_bucket(scratch: &Path, bucket: &str) -> Option<PathBuf> {
+    let found: Vec<PathBuf> = std::fs::read_dir(scratch.join("reshard-scratch"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join(bucket))
+        .filter(|p| p.is_dir())
+        .collect();
+    (found.len() == 1).then(|| found[0].clone())
+}
+
 /// A recursive listing of `root` for failure reports.
 pub fn listing(root: &Path) -> String {
     fn walk(root: &Path, dir: &Path, out: &mut String) {

@@ -66,6 +66,39 @@ pub(crate) struct Scheme {
     /// client would not sign it (such an upload is completed at a side name and copied to its
     /// object only if nothing is there).
     pub(crate) create_only: Option<(&'static str, &'static str)>,
+    /// The variables that say which store a bucket name is in (an endpoint, an account): the
+    /// same `BUCKET/KEY` under other values is another output ([`Scheme::place`]).
+    pub(crate) location: &'static [&'static str],
+}
+
+impl Scheme {
+    /// A name for the store this environment's `BUCKET/KEY`s are in, for local paths: the
+    /// scheme, and where any of its [`location`](Scheme::location) variables is set, a hash of
+    /// their values (`s3-6f1c0a9e2b4d`), so that two outputs of the same name in two stores
+    /// (two endpoints, two accounts) never share a path on `--scratch`.
+    pub(crate) fn place(&self) -> String {
+        let set: Vec<(&str, String)> = self
+            .location
+            .iter()
+            .filter_map(|v| Some((*v, std::env::var(v).ok().filter(|x| !x.is_empty())?)))
+            .collect();
+        if set.is_empty() {
+            return self.name.to_string();
+        }
+        use md5::Digest;
+        let mut h = md5::Md5::new();
+        for (name, value) in &set {
+            h.update(name.as_bytes());
+            h.update([0]);
+            h.update(value.as_bytes());
+            h.update([0]);
+        }
+        let hex: String = h.finalize()[..6]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("{}-{hex}", self.name)
+    }
 }
 
 /// The S3 scheme: `s3://bucket/key`, its client from the `AWS_*` variables and profiles.
@@ -75,6 +108,8 @@ pub(crate) static S3: Scheme = Scheme {
     credentials: "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN",
     client: s3_client,
     create_only: Some(("if-none-match", "*")),
+    // A profile may name its own endpoint (`endpoint_url`).
+    location: &["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE"],
 };
 
 /// GETs and their bytes, PUTs (and parts) and theirs, in this process: the run's summary

@@ -462,49 +462,6 @@ fn keep_removes_only_reshards(store: &Store<'_>, dir: &Dir, copied: &[u8]) {
     assert!(store.get(dir, "series/epoch-0/mine.txt").is_some());
 }
 
-/// `--force` on a file system where the user's file in the replaced output has a name the new
-/// output also has: the new output is published (exit 0), the user's other files are moved
-/// into it, and the colliding one is left, alone, in `NAME.reshard-replaced`, which the message
-/// names; nothing of it is deleted.
-#[test]
-fn force_leaves_a_users_file_whose_name_the_new_output_takes_and_says_where() {
-    let dir = Dir::new("fence-collide");
-    sized(&dir, "in", "512KiB", "16KiB", 2);
-    let store = Store::Fs;
-    let ok = |out: crate::util::RunOutput| out.check(out.code() == Some(0), "expected success");
-    ok(store.run(&dir, "out", &[]));
-    // Not a shard of the old output (of two): the new one, of three, writes that name.
-    dir.create_bytes("out/shard-000002.tar", b"the user's tar");
-    dir.create_bytes("out/notes/notes.txt", b"the user's notes");
-    let res = store.run(&dir, "out", &["--force", "--shards", "3"]);
-    res.check(res.code() == Some(0), "published");
-    res.stderr_has("they are left in");
-    res.stderr_has("out.reshard-replaced");
-    assert_eq!(
-        store.listing(&dir, "out.reshard-replaced"),
-        ["shard-000002.tar"]
-    );
-    assert_eq!(
-        fs::read(dir.join("out.reshard-replaced/shard-000002.tar")).unwrap(),
-        b"the user's tar"
-    );
-    assert_eq!(
-        fs::read(dir.join("out/notes/notes.txt")).unwrap(),
-        b"the user's notes"
-    );
-    assert_ne!(
-        fs::read(dir.join("out/shard-000002.tar")).unwrap(),
-        b"the user's tar"
-    );
-    // Nothing at a staging name: a next run would take it.
-    let names: Vec<String> = fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains("reshard-tmp"))
-        .collect();
-    assert!(names.is_empty(), "{names:?}");
-}
-
 /// Nothing reshard wrote of the output the new output at `out` replaced is left after the
 /// commit, on either store: a shard it does not name with its saved index (the bug: on S3 the
 /// saved index stayed under the new output), and every loader index (on S3 those of a shard

@@ -215,6 +215,17 @@ pub(crate) fn take(
     };
     match facts.kind {
         Kind::File => found.push((file.rel, facts)),
+        // The directory listed a file here: it became something else since (examined later
+        // than listed, by this rank or another), which is a change during the run, not a skip.
+        _ if !file.follow => bail!(
+            "{}: it changed since it was listed: listed as a regular file, now {}",
+            file_path(root, &file.rel).display(),
+            match facts.kind {
+                Kind::Dir => "a directory",
+                Kind::Link => "a symbolic link",
+                _ => "a FIFO, socket or device",
+            }
+        ),
         Kind::Dir | Kind::Link => skips.links += 1,
         Kind::Other => skips.special += 1,
     }
@@ -519,4 +530,41 @@ fn label_group(root: &Path, mut group: Vec<Keyed>, label: &Label) -> Result<Vec<
     });
     group.sort_by(|a, b| a.member.name.cmp(&b.member.name));
     Ok(group)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name the directory listed as a regular file, examined later (by its rank or another)
+    /// as something else: the run fails naming it (it changed during the run); a link listed
+    /// as a link that leads to a directory is a skip, as the rules say.
+    #[test]
+    fn a_listed_file_that_became_something_else_is_a_change_not_a_skip() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir(root.join("was-a-file")).unwrap();
+        std::os::unix::fs::symlink("was-a-file", root.join("link")).unwrap();
+        let (mut found, mut skips) = (Vec::new(), Skips::default());
+        for (name, follow) in [("was-a-file", false), ("link", true)] {
+            let file = Unexamined {
+                rel: name.as_bytes().to_vec(),
+                follow,
+            };
+            let facts = examine(root, &file);
+            let got = take(root, file, facts, &mut found, &mut skips);
+            if follow {
+                got.unwrap();
+            } else {
+                let e = format!("{:#}", got.unwrap_err());
+                assert!(
+                    e.contains("was-a-file: it changed since it was listed"),
+                    "{e}"
+                );
+                assert!(e.contains("now a directory"), "{e}");
+            }
+        }
+        assert!(found.is_empty());
+        assert_eq!(skips.links, 1);
+    }
 }

@@ -515,9 +515,10 @@ pub(crate) fn run(
     let rank = comm.rank();
     let sent: Result<u64> = std::thread::scope(|scope| {
         let uploads = scope.spawn(|| {
-            let r = fenced::restore_layouts(copy, target, &kept_mine, &names).and_then(|()| {
-                fenced::upload_share(copy, target, &todo, &names, rank, fence, &sent)
-            });
+            let r =
+                fenced::restore_layouts(copy, target, &kept_mine, &names, fence).and_then(|()| {
+                    fenced::upload_share(copy, target, &todo, &names, rank, fence, &sent)
+                });
             sent.end();
             r
         });

@@ -21,6 +21,7 @@ use crate::config::UploadSettings;
 use crate::job::destination::life::{self, may_replace, Rules};
 use crate::job::destination::lock::OutputLock;
 use crate::job::destination::series::say_what_keep_would_remove;
+use crate::job::destination::written::Written;
 use crate::output::{checkpoint, saved_index, seal};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
@@ -36,8 +37,8 @@ mod records;
 
 pub(crate) use deal::written;
 
-/// The manifest: written last, it is what makes the output exist.
-const MANIFEST: &str = "index.json";
+// The manifest: written last, it is what makes the output exist.
+use crate::job::destination::written::MANIFEST;
 
 /// The object that marks an upload under way ([`Marker`]): the names it uploads, so that the
 /// next run can remove what a run that failed left, and those of the output `--force` replaces
@@ -417,29 +418,13 @@ fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
     )? {
         return Ok(Vec::new());
     }
-    let listed: Vec<String> = match crate::job::destination::owned::OutputManifest::read(target) {
-        Ok(m) => m.shardlist.into_iter().map(|s| s.url).collect(),
+    let written = match crate::job::destination::owned::OutputManifest::read(target) {
+        Ok(m) => Written::of(Some(&m)),
         Err(why) => bail!("--output {}: {why}", target.display()),
     };
-    let of_shards: HashSet<String> = listed
-        .iter()
-        .flat_map(|n| {
-            let shard = Path::new(n);
-            [
-                shard.to_path_buf(),
-                crate::output::dali::index_path(shard),
-                crate::output::energon::tar_idx_path(shard),
-            ]
-        })
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    let reshards = |n: &str| {
-        of_shards.contains(n)
-            || n.starts_with(&format!("{}/", crate::output::energon::META_DIR))
-            || n.split('/').any(|part| part == saved_index::DIR_NAME)
-    };
     let mut names: Vec<String> = files_of(target, false)?.into_iter().map(|f| f.0).collect();
-    names.retain(|n| is_own_name(n) && reshards(n));
+    // Its manifest is replaced by the new one's, written last.
+    names.retain(|n| is_own_name(n) && n != MANIFEST && written.includes(n));
     Ok(names)
 }
 

@@ -344,3 +344,50 @@ fn every_exit_status_as_documented() {
         assert!(!dir.join(out).exists(), "{out}: nothing may be published");
     }
 }
+
+/// `--force` on a file system where the user's file in the replaced output has a name the new
+/// output also has: the new output is published (exit 0), the user's other files are moved
+/// into it, and the colliding one is left, alone, in `NAME.reshard-replaced`, which the message
+/// names; nothing of it is deleted.
+#[test]
+fn force_leaves_a_users_file_whose_name_the_new_output_takes_and_says_where() {
+    let dir = Dir::new("force-collide");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    let run = |shards: &str, force: bool| {
+        let mut cmd = dir.reshard(None);
+        cmd.args(["run", "--input", "in", "--output", "out", "--seed", "1"]);
+        cmd.args(["--shards", shards]);
+        if force {
+            cmd.arg("--force");
+        }
+        let res = cmd.output();
+        res.check(res.code() == Some(0), "published");
+        res
+    };
+    run("2", false);
+    // Not a shard of the old output (of two): the new one, of three, writes that name.
+    dir.create_bytes("out/shard-000002.tar", b"the user's tar");
+    dir.create_bytes("out/notes/notes.txt", b"the user's notes");
+    let res = run("3", true);
+    res.stderr_has("they are left in");
+    res.stderr_has("out.reshard-replaced");
+    let kept: Vec<_> = fs::read_dir(dir.join("out.reshard-replaced"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(kept, ["shard-000002.tar"]);
+    let read = |name: &str| fs::read(dir.join(name)).unwrap();
+    assert_eq!(
+        read("out.reshard-replaced/shard-000002.tar"),
+        b"the user's tar"
+    );
+    assert_eq!(read("out/notes/notes.txt"), b"the user's notes");
+    assert_ne!(read("out/shard-000002.tar"), b"the user's tar");
+    // Nothing at a staging name: a next run would take it.
+    let staged: Vec<String> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("reshard-tmp"))
+        .collect();
+    assert!(staged.is_empty(), "{staged:?}");
+}

@@ -264,6 +264,38 @@ impl Store<'_> {
         }
     }
 
+    /// Every file under `name`, relative to it, sorted (on S3 every object under its prefix).
+    fn listing(&self, dir: &Dir, name: &str) -> Vec<String> {
+        let mut names = match self {
+            Store::Fs => {
+                let root = dir.join(name);
+                let mut found = Vec::new();
+                let mut todo = vec![root.clone()];
+                while let Some(d) = todo.pop() {
+                    for e in fs::read_dir(&d).into_iter().flatten() {
+                        let p = e.unwrap().path();
+                        if p.is_dir() {
+                            todo.push(p);
+                        } else {
+                            let rel = p.strip_prefix(&root).unwrap();
+                            found.push(rel.to_string_lossy().into_owned());
+                        }
+                    }
+                }
+                found
+            }
+            Store::S3(s3, bucket) => {
+                let prefix = format!("{name}/");
+                let keys = s3.keys(dir, bucket, &prefix);
+                keys.iter()
+                    .map(|k| k.strip_prefix(&prefix).unwrap_or(k).to_string())
+                    .collect()
+            }
+        };
+        names.sort();
+        names
+    }
+
     fn run(&self, dir: &Dir, out: &str, extra: &[&str]) -> crate::util::RunOutput {
         self.run_with(dir, out, extra, &[])
     }
@@ -319,6 +351,11 @@ fn the_rules_of_outputs_hold_on_every_store() {
         let ok = |out: crate::util::RunOutput| out.check(out.code() == Some(0), "expected success");
         ok(store.run(&dir, "series/epoch-1", &[]));
         let copied = store.get(&dir, "series/epoch-1/index.json").unwrap();
+        // What a run writes where nothing was, to compare a replaced output with.
+        ok(store.run(&dir, "fresh", &[]));
+        let mut fresh = store.listing(&dir, "fresh");
+        fresh.push("mine.txt".into());
+        fresh.sort();
         // (what is at the output, flags, expected status, what the message says)
         let table: [(&str, &[&str], i32, &str); 6] = [
             ("a copied index.json", &["--force"], 1, "which is not there"),
@@ -349,59 +386,87 @@ fn the_rules_of_outputs_hold_on_every_store() {
             let res = store.run(&dir, &out, flags);
             res.check(res.code() == Some(status), &format!("{what} {flags:?}"));
             res.stderr_has(says);
-            if status != 0 {
-                res.check(
-                    store.get(&dir, &format!("{out}/mine.txt")).is_some(),
-                    "the user's file stays",
-                );
-            }
+            res.check(
+                store.get(&dir, &format!("{out}/mine.txt")).as_deref()
+                    == Some(b"the user's own".as_slice()),
+                "the user's file stays, byte for byte",
+            );
             nothing_of_the_replaced_is_left(&store, &dir, &out, &res);
+            if status == 0 {
+                // Replaced: what a run writes where nothing was, and the user's file.
+                let listing = store.listing(&dir, &out);
+                res.check(listing == fresh, &format!("{out}: {listing:?}"));
+            }
         }
-        // --keep 1 over a series holding a directory with a copied index.json: it stays.
-        store.put(&dir, "series/epoch-0/index.json", &copied);
-        store.put(&dir, "series/epoch-0/mine.txt", b"the user's own");
-        if matches!(store, Store::Fs) {
-            dir.create_dir("series/epoch-0/.reshard");
-        }
-        let res = store.run(
-            &dir,
-            "series/epoch-{epoch}",
-            &["--epoch", "2", "--keep", "1"],
-        );
-        ok(res);
-        assert!(store.get(&dir, "series/epoch-0/mine.txt").is_some());
-        assert!(store.get(&dir, "series/epoch-1/index.json").is_none());
-        // A --keep cut short once the older output stopped being one (moved aside, or its
-        // manifest gone under its removal marker) is finished by the next --keep run.
-        let keep = |epoch: &str, env: &[(&str, &str)]| {
-            let flags = ["--epoch", epoch, "--keep", "1"];
-            store.run_with(&dir, "series/epoch-{epoch}", &flags, env)
-        };
-        let cut = keep("3", &[("RESHARD_TEST_KILL", "0:keep")]);
-        cut.check(cut.code() != Some(0), "the run killed in --keep fails");
-        assert!(store.get(&dir, "series/epoch-3/index.json").is_some());
-        assert!(store.get(&dir, "series/epoch-2/index.json").is_none());
-        assert!(
-            store.anything_of(&dir, "series/epoch-2"),
-            "a removal cut short"
-        );
-        let res = keep("4", &[]);
-        res.stderr_has("--keep: finishing the removal of");
-        ok(res);
-        for gone in ["series/epoch-2", "series/epoch-3"] {
-            assert!(!store.anything_of(&dir, gone), "{gone} is removed");
-        }
-        assert!(store.get(&dir, "series/epoch-4/index.json").is_some());
-        assert!(store.get(&dir, "series/epoch-0/mine.txt").is_some());
+        keep_removes_only_reshards(&store, &dir, &copied);
     }
+}
+
+/// `--keep` over the table's series (`series/epoch-1` published, with `copied` its manifest):
+/// a directory with a copied index.json stays; of an older output only what reshard wrote
+/// goes, the user's file inside it stays, also where the removal is cut short and finished by
+/// the next run.
+fn keep_removes_only_reshards(store: &Store<'_>, dir: &Dir, copied: &[u8]) {
+    let ok = |out: crate::util::RunOutput| out.check(out.code() == Some(0), "expected success");
+    // --keep 1 over a series holding a directory with a copied index.json: it stays.
+    store.put(dir, "series/epoch-0/index.json", copied);
+    store.put(dir, "series/epoch-0/mine.txt", b"the user's own");
+    if matches!(store, Store::Fs) {
+        dir.create_dir("series/epoch-0/.reshard");
+    }
+    // The user's file inside the older output --keep removes: only reshard's goes.
+    store.put(dir, "series/epoch-1/mine.txt", b"the user's own 1");
+    let res = store.run(
+        dir,
+        "series/epoch-{epoch}",
+        &["--epoch", "2", "--keep", "1"],
+    );
+    ok(res);
+    assert!(store.get(dir, "series/epoch-0/mine.txt").is_some());
+    assert!(store.get(dir, "series/epoch-1/index.json").is_none());
+    assert_eq!(store.listing(dir, "series/epoch-1"), ["mine.txt"]);
+    assert_eq!(
+        store.get(dir, "series/epoch-1/mine.txt").unwrap(),
+        b"the user's own 1"
+    );
+    // And in one whose removal is cut short, then finished by the next run.
+    store.put(dir, "series/epoch-2/mine.txt", b"the user's own 2");
+    // A --keep cut short once the older output stopped being one (moved aside, or its
+    // manifest gone under its removal marker) is finished by the next --keep run.
+    let keep = |epoch: &str, env: &[(&str, &str)]| {
+        let flags = ["--epoch", epoch, "--keep", "1"];
+        store.run_with(dir, "series/epoch-{epoch}", &flags, env)
+    };
+    let cut = keep("3", &[("RESHARD_TEST_KILL", "0:keep")]);
+    cut.check(cut.code() != Some(0), "the run killed in --keep fails");
+    assert!(store.get(dir, "series/epoch-3/index.json").is_some());
+    assert!(store.get(dir, "series/epoch-2/index.json").is_none());
+    assert!(
+        store.anything_of(dir, "series/epoch-2"),
+        "a removal cut short"
+    );
+    let res = keep("4", &[]);
+    res.stderr_has("--keep: finishing the removal of");
+    ok(res);
+    assert!(
+        !store.anything_of(dir, "series/epoch-3"),
+        "epoch-3 is removed"
+    );
+    assert_eq!(store.listing(dir, "series/epoch-2"), ["mine.txt"]);
+    assert_eq!(
+        store.get(dir, "series/epoch-2/mine.txt").unwrap(),
+        b"the user's own 2"
+    );
+    assert!(!dir.join("series/.epoch-2.reshard-removing").exists());
+    assert!(store.get(dir, "series/epoch-4/index.json").is_some());
+    assert!(store.get(dir, "series/epoch-0/mine.txt").is_some());
 }
 
 /// Nothing reshard wrote of the output the new output at `out` replaced is left after the
 /// commit, on either store: a shard it does not name with its saved index (the bug: on S3 the
 /// saved index stayed under the new output), and every loader index (on S3 those of a shard
 /// beyond the new count, and `.nv-meta/`, stayed). (The user's file inside it is no rule's
-/// concern here: a file system replaces the directory whole, an object store only what reshard
-/// wrote.)
+/// concern here: the table's caller checks that it stays on every store.)
 fn nothing_of_the_replaced_is_left(
     store: &Store<'_>,
     dir: &Dir,

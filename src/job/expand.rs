@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use crate::config::JobSettings;
 use crate::config::{ExpandSettings, ResumeSettings};
 use crate::input::{expand_specs, InputShard};
-use crate::job::destination::life::may_replace;
+use crate::job::destination::life::{self, may_replace};
 use crate::job::destination::link::check_link_before_the_run;
 use crate::job::destination::lock::{lock_of, OutputLock};
 use crate::job::destination::owned::inspect;
@@ -39,9 +39,10 @@ pub(crate) fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
     Ok((setup, held))
 }
 
-/// Rank 0's checks and set-up before any data is read: expand the input, take the output's
-/// lock, refuse unsafe outputs, create the staging directory next to the output or find the one
-/// `--resume` continues (not when only planning: a plan writes nothing).
+/// Rank 0's checks and set-up before any data is read: expand the input, then the output's life
+/// before the commit ([`life::prepare`] over [`OnDisk`]): take the output's lock, refuse unsafe
+/// outputs, create the staging directory next to the output or find the one `--resume`
+/// continues (not when only planning: a plan writes nothing).
 ///
 /// # Errors
 /// An input that cannot be found or read, another live run on the same output, an output that
@@ -60,22 +61,25 @@ pub(crate) fn prepare(
         return Ok((Setup::planning(inputs, trees), Held::default()));
     };
     let (target, pointer) = output_paths(out, settings.dry_run)?;
-    // Before anything is checked or touched: another live run may be writing this output. An
-    // output staged on `--scratch` has its lock where it is committed (`taken`, in its
-    // store): the run's one lock, whose token names its staging directory here too.
-    let own = (!settings.dry_run && taken.is_none())
-        .then(|| OutputLock::acquire(&lock_of(&target), out, settings.lock_stale_after))
-        .transpose()?;
-    check_output(settings, out, &target, &pointer, &inputs)?;
-    check_not_in_a_root(out, &target, &trees)?;
-    let Some(lock) = own.as_ref().or(taken).filter(|_| !settings.dry_run) else {
+    let mut on_disk = OnDisk {
+        settings,
+        resuming,
+        out,
+        target: &target,
+        pointer: &pointer,
+        inputs: &inputs,
+        records: &records,
+        trees: &trees,
+        taken,
+        own: None,
+        staged: None,
+    };
+    life::prepare(&mut on_disk)?;
+    let (own, staged) = (on_disk.own, on_disk.staged);
+    let Some((staging, resume)) = staged else {
         // Checked as `run` would, but nothing is created, removed or written.
-        if let Some(keep) = &settings.keep {
-            say_what_keep_would_remove(&target, keep, settings.epoch)?;
-        }
         return Ok((Setup::planning(inputs, trees), Held::default()));
     };
-    let (staging, resume) = take_staging(settings.resume, resuming, lock, &pointer, &records)?;
     let setup = Setup {
         inputs,
         staging: Some(staging),
@@ -93,6 +97,82 @@ pub(crate) fn prepare(
             remote: None,
         },
     ))
+}
+
+/// The steps before the commit of an output on a file system (or staged on `--scratch` for an
+/// object store, whose lock is `taken` in its store), for the output's life.
+struct OnDisk<'a> {
+    settings: &'a ExpandSettings,
+    resuming: &'a ResumeSettings,
+    out: &'a Path,
+    target: &'a Path,
+    pointer: &'a Path,
+    inputs: &'a [InputShard],
+    records: &'a [InputRecord],
+    trees: &'a [Root],
+    taken: Option<&'a OutputLock>,
+    /// The lock this run took beside the output.
+    own: Option<OutputLock>,
+    /// The staging directory begun, and what `--resume` continues there (none in a dry run).
+    staged: Option<(PathBuf, Option<Resume>)>,
+}
+
+impl OnDisk<'_> {
+    /// The run's one lock, unless it is a dry run (which takes none).
+    fn lock(&self) -> Option<&OutputLock> {
+        self.own
+            .as_ref()
+            .or(self.taken)
+            .filter(|_| !self.settings.dry_run)
+    }
+}
+
+impl life::Prepare for OnDisk<'_> {
+    /// Before anything is checked or touched: another live run may be writing this output. An
+    /// output staged on `--scratch` has its lock where it is committed (`taken`, in its
+    /// store): the run's one lock, whose token names its staging directory here too.
+    fn take_lock(&mut self) -> Result<()> {
+        let (settings, out) = (self.settings, self.out);
+        self.own = (!settings.dry_run && self.taken.is_none())
+            .then(|| OutputLock::acquire(&lock_of(self.target), out, settings.lock_stale_after))
+            .transpose()?;
+        Ok(())
+    }
+
+    /// Only the heartbeats a run stopped while it published (the watchdog ended it) left
+    /// beside its staging directory, once its pid proved it dead: nothing continues them. Its
+    /// staging directory, which `--resume` may continue, is taken only by [`Self::begin`].
+    fn clear_failed(&mut self) -> Result<()> {
+        if let Some(dead) = self.lock().and_then(OutputLock::dead_predecessor) {
+            Staging::at(&staging::run_dir(self.pointer, dead)).remove_heartbeats_aside();
+        }
+        Ok(())
+    }
+
+    fn check_replace(&mut self) -> Result<()> {
+        check_output(
+            self.settings,
+            self.out,
+            self.target,
+            self.pointer,
+            self.inputs,
+        )?;
+        check_not_in_a_root(self.out, self.target, self.trees)
+    }
+
+    /// The staging directory ([`take_staging`]); a dry run says what `--keep` would remove.
+    fn begin(&mut self) -> Result<()> {
+        let Some(lock) = self.lock() else {
+            if let Some(keep) = &self.settings.keep {
+                say_what_keep_would_remove(self.target, keep, self.settings.epoch)?;
+            }
+            return Ok(());
+        };
+        let resume = self.settings.resume;
+        let staged = take_staging(resume, self.resuming, lock, self.pointer, self.records)?;
+        self.staged = Some(staged);
+        Ok(())
+    }
 }
 
 /// This run's staging directory, named after its token, and what `--resume` continues there.
@@ -118,11 +198,9 @@ fn take_staging(
         _ => None,
     };
     // A run stopped while it published (the watchdog ended it) left its heartbeats beside its
-    // staging directory, which its rename may have published: they go once it surely ended.
-    let dead = lock
-        .dead_predecessor()
-        .map(|t| staging::run_dir(pointer, t));
-    for ended in earlier.iter().chain(&dead) {
+    // staging directory, which its rename may have published: they go once it surely ended
+    // (a run its pid proved dead: cleared before the checks, `OnDisk::clear_failed`).
+    if let Some(ended) = &earlier {
         Staging::at(ended).remove_heartbeats_aside();
     }
     let mut continued = None;

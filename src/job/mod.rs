@@ -93,7 +93,10 @@ pub fn run(comm: &impl Comm, settings: &JobSettings) -> Result<Outcome> {
     let staging = setup.staging.clone().filter(|_| !settings.dry_run);
     let mut scratch = Scratch::Shared;
     let result = (|| {
-        scratch = destination::scratch::settle(comm, settings, &setup)?;
+        let dead = mine
+            .lock()
+            .and_then(destination::lock::OutputLock::dead_predecessor);
+        scratch = destination::scratch::settle(comm, settings, &setup, dead)?;
         let walked = walk::run(comm, &setup.trees, &mut setup.inputs, staging.as_deref())?;
         let digests = walked.as_ref().map_or(&[][..], |(_, d)| &d[..]);
         let records = lead.then_some(&mut mine.inputs);

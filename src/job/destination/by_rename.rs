@@ -14,9 +14,10 @@ use crate::hooks;
 use crate::job::destination::life::{may_replace, Commit};
 use crate::job::destination::link::{check_link, relative_target};
 use crate::job::destination::lock::OutputLock;
-use crate::job::destination::owned::{inspect, AtOutput};
-use crate::job::destination::series::{remove_epoch, unfinished_removals};
+use crate::job::destination::owned::{inspect, AtOutput, OutputManifest};
+use crate::job::destination::series::{clear_aside, remove_epoch, unfinished_removals};
 use crate::job::destination::staging;
+use crate::job::destination::written::{self, Written};
 use crate::output::checkpoint;
 use crate::storage;
 
@@ -56,19 +57,36 @@ impl Commit for ByRename<'_> {
             .with_context(|| format!("{}: cannot remove", records.display()))
     }
 
-    /// The replaced output waits at the staging name, where the exchange put it.
+    /// The replaced output waits at the staging name, where the exchange put it: only what
+    /// reshard wrote of it goes ([`written`]), and what is left (the user's own) is carried into
+    /// the new output where its name is free there, or else left in a directory the message
+    /// names.
     fn remove_replaced(&self, replaced: bool) -> Result<()> {
         if !replaced {
             return Ok(());
         }
-        storage::sink(self.staging)
-            .remove_dir_all(self.staging)
-            .with_context(|| {
-                format!(
-                    "{}: cannot remove the replaced output (the next run on this output removes it)",
-                    self.staging.display()
-                )
-            })
+        let failed = || {
+            format!(
+                "{}: cannot remove the replaced output (the next run on this output removes it)",
+                self.staging.display()
+            )
+        };
+        // Checked at the exchange: its index.json is reshard's (were it not any more, nothing
+        // of it can be told to be reshard's: it is all left, and the message says where).
+        let Ok(manifest) = OutputManifest::parse(self.staging) else {
+            return leave_replaced(self.staging, self.target, &[]);
+        };
+        let written = Written::of(Some(&manifest));
+        if !written::remove_written(self.staging, &written).with_context(failed)? {
+            return storage::sink(self.staging)
+                .remove_dir_all(self.staging)
+                .with_context(failed);
+        }
+        let left = written::carry(self.staging, self.target).with_context(failed)?;
+        if !left.is_empty() {
+            leave_replaced(self.staging, self.target, &left)?;
+        }
+        Ok(())
     }
 
     fn release_staging(&self) -> Result<()> {
@@ -86,14 +104,74 @@ impl Commit for ByRename<'_> {
     }
 
     fn finish_removal(&self, half: &Path) -> Result<()> {
-        storage::sink(half)
-            .remove_dir_all(half)
-            .with_context(|| format!("--keep: cannot remove {}", half.display()))
+        clear_aside(half)
     }
 
     fn remove_older(&self, old: &Path) -> Result<()> {
         remove_epoch(old)
     }
+}
+
+/// What the user put in the output `target` replaced whose names the new output also has
+/// (`left`, relative to `staging`, where the replaced output waits): moved from the staging name
+/// (which a next run may take) to one no run removes, `NAME.reshard-replaced`, and named in the
+/// run's message. The new output is published all the same.
+///
+/// # Errors
+/// It cannot be moved.
+fn leave_replaced(staging: &Path, target: &Path, left: &[PathBuf]) -> Result<()> {
+    let name = target
+        .file_name()
+        .with_context(|| format!("--output {}: not a file name", target.display()))?
+        .to_string_lossy();
+    let sink = storage::sink(target);
+    let mut n = 0;
+    let kept = loop {
+        let suffix = if n == 0 {
+            String::new()
+        } else {
+            format!("-{n}")
+        };
+        let kept = target.with_file_name(format!("{name}.reshard-replaced{suffix}"));
+        match sink.rename_noreplace(staging, &kept) {
+            Ok(()) => break kept,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists && n < 1000 => n += 1,
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "{} is published; what is left of the output it replaced stays in {}",
+                        target.display(),
+                        staging.display()
+                    )
+                })
+            }
+        }
+    };
+    if left.is_empty() {
+        crate::errln!(
+            "reshard: --force: {} is published; the output it replaced no longer holds reshard's index.json, so nothing of it was removed: it is left in {}",
+            target.display(),
+            kept.display()
+        );
+        return Ok(());
+    }
+    let shown: Vec<String> = left
+        .iter()
+        .take(3)
+        .map(|p| p.display().to_string())
+        .collect();
+    let more = match left.len() - shown.len() {
+        0 => String::new(),
+        more => format!(" and {more} more"),
+    };
+    crate::errln!(
+        "reshard: --force: {} is published; the output it replaced held files reshard did not write whose names the new output also has ({}{more}): they are left in {}, with nothing of reshard's (the rest of yours was moved into {})",
+        target.display(),
+        shown.join(", "),
+        kept.display(),
+        target.display()
+    );
+    Ok(())
 }
 
 /// Atomically points the symlink `link` at `target`: a new link under a temporary name, renamed

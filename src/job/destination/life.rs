@@ -8,10 +8,12 @@
 //! same capabilities), renamed there, uploaded, and committed by creating its manifest last,
 //! only where none is (the upload's `by_manifest`).
 //!
-//! The steps: the lock checked, the commit (nothing is visible at the output before it), then,
-//! the output live (a failure is a [`CleanupFailed`], never "nothing published"): the records
-//! only an unfinished run needs, what the output replaced, the run's staging released,
-//! `--link` pointed at it, and `--keep`'s older outputs removed. A run that fails leaves only
+//! Before the commit ([`prepare`] over a [`Prepare`] strategy): the lock taken, what a failed
+//! run left that nothing continues cleared, what may be replaced checked ([`may_replace`]), the
+//! run begun. From the commit ([`commit`]): the lock checked, the commit (nothing is visible at
+//! the output before it), then, the output live (a failure is a [`CleanupFailed`], never
+//! "nothing published"): the records only an unfinished run needs, what the output replaced,
+//! the run's staging released, `--link` pointed at it, and `--keep`'s older outputs removed. A run that fails leaves only
 //! what `--resume` continues from ([`after_failure`]).
 
 use std::path::{Path, PathBuf};
@@ -90,6 +92,61 @@ pub(crate) trait Commit {
     /// # Errors
     /// It cannot be removed.
     fn remove_older(&self, old: &Path) -> Result<()>;
+}
+
+/// How each step before the commit is done where the output is: one order on every store,
+/// [`prepare`]'s. A refused run must leave what `--resume` continues, and what a failed run left
+/// must not read as someone else's when the rule of what may be replaced is asked; so the
+/// strategy says what a failed run left that nothing continues, which goes first, and what may
+/// be continued, which only `begin` takes, once the run is known to go ahead.
+pub(crate) trait Prepare {
+    /// Takes the output's lock (the run's one lock and token), or finds it taken already where
+    /// the output is committed (an output staged on `--scratch`).
+    ///
+    /// # Errors
+    /// Another live run holds it, or it cannot be taken.
+    fn take_lock(&mut self) -> Result<()>;
+
+    /// Holding the lock: what a failed run left that no `--resume` continues goes, so that it
+    /// is not taken for something that may not be replaced. On a file system that is only the
+    /// heartbeats beside the staging directory of a run whose pid proved it dead (its staging
+    /// directory is `begin`'s: a refused run leaves it for `--resume`); on an object store, its
+    /// unfinished uploads, its side objects, the objects its marker names but for the shards
+    /// `--resume` keeps, and an older output whose removal `--keep` began. It may refuse what
+    /// the failed run's marker says (a `--force` run cut short is continued only with `--force`).
+    ///
+    /// # Errors
+    /// Something cannot be removed or read, or the failed run's marker refuses.
+    fn clear_failed(&mut self) -> Result<()>;
+
+    /// The rule of what a run may replace ([`may_replace`]), asked of what is at the output now.
+    ///
+    /// # Errors
+    /// Something that may not be replaced is there.
+    fn check_replace(&mut self) -> Result<()>;
+
+    /// The run's first write toward its output: on a file system its staging directory, where
+    /// it commits by a rename (an earlier attempt's continued with `--resume`, else removed),
+    /// and the pointer to it; on an object store, the staged copy an earlier attempt left on
+    /// `--scratch` continued or moved away. The first write where an object store's output is
+    /// committed, the marker of the upload under way, waits for the names it uploads: the upload
+    /// phase writes it (`upload::begin`), with the lock only this driver yields.
+    ///
+    /// # Errors
+    /// It cannot be made.
+    fn begin(&mut self) -> Result<()>;
+}
+
+/// The steps before the commit, in order: the lock taken, what a failed run left that nothing
+/// continues cleared, what may be replaced checked, the run begun.
+///
+/// # Errors
+/// The first step that fails; nothing after it runs.
+pub(crate) fn prepare(strategy: &mut dyn Prepare) -> Result<()> {
+    strategy.take_lock()?;
+    strategy.clear_failed()?;
+    strategy.check_replace()?;
+    strategy.begin()
 }
 
 /// What the run asked of its output's life.
@@ -311,6 +368,35 @@ mod tests {
         }
         fn remove_older(&self, old: &Path) -> Result<()> {
             self.step(&format!("remove_older {}", old.display()))
+        }
+    }
+
+    impl Prepare for Noted {
+        fn take_lock(&mut self) -> Result<()> {
+            self.step("take_lock")
+        }
+        fn clear_failed(&mut self) -> Result<()> {
+            self.step("clear_failed")
+        }
+        fn check_replace(&mut self) -> Result<()> {
+            self.step("check_replace")
+        }
+        fn begin(&mut self) -> Result<()> {
+            self.step("begin")
+        }
+    }
+
+    #[test]
+    fn the_steps_before_the_commit_run_in_one_order_and_stop_at_a_failure() {
+        let mut noted = Noted::new("");
+        prepare(&mut noted).unwrap();
+        let all = ["take_lock", "clear_failed", "check_replace", "begin"];
+        assert_eq!(*noted.steps.borrow(), all);
+        for (i, fails) in all.iter().enumerate() {
+            let mut noted = Noted::new(fails);
+            let e = prepare(&mut noted).unwrap_err();
+            assert!(format!("{e}").contains(fails), "{e}");
+            assert_eq!(*noted.steps.borrow(), all[..=i], "nothing after {fails}");
         }
     }
 

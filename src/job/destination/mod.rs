@@ -1,5 +1,5 @@
 //! The output location's life: its lock ([`lock`]), the staging directory where it is assembled
-//! ([`staging`]), what is at an output ([`owned`]) and the older outputs `--keep` may remove
+//! ([`staging`]), what is at an output ([`owned`]) and what reshard wrote of it ([`written`]) and the older outputs `--keep` may remove
 //! ([`series`]), `--link` ([`link`]), the space check ([`space`]), the records a `--resume`
 //! continues from ([`resume`]), and the publish and upload phases ([`publish`], [`upload`],
 //! staged per node where `--scratch` is each node's own: [`scratch`]). The steps from the lock
@@ -21,6 +21,7 @@ pub(crate) mod series;
 pub(crate) mod space;
 pub(crate) mod staging;
 pub(crate) mod upload;
+pub(crate) mod written;
 
 use anyhow::Result;
 

@@ -122,10 +122,41 @@ impl OutputManifest {
     /// Why `dir` is not a reshard output, for a message ("no index.json written by reshard",
     /// "index.json lists shard-000003.tar, which is not there").
     pub(crate) fn read(dir: &Path) -> std::result::Result<OutputManifest, String> {
+        let manifest = Self::parse(dir)?;
+        let source = storage::source(dir);
+        for shard in &manifest.shardlist {
+            let path = dir.join(&shard.url);
+            match source.stat_link(&path) {
+                Ok(s) if s.kind == Kind::File && s.stamp.size == shard.filesize => {}
+                Ok(s) if s.kind == Kind::File => {
+                    return Err(format!(
+                        "an index.json that lists {} of {} bytes, which is {} bytes there",
+                        shard.url, shard.filesize, s.stamp.size
+                    ))
+                }
+                _ => {
+                    return Err(format!(
+                        "an index.json that lists {}, which is not there",
+                        shard.url
+                    ))
+                }
+            }
+        }
+        Ok(manifest)
+    }
+
+    /// Reads reshard's manifest of `dir` without looking for the shards it lists: for what is
+    /// already in reshard's own namespace (an output moved aside to be removed), whose shards
+    /// may be partly gone.
+    ///
+    /// # Errors
+    /// Why it is not reshard's manifest, as [`OutputManifest::read`] says it.
+    pub(crate) fn parse(dir: &Path) -> std::result::Result<OutputManifest, String> {
         const NOT_RESHARDS: &str = "no index.json written by reshard";
         let index = dir.join("index.json");
-        let source = storage::source(&index);
-        let text = source.read(&index).map_err(|_| NOT_RESHARDS.to_string())?;
+        let text = storage::source(&index)
+            .read(&index)
+            .map_err(|_| NOT_RESHARDS.to_string())?;
         let manifest: OutputManifest =
             serde_json::from_slice(&text).map_err(|_| NOT_RESHARDS.to_string())?;
         if manifest.kind != Manifest::KIND {
@@ -143,22 +174,6 @@ impl OutputManifest {
                     "an index.json that lists {}, which is not inside the directory",
                     shard.url
                 ));
-            }
-            let path = dir.join(&shard.url);
-            match source.stat_link(&path) {
-                Ok(s) if s.kind == Kind::File && s.stamp.size == shard.filesize => {}
-                Ok(s) if s.kind == Kind::File => {
-                    return Err(format!(
-                        "an index.json that lists {} of {} bytes, which is {} bytes there",
-                        shard.url, shard.filesize, s.stamp.size
-                    ))
-                }
-                _ => {
-                    return Err(format!(
-                        "an index.json that lists {}, which is not there",
-                        shard.url
-                    ))
-                }
             }
         }
         Ok(manifest)

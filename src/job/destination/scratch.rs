@@ -21,7 +21,7 @@ use anyhow::{Context, Result};
 
 use crate::comm::{agree, Comm};
 use crate::config::{JobSettings, ResumeSettings};
-use crate::job::destination::staging::Staging;
+use crate::job::destination::staging::{self, Staging};
 use crate::job::handoff::Setup;
 use crate::storage;
 
@@ -38,11 +38,17 @@ pub(crate) enum Scratch {
 }
 
 /// Finds how the ranks see the staging directory of an object-store output, and where some do
-/// not, makes it on their nodes. Every rank returns the same kind.
+/// not, makes it on their nodes. Every rank returns the same kind. `dead` (rank 0's): the token
+/// of the run whose lock this one took over from a pid that proved it dead.
 ///
 /// # Errors
 /// The directory cannot be made on a node.
-pub(crate) fn settle(comm: &impl Comm, settings: &JobSettings, setup: &Setup) -> Result<Scratch> {
+pub(crate) fn settle(
+    comm: &impl Comm,
+    settings: &JobSettings,
+    setup: &Setup,
+    dead: Option<&str>,
+) -> Result<Scratch> {
     let (Some(staging), Some(target)) = (&setup.staging, &settings.upload.target) else {
         return Ok(Scratch::Shared);
     };
@@ -65,11 +71,14 @@ pub(crate) fn settle(comm: &impl Comm, settings: &JobSettings, setup: &Setup) ->
             .with_context(|| format!("--scratch: cannot create {}", staging.display()))
     };
     agree(comm, made)?;
+    let lead = (comm.rank() == 0).then(|| Ok(dead.map(String::from)));
+    let dead: Option<String> = crate::comm::broadcast_result(comm, 0, lead)?;
     if !seen {
-        // Rank 0 holds the output's lock: no other run writes it. What an earlier run killed
-        // outright left on this node's disk is nobody's now. (On rank 0's node the staging
-        // pointer leads to it, and the expand phase removed it or moved it aside.)
-        remove_earlier_copies(staging);
+        // What the run whose death its pid proved left on this node's disk is nobody's now. (On
+        // rank 0's node the staging pointer leads to it, and the expand phase removed it.)
+        if let Some(dead) = &dead {
+            remove_dead_copy(staging, dead);
+        }
     }
     crate::report::narrate::narrate(
         comm.rank() == 0,
@@ -145,28 +154,17 @@ pub(crate) fn remove_dead_heartbeats(target: &Path, dead: &str) {
     let _ = storage::sink(&beats).remove_dir_all(&beats);
 }
 
-/// Removes, on this node's disk, the staging copies of earlier runs of the same output beside
-/// `staging` (`.NAME.reshard-tmp.TOKEN` of another token), each once however many ranks ask.
-fn remove_earlier_copies(staging: &Path) {
-    let (Some(parent), Some(name)) = (staging.parent(), staging.file_name()) else {
-        return;
-    };
-    let name = name.to_string_lossy();
-    let Some((base, _)) = name.rsplit_once('.') else {
-        return;
-    };
-    let Ok(entries) = storage::source(parent).list(parent) else {
-        return;
-    };
-    for e in entries.into_iter().filter(|e| e.kind == storage::Kind::Dir) {
-        let other = e.name.to_string_lossy();
-        let earlier = other
-            .strip_prefix(base)
-            .and_then(|rest| rest.strip_prefix('.'))
-            .is_some_and(|token| !token.contains('.') && !token.is_empty());
-        if earlier && other != name {
-            remove_node_copy(&parent.join(&e.name));
-        }
+/// Removes, on this node's disk, the staging copy beside `staging` of the run `dead` (its token),
+/// whose pid proved it dead (`.NAME.reshard-tmp.DEAD`), once however many ranks ask. Only that
+/// run's: a run that lost the lock by its silence may live and write on in its own copy, and a
+/// copy of another token may be such a run's (docs/guarantees.md: a staged copy of a run taken
+/// over by silence is neither removed nor continued).
+fn remove_dead_copy(staging: &Path, dead: &str) {
+    let ours = staging.file_name().unwrap_or_default().to_string_lossy();
+    let own = ours.rsplit_once('.').map(|(_, token)| token);
+    // `dead` is a token ([`OutputLock::dead_predecessor`](crate::job::destination::lock::OutputLock::dead_predecessor)).
+    if own != Some(dead) {
+        remove_node_copy(&staging::run_dir(&staging::pointer_of(staging), dead));
     }
 }
 
@@ -230,7 +228,7 @@ mod tests {
     }
 
     #[test]
-    fn earlier_runs_copies_on_a_node_go_and_nothing_else() {
+    fn only_the_copy_of_the_run_proved_dead_goes_from_a_node() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = |name: &str| {
             let d = tmp.path().join(name);
@@ -238,13 +236,19 @@ mod tests {
             d
         };
         let ours = dir(".out.reshard-tmp.NEW");
-        dir(".out.reshard-tmp.OLD");
+        dir(".out.reshard-tmp.DEAD");
+        // The run whose lock was taken over by its silence (it may live and write on here),
+        // and a copy of an older token: neither is proved dead.
+        dir(".out.reshard-tmp.SILENT");
+        dir(".out.reshard-tmp.OLDER");
         // A removal under way (a node-mate's) is its own.
-        dir(".out.reshard-tmp.OLDER.removing");
-        for keep in [".other.reshard-tmp.OLD", "out", ".out.reshard-tmp"] {
+        dir(".out.reshard-tmp.GONE.removing");
+        for keep in [".other.reshard-tmp.DEAD", "out", ".out.reshard-tmp"] {
             dir(keep);
         }
-        remove_earlier_copies(&ours);
+        remove_dead_copy(&ours, "NEW");
+        remove_dead_copy(&ours, "DEAD");
+        remove_dead_copy(&ours, "DEAD");
         let mut left: Vec<String> = std::fs::read_dir(tmp.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -253,10 +257,12 @@ mod tests {
         assert_eq!(
             left,
             [
-                ".other.reshard-tmp.OLD",
+                ".other.reshard-tmp.DEAD",
                 ".out.reshard-tmp",
+                ".out.reshard-tmp.GONE.removing",
                 ".out.reshard-tmp.NEW",
-                ".out.reshard-tmp.OLDER.removing",
+                ".out.reshard-tmp.OLDER",
+                ".out.reshard-tmp.SILENT",
                 "out"
             ]
         );

@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 
 use crate::config::Keep;
 use crate::hooks;
-use crate::job::destination::owned::is_reshard_output;
+use crate::job::destination::owned::{is_reshard_output, OutputManifest};
+use crate::job::destination::written::{remove_written, Written};
 use crate::storage::{self, Kind};
 
 /// The older epochs of `target`'s series that `--keep` removes: siblings of `target` whose name
@@ -85,8 +86,8 @@ fn aside_name(old: &Path) -> Option<PathBuf> {
 
 const ASIDE: &str = ".reshard-removing";
 
-/// Removes the old epoch `old` of the series: first moved aside (see [`aside_name`]), then
-/// removed.
+/// Removes what reshard wrote of the old epoch `old` of the series: first moved aside (see
+/// [`aside_name`]), then [`clear_aside`].
 ///
 /// # Errors
 /// It cannot be renamed or removed (what is left aside is finished by the next `--keep` run).
@@ -102,13 +103,57 @@ pub(crate) fn remove_epoch(old: &Path) -> Result<()> {
         )
     })?;
     hooks::kill_at(0, "keep");
-    sink.remove_dir_all(&aside).with_context(|| {
+    clear_aside(&aside)
+}
+
+/// Removes from an old epoch moved aside (`aside`, see [`aside_name`]) what reshard wrote of it
+/// ([`Written`], by its index.json, which goes last), then the directory if nothing is left;
+/// what is left is the user's own and goes back under the epoch's name, no output any more
+/// (where that name is taken, it stays aside and the message says so).
+///
+/// # Errors
+/// Something cannot be listed, removed or renamed (the next `--keep` run finishes it).
+pub(crate) fn clear_aside(aside: &Path) -> Result<()> {
+    let failed = || {
         format!(
-            "--keep: cannot remove {} (moved aside from {}; the next run with --keep finishes it)",
-            aside.display(),
-            old.display()
+            "--keep: cannot remove {} (the next run with --keep finishes it)",
+            aside.display()
         )
-    })
+    };
+    let manifest = OutputManifest::parse(aside).ok();
+    let sink = storage::sink(aside);
+    if !remove_written(aside, &Written::of(manifest.as_ref())).with_context(failed)? {
+        return sink.remove_dir_all(aside).with_context(failed);
+    }
+    let home = home_of(aside).with_context(failed)?;
+    let back = match sink.rename_noreplace(aside, &home) {
+        Err(e)
+            if crate::sys::unsupported(&e) && storage::source(&home).stat_link(&home).is_err() =>
+        {
+            sink.rename(aside, &home)
+        }
+        other => other,
+    };
+    match back {
+        Ok(()) => crate::errln!(
+            "reshard: --keep: {} holds files reshard did not write: they stay there, and nothing of reshard's",
+            home.display()
+        ),
+        Err(_) => crate::errln!(
+            "reshard: --keep: {} holds files reshard did not write and {} is taken: they stay in {}, and nothing of reshard's (the next run with --keep moves them back)",
+            aside.display(),
+            home.display(),
+            aside.display()
+        ),
+    }
+    Ok(())
+}
+
+/// The name of the epoch that `aside` (see [`aside_name`]) was moved aside from.
+fn home_of(aside: &Path) -> Option<PathBuf> {
+    let name = aside.file_name()?.to_str()?;
+    let home = name.strip_prefix('.')?.strip_suffix(ASIDE)?;
+    Some(aside.with_file_name(home))
 }
 
 /// Old epochs of `target`'s series that an earlier `--keep` moved aside but did not finish

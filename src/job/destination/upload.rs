@@ -21,6 +21,7 @@ use crate::config::UploadSettings;
 use crate::job::destination::life::{self, may_replace, Rules};
 use crate::job::destination::lock::OutputLock;
 use crate::job::destination::series::say_what_keep_would_remove;
+use crate::job::destination::written::Written;
 use crate::output::{checkpoint, saved_index, seal};
 use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
@@ -36,8 +37,8 @@ mod records;
 
 pub(crate) use deal::written;
 
-/// The manifest: written last, it is what makes the output exist.
-const MANIFEST: &str = "index.json";
+// The manifest: written last, it is what makes the output exist.
+use crate::job::destination::written::MANIFEST;
 
 /// The object that marks an upload under way ([`Marker`]): the names it uploads, so that the
 /// next run can remove what a run that failed left, and those of the output `--force` replaces
@@ -113,8 +114,10 @@ impl RemoteLock {
     }
 }
 
-/// Rank 0, before any work: the scratch directory made, the lock taken, the output checked
-/// (empty, or with `--force` a reshard output), an earlier attempt's staged copy removed.
+/// Rank 0, before any work: the scratch directory made, then the steps before the commit
+/// ([`life::prepare`] over [`ToBucket`]): the lock taken, what a failed run left cleared, the
+/// output checked (empty, or with `--force` a reshard output), an earlier attempt's staged copy
+/// continued or removed.
 ///
 /// # Errors
 /// The lock is held or cannot be taken, or the output holds something that is not reshard's.
@@ -133,72 +136,139 @@ pub(crate) fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
         }
         return Ok(None);
     }
-    let mut lock = RemoteLock::acquire(target, cfg.lock_stale_after)?;
-    if let Some(dead) = lock.lock.dead_predecessor() {
-        // Its pid proved it dead: what it could not remove itself, and only what is its.
-        crate::job::destination::scratch::remove_dead_heartbeats(target, dead);
+    let mut bucket = ToBucket {
+        cfg,
+        target,
+        local,
+        lock: None,
+        staged: false,
+        rest: None,
+    };
+    life::prepare(&mut bucket)?;
+    Ok(bucket.lock)
+}
+
+/// The steps before the commit of an object store's output, for the output's life.
+struct ToBucket<'a> {
+    cfg: &'a UploadSettings,
+    target: &'a Path,
+    local: &'a Path,
+    lock: Option<RemoteLock>,
+    /// Whether an earlier attempt's finished copy is staged on `--scratch`.
+    staged: bool,
+    /// The marker of a failed run, naming what is left of it once cleared.
+    rest: Option<Marker>,
+}
+
+impl ToBucket<'_> {
+    fn lock(&mut self) -> Result<&mut RemoteLock> {
+        self.lock
+            .as_mut()
+            .context("internal error: the output's lock is taken first")
     }
-    if storage::source(target).stat(&target.join(REMOVING)).is_ok() {
-        // A `--keep` run began removing this output: with its `index.json` gone, finish that
-        // (it is reshard's, and no output any more); with it there, the removal never began.
-        if half_removed(target) {
-            crate::errln!(
-                "reshard: --keep: finishing the removal of {} (an earlier run began it) before writing it again",
+}
+
+impl life::Prepare for ToBucket<'_> {
+    fn take_lock(&mut self) -> Result<()> {
+        let lock = RemoteLock::acquire(self.target, self.cfg.lock_stale_after)?;
+        if let Some(dead) = lock.lock.dead_predecessor() {
+            // Its pid proved it dead: what it could not remove itself, and only what is its.
+            crate::job::destination::scratch::remove_dead_heartbeats(self.target, dead);
+        }
+        self.lock = Some(lock);
+        Ok(())
+    }
+
+    /// What a failed run left (a marker and no manifest), but for the shards it uploaded
+    /// completely, which `--resume` keeps; and an output whose removal `--keep` began.
+    fn clear_failed(&mut self) -> Result<()> {
+        let (cfg, target, local) = (self.cfg, self.target, self.local);
+        finish_keeps_removal(target)?;
+        self.staged = storage::source(local).stat(&local.join(MANIFEST)).is_ok();
+        let left = Marker::read(target).filter(|_| {
+            storage::source(target)
+                .stat(&target.join(MANIFEST))
+                .is_err()
+        });
+        if left.as_ref().is_some_and(|m| !m.replaces.is_empty()) && !cfg.force {
+            bail!(
+                "--output {}: an earlier run with --force was replacing the reshard output there and did not finish: rerun with --force",
                 target.display()
             );
-            remove_objects(target)?;
-        } else {
-            let marker = target.join(REMOVING);
-            storage::sink(&marker)
-                .remove_file(&marker)
-                .with_context(|| format!("{}: cannot remove", marker.display()))?;
         }
+        let mut up = if cfg.resume && self.staged && left.is_some() {
+            uploaded_before(local, target)?
+        } else {
+            Vec::new()
+        };
+        let earlier = left.as_ref().and_then(|m| m.records.clone());
+        let lock = self.lock()?;
+        lock.records = records::carry_over(target, earlier.as_deref(), &lock.lock, cfg.resume)?;
+        up.extend(lock.records.iter().map(|r| r.0.clone()));
+        let fence = lock.fence(target);
+        self.rest = clean_up_failed_run(target, left, &up, Some(&fence))?;
+        Ok(())
     }
-    let staged = storage::source(local).stat(&local.join(MANIFEST)).is_ok();
-    // Holding the lock, what a failed run left (a marker and no manifest) is this run's to
-    // clear, but for the shards it uploaded completely, which `--resume` keeps.
-    let left = Marker::read(target).filter(|_| {
-        storage::source(target)
-            .stat(&target.join(MANIFEST))
-            .is_err()
-    });
-    if left.as_ref().is_some_and(|m| !m.replaces.is_empty()) && !cfg.force {
-        bail!(
-            "--output {}: an earlier run with --force was replacing the reshard output there and did not finish: rerun with --force",
+
+    /// What is left of a failed run is this run's: the objects kept for `--resume` (the
+    /// marker's uploads), and those of the output a failed `--force` run was replacing (its
+    /// manifest already gone). Else the rule, asked of what is there.
+    fn check_replace(&mut self) -> Result<()> {
+        let (force, target) = (self.cfg.force, self.target);
+        let rest = self.rest.take();
+        let lock = self.lock()?;
+        lock.replaced = match rest {
+            Some(m) if m != Marker::default() => {
+                lock.preserved = m.uploads;
+                m.replaces
+            }
+            _ => replaced_objects(force, target)?,
+        };
+        Ok(())
+    }
+
+    /// A copy an earlier attempt staged and did not finish uploading: ours to continue
+    /// (`--resume`) or to remove, unless that run may only be suspended. (The marker of the
+    /// upload is [`begin`]'s, in the upload phase.)
+    fn begin(&mut self) -> Result<()> {
+        let (resume, local, staged) = (self.cfg.resume, self.local, self.staged);
+        let lock = self.lock()?;
+        if staged {
+            if let Some(token) = lock.lock.taken_from_silent() {
+                fenced::set_aside(local, token)?;
+            } else if !(resume && restage(local)?) {
+                storage::sink(local)
+                    .remove_dir_all(local)
+                    .with_context(|| {
+                        format!("{}: cannot remove the staged copy", local.display())
+                    })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A `--keep` run began removing the output `target`: with its `index.json` gone, that is
+/// finished (it is reshard's, and no output any more); with it there, the removal never began.
+fn finish_keeps_removal(target: &Path) -> Result<()> {
+    if storage::source(target)
+        .stat(&target.join(REMOVING))
+        .is_err()
+    {
+        return Ok(());
+    }
+    if half_removed(target) {
+        crate::errln!(
+            "reshard: --keep: finishing the removal of {} (an earlier run began it) before writing it again",
             target.display()
         );
-    }
-    let mut up = if cfg.resume && staged && left.is_some() {
-        uploaded_before(local, target)?
+        remove_objects(target)
     } else {
-        Vec::new()
-    };
-    let earlier = left.as_ref().and_then(|m| m.records.as_deref());
-    lock.records = records::carry_over(target, earlier, &lock.lock, cfg.resume)?;
-    up.extend(lock.records.iter().map(|r| r.0.clone()));
-    let rest = clean_up_failed_run(target, left, &up, Some(&lock.fence(target)))?;
-    lock.replaced = match rest {
-        // What is left of a failed run is this run's: the objects kept for `--resume` (the
-        // marker's uploads), and those of the output a failed `--force` run was replacing (its
-        // manifest already gone).
-        Some(m) if m != Marker::default() => {
-            lock.preserved = m.uploads;
-            m.replaces
-        }
-        _ => replaced_objects(cfg.force, target)?,
-    };
-    if staged {
-        // A copy an earlier attempt staged and did not finish uploading: ours to continue
-        // (`--resume`) or to remove, unless that run may only be suspended.
-        if let Some(token) = lock.lock.taken_from_silent() {
-            fenced::set_aside(local, token)?;
-        } else if !(cfg.resume && restage(local)?) {
-            storage::sink(local)
-                .remove_dir_all(local)
-                .with_context(|| format!("{}: cannot remove the staged copy", local.display()))?;
-        }
+        let marker = target.join(REMOVING);
+        storage::sink(&marker)
+            .remove_file(&marker)
+            .with_context(|| format!("{}: cannot remove", marker.display()))
     }
-    Ok(Some(lock))
 }
 
 /// Where the upload of `shard` of the staged copy `local` is noted.
@@ -348,29 +418,13 @@ fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
     )? {
         return Ok(Vec::new());
     }
-    let listed: Vec<String> = match crate::job::destination::owned::OutputManifest::read(target) {
-        Ok(m) => m.shardlist.into_iter().map(|s| s.url).collect(),
+    let written = match crate::job::destination::owned::OutputManifest::read(target) {
+        Ok(m) => Written::of(Some(&m)),
         Err(why) => bail!("--output {}: {why}", target.display()),
     };
-    let of_shards: HashSet<String> = listed
-        .iter()
-        .flat_map(|n| {
-            let shard = Path::new(n);
-            [
-                shard.to_path_buf(),
-                crate::output::dali::index_path(shard),
-                crate::output::energon::tar_idx_path(shard),
-            ]
-        })
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    let reshards = |n: &str| {
-        of_shards.contains(n)
-            || n.starts_with(&format!("{}/", crate::output::energon::META_DIR))
-            || n.split('/').any(|part| part == saved_index::DIR_NAME)
-    };
     let mut names: Vec<String> = files_of(target, false)?.into_iter().map(|f| f.0).collect();
-    names.retain(|n| is_own_name(n) && reshards(n));
+    // Its manifest is replaced by the new one's, written last.
+    names.retain(|n| is_own_name(n) && n != MANIFEST && written.includes(n));
     Ok(names)
 }
 
@@ -530,9 +584,10 @@ pub(crate) fn run(
     let rank = comm.rank();
     let sent: Result<u64> = std::thread::scope(|scope| {
         let uploads = scope.spawn(|| {
-            let r = fenced::restore_layouts(copy, target, &kept_mine, &names).and_then(|()| {
-                fenced::upload_share(copy, target, &todo, &names, rank, fence, &sent)
-            });
+            let r =
+                fenced::restore_layouts(copy, target, &kept_mine, &names, fence).and_then(|()| {
+                    fenced::upload_share(copy, target, &todo, &names, rank, fence, &sent)
+                });
             sent.end();
             r
         });

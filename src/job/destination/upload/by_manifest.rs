@@ -16,7 +16,8 @@ use super::fenced::{self, Found};
 use super::{files_of, lock_path, remove_if_there, RemoteLock, INCOMPLETE, MANIFEST};
 use crate::config::Keep;
 use crate::job::destination::life::Commit;
-use crate::job::destination::owned::{inspect, AtOutput};
+use crate::job::destination::owned::{inspect, AtOutput, OutputManifest};
+use crate::job::destination::written::Written;
 use crate::storage::{self, Kind};
 
 /// The object inside an older output of an `s3://` series that `--keep` is removing, written
@@ -196,7 +197,9 @@ fn remove_remote_epoch(old: &Path, stale_after: Duration) -> Result<()> {
     remove_objects(old)
 }
 
-/// [`remove_remote_epoch`]'s removal, its lock held.
+/// [`remove_remote_epoch`]'s removal, its lock held: only what reshard wrote of `old`
+/// ([`Written`], by its manifest), whose names the marker records before the manifest goes, so
+/// that a removal cut short is finished by them; the user's own objects stay.
 pub(super) fn remove_objects(old: &Path) -> Result<()> {
     let sink = storage::sink(old);
     sink.abort_unfinished(old).with_context(|| {
@@ -206,17 +209,40 @@ pub(super) fn remove_objects(old: &Path) -> Result<()> {
         )
     })?;
     let marker = old.join(REMOVING);
-    sink.write(&marker, b"")
+    let manifest = OutputManifest::parse(old).ok();
+    let written = Written::of(manifest.as_ref());
+    // A removal cut short: the marker names what it was removing.
+    let mut names: Vec<String> = match manifest {
+        Some(_) => Vec::new(),
+        None => storage::source(&marker)
+            .read(&marker)
+            .map(|text| {
+                String::from_utf8_lossy(&text)
+                    .lines()
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    names.extend(
+        files_of(old, false)?
+            .into_iter()
+            .map(|f| f.0)
+            .filter(|rel| rel != REMOVING && rel != MANIFEST && written.includes(rel)),
+    );
+    names.retain(|n| !n.is_empty() && n != REMOVING && n != MANIFEST);
+    names.sort();
+    names.dedup();
+    sink.write(&marker, names.join("\n").as_bytes())
         .with_context(|| format!("--keep: {}: cannot write", marker.display()))?;
     let remove = |path: &Path| {
         remove_if_there(path).with_context(|| format!("--keep: cannot remove {}", path.display()))
     };
-    remove(&old.join(MANIFEST))?;
+    if manifest.is_some() {
+        remove(&old.join(MANIFEST))?;
+    }
     crate::hooks::kill_at(0, "keep");
-    for (rel, _) in files_of(old, false)?
-        .iter()
-        .filter(|(rel, _)| rel != REMOVING)
-    {
+    for rel in &names {
         remove(&old.join(rel))?;
     }
     sink.remove_file(&marker)

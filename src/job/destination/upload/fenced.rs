@@ -381,18 +381,25 @@ fn layout_holds(target: &Path, shard: &str) -> bool {
 /// have died between the shard and its index, or the index may have gone since. Done by the
 /// shard's writer, whose node staged the index (rank 0's node may hold none of it).
 ///
+/// Each write is fenced ([`Fence::check`] right before it), as the shards' uploads are: a run
+/// that lost the lock meanwhile writes no index its successor would read.
+///
 /// # Errors
-/// One cannot be read from `copy` or written.
+/// One cannot be read from `copy` or written, or the run lost the lock.
 pub(crate) fn restore_layouts(
     copy: &Path,
     target: &Path,
     mine: &[&str],
     names: &HashSet<&str>,
+    fence: Option<&Fence>,
 ) -> Result<()> {
     for shard in mine {
         let layout = super::layout_of(shard);
         if !names.contains(layout.as_str()) || layout_holds(target, shard) {
             continue;
+        }
+        if let Some(fence) = fence {
+            fence.check()?;
         }
         saved_index::copy_restamped(
             &copy.join(&layout),

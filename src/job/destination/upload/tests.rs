@@ -319,7 +319,7 @@ fn a_kept_shard_gets_its_saved_index_again_from_its_writers_node() {
         format!("{err:#}").contains("the saved index of s/b.tar"),
         "{err:#}"
     );
-    fenced::restore_layouts(copy, target, &["s/b.tar"], &names).unwrap();
+    fenced::restore_layouts(copy, target, &["s/b.tar"], &names, None).unwrap();
     fenced::check_kept(local, target, &kept, &[], &names).unwrap();
     let dir = target.join("s").join(saved_index::DIR_NAME);
     assert!(matches!(

@@ -498,7 +498,7 @@ fn a_large_flat_directory_is_read_by_every_rank_to_the_same_bytes() {
         let res = pack_spread(&dir, np, "flat", &out, &[]);
         // big/ in three units of at most 4,096 keys, small/ in one.
         res.stderr_has("walked 9006 files (2.");
-        res.stderr_has("in 4 directory units of 1 root");
+        res.stderr_has("in 4 units of 1 root");
         digests.push(output_digest(&dir.join(&out)));
         // The shards are the same, byte for byte; the manifests list other inputs, but count
         // the same input bytes (a tar per directory unit, whatever its key ranges).
@@ -530,7 +530,7 @@ fn a_flat_directory_below_the_top_levels_is_read_by_several_ranks_to_the_same_by
         let res = pack_spread(&dir, np, "deep", &out, &[]);
         // a/b/c (the deep unit, with big/ and small/: 9,005 keys) in three of 4,096 keys.
         res.stderr_has("walked 9006 files (2.");
-        res.stderr_has("in 3 directory units of 1 root");
+        res.stderr_has("in 3 units of 1 root");
         digests.push(output_digest(&dir.join(&out)));
         assert_shared(&read_by_rank(&dir, &out), np);
     }
@@ -568,7 +568,7 @@ fn key_regex_samples_across_directories_are_read_by_several_ranks_to_the_same_by
         res.stderr_has("walked 12000 files");
         // One range of all 3,000 keys (every directory proposes k0000) gathers 12,000 files:
         // cut at every 1,024th key of each directory.
-        res.stderr_has("in 3 directory units of 1 root");
+        res.stderr_has("in 3 units of 1 root");
         digests.push(output_digest(&dir.join(&out)));
         assert_shared(&read_by_rank(&dir, &out), np);
         let index: serde_json::Value =
@@ -642,7 +642,7 @@ fn a_large_flat_directory_is_listed_once_and_its_files_examined_by_every_rank() 
         res.stderr_has(&format!("walked {files} files"));
         // x/big in three units and x/small in one, as rank 0 cut them; d/a/b (9,005 keys) in
         // three once walked.
-        res.stderr_has("in 8 directory units of 1 root");
+        res.stderr_has("in 8 units of 1 root");
         digests.push(output_digest(&dir.join(&out)));
         let calls = walk_calls_by_rank(&dir, &out);
         // x/big, x/small, p, d/a/b, d/a/b/big, d/a/b/small: each listed once.
@@ -662,7 +662,27 @@ fn a_large_flat_directory_is_listed_once_and_its_files_examined_by_every_rank() 
     }
     assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
     let res = pack_spread(&dir, 2, "m", "regex", &["--key-regex", "^([^.]*)\\."]);
-    res.stderr_has("in 7 directory units of 1 root");
+    res.stderr_has("in 7 units of 1 root");
     let out1 = dir.join("out1");
     crate::util::verifier::assert_same_output(&dir.join("regex"), &out1, &["ranks", "inputs"]);
+}
+
+/// A flat directory of 5,000 files, cut by rank 0 into two key ranges, with a dangling link in
+/// each: both counted, once, at every rank count (the second unit's found when its files are
+/// examined, by whichever rank the deal gives them to).
+#[test]
+fn skips_found_when_examined_count_once_in_every_key_range() {
+    let dir = Dir::new("files-flat-skips");
+    for i in 0..5000u64 {
+        dir.create_bytes(format!("flat/f{i:05}.bin"), &i.to_le_bytes());
+    }
+    for name in ["f00002.lnk", "f04600.lnk"] {
+        std::os::unix::fs::symlink("nothing", dir.join("flat").join(name)).unwrap();
+    }
+    for np in [1, 2] {
+        let res = pack_spread(&dir, np, "flat", &format!("out{np}"), &[]);
+        res.stderr_has("in 2 units of 1 root (1 directory unit of rank 0's cut)");
+        res.stderr_has("walked 5000 files");
+        res.stderr_has("skipped: 2 link to a directory or dangling");
+    }
 }

@@ -160,7 +160,7 @@ fn a_large_flat_prefix_is_read_by_several_ranks_to_the_same_bytes() {
         let res = run(np, &root, &out);
         // big/ in three units of at most 4,096 keys, small/ in one.
         res.stderr_has("walked 9006 files (2.");
-        res.stderr_has("in 4 directory units of 1 root");
+        res.stderr_has("in 4 units of 1 root");
         digests.push(output_digest(&dir.join(&out)));
         let report: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join(format!("{out}.json"))).unwrap())

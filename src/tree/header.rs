@@ -1,7 +1,7 @@
 //! Deterministic tar headers for loose files: a ustar header from the name, size, mode and
 //! modification time the file system reports, with owner fields fixed (uid and gid 0, empty
 //! user and group names), and a PAX extended header in front where ustar cannot hold the name
-//! (over 100 bytes) or the size (8 GiB or more).
+//! (over 100 bytes), the size (8 GiB or more) or the mtime (after 2242).
 
 /// A tar block.
 pub(crate) const BLOCK: u64 = 512;
@@ -15,17 +15,22 @@ pub(crate) struct HeaderFields<'a> {
     pub(crate) name: &'a [u8],
     pub(crate) size: u64,
     pub(crate) mode: u32,
-    /// Seconds since the epoch; clamped to the field's range (before 1970: 0).
+    /// Seconds since the epoch (before 1970: 0; after 11 octal digits, a PAX record).
     pub(crate) mtime: i64,
+}
+
+/// Whether the mtime of `fields` needs a PAX record: 11 octal digits cannot hold it.
+fn huge_mtime(fields: &HeaderFields<'_>) -> bool {
+    fields.mtime > OCTAL_11 as i64
 }
 
 /// Whether `fields` need PAX records (see [`pax_records`]).
 fn needs_pax(fields: &HeaderFields<'_>) -> bool {
-    fields.name.len() > 100 || fields.size > OCTAL_11
+    fields.name.len() > 100 || fields.size > OCTAL_11 || huge_mtime(fields)
 }
 
-/// The PAX records `fields` need: `path` for a name over 100 bytes, `size` for a size that
-/// 11 octal digits cannot hold.
+/// The PAX records `fields` need: `path` for a name over 100 bytes, `size` for a size and
+/// `mtime` for a modification time that 11 octal digits cannot hold.
 fn pax_records(fields: &HeaderFields<'_>) -> Vec<u8> {
     let mut out = Vec::new();
     if !needs_pax(fields) {
@@ -36,6 +41,9 @@ fn pax_records(fields: &HeaderFields<'_>) -> Vec<u8> {
     }
     if fields.size > OCTAL_11 {
         pax_record(&mut out, b"size", fields.size.to_string().as_bytes());
+    }
+    if huge_mtime(fields) {
+        pax_record(&mut out, b"mtime", fields.mtime.to_string().as_bytes());
     }
     out
 }
@@ -130,8 +138,8 @@ pub(crate) fn copy_header(fields: &HeaderFields<'_>, from: usize, out: &mut [u8]
 }
 
 /// Fills the zeroed `block` with the member's ustar header. Where a PAX record holds the
-/// value, the ustar field holds what fits (a truncated name, size 0), as Python's tarfile
-/// writes it.
+/// value, the ustar field holds what fits (a truncated name, size 0, mtime 0), as Python's
+/// tarfile writes it.
 fn member_block(fields: &HeaderFields<'_>, block: &mut [u8; BLOCK as usize]) {
     let name = &fields.name[..fields.name.len().min(100)];
     let size = if fields.size > OCTAL_11 {
@@ -139,7 +147,10 @@ fn member_block(fields: &HeaderFields<'_>, block: &mut [u8; BLOCK as usize]) {
     } else {
         fields.size
     };
-    let mtime = u64::try_from(fields.mtime).unwrap_or(0).min(OCTAL_11);
+    let mtime = u64::try_from(fields.mtime)
+        .ok()
+        .filter(|&m| m <= OCTAL_11)
+        .unwrap_or(0);
     ustar(block, name, size, fields.mode, mtime, b'0');
 }
 
@@ -235,6 +246,42 @@ mod tests {
         let e = entries.next().unwrap().unwrap();
         assert_eq!(e.path_bytes().as_ref(), name.as_bytes());
         assert_eq!(e.size(), size);
+    }
+
+    /// An mtime past 11 octal digits (after 2242) goes into a PAX `mtime` record, the ustar
+    /// field 0 (as Python's tarfile writes it); the largest that fits stays in ustar alone.
+    #[test]
+    fn an_mtime_past_eleven_octal_digits_takes_a_pax_record() {
+        let fields = |mtime| HeaderFields {
+            name: b"x.jpg",
+            size: 3,
+            mode: 0o644,
+            mtime,
+        };
+        let top = fields(OCTAL_11 as i64);
+        assert_eq!(header_len(&top), 512);
+        let huge = fields(OCTAL_11 as i64 + 1);
+        let mut bytes = Vec::new();
+        write_header(&huge, &mut bytes);
+        assert_eq!(bytes.len() as u64, header_len(&huge));
+        assert_eq!(bytes.len(), 3 * 512);
+        bytes.extend_from_slice(b"abc");
+        bytes.resize(bytes.len() + 509 + 1024, 0);
+        let mut archive = tar::Archive::new(std::io::Cursor::new(bytes));
+        let mut entries = archive.entries().unwrap();
+        let mut e = entries.next().unwrap().unwrap();
+        assert_eq!(e.path_bytes().as_ref(), b"x.jpg");
+        assert_eq!(e.header().mtime().unwrap(), 0);
+        let pax: Vec<(String, String)> = e
+            .pax_extensions()
+            .unwrap()
+            .unwrap()
+            .map(|x| {
+                let x = x.unwrap();
+                (x.key().unwrap().into(), x.value().unwrap().into())
+            })
+            .collect();
+        assert_eq!(pax, [("mtime".into(), "8589934592".into())]);
     }
 
     /// The octal fields are what `format!` writes, at every width a header uses, from zero to

@@ -529,6 +529,53 @@ mod tests {
         }
     }
 
+    /// The digest is its definition: MD5 over the bincode encoding (standard config) of the
+    /// members' (name, source, size, mode, (mtime, mtime_ns, ctime_ns), identity), in order;
+    /// the volume (which names the walking host) left out, every other field in.
+    #[test]
+    fn a_listing_digest_is_md5_of_its_members_facts_without_the_volume() {
+        use md5::Digest;
+        let mut file = member("a.jpg", Bytes::File(b"d/a.jpg".to_vec()), 8000);
+        (file.identity, file.ctime_ns, file.volume) = (77, 5_000_000_123, 9);
+        let members = vec![file, member("a.cls", Bytes::Inline(b"3".to_vec()), 1)];
+        let seen: Vec<_> = members
+            .iter()
+            .map(|m| {
+                let times = (m.mtime, m.mtime_ns, m.ctime_ns);
+                (
+                    m.name.clone(),
+                    m.source.clone(),
+                    m.size,
+                    m.mode,
+                    times,
+                    m.identity,
+                )
+            })
+            .collect();
+        let bytes = bincode::serde::encode_to_vec(&seen, bincode::config::standard()).unwrap();
+        let want = u128::from_be_bytes(md5::Md5::digest(&bytes).into());
+        let digest = |members: Vec<Member>| Listing::new(PathBuf::from("/r"), members).digest();
+        assert_eq!(digest(members.clone()), want);
+        let mut other_host = members.clone();
+        other_host[0].volume = 10;
+        assert_eq!(digest(other_host), want);
+        type Change = fn(&mut Member);
+        let changes: [Change; 7] = [
+            |m| m.name.push(b'x'),
+            |m| m.source = Bytes::File(b"d/b.jpg".to_vec()),
+            |m| m.size += 1,
+            |m| m.mode = 0o600,
+            |m| m.mtime_ns += 1,
+            |m| m.ctime_ns += 1,
+            |m| m.identity += 1,
+        ];
+        for change in changes {
+            let mut changed = members.clone();
+            change(&mut changed[0]);
+            assert_ne!(digest(changed), want);
+        }
+    }
+
     /// Sets the modification time of `path` back to `m`'s, as `touch -r` does, until its
     /// status-change time is not `m`'s (the kernel's clock may not have moved since `m` was
     /// listed).

@@ -166,6 +166,13 @@ fn by_rule(unit: &Unit, rules: &Rules) -> bool {
     rules.key_regex.is_some() && unit.dir.is_empty() && unit.deep
 }
 
+/// Whether the file `rel` of a unit's directory is the unit's (not by a `--key-regex` rule):
+/// its key by WebDataset's rule is in the unit's range, or it has none and the unit is the
+/// directory's first. Each file of a directory cut into key ranges is one unit's.
+pub(crate) fn owns(unit: &Unit, rel: &[u8]) -> bool {
+    sample_key(rel).map_or(unit.keys.0.is_none(), |k| unit.holds(k))
+}
+
 /// The files of `unit` of `root`, listed and not examined (a file outside a unit's keys left
 /// out, see [`local_files`]), and what the listings skipped.
 ///
@@ -178,6 +185,11 @@ pub(crate) fn names(root: &Path, unit: &Unit, rules: &Rules) -> Result<Named> {
         named.listed = 1;
     } else {
         local_files(root, unit, !by_rule(unit, rules), &mut named)?;
+    }
+    if unit.keys.0.is_some() {
+        // What the listing of a directory cut into key ranges skipped is counted by its
+        // first unit (each unit lists the whole directory).
+        named.skips = Skips::default();
     }
     Ok(named)
 }
@@ -257,7 +269,7 @@ pub(crate) fn finish(
     let by_rule = by_rule(unit, rules);
     let mut found = Vec::with_capacity(files.len());
     for (rel, facts) in files {
-        let held = by_rule || sample_key(&rel).is_none_or(|k| unit.holds(k));
+        let held = by_rule || owns(unit, &rel);
         match keyed(root, rel, &facts, regex.as_ref())? {
             Some(k) if by_rule && !unit.holds(&k.key) => {}
             Some(k) if held => found.push(k),
@@ -266,8 +278,10 @@ pub(crate) fn finish(
             None => {}
         }
     }
-    if unit.keys.0.is_some() {
-        // The directory's skips are counted by its first unit.
+    if by_rule && unit.keys.0.is_some() {
+        // A range of a `--key-regex` root's keys: every such unit walks the whole tree, and
+        // the first counts what it skipped. Any other unit counts the skips of the files it
+        // owns (see [`owns`]) and, when first, those of its directory's listing.
         skips = Skips::default();
     }
     let label = rules
@@ -346,7 +360,7 @@ fn local_files(root: &Path, unit: &Unit, by_path: bool, named: &mut Named) -> Re
                 Kind::Other => skips.special += 1,
                 Kind::File | Kind::Link => {
                     // Another unit's share of a large directory: not even examined.
-                    if by_path && sample_key(&rel).is_some_and(|k| !unit.holds(k)) {
+                    if by_path && !owns(unit, &rel) {
                         continue;
                     }
                     let follow = entry.kind == Kind::Link;
@@ -566,5 +580,49 @@ mod tests {
         }
         assert!(found.is_empty());
         assert_eq!(skips.links, 1);
+    }
+
+    /// A directory cut into key ranges, each unit walked alone: every skip counted once over
+    /// the units, those found when examined (dangling links) by the unit that owns the file,
+    /// those of the listing (hidden, FIFOs) and the keyless by the first.
+    #[test]
+    fn a_directory_cut_into_key_ranges_counts_each_skip_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        for name in ["a.x", "b.x", "m.x", "z.x", ".hidden", "keyless"] {
+            std::fs::write(root.join(name), b"1").unwrap();
+        }
+        std::os::unix::fs::symlink("nothing", root.join("b.lnk")).unwrap();
+        std::os::unix::fs::symlink("nothing", root.join("y.lnk")).unwrap();
+        let cut = |from: Option<&str>, to: Option<&str>| Unit {
+            dir: Vec::new(),
+            deep: false,
+            keys: (from.map(|k| k.into()), to.map(|k| k.into())),
+        };
+        let rules = Rules::default();
+        let mut total = Skips::default();
+        let mut members = 0;
+        for unit in [cut(None, Some("m")), cut(Some("m"), None)] {
+            let (listing, skips) = walk_unit(root, &unit, &rules).unwrap();
+            members += listing.members.len();
+            for (t, s) in [
+                (&mut total.hidden, skips.hidden),
+                (&mut total.links, skips.links),
+                (&mut total.special, skips.special),
+                (&mut total.keyless, skips.keyless),
+            ] {
+                *t += s;
+            }
+        }
+        let whole = walk_unit(root, &Unit::of(Vec::new(), false), &rules).unwrap();
+        assert_eq!(members, whole.0.members.len());
+        assert_eq!(total, whole.1);
+        let want = Skips {
+            hidden: 1,
+            links: 2,
+            special: 0,
+            keyless: 1,
+        };
+        assert_eq!(total, want);
     }
 }

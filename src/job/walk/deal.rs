@@ -12,6 +12,7 @@
 //! in all, and its listing (built by the rank that listed it, the facts back) is the one a
 //! single rank's walk gives: nothing here depends on the rank count but who does the work.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -48,14 +49,16 @@ struct Walking {
     dealt: Vec<Unexamined>,
 }
 
-/// A file dealt to a rank: its root (an index into the roots) and itself.
+/// A file dealt to a rank: its root (an index into the roots) and itself (borrowed where
+/// sent: the rank that listed a large directory holds its names once, not twice).
 #[derive(Serialize, Deserialize)]
-struct Asked {
+struct Asked<'a> {
     root: u32,
-    file: Unexamined,
+    file: Cow<'a, Unexamined>,
 }
 
-/// What examining a dealt file gave: its facts, or the error's text.
+/// What examining a dealt file gave: its facts, or the error's text (naming the rank and host
+/// that examined it: a node's own mount problem is that node's).
 type Answer = std::result::Result<FileFacts, String>;
 
 /// Walks this rank's share of the units among `inputs` (`units`: their indices, in order):
@@ -235,7 +238,7 @@ fn deal<C: Comm>(
             .iter()
             .map(|(k, file)| (walking[*k].root as u32, file))
             .collect();
-        return (Ok(examine_all(roots, &files)), total);
+        return (Ok(examine_all(roots, &files, rank)), total);
     }
     // Every rank's files in one order; rank `q` examines the `q`th contiguous share of it.
     let share = |q: usize| {
@@ -256,7 +259,7 @@ fn deal<C: Comm>(
                 .iter()
                 .map(|(k, file)| Asked {
                     root: walking[*k].root as u32,
-                    file: file.clone(),
+                    file: Cow::Borrowed(file),
                 })
                 .collect()
         })
@@ -265,8 +268,8 @@ fn deal<C: Comm>(
     let examined = asked.as_ref().map_or(0, |a| a.len() as u64);
     let answers: Vec<Answer> = match &asked {
         Ok(asked) => {
-            let files: Vec<(u32, &Unexamined)> = asked.iter().map(|a| (a.root, &a.file)).collect();
-            examine_all(roots, &files)
+            let files: Vec<(u32, &Unexamined)> = asked.iter().map(|a| (a.root, &*a.file)).collect();
+            examine_all(roots, &files, rank)
         }
         Err(_) => Vec::new(),
     };
@@ -292,14 +295,17 @@ fn deal<C: Comm>(
     (result, examined)
 }
 
-/// The answers for `files` (each with its root's index), in order, [`THREADS`] at a time.
-fn examine_all(roots: &[Root], files: &[(u32, &Unexamined)]) -> Vec<Answer> {
+/// The answers for `files` (each with its root's index), examined by `rank` of this host, in
+/// order, [`THREADS`] at a time.
+fn examine_all(roots: &[Root], files: &[(u32, &Unexamined)], rank: usize) -> Vec<Answer> {
+    let host = crate::sys::hostname();
     let chunks: Vec<&[(u32, &Unexamined)]> = files.chunks(256).collect();
     let done = several(chunks, |chunk| {
         Ok(chunk
             .iter()
             .map(|(root, file)| {
-                examine(&roots[*root as usize].path, file).map_err(|e| e.to_string())
+                examine(&roots[*root as usize].path, file)
+                    .map_err(|e| format!("{e} (examined by rank {rank} on {host})"))
             })
             .collect::<Vec<Answer>>())
     });
@@ -337,4 +343,29 @@ fn several<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> Result<R> + Sync) -
         out.push(r?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dealt file that cannot be examined: the answer's text names the rank that examined
+    /// it and its host, so the error the listing rank reports names the node that hit it.
+    #[test]
+    fn an_examination_error_names_the_examining_rank_and_host() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root {
+            path: tmp.path().to_path_buf(),
+            canonical: tmp.path().to_path_buf(),
+            rules: Default::default(),
+        };
+        let gone = Unexamined {
+            rel: b"gone.jpg".to_vec(),
+            follow: false,
+        };
+        let answers = examine_all(&[root], &[(0, &gone)], 3);
+        let e = answers[0].as_ref().unwrap_err();
+        let host = crate::sys::hostname();
+        assert!(e.contains(&format!("examined by rank 3 on {host}")), "{e}");
+    }
 }

@@ -136,12 +136,15 @@ fn unit_indices(inputs: &[InputShard]) -> Vec<usize> {
 /// The walk's line for rank 0's narration.
 fn describe(w: &Walked, roots: usize) -> String {
     let s = w.skips;
+    // The units read (a directory's key ranges each one), and the directory units they came
+    // from: what `input_bytes` counts a tar per (see docs/loose-files.md).
     let mut line = format!(
-        "walked {} ({}) in {} of {}",
+        "walked {} ({}) in {} of {} ({} of rank 0's cut)",
         count(w.files, "file"),
         human_bytes(w.file_bytes),
-        count(w.units, "directory unit"),
-        count(roots as u64, "root")
+        count(w.units, "unit"),
+        count(roots as u64, "root"),
+        count(w.dir_units, "directory unit")
     );
     let skipped: Vec<String> = [
         (s.hidden, "hidden or editor's leftover"),

@@ -224,11 +224,16 @@ pub(super) fn remove_objects(old: &Path) -> Result<()> {
             })
             .unwrap_or_default(),
     };
+    // Without the manifest (a removal cut short whose marker names nothing: an earlier
+    // version's), a shard is known as reshard's by its saved index, which matches that very
+    // object (size and ETag): such shards go, a user's object never.
+    let unlisted = manifest.is_none();
     names.extend(
         files_of(old, false)?
             .into_iter()
             .map(|f| f.0)
-            .filter(|rel| rel != REMOVING && rel != MANIFEST && written.includes(rel)),
+            .filter(|rel| rel != REMOVING && rel != MANIFEST)
+            .filter(|rel| written.includes(rel) || unlisted && fenced::layout_holds(old, rel)),
     );
     names.retain(|n| !n.is_empty() && n != REMOVING && n != MANIFEST);
     names.sort();

@@ -366,7 +366,7 @@ pub(crate) fn check_kept(
 }
 
 /// Whether the saved index of `shard` at `target` matches the object.
-fn layout_holds(target: &Path, shard: &str) -> bool {
+pub(super) fn layout_holds(target: &Path, shard: &str) -> bool {
     let (object, layout) = (target.join(shard), target.join(super::layout_of(shard)));
     let dir = layout.parent().unwrap_or(target);
     matches!(

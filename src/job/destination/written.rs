@@ -24,6 +24,9 @@ pub(crate) struct Written {
     manifest: bool,
     /// The shards the manifest lists with their saved and loader indexes.
     of_shards: HashSet<String>,
+    /// The directories below the output that hold listed shards (a `--split` output's
+    /// splits), each with reshard's own index.json and `.nv-meta/`.
+    splits: HashSet<String>,
 }
 
 impl Written {
@@ -43,15 +46,33 @@ impl Written {
             })
             .map(|p| p.to_string_lossy().into_owned())
             .collect();
+        let splits = manifest
+            .iter()
+            .flat_map(|m| &m.shardlist)
+            .filter_map(|s| Some(s.url.rsplit_once('/')?.0.to_string()))
+            .collect();
         Written {
             manifest: manifest.is_some(),
             of_shards,
+            splits,
         }
     }
 
     /// Whether reshard wrote the file `rel` of the output.
     pub(crate) fn includes(&self, rel: &str) -> bool {
-        (self.manifest && rel == MANIFEST) || self.of_shards.contains(rel) || reshards_dir(rel)
+        (self.manifest && rel == MANIFEST)
+            || self.of_shards.contains(rel)
+            || reshards_dir(rel)
+            || self.of_a_split(rel)
+    }
+
+    /// Whether `rel` is a split's index.json or under its `.nv-meta/`.
+    fn of_a_split(&self, rel: &str) -> bool {
+        self.splits.iter().any(|split| {
+            rel.strip_prefix(split.as_str())
+                .and_then(|r| r.strip_prefix('/'))
+                .is_some_and(|r| r == MANIFEST || r.starts_with(&format!("{}/", energon::META_DIR)))
+        })
     }
 }
 

@@ -10,7 +10,7 @@ use crate::util::runs::run;
 use crate::util::s3::Server;
 use crate::util::stores::Store as _;
 use crate::util::verifier::assert_same_output;
-use crate::util::{reshard_processes, signal, Dir, RunOutput};
+use crate::util::{reshard_processes, signal_if_alive, Dir, RunOutput};
 
 /// `reshard run --input in --output s3://BUCKET/out --seed 7` under `mpirun -np np`, staged on
 /// `scratch` (a directory of the test's), with `extra`.
@@ -108,7 +108,7 @@ fn a_killed_split_output_resumes_from_the_bucket_keeping_its_recorded_split_shar
             recorded(&dir, s3, &bucket).iter().any(|s| s.contains('/'))
         });
         for (pid, _) in reshard_processes(dir.path()) {
-            signal(pid, libc::SIGKILL);
+            signal_if_alive(pid, libc::SIGKILL);
         }
         job.join().unwrap()
     });

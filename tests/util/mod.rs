@@ -842,6 +842,18 @@ pub fn signal(pid: u32, signal: i32) {
     assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
 }
 
+/// Sends `signal` to the process `pid` unless it has already exited (it may, between a listing
+/// of a job's processes and the signal: a killed rank's launcher ends the others); whether it
+/// was sent.
+pub fn signal_if_alive(pid: u32, signal: i32) -> bool {
+    let pid = i32::try_from(pid).expect("pid fits i32");
+    // SAFETY: kill(2) on a reshard process this test started.
+    let rc = unsafe { libc::kill(pid, signal) };
+    let gone = std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    assert!(rc == 0 || gone, "kill({pid}, {signal}) failed");
+    rc == 0
+}
+
 /// `(pid, VmHWM in bytes)` of the processes running `exe` in `dir` right now.
 fn rank_peaks(exe: &Path, dir: &Path) -> Vec<(u32, u64)> {
     processes_in(exe, dir)

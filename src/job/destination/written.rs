@@ -1,5 +1,5 @@
 //! What reshard wrote of an output, in one place for every store, from its typed manifest
-//! ([`OutputManifest`]): its index.json, the shards it lists with their saved and loader indexes
+//! ([`OutputManifest`]): its index.json (and each split's), the shards it lists with their saved and loader indexes
 //! (`NAME.idx`, `NAME.tar.idx`), and whatever is under its `.reshard/` directories and
 //! `.nv-meta/`. `--force` removes only that of the output it replaces, `--keep` only that of an
 //! older output; anything else there is the user's and is never deleted: on a file system it is

@@ -193,12 +193,17 @@ fn a_stop_signal_checkpoints_and_resume_continues() {
             "SIG{signal} to {whom} at np {np}: ended in {:.1} s",
             res.elapsed.as_secs_f64()
         );
-        if signal == "INT" && whom == "mpirun" {
-            // Hydra's mpiexec reports its own status once it has forwarded a Ctrl-C: 130 as the
-            // ranks exit, but once under load 0 while every rank exited 130 and nothing was
-            // published. What reshard promises (the message, nothing published, the staging
-            // kept for --resume) is checked; the launcher's status is only printed.
-            println!("mpirun's status after forwarding SIGINT: {:?}", res.code());
+        if whom == "mpirun" {
+            // Hydra's mpiexec reports its own status once it has forwarded a stop signal: 130 or
+            // 143 as the ranks exit, but under load 0 while every rank exited 128 + N and
+            // nothing was published (SIGINT once; SIGTERM once in CI, at np 3): its mpiexec.c
+            // counts a proxy whose exit statuses it did not receive before the proxy closed as
+            // 0. What reshard promises (the message, nothing published, the staging kept for
+            // --resume) is checked; the launcher's status is only printed.
+            println!(
+                "mpirun's status after forwarding SIG{signal}: {:?}",
+                res.code()
+            );
             stopped_in_order_said(&res, dir.path(), &out, name);
         } else {
             stopped_in_order(&res, dir.path(), &out, code, name);

@@ -4,13 +4,16 @@
 //! (rank 0 cuts a large directory's own files into key ranges, one unit each: the directory is
 //! listed once for all of them, not once a unit). Each rank lists the directories of a
 //! contiguous share of the tasks (by count; several at once), with the kind each entry gives
-//! and no `lstat`. A directory of at most [`DEAL_OVER`] files has them examined (one `lstat`
-//! each, a `stat` for a link) at once by the rank that listed it; the files of larger ones,
-//! from every rank, are dealt: taken in order (rank, then unit, then name), cut into one
-//! contiguous share per rank, sent to it, examined there, and the facts sent back. So the
-//! metadata calls of a directory of a million files are spread over the ranks, one per file
-//! in all, and its listing (built by the rank that listed it, the facts back) is the one a
-//! single rank's walk gives: nothing here depends on the rank count but who does the work.
+//! and no `lstat`; a directory rank 0 cut into key ranges is listed as a stream
+//! ([`super::stream`]), each name sent as it is read to the rank that walks its unit, so its
+//! lister never holds its names. A directory of at most [`DEAL_OVER`] files has them examined
+//! (one `lstat` each, a `stat` for a link) at once by the rank that listed it; the files of
+//! larger ones, from every rank, are dealt: taken in order (rank, then unit, then name), cut
+//! into one contiguous share per rank, sent to it, examined there, and the facts sent back.
+//! So the metadata calls of a directory of a million files are spread over the ranks, one per
+//! file in all, and its listing (built by the rank that holds its names, the facts back) is
+//! the one a single rank's walk gives: nothing here depends on the rank count but who does
+//! the work.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -31,6 +34,7 @@ use crate::tree::walk::{examine, finish, names, take, Named, Skips, Unexamined};
 use crate::tree::{self, Root, Unit};
 
 use super::recut::{exchange, WalkedUnit};
+use super::stream;
 
 /// A directory with more files than this has them examined by every rank.
 pub(super) const DEAL_OVER: usize = KEYS_PER_UNIT;
@@ -39,14 +43,14 @@ pub(super) const DEAL_OVER: usize = KEYS_PER_UNIT;
 const THREADS: usize = 16;
 
 /// A unit of this rank's tasks on its way to a listing.
-struct Walking {
-    input: usize,
-    root: usize,
-    unit: Unit,
-    found: Vec<(Vec<u8>, FileFacts)>,
-    skips: Skips,
+pub(super) struct Walking {
+    pub(super) input: usize,
+    pub(super) root: usize,
+    pub(super) unit: Unit,
+    pub(super) found: Vec<(Vec<u8>, FileFacts)>,
+    pub(super) skips: Skips,
     /// Files of a large directory, examined by the ranks their deal gives them to.
-    dealt: Vec<Unexamined>,
+    pub(super) dealt: Vec<Unexamined>,
 }
 
 /// A file dealt to a rank: its root (an index into the roots) and itself (borrowed where
@@ -74,7 +78,19 @@ pub(super) fn walk<C: Comm>(
 ) -> Result<(Vec<WalkedUnit>, Calls)> {
     let tasks = tasks(inputs, units);
     let share = assign_inputs(&vec![1; tasks.len()], comm.size())[comm.rank()].clone();
-    let mine: Vec<Range<usize>> = tasks[share].to_vec();
+    // The directories rank 0 cut into key ranges are listed as streams (every rank walks some
+    // of their units); this rank's other tasks are read here, whole.
+    let (mut big, mut lists, mut mine) = (Vec::new(), Vec::new(), Vec::new());
+    for (t, task) in tasks.into_iter().enumerate() {
+        if stream::streamed(inputs, &units[task.clone()]) {
+            if share.contains(&t) {
+                lists.push(big.len());
+            }
+            big.push(task);
+        } else if share.contains(&t) {
+            mine.push(task);
+        }
+    }
     let mut calls = Calls::default();
     let read = several(mine, |task| read(roots, inputs, &units[task]));
     let mut walking: Vec<Walking> = Vec::new();
@@ -83,6 +99,13 @@ pub(super) fn walk<C: Comm>(
         calls.listed += c.listed;
         calls.examined += c.examined;
     }
+    let (w, listed) = agree(comm, stream::run(comm, roots, inputs, units, &big, &lists))?;
+    walking.extend(w);
+    calls.listed += listed;
+    calls.held = walking
+        .iter()
+        .map(|w| (w.found.len() + w.dealt.len()) as u64)
+        .sum();
     let pending: Vec<(usize, Unexamined)> = walking
         .iter_mut()
         .enumerate()
@@ -134,19 +157,7 @@ fn tasks(inputs: &[InputShard], units: &[usize]) -> Vec<Range<usize>> {
 /// A unit of no root of this run, a directory that cannot be listed, a name that is not
 /// UTF-8, a file of a small directory that cannot be examined.
 fn read(roots: &[Root], inputs: &[InputShard], task: &[usize]) -> Result<(Vec<Walking>, Calls)> {
-    let mut units = Vec::with_capacity(task.len());
-    for &i in task {
-        let path = &inputs[i].path;
-        let (root, unit) =
-            tree::parse(path).with_context(|| format!("{}: not a unit", path.display()))?;
-        let Some(r) = roots.iter().position(|r| r.path == root) else {
-            anyhow::bail!(
-                "{}: the root is not an --input-files root of this run",
-                root.display()
-            );
-        };
-        units.push((i, r, unit));
-    }
+    let units = parsed(roots, inputs, task)?;
     let (_, r, first) = &units[0];
     let root = &roots[*r];
     let mut calls = Calls::default();
@@ -183,6 +194,31 @@ fn read(roots: &[Root], inputs: &[InputShard], task: &[usize]) -> Result<(Vec<Wa
     Ok((out, calls))
 }
 
+/// The units `task` (input indices) as (input index, root index, unit).
+///
+/// # Errors
+/// A unit of no root of this run.
+pub(super) fn parsed(
+    roots: &[Root],
+    inputs: &[InputShard],
+    task: &[usize],
+) -> Result<Vec<(usize, usize, Unit)>> {
+    let mut units = Vec::with_capacity(task.len());
+    for &i in task {
+        let path = &inputs[i].path;
+        let (root, unit) =
+            tree::parse(path).with_context(|| format!("{}: not a unit", path.display()))?;
+        let Some(r) = roots.iter().position(|r| r.path == root) else {
+            anyhow::bail!(
+                "{}: the root is not an --input-files root of this run",
+                root.display()
+            );
+        };
+        units.push((i, r, unit));
+    }
+    Ok(units)
+}
+
 /// `named`, the listing of the directory of `units` (one deep unit, or a directory's shallow
 /// units in key order), shared out by key: each file to the unit whose range holds its key
 /// (WebDataset's rule), one without a key and what was skipped to the first unit (which
@@ -192,20 +228,13 @@ fn shared_out(named: Named, units: &[(usize, usize, Unit)]) -> Vec<Named> {
         return vec![named];
     }
     let mut out: Vec<Named> = units.iter().map(|_| Named::default()).collect();
-    let unit_of = |rel: &[u8]| {
-        sample_key(rel).map_or(0, |k| {
-            let after =
-                units.partition_point(|(_, _, u)| u.keys.0.as_deref().is_none_or(|f| f <= k));
-            after.saturating_sub(1)
-        })
-    };
     for (rel, facts) in named.found {
-        out[unit_of(&rel)].found.push((rel, facts));
+        out[unit_of(units, &rel)].found.push((rel, facts));
     }
     for dir in named.dirs {
         let mut by_unit: Vec<Vec<Unexamined>> = units.iter().map(|_| Vec::new()).collect();
         for file in dir {
-            by_unit[unit_of(&file.rel)].push(file);
+            by_unit[unit_of(units, &file.rel)].push(file);
         }
         for (o, files) in out.iter_mut().zip(by_unit) {
             if !files.is_empty() {
@@ -215,6 +244,15 @@ fn shared_out(named: Named, units: &[(usize, usize, Unit)]) -> Vec<Named> {
     }
     out[0].skips = named.skips;
     out
+}
+
+/// The unit of `units` (a directory's units in key order) whose key range holds the file
+/// `rel`'s key (WebDataset's rule); one without a key is the first unit's (which counts it).
+pub(super) fn unit_of(units: &[(usize, usize, Unit)], rel: &[u8]) -> usize {
+    sample_key(rel).map_or(0, |k| {
+        let after = units.partition_point(|(_, _, u)| u.keys.0.as_deref().is_none_or(|f| f <= k));
+        after.saturating_sub(1)
+    })
 }
 
 /// Deals the files `pending` (this rank's, each with its index into `walking`) over the ranks

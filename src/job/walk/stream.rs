@@ -1,0 +1,260 @@
+//! A large directory of rank 0's cut (its own files cut into key ranges, one unit each) listed
+//! as a stream: the rank that lists it reads [`BATCH`] entries at a time and sends each file's
+//! name to the rank that walks the unit whose key range holds it (the directory's units dealt
+//! over the ranks in contiguous runs, by count), in rounds every rank takes part in. So the
+//! lister holds one batch and its own units' names, never the whole directory's: O(N/P) names
+//! per rank. Each unit's names are then examined by the deal and its listing built by the rank
+//! that holds them, sorted there (the canonical order is a unit's own, by key and name, so no
+//! order of the stream matters): the listings are the ones a single rank's walk gives.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::os::unix::ffi::OsStrExt;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::comm::Comm;
+use crate::input::InputShard;
+use crate::plan::assign_inputs;
+use crate::storage::{self, posix, Entry, Kind};
+use crate::tree::view::file_path;
+use crate::tree::walk::{hidden, join, not_utf8, Skips, Unexamined};
+use crate::tree::{self, Root, Unit};
+
+use super::deal::{parsed, unit_of, Walking};
+use super::recut::exchange;
+
+/// Directory entries a lister reads in one round at most.
+const BATCH: usize = 16_384;
+
+/// A unit of a streamed directory: its input index, root index and key range.
+type Part = (usize, usize, Unit);
+
+/// A round's names by (task, unit), and a directory's skips with its first unit's.
+type Round = BTreeMap<(usize, usize), (Vec<Unexamined>, Skips)>;
+
+/// Names of one unit of a streamed directory, for the rank that walks the unit.
+#[derive(Serialize, Deserialize)]
+struct Names {
+    /// The directory (an index into the streamed tasks) and the unit's place among its units.
+    task: u32,
+    unit: u32,
+    files: Vec<Unexamined>,
+    /// What the listing skipped (hidden names, special files): sent once the directory is
+    /// read, to its first unit, which counts them.
+    skips: [u64; 4],
+}
+
+/// Whether `task` (input indices of one walk task) is a directory rank 0 cut into key ranges,
+/// to be listed as a stream: several units (only a directory's shallow units are a task
+/// together), of a local root (rank 0 cuts no prefix of an object store by names).
+pub(super) fn streamed(inputs: &[InputShard], task: &[usize]) -> bool {
+    task.len() > 1
+        && tree::parse(&inputs[task[0]].path)
+            .is_some_and(|(root, _)| !storage::is_object_store(&root))
+}
+
+/// The directory being read by this rank.
+struct Reading {
+    task: usize,
+    dir: Vec<u8>,
+    root: usize,
+    entries: Box<dyn Iterator<Item = std::io::Result<Entry>>>,
+    skips: Skips,
+}
+
+/// Lists the streamed directories (`big`: their tasks, ranges of `units`, indices into
+/// `inputs`; `lists`: those this rank lists, indices into `big`) in rounds with every rank:
+/// the units this rank walks, with their files named (to be dealt), and the directories it
+/// listed. Collective: every rank takes part in every round, whatever fails.
+///
+/// # Errors
+/// A unit of no root of this run; on the rank that lists it, a directory that cannot be
+/// listed, a name that is not UTF-8.
+pub(super) fn run<C: Comm>(
+    comm: &C,
+    roots: &[Root],
+    inputs: &[InputShard],
+    units: &[usize],
+    big: &[Range<usize>],
+    lists: &[usize],
+) -> Result<(Vec<Walking>, u64)> {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let parts: Vec<Vec<Part>> = big
+        .iter()
+        .map(|t| parsed(roots, inputs, &units[t.clone()]))
+        .collect::<Result<_>>()?;
+    // Each directory's units dealt over the ranks in contiguous runs; this rank's walked here.
+    let owners: Vec<Vec<usize>> = parts
+        .iter()
+        .map(|p| {
+            let runs = assign_inputs(&vec![1; p.len()], ranks);
+            (0..p.len())
+                .map(|u| runs.iter().position(|r| r.contains(&u)).unwrap_or(0))
+                .collect()
+        })
+        .collect();
+    let mut walking = Vec::new();
+    let mut at: HashMap<(usize, usize), usize> = HashMap::new();
+    for (t, p) in parts.iter().enumerate() {
+        for (u, (input, root, unit)) in p.iter().enumerate() {
+            if owners[t][u] == rank {
+                at.insert((t, u), walking.len());
+                walking.push(Walking {
+                    input: *input,
+                    root: *root,
+                    unit: unit.clone(),
+                    found: Vec::new(),
+                    skips: Skips::default(),
+                    dealt: Vec::new(),
+                });
+            }
+        }
+    }
+    let mut queue = lists.iter().copied();
+    let (mut reading, mut listed, mut failed) = (None, 0, None);
+    loop {
+        let round = if failed.is_none() {
+            let next = || queue.next().map(|t| open(roots, &parts[t], t));
+            batch(roots, &parts, &mut reading, next, &mut listed)
+        } else {
+            Ok(Round::new())
+        };
+        let round = round.unwrap_or_else(|e| {
+            failed.get_or_insert(e);
+            Round::new()
+        });
+        let mut out: Vec<Vec<Names>> = (0..ranks).map(|_| Vec::new()).collect();
+        for ((t, u), (files, skips)) in round {
+            let names = Names {
+                task: t as u32,
+                unit: u as u32,
+                files,
+                skips: skips.to_array(),
+            };
+            out[owners[t][u]].push(names);
+        }
+        let own = std::mem::take(&mut out[rank]);
+        let got = exchange(comm, out, "the names listed");
+        let got = got.map(|mut got| {
+            got.extend(own);
+            got
+        });
+        if let Err(e) = got.and_then(|got| receive(got, &at, &mut walking)) {
+            failed.get_or_insert(e);
+        }
+        let more = failed.is_none() && (reading.is_some() || queue.len() > 0);
+        if comm.all_sum(&[u64::from(more)])[0] == 0 {
+            break;
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    for w in &mut walking {
+        // The deal's order (and so which failure is reported first): by name, as a listing's.
+        w.dealt.sort_by(|a, b| a.rel.cmp(&b.rel));
+    }
+    Ok((walking, listed))
+}
+
+/// The directory of the task `t` (its units `parts`) opened for reading.
+fn open(roots: &[Root], parts: &[Part], t: usize) -> Result<Reading> {
+    let (_, root, first) = &parts[0];
+    let path = file_path(&roots[*root].path, &first.dir);
+    let entries = posix::entries(&path)
+        .with_context(|| format!("{}: cannot list the directory", path.display()))?;
+    Ok(Reading {
+        task: t,
+        dir: first.dir.clone(),
+        root: *root,
+        entries: Box::new(entries),
+        skips: Skips::default(),
+    })
+}
+
+/// One round's names: up to [`BATCH`] entries read from `reading` (or the directories `next`
+/// opens, each counted in `listed`), each file's name by (task, unit), and a directory's skips
+/// to its first unit once it is read.
+///
+/// # Errors
+/// A directory that cannot be listed, a name that is not UTF-8.
+fn batch(
+    roots: &[Root],
+    parts: &[Vec<Part>],
+    reading: &mut Option<Reading>,
+    mut next: impl FnMut() -> Option<Result<Reading>>,
+    listed: &mut u64,
+) -> Result<Round> {
+    let mut round = Round::new();
+    let mut taken = 0;
+    while taken < BATCH {
+        let Some(r) = reading.as_mut() else {
+            match next() {
+                Some(opened) => {
+                    *reading = Some(opened?);
+                    *listed += 1;
+                    continue;
+                }
+                None => break,
+            }
+        };
+        let root = &roots[r.root].path;
+        let Some(entry) = r.entries.next() else {
+            round.entry((r.task, 0)).or_default().1 = r.skips;
+            *reading = None;
+            continue;
+        };
+        let entry = entry.with_context(|| {
+            let path = file_path(root, &r.dir);
+            format!("{}: cannot list the directory", path.display())
+        })?;
+        taken += 1;
+        let name = entry.name.as_bytes();
+        if hidden(name) {
+            r.skips.hidden += 1;
+            continue;
+        }
+        let rel = join(&r.dir, name);
+        if std::str::from_utf8(&rel).is_err() {
+            return Err(not_utf8(root, &rel));
+        }
+        match entry.kind {
+            Kind::Dir => {}
+            Kind::Other => r.skips.special += 1,
+            Kind::File | Kind::Link => {
+                let unit = unit_of(&parts[r.task], &rel);
+                let follow = entry.kind == Kind::Link;
+                round
+                    .entry((r.task, unit))
+                    .or_default()
+                    .0
+                    .push(Unexamined { rel, follow });
+            }
+        }
+    }
+    Ok(round)
+}
+
+/// The names `got` added to the units they are for (`at`: a unit's place in `walking`).
+///
+/// # Errors
+/// Names for a unit this rank does not walk (an internal error).
+fn receive(
+    got: Vec<Names>,
+    at: &HashMap<(usize, usize), usize>,
+    walking: &mut [Walking],
+) -> Result<()> {
+    for names in got {
+        let key = (names.task as usize, names.unit as usize);
+        let Some(&w) = at.get(&key) else {
+            anyhow::bail!("internal error: names for unit {key:?}, which this rank does not walk");
+        };
+        let w = &mut walking[w];
+        w.dealt.extend(names.files);
+        let had = w.skips.to_array();
+        w.skips = Skips::from_array(std::array::from_fn(|k| had[k] + names.skips[k]));
+    }
+    Ok(())
+}

@@ -28,13 +28,12 @@ use crate::input::InputShard;
 use crate::job::handoff::WalkCalls as Calls;
 use crate::plan::assign_inputs;
 use crate::storage::posix::FileFacts;
-use crate::tar::key::sample_key;
 use crate::tree::units::KEYS_PER_UNIT;
 use crate::tree::walk::{examine, finish, names, take, Named, Skips, Unexamined};
 use crate::tree::{self, Root, Unit};
 
 use super::recut::{exchange, WalkedUnit};
-use super::stream;
+use super::stream::{self, unit_of, Part};
 
 /// A directory with more files than this has them examined by every rank.
 pub(super) const DEAL_OVER: usize = KEYS_PER_UNIT;
@@ -43,14 +42,14 @@ pub(super) const DEAL_OVER: usize = KEYS_PER_UNIT;
 const THREADS: usize = 16;
 
 /// A unit of this rank's tasks on its way to a listing.
-pub(super) struct Walking {
-    pub(super) input: usize,
-    pub(super) root: usize,
-    pub(super) unit: Unit,
-    pub(super) found: Vec<(Vec<u8>, FileFacts)>,
-    pub(super) skips: Skips,
+struct Walking {
+    input: usize,
+    root: usize,
+    unit: Unit,
+    found: Vec<(Vec<u8>, FileFacts)>,
+    skips: Skips,
     /// Files of a large directory, examined by the ranks their deal gives them to.
-    pub(super) dealt: Vec<Unexamined>,
+    dealt: Vec<Unexamined>,
 }
 
 /// A file dealt to a rank: its root (an index into the roots) and itself (borrowed where
@@ -99,8 +98,19 @@ pub(super) fn walk<C: Comm>(
         calls.listed += c.listed;
         calls.examined += c.examined;
     }
-    let (w, listed) = agree(comm, stream::run(comm, roots, inputs, units, &big, &lists))?;
-    walking.extend(w);
+    let parts = big
+        .iter()
+        .map(|t| parsed(roots, inputs, &units[t.clone()]))
+        .collect::<Result<Vec<_>>>()?;
+    let (held, listed) = agree(comm, stream::run(comm, roots, &parts, &lists))?;
+    walking.extend(held.into_iter().map(|h| Walking {
+        input: h.part.0,
+        root: h.part.1,
+        unit: h.part.2,
+        found: Vec::new(),
+        skips: h.skips,
+        dealt: h.files,
+    }));
     calls.listed += listed;
     calls.held = walking
         .iter()
@@ -198,11 +208,7 @@ fn read(roots: &[Root], inputs: &[InputShard], task: &[usize]) -> Result<(Vec<Wa
 ///
 /// # Errors
 /// A unit of no root of this run.
-pub(super) fn parsed(
-    roots: &[Root],
-    inputs: &[InputShard],
-    task: &[usize],
-) -> Result<Vec<(usize, usize, Unit)>> {
+fn parsed(roots: &[Root], inputs: &[InputShard], task: &[usize]) -> Result<Vec<Part>> {
     let mut units = Vec::with_capacity(task.len());
     for &i in task {
         let path = &inputs[i].path;
@@ -223,7 +229,7 @@ pub(super) fn parsed(
 /// units in key order), shared out by key: each file to the unit whose range holds its key
 /// (WebDataset's rule), one without a key and what was skipped to the first unit (which
 /// counts the directory's skips); as each unit's own listing would have named them.
-fn shared_out(named: Named, units: &[(usize, usize, Unit)]) -> Vec<Named> {
+fn shared_out(named: Named, units: &[Part]) -> Vec<Named> {
     if units.len() == 1 {
         return vec![named];
     }
@@ -244,15 +250,6 @@ fn shared_out(named: Named, units: &[(usize, usize, Unit)]) -> Vec<Named> {
     }
     out[0].skips = named.skips;
     out
-}
-
-/// The unit of `units` (a directory's units in key order) whose key range holds the file
-/// `rel`'s key (WebDataset's rule); one without a key is the first unit's (which counts it).
-pub(super) fn unit_of(units: &[(usize, usize, Unit)], rel: &[u8]) -> usize {
-    sample_key(rel).map_or(0, |k| {
-        let after = units.partition_point(|(_, _, u)| u.keys.0.as_deref().is_none_or(|f| f <= k));
-        after.saturating_sub(1)
-    })
 }
 
 /// Deals the files `pending` (this rank's, each with its index into `walking`) over the ranks

@@ -8,7 +8,6 @@
 //! order of the stream matters): the listings are the ones a single rank's walk gives.
 
 use std::collections::{BTreeMap, HashMap};
-use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 
 use anyhow::{Context, Result};
@@ -18,18 +17,26 @@ use crate::comm::Comm;
 use crate::input::InputShard;
 use crate::plan::assign_inputs;
 use crate::storage::{self, posix, Entry, Kind};
+use crate::tar::key::sample_key;
 use crate::tree::view::file_path;
 use crate::tree::walk::{hidden, join, not_utf8, Skips, Unexamined};
 use crate::tree::{self, Root, Unit};
 
-use super::deal::{parsed, unit_of, Walking};
 use super::recut::exchange;
 
 /// Directory entries a lister reads in one round at most.
 const BATCH: usize = 16_384;
 
-/// A unit of a streamed directory: its input index, root index and key range.
-type Part = (usize, usize, Unit);
+/// A unit of a directory: its input index, root index and key range.
+pub(super) type Part = (usize, usize, Unit);
+
+/// A unit of a streamed directory this rank walks: its files' names (to be examined) and what
+/// the listing skipped (its first unit's).
+pub(super) struct Held {
+    pub(super) part: Part,
+    pub(super) files: Vec<Unexamined>,
+    pub(super) skips: Skips,
+}
 
 /// A round's names by (task, unit), and a directory's skips with its first unit's.
 type Round = BTreeMap<(usize, usize), (Vec<Unexamined>, Skips)>;
@@ -64,27 +71,20 @@ struct Reading {
     skips: Skips,
 }
 
-/// Lists the streamed directories (`big`: their tasks, ranges of `units`, indices into
-/// `inputs`; `lists`: those this rank lists, indices into `big`) in rounds with every rank:
-/// the units this rank walks, with their files named (to be dealt), and the directories it
-/// listed. Collective: every rank takes part in every round, whatever fails.
+/// Lists the streamed directories (`parts`: each one's units, in key order; `lists`: those
+/// this rank lists, indices into `parts`) in rounds with every rank: the units this rank
+/// walks, with their files named, and the directories it listed. Collective: every rank takes
+/// part in every round, whatever fails.
 ///
 /// # Errors
-/// A unit of no root of this run; on the rank that lists it, a directory that cannot be
-/// listed, a name that is not UTF-8.
+/// On the rank that lists it, a directory that cannot be listed, a name that is not UTF-8.
 pub(super) fn run<C: Comm>(
     comm: &C,
     roots: &[Root],
-    inputs: &[InputShard],
-    units: &[usize],
-    big: &[Range<usize>],
+    parts: &[Vec<Part>],
     lists: &[usize],
-) -> Result<(Vec<Walking>, u64)> {
+) -> Result<(Vec<Held>, u64)> {
     let (rank, ranks) = (comm.rank(), comm.size());
-    let parts: Vec<Vec<Part>> = big
-        .iter()
-        .map(|t| parsed(roots, inputs, &units[t.clone()]))
-        .collect::<Result<_>>()?;
     // Each directory's units dealt over the ranks in contiguous runs; this rank's walked here.
     let owners: Vec<Vec<usize>> = parts
         .iter()
@@ -98,16 +98,13 @@ pub(super) fn run<C: Comm>(
     let mut walking = Vec::new();
     let mut at: HashMap<(usize, usize), usize> = HashMap::new();
     for (t, p) in parts.iter().enumerate() {
-        for (u, (input, root, unit)) in p.iter().enumerate() {
+        for (u, part) in p.iter().enumerate() {
             if owners[t][u] == rank {
                 at.insert((t, u), walking.len());
-                walking.push(Walking {
-                    input: *input,
-                    root: *root,
-                    unit: unit.clone(),
-                    found: Vec::new(),
+                walking.push(Held {
+                    part: part.clone(),
+                    files: Vec::new(),
                     skips: Skips::default(),
-                    dealt: Vec::new(),
                 });
             }
         }
@@ -117,7 +114,7 @@ pub(super) fn run<C: Comm>(
     loop {
         let round = if failed.is_none() {
             let next = || queue.next().map(|t| open(roots, &parts[t], t));
-            batch(roots, &parts, &mut reading, next, &mut listed)
+            batch(roots, parts, &mut reading, next, &mut listed)
         } else {
             Ok(Round::new())
         };
@@ -154,7 +151,7 @@ pub(super) fn run<C: Comm>(
     }
     for w in &mut walking {
         // The deal's order (and so which failure is reported first): by name, as a listing's.
-        w.dealt.sort_by(|a, b| a.rel.cmp(&b.rel));
+        w.files.sort_by(|a, b| a.rel.cmp(&b.rel));
     }
     Ok((walking, listed))
 }
@@ -237,6 +234,15 @@ fn batch(
     Ok(round)
 }
 
+/// The unit of `units` (a directory's units in key order) whose key range holds the file
+/// `rel`'s key (WebDataset's rule); one without a key is the first unit's (which counts it).
+pub(super) fn unit_of(units: &[Part], rel: &[u8]) -> usize {
+    sample_key(rel).map_or(0, |k| {
+        let after = units.partition_point(|(_, _, u)| u.keys.0.as_deref().is_none_or(|f| f <= k));
+        after.saturating_sub(1)
+    })
+}
+
 /// The names `got` added to the units they are for (`at`: a unit's place in `walking`).
 ///
 /// # Errors
@@ -244,7 +250,7 @@ fn batch(
 fn receive(
     got: Vec<Names>,
     at: &HashMap<(usize, usize), usize>,
-    walking: &mut [Walking],
+    walking: &mut [Held],
 ) -> Result<()> {
     for names in got {
         let key = (names.task as usize, names.unit as usize);
@@ -252,7 +258,7 @@ fn receive(
             anyhow::bail!("internal error: names for unit {key:?}, which this rank does not walk");
         };
         let w = &mut walking[w];
-        w.dealt.extend(names.files);
+        w.files.extend(names.files);
         let had = w.skips.to_array();
         w.skips = Skips::from_array(std::array::from_fn(|k| had[k] + names.skips[k]));
     }

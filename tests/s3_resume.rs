@@ -152,7 +152,9 @@ fn one_shard(out: &str, seed: &str) -> Vec<String> {
 /// The saved index of the output's one shard, downloaded into `dir`'s `into`.
 fn saved_index_of(dir: &Dir, s3: &Server, bucket: &str, into: &str) -> Vec<u8> {
     s3.get(dir, bucket, "out", &dir.join(into));
-    let layout = dir.join(into).join(".reshard/shard-000000.tar.reshard-layout");
+    let layout = dir
+        .join(into)
+        .join(".reshard/shard-000000.tar.reshard-layout");
     std::fs::read(&layout).unwrap_or_else(|e| panic!("{}: {e}", layout.display()))
 }
 

@@ -321,12 +321,18 @@ fn noted_object(local: &Path, shard: &str) -> Option<saved_index::Verified> {
     })
 }
 
-/// After `shard` and its saved index are up: the object's stamp and the staged file's noted in
-/// the staged copy's records, so that a `--resume` after a failure keeps the object while the
-/// file is the one it was uploaded from.
-fn note_uploaded(local: &Path, target: &Path, shard: &str) -> Result<()> {
+/// After `shard` and its saved index are up (`made`: the store's answer to this run's create):
+/// the object's stamp and the staged file's noted in the staged copy's records, so that a
+/// `--resume` after a failure keeps the object while the file is the one it was uploaded from.
+/// Noted only where the object at the name is still the one created (its size and ETag), as
+/// the saved index is ([`saved_index::write_for`]): a note never names another's object.
+fn note_uploaded(local: &Path, target: &Path, shard: &str, made: &storage::Created) -> Result<()> {
     let (to, from) = (target.join(shard), local.join(shard));
     let object = storage::stamp(&to).with_context(|| format!("{}: cannot stat", to.display()))?;
+    let made = saved_index::Verified::created(made);
+    if object.size != made.size || made.identity.is_some_and(|id| id != object.identity) {
+        return Ok(());
+    }
     let file = storage::stamp(&from).with_context(|| format!("{}: cannot stat", from.display()))?;
     let record = upload_record(local, shard);
     let parent = record.parent().unwrap_or(local);

@@ -454,7 +454,7 @@ pub(crate) fn upload_share(
     let mut sum = 0;
     let noted = |rel: &str, made: &Created, md5| -> Result<()> {
         super::restamp_layout(copy, target, rel, names, made)?;
-        super::note_uploaded(copy, target, rel)?;
+        super::note_uploaded(copy, target, rel, made)?;
         match fence {
             Some(f) => super::records::note(&f.target, &f.token, rel, made, md5),
             None => Ok(()),

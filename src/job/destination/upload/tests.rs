@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// What a create of the object `shard` under `target` answers on a store without ETags.
+fn made(target: &Path, shard: &str) -> storage::Created {
+    let size = storage::stamp(&target.join(shard)).unwrap().size;
+    storage::Created { size, e_tag: None }
+}
+
 #[test]
 fn the_lock_object_is_beside_the_output() {
     assert_eq!(
@@ -31,7 +37,7 @@ fn a_resumed_upload_keeps_only_the_shards_noted_and_still_as_uploaded() {
         Vec::<String>::new()
     );
     for name in ["a.tar", "b.tar", "c.tar"] {
-        note_uploaded(local, target, name).unwrap();
+        note_uploaded(local, target, name, &made(target, name)).unwrap();
     }
     // b.tar uploaded again since (another identity), c.tar gone, d.tar never noted.
     put(target, "b.tar", b"staged shard");
@@ -70,7 +76,7 @@ fn a_damaged_upload_note_is_not_believed() {
         let path = dir.join("a.tar");
         storage::sink(&path).write(&path, b"staged shard").unwrap();
     }
-    note_uploaded(local, target, "a.tar").unwrap();
+    note_uploaded(local, target, "a.tar", &made(target, "a.tar")).unwrap();
     assert_eq!(uploaded_before(local, target).unwrap(), ["a.tar"]);
     let record = upload_record(local, "a.tar");
     let good = storage::source(&record).read(&record).unwrap();
@@ -308,7 +314,7 @@ fn a_kept_shard_gets_its_saved_index_again_from_its_writers_node() {
     storage::sink(&staged).create_dir_all(&staged).unwrap();
     saved_index::save(&staged, &copy.join("s/b.tar"), std::iter::empty()).unwrap();
     for shard in ["a.tar", "s/b.tar"] {
-        note_uploaded(local, target, shard).unwrap();
+        note_uploaded(local, target, shard, &made(target, shard)).unwrap();
     }
     let layout = layout_of("s/b.tar");
     assert_eq!(layout, "s/.reshard/b.tar.reshard-layout");

@@ -228,4 +228,16 @@ fn a_kept_shards_saved_index_written_late_is_never_believed_beside_a_successors_
         of_b.len()
     );
     assert_same_output(&dir.join("ref-b"), &dir.join("got"), &["inputs"]);
+    // What a successor reads: the next epoch, from B's output, reuses B's index to B's bytes.
+    let next = |input: &str, out: &str| {
+        let mut cmd = dir.reshard(None);
+        cmd.args([
+            "run", "--input", input, "--output", out, "--shards", "1", "--seed", "3",
+        ]);
+        s3.with_env(&mut cmd);
+        cmd.assert_success()
+    };
+    next("ref-b", "next-ref");
+    next(&target, "next").stderr_has("reused the saved index of 1 of 1");
+    assert_same_output(&dir.join("next-ref"), &dir.join("next"), &["inputs"]);
 }

@@ -84,6 +84,17 @@ pub(super) fn run<C: Comm>(
     parts: &[Vec<Part>],
     lists: &[usize],
 ) -> Result<(Vec<Held>, u64)> {
+    rounds(comm, roots, parts, lists, BATCH)
+}
+
+/// [`run`], with `per_round` entries a round at most.
+fn rounds<C: Comm>(
+    comm: &C,
+    roots: &[Root],
+    parts: &[Vec<Part>],
+    lists: &[usize],
+    per_round: usize,
+) -> Result<(Vec<Held>, u64)> {
     let (rank, ranks) = (comm.rank(), comm.size());
     // Each directory's units dealt over the ranks in contiguous runs; this rank's walked here.
     let owners: Vec<Vec<usize>> = parts
@@ -114,7 +125,7 @@ pub(super) fn run<C: Comm>(
     loop {
         let round = if failed.is_none() {
             let next = || queue.next().map(|t| open(roots, &parts[t], t));
-            batch(roots, parts, &mut reading, next, &mut listed)
+            batch(roots, parts, (&mut reading, per_round), next, &mut listed)
         } else {
             Ok(Round::new())
         };
@@ -171,7 +182,7 @@ fn open(roots: &[Root], parts: &[Part], t: usize) -> Result<Reading> {
     })
 }
 
-/// One round's names: up to [`BATCH`] entries read from `reading` (or the directories `next`
+/// One round's names: up to `most` entries read from `reading` (or the directories `next`
 /// opens, each counted in `listed`), each file's name by (task, unit), and a directory's skips
 /// to its first unit once it is read.
 ///
@@ -180,13 +191,13 @@ fn open(roots: &[Root], parts: &[Part], t: usize) -> Result<Reading> {
 fn batch(
     roots: &[Root],
     parts: &[Vec<Part>],
-    reading: &mut Option<Reading>,
+    (reading, most): (&mut Option<Reading>, usize),
     mut next: impl FnMut() -> Option<Result<Reading>>,
     listed: &mut u64,
 ) -> Result<Round> {
     let mut round = Round::new();
     let mut taken = 0;
-    while taken < BATCH {
+    while taken < most {
         let Some(r) = reading.as_mut() else {
             match next() {
                 Some(opened) => {
@@ -263,4 +274,75 @@ fn receive(
         w.skips = Skips::from_array(std::array::from_fn(|k| had[k] + names.skips[k]));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::ffi::OsStrExt;
+
+    use super::*;
+    use crate::comm::local::LocalComm;
+
+    /// A directory cut at the key `m`, listed by rank 0 two entries a round at 1 to 3 ranks:
+    /// each file's name held once, by the rank that walks its key range's unit, one without a
+    /// key and the listing's skips by the first unit; one directory listed. A name that is not
+    /// UTF-8 fails the rank that lists it, and the others return (no round left waiting).
+    #[test]
+    fn a_directory_s_names_go_to_the_units_of_their_keys_at_every_rank_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().join("d");
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        for name in [
+            "a.jpg", "a.txt", "b.jpg", "m.jpg", "z.jpg", "noext", ".hidden",
+        ] {
+            std::fs::write(d.join(name), b"1").unwrap();
+        }
+        let root = Root {
+            path: tmp.path().to_path_buf(),
+            canonical: tmp.path().to_path_buf(),
+            rules: Default::default(),
+        };
+        let cut = |from: Option<&str>, to: Option<&str>| Unit {
+            dir: b"d".to_vec(),
+            deep: false,
+            keys: (from.map(|k| k.into()), to.map(|k| k.into())),
+        };
+        let parts = vec![vec![
+            (7, 0, cut(None, Some("d/m"))),
+            (8, 0, cut(Some("d/m"), None)),
+        ]];
+        let names = |h: &Held| -> Vec<String> {
+            let mut n: Vec<String> = h
+                .files
+                .iter()
+                .map(|f| String::from_utf8_lossy(&f.rel).into())
+                .collect();
+            n.sort();
+            n
+        };
+        for ranks in 1..=3 {
+            let got = LocalComm::run(ranks, |c| {
+                let lists: &[usize] = if c.rank() == 0 { &[0] } else { &[] };
+                rounds(c, std::slice::from_ref(&root), &parts, lists, 2).unwrap()
+            });
+            let listed: Vec<u64> = got.iter().map(|(_, l)| *l).collect();
+            assert_eq!(listed.iter().sum::<u64>(), 1, "{ranks} ranks: {listed:?}");
+            let held: Vec<&Held> = got.iter().flat_map(|(h, _)| h).collect();
+            assert_eq!(held.len(), 2, "{ranks} ranks: each unit on one rank");
+            let first = held.iter().find(|h| h.part.0 == 7).unwrap();
+            let second = held.iter().find(|h| h.part.0 == 8).unwrap();
+            assert_eq!(names(first), ["d/a.jpg", "d/a.txt", "d/b.jpg", "d/noext"]);
+            assert_eq!(names(second), ["d/m.jpg", "d/z.jpg"]);
+            assert_eq!(first.skips.hidden, 1);
+            assert_eq!(second.skips, Skips::default());
+        }
+        std::fs::write(d.join(std::ffi::OsStr::from_bytes(b"\xffx.jpg")), b"1").unwrap();
+        let got = LocalComm::run(2, |c| {
+            let lists: &[usize] = if c.rank() == 0 { &[0] } else { &[] };
+            rounds(c, std::slice::from_ref(&root), &parts, lists, 2).map(|_| ())
+        });
+        let e = format!("{:#}", got[0].as_ref().unwrap_err());
+        assert!(e.contains("is not UTF-8"), "{e}");
+        assert!(got[1].is_ok());
+    }
 }

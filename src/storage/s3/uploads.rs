@@ -1,0 +1,238 @@
+//! S3's ListMultipartUploads of one key: the uploads a run may have started and died before it
+//! journalled their ids ([`super::multipart`]). `object_store` has no call for it; it does sign
+//! any request of its client as a presigned URL ([`Signer::signed_url_opts`]), with that
+//! client's own credentials provider (variables, profile, session token, role), region,
+//! endpoint and addressing style, so the request is the client's in all but its sending,
+//! which an HTTP client made from the S3 client's own settings does.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use object_store::aws::AmazonS3;
+use object_store::client::{HttpConnector, HttpRequest, HttpRequestBody, ReqwestConnector};
+use object_store::path::Path as Key;
+use object_store::signer::{SignedUrlOptions, Signer};
+use object_store::ClientOptions;
+use serde::Deserialize;
+
+use super::requests::{again, block_on, s3_store};
+
+/// An upload still open: its id and when the store says it was started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Open {
+    pub(crate) id: String,
+    pub(crate) initiated: DateTime<Utc>,
+}
+
+/// How long a signed listing request stays valid: it is sent at once.
+const VALID: Duration = Duration::from_secs(300);
+
+/// The open multipart uploads of exactly `key` in the S3 `bucket`, its client made as every
+/// other request's ([`super::Scheme::uploads`]).
+///
+/// # Errors
+/// The client cannot be made, a request fails, or its answer is not a listing.
+pub(crate) fn s3_uploads(bucket: &str, key: &Key) -> object_store::Result<Vec<Open>> {
+    let (s3, options) = s3_store(bucket, None).map_err(generic_err)?;
+    block_on(again(|| open_uploads(&s3, &options, key)))
+}
+
+/// The open multipart uploads of exactly `key` in the bucket of `s3` (a listing by the prefix
+/// `key` also names longer keys: those are left out), page by page.
+///
+/// # Errors
+/// A request fails, or its answer is not a listing.
+async fn open_uploads(
+    s3: &AmazonS3,
+    options: &ClientOptions,
+    key: &Key,
+) -> object_store::Result<Vec<Open>> {
+    let http = ReqwestConnector::default().connect(options)?;
+    let mut open = Vec::new();
+    let mut from: Option<(String, String)> = None;
+    loop {
+        let mut query = vec![("uploads", String::new()), ("prefix", key.to_string())];
+        if let Some((key_marker, id_marker)) = from.take() {
+            query.push(("key-marker", key_marker));
+            query.push(("upload-id-marker", id_marker));
+        }
+        let opts = SignedUrlOptions::new().with_query(query);
+        let url = s3
+            .signed_url_opts(http::Method::GET, &Key::from(""), VALID, &opts)
+            .await?;
+        let mut request = HttpRequest::new(HttpRequestBody::empty());
+        *request.uri_mut() = url.as_str().parse().map_err(|e| generic(format!("{e}")))?;
+        let answer = http.execute(request).await.map_err(generic_err)?;
+        let status = answer.status();
+        let body = answer.into_body().bytes().await.map_err(generic_err)?;
+        let text = String::from_utf8_lossy(&body);
+        if !status.is_success() {
+            return Err(generic(format!(
+                "ListMultipartUploads of {key} answered {status}: {text}"
+            )));
+        }
+        let page = parse(&text)?;
+        open.extend(
+            page.uploads
+                .into_iter()
+                .filter(|u| u.0 == key.as_ref())
+                .map(|u| u.1),
+        );
+        match page.next {
+            Some(next) => from = Some(next),
+            None => return Ok(open),
+        }
+    }
+}
+
+/// One page of a listing: (key, upload) of each upload, and where the next page starts.
+#[derive(Debug)]
+struct Page {
+    uploads: Vec<(String, Open)>,
+    next: Option<(String, String)>,
+}
+
+/// The answer's XML, as S3 documents it (`ListMultipartUploadsResult`).
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Listing {
+    #[serde(default)]
+    upload: Vec<Upload>,
+    #[serde(default)]
+    is_truncated: bool,
+    next_key_marker: Option<String>,
+    next_upload_id_marker: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Upload {
+    key: String,
+    upload_id: String,
+    initiated: String,
+}
+
+fn parse(xml: &str) -> object_store::Result<Page> {
+    let listing: Listing = quick_xml::de::from_str(xml).map_err(|e| {
+        generic(format!(
+            "a ListMultipartUploads answer that is not one ({e})"
+        ))
+    })?;
+    let mut uploads = Vec::new();
+    for u in listing.upload {
+        let initiated = DateTime::parse_from_rfc3339(&u.initiated)
+            .map_err(|e| {
+                generic(format!(
+                    "upload {}: Initiated {:?}: {e}",
+                    u.upload_id, u.initiated
+                ))
+            })?
+            .with_timezone(&Utc);
+        let open = Open {
+            id: u.upload_id,
+            initiated,
+        };
+        uploads.push((u.key, open));
+    }
+    let next = match (
+        listing.is_truncated,
+        listing.next_key_marker,
+        listing.next_upload_id_marker,
+    ) {
+        (true, Some(k), Some(id)) => Some((k, id)),
+        (true, ..) => return Err(generic(
+            "a truncated ListMultipartUploads answer without NextKeyMarker and NextUploadIdMarker"
+                .into(),
+        )),
+        (false, ..) => None,
+    };
+    Ok(Page { uploads, next })
+}
+
+fn generic(message: String) -> object_store::Error {
+    generic_err(std::io::Error::other(message))
+}
+
+fn generic_err(e: impl std::error::Error + Send + Sync + 'static) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "S3",
+        source: Box::new(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example answer of AWS's ListMultipartUploads reference (its first example), with an
+    /// escaped key added: every upload with its key, id and time, and the next page's markers.
+    #[test]
+    fn a_listing_gives_each_uploads_key_id_and_start() {
+        let xml = r#"<?xml version="1.0" encoding="UTF-8"?>
+<ListMultipartUploadsResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">
+  <Bucket>bucket</Bucket>
+  <KeyMarker></KeyMarker>
+  <UploadIdMarker></UploadIdMarker>
+  <NextKeyMarker>my-movie.m2ts</NextKeyMarker>
+  <NextUploadIdMarker>YW55IGlkZWEgd2h5IGVsdmluZydzIHVwbG9hZCBmYWlsZWQ</NextUploadIdMarker>
+  <MaxUploads>3</MaxUploads>
+  <IsTruncated>true</IsTruncated>
+  <Upload>
+    <Key>my-divisor</Key>
+    <UploadId>XMgbGlrZSBlbHZpbmcncyBub3QgaGF2aW5nIG11Y2ggbHVjaw</UploadId>
+    <Initiator>
+      <ID>arn:aws:iam::111122223333:user/user1-11111a31-17b5-4fb7-9df5-b111111f13de</ID>
+      <DisplayName>user1-11111a31-17b5-4fb7-9df5-b111111f13de</DisplayName>
+    </Initiator>
+    <Owner>
+      <ID>75aa57f09aa0c8caeab4f8c24e99d10f8e7faeebf76c078efc7c6caea54ba06a</ID>
+      <DisplayName>OwnerDisplayName</DisplayName>
+    </Owner>
+    <StorageClass>STANDARD</StorageClass>
+    <Initiated>2010-11-10T20:48:33.000Z</Initiated>
+  </Upload>
+  <Upload>
+    <Key>a &amp; b/shard.tar</Key>
+    <UploadId>b4</UploadId>
+    <StorageClass>STANDARD</StorageClass>
+    <Initiated>2010-11-10T20:49:33.000Z</Initiated>
+  </Upload>
+</ListMultipartUploadsResult>"#;
+        let page = parse(xml).unwrap();
+        let at = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
+        assert_eq!(
+            page.uploads,
+            vec![
+                (
+                    "my-divisor".to_string(),
+                    Open {
+                        id: "XMgbGlrZSBlbHZpbmcncyBub3QgaGF2aW5nIG11Y2ggbHVjaw".into(),
+                        initiated: at("2010-11-10T20:48:33Z"),
+                    }
+                ),
+                (
+                    "a & b/shard.tar".to_string(),
+                    Open {
+                        id: "b4".into(),
+                        initiated: at("2010-11-10T20:49:33Z"),
+                    }
+                ),
+            ]
+        );
+        assert_eq!(
+            page.next,
+            Some((
+                "my-movie.m2ts".into(),
+                "YW55IGlkZWEgd2h5IGVsdmluZydzIHVwbG9hZCBmYWlsZWQ".into()
+            ))
+        );
+        // The last page, and an empty one.
+        let last = xml.replace("<IsTruncated>true", "<IsTruncated>false");
+        assert_eq!(parse(&last).unwrap().next, None);
+        let empty = r#"<ListMultipartUploadsResult><Bucket>b</Bucket><IsTruncated>false</IsTruncated></ListMultipartUploadsResult>"#;
+        assert!(parse(empty).unwrap().uploads.is_empty());
+        // A truncated page must say where the next one starts.
+        let cut = xml.replace("<NextKeyMarker>my-movie.m2ts</NextKeyMarker>", "");
+        assert!(parse(&cut).is_err());
+    }
+}

@@ -451,9 +451,26 @@ impl Objects {
         let ids: Vec<String> = if !id.is_empty() {
             vec![String::from_utf8_lossy(&id).into_owned()]
         } else if let Some(list) = loc.scheme.uploads {
-            let open = list(&loc.bucket, key)?;
-            let ours = maybe_ours(open, journal.last_modified);
-            ours.into_iter().map(|u| u.id).collect()
+            use object_store::Error as E;
+            match list(&loc.bucket, key) {
+                Ok(open) => maybe_ours(open, journal.last_modified)
+                    .into_iter()
+                    .map(|u| u.id)
+                    .collect(),
+                // Not the run's to fail: before the intent was journalled, no run needed the
+                // listing, and a later run could not list either.
+                Err(e @ (E::PermissionDenied { .. } | E::NotSupported { .. })) => {
+                    crate::errln!(
+                        "reshard: warning: {}://{}/{key}: an earlier run may have left a multipart upload open there, and the store refused to list them ({}): it stays until a lifecycle rule of the {} aborts it",
+                        loc.scheme.name,
+                        loc.bucket,
+                        requests::plain(&e),
+                        loc.scheme.bucket
+                    );
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            }
         } else {
             Vec::new()
         };

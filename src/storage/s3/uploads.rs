@@ -67,9 +67,19 @@ async fn open_uploads(
         let body = answer.into_body().bytes().await.map_err(generic_err)?;
         let text = String::from_utf8_lossy(&body);
         if !status.is_success() {
-            return Err(generic(format!(
-                "ListMultipartUploads of {key} answered {status}: {text}"
-            )));
+            let said = format!("ListMultipartUploads of {key} answered {status}: {text}");
+            return Err(match status.as_u16() {
+                // The bucket's policy may allow uploads but not this listing
+                // (s3:ListBucketMultipartUploads); a store may not have it at all.
+                403 => object_store::Error::PermissionDenied {
+                    path: key.to_string(),
+                    source: said.into(),
+                },
+                405 | 501 => object_store::Error::NotSupported {
+                    source: said.into(),
+                },
+                _ => generic(said),
+            });
         }
         let page = parse(&text)?;
         open.extend(
@@ -163,6 +173,93 @@ fn generic_err(e: impl std::error::Error + Send + Sync + 'static) -> object_stor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-request HTTP server on loopback that answers `status` with `body`: its address,
+    /// and the request line it was sent.
+    fn answering(status: &str, body: &str) -> (String, std::thread::JoinHandle<String>) {
+        use std::io::{BufRead, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        let answer = format!(
+            "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let served = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            let mut reader = std::io::BufReader::new(conn);
+            let mut first = String::new();
+            reader.read_line(&mut first).unwrap();
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap() > 2 {
+                line.clear();
+            }
+            reader.get_mut().write_all(answer.as_bytes()).unwrap();
+            first
+        });
+        (address, served)
+    }
+
+    /// The S3 client of bucket `b` at `endpoint`, path-style as with AWS_ENDPOINT_URL.
+    fn client(endpoint: &str) -> (AmazonS3, ClientOptions) {
+        let s3 = object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(endpoint)
+            .with_allow_http(true)
+            .with_bucket_name("b")
+            .with_region("us-east-1")
+            .with_access_key_id("AKIDEXAMPLE")
+            .with_secret_access_key("wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
+            .with_token("session-token")
+            .build()
+            .unwrap();
+        (s3, ClientOptions::new().with_allow_http(true))
+    }
+
+    /// The request is a signed GET of the bucket with `uploads` and the key as its prefix (the
+    /// session token signed in); the answer's uploads of exactly that key are taken; a refusal
+    /// (403) and a store without the call (501) are told from other failures.
+    #[test]
+    fn a_keys_open_uploads_are_listed_by_a_signed_request_and_refusals_told_apart() {
+        let key = Key::from("out/shard-000001.tar");
+        let listing = r#"<ListMultipartUploadsResult><IsTruncated>false</IsTruncated>
+<Upload><Key>out/shard-000001.tar</Key><UploadId>u1</UploadId><Initiated>2026-11-29T05:00:00.000Z</Initiated></Upload>
+<Upload><Key>out/shard-000001.tar.mine</Key><UploadId>u2</UploadId><Initiated>2026-11-29T05:00:00.000Z</Initiated></Upload>
+</ListMultipartUploadsResult>"#;
+        let (endpoint, served) = answering("200 OK", listing);
+        let (s3, options) = client(&endpoint);
+        let open = block_on(open_uploads(&s3, &options, &key)).unwrap();
+        let ids: Vec<&str> = open.iter().map(|u| u.id.as_str()).collect();
+        assert_eq!(ids, ["u1"]);
+        let request = served.join().unwrap();
+        assert!(
+            request.starts_with("GET /b/?uploads=&prefix=out%2Fshard-000001.tar&"),
+            "{request}"
+        );
+        for signed in [
+            "X-Amz-Algorithm=AWS4-HMAC-SHA256",
+            "X-Amz-Credential=AKIDEXAMPLE%2F",
+            "X-Amz-Security-Token=session-token",
+            "X-Amz-Signature=",
+        ] {
+            assert!(request.contains(signed), "{signed} in {request}");
+        }
+        let denied = "<Error><Code>AccessDenied</Code></Error>";
+        for (status, body, expected) in [
+            ("403 Forbidden", denied, "denied"),
+            ("501 Not Implemented", "", "unsupported"),
+            ("500 Internal Server Error", "", "other"),
+        ] {
+            let (endpoint, served) = answering(status, body);
+            let (s3, options) = client(&endpoint);
+            let got = block_on(open_uploads(&s3, &options, &key)).unwrap_err();
+            served.join().unwrap();
+            let kind = match got {
+                object_store::Error::PermissionDenied { .. } => "denied",
+                object_store::Error::NotSupported { .. } => "unsupported",
+                _ => "other",
+            };
+            assert_eq!(kind, expected, "{status}: {got}");
+        }
+    }
 
     /// The example answer of AWS's ListMultipartUploads reference (its first example), with an
     /// escaped key added: every upload with its key, id and time, and the next page's markers.

@@ -133,11 +133,10 @@ mod test_hooks {
     }
 
     /// `RESHARD_TEST_KILL=r:multipart`: rank r dies (SIGKILL) right after a multipart upload
-    /// started, before its journal names its id. The storage layer knows no rank: the
-    /// launcher's number of this process is it.
-    pub(crate) fn kill_in_multipart() {
-        let env = |k: &str| std::env::var(k).ok();
-        if let Some(rank) = crate::comm::launcher::launcher_rank(env) {
+    /// started, before its journal names its id. The storage layer knows no rank: `rank` gives
+    /// the launcher's number of this process.
+    pub(crate) fn kill_in_multipart(rank: impl FnOnce() -> Option<usize>) {
+        if let Some(rank) = rank() {
             kill_at(rank, "multipart");
         }
     }
@@ -289,7 +288,7 @@ mod test_hooks {
     pub(crate) fn inject_fault(_rank: usize) {}
     pub(crate) fn kill_in_round(_rank: usize, _round: u64) {}
     pub(crate) fn kill_before_publish(_rank: usize) {}
-    pub(crate) fn kill_in_multipart() {}
+    pub(crate) fn kill_in_multipart(_rank: impl FnOnce() -> Option<usize>) {}
     pub(crate) fn kill_at(_rank: usize, _at: &str) {}
     pub(crate) fn pause_before_finish(_staging: &Path, _rank: usize) {}
     pub(crate) fn pause_before_publish(_staging: &Path, _rank: usize) {}

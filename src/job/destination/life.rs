@@ -23,6 +23,7 @@ use anyhow::{bail, Result};
 use crate::config::Keep;
 use crate::exit::CleanupFailed;
 use crate::hooks;
+use crate::job::destination::lock::OutputLock;
 use crate::job::destination::owned::AtOutput;
 use crate::job::destination::scratch::{self, Scratch};
 use crate::job::destination::series::outputs_beyond;
@@ -125,16 +126,44 @@ pub(crate) trait Prepare {
     /// Something that may not be replaced is there.
     fn check_replace(&mut self) -> Result<()>;
 
-    /// The run's first write toward its output: on a file system its staging directory, where
+    /// The run's first writes toward its output: on a file system its staging directory, where
     /// it commits by a rename (an earlier attempt's continued with `--resume`, else removed),
-    /// and the pointer to it; on an object store, the staged copy an earlier attempt left on
-    /// `--scratch` continued or moved away. The first write where an object store's output is
-    /// committed, the marker of the upload under way, waits for the names it uploads: the upload
-    /// phase writes it (`upload::begin`), with the lock only this driver yields.
+    /// and the pointer to it; on an object store, first the marker of the upload under way
+    /// (what is known before the run: its token, what it replaces, what a failed run left that
+    /// `--resume` may keep; written only over what the run saw there, conditionally where the
+    /// store can; the upload phase only adds the names it uploads, over this very marker), then
+    /// the staged copy an earlier attempt left on `--scratch` continued or moved away, then the
+    /// staging directory there ([`StagingSteps`], under the bucket's lock).
     ///
     /// # Errors
-    /// It cannot be made.
+    /// It cannot be made, or the run lost its lock.
     fn begin(&mut self) -> Result<()>;
+}
+
+/// The steps of a staging directory on a file system, under a lock the strategy they are part
+/// of took: a file system's output's own, or, where an object store's output is staged on
+/// `--scratch`, the bucket's, so that a run runs one [`prepare`] whatever its store. `lock`:
+/// none in a dry run, which writes nothing.
+pub(crate) trait StagingSteps {
+    /// [`Prepare::clear_failed`] of the staging directory's side.
+    ///
+    /// # Errors
+    /// Something cannot be removed.
+    fn clear_failed(&mut self, lock: Option<&OutputLock>) -> Result<()>;
+
+    /// [`Prepare::check_replace`] of the staging directory's output; `taken`: what is there is
+    /// a copy an earlier attempt staged, which the object store's `begin` takes (continues,
+    /// moves aside or removes) before [`StagingSteps::begin`].
+    ///
+    /// # Errors
+    /// The output may not be written there.
+    fn check_replace(&mut self, taken: bool) -> Result<()>;
+
+    /// [`Prepare::begin`] of the staging directory: made, or an earlier attempt's continued.
+    ///
+    /// # Errors
+    /// It cannot be made or continued.
+    fn begin(&mut self, lock: Option<&OutputLock>) -> Result<()>;
 }
 
 /// The steps before the commit, in order: the lock taken, what a failed run left that nothing

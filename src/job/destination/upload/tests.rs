@@ -275,7 +275,7 @@ fn a_run_that_lost_the_lock_writes_no_marker() {
     );
     put(&target.join(INCOMPLETE), b"the successor's marker");
     let files = vec![("new.tar".to_string(), 6)];
-    let err = begin(target, &files, &[], &lock).unwrap_err();
+    let err = name_uploads(target, &files, &[], &lock).unwrap_err();
     assert!(
         format!("{err:#}").contains("lost the output's lock"),
         "{err:#}"

@@ -158,7 +158,7 @@ impl StagingSteps for StagingDir<'_> {
 }
 
 /// The steps before the commit of an output on a file system, for the output's life: its lock
-/// beside it, then its staging directory's steps.
+/// beside it; all else is its staging directory's.
 struct OnDisk<'a, 'b> {
     dir: &'b mut StagingDir<'a>,
     /// The lock this run took beside the output (none in a dry run).
@@ -176,15 +176,23 @@ impl life::Prepare for OnDisk<'_, '_> {
     }
 
     fn clear_failed(&mut self) -> Result<()> {
-        self.dir.clear_failed(self.own.as_ref())
+        Ok(())
     }
 
     fn check_replace(&mut self) -> Result<()> {
-        self.dir.check_replace(false)
+        Ok(())
     }
 
     fn begin(&mut self) -> Result<()> {
-        self.dir.begin(self.own.as_ref())
+        Ok(())
+    }
+
+    fn staging(&mut self) -> life::StagingPart<'_> {
+        life::StagingPart {
+            lock: self.own.as_ref(),
+            steps: &mut *self.dir,
+            taken: false,
+        }
     }
 }
 

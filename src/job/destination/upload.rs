@@ -199,7 +199,7 @@ impl life::Prepare for ToBucket<'_> {
     /// completely, which `--resume` keeps; and an output whose removal `--keep` began.
     fn clear_failed(&mut self) -> Result<()> {
         if self.cfg.dry_run {
-            return self.scratch.clear_failed(None);
+            return Ok(());
         }
         let (cfg, target, local) = (self.cfg, self.target, self.local);
         finish_keeps_removal(target)?;
@@ -226,19 +226,16 @@ impl life::Prepare for ToBucket<'_> {
         up.extend(lock.records.iter().map(|r| r.0.clone()));
         let fence = lock.fence(target);
         self.rest = clean_up_failed_run(target, left, &up, Some(&fence))?;
-        self.scratch
-            .clear_failed(self.lock.as_ref().map(RemoteLock::lock))
+        Ok(())
     }
 
     /// What is left of a failed run is this run's: the objects kept for `--resume` (the
     /// marker's uploads), and those of the output a failed `--force` run was replacing (its
-    /// manifest already gone). Else the rule, asked of what is there. Then the staging
-    /// directory's output on `--scratch`, but for a staged copy `begin` takes.
+    /// manifest already gone). Else the rule, asked of what is there.
     fn check_replace(&mut self) -> Result<()> {
         let (force, target) = (self.cfg.force, self.target);
         if self.cfg.dry_run {
-            replaced_objects(force, target)?;
-            return self.scratch.check_replace(false);
+            return replaced_objects(force, target).map(drop);
         }
         let rest = self.rest.take();
         let lock = self.lock()?;
@@ -249,21 +246,21 @@ impl life::Prepare for ToBucket<'_> {
             }
             _ => replaced_objects(force, target)?,
         };
-        self.scratch.check_replace(self.staged)
+        Ok(())
     }
 
     /// The marker of the upload under way, first: this run's token, what it replaces, what a
     /// failed run left that `--resume` may keep (the upload phase adds what it uploads,
     /// [`name_uploads`]). Then a copy an earlier attempt staged and did not finish uploading:
-    /// ours to continue (`--resume`) or to remove, unless that run may only be suspended. Then
-    /// the staging directory on `--scratch`. A dry run says what `--keep` would remove.
+    /// ours to continue (`--resume`) or to remove, unless that run may only be suspended. A dry
+    /// run says what `--keep` would remove.
     fn begin(&mut self) -> Result<()> {
         let (cfg, target) = (self.cfg, self.target);
         if cfg.dry_run {
             if let Some(keep) = &cfg.keep {
                 say_what_keep_would_remove(target, keep, cfg.epoch)?;
             }
-            return self.scratch.begin(None);
+            return Ok(());
         }
         let (resume, local, staged) = (cfg.resume, self.local, self.staged);
         let lock = self.lock()?;
@@ -286,7 +283,16 @@ impl life::Prepare for ToBucket<'_> {
                     })?;
             }
         }
-        self.scratch.begin(self.lock.as_ref().map(RemoteLock::lock))
+        Ok(())
+    }
+
+    /// The staging directory on `--scratch`, under the bucket's lock.
+    fn staging(&mut self) -> life::StagingPart<'_> {
+        life::StagingPart {
+            lock: self.lock.as_ref().map(RemoteLock::lock),
+            steps: &mut *self.scratch,
+            taken: self.staged,
+        }
     }
 }
 
@@ -762,10 +768,12 @@ fn clean_up_failed_run(
     } else {
         rest.write(target)?;
     }
-    crate::errln!(
-        "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
-        target.display()
-    );
+    if !gone.is_empty() {
+        crate::errln!(
+            "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
+            target.display()
+        );
+    }
     Ok(Some(rest))
 }
 

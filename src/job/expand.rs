@@ -51,15 +51,19 @@ pub(crate) fn prepare(
     resuming: &ResumeSettings,
     upload: Option<&UploadSettings>,
 ) -> Result<(Setup, Held)> {
-    let (inputs, records, trees) = expand_inputs(settings)?;
     let Some(out) = &settings.output else {
         // Only planning, without an output to check.
+        let (inputs, _, trees) = expand_inputs(settings)?;
         return Ok((Setup::planning(inputs, trees), Held::default()));
     };
     let bucket = upload.filter(|u| u.target.is_some());
-    if let Some(cfg) = bucket {
-        upload::make_scratch(cfg)?;
-    }
+    // An output on a file system is looked at once the inputs are known; an object store's
+    // lock is taken, and its store cleared and checked, first (the inputs are then expanded
+    // for the staging directory's check, [`StagingDir::expand`]).
+    let expanded = match bucket {
+        Some(cfg) => upload::make_scratch(cfg).map(|()| None)?,
+        None => Some(expand_inputs(settings)?),
+    };
     let (target, pointer) = output_paths(out, settings.dry_run)?;
     let mut dir = StagingDir {
         settings,
@@ -67,9 +71,7 @@ pub(crate) fn prepare(
         out,
         target: &target,
         pointer: &pointer,
-        inputs: &inputs,
-        records: &records,
-        trees: &trees,
+        expanded,
         staged: None,
     };
     let (own, remote) = match bucket {
@@ -82,6 +84,10 @@ pub(crate) fn prepare(
             life::prepare(&mut on_disk)?;
             (on_disk.own, None)
         }
+    };
+    let (inputs, records, trees) = match dir.expanded.take() {
+        Some(expanded) => expanded,
+        None => expand_inputs(settings)?,
     };
     let Some((staging, resume)) = dir.staged else {
         // Checked as `run` would, but nothing is created, removed or written.
@@ -114,11 +120,24 @@ struct StagingDir<'a> {
     out: &'a Path,
     target: &'a Path,
     pointer: &'a Path,
-    inputs: &'a [InputShard],
-    records: &'a [InputRecord],
-    trees: &'a [Root],
+    /// The inputs, their records and the `--input-files` roots, once expanded.
+    expanded: Option<Expanded>,
     /// The staging directory begun, and what `--resume` continues there (none in a dry run).
     staged: Option<(PathBuf, Option<Resume>)>,
+}
+
+/// The inputs, rank 0's records of them, the `--input-files` roots ([`expand_inputs`]).
+type Expanded = (Vec<InputShard>, Vec<InputRecord>, Vec<Root>);
+
+impl StagingDir<'_> {
+    /// The inputs expanded, if they are not yet.
+    fn expand(&mut self) -> Result<&Expanded> {
+        let settings = self.settings;
+        match &mut self.expanded {
+            Some(expanded) => Ok(expanded),
+            none => Ok(none.insert(expand_inputs(settings)?)),
+        }
+    }
 }
 
 impl StagingSteps for StagingDir<'_> {
@@ -133,13 +152,10 @@ impl StagingSteps for StagingDir<'_> {
     }
 
     fn check_replace(&mut self, taken: bool) -> Result<()> {
-        check_output(
-            self.settings,
-            (self.out, self.target, taken),
-            self.pointer,
-            self.inputs,
-        )?;
-        check_not_in_a_root(self.out, self.target, self.trees)
+        let (settings, out, target, pointer) = (self.settings, self.out, self.target, self.pointer);
+        let (inputs, _, trees) = self.expand()?;
+        check_output(settings, (out, target, taken), pointer, inputs)?;
+        check_not_in_a_root(out, target, trees)
     }
 
     /// The staging directory ([`take_staging`]); a dry run says what `--keep` would remove.
@@ -150,8 +166,9 @@ impl StagingSteps for StagingDir<'_> {
             }
             return Ok(());
         };
-        let resume = self.settings.resume;
-        let staged = take_staging(resume, self.resuming, lock, self.pointer, self.records)?;
+        let (resume, resuming, pointer) = (self.settings.resume, self.resuming, self.pointer);
+        let (_, records, _) = self.expand()?;
+        let staged = take_staging(resume, resuming, lock, pointer, records)?;
         self.staged = Some(staged);
         Ok(())
     }

@@ -104,17 +104,19 @@ pub(crate) trait Commit {
 /// on `--scratch`): its steps ([`StagingSteps`]) follow each of the strategy's own, under the
 /// strategy's lock.
 pub(crate) trait Prepare {
-    /// Takes the output's lock (the run's one lock and token), or finds it taken already where
-    /// the output is committed (an output staged on `--scratch`).
+    /// Takes the output's lock where the output is committed (beside it on a file system, in
+    /// the bucket for an object store's, staged on `--scratch` under it): the run's one lock and
+    /// token. None in a dry run.
     ///
     /// # Errors
     /// Another live run holds it, or it cannot be taken.
     fn take_lock(&mut self) -> Result<()>;
 
     /// Holding the lock: what a failed run left that no `--resume` continues goes, so that it
-    /// is not taken for something that may not be replaced. On a file system that is only the
-    /// heartbeats beside the staging directory of a run whose pid proved it dead (its staging
-    /// directory is `begin`'s: a refused run leaves it for `--resume`); on an object store, its
+    /// is not taken for something that may not be replaced. On a file system nothing here: its
+    /// staging directory's step removes the heartbeats beside the staging directory of a run
+    /// whose pid proved it dead (the directory itself is `begin`'s: a refused run leaves it for
+    /// `--resume`); on an object store, its
     /// unfinished uploads, its side objects, the objects its marker names but for the shards
     /// `--resume` keeps, and an older output whose removal `--keep` began. It may refuse what
     /// the failed run's marker says (a `--force` run cut short is continued only with `--force`).

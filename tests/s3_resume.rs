@@ -319,3 +319,47 @@ fn an_upload_started_by_a_rank_killed_before_it_journalled_its_id_is_aborted_by_
     assert_same_output(&dir.join("ref"), &dir.join("got"), &["inputs"]);
     println!("open after the kill: {dead:?}; intents journalled: {journals:?}");
 }
+
+/// The marker of the upload under way is the run's first write at its output, made before any
+/// work: a run killed right after its steps before the commit (`RESHARD_TEST_KILL=0:index`,
+/// before a byte is uploaded) leaves it in the bucket, naming that run's token and nothing
+/// uploaded. The next run reads it and clears it, writes its own, and publishes the
+/// uninterrupted run's bytes with nothing left beside them. Before, such a run left nothing in
+/// the bucket: the marker was written only by the upload phase.
+#[test]
+fn a_run_killed_right_after_it_began_leaves_its_marker_for_the_next_to_clear() {
+    let test = "a_run_killed_right_after_it_began_leaves_its_marker_for_the_next_to_clear";
+    let dir = Dir::new("s3-resume-begun");
+    sized(&dir, "in", "2MiB", "32KiB", 3);
+    run(&dir, Some(1), &["in"], "ref", 3, 7, &[]);
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    let output = format!("s3://{bucket}/out");
+    let mut cmd = dir.mpi(1);
+    cmd.args(["run", "--input", "in", "--output", &output, "--seed", "7"])
+        .args(["--shards", "3", "--scratch"])
+        .arg(dir.join("scratch"))
+        .env("RESHARD_TEST_KILL", "0:index");
+    let killed = s3.with_env(&mut cmd).output();
+    killed.check(killed.code() != Some(0), "the killed run must fail");
+    killed.stderr_has("now dies (SIGKILL) at index");
+    let keys = s3.keys(&dir, &bucket, "out/");
+    assert_eq!(keys, ["out/.reshard-incomplete"], "only the marker is up");
+    let marker: serde_json::Value =
+        serde_json::from_str(&s3.cat(&dir, &bucket, "out/.reshard-incomplete")).unwrap();
+    assert_eq!(marker["uploads"], serde_json::json!([]), "{marker}");
+    let token = marker["records"].as_str().unwrap_or_default();
+    assert_eq!(token.len(), 32, "the killed run's token: {marker}");
+    let lock = s3.cat(&dir, &bucket, ".out.reshard-lock");
+    assert!(lock.contains(token), "the lock's token {token}: {lock}");
+
+    let again = to_s3(&dir, s3, 1, &output, "scratch", &["--shards", "3"]);
+    again.check(again.code() == Some(0), "expected success");
+    again.check(
+        !again.stderr.contains("without publishing them"),
+        "the marker named no object: nothing to say removed",
+    );
+    only_the_output(&dir, s3, &bucket, "ref", false);
+}

@@ -8,17 +8,16 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::config::JobSettings;
-use crate::config::{ExpandSettings, ResumeSettings};
+use crate::config::{ExpandSettings, JobSettings, ResumeSettings, UploadSettings};
 use crate::input::{expand_specs, InputShard};
-use crate::job::destination::life::{self, may_replace};
+use crate::job::destination::life::{self, may_replace, StagingSteps};
 use crate::job::destination::link::check_link_before_the_run;
 use crate::job::destination::lock::{lock_of, OutputLock};
 use crate::job::destination::owned::inspect;
 use crate::job::destination::resume;
 use crate::job::destination::series::say_what_keep_would_remove;
 use crate::job::destination::staging::{self, Staging};
-use crate::job::destination::{self, upload, Held};
+use crate::job::destination::{upload, Held};
 use crate::job::handoff::{Resume, Setup};
 use crate::output::checkpoint::{self, InputRecord};
 use crate::report::narrate::count;
@@ -26,23 +25,20 @@ use crate::size::human_bytes;
 use crate::storage::{self, Kind};
 use crate::tree::{self, Root};
 
-/// Rank 0: the output's location made ready by its own kind first ([`destination::prepare`]:
-/// an `s3://` output's lock object), then [`prepare`].
+/// Rank 0: [`prepare`], for the output the job's settings name, wherever it is.
 ///
 /// # Errors
-/// As [`destination::prepare`] and [`prepare`].
+/// As [`prepare`].
 pub(crate) fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
-    let remote = destination::prepare(&settings.upload)?;
-    let taken = remote.as_ref().map(upload::RemoteLock::lock);
-    let (setup, mut held) = prepare(&settings.expand, &settings.resume, taken)?;
-    held.remote = remote;
-    Ok((setup, held))
+    prepare(&settings.expand, &settings.resume, Some(&settings.upload))
 }
 
 /// Rank 0's checks and set-up before any data is read: expand the input, then the output's life
-/// before the commit ([`life::prepare`] over [`OnDisk`]): take the output's lock, refuse unsafe
-/// outputs, create the staging directory next to the output or find the one `--resume`
-/// continues (not when only planning: a plan writes nothing).
+/// before the commit, one [`life::prepare`] per run: over [`OnDisk`] for an output on a file
+/// system, over the upload's strategy (its lock and marker in the bucket, its staging directory
+/// on `--scratch`, [`StagingDir`]) for an object store's (`upload`, whose `target` says where).
+/// It takes the output's lock, refuses unsafe outputs, creates the staging directory or finds
+/// the one `--resume` continues (not when only planning: a plan writes nothing).
 ///
 /// # Errors
 /// An input that cannot be found or read, another live run on the same output, an output that
@@ -53,30 +49,47 @@ pub(crate) fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
 pub(crate) fn prepare(
     settings: &ExpandSettings,
     resuming: &ResumeSettings,
-    taken: Option<&OutputLock>,
+    upload: Option<&UploadSettings>,
 ) -> Result<(Setup, Held)> {
-    let (inputs, records, trees) = expand_inputs(settings)?;
     let Some(out) = &settings.output else {
         // Only planning, without an output to check.
+        let (inputs, _, trees) = expand_inputs(settings)?;
         return Ok((Setup::planning(inputs, trees), Held::default()));
     };
+    let bucket = upload.filter(|u| u.target.is_some());
+    // An output on a file system is looked at once the inputs are known; an object store's
+    // lock is taken, and its store cleared and checked, first (the inputs are then expanded
+    // for the staging directory's check, [`StagingDir::expand`]).
+    let expanded = match bucket {
+        Some(cfg) => upload::make_scratch(cfg).map(|()| None)?,
+        None => Some(expand_inputs(settings)?),
+    };
     let (target, pointer) = output_paths(out, settings.dry_run)?;
-    let mut on_disk = OnDisk {
+    let mut dir = StagingDir {
         settings,
         resuming,
         out,
         target: &target,
         pointer: &pointer,
-        inputs: &inputs,
-        records: &records,
-        trees: &trees,
-        taken,
-        own: None,
+        expanded,
         staged: None,
     };
-    life::prepare(&mut on_disk)?;
-    let (own, staged) = (on_disk.own, on_disk.staged);
-    let Some((staging, resume)) = staged else {
+    let (own, remote) = match bucket {
+        Some(cfg) => (None, upload::prepare(cfg, &mut dir)?),
+        None => {
+            let mut on_disk = OnDisk {
+                dir: &mut dir,
+                own: None,
+            };
+            life::prepare(&mut on_disk)?;
+            (on_disk.own, None)
+        }
+    };
+    let (inputs, records, trees) = match dir.expanded.take() {
+        Some(expanded) => expanded,
+        None => expand_inputs(settings)?,
+    };
+    let Some((staging, resume)) = dir.staged else {
         // Checked as `run` would, but nothing is created, removed or written.
         return Ok((Setup::planning(inputs, trees), Held::default()));
     };
@@ -94,84 +107,109 @@ pub(crate) fn prepare(
         Held {
             lock: own,
             inputs: records,
-            remote: None,
+            remote,
         },
     ))
 }
 
-/// The steps before the commit of an output on a file system (or staged on `--scratch` for an
-/// object store, whose lock is `taken` in its store), for the output's life.
-struct OnDisk<'a> {
+/// The staging directory of an output on a file system, or of the copy an object store's
+/// output is staged in on `--scratch` (the output here is that copy), for the output's life.
+struct StagingDir<'a> {
     settings: &'a ExpandSettings,
     resuming: &'a ResumeSettings,
     out: &'a Path,
     target: &'a Path,
     pointer: &'a Path,
-    inputs: &'a [InputShard],
-    records: &'a [InputRecord],
-    trees: &'a [Root],
-    taken: Option<&'a OutputLock>,
-    /// The lock this run took beside the output.
-    own: Option<OutputLock>,
+    /// The inputs, their records and the `--input-files` roots, once expanded.
+    expanded: Option<Expanded>,
     /// The staging directory begun, and what `--resume` continues there (none in a dry run).
     staged: Option<(PathBuf, Option<Resume>)>,
 }
 
-impl OnDisk<'_> {
-    /// The run's one lock, unless it is a dry run (which takes none).
-    fn lock(&self) -> Option<&OutputLock> {
-        self.own
-            .as_ref()
-            .or(self.taken)
-            .filter(|_| !self.settings.dry_run)
+/// The inputs, rank 0's records of them, the `--input-files` roots ([`expand_inputs`]).
+type Expanded = (Vec<InputShard>, Vec<InputRecord>, Vec<Root>);
+
+impl StagingDir<'_> {
+    /// The inputs expanded, if they are not yet.
+    fn expand(&mut self) -> Result<&Expanded> {
+        let settings = self.settings;
+        match &mut self.expanded {
+            Some(expanded) => Ok(expanded),
+            none => Ok(none.insert(expand_inputs(settings)?)),
+        }
     }
 }
 
-impl life::Prepare for OnDisk<'_> {
-    /// Before anything is checked or touched: another live run may be writing this output. An
-    /// output staged on `--scratch` has its lock where it is committed (`taken`, in its
-    /// store): the run's one lock, whose token names its staging directory here too.
-    fn take_lock(&mut self) -> Result<()> {
-        let (settings, out) = (self.settings, self.out);
-        self.own = (!settings.dry_run && self.taken.is_none())
-            .then(|| OutputLock::acquire(&lock_of(self.target), out, settings.lock_stale_after))
-            .transpose()?;
-        Ok(())
-    }
-
+impl StagingSteps for StagingDir<'_> {
     /// Only the heartbeats a run stopped while it published (the watchdog ended it) left
     /// beside its staging directory, once its pid proved it dead: nothing continues them. Its
     /// staging directory, which `--resume` may continue, is taken only by [`Self::begin`].
-    fn clear_failed(&mut self) -> Result<()> {
-        if let Some(dead) = self.lock().and_then(OutputLock::dead_predecessor) {
+    fn clear_failed(&mut self, lock: Option<&OutputLock>) -> Result<()> {
+        if let Some(dead) = lock.and_then(OutputLock::dead_predecessor) {
             Staging::at(&staging::run_dir(self.pointer, dead)).remove_heartbeats_aside();
         }
         Ok(())
     }
 
-    fn check_replace(&mut self) -> Result<()> {
-        check_output(
-            self.settings,
-            self.out,
-            self.target,
-            self.pointer,
-            self.inputs,
-        )?;
-        check_not_in_a_root(self.out, self.target, self.trees)
+    fn check_replace(&mut self, taken: bool) -> Result<()> {
+        let (settings, out, target, pointer) = (self.settings, self.out, self.target, self.pointer);
+        let (inputs, _, trees) = self.expand()?;
+        check_output(settings, (out, target, taken), pointer, inputs)?;
+        check_not_in_a_root(out, target, trees)
     }
 
     /// The staging directory ([`take_staging`]); a dry run says what `--keep` would remove.
-    fn begin(&mut self) -> Result<()> {
-        let Some(lock) = self.lock() else {
+    fn begin(&mut self, lock: Option<&OutputLock>) -> Result<()> {
+        let Some(lock) = lock else {
             if let Some(keep) = &self.settings.keep {
                 say_what_keep_would_remove(self.target, keep, self.settings.epoch)?;
             }
             return Ok(());
         };
-        let resume = self.settings.resume;
-        let staged = take_staging(resume, self.resuming, lock, self.pointer, self.records)?;
+        let (resume, resuming, pointer) = (self.settings.resume, self.resuming, self.pointer);
+        let (_, records, _) = self.expand()?;
+        let staged = take_staging(resume, resuming, lock, pointer, records)?;
         self.staged = Some(staged);
         Ok(())
+    }
+}
+
+/// The steps before the commit of an output on a file system, for the output's life: its lock
+/// beside it; all else is its staging directory's.
+struct OnDisk<'a, 'b> {
+    dir: &'b mut StagingDir<'a>,
+    /// The lock this run took beside the output (none in a dry run).
+    own: Option<OutputLock>,
+}
+
+impl life::Prepare for OnDisk<'_, '_> {
+    /// Before anything is checked or touched: another live run may be writing this output.
+    fn take_lock(&mut self) -> Result<()> {
+        let (settings, out) = (self.dir.settings, self.dir.out);
+        self.own = (!settings.dry_run)
+            .then(|| OutputLock::acquire(&lock_of(self.dir.target), out, settings.lock_stale_after))
+            .transpose()?;
+        Ok(())
+    }
+
+    fn clear_failed(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn check_replace(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn begin(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn staging(&mut self) -> life::StagingPart<'_> {
+        life::StagingPart {
+            lock: self.own.as_ref(),
+            steps: &mut *self.dir,
+            taken: false,
+        }
     }
 }
 
@@ -199,7 +237,7 @@ fn take_staging(
     };
     // A run stopped while it published (the watchdog ended it) left its heartbeats beside its
     // staging directory, which its rename may have published: they go once it surely ended
-    // (a run its pid proved dead: cleared before the checks, `OnDisk::clear_failed`).
+    // (a run its pid proved dead: cleared before the checks, `StagingDir::clear_failed`).
     if let Some(ended) = &earlier {
         Staging::at(ended).remove_heartbeats_aside();
     }
@@ -385,11 +423,11 @@ fn output_paths(out: &Path, dry_run: bool) -> Result<(PathBuf, PathBuf)> {
 
 /// Refuses an output that would replace an input, a non-empty output without `--force`, with
 /// `--force` anything but an empty directory or a reshard output, and a `--link` that is not a
-/// symbolic link.
+/// symbolic link. `taken`: what is at the output is a copy an earlier attempt staged for an
+/// object store, which that store's `begin` takes before anything is written here.
 fn check_output(
     settings: &ExpandSettings,
-    out: &Path,
-    target: &Path,
+    (out, target, taken): (&Path, &Path, bool),
     staging: &Path,
     inputs: &[InputShard],
 ) -> Result<()> {
@@ -424,7 +462,9 @@ fn check_output(
     }
     // The rule of what a run may replace (life's, on every store): refused now, before any
     // work, and asked again when publishing.
-    may_replace(out, &inspect(target)?, settings.force, "before the run")?;
+    if !taken {
+        may_replace(out, &inspect(target)?, settings.force, "before the run")?;
+    }
     if let Some(link) = &settings.link {
         check_link_before_the_run(link, target)?;
     }

@@ -23,6 +23,7 @@ use anyhow::{bail, Result};
 use crate::config::Keep;
 use crate::exit::CleanupFailed;
 use crate::hooks;
+use crate::job::destination::lock::OutputLock;
 use crate::job::destination::owned::AtOutput;
 use crate::job::destination::scratch::{self, Scratch};
 use crate::job::destination::series::outputs_beyond;
@@ -95,22 +96,27 @@ pub(crate) trait Commit {
 }
 
 /// How each step before the commit is done where the output is: one order on every store,
-/// [`prepare`]'s. A refused run must leave what `--resume` continues, and what a failed run left
-/// must not read as someone else's when the rule of what may be replaced is asked; so the
-/// strategy says what a failed run left that nothing continues, which goes first, and what may
-/// be continued, which only `begin` takes, once the run is known to go ahead.
+/// [`prepare`]'s, one sequence per run. A refused run must leave what `--resume` continues, and
+/// what a failed run left must not read as someone else's when the rule of what may be replaced
+/// is asked; so the strategy says what a failed run left that nothing continues, which goes
+/// first, and what may be continued, which only `begin` takes, once the run is known to go
+/// ahead. Every output is assembled in a staging directory on a file system (an object store's
+/// on `--scratch`): its steps ([`StagingSteps`]) follow each of the strategy's own, under the
+/// strategy's lock.
 pub(crate) trait Prepare {
-    /// Takes the output's lock (the run's one lock and token), or finds it taken already where
-    /// the output is committed (an output staged on `--scratch`).
+    /// Takes the output's lock where the output is committed (beside it on a file system, in
+    /// the bucket for an object store's, staged on `--scratch` under it): the run's one lock and
+    /// token. None in a dry run.
     ///
     /// # Errors
     /// Another live run holds it, or it cannot be taken.
     fn take_lock(&mut self) -> Result<()>;
 
     /// Holding the lock: what a failed run left that no `--resume` continues goes, so that it
-    /// is not taken for something that may not be replaced. On a file system that is only the
-    /// heartbeats beside the staging directory of a run whose pid proved it dead (its staging
-    /// directory is `begin`'s: a refused run leaves it for `--resume`); on an object store, its
+    /// is not taken for something that may not be replaced. On a file system nothing here: its
+    /// staging directory's step removes the heartbeats beside the staging directory of a run
+    /// whose pid proved it dead (the directory itself is `begin`'s: a refused run leaves it for
+    /// `--resume`); on an object store, its
     /// unfinished uploads, its side objects, the objects its marker names but for the shards
     /// `--resume` keeps, and an older output whose removal `--keep` began. It may refuse what
     /// the failed run's marker says (a `--force` run cut short is continued only with `--force`).
@@ -125,28 +131,75 @@ pub(crate) trait Prepare {
     /// Something that may not be replaced is there.
     fn check_replace(&mut self) -> Result<()>;
 
-    /// The run's first write toward its output: on a file system its staging directory, where
-    /// it commits by a rename (an earlier attempt's continued with `--resume`, else removed),
-    /// and the pointer to it; on an object store, the staged copy an earlier attempt left on
-    /// `--scratch` continued or moved away. The first write where an object store's output is
-    /// committed, the marker of the upload under way, waits for the names it uploads: the upload
-    /// phase writes it (`upload::begin`), with the lock only this driver yields.
+    /// The run's first writes where its output is committed, before its staging directory's
+    /// ([`StagingSteps::begin`]): nothing more on a file system, where the staging directory is
+    /// beside the output; on an object store, the marker of the upload under way (what is known
+    /// before the run: its token, what it replaces, what a failed run left that `--resume` may
+    /// keep; written only over what the run saw there, conditionally where the store can; the
+    /// upload phase only adds the names it uploads, over this very marker), then the staged
+    /// copy an earlier attempt left on `--scratch` continued or moved away.
     ///
     /// # Errors
-    /// It cannot be made.
+    /// It cannot be written, or the run lost its lock.
     fn begin(&mut self) -> Result<()>;
+
+    /// The staging directory the output is assembled in, whose steps follow each of this
+    /// strategy's.
+    fn staging(&mut self) -> StagingPart<'_>;
 }
 
-/// The steps before the commit, in order: the lock taken, what a failed run left that nothing
-/// continues cleared, what may be replaced checked, the run begun.
+/// A strategy's staging directory ([`Prepare::staging`]).
+pub(crate) struct StagingPart<'s> {
+    /// The run's one lock, the strategy's (none in a dry run, which writes nothing).
+    pub(crate) lock: Option<&'s OutputLock>,
+    pub(crate) steps: &'s mut dyn StagingSteps,
+    /// What is at the staging directory's output is a copy an earlier attempt staged, which
+    /// the strategy's `begin` takes (continues, moves aside or removes).
+    pub(crate) taken: bool,
+}
+
+/// The steps of a staging directory on a file system, under the lock of the strategy they are
+/// part of ([`StagingPart`]): a file system's output's own, or, where an object store's output
+/// is staged on `--scratch`, the bucket's, so that a run runs one [`prepare`] whatever its
+/// store. `lock`: none in a dry run, which writes nothing.
+pub(crate) trait StagingSteps {
+    /// [`Prepare::clear_failed`] of the staging directory's side.
+    ///
+    /// # Errors
+    /// Something cannot be removed.
+    fn clear_failed(&mut self, lock: Option<&OutputLock>) -> Result<()>;
+
+    /// [`Prepare::check_replace`] of the staging directory's output; `taken` as
+    /// [`StagingPart::taken`] (what is there then is not asked about).
+    ///
+    /// # Errors
+    /// The output may not be written there.
+    fn check_replace(&mut self, taken: bool) -> Result<()>;
+
+    /// [`Prepare::begin`] of the staging directory: made, or an earlier attempt's continued.
+    ///
+    /// # Errors
+    /// It cannot be made or continued.
+    fn begin(&mut self, lock: Option<&OutputLock>) -> Result<()>;
+}
+
+/// The steps before the commit, in order, once per run: the lock taken, what a failed run left
+/// that nothing continues cleared, what may be replaced checked, the run begun; each but the
+/// first where the output is committed, then in its staging directory.
 ///
 /// # Errors
 /// The first step that fails; nothing after it runs.
 pub(crate) fn prepare(strategy: &mut dyn Prepare) -> Result<()> {
     strategy.take_lock()?;
     strategy.clear_failed()?;
+    let part = strategy.staging();
+    part.steps.clear_failed(part.lock)?;
     strategy.check_replace()?;
-    strategy.begin()
+    let part = strategy.staging();
+    part.steps.check_replace(part.taken)?;
+    strategy.begin()?;
+    let part = strategy.staging();
+    part.steps.begin(part.lock)
 }
 
 /// What the run asked of its output's life.
@@ -308,33 +361,67 @@ fn remove_staging(staging: &Path) {
 #[cfg(test)]
 mod tests {
     use std::cell::RefCell;
+    use std::rc::Rc;
 
     use super::*;
+
+    /// The steps asked of a strategy and of its staging directory, in order.
+    type Log = Rc<RefCell<Vec<String>>>;
 
     /// A strategy that notes each step it is asked to do, and fails the step named `fails`.
     struct Noted {
         target: PathBuf,
-        steps: RefCell<Vec<String>>,
+        steps: Log,
         fails: &'static str,
         halves: Vec<PathBuf>,
+        stage: NotedStaging,
+    }
+
+    /// A staging directory that notes its steps in its strategy's log: `staging STEP`.
+    struct NotedStaging {
+        steps: Log,
+        fails: &'static str,
+    }
+
+    fn note(steps: &Log, fails: &str, name: &str) -> Result<()> {
+        steps.borrow_mut().push(name.to_string());
+        if name.starts_with(fails) && !fails.is_empty() {
+            bail!("{name} failed");
+        }
+        Ok(())
     }
 
     impl Noted {
         fn new(fails: &'static str) -> Self {
+            let steps = Log::default();
             Noted {
                 target: PathBuf::from("/nowhere/out-2"),
-                steps: RefCell::default(),
+                steps: steps.clone(),
                 fails,
                 halves: vec![PathBuf::from("/nowhere/.out-0.gone")],
+                stage: NotedStaging { steps, fails },
             }
         }
 
         fn step(&self, name: &str) -> Result<()> {
-            self.steps.borrow_mut().push(name.to_string());
-            if name.starts_with(self.fails) && !self.fails.is_empty() {
-                bail!("{name} failed");
-            }
-            Ok(())
+            note(&self.steps, self.fails, name)
+        }
+    }
+
+    impl StagingSteps for NotedStaging {
+        fn clear_failed(&mut self, lock: Option<&OutputLock>) -> Result<()> {
+            assert!(lock.is_none(), "a noted strategy takes no lock");
+            note(&self.steps, self.fails, "staging clear_failed")
+        }
+        fn check_replace(&mut self, taken: bool) -> Result<()> {
+            note(
+                &self.steps,
+                self.fails,
+                &format!("staging check_replace {taken}"),
+            )
+        }
+        fn begin(&mut self, _: Option<&OutputLock>) -> Result<()> {
+            note(&self.steps, self.fails, "staging begin")
         }
     }
 
@@ -384,19 +471,43 @@ mod tests {
         fn begin(&mut self) -> Result<()> {
             self.step("begin")
         }
+        fn staging(&mut self) -> StagingPart<'_> {
+            StagingPart {
+                lock: None,
+                steps: &mut self.stage,
+                taken: self.target.ends_with("staged"),
+            }
+        }
     }
 
+    /// One sequence per run, whatever the store: the lock taken once, then each step where the
+    /// output is committed followed by its staging directory's (on a file system the strategy's
+    /// own steps are empty; on an object store the staging on `--scratch` is in the same
+    /// sequence, under the bucket's lock, told when the strategy's `begin` takes a staged copy).
     #[test]
     fn the_steps_before_the_commit_run_in_one_order_and_stop_at_a_failure() {
-        let mut noted = Noted::new("");
-        prepare(&mut noted).unwrap();
-        let all = ["take_lock", "clear_failed", "check_replace", "begin"];
-        assert_eq!(*noted.steps.borrow(), all);
-        for (i, fails) in all.iter().enumerate() {
-            let mut noted = Noted::new(fails);
-            let e = prepare(&mut noted).unwrap_err();
-            assert!(format!("{e}").contains(fails), "{e}");
-            assert_eq!(*noted.steps.borrow(), all[..=i], "nothing after {fails}");
+        for (target, taken) in [("/nowhere/out-2", false), ("s3://b/staged", true)] {
+            let mut noted = Noted::new("");
+            noted.target = PathBuf::from(target);
+            prepare(&mut noted).unwrap();
+            let check: &'static str = format!("staging check_replace {taken}").leak();
+            let all = [
+                "take_lock",
+                "clear_failed",
+                "staging clear_failed",
+                "check_replace",
+                check,
+                "begin",
+                "staging begin",
+            ];
+            assert_eq!(*noted.steps.borrow(), all);
+            for (i, fails) in all.iter().enumerate() {
+                let mut noted = Noted::new(fails);
+                noted.target = PathBuf::from(target);
+                let e = prepare(&mut noted).unwrap_err();
+                assert!(format!("{e}").contains(fails), "{e}");
+                assert_eq!(*noted.steps.borrow(), all[..=i], "nothing after {fails}");
+            }
         }
     }
 

@@ -23,9 +23,6 @@ pub(crate) mod staging;
 pub(crate) mod upload;
 pub(crate) mod written;
 
-use anyhow::Result;
-
-use crate::config::UploadSettings;
 use crate::output::checkpoint::InputRecord;
 
 /// What rank 0 keeps for itself: the output's lock, and every input's size and modification
@@ -34,8 +31,8 @@ use crate::output::checkpoint::InputRecord;
 pub(crate) struct Held {
     /// The lock of an output on a file system, beside it.
     pub(crate) lock: Option<lock::OutputLock>,
-    /// An `s3://` output's lock, in its store (taken before this phase, see [`upload`]), and
-    /// what its upload carries over from a failed run.
+    /// An `s3://` output's lock, in its store (taken by the upload's strategy of the steps
+    /// before the commit, see [`upload`]), and what its upload carries over from a failed run.
     pub(crate) remote: Option<upload::RemoteLock>,
     pub(crate) inputs: Vec<InputRecord>,
 }
@@ -49,15 +46,4 @@ impl Held {
             .as_ref()
             .or_else(|| self.remote.as_ref().map(upload::RemoteLock::lock))
     }
-}
-
-/// Rank 0, before the expand phase looks at the output: for an `s3://` output its scratch
-/// directory made, its lock object taken and the bucket's output checked (see
-/// [`upload::prepare`]); nothing for an output on a file system, whose lock the expand phase
-/// takes beside its staging directory.
-///
-/// # Errors
-/// As [`upload::prepare`].
-pub(crate) fn prepare(settings: &UploadSettings) -> Result<Option<upload::RemoteLock>> {
-    upload::prepare(settings)
 }

@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::comm::{agree, broadcast_result, Comm};
 use crate::config::UploadSettings;
-use crate::job::destination::life::{self, may_replace, Rules};
+use crate::job::destination::life::{self, may_replace, Rules, StagingSteps};
 use crate::job::destination::lock::OutputLock;
 use crate::job::destination::series::say_what_keep_would_remove;
 use crate::job::destination::written::Written;
@@ -27,11 +27,13 @@ use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
 use by_manifest::{half_removed, remove_objects, ByManifest, REMOVING};
 use fenced::{Fence, Found};
+use marker::{is_own_name, Marker, INCOMPLETE};
 use progress::{report_progress, Sent};
 
 mod by_manifest;
 mod deal;
 mod fenced;
+mod marker;
 mod progress;
 mod records;
 
@@ -39,11 +41,6 @@ pub(crate) use deal::written;
 
 // The manifest: written last, it is what makes the output exist.
 use crate::job::destination::written::MANIFEST;
-
-/// The object that marks an upload under way ([`Marker`]): the names it uploads, so that the
-/// next run can remove what a run that failed left, and those of the output `--force` replaces
-/// (written before the first shard, removed after the manifest).
-const INCOMPLETE: &str = ".reshard-incomplete";
 
 /// The folder of the staged copy's `--resume` records where the rank that uploaded a shard
 /// notes the object's stamp once it (and its saved index) is up: a resumed upload keeps the
@@ -72,6 +69,9 @@ pub(crate) struct RemoteLock {
     /// The bucket's records of a failed attempt's uploads that hold still, carried over under
     /// this run's prefix ([`records::carry_over`]): what [`records::kept`] chooses from.
     records: Vec<(String, records::Record)>,
+    /// The marker of the upload under way as this run last wrote it: its next write is made
+    /// only over it ([`Marker::put`]).
+    marker: Option<Vec<u8>>,
 }
 
 /// The lock object of the output `target`: beside it, hidden, outside its prefix.
@@ -91,6 +91,7 @@ impl RemoteLock {
             replaced: Vec::new(),
             preserved: Vec::new(),
             records: Vec::new(),
+            marker: None,
         })
     }
 
@@ -114,28 +115,37 @@ impl RemoteLock {
     }
 }
 
-/// Rank 0, before any work: the scratch directory made, then the steps before the commit
-/// ([`life::prepare`] over [`ToBucket`]): the lock taken, what a failed run left cleared, the
-/// output checked (empty, or with `--force` a reshard output), an earlier attempt's staged copy
-/// continued or removed.
+/// Rank 0, before the steps before the commit: the scratch directory where the output is
+/// staged made.
 ///
 /// # Errors
-/// The lock is held or cannot be taken, or the output holds something that is not reshard's.
-pub(crate) fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
-    let (Some(target), Some(local)) = (&cfg.target, &cfg.local) else {
-        return Ok(None);
+/// It cannot be made.
+pub(crate) fn make_scratch(cfg: &UploadSettings) -> Result<()> {
+    let Some(local) = &cfg.local else {
+        return Ok(());
     };
     let parent = local.parent().unwrap_or(Path::new("."));
     storage::sink(parent)
         .create_dir_all(parent)
-        .with_context(|| format!("--scratch: cannot create {}", parent.display()))?;
-    if cfg.dry_run {
-        replaced_objects(cfg.force, target)?;
-        if let Some(keep) = &cfg.keep {
-            say_what_keep_would_remove(target, keep, cfg.epoch)?;
-        }
+        .with_context(|| format!("--scratch: cannot create {}", parent.display()))
+}
+
+/// Rank 0, before any work: the steps before the commit, one [`life::prepare`] over
+/// [`ToBucket`]: the lock taken in the bucket, what a failed run left cleared, the output
+/// checked (empty, or with `--force` a reshard output), then the marker of the upload under
+/// way written, an earlier attempt's staged copy continued or removed and the staging directory
+/// on `--scratch` begun (`scratch`). The lock; none in a dry run, which writes nothing and says
+/// what `--keep` would remove.
+///
+/// # Errors
+/// The lock is held or cannot be taken, or the output holds something that is not reshard's.
+pub(crate) fn prepare(
+    cfg: &UploadSettings,
+    scratch: &mut dyn StagingSteps,
+) -> Result<Option<RemoteLock>> {
+    let (Some(target), Some(local)) = (&cfg.target, &cfg.local) else {
         return Ok(None);
-    }
+    };
     let mut bucket = ToBucket {
         cfg,
         target,
@@ -143,6 +153,7 @@ pub(crate) fn prepare(cfg: &UploadSettings) -> Result<Option<RemoteLock>> {
         lock: None,
         staged: false,
         rest: None,
+        scratch,
     };
     life::prepare(&mut bucket)?;
     Ok(bucket.lock)
@@ -158,6 +169,8 @@ struct ToBucket<'a> {
     staged: bool,
     /// The marker of a failed run, naming what is left of it once cleared.
     rest: Option<Marker>,
+    /// The staging directory on `--scratch`: its steps are this strategy's, under its lock.
+    scratch: &'a mut dyn StagingSteps,
 }
 
 impl ToBucket<'_> {
@@ -170,6 +183,9 @@ impl ToBucket<'_> {
 
 impl life::Prepare for ToBucket<'_> {
     fn take_lock(&mut self) -> Result<()> {
+        if self.cfg.dry_run {
+            return Ok(());
+        }
         let lock = RemoteLock::acquire(self.target, self.cfg.lock_stale_after)?;
         if let Some(dead) = lock.lock.dead_predecessor() {
             // Its pid proved it dead: what it could not remove itself, and only what is its.
@@ -182,6 +198,9 @@ impl life::Prepare for ToBucket<'_> {
     /// What a failed run left (a marker and no manifest), but for the shards it uploaded
     /// completely, which `--resume` keeps; and an output whose removal `--keep` began.
     fn clear_failed(&mut self) -> Result<()> {
+        if self.cfg.dry_run {
+            return Ok(());
+        }
         let (cfg, target, local) = (self.cfg, self.target, self.local);
         finish_keeps_removal(target)?;
         self.staged = storage::source(local).stat(&local.join(MANIFEST)).is_ok();
@@ -215,6 +234,9 @@ impl life::Prepare for ToBucket<'_> {
     /// manifest already gone). Else the rule, asked of what is there.
     fn check_replace(&mut self) -> Result<()> {
         let (force, target) = (self.cfg.force, self.target);
+        if self.cfg.dry_run {
+            return replaced_objects(force, target).map(drop);
+        }
         let rest = self.rest.take();
         let lock = self.lock()?;
         lock.replaced = match rest {
@@ -227,12 +249,29 @@ impl life::Prepare for ToBucket<'_> {
         Ok(())
     }
 
-    /// A copy an earlier attempt staged and did not finish uploading: ours to continue
-    /// (`--resume`) or to remove, unless that run may only be suspended. (The marker of the
-    /// upload is [`begin`]'s, in the upload phase.)
+    /// The marker of the upload under way, first: this run's token, what it replaces, what a
+    /// failed run left that `--resume` may keep (the upload phase adds what it uploads,
+    /// [`name_uploads`]). Then a copy an earlier attempt staged and did not finish uploading:
+    /// ours to continue (`--resume`) or to remove, unless that run may only be suspended. A dry
+    /// run says what `--keep` would remove.
     fn begin(&mut self) -> Result<()> {
-        let (resume, local, staged) = (self.cfg.resume, self.local, self.staged);
+        let (cfg, target) = (self.cfg, self.target);
+        if cfg.dry_run {
+            if let Some(keep) = &cfg.keep {
+                say_what_keep_would_remove(target, keep, cfg.epoch)?;
+            }
+            return Ok(());
+        }
+        let (resume, local, staged) = (cfg.resume, self.local, self.staged);
         let lock = self.lock()?;
+        // Only while this run holds the lock, and only over the marker it sees there now.
+        lock.check_owned()?;
+        let marker = Marker {
+            uploads: lock.preserved.clone(),
+            replaces: lock.replaced.clone(),
+            records: Some(lock.lock.token().to_string()),
+        };
+        lock.marker = Some(marker.put(target, Marker::seen(target)?.as_deref())?);
         if staged {
             if let Some(token) = lock.lock.taken_from_silent() {
                 fenced::set_aside(local, token)?;
@@ -245,6 +284,15 @@ impl life::Prepare for ToBucket<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The staging directory on `--scratch`, under the bucket's lock.
+    fn staging(&mut self) -> life::StagingPart<'_> {
+        life::StagingPart {
+            lock: self.lock.as_ref().map(RemoteLock::lock),
+            steps: &mut *self.scratch,
+            taken: self.staged,
+        }
     }
 }
 
@@ -594,7 +642,7 @@ pub(crate) fn run(
             target.display()
         );
     }
-    let begun = lock.map_or(Ok(()), |l| begin(target, files, &kept, l));
+    let begun = lock.map_or(Ok(()), |l| name_uploads(target, files, &kept, l));
     agree(comm, begun)?;
     let fence: Option<Fence> = broadcast_result(comm, 0, Some(Ok(lock.map(|l| l.fence(target)))))?;
     let fence = fence.as_ref();
@@ -661,66 +709,17 @@ pub(crate) fn run(
     Ok(())
 }
 
-/// What the marker of an upload under way names: the objects the run uploads (`uploads`,
-/// removed by the next run when no manifest was written, but for those `--resume` keeps), and
-/// the objects of the reshard output `--force` replaces (`replaces`: once its manifest is
-/// removed, the marker is what still says they are reshard's, for the next run to remove).
-#[derive(Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-struct Marker {
-    uploads: Vec<String>,
-    #[serde(default)]
-    replaces: Vec<String>,
-    /// The token of the run whose records of its uploads are in the bucket.
-    #[serde(default)]
-    records: Option<String>,
-}
-
-impl Marker {
-    fn write(&self, target: &Path) -> Result<()> {
-        let marker = target.join(INCOMPLETE);
-        let json = serde_json::to_vec_pretty(self).expect("a marker serializes");
-        storage::sink(&marker)
-            .write(&marker, &json)
-            .with_context(|| format!("{}: cannot write", marker.display()))
-    }
-
-    /// The marker at `target`, if there is one; an older plain list of names is read as the
-    /// names uploaded.
-    fn read(target: &Path) -> Option<Marker> {
-        let bytes = storage::source(target)
-            .read(&target.join(INCOMPLETE))
-            .ok()?;
-        let names = |v: Vec<String>| v.into_iter().filter(|n| is_own_name(n)).collect();
-        Some(match serde_json::from_slice::<Marker>(&bytes) {
-            Ok(m) => Marker {
-                uploads: names(m.uploads),
-                replaces: names(m.replaces),
-                records: m.records.filter(|t| records::is_token(t)),
-            },
-            Err(_) => Marker {
-                uploads: names(
-                    String::from_utf8_lossy(&bytes)
-                        .lines()
-                        .map(String::from)
-                        .collect(),
-                ),
-                replaces: Vec::new(),
-                records: None,
-            },
-        })
-    }
-}
-
-/// A name that stays under the output it is relative to.
-fn is_own_name(n: &str) -> bool {
-    !n.is_empty() && !n.starts_with('/') && !n.split('/').any(|p| p == "..")
-}
-
 /// Rank 0 before any object is uploaded, having checked that it still holds the lock: the
-/// names it will upload and those of the output it replaces recorded in the marker of an upload under way, and with `--force` the replaced
+/// names it will upload added to the marker of the upload under way (written over the one this
+/// run's `begin` wrote, and only over it: [`Marker::put`]), and with `--force` the replaced
 /// output's manifest removed (it stops being an output before any of its objects is
 /// overwritten).
-fn begin(target: &Path, files: &[(String, u64)], kept: &[String], lock: &RemoteLock) -> Result<()> {
+fn name_uploads(
+    target: &Path,
+    files: &[(String, u64)],
+    kept: &[String],
+    lock: &RemoteLock,
+) -> Result<()> {
     let names: HashSet<&str> = files.iter().map(|f| f.0.as_str()).collect();
     let mut uploads: Vec<String> = files.iter().map(|f| f.0.clone()).collect();
     uploads.extend(
@@ -729,7 +728,7 @@ fn begin(target: &Path, files: &[(String, u64)], kept: &[String], lock: &RemoteL
             .filter(|p| !names.contains(p.as_str()))
             .cloned(),
     );
-    // The marker is a plain PUT: written only while this run holds the lock, never over a
+    // Written only while this run holds the lock, and only over its own marker: never over a
     // successor's.
     lock.check_owned()?;
     Marker {
@@ -737,7 +736,7 @@ fn begin(target: &Path, files: &[(String, u64)], kept: &[String], lock: &RemoteL
         replaces: lock.replaced.clone(),
         records: Some(lock.lock.token().to_string()),
     }
-    .write(target)?;
+    .put(target, lock.marker.as_deref())?;
     if lock.replaced.is_empty() && lock.preserved.is_empty() {
         return Ok(());
     }
@@ -803,10 +802,12 @@ fn clean_up_failed_run(
     } else {
         rest.write(target)?;
     }
-    crate::errln!(
-        "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
-        target.display()
-    );
+    if !gone.is_empty() {
+        crate::errln!(
+            "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
+            target.display()
+        );
+    }
     Ok(Some(rest))
 }
 

@@ -281,7 +281,7 @@ fn a_run_that_lost_the_lock_writes_no_marker() {
     );
     put(&target.join(INCOMPLETE), b"the successor's marker");
     let files = vec![("new.tar".to_string(), 6)];
-    let err = begin(target, &files, &[], &lock).unwrap_err();
+    let err = name_uploads(target, &files, &[], &lock).unwrap_err();
     assert!(
         format!("{err:#}").contains("lost the output's lock"),
         "{err:#}"
@@ -333,6 +333,115 @@ fn a_kept_shard_gets_its_saved_index_again_from_its_writers_node() {
         saved_index::load(&target.join("s/b.tar"), Some(&dir)),
         saved_index::Lookup::Found(_)
     ));
+}
+
+/// The staging directory on `--scratch` of an object store's output, noting the steps asked of
+/// it, the lock's token each was asked under and the marker in the bucket at its `begin`.
+struct ScratchNoted {
+    target: PathBuf,
+    steps: Vec<String>,
+}
+
+impl life::StagingSteps for ScratchNoted {
+    fn clear_failed(&mut self, lock: Option<&OutputLock>) -> Result<()> {
+        let token = lock.map_or("none", OutputLock::token);
+        self.steps.push(format!("clear_failed {token}"));
+        Ok(())
+    }
+    fn check_replace(&mut self, taken: bool) -> Result<()> {
+        self.steps.push(format!("check_replace {taken}"));
+        Ok(())
+    }
+    fn begin(&mut self, lock: Option<&OutputLock>) -> Result<()> {
+        let token = lock.map_or("none", OutputLock::token);
+        let marker = Marker::read(&self.target).and_then(|m| m.records);
+        self.steps
+            .push(format!("begin {token}, marker of {marker:?}"));
+        Ok(())
+    }
+}
+
+fn upload_settings(target: &Path, local: &Path) -> UploadSettings {
+    UploadSettings {
+        target: Some(target.to_path_buf()),
+        local: Some(local.to_path_buf()),
+        force: false,
+        dry_run: false,
+        resume: false,
+        lock_stale_after: Duration::from_secs(60),
+        keep: None,
+        epoch: 0,
+        progress: Default::default(),
+    }
+}
+
+/// An object store's run runs one sequence: its staging on `--scratch` is part of it, under the
+/// bucket's lock (one token), and begins after the marker of the upload under way is written,
+/// naming that token. A run that ends there (killed right after it) leaves the marker, which
+/// the next run reads and clears before it writes its own; the upload phase adds its names only
+/// over the very marker its run wrote.
+#[test]
+fn an_object_store_run_prepares_once_its_marker_first_and_its_scratch_under_its_lock() {
+    let target = Path::new("mem://upload-one-sequence/target");
+    let local = Path::new("mem://upload-one-sequence/scratch/target");
+    storage::sink(target).create_dir_all(target).unwrap();
+    let cfg = upload_settings(target, local);
+    let mut scratch = ScratchNoted {
+        target: target.to_path_buf(),
+        steps: Vec::new(),
+    };
+    let first = prepare(&cfg, &mut scratch).unwrap().unwrap();
+    let t = first.lock().token().to_string();
+    assert_eq!(
+        scratch.steps,
+        [
+            format!("clear_failed {t}"),
+            "check_replace false".to_string(),
+            format!("begin {t}, marker of Some({t:?})"),
+        ]
+    );
+    let path = target.join(INCOMPLETE);
+    let read = |p: &Path| storage::source(p).read(p).unwrap();
+    assert_eq!(first.marker.as_deref(), Some(&read(&path)[..]));
+    // The run is killed: its lock is released (its pid proves it dead), its marker stays.
+    drop(first);
+    let mut scratch = ScratchNoted {
+        target: target.to_path_buf(),
+        steps: Vec::new(),
+    };
+    let second = prepare(&cfg, &mut scratch).unwrap().unwrap();
+    let t2 = second.lock().token().to_string();
+    assert_ne!(t, t2);
+    assert_eq!(
+        Marker::read(target),
+        Some(Marker {
+            records: Some(t2.clone()),
+            ..Marker::default()
+        }),
+        "the first run's marker was cleared, then this run's written"
+    );
+    assert_eq!(scratch.steps.len(), 3, "{:?}", scratch.steps);
+    // The upload phase names its uploads over that marker...
+    let files = vec![("a.tar".to_string(), 6)];
+    name_uploads(target, &files, &[], &second).unwrap();
+    assert_eq!(Marker::read(target).unwrap().uploads, ["a.tar"]);
+    // ...and over no other: one another run wrote meanwhile stays as it is.
+    storage::sink(&path)
+        .write(&path, b"another run's marker")
+        .unwrap();
+    let second = RemoteLock {
+        marker: Some(read(&path)),
+        ..second
+    };
+    storage::sink(&path)
+        .write(&path, b"another run's marker, again")
+        .unwrap();
+    let err = name_uploads(target, &files, &[], &second).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("lost the output's lock"),
+        "{err:#}"
+    );
+    assert_eq!(read(&path), b"another run's marker, again");
 }
 
 /// Fenced by construction: a kept shard's saved index is stamped for the object this run

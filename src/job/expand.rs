@@ -18,7 +18,7 @@ use crate::job::destination::owned::inspect;
 use crate::job::destination::resume;
 use crate::job::destination::series::say_what_keep_would_remove;
 use crate::job::destination::staging::{self, Staging};
-use crate::job::destination::{self, upload, Held};
+use crate::job::destination::{self, by_rename, scratch, upload, Held};
 use crate::job::handoff::{Resume, Setup};
 use crate::output::checkpoint::{self, InputRecord};
 use crate::report::narrate::count;
@@ -33,8 +33,7 @@ use crate::tree::{self, Root};
 /// As [`destination::prepare`] and [`prepare`].
 pub(crate) fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
     let remote = destination::prepare(&settings.upload)?;
-    let taken = remote.as_ref().map(upload::RemoteLock::lock);
-    let (setup, mut held) = prepare(&settings.expand, &settings.resume, taken)?;
+    let (setup, mut held) = prepare(&settings.expand, &settings.resume, remote.as_ref())?;
     held.remote = remote;
     Ok((setup, held))
 }
@@ -53,7 +52,7 @@ pub(crate) fn run(settings: &JobSettings) -> Result<(Setup, Held)> {
 pub(crate) fn prepare(
     settings: &ExpandSettings,
     resuming: &ResumeSettings,
-    taken: Option<&OutputLock>,
+    taken: Option<&upload::RemoteLock>,
 ) -> Result<(Setup, Held)> {
     let (inputs, records, trees) = expand_inputs(settings)?;
     let Some(out) = &settings.output else {
@@ -110,7 +109,7 @@ struct OnDisk<'a> {
     inputs: &'a [InputShard],
     records: &'a [InputRecord],
     trees: &'a [Root],
-    taken: Option<&'a OutputLock>,
+    taken: Option<&'a upload::RemoteLock>,
     /// The lock this run took beside the output.
     own: Option<OutputLock>,
     /// The staging directory begun, and what `--resume` continues there (none in a dry run).
@@ -122,7 +121,7 @@ impl OnDisk<'_> {
     fn lock(&self) -> Option<&OutputLock> {
         self.own
             .as_ref()
-            .or(self.taken)
+            .or(self.taken.map(upload::RemoteLock::lock))
             .filter(|_| !self.settings.dry_run)
     }
 }
@@ -140,13 +139,18 @@ impl life::Prepare for OnDisk<'_> {
     }
 
     /// Only the heartbeats a run stopped while it published (the watchdog ended it) left
-    /// beside its staging directory, once its pid proved it dead: nothing continues them. Its
-    /// staging directory, which `--resume` may continue, is taken only by [`Self::begin`].
+    /// beside its staging directory, once its pid proved it dead: nothing continues them; and
+    /// the output a `--force` run replaced, where that run ended before its removal was done
+    /// ([`finish_replaced_output`]). Its staging directory, which `--resume` may continue, is
+    /// taken only by [`Self::begin`].
     fn clear_failed(&mut self) -> Result<()> {
-        if let Some(dead) = self.lock().and_then(OutputLock::dead_predecessor) {
+        let Some(lock) = self.lock() else {
+            return Ok(());
+        };
+        if let Some(dead) = lock.dead_predecessor() {
             Staging::at(&staging::run_dir(self.pointer, dead)).remove_heartbeats_aside();
         }
-        Ok(())
+        finish_replaced_output(lock, self.pointer, self.target)
     }
 
     fn check_replace(&mut self) -> Result<()> {
@@ -169,7 +173,14 @@ impl life::Prepare for OnDisk<'_> {
             return Ok(());
         };
         let resume = self.settings.resume;
-        let staged = take_staging(resume, self.resuming, lock, self.pointer, self.records)?;
+        // Staged on `--scratch` for an object store: the token the bucket names.
+        let named = self.taken.map(upload::RemoteLock::failed_run);
+        let staged = take_staging(
+            (resume, self.resuming),
+            (lock, named),
+            self.pointer,
+            self.records,
+        )?;
         self.staged = Some(staged);
         Ok(())
     }
@@ -180,13 +191,15 @@ impl life::Prepare for OnDisk<'_> {
 /// run's only when that run surely ended ([`OutputLock::may_take`]): `--resume` then renames it
 /// to this run's name before it reads anything in it (the earlier run's paths lead nowhere from
 /// then on), and a run without `--resume` removes it. The pointer then leads to this run's.
+/// Staged on `--scratch` for an object store (`named`: the token of the failed run the bucket's
+/// marker names, if any), a copy found with the lock free is taken only as
+/// [`scratch::may_take_copy`] allows.
 ///
 /// # Errors
 /// As [`continue_staging`] and [`create_staging`], or the pointer cannot be read or set.
 fn take_staging(
-    resume: bool,
-    resuming: &ResumeSettings,
-    lock: &OutputLock,
+    (resume, resuming): (bool, &ResumeSettings),
+    (lock, named): (&OutputLock, Option<Option<&str>>),
     pointer: &Path,
     records: &[InputRecord],
 ) -> Result<(PathBuf, Option<Resume>)> {
@@ -197,6 +210,10 @@ fn take_staging(
         Some(e) if lock.may_take(&e, pointer)? => Some(e),
         _ => None,
     };
+    let earlier = earlier.filter(|e| match named {
+        Some(named) if lock.found_free() => scratch::may_take_copy(e, pointer, named),
+        _ => true,
+    });
     // A run stopped while it published (the watchdog ended it) left its heartbeats beside its
     // staging directory, which its rename may have published: they go once it surely ended
     // (a run its pid proved dead: cleared before the checks, `OnDisk::clear_failed`).
@@ -235,6 +252,38 @@ fn point(pointer: &Path, staging: &Path) -> Result<()> {
             staging.display()
         )
     })
+}
+
+/// A `--force` run cut short between its publishing exchange and the end of the replaced
+/// output's removal (killed, its node lost) left that output at its staging name, where the
+/// `pointer` leads, with whatever the user had put in it: its removal is finished as `--force`
+/// does it ([`by_rename::finish_replaced`]: only what reshard wrote of it goes, the user's files
+/// are carried into the output at `target`), never by removing the directory whole. Only where
+/// that run surely ended: the lock was free, or taken over from it by its dead pid.
+///
+/// # Errors
+/// The pointer cannot be read, or the removal cannot be finished.
+fn finish_replaced_output(lock: &OutputLock, pointer: &Path, target: &Path) -> Result<()> {
+    let Some(earlier) = staging::pointed(pointer)
+        .with_context(|| format!("{}: cannot read the staging pointer", pointer.display()))?
+    else {
+        return Ok(());
+    };
+    let ended = match lock.dead_predecessor() {
+        Some(dead) => earlier == staging::run_dir(pointer, dead),
+        None => lock.found_free(),
+    };
+    if !ended || earlier == pointer || !Staging::at(&earlier).holds_a_replaced_output() {
+        return Ok(());
+    }
+    crate::errln!(
+        "reshard: finishing the removal of the output {} replaced, which {} still holds (the --force run that published it ended before it was done): what reshard wrote of it goes, the files it held that reshard did not write are kept",
+        target.display(),
+        earlier.display()
+    );
+    by_rename::finish_replaced(&earlier, target)?;
+    staging::unpoint(pointer, &earlier);
+    Ok(())
 }
 
 /// `--resume`: the earlier run's staging directory becomes this run's, by one rename; from then

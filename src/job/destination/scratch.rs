@@ -168,6 +168,37 @@ fn remove_dead_copy(staging: &Path, dead: &str) {
     }
 }
 
+/// Rank 0 of a run that found the output's lock free (the run that held it last released it),
+/// staged on `--scratch` for an object store: whether the copy `earlier` the staging `pointer`
+/// leads to is its to remove or continue. The pointer is on rank 0's node only: a run with rank 0
+/// elsewhere that took the lock over by silence from the run that staged there, and released
+/// it, never saw it, so the copy may be that run's, suspended and alive. A copy with a plan
+/// record (staged where every rank sees it: a run taking the lock over by silence would have
+/// left it alone and pointed elsewhere) is taken as before; one without (staged per node, which
+/// records no plan, so nothing in it for `--resume` to continue) only when its token is the one
+/// `named` by the bucket's marker of a failed run, written under the lock. Else it is left where
+/// it is, and said so.
+pub(crate) fn may_take_copy(earlier: &Path, pointer: &Path, named: Option<&str>) -> bool {
+    let planned = !matches!(crate::output::checkpoint::read_plan(earlier), Ok(None));
+    let token = earlier
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.rsplit_once('.'))
+        .map(|(_, token)| token);
+    if earlier == pointer || planned || (named.is_some() && token == named) {
+        return true;
+    }
+    crate::errln!(
+        "reshard: left {} alone: the staging pointer {} leads there, but the output's lock was \
+         free and nothing in its store names that run (staged on each node's own disk, it may \
+         be the copy of a run that lost the lock to one on another node and still lives); this \
+         run stages in a directory of its own. Remove it once that run is surely gone",
+        earlier.display(),
+        pointer.display()
+    );
+    false
+}
+
 /// Removes a node's copy `dir` of the staging directory, once, however many of the node's
 /// ranks ask: the first moves it aside (one rename, which the others then find gone) and
 /// removes it. Best effort: a copy left on a node's disk is no part of the output.

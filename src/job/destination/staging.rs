@@ -175,6 +175,24 @@ impl<'a> Staging<'a> {
         storage::sink(self.0)
     }
 
+    /// Whether the directory holds the output a `--force` run replaced (its publishing exchange
+    /// put it at the run's staging name) rather than a run's staging: reshard's index.json, and
+    /// none of what a run's staging holds until it is published (the owner's mark, taken out
+    /// right before the publishing rename; the `--resume` records, kept until after it; the
+    /// heartbeats, moved aside before it). A run cut short between its exchange and the end of
+    /// the replaced output's removal leaves it so; the next run finishes that removal as
+    /// `--force` does ([`crate::job::destination::by_rename::finish_replaced`]) rather than
+    /// removing the directory whole, with the user's files inside.
+    pub(crate) fn holds_a_replaced_output(&self) -> bool {
+        let source = storage::source(self.0);
+        let absent =
+            |p: &Path| matches!(source.stat_link(p), Err(e) if e.kind() == io::ErrorKind::NotFound);
+        absent(&self.owner_file())
+            && absent(&self.0.join(crate::output::checkpoint::DIR_NAME))
+            && absent(&self.heartbeats())
+            && crate::job::destination::owned::OutputManifest::parse(self.0).is_ok()
+    }
+
     /// Creates the staging directory with the saved-index and heartbeat directories inside.
     /// Only the run holding the output's lock creates it, so asking first is no race.
     ///

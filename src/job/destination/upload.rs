@@ -72,6 +72,10 @@ pub(crate) struct RemoteLock {
     /// The bucket's records of a failed attempt's uploads that hold still, carried over under
     /// this run's prefix ([`records::carry_over`]): what [`records::kept`] chooses from.
     records: Vec<(String, records::Record)>,
+    /// The token the marker of a failed run names (its records'), as found before it was
+    /// cleared: on `--scratch`, the one run whose staged copy a run finding the lock free may
+    /// take ([`crate::job::destination::scratch::may_take_copy`]).
+    failed: Option<String>,
 }
 
 /// The lock object of the output `target`: beside it, hidden, outside its prefix.
@@ -91,12 +95,19 @@ impl RemoteLock {
             replaced: Vec::new(),
             preserved: Vec::new(),
             records: Vec::new(),
+            failed: None,
         })
     }
 
     /// The output's lock: the run's one lock, its token the run's one token.
     pub(crate) fn lock(&self) -> &OutputLock {
         &self.lock
+    }
+
+    /// The token of the failed run the bucket's marker named when this run took the lock, if
+    /// one did.
+    pub(crate) fn failed_run(&self) -> Option<&str> {
+        self.failed.as_deref()
     }
 
     /// That the lock still holds this run's token (right before the manifest is written).
@@ -204,6 +215,7 @@ impl life::Prepare for ToBucket<'_> {
         let earlier = left.as_ref().and_then(|m| m.records.clone());
         let lock = self.lock()?;
         lock.records = records::carry_over(target, earlier.as_deref(), &lock.lock, cfg.resume)?;
+        lock.failed = earlier;
         up.extend(lock.records.iter().map(|r| r.0.clone()));
         let fence = lock.fence(target);
         self.rest = clean_up_failed_run(target, left, &up, Some(&fence))?;

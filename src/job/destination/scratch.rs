@@ -259,6 +259,30 @@ mod tests {
     }
 
     #[test]
+    fn with_the_lock_free_a_node_copy_is_taken_only_when_the_bucket_names_its_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pointer = tmp.path().join(".out.reshard-tmp");
+        let copy = staging::run_dir(&pointer, "SILENT");
+        std::fs::create_dir_all(copy.join(".reshard")).unwrap();
+        // Staged per node: no plan record. Named by the marker, or not.
+        assert!(may_take_copy(&copy, &pointer, Some("SILENT")));
+        assert!(!may_take_copy(&copy, &pointer, Some("OTHER")));
+        assert!(!may_take_copy(&copy, &pointer, None));
+        // An older reshard's directory at the pointer's own path is taken as before.
+        assert!(may_take_copy(&pointer, &pointer, None));
+        // Staged where every rank sees it (a plan record): taken as before.
+        let plan = crate::output::checkpoint::PlanRecord {
+            arguments: Vec::new(),
+            inputs: Vec::new(),
+            digest: "d".into(),
+            ranks: 1,
+            mem_limit: 1,
+        };
+        crate::output::checkpoint::write_plan(&copy, &plan).unwrap();
+        assert!(may_take_copy(&copy, &pointer, None));
+    }
+
+    #[test]
     fn only_the_copy_of_the_run_proved_dead_goes_from_a_node() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = |name: &str| {

@@ -18,6 +18,7 @@ pub mod config;
 pub mod exit;
 pub mod generate;
 pub(crate) mod heartbeat;
+pub(crate) mod hex;
 pub mod hooks;
 pub(crate) mod input;
 pub mod job;

@@ -233,6 +233,18 @@ fn resume_refuses_other_arguments_or_inputs() {
         "the refused run must keep what the killed one left",
     );
     fs::write(&plan, &recorded).unwrap();
+    // A staging an earlier build of this version made, before what resume records hold changed
+    // form (a loose unit's listing digest): refused by the version, not as changed inputs.
+    let version = env!("CARGO_PKG_VERSION");
+    let text = std::str::from_utf8(reshard::output::seal::open(&recorded).unwrap()).unwrap();
+    let now = format!("{version} (resume records 2)");
+    assert!(text.contains(&now), "the plan records {now}: {text}");
+    let earlier = text.replace(&now, version).into_bytes();
+    fs::write(&plan, reshard::output::seal::seal(earlier)).unwrap();
+    let res = job(&dir, Some(2), "out", &["--resume"]).assert_code(2);
+    res.stderr_has(&format!("reshard version was {version}, now {now}"));
+    res.no_debug_text();
+    fs::write(&plan, &recorded).unwrap();
     // --resume only where a run writes.
     job(&dir, None, "out", &["--resume", "--dry-run"]).assert_code(2);
     // As it was: resumed.

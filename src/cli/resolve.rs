@@ -301,7 +301,10 @@ pub fn job_settings(cfg: &RunConfig) -> JobSettings {
 /// way. The key map's stamp is added by the phase that records it.
 fn resume_arguments(cfg: &RunConfig) -> Vec<(String, String)> {
     let args = [
-        ("reshard version", env!("CARGO_PKG_VERSION").to_string()),
+        (
+            "reshard version",
+            crate::job::destination::resume::recorded_version(),
+        ),
         ("--shards/--shard-size/--gpus", cfg.sizing.flags()),
         ("--equalize", cfg.equalize.flag().to_string()),
         ("--balance", cfg.balance.flag().to_string()),

@@ -541,7 +541,7 @@ fn uuid_of(digest: &[u8]) -> String {
     b.copy_from_slice(&digest[..16]);
     b[6] = (b[6] & 0x0f) | 0x80;
     b[8] = (b[8] & 0x3f) | 0x80;
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let hex = crate::hex::hex(&b);
     format!(
         "{}-{}-{}-{}-{}",
         &hex[..8],

@@ -789,11 +789,12 @@ pub(crate) fn new_token() -> Result<String> {
     let mut bytes = [0u8; 16];
     sys::random_bytes(&mut bytes)
         .context("/dev/urandom: cannot read a token for the output's lock")?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::hex::hex(&bytes))
 }
 
-/// Whether `s` looks like a token (safe in a file name).
-fn is_token(s: &str) -> bool {
+/// Whether `s` looks like a token (hex, no separators: safe in a file or object name, and what
+/// a records prefix may be named by).
+pub(crate) fn is_token(s: &str) -> bool {
     (16..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 

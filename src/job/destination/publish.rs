@@ -178,7 +178,7 @@ fn shard_list(
         entry.filesize = finished.file_bytes[s];
     }
     for (entry, sum) in shardlist.iter_mut().zip(finished.md5.chunks_exact(16)) {
-        entry.md5sum = Some(sum.iter().map(|b| format!("{b:02x}")).collect());
+        entry.md5sum = Some(crate::hex::hex(sum));
     }
     shardlist
 }

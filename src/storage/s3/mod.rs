@@ -93,10 +93,7 @@ impl Scheme {
             h.update(value.as_bytes());
             h.update([0]);
         }
-        let hex: String = h.finalize()[..6]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hex = crate::hex::hex(&h.finalize()[..6]);
         format!("{}-{hex}", self.name)
     }
 }

@@ -21,6 +21,8 @@ use anyhow::{Context, Result};
 use super::deal::Deal;
 use super::is_shard;
 use crate::comm::{agree, broadcast_result, gather, Comm};
+use crate::hex::hex;
+pub(crate) use crate::job::destination::lock::is_token;
 use crate::job::destination::lock::OutputLock;
 use crate::output::{md5_file, seal};
 use crate::storage::{self, Created, Kind};
@@ -43,15 +45,6 @@ pub(crate) struct Record {
 pub(crate) fn prefix(target: &Path, token: &str) -> PathBuf {
     let name = target.file_name().unwrap_or_default().to_string_lossy();
     target.with_file_name(format!(".{name}.reshard-records.{token}"))
-}
-
-/// Whether `token` may name a records prefix (a lock token: hex, no separators).
-pub(crate) fn is_token(token: &str) -> bool {
-    (16..=64).contains(&token.len()) && token.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Puts `record` of `shard` under the records prefix of the run `token`.

@@ -334,7 +334,10 @@ mod tests {
         fs::remove_dir(staging.resume_records()).unwrap();
         assert!(staging.holds_a_replaced_output());
         fs::write(dir.join("index.json"), b"the user's").unwrap();
-        assert!(!staging.holds_a_replaced_output(), "not reshard's index.json");
+        assert!(
+            !staging.holds_a_replaced_output(),
+            "not reshard's index.json"
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use crate::util::data::sized;
 use crate::util::lock::{in_namespaces, wait_until};
+use crate::util::s3::Server;
 use crate::util::stores::Store as _;
 use crate::util::{reshard_processes, signal, Dir};
 
@@ -18,17 +19,11 @@ use super::{stop_run_a, upload_args};
 /// fails having lost the lock and removes its own: nothing is left beside C's output.
 #[test]
 fn a_takeover_removes_only_the_heartbeats_of_the_run_it_proved_dead() {
-    let test = "a_takeover_removes_only_the_heartbeats_of_the_run_it_proved_dead";
-    let dir = Dir::new(test);
-    sized(&dir, "in", "8MiB", "64KiB", 4);
-    let Some(s3) = crate::util::s3::server(test) else {
+    let Some((dir, s3, bucket, target)) =
+        three_runs("a_takeover_removes_only_the_heartbeats_of_the_run_it_proved_dead")
+    else {
         return;
     };
-    let bucket = s3.bucket(&dir, test);
-    let target = format!("s3://{bucket}/out");
-    dir.reshard(None)
-        .args(upload_args("ref-c", 4, "3"))
-        .assert_success();
     // The tokens whose heartbeats are in the bucket, sorted.
     let beating = || -> Vec<String> {
         let mut tokens: Vec<String> = s3
@@ -103,17 +98,11 @@ fn a_takeover_removes_only_the_heartbeats_of_the_run_it_proved_dead() {
 /// its own; without, removed it) while A lived.
 #[test]
 fn a_run_finding_the_lock_free_leaves_a_node_copy_nothing_in_the_bucket_names() {
-    let test = "a_run_finding_the_lock_free_leaves_a_node_copy_nothing_in_the_bucket_names";
-    let dir = Dir::new(test);
-    sized(&dir, "in", "8MiB", "64KiB", 4);
-    let Some(s3) = crate::util::s3::server(test) else {
+    let Some((dir, s3, bucket, target)) =
+        three_runs("a_run_finding_the_lock_free_leaves_a_node_copy_nothing_in_the_bucket_names")
+    else {
         return;
     };
-    let bucket = s3.bucket(&dir, test);
-    let target = format!("s3://{bucket}/out");
-    dir.reshard(None)
-        .args(upload_args("ref-c", 4, "3"))
-        .assert_success();
     let per_node = |cmd: &mut crate::util::TestCommand, node: &str| {
         staged_per_node(cmd, s3, &dir, node);
     };
@@ -178,4 +167,18 @@ fn staged_per_node(
         .args(["--max-write-rate", "1MiB", "--scratch"])
         .arg(dir.join(scratch));
     s3.with_env(cmd);
+}
+
+/// The set-up of three runs on `s3://BUCKET/out`: 8 MiB of input, the bytes of the last run's
+/// request (seed 3) on a file system in `ref-c`, the server, the bucket and the output.
+fn three_runs(test: &str) -> Option<(Dir, &'static Server, String, String)> {
+    let dir = Dir::new(test);
+    sized(&dir, "in", "8MiB", "64KiB", 4);
+    let s3 = crate::util::s3::server(test)?;
+    let bucket = s3.bucket(&dir, test);
+    let target = format!("s3://{bucket}/out");
+    dir.reshard(None)
+        .args(upload_args("ref-c", 4, "3"))
+        .assert_success();
+    Some((dir, s3, bucket, target))
 }

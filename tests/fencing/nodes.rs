@@ -146,6 +146,63 @@ fn a_run_finding_the_lock_free_leaves_a_node_copy_nothing_in_the_bucket_names() 
     s3.assert_only_the_output(&dir, &bucket, "ref-c", &["ranks", "inputs"]);
 }
 
+/// The three runs again, A now stopped in its upload: its copy on node 0 was renamed to the
+/// staged path (no token in its name) and uploads from there. C, finding the lock free and no
+/// failed run's marker in the bucket (B's publish removed it), moves that copy aside rather than
+/// removing it while A may live. The bug: C removed it.
+#[test]
+fn a_run_finding_the_lock_free_moves_an_unclaimed_staged_copy_aside() {
+    let test = "a_run_finding_the_lock_free_moves_an_unclaimed_staged_copy_aside";
+    let Some((dir, s3, bucket, target)) = three_runs(test) else {
+        return;
+    };
+    let shards_up = || {
+        s3.keys(&dir, &bucket, "out/")
+            .into_iter()
+            .filter(|k| k.ends_with(".tar") && !k.contains("/."))
+            .count()
+    };
+    let mut a = in_namespaces(&dir, &upload_args(&target, 4, "1"));
+    staged_per_node(&mut a, s3, &dir, "node-0");
+    let a = std::thread::spawn(move || a.output());
+    wait_until("run A has uploaded a shard", || shards_up() >= 1);
+    let (_, stopped_a) = stop_run_a(&dir);
+    let node_0 = crate::util::staged_bucket(&dir.join("node-0"), &bucket).unwrap();
+    assert!(node_0.join("out/index.json").exists(), "A's copy is staged");
+
+    let mut b = dir.reshard(None);
+    b.args(upload_args(&target, 4, "2"))
+        .args(["--lock-stale-after", "1"]);
+    staged_per_node(&mut b, s3, &dir, "node-1");
+    let b = b.output();
+    b.check(b.code() == Some(0), "B takes the output over and publishes");
+
+    let mut c = dir.reshard(None);
+    c.args(upload_args(&target, 4, "3")).arg("--force");
+    staged_per_node(&mut c, s3, &dir, "node-0");
+    let c = c.output();
+    c.check(c.code() == Some(0), "C publishes");
+    c.stderr_has("aside");
+    let aside: Vec<_> = std::fs::read_dir(&node_0)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains(".out.reshard-left."))
+        .collect();
+    c.check(
+        aside.len() == 1 && aside[0].join("index.json").exists(),
+        &format!(
+            "A's copy must be moved aside whole: {}",
+            crate::util::listing(&node_0)
+        ),
+    );
+
+    drop(stopped_a);
+    let a = a.join().unwrap();
+    a.check(a.code() == Some(1), "A lost the output: it must fail");
+    s3.assert_only_the_output(&dir, &bucket, "ref-c", &["ranks", "inputs"]);
+}
+
 /// The token of the run holding the lock of `out` in `bucket`.
 fn lock_holder(s3: &crate::util::s3::Server, dir: &Dir, bucket: &str) -> String {
     let lock = s3.cat(dir, bucket, ".out.reshard-lock");

@@ -199,6 +199,36 @@ pub(crate) fn may_take_copy(earlier: &Path, pointer: &Path, named: Option<&str>)
     false
 }
 
+/// Rank 0 of a run that found the output's lock free and no failed run's marker in the bucket,
+/// staged on `--scratch` for an object store: a copy at the staged path `local` that an earlier
+/// run renamed there (its upload under way) and that holds no plan record (staged per node)
+/// carries no token and is claimed by nothing in the bucket; it may be the copy of a run
+/// suspended in its upload that lost the lock to one on another node, which never saw it:
+/// it is moved aside to `.NAME.reshard-left.OWN` (`own`: this run's token, only to make the
+/// name unique), never removed nor continued (a copy staged per node holds nothing `--resume`
+/// continues), and said so. Whether it was.
+///
+/// # Errors
+/// It cannot be moved.
+pub(crate) fn set_aside_unclaimed(local: &Path, own: &str) -> Result<bool> {
+    if !matches!(crate::output::checkpoint::read_plan(local), Ok(None)) {
+        return Ok(false);
+    }
+    let name = local.file_name().unwrap_or_default().to_string_lossy();
+    let aside = local.with_file_name(format!(".{name}.reshard-left.{own}"));
+    storage::sink(local)
+        .rename(local, &aside)
+        .with_context(|| format!("{}: cannot move the staged copy aside", local.display()))?;
+    crate::errln!(
+        "reshard: moved {} aside to {}: the output's lock was free, and that copy, staged on each \
+         node's own disk, may be the one of a run that lost the lock to a run on another node \
+         and still lives; remove it once that run is surely gone",
+        local.display(),
+        aside.display()
+    );
+    Ok(true)
+}
+
 /// Removes a node's copy `dir` of the staging directory, once, however many of the node's
 /// ranks ask: the first moves it aside (one rename, which the others then find gone) and
 /// removes it. Best effort: a copy left on a node's disk is no part of the output.

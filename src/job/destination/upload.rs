@@ -201,6 +201,12 @@ impl life::Prepare for ToBucket<'_> {
                 .stat(&target.join(MANIFEST))
                 .is_err()
         });
+        // The lock free and no failed run's marker: nothing in the bucket claims a staged copy.
+        let lock = &self.lock()?.lock;
+        let own = lock.found_free().then(|| lock.token().to_string());
+        if let Some(own) = own.filter(|_| self.staged && left.is_none()) {
+            self.staged = !crate::job::destination::scratch::set_aside_unclaimed(local, &own)?;
+        }
         if left.as_ref().is_some_and(|m| !m.replaces.is_empty()) && !cfg.force {
             bail!(
                 "--output {}: an earlier run with --force was replacing the reshard output there and did not finish: rerun with --force",

@@ -29,8 +29,9 @@
 //!   publish phase starts); on rank 0 only: `0:rename` (right before the publishing rename),
 //!   `0:published` (right after it and the removal of the checkpoint records), `0:keep` (after
 //!   `--keep` moved an old epoch aside, before removing it); `r:uploaded` (an object-store
-//!   output: every rank's share is up, before rank 0's metadata and manifest). For `--resume`
-//!   and kill tests.
+//!   output: every rank's share is up, before rank 0's metadata and manifest); `r:layout` (a
+//!   resumed `s3://` run, right before it writes a kept shard's saved index again, its lock
+//!   checked). For `--resume` and kill tests.
 //! - `RESHARD_TEST_STOP=r:at`: rank r stops itself with SIGSTOP at the point named `at` (any
 //!   point of `RESHARD_TEST_KILL`), like a node that froze there: its peers must end the job.
 //! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop

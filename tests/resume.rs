@@ -233,18 +233,6 @@ fn resume_refuses_other_arguments_or_inputs() {
         "the refused run must keep what the killed one left",
     );
     fs::write(&plan, &recorded).unwrap();
-    // A staging an earlier build of this version made, before what resume records hold changed
-    // form (a loose unit's listing digest): refused by the version, not as changed inputs.
-    let version = env!("CARGO_PKG_VERSION");
-    let text = std::str::from_utf8(reshard::output::seal::open(&recorded).unwrap()).unwrap();
-    let now = format!("{version} (resume records 2)");
-    assert!(text.contains(&now), "the plan records {now}: {text}");
-    let earlier = text.replace(&now, version).into_bytes();
-    fs::write(&plan, reshard::output::seal::seal(earlier)).unwrap();
-    let res = job(&dir, Some(2), "out", &["--resume"]).assert_code(2);
-    res.stderr_has(&format!("reshard version was {version}, now {now}"));
-    res.no_debug_text();
-    fs::write(&plan, &recorded).unwrap();
     // --resume only where a run writes.
     job(&dir, None, "out", &["--resume", "--dry-run"]).assert_code(2);
     // As it was: resumed.
@@ -260,6 +248,28 @@ fn resume_refuses_other_arguments_or_inputs() {
     let res = job(&dir, Some(2), "fresh", &["--resume"]).assert_success();
     res.stderr_has("starting from the beginning");
     assert_same_output(&dir.join("ref"), &dir.join("fresh"), &["ranks"]);
+}
+
+/// A staging an earlier build of this version made, before what resume records hold changed
+/// form (a loose unit's listing digest): refused by the version, not as changed inputs.
+#[test]
+fn resume_refuses_a_staging_whose_records_have_another_form() {
+    let dir = Dir::new("resume-format");
+    inputs(&dir);
+    killed(&dir, 2, "out", 1);
+    let plan = dir.join(".out.reshard-tmp/.resume/plan.json");
+    let recorded = fs::read(&plan).unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    let text = std::str::from_utf8(reshard::output::seal::open(&recorded).unwrap()).unwrap();
+    let now = format!("{version} (resume records 2)");
+    assert!(text.contains(&now), "the plan records {now}: {text}");
+    let earlier = text.replace(&now, version).into_bytes();
+    fs::write(&plan, reshard::output::seal::seal(earlier)).unwrap();
+    let res = job(&dir, Some(2), "out", &["--resume"]).assert_code(2);
+    res.stderr_has(&format!("reshard version was {version}, now {now}"));
+    res.no_debug_text();
+    fs::write(&plan, &recorded).unwrap();
+    resumed(&dir, Some(2), "out");
 }
 
 #[test]

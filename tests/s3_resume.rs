@@ -139,3 +139,105 @@ fn a_killed_split_output_resumes_from_the_bucket_keeping_its_recorded_split_shar
         kept.len()
     );
 }
+
+/// `reshard run --input in --output OUT --shards 1 --seed SEED`: one shard of every sample, so
+/// that two seeds give shards of one size whose samples lie at other offsets.
+fn one_shard(out: &str, seed: &str) -> Vec<String> {
+    let args = ["run", "--input", "in", "--output", out, "--shards", "1"];
+    let mut v: Vec<String> = args.map(String::from).to_vec();
+    v.extend(["--seed".to_string(), seed.to_string()]);
+    v
+}
+
+/// The saved index of the output's one shard, downloaded into `dir`'s `into`.
+fn saved_index_of(dir: &Dir, s3: &Server, bucket: &str, into: &str) -> Vec<u8> {
+    s3.get(dir, bucket, "out", &dir.join(into));
+    let layout = dir
+        .join(into)
+        .join(".reshard/shard-000000.tar.reshard-layout");
+    std::fs::read(&layout).unwrap_or_else(|e| panic!("{}: {e}", layout.display()))
+}
+
+/// Issue 37, fenced by construction: the saved index of a kept shard, written again by a
+/// resumed run that lost the lock. A0 (seed 1) is killed once its shard is up (no manifest);
+/// its saved index at the output is damaged, as a run that died between the shard and its index
+/// leaves it. A1, `--resume` of A0's request on another scratch, in another PID namespace (only
+/// its heartbeat tells whether it lives), keeps the shard by A0's record and stops itself
+/// (SIGSTOP, by a test hook: no outside signal can aim at it) right after it checked that it
+/// holds the lock and before it writes that index again. B (seed 2: a shard of the same size,
+/// its samples at other offsets) takes the output over by A1's silence and publishes. A1 is
+/// continued and fails: B's index must stay B's. The bug: A1 stamped its own index with a look
+/// at B's shard and put it over B's, so a reader of B's output believed A's offsets.
+#[test]
+fn a_kept_shards_saved_index_written_late_is_never_believed_beside_a_successors_shard() {
+    use crate::util::lock::{in_namespaces, stopped_in, Stopped};
+    let test = "a_kept_shards_saved_index_written_late_is_never_believed_beside_a_successors_shard";
+    let dir = Dir::new("s3-resume-late-index");
+    sized(&dir, "in", "4MiB", "16KiB", 4);
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    let target = format!("s3://{bucket}/out");
+    dir.reshard(None)
+        .args(one_shard("ref-b", "2"))
+        .assert_success();
+    let scratch = |cmd: &mut crate::util::TestCommand, name: &str| {
+        cmd.arg("--scratch").arg(dir.join(name));
+        s3.with_env(cmd);
+    };
+
+    let mut a0 = dir.reshard(None);
+    a0.args(one_shard(&target, "1"))
+        .env("RESHARD_TEST_KILL", "0:uploaded");
+    scratch(&mut a0, "scratch-a0");
+    let a0 = a0.output();
+    a0.check(a0.code() != Some(0), "A0 was killed once its shard was up");
+    let layout = "out/.reshard/shard-000000.tar.reshard-layout";
+    s3.put_bytes(&dir, &bucket, layout, b"not a saved index");
+
+    let mut resume = one_shard(&target, "1");
+    resume.extend(["--resume", "--lock-stale-after", "1"].map(String::from));
+    let mut a1 = in_namespaces(&dir, &resume);
+    a1.env("RESHARD_TEST_STOP", "0:layout");
+    scratch(&mut a1, "scratch-a1");
+    let a1 = std::thread::spawn(move || a1.output());
+    wait_until("A1 stops right before it writes the saved index", || {
+        !stopped_in(&dir).is_empty()
+    });
+    let stopped_a1 = Stopped::already(stopped_in(&dir));
+
+    let mut b = dir.reshard(None);
+    b.args(one_shard(&target, "2"))
+        .args(["--lock-stale-after", "1"]);
+    scratch(&mut b, "scratch-b");
+    let b = b.output();
+    b.check(b.code() == Some(0), "B takes the output over and publishes");
+    b.stderr_has("taking over");
+    let of_b = saved_index_of(&dir, s3, &bucket, "got-b");
+
+    drop(stopped_a1);
+    let a1 = a1.join().unwrap();
+    a1.check(a1.code() == Some(1), "A1 lost the output: it must fail");
+    a1.stderr_has("--resume: kept 1 shard(s)");
+    let after = saved_index_of(&dir, s3, &bucket, "got");
+    assert!(
+        after == of_b,
+        "A1 wrote the saved index of B's shard after it lost the lock ({} bytes, B's {})",
+        after.len(),
+        of_b.len()
+    );
+    assert_same_output(&dir.join("ref-b"), &dir.join("got"), &["inputs"]);
+    // What a successor reads: the next epoch, from B's output, reuses B's index to B's bytes.
+    let next = |input: &str, out: &str| {
+        let mut cmd = dir.reshard(None);
+        cmd.args([
+            "run", "--input", input, "--output", out, "--shards", "1", "--seed", "3",
+        ]);
+        s3.with_env(&mut cmd);
+        cmd.assert_success()
+    };
+    next("ref-b", "next-ref");
+    next(&target, "next").stderr_has("reused the saved index of 1 of 1");
+    assert_same_output(&dir.join("next-ref"), &dir.join("next"), &["inputs"]);
+}

@@ -303,7 +303,7 @@ fn resume_arguments(cfg: &RunConfig) -> Vec<(String, String)> {
     let args = [
         (
             "reshard version",
-            crate::job::destination::resume::recorded_version(),
+            crate::output::checkpoint::recorded_version(),
         ),
         ("--shards/--shard-size/--gpus", cfg.sizing.flags()),
         ("--equalize", cfg.equalize.flag().to_string()),

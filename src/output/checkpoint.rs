@@ -17,6 +17,21 @@ use crate::storage::{self, FileStamp};
 
 /// The directory inside the staging directory that holds the records.
 pub(crate) const DIR_NAME: &str = ".resume";
+
+/// The form of what a run records for `--resume` beyond its arguments (a loose unit's listing
+/// digest, [`crate::tree::view::Listing::digest`]), recorded with the version: raise it when
+/// that form changes, so that a staging directory an earlier build of the same version made is
+/// refused for what it is ("reshard version was 0.1.0 (resume records 1), now ...") rather
+/// than as changed input files.
+pub(crate) const RECORD_FORMAT: u32 = 2;
+
+/// The version as a run records it for `--resume`: the crate's, and [`RECORD_FORMAT`].
+pub(crate) fn recorded_version() -> String {
+    format!(
+        "{} (resume records {RECORD_FORMAT})",
+        env!("CARGO_PKG_VERSION")
+    )
+}
 const PLAN: &str = "plan.json";
 const CHECKPOINT: &str = "checkpoint.json";
 

@@ -9,8 +9,11 @@
 //!
 //! On object storage a shard's modification time is when its upload completed, not when the
 //! scratch copy was written: the upload phase saves the index again with the object's stamp
-//! ([`copy_restamped`]), and the object's ETag (as its stamp's identity) is matched too, since
-//! two uploads in one second of one size would otherwise look the same.
+//! ([`write_for`]), and the object's ETag (as its stamp's identity) is matched too, since
+//! two uploads in one second of one size would otherwise look the same. That ETag is the one the
+//! uploading run verified of its own object (its create's answer, or its record), never what is
+//! at the shard's name when the index is written: an index written late is believed only beside
+//! the object it describes.
 //!
 //! Each file is sealed ([`super::seal`]): one whose checksum does not match (damaged, cut
 //! short, or written before saved indexes carried one) is stale, as a changed shard's is, and
@@ -150,34 +153,136 @@ pub fn save(dir: &Path, shard: &Path, samples: impl Iterator<Item = Sample>) -> 
         .with_context(|| format!("{}: cannot write", path.display()))
 }
 
+/// What a run verified of a shard object it created, or keeps from an earlier attempt: its size
+/// and its stamp's identity (on an object store the hash of the ETag the store answered to its
+/// create, as the run's own record of it says; `None` where the store answered none). A saved
+/// index written for the object carries these, never what a later look at its name finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Verified {
+    pub(crate) size: u64,
+    pub(crate) identity: Option<u64>,
+}
+
+impl Verified {
+    /// What the store answered to this run's create of the object.
+    pub(crate) fn created(made: &storage::Created) -> Verified {
+        Verified {
+            size: made.size,
+            identity: made.e_tag.as_deref().map(storage::e_tag_identity),
+        }
+    }
+}
+
+/// What [`write_for`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Restamped {
+    /// The saved index is at its name, stamped for the verified object.
+    Written,
+    /// One that holds for the object at the shard's name was there already, and stays.
+    There,
+    /// The object at the shard's name is not the verified one (or none is, or the store gave no
+    /// ETag to verify it by): nothing was written.
+    NotIt,
+}
+
 /// Writes the saved index `from` (of a shard now copied to `shard`, e.g. uploaded) to `to`,
-/// noting the copy's stamp: the copy's modification time (and on object storage its version)
-/// is not the original's, so the index as saved would be stale beside the copy.
+/// stamped for the object this run `verified` at `shard`: its size and identity are the
+/// verified ones, and only its modification time is taken from a look at `shard`, which must
+/// find that very object (else nothing is written). Fencing by construction: a run that lost
+/// its lock and writes late still stamps the index for its own object, which a reader
+/// ([`load`]) believes only where the object at the shard's name is that object (its ETag,
+/// size and modification time), whose bytes the index describes. The write only creates; an
+/// index there already stays where it holds for the object at the shard's name, and is
+/// otherwise replaced only as read (a conditional PUT, `If-Match`), so that a late writer
+/// cannot put its index over one a successor wrote meanwhile.
 ///
 /// # Errors
-/// `from` cannot be read or decoded, the copy cannot be stat'ed or differs in size, or `to`
-/// cannot be written.
-pub(crate) fn copy_restamped(from: &Path, shard: &Path, to: &Path) -> Result<()> {
+/// `from` cannot be read or decoded or is of another size, `shard` cannot be stat'ed, or `to`
+/// cannot be written (or is changed by another writer every time).
+pub(crate) fn write_for(
+    from: &Path,
+    shard: &Path,
+    to: &Path,
+    verified: &Verified,
+) -> Result<Restamped> {
     let bytes = storage::source(from)
         .read(from)
         .with_context(|| format!("{}: cannot read", from.display()))?;
     let saved = Saved::open(&bytes)
         .map_err(|e| anyhow::anyhow!("{}: unreadable saved index ({e})", from.display()))?;
-    let stamp =
-        storage::stamp(shard).with_context(|| format!("{}: cannot stat", shard.display()))?;
-    if stamp.size != saved.size {
+    if verified.size != saved.size {
         anyhow::bail!(
             "{}: {} bytes, but its saved index {} says {}: the copy is not the shard",
             shard.display(),
-            stamp.size,
+            verified.size,
             from.display(),
             saved.size
         );
     }
-    let saved = saved.stamped(shard, &stamp);
-    storage::sink(to)
-        .write(to, &saved.encode())
-        .with_context(|| format!("{}: cannot write", to.display()))
+    let now = match storage::stamp(shard) {
+        Ok(now) => now,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Restamped::NotIt),
+        Err(e) => return Err(e).with_context(|| format!("{}: cannot stat", shard.display())),
+    };
+    let object = storage::is_object_store(shard);
+    let version = match verified.identity {
+        Some(id) if id != now.identity => return Ok(Restamped::NotIt),
+        Some(id) if object => id,
+        None if object => return Ok(Restamped::NotIt),
+        _ => 0,
+    };
+    if now.size != verified.size {
+        return Ok(Restamped::NotIt);
+    }
+    let saved = Saved {
+        size: verified.size,
+        mtime_ns: mtime_ns(&now),
+        version,
+        ..saved
+    };
+    put_exclusive(to, shard, &saved.encode())
+}
+
+/// How many times [`put_exclusive`] tries before it gives up: each time after the first,
+/// another writer changed the object between its read and its write.
+const ATTEMPTS: usize = 4;
+
+/// Creates `to` holding `bytes` (a saved index of the shard at `shard`) only where nothing is
+/// there; else leaves what is there where it is `bytes` or holds for the shard now, and replaces
+/// it otherwise, conditionally on the very version read.
+fn put_exclusive(to: &Path, shard: &Path, bytes: &[u8]) -> Result<Restamped> {
+    let sink = storage::sink(to);
+    for _ in 0..ATTEMPTS {
+        match sink.create_new(to, bytes) {
+            Ok(()) => return Ok(Restamped::Written),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).with_context(|| format!("{}: cannot write", to.display())),
+        }
+        let mut found = None;
+        let mut judge = |old: &[u8]| {
+            if old == bytes {
+                found = Some(Restamped::Written);
+            } else if matches!(judged(old, to, shard), Lookup::Found(_)) {
+                found = Some(Restamped::There);
+            }
+            found.is_none().then(|| bytes.to_vec())
+        };
+        match sink.update(to, &mut judge) {
+            Ok(true) => return Ok(Restamped::Written),
+            // What was there stays; or it changed since it was read: looked at again.
+            Ok(false) => {
+                if let Some(found) = found {
+                    return Ok(found);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("{}: cannot write", to.display())),
+        }
+    }
+    anyhow::bail!(
+        "{}: another writer changed it {ATTEMPTS} times while this run wrote it",
+        to.display()
+    )
 }
 
 /// Looks for a saved index of the shard at `shard` whose size and modification time match.
@@ -190,7 +295,12 @@ pub fn load(shard: &Path, index_dir: Option<&Path>) -> Lookup {
     else {
         return Lookup::Missing;
     };
-    let saved = match Saved::open(&bytes) {
+    judged(&bytes, &path, shard)
+}
+
+/// What the saved index `bytes`, read at `path`, is for the shard at `shard` as it is now.
+fn judged(bytes: &[u8], path: &Path, shard: &Path) -> Lookup {
+    let saved = match Saved::open(bytes) {
         Ok(s) => s,
         Err(e) => return Lookup::Stale(format!("{}: unreadable ({e})", path.display())),
     };

@@ -557,11 +557,11 @@ mod tests {
         let digest = |members: Vec<Member>| Listing::new(PathBuf::from("/r"), members).digest();
         assert_eq!(digest(members.clone()), want);
         // Pinned as a value too: resume records hold it, so a change of its form must raise
-        // `resume::RECORD_FORMAT` (a staging of the earlier form is then refused by version).
+        // `checkpoint::RECORD_FORMAT` (a staging of the earlier form is then refused by version).
         assert_eq!(
             format!("{want:032x}"),
             "4fa1e6a5f6ca849ea1f0d738c9068fd1",
-            "the listing digest's form changed: raise resume::RECORD_FORMAT and pin the new value"
+            "the listing digest's form changed: raise checkpoint::RECORD_FORMAT and pin the new value"
         );
         let mut other_host = members.clone();
         other_host[0].volume = 10;

@@ -21,21 +21,6 @@ use crate::report::narrate::count;
 use crate::storage::{self, FileStamp};
 use anyhow::{anyhow, Context, Result};
 
-/// The form of what a run records for `--resume` beyond its arguments (a loose unit's listing
-/// digest, [`crate::tree::view::Listing::digest`]), recorded with the version: raise it when
-/// that form changes, so that a staging directory an earlier build of the same version made is
-/// refused for what it is ("reshard version was 0.1.0 (resume records 1), now ...") rather
-/// than as changed input files.
-pub(crate) const RECORD_FORMAT: u32 = 2;
-
-/// The version as a run records it for `--resume`: the crate's, and [`RECORD_FORMAT`].
-pub(crate) fn recorded_version() -> String {
-    format!(
-        "{} (resume records {RECORD_FORMAT})",
-        env!("CARGO_PKG_VERSION")
-    )
-}
-
 /// The arguments that shape the staging shards, as `--resume` records and compares them: those
 /// decided when the request was resolved, and the key map's size and time now.
 pub(crate) fn arguments(settings: &ResumeSettings) -> Vec<(String, String)> {

@@ -326,12 +326,31 @@ fn read_note(local: &Path, shard: &str) -> Option<(String, String)> {
     Some((object, file))
 }
 
-/// After `shard` and its saved index are up: the object's stamp and the staged file's noted in
-/// the staged copy's records, so that a `--resume` after a failure keeps the object while the
-/// file is the one it was uploaded from.
-fn note_uploaded(local: &Path, target: &Path, shard: &str) -> Result<()> {
+/// What the note of `shard`'s upload in the staged copy `local` says of the object (its size
+/// and identity), if there is a readable one.
+fn noted_object(local: &Path, shard: &str) -> Option<saved_index::Verified> {
+    let (object, _) = read_note(local, shard)?;
+    let mut fields = object.split(' ');
+    let size = fields.next()?.parse().ok()?;
+    let identity = fields.nth(1)?.parse().ok()?;
+    Some(saved_index::Verified {
+        size,
+        identity: Some(identity),
+    })
+}
+
+/// After `shard` and its saved index are up (`made`: the store's answer to this run's create):
+/// the object's stamp and the staged file's noted in the staged copy's records, so that a
+/// `--resume` after a failure keeps the object while the file is the one it was uploaded from.
+/// Noted only where the object at the name is still the one created (its size and ETag), as
+/// the saved index is ([`saved_index::write_for`]): a note never names another's object.
+fn note_uploaded(local: &Path, target: &Path, shard: &str, made: &storage::Created) -> Result<()> {
     let (to, from) = (target.join(shard), local.join(shard));
     let object = storage::stamp(&to).with_context(|| format!("{}: cannot stat", to.display()))?;
+    let made = saved_index::Verified::created(made);
+    if object.size != made.size || made.identity.is_some_and(|id| id != object.identity) {
+        return Ok(());
+    }
     let file = storage::stamp(&from).with_context(|| format!("{}: cannot stat", from.display()))?;
     let record = upload_record(local, shard);
     let parent = record.parent().unwrap_or(local);
@@ -518,19 +537,31 @@ fn with_layouts<'a>(shards: impl IntoIterator<Item = &'a str>) -> HashSet<String
         .collect()
 }
 
-/// After the shard `shard` is uploaded: its saved index, if any, written beside it with the
-/// object's stamp (size, modification time, ETag), so that the next run reading this output
-/// from the store reuses it instead of streaming the shard to read its headers.
-fn restamp_layout(local: &Path, target: &Path, shard: &str, names: &HashSet<&str>) -> Result<()> {
+/// After the shard `shard` is uploaded (`made`: the store's answer to this run's create): its
+/// saved index, if any, written beside it stamped for that object (its size and ETag as
+/// created, its modification time), so that the next run reading this output from the store
+/// reuses it instead of streaming the shard to read its headers. Where the object at the name
+/// is no longer this run's, nothing is written ([`saved_index::write_for`]): the check before
+/// the manifest ([`fenced::verify`]) creates the shard again and comes back here, or the run
+/// lost the lock and publishes nothing.
+fn restamp_layout(
+    local: &Path,
+    target: &Path,
+    shard: &str,
+    names: &HashSet<&str>,
+    made: &storage::Created,
+) -> Result<()> {
     let layout = layout_of(shard);
     if !names.contains(layout.as_str()) {
         return Ok(());
     }
-    saved_index::copy_restamped(
+    saved_index::write_for(
         &local.join(&layout),
         &target.join(shard),
         &target.join(&layout),
+        &saved_index::Verified::created(made),
     )
+    .map(|_| ())
 }
 
 /// Where an upload reads: `local`, the copy rank 0 published on its scratch directory;
@@ -567,10 +598,13 @@ pub(crate) fn run(
         let up = lock.map(|l| &l.preserved[..]).unwrap_or_default();
         let records = lock.map(|l| l.records.iter()).into_iter().flatten();
         let records = records.filter(|r| up.contains(&r.0)).cloned().collect();
-        let kept = still_staged(local, files, up);
+        let noted = still_staged(local, files, up).into_iter();
+        let kept = noted.filter_map(|k| noted_object(local, &k).map(|v| (k, v)));
+        let kept = kept.collect();
         records::Candidates { kept, records }
     });
-    let kept = records::kept(comm, copy, &dealt, lead)?;
+    let verified = records::kept(comm, copy, &dealt, lead)?;
+    let kept: Vec<String> = verified.iter().map(|k| k.0.clone()).collect();
     if comm.rank() == 0 && !kept.is_empty() {
         crate::errln!(
             "reshard: --resume: kept {} shard(s) the earlier run uploaded completely to {}",
@@ -590,10 +624,10 @@ pub(crate) fn run(
         .filter(|f| !was_up.contains(&f.0))
         .copied()
         .collect();
-    let kept_mine: Vec<&str> = mine
+    let kept_mine: Vec<(&str, saved_index::Verified)> = verified
         .iter()
-        .filter(|f| is_shard(&f.0) && kept.contains(&f.0))
-        .map(|f| f.0.as_str())
+        .filter(|k| mine.iter().any(|f| f.0 == k.0))
+        .map(|k| (k.0.as_str(), k.1))
         .collect();
     let all_todo = files
         .iter()
@@ -602,8 +636,8 @@ pub(crate) fn run(
     let rank = comm.rank();
     let sent: Result<u64> = std::thread::scope(|scope| {
         let uploads = scope.spawn(|| {
-            let r =
-                fenced::restore_layouts(copy, target, &kept_mine, &names, fence).and_then(|()| {
+            let r = fenced::restore_layouts(copy, target, &kept_mine, &names, fence, rank)
+                .and_then(|()| {
                     fenced::upload_share(copy, target, &todo, &names, rank, fence, &sent)
                 });
             sent.end();

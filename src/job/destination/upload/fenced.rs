@@ -375,25 +375,32 @@ pub(super) fn layout_holds(target: &Path, shard: &str) -> bool {
     )
 }
 
-/// The saved indexes of the shards a resumed run keeps that this rank uploads (`mine`), at
-/// `target`: each written again from this rank's node's `copy` (stamped for the object) where
-/// the output has one (`names`) and the one there does not match the object. That attempt may
-/// have died between the shard and its index, or the index may have gone since. Done by the
-/// shard's writer, whose node staged the index (rank 0's node may hold none of it).
+/// The saved indexes of the shards a resumed run keeps that this rank uploads (`mine`, each with
+/// what this run verified of its object: its record's size and ETag, or the earlier attempt's
+/// note), at `target`: each written again from this rank's node's `copy` where the output has
+/// one (`names`) and the one there does not match the object. That attempt may have died
+/// between the shard and its index, or the index may have gone since. Done by the shard's
+/// writer, whose node staged the index (rank 0's node may hold none of it).
 ///
-/// Each write is fenced ([`Fence::check`] right before it), as the shards' uploads are: a run
-/// that lost the lock meanwhile writes no index its successor would read.
+/// Fenced by construction ([`saved_index::write_for`]): the index is stamped with the verified
+/// ETag, not with a look at whatever is at the shard's name, and only created (or replaced as
+/// read); so a run that lost the lock and writes it late writes nothing a successor believes
+/// beside another object, nor over an index a successor wrote. The lock is checked before each
+/// write too ([`Fence::check`]), which only spares the requests. `rank`: this rank, whose test
+/// hook may stop it right after that check.
 ///
 /// # Errors
-/// One cannot be read from `copy` or written, or the run lost the lock.
+/// One cannot be read from `copy` or written, the object at a shard's name is not the one
+/// verified, or the run lost the lock.
 pub(crate) fn restore_layouts(
     copy: &Path,
     target: &Path,
-    mine: &[&str],
+    mine: &[(&str, saved_index::Verified)],
     names: &HashSet<&str>,
     fence: Option<&Fence>,
+    rank: usize,
 ) -> Result<()> {
-    for shard in mine {
+    for (shard, verified) in mine {
         let layout = super::layout_of(shard);
         if !names.contains(layout.as_str()) || layout_holds(target, shard) {
             continue;
@@ -401,11 +408,16 @@ pub(crate) fn restore_layouts(
         if let Some(fence) = fence {
             fence.check()?;
         }
-        saved_index::copy_restamped(
-            &copy.join(&layout),
-            &target.join(shard),
-            &target.join(&layout),
-        )?;
+        crate::hooks::kill_at(rank, "layout");
+        let (object, to) = (target.join(shard), target.join(&layout));
+        match saved_index::write_for(&copy.join(&layout), &object, &to, verified)? {
+            saved_index::Restamped::Written | saved_index::Restamped::There => {}
+            saved_index::Restamped::NotIt => bail!(
+                "{}: kept from the earlier attempt, but it is not the object that attempt \
+                 uploaded any more: its saved index is not written",
+                object.display()
+            ),
+        }
     }
     Ok(())
 }
@@ -441,8 +453,8 @@ pub(crate) fn upload_share(
     let mut created = Vec::new();
     let mut sum = 0;
     let noted = |rel: &str, made: &Created, md5| -> Result<()> {
-        super::restamp_layout(copy, target, rel, names)?;
-        super::note_uploaded(copy, target, rel)?;
+        super::restamp_layout(copy, target, rel, names, made)?;
+        super::note_uploaded(copy, target, rel, made)?;
         match fence {
             Some(f) => super::records::note(&f.target, &f.token, rel, made, md5),
             None => Ok(()),

@@ -24,6 +24,7 @@ use crate::comm::{agree, broadcast_result, gather, Comm};
 use crate::hex::hex;
 pub(crate) use crate::job::destination::lock::is_token;
 use crate::job::destination::lock::OutputLock;
+use crate::output::saved_index::Verified;
 use crate::output::{md5_file, seal};
 use crate::storage::{self, Created, Kind};
 
@@ -199,17 +200,30 @@ pub(crate) fn same_bytes(copy: &Path, candidates: &[(String, Record)]) -> Result
 
 /// What rank 0 knows of the shards a resumed run may keep ([`kept`]).
 pub(crate) struct Candidates {
-    /// Kept by the staged copy's own notes (it was continued and the objects are as noted).
-    pub(crate) kept: Vec<String>,
+    /// Kept by the staged copy's own notes (it was continued and the objects are as noted),
+    /// with what the note says of each object.
+    pub(crate) kept: Vec<Kept>,
     /// The bucket's records, carried over, of shards the clean-up left in place.
     pub(crate) records: Vec<(String, Record)>,
 }
 
-/// The shards a resumed run keeps, the same sorted list on every rank: `lead` (rank 0's) holds
-/// those it keeps by the staged copy's own notes, and the bucket's records of shards the new
-/// output names, carried over and preserved; of those records, each shard's uploader
-/// ([`Deal::mine`]) keeps the ones whose staged file in its node's `copy` has the recorded
-/// bytes ([`same_bytes`]).
+/// A shard kept, with what was verified of its object.
+pub(crate) type Kept = (String, Verified);
+
+/// What a record says of its shard's object, as a saved index of it is stamped.
+fn verified_by(record: &Record) -> Verified {
+    Verified {
+        size: record.size,
+        identity: Some(storage::e_tag_identity(&record.e_tag)),
+    }
+}
+
+/// The shards a resumed run keeps, the same sorted list on every rank, each with what was
+/// verified of its object (its record's size and ETag, or the staged copy's note): `lead`
+/// (rank 0's) holds those it keeps by the staged copy's own notes, and the bucket's records of
+/// shards the new output names, carried over and preserved; of those records, each shard's
+/// uploader ([`Deal::mine`]) keeps the ones whose staged file in its node's `copy` has the
+/// recorded bytes ([`same_bytes`]).
 ///
 /// # Errors
 /// A staged file cannot be read (on any rank).
@@ -218,16 +232,16 @@ pub(crate) fn kept(
     copy: &Path,
     dealt: &Deal,
     lead: Option<Candidates>,
-) -> Result<Vec<String>> {
+) -> Result<Vec<Kept>> {
     let lead = lead.map(|Candidates { kept, records }| {
         let named: HashSet<&str> = dealt.files.iter().map(|f| f.0.as_str()).collect();
         let candidates: Vec<(String, Record)> = records
             .into_iter()
-            .filter(|r| named.contains(r.0.as_str()) && !kept.contains(&r.0))
+            .filter(|r| named.contains(r.0.as_str()) && !kept.iter().any(|k| k.0 == r.0))
             .collect();
         Ok((kept, candidates))
     });
-    let (mut kept, candidates): (Vec<String>, Vec<(String, Record)>) =
+    let (mut kept, candidates): (Vec<Kept>, Vec<(String, Record)>) =
         broadcast_result(comm, 0, lead)?;
     let mine: HashSet<String> = dealt
         .mine(comm.rank())
@@ -235,8 +249,9 @@ pub(crate) fn kept(
         .map(|f| f.0.clone())
         .collect();
     let own: Vec<(String, Record)> = candidates
-        .into_iter()
+        .iter()
         .filter(|c| mine.contains(&c.0))
+        .cloned()
         .collect();
     let same = agree(comm, same_bytes(copy, &own))?;
     let same = serde_json::to_vec(&same).expect("a list of names serializes");
@@ -245,10 +260,11 @@ pub(crate) fn kept(
         for bytes in gathered {
             let theirs: Vec<String> =
                 serde_json::from_slice(&bytes).context("decoding a rank's kept shards")?;
-            kept.extend(theirs);
+            let records = candidates.iter().filter(|c| theirs.contains(&c.0));
+            kept.extend(records.map(|(shard, r)| (shard.clone(), verified_by(r))));
         }
-        kept.sort();
-        kept.dedup();
+        kept.sort_by(|a, b| a.0.cmp(&b.0));
+        kept.dedup_by(|a, b| a.0 == b.0);
         Ok(kept)
     });
     broadcast_result(comm, 0, all)

@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// What a create of the object `shard` under `target` answers on a store without ETags.
+fn made(target: &Path, shard: &str) -> storage::Created {
+    let size = storage::stamp(&target.join(shard)).unwrap().size;
+    storage::Created { size, e_tag: None }
+}
+
 #[test]
 fn the_lock_object_is_beside_the_output() {
     assert_eq!(
@@ -31,7 +37,7 @@ fn a_resumed_upload_keeps_only_the_shards_noted_and_still_as_uploaded() {
         Vec::<String>::new()
     );
     for name in ["a.tar", "b.tar", "c.tar"] {
-        note_uploaded(local, target, name).unwrap();
+        note_uploaded(local, target, name, &made(target, name)).unwrap();
     }
     // b.tar uploaded again since (another identity), c.tar gone, d.tar never noted.
     put(target, "b.tar", b"staged shard");
@@ -70,7 +76,7 @@ fn a_damaged_upload_note_is_not_believed() {
         let path = dir.join("a.tar");
         storage::sink(&path).write(&path, b"staged shard").unwrap();
     }
-    note_uploaded(local, target, "a.tar").unwrap();
+    note_uploaded(local, target, "a.tar", &made(target, "a.tar")).unwrap();
     assert_eq!(uploaded_before(local, target).unwrap(), ["a.tar"]);
     let record = upload_record(local, "a.tar");
     let good = storage::source(&record).read(&record).unwrap();
@@ -308,7 +314,7 @@ fn a_kept_shard_gets_its_saved_index_again_from_its_writers_node() {
     storage::sink(&staged).create_dir_all(&staged).unwrap();
     saved_index::save(&staged, &copy.join("s/b.tar"), std::iter::empty()).unwrap();
     for shard in ["a.tar", "s/b.tar"] {
-        note_uploaded(local, target, shard).unwrap();
+        note_uploaded(local, target, shard, &made(target, shard)).unwrap();
     }
     let layout = layout_of("s/b.tar");
     assert_eq!(layout, "s/.reshard/b.tar.reshard-layout");
@@ -319,11 +325,75 @@ fn a_kept_shard_gets_its_saved_index_again_from_its_writers_node() {
         format!("{err:#}").contains("the saved index of s/b.tar"),
         "{err:#}"
     );
-    fenced::restore_layouts(copy, target, &["s/b.tar"], &names, None).unwrap();
+    let verified = noted_object(local, "s/b.tar").unwrap();
+    fenced::restore_layouts(copy, target, &[("s/b.tar", verified)], &names, None, 0).unwrap();
     fenced::check_kept(local, target, &kept, &[], &names).unwrap();
     let dir = target.join("s").join(saved_index::DIR_NAME);
     assert!(matches!(
         saved_index::load(&target.join("s/b.tar"), Some(&dir)),
         saved_index::Lookup::Found(_)
     ));
+}
+
+/// Fenced by construction: a kept shard's saved index is stamped for the object this run
+/// verified (its record or note), not for whatever a look at the shard's name finds. With
+/// another object of the same size put there (a successor's shard), the index is not written at
+/// all, and the run fails; written for the verified object, an index there already is replaced
+/// only when it does not hold, and one that holds stays (a successor's, or this run's own).
+#[test]
+fn a_kept_shards_saved_index_is_stamped_for_the_verified_object_only() {
+    let copy = Path::new("mem://upload-verified-layout/copy");
+    let target = Path::new("mem://upload-verified-layout/target");
+    let (shard, layout) = ("a.tar", layout_of("a.tar"));
+    let sink = storage::sink(target);
+    let put = |path: &Path, bytes: &[u8]| {
+        sink.create_dir_all(path.parent().unwrap()).unwrap();
+        sink.write(path, bytes).unwrap();
+    };
+    let staged = copy.join(saved_index::DIR_NAME);
+    put(&copy.join(shard), &[0; 1024]);
+    let one = [crate::tar::Sample {
+        start: 0,
+        len: 1024,
+    }];
+    saved_index::save(&staged, &copy.join(shard), one.into_iter()).unwrap();
+    put(&target.join(shard), &[0; 1024]);
+    let stamp = storage::stamp(&target.join(shard)).unwrap();
+    let verified = saved_index::Verified {
+        size: stamp.size,
+        identity: Some(stamp.identity),
+    };
+    let names: HashSet<&str> = [shard, layout.as_str()].into();
+    let restore = |v| fenced::restore_layouts(copy, target, &[(shard, v)], &names, None, 0);
+    // Another object of the same size at the shard's name: nothing written, the run fails.
+    put(&target.join(shard), &[1; 1024]);
+    let err = restore(verified).unwrap_err();
+    assert!(format!("{err:#}").contains("not the object"), "{err:#}");
+    assert!(
+        storage::stamp(&target.join(&layout)).is_err(),
+        "an index was written"
+    );
+    // Stamped for the object verified now: a stale index there (not one at all) is replaced.
+    let stamp = storage::stamp(&target.join(shard)).unwrap();
+    let verified = saved_index::Verified {
+        size: stamp.size,
+        identity: Some(stamp.identity),
+    };
+    put(&target.join(&layout), b"not an index");
+    restore(verified).unwrap();
+    assert!(fenced::layout_holds(target, shard));
+    let written = storage::source(target).read(&target.join(&layout)).unwrap();
+    // An index that holds for the object stays (another writer's, here one of two samples).
+    let two = [(0, 512), (512, 512)].map(|(start, len)| crate::tar::Sample { start, len });
+    let other = Path::new("mem://upload-verified-layout/other");
+    put(&other.join(shard), &[0; 1024]);
+    saved_index::save(&other.join(".reshard"), &other.join(shard), two.into_iter()).unwrap();
+    let (theirs, to) = (other.join(&layout), target.join(&layout));
+    let there = saved_index::write_for(&theirs, &target.join(shard), &to, &verified);
+    assert_eq!(there.unwrap(), saved_index::Restamped::There);
+    assert_eq!(storage::source(target).read(&to).unwrap(), written);
+    // This run's own, written again (an answer lost): the same bytes, no error.
+    let ours = staged.join("a.tar.reshard-layout");
+    let again = saved_index::write_for(&ours, &target.join(shard), &to, &verified);
+    assert_eq!(again.unwrap(), saved_index::Restamped::Written);
 }

@@ -31,7 +31,8 @@
 //!   `--keep` moved an old epoch aside, before removing it); `r:uploaded` (an object-store
 //!   output: every rank's share is up, before rank 0's metadata and manifest); `r:layout` (a
 //!   resumed `s3://` run, right before it writes a kept shard's saved index again, its lock
-//!   checked). For `--resume` and kill tests.
+//!   checked); `r:multipart` (an object-store multipart upload started, its journal not yet
+//!   holding its id; the rank as its launcher numbered it). For `--resume` and kill tests.
 //! - `RESHARD_TEST_STOP=r:at`: rank r stops itself with SIGSTOP at the point named `at` (any
 //!   point of `RESHARD_TEST_KILL`), like a node that froze there: its peers must end the job.
 //! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop
@@ -57,7 +58,7 @@ use std::time::Duration;
 
 pub use test_hooks::slow_speaker;
 pub(crate) use test_hooks::{
-    hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_round,
+    hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_multipart, kill_in_round,
     pause_before_exchange, pause_before_finish, pause_before_publish, pause_in_index,
     pause_in_upload, slow_round, stage_per_node,
 };
@@ -129,6 +130,15 @@ mod test_hooks {
     /// `RESHARD_TEST_KILL=r:n`: rank r dies (SIGKILL) as exchange round n starts.
     pub(crate) fn kill_in_round(rank: usize, round: u64) {
         kill_at(rank, &round.to_string());
+    }
+
+    /// `RESHARD_TEST_KILL=r:multipart`: rank r dies (SIGKILL) right after a multipart upload
+    /// started, before its journal names its id. The storage layer knows no rank: `rank` gives
+    /// the launcher's number of this process.
+    pub(crate) fn kill_in_multipart(rank: impl FnOnce() -> Option<usize>) {
+        if let Some(rank) = rank() {
+            kill_at(rank, "multipart");
+        }
     }
 
     /// `RESHARD_TEST_KILL=r:publish`: rank r dies (SIGKILL) as the publish phase starts.
@@ -278,6 +288,7 @@ mod test_hooks {
     pub(crate) fn inject_fault(_rank: usize) {}
     pub(crate) fn kill_in_round(_rank: usize, _round: u64) {}
     pub(crate) fn kill_before_publish(_rank: usize) {}
+    pub(crate) fn kill_in_multipart(_rank: impl FnOnce() -> Option<usize>) {}
     pub(crate) fn kill_at(_rank: usize, _at: &str) {}
     pub(crate) fn pause_before_finish(_staging: &Path, _rank: usize) {}
     pub(crate) fn pause_before_publish(_staging: &Path, _rank: usize) {}

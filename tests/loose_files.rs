@@ -667,6 +667,36 @@ fn a_large_flat_directory_is_listed_once_and_its_files_examined_by_every_rank() 
     crate::util::verifier::assert_same_output(&dir.join("regex"), &out1, &["ranks", "inputs"]);
 }
 
+/// A large directory of rank 0's cut is listed as a stream and its names spread as they come:
+/// each rank holds the names of its own units (`--report`'s `names_held`), about N/P (units
+/// are whole: 4,096 keys), never the directory's 9,001; every name is held once.
+#[test]
+fn a_large_flat_directory_s_names_are_held_by_every_rank_not_by_its_lister() {
+    let dir = Dir::new("files-flat-held");
+    flat_tree(&dir, "flat");
+    let files = 9006;
+    let mut digests = Vec::new();
+    for np in 1..=4 {
+        let out = format!("out{np}");
+        let res = pack_spread(&dir, np, "flat", &out, &[]);
+        res.stderr_has(&format!("walked {files} files"));
+        digests.push(output_digest(&dir.join(&out)));
+        let held: Vec<u64> = per_rank(&dir, &out)
+            .iter()
+            .map(|r| r["names_held"].as_u64().unwrap_or_else(|| panic!("{r}")))
+            .collect();
+        assert_eq!(held.iter().sum::<u64>(), files, "np {np}: {held:?}");
+        // big/'s three units over the ranks (small/'s 5 files with one of them): a rank's
+        // share of the names and one unit at most beyond it.
+        let most = files / np as u64 + 4097;
+        assert!(
+            held.iter().all(|&h| h <= most),
+            "np {np}: names held by rank {held:?}, more than {most}"
+        );
+    }
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+}
+
 /// A flat directory of 5,000 files, cut by rank 0 into two key ranges, with a dangling link in
 /// each: both counted, once, at every rank count (the second unit's found when its files are
 /// examined, by whichever rank the deal gives them to).

@@ -241,3 +241,81 @@ fn a_kept_shards_saved_index_written_late_is_never_believed_beside_a_successors_
     next(&target, "next").stderr_has("reused the saved index of 1 of 1");
     assert_same_output(&dir.join("next-ref"), &dir.join("next"), &["inputs"]);
 }
+
+/// A rank killed (SIGKILL) right after it started a multipart upload, before the upload's
+/// journal named its id (`RESHARD_TEST_KILL=1:multipart`): the journal holds only the intent.
+/// The next run finds that key's upload by listing the key's open uploads
+/// (ListMultipartUploads), aborts it, and publishes the uninterrupted run's bytes; uploads
+/// at the same prefix that reshard did not start (one at another key, one at a key that starts
+/// with a shard's) are left open. Before, the upload was journalled only once it had its id:
+/// no later run could find it, and it stayed open (billed) until a lifecycle rule.
+#[test]
+fn an_upload_started_by_a_rank_killed_before_it_journalled_its_id_is_aborted_by_the_next_run() {
+    let test =
+        "an_upload_started_by_a_rank_killed_before_it_journalled_its_id_is_aborted_by_the_next_run";
+    let dir = Dir::new("s3-unjournalled");
+    // Two output shards of about 24 MiB: multipart uploads of 16 MiB parts, one on each rank.
+    let generate = ["--shards", "2", "--samples", "400", "--mean-size", "120KiB"];
+    dir.generate("in", &[&generate[..], &["--seed", "4"]].concat());
+    run(&dir, Some(2), &["in"], "ref", 2, 7, &[]);
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    let output = format!("s3://{bucket}/out");
+    let shard = "out/shard-000001.tar";
+    assert!(
+        dir.join("ref/shard-000001.tar").exists(),
+        "the shard's name"
+    );
+    let mut users = vec![format!("{shard}.mine"), "out/mine.bin".to_string()];
+    for key in &users {
+        s3.start_upload(&dir, &bucket, key);
+    }
+    let mut cmd = dir.mpi(2);
+    cmd.args(["run", "--input", "in", "--output", &output, "--seed", "7"])
+        .args(["--shards", "2", "--scratch"])
+        .arg(dir.join("scratch-killed"))
+        .env("RESHARD_TEST_KILL", "1:multipart");
+    let killed = s3.with_env(&mut cmd).output();
+    killed.check(killed.code() != Some(0), "the killed run must fail");
+    killed.stderr_has("RESHARD_TEST_KILL=1:multipart: rank 1 now dies (SIGKILL) at multipart");
+    let open = s3.uploads(&dir, &bucket);
+    let dead: Vec<&String> = open.iter().filter(|k| !users.contains(k)).collect();
+    assert!(
+        !dead.is_empty(),
+        "the killed rank's upload is open: {open:?}"
+    );
+    // Its journal names no id: only the intent.
+    let journals: Vec<String> = s3
+        .keys(&dir, &bucket, "out/.reshard-multipart/")
+        .into_iter()
+        .filter(|k| s3.cat(&dir, &bucket, k).is_empty())
+        .collect();
+    assert!(!journals.is_empty(), "an intent is journalled: {open:?}");
+
+    let mut again = dir.mpi(2);
+    again
+        .args(["run", "--input", "in", "--output", &output, "--seed", "7"])
+        .args(["--shards", "2", "--scratch"])
+        .arg(dir.join("scratch-again"));
+    let again = s3.with_env(&mut again).output();
+    again.check(again.code() == Some(0), "expected success");
+    again.stderr_has("unfinished multipart upload(s) an earlier run left");
+    let mut open = s3.uploads(&dir, &bucket);
+    open.sort();
+    users.sort();
+    assert_eq!(
+        open, users,
+        "only the uploads reshard did not start stay open"
+    );
+    let beside: Vec<String> = s3
+        .keys(&dir, &bucket, "")
+        .into_iter()
+        .filter(|k| !k.starts_with("out/"))
+        .collect();
+    assert_eq!(beside, Vec::<String>::new(), "objects beside the output");
+    s3.get(&dir, &bucket, "out", &dir.join("got"));
+    assert_same_output(&dir.join("ref"), &dir.join("got"), &["inputs"]);
+    println!("open after the kill: {dead:?}; intents journalled: {journals:?}");
+}

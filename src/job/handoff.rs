@@ -41,6 +41,9 @@ impl<C: Comm> Shared<'_, C> {
 pub(crate) struct WalkCalls {
     pub(crate) listed: u64,
     pub(crate) examined: u64,
+    /// The names of files this rank held to walk: its units' (a large directory's units' sent
+    /// to it by the rank that listed it, which keeps only its own).
+    pub(crate) held: u64,
 }
 
 /// What the walk phase leaves for the phases after it (set by it on every rank; not sent).

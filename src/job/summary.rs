@@ -39,6 +39,9 @@ pub(crate) struct RankStats {
     /// examined (`lstat`, or `stat` for a link): every file once over the ranks.
     pub(crate) dirs_listed: u64,
     pub(crate) files_examined: u64,
+    /// `--input-files`: the names of files this rank held to walk (its units' files; a large
+    /// directory's spread over the ranks by key range as it is listed): every file once.
+    pub(crate) names_held: u64,
 }
 
 /// Each per-rank figure over the ranks: the summary prints these, `--report` the full table.
@@ -321,6 +324,7 @@ pub(crate) fn gather(
     let write_nanos = comm.all_gather(stats.write_nanos);
     let listed = comm.all_gather(setup.walk.calls.listed);
     let examined = comm.all_gather(setup.walk.calls.examined);
+    let held = comm.all_gather(setup.walk.calls.held);
     let per_rank = (0..ranks)
         .map(|r| RankStats {
             bytes_read: bytes_read[r],
@@ -330,6 +334,7 @@ pub(crate) fn gather(
             write_seconds: write_nanos[r] as f64 / 1e9,
             dirs_listed: listed[r],
             files_examined: examined[r],
+            names_held: held[r],
         })
         .collect();
     let rank_spread = RankSpreads {

@@ -25,6 +25,8 @@ pub static AZURE: Scheme = Scheme {
     // Its client signs a request before it adds the extra headers: a create-only multipart
     // upload is completed at a side name and copied to its object with `If-None-Match: *`.
     create_only: None,
+    // An "upload" is uncommitted blocks of the blob, which Azure discards itself after 7 days.
+    uploads: None,
     location: &[
         "AZURE_STORAGE_ACCOUNT_NAME",
         "AZURE_STORAGE_ENDPOINT",

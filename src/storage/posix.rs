@@ -35,6 +35,23 @@ fn stat_of(meta: &fs::Metadata) -> Stat {
     }
 }
 
+/// The entries of the directory `path` as it reads them (`getdents` a buffer at a time, in
+/// the file system's order): a directory of any size is listed holding one buffer of it.
+///
+/// # Errors
+/// The directory cannot be opened; an item, an entry that cannot be read.
+pub(crate) fn entries(path: &Path) -> io::Result<impl Iterator<Item = io::Result<Entry>>> {
+    Ok(fs::read_dir(path)?.map(|entry| {
+        let entry = entry?;
+        // The type from the directory entry itself (no stat where the file system says).
+        let kind = entry.file_type().map_or(Kind::Other, kind);
+        Ok(Entry {
+            name: entry.file_name(),
+            kind,
+        })
+    }))
+}
+
 impl Source for Posix {
     fn stat(&self, path: &Path) -> io::Result<Stat> {
         fs::metadata(path).map(|m| stat_of(&m))
@@ -45,17 +62,7 @@ impl Source for Posix {
     }
 
     fn list(&self, path: &Path) -> io::Result<Vec<Entry>> {
-        let mut out = Vec::new();
-        for entry in fs::read_dir(path)? {
-            let entry = entry?;
-            // The type from the directory entry itself (no stat where the file system says).
-            let kind = entry.file_type().map_or(Kind::Other, kind);
-            out.push(Entry {
-                name: entry.file_name(),
-                kind,
-            });
-        }
-        Ok(out)
+        entries(path)?.collect()
     }
 
     fn canonical(&self, path: &Path) -> io::Result<PathBuf> {

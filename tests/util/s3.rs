@@ -86,6 +86,8 @@ elif op == "wds":
 elif op == "uploads":
     for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
         print(u["Key"])
+elif op == "mpu":
+    print(s3.create_multipart_upload(Bucket=bucket, Key=sys.argv[3])["UploadId"])
 elif op == "cat":
     sys.stdout.buffer.write(s3.get_object(Bucket=bucket, Key=sys.argv[3])["Body"].read())
 elif op == "stamps":
@@ -249,6 +251,11 @@ impl Server {
     pub fn uploads(&self, dir: &Dir, bucket: &str) -> Vec<String> {
         let out = self.client(dir, &["uploads", bucket]);
         out.stdout.lines().map(str::to_string).collect()
+    }
+
+    /// Starts a multipart upload to `s3://bucket/key` and leaves it open.
+    pub fn start_upload(&self, dir: &Dir, bucket: &str, key: &str) {
+        self.client(dir, &["mpu", bucket, key]);
     }
 
     /// The sample keys webdataset reads from the output at `s3://bucket/prefix`, following its

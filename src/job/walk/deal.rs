@@ -4,13 +4,16 @@
 //! (rank 0 cuts a large directory's own files into key ranges, one unit each: the directory is
 //! listed once for all of them, not once a unit). Each rank lists the directories of a
 //! contiguous share of the tasks (by count; several at once), with the kind each entry gives
-//! and no `lstat`. A directory of at most [`DEAL_OVER`] files has them examined (one `lstat`
-//! each, a `stat` for a link) at once by the rank that listed it; the files of larger ones,
-//! from every rank, are dealt: taken in order (rank, then unit, then name), cut into one
-//! contiguous share per rank, sent to it, examined there, and the facts sent back. So the
-//! metadata calls of a directory of a million files are spread over the ranks, one per file
-//! in all, and its listing (built by the rank that listed it, the facts back) is the one a
-//! single rank's walk gives: nothing here depends on the rank count but who does the work.
+//! and no `lstat`; a directory rank 0 cut into key ranges is listed as a stream
+//! ([`super::stream`]), each name sent as it is read to the rank that walks its unit, so its
+//! lister never holds its names. A directory of at most [`DEAL_OVER`] files has them examined
+//! (one `lstat` each, a `stat` for a link) at once by the rank that listed it; the files of
+//! larger ones, from every rank, are dealt: taken in order (rank, then unit, then name), cut
+//! into one contiguous share per rank, sent to it, examined there, and the facts sent back.
+//! So the metadata calls of a directory of a million files are spread over the ranks, one per
+//! file in all, and its listing (built by the rank that holds its names, the facts back) is
+//! the one a single rank's walk gives: nothing here depends on the rank count but who does
+//! the work.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -25,12 +28,12 @@ use crate::input::InputShard;
 use crate::job::handoff::WalkCalls as Calls;
 use crate::plan::assign_inputs;
 use crate::storage::posix::FileFacts;
-use crate::tar::key::sample_key;
 use crate::tree::units::KEYS_PER_UNIT;
 use crate::tree::walk::{examine, finish, names, take, Named, Skips, Unexamined};
 use crate::tree::{self, Root, Unit};
 
 use super::recut::{exchange, WalkedUnit};
+use super::stream::{self, unit_of, Part};
 
 /// A directory with more files than this has them examined by every rank.
 pub(super) const DEAL_OVER: usize = KEYS_PER_UNIT;
@@ -74,7 +77,19 @@ pub(super) fn walk<C: Comm>(
 ) -> Result<(Vec<WalkedUnit>, Calls)> {
     let tasks = tasks(inputs, units);
     let share = assign_inputs(&vec![1; tasks.len()], comm.size())[comm.rank()].clone();
-    let mine: Vec<Range<usize>> = tasks[share].to_vec();
+    // The directories rank 0 cut into key ranges are listed as streams (every rank walks some
+    // of their units); this rank's other tasks are read here, whole.
+    let (mut big, mut lists, mut mine) = (Vec::new(), Vec::new(), Vec::new());
+    for (t, task) in tasks.into_iter().enumerate() {
+        if stream::streamed(inputs, &units[task.clone()]) {
+            if share.contains(&t) {
+                lists.push(big.len());
+            }
+            big.push(task);
+        } else if share.contains(&t) {
+            mine.push(task);
+        }
+    }
     let mut calls = Calls::default();
     let read = several(mine, |task| read(roots, inputs, &units[task]));
     let mut walking: Vec<Walking> = Vec::new();
@@ -83,6 +98,24 @@ pub(super) fn walk<C: Comm>(
         calls.listed += c.listed;
         calls.examined += c.examined;
     }
+    let parts = big
+        .iter()
+        .map(|t| parsed(roots, inputs, &units[t.clone()]))
+        .collect::<Result<Vec<_>>>()?;
+    let (held, listed) = agree(comm, stream::run(comm, roots, &parts, &lists))?;
+    walking.extend(held.into_iter().map(|h| Walking {
+        input: h.part.0,
+        root: h.part.1,
+        unit: h.part.2,
+        found: Vec::new(),
+        skips: h.skips,
+        dealt: h.files,
+    }));
+    calls.listed += listed;
+    calls.held = walking
+        .iter()
+        .map(|w| (w.found.len() + w.dealt.len()) as u64)
+        .sum();
     let pending: Vec<(usize, Unexamined)> = walking
         .iter_mut()
         .enumerate()
@@ -134,19 +167,7 @@ fn tasks(inputs: &[InputShard], units: &[usize]) -> Vec<Range<usize>> {
 /// A unit of no root of this run, a directory that cannot be listed, a name that is not
 /// UTF-8, a file of a small directory that cannot be examined.
 fn read(roots: &[Root], inputs: &[InputShard], task: &[usize]) -> Result<(Vec<Walking>, Calls)> {
-    let mut units = Vec::with_capacity(task.len());
-    for &i in task {
-        let path = &inputs[i].path;
-        let (root, unit) =
-            tree::parse(path).with_context(|| format!("{}: not a unit", path.display()))?;
-        let Some(r) = roots.iter().position(|r| r.path == root) else {
-            anyhow::bail!(
-                "{}: the root is not an --input-files root of this run",
-                root.display()
-            );
-        };
-        units.push((i, r, unit));
-    }
+    let units = parsed(roots, inputs, task)?;
     let (_, r, first) = &units[0];
     let root = &roots[*r];
     let mut calls = Calls::default();
@@ -183,29 +204,43 @@ fn read(roots: &[Root], inputs: &[InputShard], task: &[usize]) -> Result<(Vec<Wa
     Ok((out, calls))
 }
 
+/// The units `task` (input indices) as (input index, root index, unit).
+///
+/// # Errors
+/// A unit of no root of this run.
+fn parsed(roots: &[Root], inputs: &[InputShard], task: &[usize]) -> Result<Vec<Part>> {
+    let mut units = Vec::with_capacity(task.len());
+    for &i in task {
+        let path = &inputs[i].path;
+        let (root, unit) =
+            tree::parse(path).with_context(|| format!("{}: not a unit", path.display()))?;
+        let Some(r) = roots.iter().position(|r| r.path == root) else {
+            anyhow::bail!(
+                "{}: the root is not an --input-files root of this run",
+                root.display()
+            );
+        };
+        units.push((i, r, unit));
+    }
+    Ok(units)
+}
+
 /// `named`, the listing of the directory of `units` (one deep unit, or a directory's shallow
 /// units in key order), shared out by key: each file to the unit whose range holds its key
 /// (WebDataset's rule), one without a key and what was skipped to the first unit (which
 /// counts the directory's skips); as each unit's own listing would have named them.
-fn shared_out(named: Named, units: &[(usize, usize, Unit)]) -> Vec<Named> {
+fn shared_out(named: Named, units: &[Part]) -> Vec<Named> {
     if units.len() == 1 {
         return vec![named];
     }
     let mut out: Vec<Named> = units.iter().map(|_| Named::default()).collect();
-    let unit_of = |rel: &[u8]| {
-        sample_key(rel).map_or(0, |k| {
-            let after =
-                units.partition_point(|(_, _, u)| u.keys.0.as_deref().is_none_or(|f| f <= k));
-            after.saturating_sub(1)
-        })
-    };
     for (rel, facts) in named.found {
-        out[unit_of(&rel)].found.push((rel, facts));
+        out[unit_of(units, &rel)].found.push((rel, facts));
     }
     for dir in named.dirs {
         let mut by_unit: Vec<Vec<Unexamined>> = units.iter().map(|_| Vec::new()).collect();
         for file in dir {
-            by_unit[unit_of(&file.rel)].push(file);
+            by_unit[unit_of(units, &file.rel)].push(file);
         }
         for (o, files) in out.iter_mut().zip(by_unit) {
             if !files.is_empty() {

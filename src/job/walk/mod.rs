@@ -23,6 +23,7 @@ use crate::tree::{self, Root};
 
 mod deal;
 mod recut;
+mod stream;
 
 use recut::WalkedUnit;
 

@@ -31,9 +31,10 @@ pub(crate) mod loose;
 mod multipart;
 mod read;
 mod requests;
+mod uploads;
 
 pub(crate) use multipart::SIDE;
-use multipart::{object_of, side_of, Upload};
+use multipart::{maybe_ours, object_of, side_of, Upload};
 use read::{Ahead, ObjectInput};
 use requests::{again, block_on, error, not_found};
 pub(crate) use requests::{options_with_headers, retry_from_env, s3_client};
@@ -48,6 +49,9 @@ impl<T: ObjectStore + MultipartStore + PaginatedListStore> Client for T {}
 /// given sent on every request, where there are.
 pub(crate) type MakeClient =
     fn(&str, Option<object_store::HeaderMap>) -> io::Result<Arc<dyn Client>>;
+
+/// How a store lists the open multipart uploads of one key of a bucket ([`Scheme::uploads`]).
+pub(crate) type ListUploads = fn(&str, &Key) -> object_store::Result<Vec<uploads::Open>>;
 
 /// One object store as a URL scheme names it: what the shared code needs to know of it.
 #[derive(Debug)]
@@ -66,6 +70,10 @@ pub(crate) struct Scheme {
     /// client would not sign it (such an upload is completed at a side name and copied to its
     /// object only if nothing is there).
     pub(crate) create_only: Option<(&'static str, &'static str)>,
+    /// The open multipart uploads of exactly one key in a bucket, where the store can list them
+    /// (S3's ListMultipartUploads): how the clearing of a failed run finds an upload whose id
+    /// its journal never got ([`multipart::maybe_ours`]).
+    pub(crate) uploads: Option<ListUploads>,
     /// The variables that say which store a bucket name is in (an endpoint, an account): the
     /// same `BUCKET/KEY` under other values is another output ([`Scheme::place`]).
     pub(crate) location: &'static [&'static str],
@@ -105,6 +113,7 @@ pub(crate) static S3: Scheme = Scheme {
     credentials: "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN",
     client: s3_client,
     create_only: Some(("if-none-match", "*")),
+    uploads: Some(uploads::s3_uploads),
     // A profile may name its own endpoint (`endpoint_url`).
     location: &["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE"],
 };
@@ -423,6 +432,63 @@ impl Objects {
     }
 }
 
+impl Objects {
+    /// Aborts the upload of `key` its journal names, then removes the journal: how many
+    /// uploads. A journal without an id is an intent (its run died before or right after it
+    /// started the upload): the uploads of exactly `key` that run may have started are
+    /// aborted where the store can list them ([`Scheme::uploads`]); elsewhere they stay until
+    /// the store expires them (docs/storage.md).
+    fn abort_journalled(
+        &self,
+        loc: &Location,
+        store: &dyn Client,
+        key: &Key,
+        journal: &ObjectMeta,
+    ) -> object_store::Result<usize> {
+        let id = block_on(again(|| async {
+            store.get(&journal.location).await?.bytes().await
+        }))?;
+        let ids: Vec<String> = if !id.is_empty() {
+            vec![String::from_utf8_lossy(&id).into_owned()]
+        } else if let Some(list) = loc.scheme.uploads {
+            use object_store::Error as E;
+            match list(&loc.bucket, key) {
+                Ok(open) => maybe_ours(open, journal.last_modified)
+                    .into_iter()
+                    .map(|u| u.id)
+                    .collect(),
+                // Not the run's to fail: before the intent was journalled, no run needed the
+                // listing, and a later run could not list either.
+                Err(e @ (E::PermissionDenied { .. } | E::NotSupported { .. })) => {
+                    crate::errln!(
+                        "reshard: warning: {}://{}/{key}: an earlier run may have left a multipart upload open there, and the store refused to list them ({}): it stays until a lifecycle rule of the {} aborts it",
+                        loc.scheme.name,
+                        loc.bucket,
+                        requests::plain(&e),
+                        loc.scheme.bucket
+                    );
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            Vec::new()
+        };
+        let aborted = ids.len();
+        block_on(async {
+            for id in &ids {
+                match store.abort_multipart(key, id).await {
+                    // Gone already (completed, aborted, or expired by a lifecycle rule).
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            store.delete(&journal.location).await
+        })?;
+        Ok(aborted)
+    }
+}
+
 impl Sink for Objects {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
@@ -569,27 +635,21 @@ impl Sink for Objects {
         let loc = self.parse(dir)?;
         let store = loc.store()?;
         let prefix = loc.object()?;
-        block_on(async {
+        let all: Vec<ObjectMeta> = block_on(again(|| {
             use futures_util::TryStreamExt;
-            let all: Vec<ObjectMeta> = again(|| store.list(Some(&prefix)).try_collect()).await?;
-            let mut aborted = 0;
-            for journal in all.iter().map(|m| &m.location) {
-                let Some(key) = object_of(journal) else {
-                    continue;
-                };
-                let id = store.get(journal).await?.bytes().await?;
-                let id = String::from_utf8_lossy(&id).into_owned();
-                match store.abort_multipart(&key, &id).await {
-                    // Gone already (completed, aborted, or expired by a lifecycle rule).
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(e),
-                }
-                store.delete(journal).await?;
-                aborted += 1;
-            }
-            Ok(aborted)
-        })
-        .map_err(|e| error(&loc, e))
+            store.list(Some(&prefix)).try_collect()
+        }))
+        .map_err(|e| error(&loc, e))?;
+        let mut aborted = 0;
+        for journal in &all {
+            let Some(key) = object_of(&journal.location) else {
+                continue;
+            };
+            aborted += self
+                .abort_journalled(&loc, &*store, &key, journal)
+                .map_err(|e| error(&loc, e))?;
+        }
+        Ok(aborted)
     }
 
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {

@@ -120,13 +120,20 @@ impl Upload {
         self.upload.as_ref().map_or(0, |u| u.1.len())
     }
 
-    /// Starts the multipart upload and journals its id.
+    /// Starts the multipart upload, journalled: first the intent (an empty journal: an upload
+    /// to this key may have been started), then the upload, then its id in the journal. A run
+    /// that dies between the two finds the upload by its key ([`abort_unjournalled`]).
     fn start(&self) -> object_store::Result<MultipartId> {
         block_on(async {
             let key = self.upload_key();
+            let journal = journal_of(key);
+            self.store.put(&journal, PutPayload::new()).await?;
             let id = self.store.create_multipart(key).await?;
-            let journal = PutPayload::from(id.clone().into_bytes());
-            self.store.put(&journal_of(key), journal).await?;
+            crate::hooks::kill_in_multipart(|| {
+                crate::comm::launcher::launcher_rank(|k| std::env::var(k).ok())
+            });
+            let named = PutPayload::from(id.clone().into_bytes());
+            self.store.put(&journal, named).await?;
             Ok(id)
         })
     }
@@ -265,6 +272,28 @@ pub(super) fn abort(store: &dyn Client, key: &Key, id: &MultipartId) {
     });
 }
 
+/// How much earlier than its journal's intent an upload of the journal's key may say it was
+/// started and still be taken for the journal's. Both times are the store's (the journal's
+/// LastModified, the upload's Initiated), but a distributed store stamps them on whichever of
+/// its servers took each request, each with its own clock, and LastModified is often cut to the
+/// second. S3's own requests may be 15 minutes off the server's clock, so an S3-compatible
+/// store's servers a few minutes apart are within what it allows. An upload started more than
+/// this before the intent was journalled is not this run's, and stays.
+pub(super) const CLOCK_SKEW: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+
+/// Of the open uploads of a journal's key, those the run that journalled its intent at
+/// `intent` (the journal's LastModified) may have started and died before it named: those
+/// started no earlier than the intent, less [`CLOCK_SKEW`].
+pub(super) fn maybe_ours(
+    open: Vec<super::uploads::Open>,
+    intent: chrono::DateTime<chrono::Utc>,
+) -> Vec<super::uploads::Open> {
+    let skew = chrono::Duration::from_std(CLOCK_SKEW).unwrap_or_default();
+    open.into_iter()
+        .filter(|u| u.initiated >= intent - skew)
+        .collect()
+}
+
 impl Drop for Upload {
     fn drop(&mut self) {
         if let Some((id, _)) = self.upload.take() {
@@ -288,6 +317,30 @@ mod tests {
             assert_eq!(object_of(&journal), Some(key));
         }
         assert_eq!(object_of(&Key::parse("out/x/shard.tar").unwrap()), None);
+    }
+
+    #[test]
+    fn an_intents_uploads_are_those_started_after_it_within_the_clock_skew() {
+        use super::super::uploads::Open;
+        let at = |s: &str| {
+            chrono::DateTime::parse_from_rfc3339(s)
+                .unwrap()
+                .with_timezone(&chrono::Utc)
+        };
+        let open = |id: &str, t: &str| Open {
+            id: id.into(),
+            initiated: at(t),
+        };
+        let intent = at("2026-11-29T05:00:00Z");
+        let all = vec![
+            open("user-an-hour-before", "2026-11-29T04:00:00Z"),
+            open("user-6-min-before", "2026-11-29T04:54:00Z"),
+            open("skewed-4-min-before", "2026-11-29T04:56:00Z"),
+            open("same-second", "2026-11-29T05:00:00Z"),
+            open("after", "2026-11-29T05:00:01.250Z"),
+        ];
+        let ids: Vec<String> = maybe_ours(all, intent).into_iter().map(|u| u.id).collect();
+        assert_eq!(ids, ["skewed-4-min-before", "same-second", "after"]);
     }
 
     #[test]

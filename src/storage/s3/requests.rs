@@ -9,7 +9,7 @@ use std::io;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as Key;
 use object_store::{ClientConfigKey, ClientOptions, HeaderMap, HeaderValue, RetryConfig};
 
@@ -191,6 +191,19 @@ pub(crate) fn options_with_headers(
 /// # Errors
 /// The named profile cannot be followed, or the client cannot be made.
 pub fn s3_client(bucket: &str, headers: Option<HeaderMap>) -> io::Result<Arc<dyn Client>> {
+    Ok(Arc::new(s3_store(bucket, headers)?.0))
+}
+
+/// The S3 client of `bucket` as [`s3_client`] makes it, and the settings of its HTTP client
+/// (a proxy, timeouts, plain HTTP), for a request the client itself does not make
+/// ([`super::uploads`]).
+///
+/// # Errors
+/// As [`s3_client`].
+pub(super) fn s3_store(
+    bucket: &str,
+    headers: Option<HeaderMap>,
+) -> io::Result<(AmazonS3, ClientOptions)> {
     let builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
     let (mut builder, endpoint) = with_profile(builder, bucket)?;
     if endpoint.starts_with("http://") {
@@ -200,10 +213,10 @@ pub fn s3_client(bucket: &str, headers: Option<HeaderMap>) -> io::Result<Arc<dyn
     if let Some(retry) = retry_from_env() {
         builder = builder.with_retry(retry);
     }
-    if let Some(headers) = headers {
-        let get = |k| builder.get_config_value(&AmazonS3ConfigKey::Client(k));
-        let options = options_with_headers(&get, headers);
-        builder = builder.with_client_options(options);
+    let get = |k| builder.get_config_value(&AmazonS3ConfigKey::Client(k));
+    let options = options_with_headers(&get, headers.clone().unwrap_or_default());
+    if headers.is_some() {
+        builder = builder.with_client_options(options.clone());
     }
     let s = builder.build().map_err(|e| {
         io::Error::other(format!(
@@ -211,7 +224,7 @@ pub fn s3_client(bucket: &str, headers: Option<HeaderMap>) -> io::Result<Arc<dyn
             plain(&e)
         ))
     })?;
-    Ok(Arc::new(s))
+    Ok((s, options))
 }
 
 /// The retries `AWS_MAX_ATTEMPTS` asks for, as the AWS SDKs read it (attempts in all, the

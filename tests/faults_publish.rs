@@ -391,3 +391,53 @@ fn force_leaves_a_users_file_whose_name_the_new_output_takes_and_says_where() {
         .collect();
     assert!(staged.is_empty(), "{staged:?}");
 }
+
+/// A `--force` run killed between its publishing exchange and the end of the replaced output's
+/// removal (`0:published`) leaves the older output at its staging name, the user's files
+/// inside. The next run finishes that removal as `--force` does: only what reshard wrote of it
+/// goes, and the user's files survive byte for byte in the output (the bug: the next run removed
+/// the directory whole, the user's files with it).
+#[test]
+fn a_users_files_in_an_output_replaced_by_a_run_killed_after_its_exchange_survive() {
+    let dir = Dir::new("force-killed-after-swap");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    let run = |out: &str, seed: &str| {
+        let mut cmd = dir.reshard(None);
+        cmd.args(["run", "--input", "in", "--output", out, "--shards", "2"])
+            .args(["--seed", seed]);
+        cmd
+    };
+    run("out", "1").assert_success();
+    dir.create_bytes("out/README", b"the user's readme");
+    dir.create_bytes("out/notes/notes.txt", b"the user's notes");
+    let res = run("out", "2")
+        .arg("--force")
+        .env("RESHARD_TEST_KILL", "0:published")
+        .output();
+    res.check(res.code() != Some(0), "the run was killed");
+    res.stderr_has("now dies (SIGKILL) at published");
+    let waiting = fs::canonicalize(dir.join(".out.reshard-tmp")).unwrap();
+    assert_eq!(
+        fs::read(waiting.join("README")).unwrap(),
+        b"the user's readme",
+        "the replaced output waits at the staging name"
+    );
+
+    let res = run("out", "3").arg("--force").assert_success();
+    res.stderr_has("finishing the removal of the output");
+    let read = |name: &str| fs::read(dir.join(name)).unwrap();
+    assert_eq!(read("out/README"), b"the user's readme");
+    assert_eq!(read("out/notes/notes.txt"), b"the user's notes");
+    run("ref", "3").assert_success();
+    let check = dir.create_dir("check");
+    copy_dir(&dir.join("out"), &check);
+    fs::remove_file(check.join("README")).unwrap();
+    fs::remove_dir_all(check.join("notes")).unwrap();
+    assert_same_output(&dir.join("ref"), &check, &[]);
+    let left: Vec<String> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".reshard-"))
+        .collect();
+    assert!(left.is_empty(), "nothing at a staging name: {left:?}");
+}

@@ -12,6 +12,8 @@ use crate::util::stores::Store as _;
 use crate::util::verifier::assert_same_output;
 use crate::util::{reshard_processes, signal, Dir};
 
+mod nodes;
+
 /// Many small rounds (a 1 MiB budget), a checkpoint after every one: the exchange records
 /// checkpoints for as long as it runs.
 fn args(out: &str) -> Vec<String> {
@@ -736,98 +738,6 @@ fn an_upload_record_of_a_run_that_lost_its_lock_is_not_believed() {
     );
     s3.assert_only_the_output(&dir, &bucket, "ref-a", &["ranks", "inputs"]);
     println!("A recorded {late} shard(s) after it lost the lock, B {of_b}: none kept");
-}
-
-/// Heartbeats in the bucket (an output staged per node; one host does it with a test hook) are
-/// named by the run's one token, its lock's: run A (another PID namespace, so only its silence
-/// can tell) is stopped as it starts beating, B takes the output over by A's silence and is
-/// killed (its pid proves it dead), and C takes the output over from B. C removes B's heartbeats
-/// and leaves A's: A may live (the bug: a takeover removed every run's heartbeats, and the
-/// staging directory that names them had a token of its own, not the lock's). A, continued,
-/// fails having lost the lock and removes its own: nothing is left beside C's output.
-#[test]
-fn a_takeover_removes_only_the_heartbeats_of_the_run_it_proved_dead() {
-    let test = "a_takeover_removes_only_the_heartbeats_of_the_run_it_proved_dead";
-    let dir = Dir::new(test);
-    sized(&dir, "in", "8MiB", "64KiB", 4);
-    let Some(s3) = crate::util::s3::server(test) else {
-        return;
-    };
-    let bucket = s3.bucket(&dir, test);
-    let target = format!("s3://{bucket}/out");
-    dir.reshard(None)
-        .args(upload_args("ref-c", 4, "3"))
-        .assert_success();
-    // The tokens whose heartbeats are in the bucket, sorted.
-    let beating = || -> Vec<String> {
-        let mut tokens: Vec<String> = s3
-            .keys(&dir, &bucket, ".out.reshard-tmp.")
-            .into_iter()
-            .filter_map(|k| {
-                let (prefix, rest) = k.split_once('/')?;
-                let token = prefix.strip_prefix(".out.reshard-tmp.")?;
-                rest.starts_with(".heartbeats/").then(|| token.to_string())
-            })
-            .collect();
-        tokens.dedup();
-        tokens
-    };
-    let holder = || {
-        let lock = s3.cat(&dir, &bucket, ".out.reshard-lock");
-        lock.lines()
-            .find_map(|l| l.strip_prefix("token "))
-            .map(str::to_string)
-            .unwrap_or_else(|| panic!("no token in the lock:\n{lock}"))
-    };
-    let per_node = |cmd: &mut crate::util::TestCommand, scratch: &str| {
-        cmd.env("RESHARD_TEST_PER_NODE", "1")
-            .args(["--max-write-rate", "1MiB", "--scratch"])
-            .arg(dir.join(scratch));
-        s3.with_env(cmd);
-    };
-    let mut a = in_namespaces(&dir, &upload_args(&target, 4, "1"));
-    per_node(&mut a, "scratch-a");
-    let a = std::thread::spawn(move || a.output());
-    wait_until("run A beats in the bucket", || !beating().is_empty());
-    let (a_pid, stopped_a) = stop_run_a(&dir);
-    let a_token = holder();
-    assert_eq!(
-        beating(),
-        std::slice::from_ref(&a_token),
-        "named by A's lock's token"
-    );
-
-    let mut b = dir.reshard(None);
-    b.args(upload_args(&target, 4, "2"))
-        .args(["--lock-stale-after", "1"]);
-    per_node(&mut b, "scratch-b");
-    let b = std::thread::spawn(move || b.output());
-    wait_until("run B beats in the bucket", || beating().len() == 2);
-    let b_token = holder();
-    assert!(b_token != a_token && beating().contains(&b_token));
-    for (pid, _) in reshard_processes(dir.path()) {
-        if i32::try_from(pid).unwrap() != a_pid {
-            signal(pid, libc::SIGKILL);
-        }
-    }
-    let b = b.join().unwrap();
-    b.check(b.code() != Some(0), "B was killed");
-    b.stderr_has("taking over");
-
-    let mut c = dir.reshard(None);
-    c.args(upload_args(&target, 4, "3"))
-        .arg("--scratch")
-        .arg(dir.join("scratch-c"));
-    s3.with_env(&mut c);
-    c.assert_success();
-    assert_eq!(beating(), [a_token], "only B's heartbeats go: A may live");
-
-    drop(stopped_a);
-    let a = a.join().unwrap();
-    a.check(a.code() == Some(1), "A lost the output: it must fail");
-    a.stderr_has("this run lost the output's lock");
-    assert_eq!(beating(), Vec::<String>::new(), "A removed its own");
-    s3.assert_only_the_output(&dir, &bucket, "ref-c", &["ranks", "inputs"]);
 }
 
 /// Two runs of *different* outputs of one name (`s3://B/out` at two endpoints; likewise an

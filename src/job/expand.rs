@@ -17,7 +17,7 @@ use crate::job::destination::owned::inspect;
 use crate::job::destination::resume;
 use crate::job::destination::series::say_what_keep_would_remove;
 use crate::job::destination::staging::{self, Staging};
-use crate::job::destination::{upload, Held};
+use crate::job::destination::{by_rename, scratch, upload, Held};
 use crate::job::handoff::{Resume, Setup};
 use crate::output::checkpoint::{self, InputRecord};
 use crate::report::narrate::count;
@@ -145,10 +145,13 @@ impl StagingSteps for StagingDir<'_> {
     /// beside its staging directory, once its pid proved it dead: nothing continues them. Its
     /// staging directory, which `--resume` may continue, is taken only by [`Self::begin`].
     fn clear_failed(&mut self, lock: Option<&OutputLock>) -> Result<()> {
-        if let Some(dead) = lock.and_then(OutputLock::dead_predecessor) {
+        let Some(lock) = lock else {
+            return Ok(());
+        };
+        if let Some(dead) = lock.dead_predecessor() {
             Staging::at(&staging::run_dir(self.pointer, dead)).remove_heartbeats_aside();
         }
-        Ok(())
+        finish_replaced_output(lock, self.pointer, self.target)
     }
 
     fn check_replace(&mut self, taken: bool) -> Result<()> {
@@ -159,7 +162,7 @@ impl StagingSteps for StagingDir<'_> {
     }
 
     /// The staging directory ([`take_staging`]); a dry run says what `--keep` would remove.
-    fn begin(&mut self, lock: Option<&OutputLock>) -> Result<()> {
+    fn begin(&mut self, lock: Option<&OutputLock>, named: Option<Option<&str>>) -> Result<()> {
         let Some(lock) = lock else {
             if let Some(keep) = &self.settings.keep {
                 say_what_keep_would_remove(self.target, keep, self.settings.epoch)?;
@@ -168,7 +171,7 @@ impl StagingSteps for StagingDir<'_> {
         };
         let (resume, resuming, pointer) = (self.settings.resume, self.resuming, self.pointer);
         let (_, records, _) = self.expand()?;
-        let staged = take_staging(resume, resuming, lock, pointer, records)?;
+        let staged = take_staging((resume, resuming), (lock, named), pointer, records)?;
         self.staged = Some(staged);
         Ok(())
     }
@@ -209,6 +212,7 @@ impl life::Prepare for OnDisk<'_, '_> {
             lock: self.own.as_ref(),
             steps: &mut *self.dir,
             taken: false,
+            named: None,
         }
     }
 }
@@ -218,13 +222,15 @@ impl life::Prepare for OnDisk<'_, '_> {
 /// run's only when that run surely ended ([`OutputLock::may_take`]): `--resume` then renames it
 /// to this run's name before it reads anything in it (the earlier run's paths lead nowhere from
 /// then on), and a run without `--resume` removes it. The pointer then leads to this run's.
+/// Staged on `--scratch` for an object store (`named`: the token of the failed run the bucket's
+/// marker names, if any), a copy found with the lock free is taken only as
+/// [`scratch::may_take_copy`] allows.
 ///
 /// # Errors
 /// As [`continue_staging`] and [`create_staging`], or the pointer cannot be read or set.
 fn take_staging(
-    resume: bool,
-    resuming: &ResumeSettings,
-    lock: &OutputLock,
+    (resume, resuming): (bool, &ResumeSettings),
+    (lock, named): (&OutputLock, Option<Option<&str>>),
     pointer: &Path,
     records: &[InputRecord],
 ) -> Result<(PathBuf, Option<Resume>)> {
@@ -235,6 +241,10 @@ fn take_staging(
         Some(e) if lock.may_take(&e, pointer)? => Some(e),
         _ => None,
     };
+    let earlier = earlier.filter(|e| match named {
+        Some(named) if lock.found_free() => scratch::may_take_copy(e, pointer, named),
+        _ => true,
+    });
     // A run stopped while it published (the watchdog ended it) left its heartbeats beside its
     // staging directory, which its rename may have published: they go once it surely ended
     // (a run its pid proved dead: cleared before the checks, `StagingDir::clear_failed`).
@@ -273,6 +283,38 @@ fn point(pointer: &Path, staging: &Path) -> Result<()> {
             staging.display()
         )
     })
+}
+
+/// A `--force` run cut short between its publishing exchange and the end of the replaced
+/// output's removal (killed, its node lost) left that output at its staging name, where the
+/// `pointer` leads, with whatever the user had put in it: its removal is finished as `--force`
+/// does it ([`by_rename::finish_replaced`]: only what reshard wrote of it goes, the user's files
+/// are carried into the output at `target`), never by removing the directory whole. Only where
+/// that run surely ended: the lock was free, or taken over from it by its dead pid.
+///
+/// # Errors
+/// The pointer cannot be read, or the removal cannot be finished.
+fn finish_replaced_output(lock: &OutputLock, pointer: &Path, target: &Path) -> Result<()> {
+    let Some(earlier) = staging::pointed(pointer)
+        .with_context(|| format!("{}: cannot read the staging pointer", pointer.display()))?
+    else {
+        return Ok(());
+    };
+    let ended = match lock.dead_predecessor() {
+        Some(dead) => earlier == staging::run_dir(pointer, dead),
+        None => lock.found_free(),
+    };
+    if !ended || earlier == pointer || !Staging::at(&earlier).holds_a_replaced_output() {
+        return Ok(());
+    }
+    crate::errln!(
+        "reshard: finishing the removal of the output {} replaced, which {} still holds (the --force run that published it ended before it was done): what reshard wrote of it goes, the files it held that reshard did not write are kept",
+        target.display(),
+        earlier.display()
+    );
+    by_rename::finish_replaced(&earlier, target)?;
+    staging::unpoint(pointer, &earlier);
+    Ok(())
 }
 
 /// `--resume`: the earlier run's staging directory becomes this run's, by one rename; from then

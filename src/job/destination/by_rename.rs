@@ -65,28 +65,7 @@ impl Commit for ByRename<'_> {
         if !replaced {
             return Ok(());
         }
-        let failed = || {
-            format!(
-                "{}: cannot remove the replaced output (the next run on this output removes it)",
-                self.staging.display()
-            )
-        };
-        // Checked at the exchange: its index.json is reshard's (were it not any more, nothing
-        // of it can be told to be reshard's: it is all left, and the message says where).
-        let Ok(manifest) = OutputManifest::parse(self.staging) else {
-            return leave_replaced(self.staging, self.target, &[]);
-        };
-        let written = Written::of(Some(&manifest));
-        if !written::remove_written(self.staging, &written).with_context(failed)? {
-            return storage::sink(self.staging)
-                .remove_dir_all(self.staging)
-                .with_context(failed);
-        }
-        let left = written::carry(self.staging, self.target).with_context(failed)?;
-        if !left.is_empty() {
-            leave_replaced(self.staging, self.target, &left)?;
-        }
-        Ok(())
+        finish_replaced(self.staging, self.target)
     }
 
     fn release_staging(&self) -> Result<()> {
@@ -112,14 +91,63 @@ impl Commit for ByRename<'_> {
     }
 }
 
-/// What the user put in the output `target` replaced whose names the new output also has
-/// (`left`, relative to `staging`, where the replaced output waits): moved from the staging name
-/// (which a next run may take) to one no run removes, `NAME.reshard-replaced`, and named in the
-/// run's message. The new output is published all the same.
+/// The output `target` replaced, waiting at the staging name `staging` where the exchange put
+/// it, goes as `--force` removes it: only what reshard wrote of it ([`written`]), and what is
+/// left (the user's own) is carried into the output at `target` where its name is free there,
+/// or else left in a directory the message names. The publishing run does it right after its
+/// exchange; a next run finishes it where that run was cut short
+/// ([`crate::job::destination::staging::Staging::holds_a_replaced_output`]).
+///
+/// # Errors
+/// Something of it cannot be removed or moved.
+pub(crate) fn finish_replaced(staging: &Path, target: &Path) -> Result<()> {
+    let failed = || {
+        format!(
+            "{}: cannot remove the replaced output (the next run on this output removes it)",
+            staging.display()
+        )
+    };
+    // Checked at the exchange: its index.json is reshard's (were it not any more, nothing
+    // of it can be told to be reshard's: it is all left, and the message says where).
+    let Ok(manifest) = OutputManifest::parse(staging) else {
+        return leave_replaced(staging, target, Left::All);
+    };
+    let written = Written::of(Some(&manifest));
+    if !written::remove_written(staging, &written).with_context(failed)? {
+        return storage::sink(staging)
+            .remove_dir_all(staging)
+            .with_context(failed);
+    }
+    if inspect(target)? != AtOutput::ReshardOutput {
+        // The output it was replaced by is not there any more (moved away since): nothing
+        // to carry the user's files into.
+        return leave_replaced(staging, target, Left::NoOutput);
+    }
+    let left = written::carry(staging, target).with_context(failed)?;
+    if !left.is_empty() {
+        leave_replaced(staging, target, Left::Taken(&left))?;
+    }
+    Ok(())
+}
+
+/// What is left of a replaced output once reshard's own went, and why.
+enum Left<'a> {
+    /// All of it: its index.json is not reshard's any more, so nothing of it can be told to be.
+    All,
+    /// The user's files: the output that replaced it is not at its path any more.
+    NoOutput,
+    /// The user's files whose names (relative to the staging name) the new output also has.
+    Taken(&'a [PathBuf]),
+}
+
+/// What is left of the output `target` replaced (`left`; the staging name `staging` holds it)
+/// moved from the staging name (which a next run may take) to one no run removes,
+/// `NAME.reshard-replaced`, and named in the run's message. The new output is published all the
+/// same.
 ///
 /// # Errors
 /// It cannot be moved.
-fn leave_replaced(staging: &Path, target: &Path, left: &[PathBuf]) -> Result<()> {
+fn leave_replaced(staging: &Path, target: &Path, left: Left<'_>) -> Result<()> {
     let name = target
         .file_name()
         .with_context(|| format!("--output {}: not a file name", target.display()))?
@@ -147,14 +175,26 @@ fn leave_replaced(staging: &Path, target: &Path, left: &[PathBuf]) -> Result<()>
             }
         }
     };
-    if left.is_empty() {
-        crate::errln!(
-            "reshard: --force: {} is published; the output it replaced no longer holds reshard's index.json, so nothing of it was removed: it is left in {}",
-            target.display(),
-            kept.display()
-        );
-        return Ok(());
-    }
+    let left = match left {
+        Left::All => {
+            crate::errln!(
+                "reshard: --force: {} is published; the output it replaced no longer holds reshard's index.json, so nothing of it was removed: it is left in {}",
+                target.display(),
+                kept.display()
+            );
+            return Ok(());
+        }
+        Left::NoOutput => {
+            crate::errln!(
+                "reshard: --force: what reshard wrote of the output {} replaced was removed; the files it held that reshard did not write are left in {} ({} is not there to move them into)",
+                target.display(),
+                kept.display(),
+                target.display()
+            );
+            return Ok(());
+        }
+        Left::Taken(left) => left,
+    };
     let shown: Vec<String> = left
         .iter()
         .take(3)

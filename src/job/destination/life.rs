@@ -156,6 +156,11 @@ pub(crate) struct StagingPart<'s> {
     /// What is at the staging directory's output is a copy an earlier attempt staged, which
     /// the strategy's `begin` takes (continues, moves aside or removes).
     pub(crate) taken: bool,
+    /// Where the output is committed by manifest: the token of the failed run its store's
+    /// marker named (`Some(None)`: none did), the only run whose staged copy a run that found
+    /// the lock free may take ([`crate::job::destination::scratch::may_take_copy`]). `None` on
+    /// a file system, whose staging directory the lock alone decides.
+    pub(crate) named: Option<Option<&'s str>>,
 }
 
 /// The steps of a staging directory on a file system, under the lock of the strategy they are
@@ -176,11 +181,12 @@ pub(crate) trait StagingSteps {
     /// The output may not be written there.
     fn check_replace(&mut self, taken: bool) -> Result<()>;
 
-    /// [`Prepare::begin`] of the staging directory: made, or an earlier attempt's continued.
+    /// [`Prepare::begin`] of the staging directory: made, or an earlier attempt's continued;
+    /// `named` as [`StagingPart::named`].
     ///
     /// # Errors
     /// It cannot be made or continued.
-    fn begin(&mut self, lock: Option<&OutputLock>) -> Result<()>;
+    fn begin(&mut self, lock: Option<&OutputLock>, named: Option<Option<&str>>) -> Result<()>;
 }
 
 /// The steps before the commit, in order, once per run: the lock taken, what a failed run left
@@ -199,7 +205,7 @@ pub(crate) fn prepare(strategy: &mut dyn Prepare) -> Result<()> {
     part.steps.check_replace(part.taken)?;
     strategy.begin()?;
     let part = strategy.staging();
-    part.steps.begin(part.lock)
+    part.steps.begin(part.lock, part.named)
 }
 
 /// What the run asked of its output's life.
@@ -420,7 +426,7 @@ mod tests {
                 &format!("staging check_replace {taken}"),
             )
         }
-        fn begin(&mut self, _: Option<&OutputLock>) -> Result<()> {
+        fn begin(&mut self, _: Option<&OutputLock>, _: Option<Option<&str>>) -> Result<()> {
             note(&self.steps, self.fails, "staging begin")
         }
     }
@@ -476,6 +482,7 @@ mod tests {
                 lock: None,
                 steps: &mut self.stage,
                 taken: self.target.ends_with("staged"),
+                named: None,
             }
         }
     }

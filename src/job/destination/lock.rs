@@ -379,6 +379,12 @@ impl OutputLock {
             .map(|t| t.from.token.as_str())
     }
 
+    /// Whether this run found the lock free (it took over no run's): the run that held it last
+    /// released it, having ended.
+    pub(crate) fn found_free(&self) -> bool {
+        self.took_over.is_none()
+    }
+
     /// This run's own staging directory beside the staging `pointer`, named after its token:
     /// no other run's path leads there.
     pub(crate) fn run_dir(&self, pointer: &Path) -> PathBuf {

@@ -168,6 +168,67 @@ fn remove_dead_copy(staging: &Path, dead: &str) {
     }
 }
 
+/// Rank 0 of a run that found the output's lock free (the run that held it last released it),
+/// staged on `--scratch` for an object store: whether the copy `earlier` the staging `pointer`
+/// leads to is its to remove or continue. The pointer is on rank 0's node only: a run with rank 0
+/// elsewhere that took the lock over by silence from the run that staged there, and released
+/// it, never saw it, so the copy may be that run's, suspended and alive. A copy with a plan
+/// record (staged where every rank sees it: a run taking the lock over by silence would have
+/// left it alone and pointed elsewhere) is taken as before; one without (staged per node, which
+/// records no plan, so nothing in it for `--resume` to continue) only when its token is the one
+/// `named` by the bucket's marker of a failed run, written under the lock. Else it is left where
+/// it is, and said so.
+pub(crate) fn may_take_copy(earlier: &Path, pointer: &Path, named: Option<&str>) -> bool {
+    let planned = !matches!(crate::output::checkpoint::read_plan(earlier), Ok(None));
+    let token = earlier
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.rsplit_once('.'))
+        .map(|(_, token)| token);
+    if earlier == pointer || planned || (named.is_some() && token == named) {
+        return true;
+    }
+    crate::errln!(
+        "reshard: left {} alone: the staging pointer {} leads there, but the output's lock was \
+         free and nothing in its store names that run (staged on each node's own disk, it may \
+         be the copy of a run that lost the lock to one on another node and still lives); this \
+         run stages in a directory of its own. Remove it once that run is surely gone",
+        earlier.display(),
+        pointer.display()
+    );
+    false
+}
+
+/// Rank 0 of a run that found the output's lock free and no failed run's marker in the bucket,
+/// staged on `--scratch` for an object store: a copy at the staged path `local` that an earlier
+/// run renamed there (its upload under way) and that holds no plan record (staged per node)
+/// carries no token and is claimed by nothing in the bucket; it may be the copy of a run
+/// suspended in its upload that lost the lock to one on another node, which never saw it:
+/// it is moved aside to `.NAME.reshard-left.OWN` (`own`: this run's token, only to make the
+/// name unique), never removed nor continued (a copy staged per node holds nothing `--resume`
+/// continues), and said so. Whether it was.
+///
+/// # Errors
+/// It cannot be moved.
+pub(crate) fn set_aside_unclaimed(local: &Path, own: &str) -> Result<bool> {
+    if !matches!(crate::output::checkpoint::read_plan(local), Ok(None)) {
+        return Ok(false);
+    }
+    let name = local.file_name().unwrap_or_default().to_string_lossy();
+    let aside = local.with_file_name(format!(".{name}.reshard-left.{own}"));
+    storage::sink(local)
+        .rename(local, &aside)
+        .with_context(|| format!("{}: cannot move the staged copy aside", local.display()))?;
+    crate::errln!(
+        "reshard: moved {} aside to {}: the output's lock was free, and that copy, staged on each \
+         node's own disk, may be the one of a run that lost the lock to a run on another node \
+         and still lives; remove it once that run is surely gone",
+        local.display(),
+        aside.display()
+    );
+    Ok(true)
+}
+
 /// Removes a node's copy `dir` of the staging directory, once, however many of the node's
 /// ranks ask: the first moves it aside (one rename, which the others then find gone) and
 /// removes it. Best effort: a copy left on a node's disk is no part of the output.
@@ -225,6 +286,30 @@ mod tests {
         remove_node_copy(&copy);
         remove_node_copy(&copy);
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn with_the_lock_free_a_node_copy_is_taken_only_when_the_bucket_names_its_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pointer = tmp.path().join(".out.reshard-tmp");
+        let copy = staging::run_dir(&pointer, "SILENT");
+        std::fs::create_dir_all(copy.join(".reshard")).unwrap();
+        // Staged per node: no plan record. Named by the marker, or not.
+        assert!(may_take_copy(&copy, &pointer, Some("SILENT")));
+        assert!(!may_take_copy(&copy, &pointer, Some("OTHER")));
+        assert!(!may_take_copy(&copy, &pointer, None));
+        // An older reshard's directory at the pointer's own path is taken as before.
+        assert!(may_take_copy(&pointer, &pointer, None));
+        // Staged where every rank sees it (a plan record): taken as before.
+        let plan = crate::output::checkpoint::PlanRecord {
+            arguments: Vec::new(),
+            inputs: Vec::new(),
+            digest: "d".into(),
+            ranks: 1,
+            mem_limit: 1,
+        };
+        crate::output::checkpoint::write_plan(&copy, &plan).unwrap();
+        assert!(may_take_copy(&copy, &pointer, None));
     }
 
     #[test]

@@ -161,7 +161,6 @@ impl<'a> Staging<'a> {
     }
 
     /// Where the plan record and the checkpoints for `--resume` are.
-    #[cfg(test)]
     pub(crate) fn resume_records(&self) -> PathBuf {
         self.0.join(crate::output::checkpoint::DIR_NAME)
     }
@@ -173,6 +172,24 @@ impl<'a> Staging<'a> {
 
     fn sink(&self) -> &'static dyn Sink {
         storage::sink(self.0)
+    }
+
+    /// Whether the directory holds the output a `--force` run replaced (its publishing exchange
+    /// put it at the run's staging name) rather than a run's staging: reshard's index.json, and
+    /// none of what a run's staging holds until it is published (the owner's mark, taken out
+    /// right before the publishing rename; the `--resume` records, kept until after it; the
+    /// heartbeats, moved aside before it). A run cut short between its exchange and the end of
+    /// the replaced output's removal leaves it so; the next run finishes that removal as
+    /// `--force` does ([`crate::job::destination::by_rename::finish_replaced`]) rather than
+    /// removing the directory whole, with the user's files inside.
+    pub(crate) fn holds_a_replaced_output(&self) -> bool {
+        let source = storage::source(self.0);
+        let absent =
+            |p: &Path| matches!(source.stat_link(p), Err(e) if e.kind() == io::ErrorKind::NotFound);
+        absent(&self.owner_file())
+            && absent(&self.resume_records())
+            && absent(&self.heartbeats())
+            && crate::job::destination::owned::OutputManifest::parse(self.0).is_ok()
     }
 
     /// Creates the staging directory with the saved-index and heartbeat directories inside.
@@ -294,6 +311,33 @@ mod tests {
         assert!(!aside.exists());
         staging.remove().unwrap();
         assert!(!staging.present());
+    }
+
+    #[test]
+    fn a_replaced_output_is_told_from_a_runs_staging() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join(".out.reshard-tmp.T0KEN");
+        let staging = Staging::at(&dir);
+        staging.create().unwrap();
+        fs::write(staging.owner_file(), b"T0KEN\n").unwrap();
+        let index = format!(
+            r#"{{"__kind__": "{}", "reshard": {{}}, "shardlist": [{{"url": "s-0.tar", "filesize": 1}}]}}"#,
+            crate::output::manifest::Manifest::KIND
+        );
+        fs::write(dir.join("index.json"), index).unwrap();
+        assert!(!staging.holds_a_replaced_output(), "the owner's mark");
+        fs::remove_file(staging.owner_file()).unwrap();
+        assert!(!staging.holds_a_replaced_output(), "the heartbeats");
+        fs::remove_dir(staging.heartbeats()).unwrap();
+        fs::create_dir(staging.resume_records()).unwrap();
+        assert!(!staging.holds_a_replaced_output(), "the --resume records");
+        fs::remove_dir(staging.resume_records()).unwrap();
+        assert!(staging.holds_a_replaced_output());
+        fs::write(dir.join("index.json"), b"the user's").unwrap();
+        assert!(
+            !staging.holds_a_replaced_output(),
+            "not reshard's index.json"
+        );
     }
 
     #[test]

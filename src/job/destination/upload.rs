@@ -72,6 +72,10 @@ pub(crate) struct RemoteLock {
     /// The marker of the upload under way as this run last wrote it: its next write is made
     /// only over it ([`Marker::put`]).
     marker: Option<Vec<u8>>,
+    /// The token the marker of a failed run names (its records'), as found before it was
+    /// cleared: on `--scratch`, the one run whose staged copy a run finding the lock free may
+    /// take ([`crate::job::destination::scratch::may_take_copy`]).
+    failed: Option<String>,
 }
 
 /// The lock object of the output `target`: beside it, hidden, outside its prefix.
@@ -92,12 +96,19 @@ impl RemoteLock {
             preserved: Vec::new(),
             records: Vec::new(),
             marker: None,
+            failed: None,
         })
     }
 
     /// The output's lock: the run's one lock, its token the run's one token.
     pub(crate) fn lock(&self) -> &OutputLock {
         &self.lock
+    }
+
+    /// The token of the failed run the bucket's marker named when this run took the lock, if
+    /// one did.
+    pub(crate) fn failed_run(&self) -> Option<&str> {
+        self.failed.as_deref()
     }
 
     /// That the lock still holds this run's token (right before the manifest is written).
@@ -209,6 +220,12 @@ impl life::Prepare for ToBucket<'_> {
                 .stat(&target.join(MANIFEST))
                 .is_err()
         });
+        // The lock free and no failed run's marker: nothing in the bucket claims a staged copy.
+        let lock = &self.lock()?.lock;
+        let own = lock.found_free().then(|| lock.token().to_string());
+        if let Some(own) = own.filter(|_| self.staged && left.is_none()) {
+            self.staged = !crate::job::destination::scratch::set_aside_unclaimed(local, &own)?;
+        }
         if left.as_ref().is_some_and(|m| !m.replaces.is_empty()) && !cfg.force {
             bail!(
                 "--output {}: an earlier run with --force was replacing the reshard output there and did not finish: rerun with --force",
@@ -223,6 +240,7 @@ impl life::Prepare for ToBucket<'_> {
         let earlier = left.as_ref().and_then(|m| m.records.clone());
         let lock = self.lock()?;
         lock.records = records::carry_over(target, earlier.as_deref(), &lock.lock, cfg.resume)?;
+        lock.failed = earlier;
         up.extend(lock.records.iter().map(|r| r.0.clone()));
         let fence = lock.fence(target);
         self.rest = clean_up_failed_run(target, left, &up, Some(&fence))?;
@@ -292,6 +310,7 @@ impl life::Prepare for ToBucket<'_> {
             lock: self.lock.as_ref().map(RemoteLock::lock),
             steps: &mut *self.scratch,
             taken: self.staged,
+            named: Some(self.lock.as_ref().and_then(RemoteLock::failed_run)),
         }
     }
 }

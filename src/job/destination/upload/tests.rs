@@ -352,7 +352,7 @@ impl life::StagingSteps for ScratchNoted {
         self.steps.push(format!("check_replace {taken}"));
         Ok(())
     }
-    fn begin(&mut self, lock: Option<&OutputLock>) -> Result<()> {
+    fn begin(&mut self, lock: Option<&OutputLock>, _: Option<Option<&str>>) -> Result<()> {
         let token = lock.map_or("none", OutputLock::token);
         let marker = Marker::read(&self.target).and_then(|m| m.records);
         self.steps

@@ -433,30 +433,40 @@ impl Objects {
 }
 
 impl Objects {
-    /// Aborts the upload of `key` its journal names, then removes the journal: how many
-    /// uploads. A journal without an id is an intent (its run died before or right after it
-    /// started the upload): the uploads of exactly `key` that run may have started are
-    /// aborted where the store can list them ([`Scheme::uploads`]); elsewhere they stay until
-    /// the store expires them (docs/storage.md).
+    /// Aborts the uploads of `key` its `journals` name, then removes them: how many uploads.
+    /// Each upload has a journal of its own ([`multipart::journal_of`]). A journal without an
+    /// id is an intent (its run died before or right after it started the upload): the uploads
+    /// of exactly `key` such a run may have started, since the earliest intent, are aborted
+    /// where the store can list them ([`Scheme::uploads`]); elsewhere they stay until the store
+    /// expires them (docs/storage.md).
     fn abort_journalled(
         &self,
         loc: &Location,
         store: &dyn Client,
         key: &Key,
-        journal: &ObjectMeta,
-    ) -> object_store::Result<usize> {
-        let id = block_on(again(|| async {
-            store.get(&journal.location).await?.bytes().await
-        }))?;
-        let ids: Vec<String> = if !id.is_empty() {
-            vec![String::from_utf8_lossy(&id).into_owned()]
-        } else if let Some(list) = loc.scheme.uploads {
+        journals: &[&ObjectMeta],
+    ) -> io::Result<usize> {
+        let mut ids = std::collections::BTreeSet::new();
+        let mut intent: Option<&ObjectMeta> = None;
+        for journal in journals {
+            let id = block_on(again(|| async {
+                store.get(&journal.location).await?.bytes().await
+            }))
+            .map_err(|e| error(loc, e))?;
+            if !id.is_empty() {
+                ids.insert(String::from_utf8_lossy(&id).into_owned());
+            } else if intent.is_none_or(|i| journal.last_modified < i.last_modified) {
+                intent = Some(journal);
+            }
+        }
+        if let (Some(journal), Some(list)) = (intent, loc.scheme.uploads) {
             use object_store::Error as E;
             match list(&loc.bucket, key) {
-                Ok(open) => maybe_ours(open, journal.last_modified)
-                    .into_iter()
-                    .map(|u| u.id)
-                    .collect(),
+                Ok(open) => ids.extend(
+                    maybe_ours(open, journal.last_modified)
+                        .into_iter()
+                        .map(|u| u.id),
+                ),
                 // Not the run's to fail: before the intent was journalled, no run needed the
                 // listing, and a later run could not list either.
                 Err(e @ (E::PermissionDenied { .. } | E::NotSupported { .. })) => {
@@ -467,14 +477,18 @@ impl Objects {
                         requests::plain(&e),
                         loc.scheme.bucket
                     );
-                    Vec::new()
                 }
-                Err(e) => return Err(e),
+                // Kept, so that no run forgets the upload; the user can let it go.
+                Err(e) => return Err(io::Error::other(format!(
+                    "{}://{}/{}: an earlier run journalled there that it was starting a multipart upload of {key}, and the listing of that key's open uploads failed ({}); removing that journal object lets the next run go on (an upload it started then stays open until a lifecycle rule of the {} aborts it)",
+                    loc.scheme.name,
+                    loc.bucket,
+                    journal.location,
+                    requests::plain(&e),
+                    loc.scheme.bucket
+                ))),
             }
-        } else {
-            Vec::new()
-        };
-        let aborted = ids.len();
+        }
         block_on(async {
             for id in &ids {
                 match store.abort_multipart(key, id).await {
@@ -483,9 +497,13 @@ impl Objects {
                     Err(e) => return Err(e),
                 }
             }
-            store.delete(&journal.location).await
-        })?;
-        Ok(aborted)
+            for journal in journals {
+                store.delete(&journal.location).await?;
+            }
+            Ok(())
+        })
+        .map_err(|e| error(loc, e))?;
+        Ok(ids.len())
     }
 }
 
@@ -640,14 +658,16 @@ impl Sink for Objects {
             store.list(Some(&prefix)).try_collect()
         }))
         .map_err(|e| error(&loc, e))?;
+        // Every journal of a key together: one listing serves all its intents.
+        let mut journals: std::collections::BTreeMap<Key, Vec<&ObjectMeta>> = Default::default();
+        for meta in &all {
+            if let Some(key) = object_of(&meta.location) {
+                journals.entry(key).or_default().push(meta);
+            }
+        }
         let mut aborted = 0;
-        for journal in &all {
-            let Some(key) = object_of(&journal.location) else {
-                continue;
-            };
-            aborted += self
-                .abort_journalled(&loc, &*store, &key, journal)
-                .map_err(|e| error(&loc, e))?;
+        for (key, journals) in &journals {
+            aborted += self.abort_journalled(&loc, &*store, key, journals)?;
         }
         Ok(aborted)
     }

@@ -30,30 +30,66 @@ pub(super) const MAX_PART: usize = 4 << 30;
 /// for the next run to abort ([`Sink::abort_unfinished`]).
 pub(super) const JOURNAL: &str = ".reshard-multipart";
 
-/// The journal object of a multipart upload to `key`.
+/// A new journal object for a multipart upload to `key`: `.reshard-multipart/NAME.SUFFIX`
+/// beside it, `SUFFIX` unique to this upload ([`unique`]). Each upload has its own, so that no
+/// other run (a late one that lost the lock, or its successor) writes over it or removes it.
 pub(super) fn journal_of(key: &Key) -> Key {
-    let text = key.as_ref();
-    let (dir, name) = text.rsplit_once('/').unwrap_or(("", text));
-    let path = if dir.is_empty() {
-        format!("{JOURNAL}/{name}")
-    } else {
-        format!("{dir}/{JOURNAL}/{name}")
-    };
-    Key::from(path.as_str())
+    beside(key, JOURNAL, &format!("{}.{}", name_of(key), unique()))
 }
 
-/// The object a journal object `journal` speaks for.
+/// The object a journal object `journal` speaks for: `NAME` of `.reshard-multipart/NAME.SUFFIX`
+/// ([`journal_of`]), or of `.reshard-multipart/NAME`, the one journal per object earlier
+/// versions wrote.
 pub(super) fn object_of(journal: &Key) -> Option<Key> {
     let text = journal.as_ref();
     let (dir, name) = text
         .rsplit_once(&format!("/{JOURNAL}/"))
         .or_else(|| text.strip_prefix(&format!("{JOURNAL}/")).map(|n| ("", n)))?;
+    let name = match name.rsplit_once('.') {
+        Some((object, suffix)) if is_unique(suffix) => object,
+        _ => name,
+    };
     let path = if dir.is_empty() {
         name.to_string()
     } else {
         format!("{dir}/{name}")
     };
     Key::parse(path).ok()
+}
+
+/// A suffix unique to this process and moment, `PID-NANOS-N`: what tells one writer's journal
+/// and side objects from every other's.
+fn unique() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}-{nanos}-{n}", std::process::id())
+}
+
+/// Whether `suffix` is one [`unique`] makes: three numbers joined by `-`.
+fn is_unique(suffix: &str) -> bool {
+    let numbers: Vec<&str> = suffix.split('-').collect();
+    numbers.len() == 3
+        && numbers
+            .iter()
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The last part of `key`'s name.
+fn name_of(key: &Key) -> &str {
+    let text = key.as_ref();
+    text.rsplit_once('/').map_or(text, |(_, name)| name)
+}
+
+/// `name` in the folder `folder` beside `key`.
+fn beside(key: &Key, folder: &str, name: &str) -> Key {
+    let path = match key.as_ref().rsplit_once('/') {
+        Some((dir, _)) => format!("{dir}/{folder}/{name}"),
+        None => format!("{folder}/{name}"),
+    };
+    Key::from(path.as_str())
 }
 
 /// An object written front to back: one PUT when it stays under a part, else a multipart
@@ -64,8 +100,8 @@ pub(super) struct Upload {
     pub(super) loc: Location,
     pub(super) key: Key,
     pub(super) buf: Vec<u8>,
-    /// The multipart upload's id and its parts so far.
-    pub(super) upload: Option<(MultipartId, Vec<PartId>)>,
+    /// The multipart upload's id, its parts so far, and its journal ([`journal_of`]).
+    pub(super) upload: Option<(MultipartId, Vec<PartId>, Key)>,
     pub(super) written: u64,
     /// Whether the object is only created, never put over another ([`Sink::create_stream_new`]):
     /// the PUT and the completion carry the store's create-only condition.
@@ -86,20 +122,7 @@ pub(crate) const SIDE: &str = ".reshard-creating";
 /// A side name for a create-only multipart upload to `key` ([`Upload::side`]): unique to this
 /// process and moment, so that no other writer's upload goes there.
 pub(super) fn side_of(key: &Key) -> Key {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let text = key.as_ref();
-    let (dir, name) = text.rsplit_once('/').unwrap_or(("", text));
-    let unique = format!("{name}.{}-{nanos}-{n}", std::process::id());
-    let path = if dir.is_empty() {
-        format!("{SIDE}/{unique}")
-    } else {
-        format!("{dir}/{SIDE}/{unique}")
-    };
-    Key::from(path.as_str())
+    beside(key, SIDE, &format!("{}.{}", name_of(key), unique()))
 }
 
 impl Upload {
@@ -120,10 +143,11 @@ impl Upload {
         self.upload.as_ref().map_or(0, |u| u.1.len())
     }
 
-    /// Starts the multipart upload, journalled: first the intent (an empty journal: an upload
-    /// to this key may have been started), then the upload, then its id in the journal. A run
-    /// that dies between the two finds the upload by its key ([`abort_unjournalled`]).
-    fn start(&self) -> object_store::Result<MultipartId> {
+    /// Starts the multipart upload, journalled in a journal of its own: first the intent (an
+    /// empty journal: an upload to this key may have been started), then the upload, then its
+    /// id in the journal. The next run finds the upload of a run that died between the two by
+    /// its key ([`maybe_ours`]). The upload's id and its journal.
+    fn start(&self) -> object_store::Result<(MultipartId, Key)> {
         block_on(async {
             let key = self.upload_key();
             let journal = journal_of(key);
@@ -134,20 +158,20 @@ impl Upload {
             });
             let named = PutPayload::from(id.clone().into_bytes());
             self.store.put(&journal, named).await?;
-            Ok(id)
+            Ok((id, journal))
         })
     }
 
     /// Sends the first `n` bytes of the buffer as the next part.
     fn send_part(&mut self, n: usize) -> io::Result<()> {
         if self.upload.is_none() {
-            let id = self.start().map_err(|e| error(&self.loc, e))?;
-            self.upload = Some((id, Vec::new()));
+            let (id, journal) = self.start().map_err(|e| error(&self.loc, e))?;
+            self.upload = Some((id, Vec::new(), journal));
         }
         let rest = self.buf.split_off(n);
         let data = PutPayload::from(std::mem::replace(&mut self.buf, rest));
         count(&PUTS, data.content_length());
-        let (id, parts) = self.upload.as_mut().expect("started above");
+        let (id, parts, _) = self.upload.as_mut().expect("started above");
         let key = self.side.as_ref().unwrap_or(&self.key);
         let part = block_on(again(|| {
             self.store.put_part(key, id, parts.len(), data.clone())
@@ -198,7 +222,7 @@ impl Writer for Upload {
         if !self.buf.is_empty() {
             self.send_part(self.buf.len())?;
         }
-        let (id, parts) = self.upload.take().expect("a multipart upload");
+        let (id, parts, journal) = self.upload.take().expect("a multipart upload");
         let completing = if self.create_only && self.side.is_none() {
             creating_store(self.loc.scheme, &self.loc.bucket)?
         } else {
@@ -207,13 +231,13 @@ impl Writer for Upload {
         let key = self.upload_key().clone();
         let done = block_on(async {
             let done = completing.complete_multipart(&key, &id, parts).await?;
-            self.store.delete(&journal_of(&key)).await?;
+            self.store.delete(&journal).await?;
             Ok(done)
         });
         let done = match done {
             Ok(done) => done,
             Err(e) => {
-                abort(&*self.store, &key, &id);
+                abort(&*self.store, &key, &id, &journal);
                 return Err(self.failed(e));
             }
         };
@@ -263,12 +287,12 @@ impl Upload {
     }
 }
 
-/// Aborts the multipart upload `id` of `key` and removes its journal; quietly, on a failure
+/// Aborts the multipart upload `id` of `key` and removes its `journal`; quietly, on a failure
 /// path (an abort that fails leaves the journal for the next run).
-pub(super) fn abort(store: &dyn Client, key: &Key, id: &MultipartId) {
+pub(super) fn abort(store: &dyn Client, key: &Key, id: &MultipartId, journal: &Key) {
     let _ = block_on(async {
         store.abort_multipart(key, id).await?;
-        store.delete(&journal_of(key)).await
+        store.delete(journal).await
     });
 }
 
@@ -296,10 +320,10 @@ pub(super) fn maybe_ours(
 
 impl Drop for Upload {
     fn drop(&mut self) {
-        if let Some((id, _)) = self.upload.take() {
+        if let Some((id, _, journal)) = self.upload.take() {
             // Unfinished: its parts would stay (and be billed) until aborted.
             let key = self.upload_key().clone();
-            abort(&*self.store, &key, &id);
+            abort(&*self.store, &key, &id, &journal);
         }
     }
 }
@@ -308,15 +332,47 @@ impl Drop for Upload {
 mod tests {
     use super::*;
 
+    /// Each upload has a journal of its own beside its object, which names the object; so
+    /// does the one journal per object of earlier versions (no suffix).
     #[test]
-    fn journals_name_their_objects() {
-        for key in ["out/x/shard-000001.tar", "shard.tar", "a/b/c/d.tar"] {
+    fn journals_are_each_uploads_own_and_name_their_objects() {
+        for key in [
+            "out/x/shard-000001.tar",
+            "shard.tar",
+            "a/b/c/d",
+            "out/x.1-2",
+        ] {
             let key = Key::parse(key).unwrap();
             let journal = journal_of(&key);
-            assert!(journal.as_ref().contains(JOURNAL), "{journal}");
-            assert_eq!(object_of(&journal), Some(key));
+            let (dir, name) = key.as_ref().rsplit_once('/').unwrap_or(("", key.as_ref()));
+            let folder = if dir.is_empty() {
+                format!("{JOURNAL}/{name}.")
+            } else {
+                format!("{dir}/{JOURNAL}/{name}.")
+            };
+            assert!(journal.as_ref().starts_with(&folder), "{journal}");
+            assert_ne!(journal, journal_of(&key), "another upload's journal");
+            assert_eq!(object_of(&journal), Some(key.clone()));
+            let old = Key::from(folder.trim_end_matches('.'));
+            assert_eq!(object_of(&old), Some(key), "{old}");
         }
-        assert_eq!(object_of(&Key::parse("out/x/shard.tar").unwrap()), None);
+        let parsed = |j: &str| object_of(&Key::parse(j).unwrap()).map(|k| k.to_string());
+        let some = |k: &str| Some(k.to_string());
+        assert_eq!(
+            parsed("out/.reshard-multipart/a.tar.42-1764395400000000000-7"),
+            some("out/a.tar")
+        );
+        assert_eq!(parsed("out/.reshard-multipart/a.tar"), some("out/a.tar"));
+        assert_eq!(parsed("out/.reshard-multipart/a.1-2"), some("out/a.1-2"));
+        assert_eq!(parsed("out/.reshard-multipart/a.1--2"), some("out/a.1--2"));
+        assert_eq!(parsed(".reshard-multipart/a.1-2-3"), some("a"));
+        assert_eq!(parsed("out/x/shard.tar"), None);
+        // Side names are each writer's own too.
+        let key = Key::parse("out/shard.tar").unwrap();
+        assert_ne!(side_of(&key), side_of(&key));
+        assert!(side_of(&key)
+            .as_ref()
+            .starts_with("out/.reshard-creating/shard.tar."));
     }
 
     #[test]

@@ -78,7 +78,20 @@ where
 }
 
 /// [`again`], the first wait `wait`.
-pub(super) async fn again_after<T, F, Fut>(mut wait: Duration, mut op: F) -> object_store::Result<T>
+pub(super) async fn again_after<T, F, Fut>(wait: Duration, op: F) -> object_store::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = object_store::Result<T>>,
+{
+    again_when(broke_off, wait, op).await
+}
+
+/// [`again_after`], sent again after the errors `worth` says are.
+pub(super) async fn again_when<T, F, Fut>(
+    worth: impl Fn(&object_store::Error) -> bool,
+    mut wait: Duration,
+    mut op: F,
+) -> object_store::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = object_store::Result<T>>,
@@ -87,7 +100,7 @@ where
     let mut tries = 1;
     loop {
         match op().await {
-            Err(e) if tries < attempts() && first.elapsed() < AGAIN_WITHIN && broke_off(&e) => {
+            Err(e) if tries < attempts() && first.elapsed() < AGAIN_WITHIN && worth(&e) => {
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(5));
                 tries += 1;

@@ -15,7 +15,7 @@ use object_store::signer::{SignedUrlOptions, Signer};
 use object_store::ClientOptions;
 use serde::Deserialize;
 
-use super::requests::{again, block_on, s3_store};
+use super::requests::{again_when, block_on, broke_off, s3_store};
 
 /// An upload still open: its id and when the store says it was started.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +34,41 @@ const VALID: Duration = Duration::from_secs(300);
 /// The client cannot be made, a request fails, or its answer is not a listing.
 pub(crate) fn s3_uploads(bucket: &str, key: &Key) -> object_store::Result<Vec<Open>> {
     let (s3, options) = s3_store(bucket, None).map_err(generic_err)?;
-    block_on(again(|| open_uploads(&s3, &options, key)))
+    block_on(listed(&s3, &options, key))
+}
+
+/// [`open_uploads`], asked again while the request breaks off or the store answers that it is
+/// busy or failed in passing ([`Passing`]), as `object_store` does its own requests: after
+/// 100 ms, then twice as long each time, `AWS_MAX_ATTEMPTS` times in all if set (else 10),
+/// for at most 30 s ([`super::requests::again_when`]).
+async fn listed(
+    s3: &AmazonS3,
+    options: &ClientOptions,
+    key: &Key,
+) -> object_store::Result<Vec<Open>> {
+    let worth = |e: &object_store::Error| broke_off(e) || passing(e);
+    again_when(worth, Duration::from_millis(100), || {
+        open_uploads(s3, options, key)
+    })
+    .await
+}
+
+/// An answer that says the store is busy or failed in passing: `429 Too Many Requests`, or a
+/// `5xx` other than `501 Not Implemented` (S3's `SlowDown` is a 503).
+#[derive(Debug)]
+struct Passing(String);
+
+impl std::fmt::Display for Passing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Passing {}
+
+/// Whether `e` is an answer worth asking again after a while ([`Passing`]).
+fn passing(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::Generic { source, .. } if source.is::<Passing>())
 }
 
 /// The open multipart uploads of exactly `key` in the bucket of `s3` (a listing by the prefix
@@ -78,6 +112,7 @@ async fn open_uploads(
                 405 | 501 => object_store::Error::NotSupported {
                     source: said.into(),
                 },
+                429 | 500..=599 => generic_err(Passing(said)),
                 _ => generic(said),
             });
         }
@@ -123,6 +158,13 @@ struct Upload {
 }
 
 fn parse(xml: &str) -> object_store::Result<Page> {
+    // Any other document (a proxy's page, another call's answer) would read as an empty one.
+    if !is_listing(xml) {
+        let start: String = xml.chars().take(200).collect();
+        return Err(generic(format!(
+            "a ListMultipartUploads answer that is not one: {start:?}"
+        )));
+    }
     let listing: Listing = quick_xml::de::from_str(xml).map_err(|e| {
         generic(format!(
             "a ListMultipartUploads answer that is not one ({e})"
@@ -159,6 +201,21 @@ fn parse(xml: &str) -> object_store::Result<Page> {
     Ok(Page { uploads, next })
 }
 
+/// Whether the document's root element is a `ListMultipartUploadsResult`.
+fn is_listing(xml: &str) -> bool {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_str(xml);
+    loop {
+        match reader.read_event() {
+            Ok(Event::Start(e) | Event::Empty(e)) => {
+                return e.local_name().as_ref() == b"ListMultipartUploadsResult"
+            }
+            Ok(Event::Eof) | Err(_) => return false,
+            Ok(_) => {}
+        }
+    }
+}
+
 fn generic(message: String) -> object_store::Error {
     generic_err(std::io::Error::other(message))
 }
@@ -177,26 +234,89 @@ mod tests {
     /// A one-request HTTP server on loopback that answers `status` with `body`: its address,
     /// and the request line it was sent.
     fn answering(status: &str, body: &str) -> (String, std::thread::JoinHandle<String>) {
+        let (address, served) = answering_each(&[(status, body)]);
+        (
+            address,
+            std::thread::spawn(move || served.join().unwrap().remove(0)),
+        )
+    }
+
+    /// An HTTP server on loopback that answers one request with each (status, body) of
+    /// `answers` in turn: its address, and the request lines it was sent.
+    fn answering_each(answers: &[(&str, &str)]) -> (String, std::thread::JoinHandle<Vec<String>>) {
         use std::io::{BufRead, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = format!("http://{}", listener.local_addr().unwrap());
-        let answer = format!(
-            "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-            body.len()
-        );
+        let answers: Vec<String> = answers
+            .iter()
+            .map(|(status, body)| {
+                format!(
+                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            })
+            .collect();
         let served = std::thread::spawn(move || {
-            let (conn, _) = listener.accept().unwrap();
-            let mut reader = std::io::BufReader::new(conn);
-            let mut first = String::new();
-            reader.read_line(&mut first).unwrap();
-            let mut line = String::new();
-            while reader.read_line(&mut line).unwrap() > 2 {
-                line.clear();
+            let mut requests = Vec::new();
+            for answer in answers {
+                let (conn, _) = listener.accept().unwrap();
+                let mut reader = std::io::BufReader::new(conn);
+                let mut first = String::new();
+                reader.read_line(&mut first).unwrap();
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap() > 2 {
+                    line.clear();
+                }
+                reader.get_mut().write_all(answer.as_bytes()).unwrap();
+                requests.push(first);
             }
-            reader.get_mut().write_all(answer.as_bytes()).unwrap();
-            first
+            requests
         });
         (address, served)
+    }
+
+    /// A store that is busy (429) or failed in passing (a 5xx but 501) is asked again, and
+    /// its next answer taken; a refusal, a missing call or a bad request is not asked again.
+    #[test]
+    fn a_listing_is_asked_again_after_a_busy_or_failing_store_only() {
+        let key = Key::from("out/shard-000001.tar");
+        let listing = r#"<ListMultipartUploadsResult><IsTruncated>false</IsTruncated>
+<Upload><Key>out/shard-000001.tar</Key><UploadId>u1</UploadId><Initiated>2026-11-29T05:00:00.000Z</Initiated></Upload>
+</ListMultipartUploadsResult>"#;
+        let slow = "<Error><Code>SlowDown</Code></Error>";
+        let (endpoint, served) = answering_each(&[
+            ("503 Slow Down", slow),
+            ("429 Too Many Requests", ""),
+            ("500 Internal Server Error", ""),
+            ("200 OK", listing),
+        ]);
+        let (s3, options) = client(&endpoint);
+        let open = block_on(listed(&s3, &options, &key)).unwrap();
+        assert_eq!(open.len(), 1, "{open:?}");
+        assert_eq!(served.join().unwrap().len(), 4);
+        for (status, again) in [
+            ("429 Too Many Requests", true),
+            ("500 Internal Server Error", true),
+            ("502 Bad Gateway", true),
+            ("503 Slow Down", true),
+            ("400 Bad Request", false),
+            ("403 Forbidden", false),
+            ("404 Not Found", false),
+            ("501 Not Implemented", false),
+        ] {
+            let (endpoint, served) = answering(status, "");
+            let (s3, options) = client(&endpoint);
+            let got = block_on(open_uploads(&s3, &options, &key)).unwrap_err();
+            served.join().unwrap();
+            assert_eq!(passing(&got), again, "{status}: {got}");
+        }
+        // Not an answer at all: not asked again either.
+        let (endpoint, served) = answering("200 OK", "<html>a proxy's page</html>");
+        let (s3, options) = client(&endpoint);
+        let got = block_on(listed(&s3, &options, &key)).unwrap_err();
+        served.join().unwrap();
+        assert!(!passing(&got), "{got}");
+        assert!(got.to_string().contains("not one"), "{got}");
     }
 
     /// The S3 client of bucket `b` at `endpoint`, path-style as with AWS_ENDPOINT_URL.
@@ -328,6 +448,15 @@ mod tests {
         assert_eq!(parse(&last).unwrap().next, None);
         let empty = r#"<ListMultipartUploadsResult><Bucket>b</Bucket><IsTruncated>false</IsTruncated></ListMultipartUploadsResult>"#;
         assert!(parse(empty).unwrap().uploads.is_empty());
+        // Only a listing is one.
+        for other in [
+            "<html>a proxy's page</html>",
+            "<Error><Code>x</Code></Error>",
+            "",
+            "{}",
+        ] {
+            assert!(parse(other).is_err(), "{other}");
+        }
         // A truncated page must say where the next one starts.
         let cut = xml.replace("<NextKeyMarker>my-movie.m2ts</NextKeyMarker>", "");
         assert!(parse(&cut).is_err());

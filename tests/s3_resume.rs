@@ -293,6 +293,20 @@ fn an_upload_started_by_a_rank_killed_before_it_journalled_its_id_is_aborted_by_
         .filter(|k| s3.cat(&dir, &bucket, k).is_empty())
         .collect();
     assert!(!journals.is_empty(), "an intent is journalled: {open:?}");
+    // Two uploads of the other shard, each journalled by its id: one in a journal of its own
+    // (`.reshard-multipart/NAME.PID-NANOS-N`), one in the journal per key of earlier versions.
+    // The next run reads both journals of that key and aborts both uploads. Before, one
+    // journal per key was shared by every run's upload of it, and a late run's intent or
+    // completion could overwrite or remove the journal naming its successor's upload.
+    let other = "out/shard-000000.tar";
+    for journal in [
+        "out/.reshard-multipart/shard-000000.tar.4242-1764395400000000000-0",
+        "out/.reshard-multipart/shard-000000.tar",
+    ] {
+        let id = s3.start_upload(&dir, &bucket, other);
+        assert!(!id.is_empty());
+        s3.put_bytes(&dir, &bucket, journal, id.as_bytes());
+    }
 
     let mut again = dir.mpi(2);
     again

@@ -253,9 +253,10 @@ impl Server {
         out.stdout.lines().map(str::to_string).collect()
     }
 
-    /// Starts a multipart upload to `s3://bucket/key` and leaves it open.
-    pub fn start_upload(&self, dir: &Dir, bucket: &str, key: &str) {
-        self.client(dir, &["mpu", bucket, key]);
+    /// Starts a multipart upload to `s3://bucket/key` and leaves it open: its id.
+    pub fn start_upload(&self, dir: &Dir, bucket: &str, key: &str) -> String {
+        let out = self.client(dir, &["mpu", bucket, key]);
+        out.stdout.trim().to_string()
     }
 
     /// The sample keys webdataset reads from the output at `s3://bucket/prefix`, following its

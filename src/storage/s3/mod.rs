@@ -478,15 +478,7 @@ impl Objects {
                         loc.scheme.bucket
                     );
                 }
-                // Kept, so that no run forgets the upload; the user can let it go.
-                Err(e) => return Err(io::Error::other(format!(
-                    "{}://{}/{}: an earlier run journalled there that it was starting a multipart upload of {key}, and the listing of that key's open uploads failed ({}); removing that journal object lets the next run go on (an upload it started then stays open until a lifecycle rule of the {} aborts it)",
-                    loc.scheme.name,
-                    loc.bucket,
-                    journal.location,
-                    requests::plain(&e),
-                    loc.scheme.bucket
-                ))),
+                Err(e) => return Err(unlisted(loc, &journal.location, key, &e)),
             }
         }
         block_on(async {
@@ -505,6 +497,19 @@ impl Objects {
         .map_err(|e| error(loc, e))?;
         Ok(ids.len())
     }
+}
+
+/// The error of a listing of `key`'s open uploads that failed other than by a refusal, for the
+/// intent `journal`: the journal stays, so that no run forgets the upload it may stand for, and
+/// the message says how to let it go (docs/storage.md).
+fn unlisted(loc: &Location, journal: &Key, key: &Key, e: &object_store::Error) -> io::Error {
+    io::Error::other(format!(
+        "{}://{}/{journal}: an earlier run journalled there that it was starting a multipart upload of {key}, and the listing of that key's open uploads failed ({}); removing that journal object lets the next run go on (an upload that run started then stays open until a lifecycle rule of the {} aborts it)",
+        loc.scheme.name,
+        loc.bucket,
+        requests::plain(e),
+        loc.scheme.bucket
+    ))
 }
 
 impl Sink for Objects {
@@ -707,5 +712,28 @@ mod tests {
         assert!(parse("s3x://data/k").is_err(), "another scheme");
         let bad = parse("s3://data/a//b").unwrap();
         assert!(bad.object().is_err());
+    }
+
+    /// A listing that failed for an intent names the journal object, and says that removing it
+    /// lets the next run go on.
+    #[test]
+    fn a_failed_listing_names_the_journal_to_remove() {
+        let loc = Location::parse(Path::new("s3://data/out"), &S3).unwrap();
+        let journal = Key::from("out/.reshard-multipart/shard.tar.1-2-3");
+        let key = Key::from("out/shard.tar");
+        let e = object_store::Error::Generic {
+            store: "S3",
+            source: "answered 400 Bad Request".into(),
+        };
+        let said = unlisted(&loc, &journal, &key, &e).to_string();
+        for part in [
+            "s3://data/out/.reshard-multipart/shard.tar.1-2-3:",
+            "multipart upload of out/shard.tar",
+            "400 Bad Request",
+            "removing that journal object lets the next run go on",
+            "lifecycle rule of the bucket",
+        ] {
+            assert!(said.contains(part), "{part} in {said}");
+        }
     }
 }

@@ -72,6 +72,7 @@ pub(crate) fn prepare(
         target: &target,
         pointer: &pointer,
         expanded,
+        for_store: bucket.is_some(),
         staged: None,
     };
     let (own, remote) = match bucket {
@@ -122,6 +123,8 @@ struct StagingDir<'a> {
     pointer: &'a Path,
     /// The inputs, their records and the `--input-files` roots, once expanded.
     expanded: Option<Expanded>,
+    /// The copy an object store's output is staged in on `--scratch`, not an output.
+    for_store: bool,
     /// The staging directory begun, and what `--resume` continues there (none in a dry run).
     staged: Option<(PathBuf, Option<Resume>)>,
 }
@@ -150,6 +153,10 @@ impl StagingSteps for StagingDir<'_> {
         };
         if let Some(dead) = lock.dead_predecessor() {
             Staging::at(&staging::run_dir(self.pointer, dead)).remove_heartbeats_aside();
+        }
+        // A copy staged on `--scratch` for an object store never replaced an output there.
+        if self.for_store {
+            return Ok(());
         }
         finish_replaced_output(lock, self.pointer, self.target)
     }

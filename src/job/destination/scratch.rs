@@ -202,7 +202,7 @@ pub(crate) fn may_take_copy(earlier: &Path, pointer: &Path, named: Option<&str>)
 /// Rank 0 of a run that found the output's lock free and no failed run's marker in the bucket,
 /// staged on `--scratch` for an object store: a copy at the staged path `local` that an earlier
 /// run renamed there (its upload under way) and that holds no plan record (staged per node)
-/// carries no token and is claimed by nothing in the bucket; it may be the copy of a run
+/// carries no token, and nothing in the bucket can claim it (a marker names no node); it may be the copy of a run
 /// suspended in its upload that lost the lock to one on another node, which never saw it:
 /// it is moved aside to `.NAME.reshard-left.OWN` (`own`: this run's token, only to make the
 /// name unique), never removed nor continued (a copy staged per node holds nothing `--resume`

@@ -164,6 +164,7 @@ pub(crate) fn prepare(
         lock: None,
         staged: false,
         rest: None,
+        seen: None,
         scratch,
     };
     life::prepare(&mut bucket)?;
@@ -180,6 +181,9 @@ struct ToBucket<'a> {
     staged: bool,
     /// The marker of a failed run, naming what is left of it once cleared.
     rest: Option<Marker>,
+    /// The bytes of the marker as this run's clearing left it (none: no marker): `begin` writes
+    /// this run's only over them, so that a run that lost the lock meanwhile writes nothing.
+    seen: Option<Vec<u8>>,
     /// The staging directory on `--scratch`: its steps are this strategy's, under its lock.
     scratch: &'a mut dyn StagingSteps,
 }
@@ -215,15 +219,20 @@ impl life::Prepare for ToBucket<'_> {
         let (cfg, target, local) = (self.cfg, self.target, self.local);
         finish_keeps_removal(target)?;
         self.staged = storage::source(local).stat(&local.join(MANIFEST)).is_ok();
-        let left = Marker::read(target).filter(|_| {
+        // Read once: every write of the marker before the commit is made over these bytes.
+        let seen = Marker::seen(target)?;
+        let left = seen.as_deref().map(Marker::parse).filter(|_| {
             storage::source(target)
                 .stat(&target.join(MANIFEST))
                 .is_err()
         });
-        // The lock free and no failed run's marker: nothing in the bucket claims a staged copy.
+        // The lock free: the run that staged a copy with no plan record (each node's own) lost
+        // the lock by its silence (a run killed outright leaves the lock taken, and one that
+        // failed removed its copy), and may live; a failed run's marker does not say on which
+        // node it staged, so it claims no copy here. Moved aside, never removed.
         let lock = &self.lock()?.lock;
         let own = lock.found_free().then(|| lock.token().to_string());
-        if let Some(own) = own.filter(|_| self.staged && left.is_none()) {
+        if let Some(own) = own.filter(|_| self.staged) {
             self.staged = !crate::job::destination::scratch::set_aside_unclaimed(local, &own)?;
         }
         if left.as_ref().is_some_and(|m| !m.replaces.is_empty()) && !cfg.force {
@@ -243,7 +252,7 @@ impl life::Prepare for ToBucket<'_> {
         lock.failed = earlier;
         up.extend(lock.records.iter().map(|r| r.0.clone()));
         let fence = lock.fence(target);
-        self.rest = clean_up_failed_run(target, left, &up, Some(&fence))?;
+        (self.rest, self.seen) = clean_up_failed_run(target, (left, seen), &up, Some(&fence))?;
         Ok(())
     }
 
@@ -281,6 +290,7 @@ impl life::Prepare for ToBucket<'_> {
             return Ok(());
         }
         let (resume, local, staged) = (cfg.resume, self.local, self.staged);
+        let seen = self.seen.take();
         let lock = self.lock()?;
         // Only while this run holds the lock, and only over the marker it sees there now.
         lock.check_owned()?;
@@ -289,7 +299,7 @@ impl life::Prepare for ToBucket<'_> {
             replaces: lock.replaced.clone(),
             records: Some(lock.lock.token().to_string()),
         };
-        lock.marker = Some(marker.put(target, Marker::seen(target)?.as_deref())?);
+        lock.marker = Some(marker.put(target, seen.as_deref())?);
         if staged {
             if let Some(token) = lock.lock.taken_from_silent() {
                 fenced::set_aside(local, token)?;
@@ -779,13 +789,18 @@ fn name_uploads(
 /// a marker and no manifest (`left`), the objects the marker names removed but for the shards
 /// of `kept` (and their saved indexes), which `--resume` keeps. The marker then names only what
 /// is left of it (the kept objects, and the objects of an output a failed `--force` run was
-/// replacing), or goes; that marker is returned when there was one.
+/// replacing), or nothing; that marker is returned when there was one, with the bytes at the
+/// marker's name afterwards. `(left, seen)`: the failed run's marker, if it is one, and the
+/// bytes it was read from (the marker is rewritten only over them, [`Marker::put`]: a run that
+/// lost the lock while it cleared writes nothing there; where it names nothing more it is
+/// removed, the lock checked right before, and `begin` then creates this run's only where none
+/// is).
 fn clean_up_failed_run(
     target: &Path,
-    left: Option<Marker>,
+    (left, seen): (Option<Marker>, Option<Vec<u8>>),
     kept: &[String],
     fence: Option<&Fence>,
-) -> Result<Option<Marker>> {
+) -> Result<(Option<Marker>, Option<Vec<u8>>)> {
     let sink = storage::sink(target);
     let aborted = sink.abort_unfinished(target).with_context(|| {
         format!(
@@ -798,7 +813,7 @@ fn clean_up_failed_run(
     }
     fenced::remove_side_objects(target)?;
     let Some(marker) = left else {
-        return Ok(None);
+        return Ok((None, seen));
     };
     let keeps = with_layouts(kept.iter().map(String::as_str));
     let (stay, gone): (Vec<String>, Vec<String>) =
@@ -814,20 +829,26 @@ fn clean_up_failed_run(
         uploads: stay,
         replaces: marker.replaces,
     };
-    if rest.uploads.is_empty() && rest.replaces.is_empty() {
+    let written = if rest.uploads.is_empty() && rest.replaces.is_empty() {
+        // Nothing left to name: it goes (`begin` then creates this run's only where none is).
+        // No store here removes conditionally: the lock is checked right before.
+        if let Some(fence) = fence {
+            fence.check()?;
+        }
         let path = target.join(INCOMPLETE);
         sink.remove_file(&path)
             .with_context(|| format!("{}: cannot remove", path.display()))?;
+        None
     } else {
-        rest.write(target)?;
-    }
+        Some(rest.put(target, seen.as_deref())?)
+    };
     if !gone.is_empty() {
         crate::errln!(
             "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
             target.display()
         );
     }
-    Ok(Some(rest))
+    Ok((Some(rest), written))
 }
 
 /// What a failed upload says: where the finished output stays for `--resume`, or where each

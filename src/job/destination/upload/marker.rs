@@ -41,6 +41,7 @@ impl Marker {
 
     /// Writes the marker at `target` whatever is there (what a failed run left, rewritten by
     /// the run holding the lock as it clears it).
+    #[cfg(test)]
     pub(super) fn write(&self, target: &Path) -> Result<()> {
         let marker = target.join(INCOMPLETE);
         storage::sink(&marker)
@@ -97,12 +98,18 @@ impl Marker {
 
     /// The marker at `target`, if there is one; an older plain list of names is read as the
     /// names uploaded.
+    #[cfg(test)]
     pub(super) fn read(target: &Path) -> Option<Marker> {
         let bytes = storage::source(target)
             .read(&target.join(INCOMPLETE))
             .ok()?;
+        Some(Self::parse(&bytes))
+    }
+
+    /// The marker `bytes` hold ([`Marker::read`]).
+    pub(super) fn parse(bytes: &[u8]) -> Marker {
         let names = |v: Vec<String>| v.into_iter().filter(|n| is_own_name(n)).collect();
-        Some(match serde_json::from_slice::<Marker>(&bytes) {
+        match serde_json::from_slice::<Marker>(bytes) {
             Ok(m) => Marker {
                 uploads: names(m.uploads),
                 replaces: names(m.replaces),
@@ -110,7 +117,7 @@ impl Marker {
             },
             Err(_) => Marker {
                 uploads: names(
-                    String::from_utf8_lossy(&bytes)
+                    String::from_utf8_lossy(bytes)
                         .lines()
                         .map(String::from)
                         .collect(),
@@ -118,7 +125,7 @@ impl Marker {
                 replaces: Vec::new(),
                 records: None,
             },
-        })
+        }
     }
 }
 

@@ -143,13 +143,14 @@ fn a_failed_runs_objects_go_but_those_kept_and_the_marker_then_names_what_is_lef
         replaces: replaces.iter().map(|n| (*n).to_string()).collect(),
         records: None,
     };
-    let left = clean_up_failed_run(
+    let (left, written) = clean_up_failed_run(
         target,
-        Some(marker(&names, &["old.tar"])),
+        (Some(marker(&names, &["old.tar"])), None),
         &["a.tar".to_string()],
         None,
     )
     .unwrap();
+    assert_eq!(written, Marker::seen(target).unwrap());
     assert_eq!(
         left,
         Some(marker(
@@ -167,20 +168,30 @@ fn a_failed_runs_objects_go_but_those_kept_and_the_marker_then_names_what_is_lef
             &["old.tar"]
         ))
     );
+    // Rewritten only over the bytes read: a marker another run wrote since stays.
+    let path = target.join(INCOMPLETE);
+    let seen = Marker::seen(target).unwrap();
+    storage::sink(&path).write(&path, b"a successor's").unwrap();
+    let left = Some(marker(&["a.tar"], &["x.tar"]));
+    let again = clean_up_failed_run(target, (left, seen.clone()), &[], None);
+    assert!(again.is_err(), "{again:?}");
+    assert_eq!(
+        storage::source(&path).read(&path).unwrap(),
+        b"a successor's"
+    );
+    storage::sink(&path)
+        .write(&path, &seen.clone().unwrap())
+        .unwrap();
     // Nothing kept and nothing replaced: the marker goes too.
-    let left = clean_up_failed_run(
-        target,
-        Marker::read(target).map(|m| Marker {
-            replaces: Vec::new(),
-            ..m
-        }),
-        &[],
-        None,
-    )
-    .unwrap();
-    assert_eq!(left, Some(Marker::default()));
+    let left = Marker::read(target).map(|m| Marker {
+        replaces: Vec::new(),
+        ..m
+    });
+    let (left, written) = clean_up_failed_run(target, (left, seen), &[], None).unwrap();
+    assert_eq!((left, written), (Some(Marker::default()), None));
     assert!(!present("a.tar") && !present(INCOMPLETE));
-    assert_eq!(clean_up_failed_run(target, None, &[], None).unwrap(), None);
+    let none = clean_up_failed_run(target, (None, None), &[], None).unwrap();
+    assert_eq!(none, (None, None));
 }
 
 /// A manifest whose create was sent again after its answer was lost finds its own first copy:

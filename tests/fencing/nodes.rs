@@ -147,12 +147,24 @@ fn a_run_finding_the_lock_free_leaves_a_node_copy_nothing_in_the_bucket_names() 
 }
 
 /// The three runs again, A now stopped in its upload: its copy on node 0 was renamed to the
-/// staged path (no token in its name) and uploads from there. C, finding the lock free and no
-/// failed run's marker in the bucket (B's publish removed it), moves that copy aside rather than
-/// removing it while A may live. The bug: C removed it.
+/// staged path (no token in its name) and uploads from there. C, finding the lock free, moves
+/// that copy aside rather than removing it while A may live: whether B published (no marker
+/// left in the bucket) or failed after its begin (B's marker left, naming B, which staged on
+/// node 1: a marker names no node). The bug: C removed it; after a failed B, still after the
+/// first fix (it trusted any failed run's marker to claim the copy).
 #[test]
 fn a_run_finding_the_lock_free_moves_an_unclaimed_staged_copy_aside() {
-    let test = "a_run_finding_the_lock_free_moves_an_unclaimed_staged_copy_aside";
+    for b_fails in [false, true] {
+        a_stopped_in_its_upload_and_c_on_its_node(b_fails);
+    }
+}
+
+fn a_stopped_in_its_upload_and_c_on_its_node(b_fails: bool) {
+    let test = if b_fails {
+        "a_run_finding_the_lock_free_moves_an_unclaimed_staged_copy_aside_b_failed"
+    } else {
+        "a_run_finding_the_lock_free_moves_an_unclaimed_staged_copy_aside"
+    };
     let Some((dir, s3, bucket, target)) = three_runs(test) else {
         return;
     };
@@ -170,12 +182,32 @@ fn a_run_finding_the_lock_free_moves_an_unclaimed_staged_copy_aside() {
     let node_0 = crate::util::staged_bucket(&dir.join("node-0"), &bucket).unwrap();
     assert!(node_0.join("out/index.json").exists(), "A's copy is staged");
 
+    let mut b_args = upload_args(&target, 4, "2");
+    if b_fails {
+        // B's input: a copy of A's with a shard cut short, refused once B has begun.
+        crate::util::copy_dir(&dir.join("in"), &dir.join("in-cut"));
+        let shard = crate::util::tar_files(&dir.join("in-cut"))[1].clone();
+        let len = std::fs::metadata(&shard).unwrap().len();
+        std::fs::File::options()
+            .write(true)
+            .open(&shard)
+            .unwrap()
+            .set_len(len / 2 + 100)
+            .unwrap();
+        let at = b_args.iter().position(|a| a == "in").unwrap();
+        b_args[at] = "in-cut".into();
+    }
     let mut b = dir.reshard(None);
-    b.args(upload_args(&target, 4, "2"))
-        .args(["--lock-stale-after", "1"]);
+    b.args(&b_args).args(["--lock-stale-after", "1"]);
     staged_per_node(&mut b, s3, &dir, "node-1");
     let b = b.output();
-    b.check(b.code() == Some(0), "B takes the output over and publishes");
+    if b_fails {
+        b.check(b.code() == Some(1), "B fails on its cut input");
+        let marker = s3.cat(&dir, &bucket, "out/.reshard-incomplete");
+        assert!(marker.contains("records"), "B's marker is left: {marker}");
+    } else {
+        b.check(b.code() == Some(0), "B takes the output over and publishes");
+    }
 
     let mut c = dir.reshard(None);
     c.args(upload_args(&target, 4, "3")).arg("--force");

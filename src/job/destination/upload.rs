@@ -27,7 +27,7 @@ use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
 use by_manifest::{half_removed, remove_objects, ByManifest, REMOVING};
 use fenced::{Fence, Found};
-use marker::{is_own_name, Marker, INCOMPLETE};
+use marker::{clean_up_failed_run, is_own_name, Marker, INCOMPLETE};
 use progress::{report_progress, Sent};
 
 mod by_manifest;
@@ -589,7 +589,7 @@ fn layout_of(shard: &str) -> String {
 
 /// The shards `shards` and their saved indexes, by name (the saved index of a shard is
 /// written by the rank that uploads the shard, [`restamp_layout`], and goes or stays with it).
-fn with_layouts<'a>(shards: impl IntoIterator<Item = &'a str>) -> HashSet<String> {
+pub(super) fn with_layouts<'a>(shards: impl IntoIterator<Item = &'a str>) -> HashSet<String> {
     shards
         .into_iter()
         .flat_map(|s| [s.to_string(), layout_of(s)])
@@ -783,72 +783,6 @@ fn name_uploads(
         fenced::remove(Some(&fence), &target.join(rel))?;
     }
     Ok(())
-}
-
-/// What a failed run left at `target`: unfinished multipart uploads aborted, and where it left
-/// a marker and no manifest (`left`), the objects the marker names removed but for the shards
-/// of `kept` (and their saved indexes), which `--resume` keeps. The marker then names only what
-/// is left of it (the kept objects, and the objects of an output a failed `--force` run was
-/// replacing), or nothing; that marker is returned when there was one, with the bytes at the
-/// marker's name afterwards. `(left, seen)`: the failed run's marker, if it is one, and the
-/// bytes it was read from (the marker is rewritten only over them, [`Marker::put`]: a run that
-/// lost the lock while it cleared writes nothing there; where it names nothing more it is
-/// removed, the lock checked right before, and `begin` then creates this run's only where none
-/// is).
-fn clean_up_failed_run(
-    target: &Path,
-    (left, seen): (Option<Marker>, Option<Vec<u8>>),
-    kept: &[String],
-    fence: Option<&Fence>,
-) -> Result<(Option<Marker>, Option<Vec<u8>>)> {
-    let sink = storage::sink(target);
-    let aborted = sink.abort_unfinished(target).with_context(|| {
-        format!(
-            "{}: cannot abort the unfinished uploads of an earlier run",
-            target.display()
-        )
-    })?;
-    if aborted > 0 {
-        crate::errln!("reshard: aborted {aborted} unfinished multipart upload(s) an earlier run left under {}", target.display());
-    }
-    fenced::remove_side_objects(target)?;
-    let Some(marker) = left else {
-        return Ok((None, seen));
-    };
-    let keeps = with_layouts(kept.iter().map(String::as_str));
-    let (stay, gone): (Vec<String>, Vec<String>) =
-        marker.uploads.into_iter().partition(|n| keeps.contains(n));
-    let mut removed = 0;
-    for name in &gone {
-        if fenced::remove(fence, &target.join(name))? {
-            removed += 1;
-        }
-    }
-    let rest = Marker {
-        records: fence.filter(|_| !stay.is_empty()).map(|f| f.token.clone()),
-        uploads: stay,
-        replaces: marker.replaces,
-    };
-    let written = if rest.uploads.is_empty() && rest.replaces.is_empty() {
-        // Nothing left to name: it goes (`begin` then creates this run's only where none is).
-        // No store here removes conditionally: the lock is checked right before.
-        if let Some(fence) = fence {
-            fence.check()?;
-        }
-        let path = target.join(INCOMPLETE);
-        sink.remove_file(&path)
-            .with_context(|| format!("{}: cannot remove", path.display()))?;
-        None
-    } else {
-        Some(rest.put(target, seen.as_deref())?)
-    };
-    if !gone.is_empty() {
-        crate::errln!(
-            "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
-            target.display()
-        );
-    }
-    Ok((Some(rest), written))
 }
 
 /// What a failed upload says: where the finished output stays for `--resume`, or where each

@@ -5,14 +5,15 @@
 //! then adds the names it uploads. Each write is made only over what the run saw there, and on
 //! a store with conditional writes only over that very version: a run that took the lock over
 //! changes or removes the marker before anything else, so a run that lost the lock writes
-//! nothing there any more.
+//! nothing there any more. What a failed run left is cleared here too ([`clean_up_failed_run`]).
 
 use std::io::ErrorKind;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use super::records;
+use super::fenced::{self, Fence};
+use super::{records, with_layouts};
 use crate::storage;
 
 /// The object that marks an upload under way ([`Marker`]): the names it uploads, so that the
@@ -132,4 +133,70 @@ impl Marker {
 /// A name that stays under the output it is relative to.
 pub(super) fn is_own_name(n: &str) -> bool {
     !n.is_empty() && !n.starts_with('/') && !n.split('/').any(|p| p == "..")
+}
+
+/// What a failed run left at `target`: unfinished multipart uploads aborted, and where it left
+/// a marker and no manifest (`left`), the objects the marker names removed but for the shards
+/// of `kept` (and their saved indexes), which `--resume` keeps. The marker then names only what
+/// is left of it (the kept objects, and the objects of an output a failed `--force` run was
+/// replacing), or nothing; that marker is returned when there was one, with the bytes at the
+/// marker's name afterwards. `(left, seen)`: the failed run's marker, if it is one, and the
+/// bytes it was read from (the marker is rewritten only over them, [`Marker::put`]: a run that
+/// lost the lock while it cleared writes nothing there; where it names nothing more it is
+/// removed, the lock checked right before, and `begin` then creates this run's only where none
+/// is).
+pub(super) fn clean_up_failed_run(
+    target: &Path,
+    (left, seen): (Option<Marker>, Option<Vec<u8>>),
+    kept: &[String],
+    fence: Option<&Fence>,
+) -> Result<(Option<Marker>, Option<Vec<u8>>)> {
+    let sink = storage::sink(target);
+    let aborted = sink.abort_unfinished(target).with_context(|| {
+        format!(
+            "{}: cannot abort the unfinished uploads of an earlier run",
+            target.display()
+        )
+    })?;
+    if aborted > 0 {
+        crate::errln!("reshard: aborted {aborted} unfinished multipart upload(s) an earlier run left under {}", target.display());
+    }
+    fenced::remove_side_objects(target)?;
+    let Some(marker) = left else {
+        return Ok((None, seen));
+    };
+    let keeps = with_layouts(kept.iter().map(String::as_str));
+    let (stay, gone): (Vec<String>, Vec<String>) =
+        marker.uploads.into_iter().partition(|n| keeps.contains(n));
+    let mut removed = 0;
+    for name in &gone {
+        if fenced::remove(fence, &target.join(name))? {
+            removed += 1;
+        }
+    }
+    let rest = Marker {
+        records: fence.filter(|_| !stay.is_empty()).map(|f| f.token.clone()),
+        uploads: stay,
+        replaces: marker.replaces,
+    };
+    let written = if rest.uploads.is_empty() && rest.replaces.is_empty() {
+        // Nothing left to name: it goes (`begin` then creates this run's only where none is).
+        // No store here removes conditionally: the lock is checked right before.
+        if let Some(fence) = fence {
+            fence.check()?;
+        }
+        let path = target.join(INCOMPLETE);
+        sink.remove_file(&path)
+            .with_context(|| format!("{}: cannot remove", path.display()))?;
+        None
+    } else {
+        Some(rest.put(target, seen.as_deref())?)
+    };
+    if !gone.is_empty() {
+        crate::errln!(
+            "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
+            target.display()
+        );
+    }
+    Ok((Some(rest), written))
 }

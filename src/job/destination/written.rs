@@ -1,6 +1,6 @@
 //! What reshard wrote of an output, in one place for every store, from its typed manifest
 //! ([`OutputManifest`]): its index.json (and each split's), the shards it lists with their saved and loader indexes
-//! (`NAME.idx`, `NAME.tar.idx`), and whatever is under its `.reshard/` directories and
+//! (`NAME.idx`, `NAME.tar.idx`), and whatever is under its `.reshard/` directories, `.resume/` and
 //! `.nv-meta/`. `--force` removes only that of the output it replaces, `--keep` only that of an
 //! older output; anything else there is the user's and is never deleted: on a file system it is
 //! carried into the new output where its name is free ([`carry`]).
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::job::destination::owned::OutputManifest;
-use crate::output::{dali, energon, saved_index};
+use crate::output::{checkpoint, dali, energon, saved_index};
 use crate::storage::{self, Kind};
 
 /// An output's manifest, at the top of the output.
@@ -76,10 +76,13 @@ impl Written {
     }
 }
 
-/// Whether `rel` is under one of reshard's own directories (`.reshard/` at any depth, or the
-/// output's `.nv-meta/`), or is one.
+/// Whether `rel` is under one of reshard's own directories (`.reshard/` at any depth, the
+/// output's `.nv-meta/`, or its `.resume/`: the checkpoint records of the run that published
+/// it, left when that run was killed between its rename and their removal), or is one.
 fn reshards_dir(rel: &str) -> bool {
-    rel.split('/').next() == Some(energon::META_DIR)
+    let top = rel.split('/').next();
+    top == Some(energon::META_DIR)
+        || top == Some(checkpoint::DIR_NAME)
         || rel.split('/').any(|part| part == saved_index::DIR_NAME)
 }
 
@@ -232,6 +235,7 @@ mod tests {
     fn output(dir: &Path) {
         fs::create_dir_all(dir.join(".reshard")).unwrap();
         fs::create_dir_all(dir.join(".nv-meta")).unwrap();
+        fs::create_dir_all(dir.join(".resume")).unwrap();
         fs::create_dir_all(dir.join("docs")).unwrap();
         fs::create_dir_all(dir.join("train/.reshard")).unwrap();
         let index = format!(
@@ -245,6 +249,7 @@ mod tests {
             "s-0.tar.idx",
             ".reshard/s-0.tar.reshard-layout",
             ".nv-meta/index.sqlite",
+            ".resume/plan.json",
             "train/s-1.tar",
             "train/.reshard/x",
         ] {

@@ -214,11 +214,7 @@ pub(crate) fn set_aside_unclaimed(local: &Path, own: &str) -> Result<bool> {
     if !matches!(crate::output::checkpoint::read_plan(local), Ok(None)) {
         return Ok(false);
     }
-    let name = local.file_name().unwrap_or_default().to_string_lossy();
-    let aside = local.with_file_name(format!(".{name}.reshard-left.{own}"));
-    storage::sink(local)
-        .rename(local, &aside)
-        .with_context(|| format!("{}: cannot move the staged copy aside", local.display()))?;
+    let aside = move_aside(local, own)?;
     crate::errln!(
         "reshard: moved {} aside to {}: the output's lock was free, and that copy, staged on each \
          node's own disk, may be the one of a run that lost the lock to a run on another node \
@@ -227,6 +223,21 @@ pub(crate) fn set_aside_unclaimed(local: &Path, own: &str) -> Result<bool> {
         aside.display()
     );
     Ok(true)
+}
+
+/// Moves the staged copy `local` to `.NAME.reshard-left.TOKEN` beside it (`token` names the run
+/// that moved it or whose it was, and makes the name unique): where a copy that a live run may
+/// still read goes instead of being removed. Where it went.
+///
+/// # Errors
+/// It cannot be moved.
+pub(crate) fn move_aside(local: &Path, token: &str) -> Result<PathBuf> {
+    let name = local.file_name().unwrap_or_default().to_string_lossy();
+    let aside = local.with_file_name(format!(".{name}.reshard-left.{token}"));
+    storage::sink(local)
+        .rename(local, &aside)
+        .with_context(|| format!("{}: cannot move the staged copy aside", local.display()))?;
+    Ok(aside)
 }
 
 /// Removes a node's copy `dir` of the staging directory, once, however many of the node's

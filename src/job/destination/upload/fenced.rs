@@ -291,11 +291,7 @@ fn upload(
 /// only be suspended, and read its files when it wakes): moved aside, to `.NAME.reshard-left.
 /// TOKEN` beside it, not removed, so that this run can stage at `local`.
 pub(crate) fn set_aside(local: &Path, token: &str) -> Result<()> {
-    let name = local.file_name().unwrap_or_default().to_string_lossy();
-    let aside = local.with_file_name(format!(".{name}.reshard-left.{token}"));
-    storage::sink(local)
-        .rename(local, &aside)
-        .with_context(|| format!("{}: cannot move the staged copy aside", local.display()))?;
+    let aside = crate::job::destination::scratch::move_aside(local, token)?;
     crate::errln!(
         "reshard: moved {} aside to {}: it is the staged copy of the run whose lock this one \
          took over, which may only be suspended; remove it once that run is surely gone",

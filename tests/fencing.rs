@@ -494,6 +494,16 @@ fn nothing_of_the_replaced_is_left(
 
 /// The arguments of a run to `out` (an `s3://` location or a directory) with `seed`: the
 /// attacked run and its successor differ in seed, so that a shard of one over the other's shows.
+/// Kills (SIGKILL) every reshard process run in `dir` but the stopped run A's (`a_pid`): run
+/// B, taken over from A, ended as a lost node would end it.
+fn kill_all_but(dir: &Dir, a_pid: i32) {
+    for (pid, _) in reshard_processes(dir.path()) {
+        if i32::try_from(pid).unwrap() != a_pid {
+            signal(pid, libc::SIGKILL);
+        }
+    }
+}
+
 fn upload_args(out: &str, shards: usize, seed: &str) -> Vec<String> {
     let shards = shards.to_string();
     [
@@ -704,11 +714,7 @@ fn an_upload_record_of_a_run_that_lost_its_lock_is_not_believed() {
     wait_until("run B records a shard as uploaded", || {
         records().iter().any(|r| r.0 != a_token)
     });
-    for (pid, _) in reshard_processes(dir.path()) {
-        if i32::try_from(pid).unwrap() != a_pid {
-            signal(pid, libc::SIGKILL);
-        }
-    }
+    kill_all_but(&dir, a_pid);
     let b = b.join().unwrap();
     b.check(b.code() != Some(0), "B was killed");
     b.stderr_has("taking over");

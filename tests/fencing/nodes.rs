@@ -6,9 +6,9 @@ use crate::util::data::sized;
 use crate::util::lock::{in_namespaces, wait_until};
 use crate::util::s3::Server;
 use crate::util::stores::Store as _;
-use crate::util::{reshard_processes, signal, Dir};
+use crate::util::Dir;
 
-use super::{stop_run_a, upload_args};
+use super::{kill_all_but, stop_run_a, upload_args};
 
 /// Heartbeats in the bucket (an output staged per node; one host does it with a test hook) are
 /// named by the run's one token, its lock's: run A (another PID namespace, so only its silence
@@ -62,11 +62,7 @@ fn a_takeover_removes_only_the_heartbeats_of_the_run_it_proved_dead() {
     wait_until("run B beats in the bucket", || beating().len() == 2);
     let b_token = holder();
     assert!(b_token != a_token && beating().contains(&b_token));
-    for (pid, _) in reshard_processes(dir.path()) {
-        if i32::try_from(pid).unwrap() != a_pid {
-            signal(pid, libc::SIGKILL);
-        }
-    }
+    kill_all_but(&dir, a_pid);
     let b = b.join().unwrap();
     b.check(b.code() != Some(0), "B was killed");
     b.stderr_has("taking over");

@@ -171,14 +171,26 @@ pub(super) fn found(target: &Path) -> Result<AtOutput> {
     }
 }
 
-/// Whether the prefix `target` holds nothing but markers of uploads under way.
+/// Whether the prefix `target` holds nothing but markers of uploads under way, and folders
+/// that hold no object (a store such as SeaweedFS lists a folder whose objects were all
+/// removed, as a failed run's `.reshard/` is by the clearing of its uploads).
 fn only_markers(target: &Path) -> Result<bool> {
     let entries = storage::source(target)
         .list(target)
         .with_context(|| format!("--output {}: cannot list", target.display()))?;
-    Ok(entries
-        .iter()
-        .all(|e| e.kind == Kind::File && e.name.to_str().is_some_and(is_marker)))
+    for e in entries {
+        let empty =
+            || super::records::names_under(&target.join(&e.name)).is_ok_and(|n| n.is_empty());
+        let ours = match e.kind {
+            Kind::File => e.name.to_str().is_some_and(is_marker),
+            Kind::Dir => empty(),
+            _ => false,
+        };
+        if !ours {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Whether `old` is an output whose removal by `--keep` began and did not finish: its marker

@@ -157,15 +157,16 @@ impl Marker {
 }
 
 impl Found {
-    /// Every marker at the top of `target` (listed once), but this run's (`own`), sorted by
-    /// name. One removed between the listing and its read was carried forward by the run that
-    /// removed it: it is passed over.
+    /// Every marker at the top of `target`, but this run's (`own`), sorted by name: one listing
+    /// of the names that start with [`INCOMPLETE`] (on an object store only those are asked
+    /// for, not the output's shards). One removed between the listing and its read was carried
+    /// forward by the run that removed it: it is passed over.
     ///
     /// # Errors
     /// The output cannot be listed, or a marker cannot be read.
     pub(super) fn all(target: &Path, own: &str) -> Result<Vec<Found>> {
         let source = storage::source(target);
-        let entries = match source.list(target) {
+        let entries = match source.list_starting(target, INCOMPLETE) {
             Ok(entries) => entries,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(e).with_context(|| format!("{}: cannot list", target.display())),

@@ -145,9 +145,10 @@ pub(crate) fn make_scratch(cfg: &UploadSettings) -> Result<()> {
 }
 
 /// Rank 0, before any work: the steps before the commit, one [`life::prepare`] over
-/// [`ToBucket`]: the lock taken in the bucket, what a failed run left cleared, the output
-/// checked (empty, or with `--force` a reshard output), then the marker of the upload under
-/// way written, an earlier attempt's staged copy continued or removed and the staging directory
+/// [`ToBucket`]: the lock taken in the bucket, what a failed run left cleared (this run's own
+/// marker of its upload under way created first, carrying forward what stays named), the
+/// output checked (empty, or with `--force` a reshard output), then that marker written again
+/// with what the run replaces, an earlier attempt's staged copy continued or removed and the staging directory
 /// on `--scratch` begun (`scratch`). The lock; none in a dry run, which writes nothing and says
 /// what `--keep` would remove.
 ///
@@ -214,8 +215,9 @@ impl life::Prepare for ToBucket<'_> {
         Ok(())
     }
 
-    /// What a failed run left (a marker and no manifest), but for the shards it uploaded
-    /// completely, which `--resume` keeps; and an output whose removal `--keep` began.
+    /// What failed runs left (their markers and no manifest), but for the shards uploaded
+    /// completely, which `--resume` keeps; and an output whose removal `--keep` began. This
+    /// run's own marker is created here, naming what stays of them, before theirs go.
     fn clear_failed(&mut self) -> Result<()> {
         if self.cfg.dry_run {
             return Ok(());
@@ -291,9 +293,9 @@ impl life::Prepare for ToBucket<'_> {
         Ok(())
     }
 
-    /// The marker of the upload under way, first: this run's token, what it replaces, what a
-    /// failed run left that `--resume` may keep (the upload phase adds what it uploads,
-    /// [`name_uploads`]). Then a copy an earlier attempt staged and did not finish uploading:
+    /// This run's marker of its upload under way, first, written over what its clearing wrote:
+    /// its token, what it replaces, what a failed run left that `--resume` may keep (the upload
+    /// phase adds what it uploads, [`name_uploads`]). Then a copy an earlier attempt staged and did not finish uploading:
     /// ours to continue (`--resume`) or to remove, unless that run may only be suspended. A dry
     /// run says what `--keep` would remove.
     fn begin(&mut self) -> Result<()> {

@@ -183,11 +183,11 @@ struct ToBucket<'a> {
     lock: Option<RemoteLock>,
     /// Whether an earlier attempt's finished copy is staged on `--scratch`.
     staged: bool,
-    /// This run's marker as its clearing wrote it, naming what is left of failed runs.
+    /// This run's marker as its clearing made it, naming what is left of failed runs.
     rest: Option<Marker>,
-    /// The bytes of this run's marker as its clearing wrote it: `begin` writes it again only
-    /// over them, so that a run that lost the lock meanwhile (its marker carried forward and
-    /// removed by its successor) writes nothing.
+    /// The bytes of this run's marker as its clearing wrote it (none: not written yet, `begin`
+    /// creates it): `begin` writes it again only over them, so that a run that lost the lock
+    /// meanwhile (its marker carried forward and removed by its successor) writes nothing.
     seen: Option<Vec<u8>>,
     /// The staging directory on `--scratch`: its steps are this strategy's, under its lock.
     scratch: &'a mut dyn StagingSteps,
@@ -268,8 +268,8 @@ impl life::Prepare for ToBucket<'_> {
             fence: Some(&fence),
         };
         let (rest, seen) = clean_up_failed_run(target, (&found, left), &up, &run)?;
-        lock.marker = Some(seen.clone());
-        (self.rest, self.seen) = (Some(rest), Some(seen));
+        lock.marker.clone_from(&seen);
+        (self.rest, self.seen) = (Some(rest), seen);
         Ok(())
     }
 

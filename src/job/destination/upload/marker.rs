@@ -256,8 +256,10 @@ pub(super) struct Clearing<'a> {
 /// stays: it goes too), each once the lock is checked, and never one that supersedes this run
 /// (a successor's, written while this run was suspended). A run that lost the lock meanwhile
 /// removes at most markers its successor read too or that this run's own marker carries
-/// forward; it never removes a successor's by name. What this run's marker names, and its
-/// bytes (its next write is made only over them, [`Marker::put`]).
+/// forward; it never removes a successor's by name. Where no marker was found and this run
+/// took the lock over from none, nothing is written yet (a run refused next leaves nothing at
+/// an output that may be a user's; `begin` creates the marker). What this run's marker names,
+/// and its bytes if it was written (its next write is made only over them, [`Marker::put`]).
 ///
 /// # Errors
 /// Something cannot be listed, removed or written, or the lock was lost.
@@ -266,10 +268,28 @@ pub(super) fn clean_up_failed_run(
     (found, left): (&[Found], bool),
     kept: &[String],
     run: &Clearing<'_>,
-) -> Result<(Marker, Vec<u8>)> {
-    let carried = carry_forward(target, (found, left), kept, run)?;
+) -> Result<(Marker, Option<Vec<u8>>)> {
+    let sink = storage::sink(target);
+    let aborted = sink.abort_unfinished(target).with_context(|| {
+        format!(
+            "{}: cannot abort the unfinished uploads of an earlier run",
+            target.display()
+        )
+    })?;
+    if aborted > 0 {
+        crate::errln!("reshard: aborted {aborted} unfinished multipart upload(s) an earlier run left under {}", target.display());
+    }
+    fenced::remove_side_objects(target)?;
+    if found.is_empty() && run.lineage.is_empty() {
+        let own = Marker {
+            records: Some(run.token.to_string()),
+            ..Marker::default()
+        };
+        return Ok((own, None));
+    }
+    let (rest, written) = carry_forward(target, (found, left), kept, run)?;
     remove_superseded(target, found, run)?;
-    Ok(carried)
+    Ok((rest, Some(written)))
 }
 
 /// [`clean_up_failed_run`] up to this run's marker: the failed runs' objects removed but for
@@ -284,17 +304,6 @@ pub(super) fn carry_forward(
     kept: &[String],
     run: &Clearing<'_>,
 ) -> Result<(Marker, Vec<u8>)> {
-    let sink = storage::sink(target);
-    let aborted = sink.abort_unfinished(target).with_context(|| {
-        format!(
-            "{}: cannot abort the unfinished uploads of an earlier run",
-            target.display()
-        )
-    })?;
-    if aborted > 0 {
-        crate::errln!("reshard: aborted {aborted} unfinished multipart upload(s) an earlier run left under {}", target.display());
-    }
-    fenced::remove_side_objects(target)?;
     let union = |names: &dyn Fn(&Marker) -> &Vec<String>| -> Vec<String> {
         let all = found.iter().filter(|_| left).flat_map(|f| names(&f.marker));
         let set: BTreeSet<String> = all.cloned().collect();

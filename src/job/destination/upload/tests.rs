@@ -209,7 +209,7 @@ fn a_failed_runs_objects_go_but_those_kept_and_this_runs_marker_then_names_what_
     assert!(!present("b.tar") && !present(".reshard/b.tar.reshard-layout"));
     // Only this run's marker is left, written once, carrying what stays named.
     let path = target.join(marker::name_of(A));
-    assert_eq!(storage::source(&path).read(&path).unwrap(), written);
+    assert_eq!(Some(storage::source(&path).read(&path).unwrap()), written);
     let found = marker::Found::all(target, "").unwrap();
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(marker::Found::named(&found).as_deref(), Some(A));
@@ -223,6 +223,18 @@ fn a_failed_runs_objects_go_but_those_kept_and_this_runs_marker_then_names_what_
     let (rest, _) = clean_up_failed_run(target, (&found, true), &[], &run).unwrap();
     assert_eq!(rest, marker(&[], &["old.tar"], B, &[A, F]));
     assert!(!present("a.tar") && !present(&marker::name_of(A)));
+    // No marker found, the lock taken over from no run: nothing written yet (a run refused
+    // next leaves nothing at what may be a user's prefix; `begin` creates it).
+    let empty = Path::new("mem://upload-clean/users");
+    storage::sink(empty).create_dir_all(empty).unwrap();
+    let run = marker::Clearing {
+        token: A,
+        lineage: Vec::new(),
+        fence: None,
+    };
+    let (rest, written) = clean_up_failed_run(empty, (&[], true), &[], &run).unwrap();
+    assert_eq!((rest, written), (marker(&[], &[], A, &[]), None));
+    assert_eq!(storage::source(empty).list(empty).unwrap().len(), 0);
 }
 
 /// Fenced by construction (issue 37): run A clears what a failed run F left and is suspended
@@ -267,7 +279,7 @@ fn a_run_suspended_in_its_clearing_never_removes_its_successors_marker() {
     );
     put("b-0.tar");
     let uploads = marker(&["b-0.tar", "kept.tar"], &[], B, &[A, F]);
-    uploads.put(target, B, Some(&seen)).unwrap();
+    uploads.put(target, B, seen.as_deref()).unwrap();
     // A wakes: its check passed before it was suspended, and it removes what it found.
     marker::remove_superseded(target, &found_by_a, &a).unwrap();
     assert_eq!(
@@ -584,7 +596,7 @@ fn a_run_suspended_after_its_manifest_never_removes_its_successors_marker() {
     };
     let (_, b_seen) = clean_up_failed_run(target, (&found, false), &[], &b).unwrap();
     let replacing = marker(&["b-0.tar"], &["a-0.tar"], B, &[&a_token]);
-    replacing.put(target, B, Some(&b_seen)).unwrap();
+    replacing.put(target, B, b_seen.as_deref()).unwrap();
     let manifest = target.join(MANIFEST);
     storage::sink(&manifest).remove_file(&manifest).unwrap();
     // A wakes after its manifest: it removes its own marker only, then finds it lost the lock.

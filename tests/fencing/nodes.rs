@@ -211,12 +211,7 @@ fn a_stopped_in_its_upload_and_c_on_its_node(b_fails: bool) {
     let c = c.output();
     c.check(c.code() == Some(0), "C publishes");
     c.stderr_has("aside");
-    let aside: Vec<_> = std::fs::read_dir(&node_0)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().contains(".out.reshard-left."))
-        .collect();
+    let aside = moved_aside(&node_0);
     c.check(
         aside.len() == 1 && aside[0].join("index.json").exists(),
         &format!(
@@ -330,12 +325,7 @@ fn a_killed_after_its_copy_was_left(test: &str, in_upload: bool, elsewhere: bool
     let c = on_node_0();
     c.check(c.code() == Some(0), "C publishes");
     let left = if in_upload {
-        let aside: Vec<_> = std::fs::read_dir(&node_0)
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.to_string_lossy().contains(".out.reshard-left."))
-            .collect();
+        let aside = moved_aside(&node_0);
         c.check(aside.len() == 1, "A's copy is moved aside");
         aside[0].clone()
     } else {
@@ -373,6 +363,16 @@ fn a_killed_after_its_copy_was_left(test: &str, in_upload: bool, elsewhere: bool
         s3.remove(&dir, &bucket, &key);
     }
     s3.assert_only_the_output(&dir, &bucket, "ref-c", &["ranks", "inputs"]);
+}
+
+/// The copies moved aside in the directory `node` (`.out.reshard-left.TOKEN`).
+fn moved_aside(node: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(node)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains(".out.reshard-left."))
+        .collect()
 }
 
 /// The token of the run holding the lock of `out` in `bucket`.

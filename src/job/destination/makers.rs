@@ -184,8 +184,10 @@ pub(crate) fn ended() -> Process {
 /// Records `p` as the maker `name` of the copy `copy`, for the tests.
 #[cfg(test)]
 pub(crate) fn write(copy: &Path, name: &str, p: &Process) {
-    std::fs::create_dir_all(dir(copy)).unwrap();
-    std::fs::write(dir(copy).join(name), p.render()).unwrap();
+    let sink = storage::sink(copy);
+    sink.create_dir_all(&dir(copy)).unwrap();
+    sink.replace(&dir(copy).join(name), p.render().as_bytes())
+        .unwrap();
 }
 
 #[cfg(test)]

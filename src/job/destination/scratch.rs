@@ -21,7 +21,7 @@ use anyhow::{Context, Result};
 
 use crate::comm::{agree, Comm};
 use crate::config::{JobSettings, ResumeSettings};
-use crate::job::destination::lock::is_token;
+use crate::job::destination::lock::{is_token, lock_of, lost_by_token};
 use crate::job::destination::makers::{self, Makers};
 use crate::job::destination::staging::{self, Staging};
 use crate::job::handoff::Setup;
@@ -88,7 +88,7 @@ pub(crate) fn settle(
             remove_dead_copy(staging, dead);
         }
     }
-    remove_gone_copies(staging, comm.rank() == 0);
+    remove_gone_copies(staging, &lock_of(target), comm.rank() == 0);
     crate::report::narrate::narrate(
         comm.rank() == 0,
         format_args!(
@@ -305,11 +305,13 @@ pub(crate) fn remove_node_copy(dir: &Path) -> bool {
 /// per node, it holds nothing `--resume` continues, and a copy the bucket's marker names was
 /// taken by the expand phase), and its run, were it alive, would be among its makers. A copy
 /// that records no maker, or one whose pid cannot be checked from here, stays: `lead` says so.
-/// Best effort, once however many of the node's ranks ask.
-fn remove_gone_copies(staging: &Path, lead: bool) {
+/// So does one marked as the staging directory of the run holding the output's `lock` now: a
+/// run continuing (`--resume`) a dead run's copy renames it to its own name and marks it before
+/// its ranks record themselves in it. Best effort, once however many of the node's ranks ask.
+fn remove_gone_copies(staging: &Path, lock: &Path, lead: bool) {
     for copy in earlier_copies(staging) {
         match makers::judge(&copy) {
-            Makers::Gone => {
+            Makers::Gone if !held_by_lock_holder(&copy, lock) => {
                 if remove_node_copy(&copy) {
                     crate::errln!(
                         "reshard: removed {}: an earlier run's copy on this node's disk, every \
@@ -323,9 +325,21 @@ fn remove_gone_copies(staging: &Path, lead: bool) {
                  Remove it once that run is surely gone",
                 copy.display()
             ),
-            Makers::Lives(_) | Makers::Unknown(_) => {}
+            Makers::Gone | Makers::Lives(_) | Makers::Unknown(_) => {}
         }
     }
+}
+
+/// Whether the staging directory `copy` is marked as the one of the run holding `lock` now
+/// ([`crate::job::destination::lock::OutputLock::mark_staging`]); where that cannot be read,
+/// whether it is marked at all.
+fn held_by_lock_holder(copy: &Path, lock: &Path) -> bool {
+    let mark = Staging::at(copy).owner_file();
+    let Ok(text) = storage::source(&mark).read(&mark) else {
+        return false;
+    };
+    let token = String::from_utf8_lossy(&text).trim().to_string();
+    !matches!(lost_by_token(lock, &token), Ok(Some(_)))
 }
 
 /// The copies of this output's earlier runs beside `staging` (this run's): directories named
@@ -530,8 +544,9 @@ mod tests {
         ];
         // This run's own copy is never judged, even with its makers gone.
         makers::write(&ours, "0", &gone);
-        remove_gone_copies(&ours, true);
-        remove_gone_copies(&ours, false);
+        let lock = tmp.path().join(".out.reshard-lock");
+        remove_gone_copies(&ours, &lock, true);
+        remove_gone_copies(&ours, &lock, false);
         let mut expected: Vec<String> = kept
             .iter()
             .chain([&ours])
@@ -569,5 +584,36 @@ mod tests {
         let local = copy_in(tmp.path(), "out", &[gone]);
         assert!(set_aside_unclaimed(&local, &own).unwrap());
         assert_eq!(listing(tmp.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_dead_runs_copy_continued_by_the_run_holding_the_lock_stays() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lock_path = tmp.path().join(".out.reshard-lock");
+        let lock = crate::job::destination::lock::OutputLock::acquire(
+            &lock_path,
+            Path::new("out"),
+            crate::job::destination::lock::STALE_AFTER,
+        )
+        .unwrap();
+        let t = |c: char| c.to_string().repeat(32);
+        let ours = copy_in(tmp.path(), &format!(".out.reshard-tmp.{}", t('0')), &[]);
+        // Renamed to the lock holder's name and marked, its ranks not yet recorded in it.
+        let continued = copy_in(
+            tmp.path(),
+            &format!(".out.reshard-tmp.{}", lock.token()),
+            &[makers::ended()],
+        );
+        lock.mark_staging(&continued).unwrap();
+        // Marked by a run that no longer holds the lock: nobody's.
+        let other = copy_in(
+            tmp.path(),
+            &format!(".out.reshard-tmp.{}", t('b')),
+            &[makers::ended()],
+        );
+        std::fs::write(Staging::at(&other).owner_file(), t('b')).unwrap();
+        remove_gone_copies(&ours, &lock_path, true);
+        assert!(continued.is_dir() && !other.exists());
+        drop(lock);
     }
 }

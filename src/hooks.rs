@@ -34,8 +34,10 @@
 //!   resumed `s3://` run, right before it writes a kept shard's saved index again, its lock
 //!   checked); `0:unmark-failed` (an object-store run's clearing: its own marker written and
 //!   its lock checked, right before it removes a failed run's marker); `0:unmark` (an
-//!   object-store run right after its manifest, before it removes its own marker); `r:multipart` (an object-store multipart upload started, its journal not yet
-//!   holding its id; the rank as its launcher numbered it). For `--resume` and kill tests.
+//!   object-store run after its manifest and the removal of what it replaced, before it
+//!   removes its own marker); `r:multipart` (an object-store multipart upload started, its
+//!   journal not yet holding its id; the rank as its launcher numbered it). For `--resume`
+//!   and kill tests.
 //! - `RESHARD_TEST_STOP=r:at`: rank r stops itself with SIGSTOP at the point named `at` (any
 //!   point of `RESHARD_TEST_KILL`), like a node that froze there: its peers must end the job.
 //! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop

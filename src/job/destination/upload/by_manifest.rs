@@ -1,8 +1,9 @@
 //! How an object store's output becomes live and what follows, for the output's life
 //! ([`crate::job::destination::life`]): there is no rename, so the commit is the manifest,
-//! created last and only where none is (never over another run's); once it is up, the marker
-//! of the upload under way goes, then the objects of what it replaced (or a failed run left)
-//! that it does not name, each while the run still holds the lock, then the staged copy.
+//! created last and only where none is (never over another run's); once it is up, the objects
+//! of what it replaced (or a failed run left) that it does not name go, each while the run
+//! still holds the lock, then the marker of the upload under way that named them, then the
+//! staged copy.
 //! `--keep` removes an older output holding its lock, its marker written first: a removal cut
 //! short is found by the marker and finished by the next run.
 

@@ -1,20 +1,17 @@
 //! The markers of uploads under way, in the bucket beside the objects of the output: what the
 //! next run reads to know what a run that failed left there. One marker per run, named by its
 //! token (`.reshard-incomplete.TOKEN`): fenced by construction, as table formats on object
-//! stores write only new, uniquely named objects. A run writes and removes only its own: it is
-//! created (create-only) as the run's first write toward the output, once the lock is taken
-//! and before anything of another run's is removed (`ToBucket`'s `clear_failed`: the run's
-//! token, what it carries forward of the failed runs it clears, the tokens of the runs it
-//! supersedes); `begin` adds what it replaces and what `--resume` may keep, the upload phase
-//! the names it uploads, each write made only over the run's own last bytes (`If-Match` where
-//! the store can); the run that published removes its own after its manifest. A run that
-//! took the lock over removes an earlier run's marker only once its own, written first, names
-//! what must stay named of it, and never one that names this run as superseded (a
-//! successor's): so a run suspended past its lock removes no marker a successor still needs,
-//! and a successor's marker is never at the name another run removes. The next run finds the
-//! markers by listing the output's top. The single `.reshard-incomplete` of an older reshard
-//! is read as one more failed run's marker. What a failed run left is cleared here too
-//! ([`clean_up_failed_run`]).
+//! stores write only new, uniquely named objects. A run writes and removes only its own, each
+//! write made only over the run's own last bytes (`If-Match` where the store can). Its first
+//! step once it holds the lock is its [`claim`]: the other runs' markers listed (a run that
+//! finds one superseding it lost the lock, and stops), each sealed (written again over the
+//! version read, `superseded_by` this run, so its run can name nothing more in it), and the
+//! run's own created, naming all they name and superseding their runs, before anything is
+//! removed or can fail; its clearing ([`clean_up_failed_run`]) then writes it again naming
+//! what stays, and removes the sealed markers. `begin` adds what it replaces and what
+//! `--resume` may keep, the upload phase the names it uploads; the run that published removes
+//! its own once what it replaced is gone. The single `.reshard-incomplete` of an older reshard
+//! is read as one more failed run's marker.
 
 use std::collections::BTreeSet;
 use std::io::ErrorKind;
@@ -384,6 +381,7 @@ pub(super) fn clean_up_failed_run(
     run: &Clearing<'_>,
 ) -> Result<(Marker, Option<Vec<u8>>)> {
     let sink = storage::sink(target);
+    check_lock(run)?; // a successor's uploads under way are never aborted by a lost run
     let aborted = sink.abort_unfinished(target).with_context(|| {
         format!(
             "{}: cannot abort the unfinished uploads of an earlier run",

@@ -198,6 +198,7 @@ fn replace(fence: Option<&Fence>, to: &Path) -> Result<()> {
 pub(crate) fn remove(fence: Option<&Fence>, path: &Path) -> Result<bool> {
     if let Some(f) = fence {
         f.check()?;
+        crate::hooks::kill_in_removal();
     }
     remove_if_there(path).with_context(|| format!("{}: cannot remove", path.display()))
 }

@@ -144,11 +144,10 @@ mod test_hooks {
     }
 
     /// `RESHARD_TEST_KILL=r:remove` (or `RESHARD_TEST_STOP`): right before an object at the
-    /// output's names is removed, the fence checked. The storage layer knows no rank: the
-    /// launcher's number of this process, 0 without one.
-    pub(crate) fn kill_in_removal() {
-        let rank = crate::comm::launcher::launcher_rank(|k| std::env::var(k).ok());
-        kill_at(rank.unwrap_or(0), "remove");
+    /// output's names is removed, the fence checked. `rank` gives the launcher's number of this
+    /// process (0 without one): the storage layer knows no rank.
+    pub(crate) fn kill_in_removal(rank: impl FnOnce() -> usize) {
+        kill_at(rank(), "remove");
     }
 
     /// `RESHARD_TEST_KILL=r:publish`: rank r dies (SIGKILL) as the publish phase starts.
@@ -299,7 +298,7 @@ mod test_hooks {
     pub(crate) fn kill_in_round(_rank: usize, _round: u64) {}
     pub(crate) fn kill_before_publish(_rank: usize) {}
     pub(crate) fn kill_in_multipart(_rank: impl FnOnce() -> Option<usize>) {}
-    pub(crate) fn kill_in_removal() {}
+    pub(crate) fn kill_in_removal(_rank: impl FnOnce() -> usize) {}
     pub(crate) fn kill_at(_rank: usize, _at: &str) {}
     pub(crate) fn pause_before_finish(_staging: &Path, _rank: usize) {}
     pub(crate) fn pause_before_publish(_staging: &Path, _rank: usize) {}

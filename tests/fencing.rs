@@ -12,6 +12,7 @@ use crate::util::stores::Store as _;
 use crate::util::verifier::assert_same_output;
 use crate::util::{reshard_processes, signal, Dir};
 
+mod links;
 mod nodes;
 
 /// Many small rounds (a 1 MiB budget), a checkpoint after every one: the exchange records

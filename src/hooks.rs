@@ -27,7 +27,8 @@
 //!   its status), like a node that died. Or at a named point: `r:index` (after indexing),
 //!   `r:plan` (after planning), `r:finish` (as the finish phase starts), `r:publish` (as the
 //!   publish phase starts); on rank 0 only: `0:rename` (right before the publishing rename),
-//!   `0:published` (right after it and the removal of the checkpoint records), `0:keep` (after
+//!   `0:renamed` (right after it, the checkpoint records still in the output), `0:published`
+//!   (right after the rename and the removal of the checkpoint records), `0:keep` (after
 //!   `--keep` moved an old epoch aside, before removing it); `r:uploaded` (an object-store
 //!   output: every rank's share is up, before rank 0's metadata and manifest); `r:layout` (a
 //!   resumed `s3://` run, right before it writes a kept shard's saved index again, its lock

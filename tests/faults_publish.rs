@@ -268,10 +268,11 @@ fn every_rank_killed_anywhere_leaves_old_or_new_and_resume_is_identical() {
     let old = snapshot(&dir.join("old"));
     // Rank 0 alone reaches the points inside publishing.
     let everywhere = ["index", "plan", "1", "5", "finish", "publish"];
-    let cases = everywhere
-        .iter()
-        .flat_map(|p| [(0, *p), (1, *p)])
-        .chain([(0, "rename"), (0, "published")]);
+    let cases = everywhere.iter().flat_map(|p| [(0, *p), (1, *p)]).chain([
+        (0, "rename"),
+        (0, "renamed"),
+        (0, "published"),
+    ]);
     for (victim, point) in cases {
         let out = format!("out-{victim}-{point}");
         copy_dir(&dir.join("old"), &dir.create_dir(&out));
@@ -294,13 +295,13 @@ fn every_rank_killed_anywhere_leaves_old_or_new_and_resume_is_identical() {
             );
             let check = dir.join(format!("{out}-check"));
             copy_dir(&now, &dir.create_dir(&check));
-            // Killed between the rename and the removal of the checkpoint records, the new
-            // output holds them (only a peer's kill can land there).
+            // Killed between the rename and the removal of the checkpoint records (at
+            // `renamed`, or by a peer's kill), the new output holds them.
             let _ = fs::remove_dir_all(check.join(".resume"));
             assert_same_output(&dir.join("ref"), &check, &["ranks"]);
         } else {
             res.check(
-                point != "published",
+                !matches!(point, "renamed" | "published"),
                 &format!("{at}: the new output must be live"),
             );
         }
@@ -416,12 +417,7 @@ fn a_users_files_in_an_output_replaced_by_a_run_killed_after_its_exchange_surviv
         .output();
     res.check(res.code() != Some(0), "the run was killed");
     res.stderr_has("now dies (SIGKILL) at published");
-    let waiting = fs::canonicalize(dir.join(".out.reshard-tmp")).unwrap();
-    assert_eq!(
-        fs::read(waiting.join("README")).unwrap(),
-        b"the user's readme",
-        "the replaced output waits at the staging name"
-    );
+    waits_at_the_staging_name(&dir, "README", b"the user's readme");
 
     let res = run("out", "3").arg("--force").assert_success();
     res.stderr_has("finishing the removal of the output");
@@ -434,10 +430,69 @@ fn a_users_files_in_an_output_replaced_by_a_run_killed_after_its_exchange_surviv
     fs::remove_file(check.join("README")).unwrap();
     fs::remove_dir_all(check.join("notes")).unwrap();
     assert_same_output(&dir.join("ref"), &check, &[]);
+    nothing_at_a_staging_name(&dir);
+}
+
+/// The output `out` that a `--force` run replaced waits at that run's staging name (where the
+/// staging pointer leads), with the user's file `name` holding `bytes`.
+fn waits_at_the_staging_name(dir: &Dir, name: &str, bytes: &[u8]) {
+    let waiting = fs::canonicalize(dir.join(".out.reshard-tmp")).unwrap();
+    assert_eq!(
+        fs::read(waiting.join(name)).unwrap(),
+        bytes,
+        "the replaced output waits at the staging name"
+    );
+}
+
+/// Nothing of reshard's is left beside the outputs in `dir` (staging, pointer, lock).
+fn nothing_at_a_staging_name(dir: &Dir) {
     let left: Vec<String> = fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.contains(".reshard-"))
         .collect();
     assert!(left.is_empty(), "nothing at a staging name: {left:?}");
+}
+
+/// The double case: an output whose publishing run was killed between its rename and the
+/// removal of its checkpoint records (`0:renamed`) keeps `.resume/`; the user puts a file in it;
+/// a `--force` run replacing it is killed after its exchange (`0:published`), which leaves it at
+/// that run's staging name. The next run still tells it from a failed run's staging directory
+/// and finishes its removal as `--force` does: the user's file survives byte for byte, and the
+/// output is the clean run's (the bug: the next run took it, `.resume/` and all, for a failed
+/// run's staging directory and removed it whole, the user's file with it).
+#[test]
+fn a_users_file_in_a_replaced_output_that_kept_its_records_survives_both_kills() {
+    let dir = Dir::new("force-killed-over-kept-records");
+    inputs(&dir);
+    job(&dir, Some(2), "ref", &[]).assert_success();
+    let res = job(&dir, Some(2), "out", &["--seed", "4"])
+        .env("RESHARD_TEST_KILL", "0:renamed")
+        .output();
+    res.check(res.code() != Some(0), "the publishing run was killed");
+    res.stderr_has("rank 0 now dies (SIGKILL) at renamed");
+    res.check(
+        dir.join("out/index.json").is_file() && dir.join("out/.resume").is_dir(),
+        "the published output keeps its checkpoint records",
+    );
+    dir.create_bytes("out/README", b"the user's readme");
+
+    let res = job(&dir, Some(2), "out", &["--force", "--seed", "5"])
+        .env("RESHARD_TEST_KILL", "0:published")
+        .output();
+    res.check(res.code() != Some(0), "the --force run was killed");
+    res.stderr_has("rank 0 now dies (SIGKILL) at published");
+    waits_at_the_staging_name(&dir, "README", b"the user's readme");
+
+    let res = job(&dir, Some(2), "out", &["--force"]).assert_success();
+    res.stderr_has("finishing the removal of the output");
+    assert_eq!(
+        fs::read(dir.join("out/README")).unwrap(),
+        b"the user's readme"
+    );
+    let check = dir.create_dir("check");
+    copy_dir(&dir.join("out"), &check);
+    fs::remove_file(check.join("README")).unwrap();
+    assert_same_output(&dir.join("ref"), &check, &[]);
+    nothing_at_a_staging_name(&dir);
 }

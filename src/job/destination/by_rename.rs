@@ -19,7 +19,7 @@ use crate::job::destination::series::{clear_aside, remove_epoch, unfinished_remo
 use crate::job::destination::staging;
 use crate::job::destination::written::{self, Written};
 use crate::output::checkpoint;
-use crate::storage;
+use crate::storage::{self, Kind};
 
 /// A finished staging directory and the output it becomes.
 pub(crate) struct ByRename<'a> {
@@ -247,6 +247,9 @@ fn publish(force: bool, staging: &Path, target: &Path) -> Result<bool> {
     sync_dir(staging)?;
     // Checked before the run, and again now: the output may have changed since.
     let replaced = force && may_replace(target, &inspect(target)?, force, "at publishing")?;
+    if replaced {
+        drop_replaced_records(target)?;
+    }
     hooks::kill_at(0, "rename");
     if replaced {
         storage::sink(target)
@@ -264,7 +267,37 @@ fn publish(force: bool, staging: &Path, target: &Path) -> Result<bool> {
     if let Some(parent) = target.parent() {
         sync_dir(parent)?;
     }
+    hooks::kill_at(0, "renamed");
     Ok(replaced)
+}
+
+/// Before `--force` exchanges the older output `target` with its staging directory: the
+/// checkpoint records the older output kept (its run was killed between its rename and their
+/// removal) go, and durably so, before the exchange. They are reshard's ([`written`]) and
+/// describe a run that published: nothing resumes from them, and `--force` would remove them
+/// with the rest of the output right after the exchange. Removed now, the replaced output never
+/// holds `.resume/` at the staging name, which is how the next run tells it from a failed run's
+/// staging directory should this run be cut short before its removal
+/// ([`staging::Staging::holds_a_replaced_output`]); kept, it would be taken for one and removed
+/// whole, the user's files inside with it.
+///
+/// # Errors
+/// They cannot be removed: nothing is published, the staging directory stays for `--resume`.
+fn drop_replaced_records(target: &Path) -> Result<()> {
+    let records = checkpoint::dir(target);
+    let sink = storage::sink(&records);
+    let removed = match storage::source(&records).stat_link(&records) {
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Ok(s) if s.kind == Kind::Dir => sink.remove_dir_all(&records),
+        _ => sink.remove_file(&records),
+    };
+    removed.with_context(|| {
+        format!(
+            "{}: cannot remove the checkpoint records of the output --force replaces (nothing was published)",
+            records.display()
+        )
+    })?;
+    sync_dir(target)
 }
 
 /// Renames `staging` to `target` where nothing is, or where an empty directory is: never over
@@ -408,6 +441,45 @@ mod tests {
             "{msg}"
         );
         assert!(staging.join("shard-000000.tar").exists());
+    }
+
+    /// The records an older output kept (its run killed between its rename and their removal)
+    /// go before the exchange, whatever form they have: the output that then waits at the
+    /// staging name is told from a run's staging directory, the user's file inside it.
+    #[test]
+    fn force_drops_the_records_an_older_output_kept_before_the_exchange() {
+        for dir_form in [true, false] {
+            let tmp = tempfile::tempdir().unwrap();
+            let (staging, target) = staged(tmp.path());
+            fs::create_dir_all(checkpoint::dir(&staging)).unwrap();
+            fs::write(checkpoint::dir(&staging).join("plan.json"), b"this run's").unwrap();
+            reshard_output(&target);
+            fs::write(target.join("README"), b"the user's").unwrap();
+            let kept = checkpoint::dir(&target);
+            if dir_form {
+                fs::create_dir(&kept).unwrap();
+                fs::write(kept.join("plan.json"), b"the published run's").unwrap();
+            } else {
+                fs::write(&kept, b"the published run's").unwrap();
+            }
+            assert!(publish(true, &staging, &target).unwrap(), "replaced");
+            let waiting = staging::Staging::at(&staging);
+            assert!(!waiting.resume_records().exists(), "dir form: {dir_form}");
+            assert!(waiting.holds_a_replaced_output(), "dir form: {dir_form}");
+            assert_eq!(fs::read(staging.join("README")).unwrap(), b"the user's");
+            assert_eq!(
+                fs::read(checkpoint::dir(&target).join("plan.json")).unwrap(),
+                b"this run's",
+                "the new output's records, removed after the exchange"
+            );
+        }
+        // Without --force nothing is replaced, and an output's records are not touched.
+        let tmp = tempfile::tempdir().unwrap();
+        let (staging, target) = staged(tmp.path());
+        reshard_output(&target);
+        fs::create_dir(checkpoint::dir(&target)).unwrap();
+        assert!(publish(false, &staging, &target).is_err());
+        assert!(checkpoint::dir(&target).is_dir());
     }
 
     #[test]

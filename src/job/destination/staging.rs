@@ -178,10 +178,16 @@ impl<'a> Staging<'a> {
     /// put it at the run's staging name) rather than a run's staging: reshard's index.json, and
     /// none of what a run's staging holds until it is published (the owner's mark, taken out
     /// right before the publishing rename; the `--resume` records, kept until after it; the
-    /// heartbeats, moved aside before it). A run cut short between its exchange and the end of
-    /// the replaced output's removal leaves it so; the next run finishes that removal as
-    /// `--force` does ([`crate::job::destination::by_rename::finish_replaced`]) rather than
-    /// removing the directory whole, with the user's files inside.
+    /// heartbeats, moved aside before it). An output can keep `.resume/` (its own run was
+    /// killed between its rename and their removal), but never at a staging name: `--force`
+    /// removes the records of the output it replaces before its exchange
+    /// ([`crate::job::destination::by_rename`]'s `drop_replaced_records`). So the records still
+    /// tell a run killed right before its rename (no owner's mark, no heartbeats, index.json
+    /// written: only its records say it is staging) from a replaced output. A run cut short
+    /// between its exchange and the end of the replaced output's removal leaves it so; the next
+    /// run finishes that removal as `--force` does
+    /// ([`crate::job::destination::by_rename::finish_replaced`]) rather than removing the
+    /// directory whole, with the user's files inside.
     pub(crate) fn holds_a_replaced_output(&self) -> bool {
         let source = storage::source(self.0);
         let absent =

@@ -170,7 +170,7 @@ impl StagingSteps for StagingDir<'_> {
         let (inputs, _, trees) = self.expand()?;
         check_output(settings, (out, target, taken), pointer, inputs)?;
         if let Some(remote) = remote {
-            check_not_over_inputs(remote, inputs)?;
+            check_not_over_inputs(remote, inputs, trees)?;
         }
         check_not_in_a_root(out, target, trees)
     }
@@ -477,12 +477,13 @@ fn output_paths(out: &Path, dry_run: bool) -> Result<(PathBuf, PathBuf)> {
     Ok((parent.join(name), staging))
 }
 
-/// Refuses an object store's output `remote` where an input is under it: its `--force` would
-/// replace the input's objects, as a file system's output is refused ([`check_output`]).
+/// Refuses an object store's output `remote` where an input is under it, or an `--input-files`
+/// root overlaps it: its `--force` would replace the input's objects, as a file system's output
+/// is refused ([`check_output`], [`check_not_in_a_root`]).
 ///
 /// # Errors
 /// An input is under `remote`, or a path cannot be resolved.
-fn check_not_over_inputs(remote: &Path, inputs: &[InputShard]) -> Result<()> {
+fn check_not_over_inputs(remote: &Path, inputs: &[InputShard], trees: &[Root]) -> Result<()> {
     let target = storage::source(remote)
         .canonical(remote)
         .with_context(|| format!("--output {}", remote.display()))?;
@@ -495,6 +496,16 @@ fn check_not_over_inputs(remote: &Path, inputs: &[InputShard]) -> Result<()> {
                 "--output {} would replace the input {}: choose an output that holds no input",
                 remote.display(),
                 input.path.display()
+            );
+        }
+    }
+    for root in trees {
+        if root.canonical.starts_with(&target) || target.starts_with(&root.canonical) {
+            bail!(
+                "--output {} and the --input-files root {} overlap: its --force would replace \
+                 the root's objects; choose an output outside it",
+                remote.display(),
+                root.path.display()
             );
         }
     }

@@ -32,10 +32,13 @@
 //!   `--keep` moved an old epoch aside, before removing it); `r:uploaded` (an object-store
 //!   output: every rank's share is up, before rank 0's metadata and manifest); `r:layout` (a
 //!   resumed `s3://` run, right before it writes a kept shard's saved index again, its lock
-//!   checked); `r:multipart` (an object-store multipart upload started, its journal not yet
-//!   holding its id; the rank as its launcher numbered it); `r:remove` (an object-store output:
-//!   an object at one of the output's names is about to be removed, the run's fence checked;
-//!   the rank as its launcher numbered it, 0 without a launcher). For `--resume` and kill tests.
+//!   checked); `0:unmark-failed` (an object-store run's clearing: its own marker written and
+//!   its lock checked, right before it removes a failed run's marker); `0:unmark` (an
+//!   object-store run right after its manifest, before it removes its own marker);
+//!   `r:multipart` (an object-store multipart upload started, its journal not yet holding its
+//!   id; the rank as its launcher numbered it); `r:remove` (an object-store output: an object
+//!   at one of the output's names is about to be removed, the run's fence checked; the rank as
+//!   its launcher numbered it, 0 without a launcher). For `--resume` and kill tests.
 //! - `RESHARD_TEST_STOP=r:at`: rank r stops itself with SIGSTOP at the point named `at` (any
 //!   point of `RESHARD_TEST_KILL`), like a node that froze there: its peers must end the job.
 //! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop

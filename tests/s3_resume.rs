@@ -360,12 +360,16 @@ fn a_run_killed_right_after_it_began_leaves_its_marker_for_the_next_to_clear() {
     killed.check(killed.code() != Some(0), "the killed run must fail");
     killed.stderr_has("now dies (SIGKILL) at index");
     let keys = s3.keys(&dir, &bucket, "out/");
-    assert_eq!(keys, ["out/.reshard-incomplete"], "only the marker is up");
-    let marker: serde_json::Value =
-        serde_json::from_str(&s3.cat(&dir, &bucket, "out/.reshard-incomplete")).unwrap();
+    let [key] = &keys[..] else {
+        panic!("only the marker is up: {keys:?}")
+    };
+    let token = key
+        .strip_prefix("out/.reshard-incomplete.")
+        .unwrap_or_default();
+    assert_eq!(token.len(), 32, "the killed run's own marker: {key}");
+    let marker: serde_json::Value = serde_json::from_str(&s3.cat(&dir, &bucket, key)).unwrap();
     assert_eq!(marker["uploads"], serde_json::json!([]), "{marker}");
-    let token = marker["records"].as_str().unwrap_or_default();
-    assert_eq!(token.len(), 32, "the killed run's token: {marker}");
+    assert_eq!(marker["records"], token, "{marker}");
     let lock = s3.cat(&dir, &bucket, ".out.reshard-lock");
     assert!(lock.contains(token), "the lock's token {token}: {lock}");
 
@@ -416,4 +420,79 @@ fn a_run_killed_right_after_its_staged_rename_is_resumed() {
     );
     again.check(again.code() == Some(0), "the resumed run publishes");
     only_the_output(&dir, s3, &bucket, "ref", false);
+}
+
+/// Issue 37, the marker fenced by construction, on SeaweedFS: F (seed 1) is killed as it
+/// indexes, leaving its marker. A (seed 1, in another PID namespace: only its heartbeat tells
+/// whether it lives) takes the lock over and stops itself at `point`, right after a lock
+/// check and before it removes a marker: `unmark-failed` (in its clearing, F's marker, its own
+/// written first) or `unmark` (after its manifest, its own). B (seed 2, `--force`) takes the
+/// output over by A's silence and is killed once its shard is up: its marker names it. A is
+/// continued and fails. B's marker must survive A, so that C (seed 3, `--force`) removes B's
+/// objects and publishes its own bytes with nothing left beside them. Before, every run shared
+/// one marker object: A removed B's, and C found B's shard without a manifest, not reshard's
+/// output, and was refused.
+#[test]
+fn a_run_stopped_before_it_removes_a_marker_leaves_its_successors() {
+    for point in ["unmark-failed", "unmark"] {
+        a_stopped_before_it_removes_a_marker(point);
+    }
+}
+
+fn a_stopped_before_it_removes_a_marker(point: &str) {
+    use crate::util::lock::{in_namespaces, stopped_in, Stopped};
+    let test = format!("a_run_stopped_before_it_removes_a_marker_leaves_its_successors_{point}");
+    let dir = Dir::new(&format!("s3-resume-{point}"));
+    sized(&dir, "in", "4MiB", "16KiB", 4);
+    let Some(s3) = crate::util::s3::server(&test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, &test);
+    let target = format!("s3://{bucket}/out");
+    dir.reshard(None)
+        .args(one_shard("ref-c", "3"))
+        .assert_success();
+    let run = |seed: &str, scratch: &str, extra: &[&str]| {
+        let mut cmd = dir.reshard(None);
+        cmd.args(one_shard(&target, seed)).args(extra);
+        cmd.arg("--scratch").arg(dir.join(scratch));
+        s3.with_env(&mut cmd);
+        cmd
+    };
+    let f = run("1", "scratch-f", &[])
+        .env("RESHARD_TEST_KILL", "0:index")
+        .output();
+    f.check(f.code() != Some(0), "F was killed as it indexed");
+
+    let mut args = one_shard(&target, "1");
+    args.extend(["--lock-stale-after", "1", "--scratch"].map(String::from));
+    args.push(dir.join("scratch-a").to_string_lossy().into_owned());
+    let mut a = in_namespaces(&dir, &args);
+    a.env("RESHARD_TEST_STOP", format!("0:{point}"));
+    s3.with_env(&mut a);
+    let a = std::thread::spawn(move || a.output());
+    wait_until("A stops right before it removes a marker", || {
+        !stopped_in(&dir).is_empty()
+    });
+    let stopped_a = Stopped::already(stopped_in(&dir));
+
+    let b = run("2", "scratch-b", &["--force", "--lock-stale-after", "1"])
+        .env("RESHARD_TEST_KILL", "0:uploaded")
+        .output();
+    b.check(b.code() != Some(0), "B was killed once its shard was up");
+    b.stderr_has("taking over");
+    drop(stopped_a);
+    let a = a.join().unwrap();
+    a.check(a.code() != Some(0), "A lost the output: it must fail");
+    let markers = s3.keys(&dir, &bucket, "out/.reshard-incomplete");
+    let [marker] = &markers[..] else {
+        panic!("one marker is left, B's: {markers:?}")
+    };
+    let marker = s3.cat(&dir, &bucket, marker);
+    assert!(marker.contains("shard-000000.tar"), "B's marker: {marker}");
+
+    let c = run("3", "scratch-c", &["--force"]).output();
+    c.check(c.code() == Some(0), "C clears what B left and publishes");
+    c.stderr_has("without publishing them");
+    s3.assert_only_the_output(&dir, &bucket, "ref-c", &["inputs"]);
 }

@@ -27,7 +27,7 @@ use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
 use by_manifest::{half_removed, remove_objects, ByManifest, REMOVING};
 use fenced::{Fence, Found};
-use marker::{clean_up_failed_run, is_own_name, Marker, INCOMPLETE};
+use marker::{clean_up_failed_run, is_own_name, Clearing, Marker};
 use progress::{report_progress, Sent};
 
 mod by_manifest;
@@ -69,9 +69,11 @@ pub(crate) struct RemoteLock {
     /// The bucket's records of a failed attempt's uploads that hold still, carried over under
     /// this run's prefix ([`records::carry_over`]): what [`records::kept`] chooses from.
     records: Vec<(String, records::Record)>,
-    /// The marker of the upload under way as this run last wrote it: its next write is made
+    /// This run's marker of its upload under way as it last wrote it: its next write is made
     /// only over it ([`Marker::put`]).
     marker: Option<Vec<u8>>,
+    /// The runs whose markers this run's supersedes ([`Marker::carried`]).
+    lineage: Vec<String>,
     /// The token the marker of a failed run names (its records'), as found before it was
     /// cleared: on `--scratch`, the one run whose staged copy a run finding the lock free may
     /// take ([`crate::job::destination::scratch::may_take_copy`]).
@@ -96,6 +98,7 @@ impl RemoteLock {
             preserved: Vec::new(),
             records: Vec::new(),
             marker: None,
+            lineage: Vec::new(),
             failed: None,
         })
     }
@@ -142,9 +145,10 @@ pub(crate) fn make_scratch(cfg: &UploadSettings) -> Result<()> {
 }
 
 /// Rank 0, before any work: the steps before the commit, one [`life::prepare`] over
-/// [`ToBucket`]: the lock taken in the bucket, what a failed run left cleared, the output
-/// checked (empty, or with `--force` a reshard output), then the marker of the upload under
-/// way written, an earlier attempt's staged copy continued or removed and the staging directory
+/// [`ToBucket`]: the lock taken in the bucket, what a failed run left cleared (this run's own
+/// marker of its upload under way created first, carrying forward what stays named), the
+/// output checked (empty, or with `--force` a reshard output), then that marker written again
+/// with what the run replaces, an earlier attempt's staged copy continued or removed and the staging directory
 /// on `--scratch` begun (`scratch`). The lock; none in a dry run, which writes nothing and says
 /// what `--keep` would remove.
 ///
@@ -179,10 +183,11 @@ struct ToBucket<'a> {
     lock: Option<RemoteLock>,
     /// Whether an earlier attempt's finished copy is staged on `--scratch`.
     staged: bool,
-    /// The marker of a failed run, naming what is left of it once cleared.
+    /// This run's marker as its clearing made it, naming what is left of failed runs.
     rest: Option<Marker>,
-    /// The bytes of the marker as this run's clearing left it (none: no marker): `begin` writes
-    /// this run's only over them, so that a run that lost the lock meanwhile writes nothing.
+    /// The bytes of this run's marker as its clearing wrote it (none: not written yet, `begin`
+    /// creates it): `begin` writes it again only over them, so that a run that lost the lock
+    /// meanwhile (its marker carried forward and removed by its successor) writes nothing.
     seen: Option<Vec<u8>>,
     /// The staging directory on `--scratch`: its steps are this strategy's, under its lock.
     scratch: &'a mut dyn StagingSteps,
@@ -210,8 +215,9 @@ impl life::Prepare for ToBucket<'_> {
         Ok(())
     }
 
-    /// What a failed run left (a marker and no manifest), but for the shards it uploaded
-    /// completely, which `--resume` keeps; and an output whose removal `--keep` began.
+    /// What failed runs left (their markers and no manifest), but for the shards uploaded
+    /// completely, which `--resume` keeps; and an output whose removal `--keep` began. This
+    /// run's own marker is created here, naming what stays of them, before theirs go.
     fn clear_failed(&mut self) -> Result<()> {
         if self.cfg.dry_run {
             return Ok(());
@@ -219,40 +225,51 @@ impl life::Prepare for ToBucket<'_> {
         let (cfg, target, local) = (self.cfg, self.target, self.local);
         finish_keeps_removal(target)?;
         self.staged = storage::source(local).stat(&local.join(MANIFEST)).is_ok();
-        // Read once: every write of the marker before the commit is made over these bytes.
-        let seen = Marker::seen(target)?;
-        let left = seen.as_deref().map(Marker::parse).filter(|_| {
-            storage::source(target)
-                .stat(&target.join(MANIFEST))
-                .is_err()
-        });
+        // Listed once: every marker of another run (this run has none yet); a failed run's
+        // where no manifest is there.
+        let lock = &self.lock()?.lock;
+        let found = marker::Found::all(target, lock.token())?;
+        let left = storage::source(target)
+            .stat(&target.join(MANIFEST))
+            .is_err();
         // The lock free: the run that staged a copy with no plan record (each node's own) lost
         // the lock by its silence (a run killed outright leaves the lock taken, and one that
         // failed removed its copy), and may live; a failed run's marker does not say on which
         // node it staged, so it claims no copy here. Moved aside, never removed.
-        let lock = &self.lock()?.lock;
         let own = lock.found_free().then(|| lock.token().to_string());
         if let Some(own) = own.filter(|_| self.staged) {
             self.staged = !crate::job::destination::scratch::set_aside_unclaimed(local, &own)?;
         }
-        if left.as_ref().is_some_and(|m| !m.replaces.is_empty()) && !cfg.force {
+        if left && found.iter().any(|f| !f.marker.replaces.is_empty()) && !cfg.force {
             bail!(
                 "--output {}: an earlier run with --force was replacing the reshard output there and did not finish: rerun with --force",
                 target.display()
             );
         }
-        let mut up = if cfg.resume && self.staged && left.is_some() {
+        let mut up = if cfg.resume && self.staged && left && !found.is_empty() {
             uploaded_before(local, target)?
         } else {
             Vec::new()
         };
-        let earlier = left.as_ref().and_then(|m| m.records.clone());
+        let earlier = marker::Found::named(&found).filter(|_| left);
         let lock = self.lock()?;
         lock.records = records::carry_over(target, earlier.as_deref(), &lock.lock, cfg.resume)?;
         lock.failed = earlier;
         up.extend(lock.records.iter().map(|r| r.0.clone()));
+        let from = lock
+            .lock
+            .dead_predecessor()
+            .or(lock.lock.taken_from_silent());
+        lock.lineage = marker::Found::lineage(&found, from);
         let fence = lock.fence(target);
-        (self.rest, self.seen) = clean_up_failed_run(target, (left, seen), &up, Some(&fence))?;
+        let run = Clearing {
+            token: lock.lock.token(),
+            lineage: lock.lineage.clone(),
+            fence: Some(&fence),
+        };
+        let (rest, seen) = clean_up_failed_run(target, (&found, left), &up, &run)?;
+        lock.marker.clone_from(&seen);
+        (self.rest, self.seen) = (Some(rest), seen);
         Ok(())
     }
 
@@ -267,7 +284,7 @@ impl life::Prepare for ToBucket<'_> {
         let rest = self.rest.take();
         let lock = self.lock()?;
         lock.replaced = match rest {
-            Some(m) if m != Marker::default() => {
+            Some(m) if m.names_objects() => {
                 lock.preserved = m.uploads;
                 m.replaces
             }
@@ -276,9 +293,9 @@ impl life::Prepare for ToBucket<'_> {
         Ok(())
     }
 
-    /// The marker of the upload under way, first: this run's token, what it replaces, what a
-    /// failed run left that `--resume` may keep (the upload phase adds what it uploads,
-    /// [`name_uploads`]). Then a copy an earlier attempt staged and did not finish uploading:
+    /// This run's marker of its upload under way, first, written over what its clearing wrote:
+    /// its token, what it replaces, what a failed run left that `--resume` may keep (the upload
+    /// phase adds what it uploads, [`name_uploads`]). Then a copy an earlier attempt staged and did not finish uploading:
     /// ours to continue (`--resume`) or to remove, unless that run may only be suspended. A dry
     /// run says what `--keep` would remove.
     fn begin(&mut self) -> Result<()> {
@@ -298,8 +315,10 @@ impl life::Prepare for ToBucket<'_> {
             uploads: lock.preserved.clone(),
             replaces: lock.replaced.clone(),
             records: Some(lock.lock.token().to_string()),
+            carried: lock.lineage.clone(),
         };
-        lock.marker = Some(marker.put(target, seen.as_deref())?);
+        let token = lock.lock.token();
+        lock.marker = Some(marker.put(target, token, seen.as_deref())?);
         if staged {
             if let Some(token) = lock.lock.taken_from_silent() {
                 fenced::set_aside(local, token)?;
@@ -770,12 +789,14 @@ fn name_uploads(
     // Written only while this run holds the lock, and only over its own marker: never over a
     // successor's.
     lock.check_owned()?;
+    let token = lock.lock.token();
     Marker {
         uploads,
         replaces: lock.replaced.clone(),
-        records: Some(lock.lock.token().to_string()),
+        records: Some(token.to_string()),
+        carried: lock.lineage.clone(),
     }
-    .put(target, lock.marker.as_deref())?;
+    .put(target, token, lock.marker.as_deref())?;
     if lock.replaced.is_empty() && lock.preserved.is_empty() {
         return Ok(());
     }

@@ -13,7 +13,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use super::fenced::{self, Found};
-use super::{files_of, lock_path, remove_if_there, RemoteLock, INCOMPLETE, MANIFEST};
+use super::marker::{is_marker, name_of};
+use super::{files_of, lock_path, remove_if_there, RemoteLock, MANIFEST};
 use crate::config::Keep;
 use crate::job::destination::life::Commit;
 use crate::job::destination::owned::{inspect, AtOutput, OutputManifest};
@@ -56,18 +57,22 @@ impl Commit for ByManifest<'_> {
         Ok(self.lock.is_some_and(|l| !l.replaced.is_empty()))
     }
 
-    /// The marker of the upload under way.
+    /// This run's marker of its upload under way, and only its own: a successor's, written
+    /// while this run was suspended right after its manifest, has another name, so it stays
+    /// whatever this run does when it wakes.
     fn drop_records(&self) -> Result<()> {
-        let marker = self.target.join(INCOMPLETE);
-        storage::sink(&marker)
-            .remove_file(&marker)
-            .with_context(|| {
-                format!(
-                    "{} is published; removing {} failed",
-                    self.target.display(),
-                    marker.display()
-                )
-            })
+        let Some(lock) = self.lock else {
+            return Ok(());
+        };
+        let marker = self.target.join(name_of(lock.lock.token()));
+        crate::hooks::kill_at(0, "unmark");
+        remove_if_there(&marker).map(drop).with_context(|| {
+            format!(
+                "{} is published; removing {} failed",
+                self.target.display(),
+                marker.display()
+            )
+        })
     }
 
     /// The objects of the output replaced, or of a failed run, that the new manifest does not
@@ -150,17 +155,42 @@ impl Commit for ByManifest<'_> {
 }
 
 /// What is at an object store's output for life's rule of what may be replaced: the objects
-/// under its prefix (an object named as the prefix itself is beside it, not at it).
+/// under its prefix (an object named as the prefix itself is beside it, not at it), but for
+/// the markers of uploads under way (this run's, written before it asks, and failed runs'
+/// whose names it carries forward): a prefix holding only those holds nothing yet.
 ///
 /// # Errors
 /// The store cannot tell.
 pub(super) fn found(target: &Path) -> Result<AtOutput> {
     match storage::source(target).stat(target) {
+        Ok(s) if s.kind == Kind::Dir && only_markers(target)? => Ok(AtOutput::Nothing),
         Ok(s) if s.kind == Kind::Dir => inspect(target),
         Ok(_) => Ok(AtOutput::Nothing),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(AtOutput::Nothing),
         Err(e) => Err(e).with_context(|| format!("--output {}", target.display())),
     }
+}
+
+/// Whether the prefix `target` holds nothing but markers of uploads under way, and folders
+/// that hold no object (a store such as SeaweedFS lists a folder whose objects were all
+/// removed, as a failed run's `.reshard/` is by the clearing of its uploads).
+fn only_markers(target: &Path) -> Result<bool> {
+    let entries = storage::source(target)
+        .list(target)
+        .with_context(|| format!("--output {}: cannot list", target.display()))?;
+    for e in entries {
+        let empty =
+            || super::records::names_under(&target.join(&e.name)).is_ok_and(|n| n.is_empty());
+        let ours = match e.kind {
+            Kind::File => e.name.to_str().is_some_and(is_marker),
+            Kind::Dir => empty(),
+            _ => false,
+        };
+        if !ours {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Whether `old` is an output whose removal by `--keep` began and did not finish: its marker

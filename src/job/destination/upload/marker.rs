@@ -1,12 +1,22 @@
-//! The marker of an upload under way, in the bucket beside the objects of the output: what the
-//! next run reads to know what a run that failed left there. Its first write is the run's first
-//! write toward the output, in the steps before the commit (`ToBucket`'s `begin`: the run's
-//! token, what it replaces, what a failed run left that `--resume` may keep); the upload phase
-//! then adds the names it uploads. Each write is made only over what the run saw there, and on
-//! a store with conditional writes only over that very version: a run that took the lock over
-//! changes or removes the marker before anything else, so a run that lost the lock writes
-//! nothing there any more. What a failed run left is cleared here too ([`clean_up_failed_run`]).
+//! The markers of uploads under way, in the bucket beside the objects of the output: what the
+//! next run reads to know what a run that failed left there. One marker per run, named by its
+//! token (`.reshard-incomplete.TOKEN`): fenced by construction, as table formats on object
+//! stores write only new, uniquely named objects. A run writes and removes only its own: it is
+//! created (create-only) as the run's first write toward the output, once the lock is taken
+//! and before anything of another run's is removed (`ToBucket`'s `clear_failed`: the run's
+//! token, what it carries forward of the failed runs it clears, the tokens of the runs it
+//! supersedes); `begin` adds what it replaces and what `--resume` may keep, the upload phase
+//! the names it uploads, each write made only over the run's own last bytes (`If-Match` where
+//! the store can); the run that published removes its own after its manifest. A run that
+//! took the lock over removes an earlier run's marker only once its own, written first, names
+//! what must stay named of it, and never one that names this run as superseded (a
+//! successor's): so a run suspended past its lock removes no marker a successor still needs,
+//! and a successor's marker is never at the name another run removes. The next run finds the
+//! markers by listing the output's top. The single `.reshard-incomplete` of an older reshard
+//! is read as one more failed run's marker. What a failed run left is cleared here too
+//! ([`clean_up_failed_run`]).
 
+use std::collections::BTreeSet;
 use std::io::ErrorKind;
 use std::path::Path;
 
@@ -14,25 +24,54 @@ use anyhow::{bail, Context, Result};
 
 use super::fenced::{self, Fence};
 use super::{records, with_layouts};
-use crate::storage;
+use crate::storage::{self, Kind};
 
-/// The object that marks an upload under way ([`Marker`]): the names it uploads, so that the
-/// next run can remove what a run that failed left, and those of the output `--force` replaces
-/// (written before the run's staging begins, removed after the manifest).
+/// The marker of an upload under way of an older reshard (one for every run), and the start of
+/// each run's own marker's name ([`name_of`]).
 pub(super) const INCOMPLETE: &str = ".reshard-incomplete";
+
+/// The name, relative to the output, of the marker of the run `token`.
+pub(super) fn name_of(token: &str) -> String {
+    format!("{INCOMPLETE}.{token}")
+}
+
+/// Whether `name` (at the top of an output) is a marker of an upload under way: a run's own
+/// ([`name_of`]) or an older reshard's single one.
+pub(super) fn is_marker(name: &str) -> bool {
+    name == INCOMPLETE
+        || name
+            .strip_prefix(INCOMPLETE)
+            .and_then(|t| t.strip_prefix('.'))
+            .is_some_and(records::is_token)
+}
 
 /// What the marker of an upload under way names: the objects the run uploads (`uploads`,
 /// removed by the next run when no manifest was written, but for those `--resume` keeps), and
 /// the objects of the reshard output `--force` replaces (`replaces`: once its manifest is
 /// removed, the marker is what still says they are reshard's, for the next run to remove).
-#[derive(Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(super) struct Marker {
     pub(super) uploads: Vec<String>,
     #[serde(default)]
     pub(super) replaces: Vec<String>,
-    /// The token of the run whose records of its uploads are in the bucket.
+    /// The token of the run whose records of its uploads are in the bucket (the run's own).
     #[serde(default)]
     pub(super) records: Option<String>,
+    /// The tokens of the runs whose markers this run's supersedes (each run it cleared, the
+    /// run it took the lock from, and those each of them superseded): a marker that names a
+    /// run here is a successor's, which that run never removes; and of the markers found, the
+    /// one no other supersedes is the last failed run's ([`Found::named`]).
+    #[serde(default)]
+    pub(super) carried: Vec<String>,
+}
+
+/// A marker found at the output: its name there, the token of its run (`None`: an older
+/// reshard's single marker that names none), what it says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Found {
+    pub(super) name: String,
+    pub(super) token: Option<String>,
+    pub(super) marker: Marker,
 }
 
 impl Marker {
@@ -40,8 +79,13 @@ impl Marker {
         serde_json::to_vec_pretty(self).expect("a marker serializes")
     }
 
-    /// Writes the marker at `target` whatever is there (what a failed run left, rewritten by
-    /// the run holding the lock as it clears it).
+    /// Whether it names any object (an upload, or one of the output it replaces).
+    pub(super) fn names_objects(&self) -> bool {
+        !self.uploads.is_empty() || !self.replaces.is_empty()
+    }
+
+    /// Writes the marker at `target` as an older reshard did, at its single name, whatever is
+    /// there (what an older run left, for the tests).
     #[cfg(test)]
     pub(super) fn write(&self, target: &Path) -> Result<()> {
         let marker = target.join(INCOMPLETE);
@@ -50,21 +94,25 @@ impl Marker {
             .with_context(|| format!("{}: cannot write", marker.display()))
     }
 
-    /// Writes the marker at `target` only over what this run saw there (`over`: its bytes, or
-    /// none): created only where none is then (`If-None-Match: *`), else only while it still
-    /// holds those bytes, and where the store can only over the version read (`If-Match`).
-    /// The bytes written, for the next write to be made over them.
+    /// Writes the marker of the run `token` at `target` only over what this run wrote there
+    /// (`over`: its bytes, or none): created only where none is (`If-None-Match: *`; its own
+    /// first create sent again after its answer was lost finds its own bytes), else only while
+    /// it still holds those bytes, and where the store can only over that very version
+    /// (`If-Match`). No other run writes at its name; a successor removes it once it carried
+    /// it forward, so a run that lost the lock cannot write it again. The bytes written, for
+    /// the next write to be made over them.
     ///
     /// # Errors
-    /// Another run wrote or removed the marker since (it took the lock over), or it cannot be
-    /// written.
-    pub(super) fn put(&self, target: &Path, over: Option<&[u8]>) -> Result<Vec<u8>> {
-        let path = target.join(INCOMPLETE);
+    /// Another run removed the marker since (it took the lock over), or it cannot be written.
+    pub(super) fn put(&self, target: &Path, token: &str, over: Option<&[u8]>) -> Result<Vec<u8>> {
+        let path = target.join(name_of(token));
         let bytes = self.bytes();
         let sink = storage::sink(&path);
         let written = match over {
             None => match sink.create_new(&path, &bytes) {
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                    Ok(storage::source(&path).read(&path).is_ok_and(|b| b == bytes))
+                }
                 r => r.map(|()| true),
             },
             Some(seen) => {
@@ -77,44 +125,23 @@ impl Marker {
         .with_context(|| format!("{}: cannot write", path.display()))?;
         if !written {
             bail!(
-                "{}: another run wrote or removed it since this run read it: this run lost the output's lock and writes nothing more there",
+                "{}: another run removed or changed this run's marker since it wrote it: this run lost the output's lock and writes nothing more there",
                 path.display()
             );
         }
         Ok(bytes)
     }
 
-    /// The bytes of the marker at `target` now, if there is one.
-    ///
-    /// # Errors
-    /// It cannot be read.
-    pub(super) fn seen(target: &Path) -> Result<Option<Vec<u8>>> {
-        let path = target.join(INCOMPLETE);
-        match storage::source(&path).read(&path) {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("{}: cannot read", path.display())),
-        }
-    }
-
-    /// The marker at `target`, if there is one; an older plain list of names is read as the
-    /// names uploaded.
-    #[cfg(test)]
-    pub(super) fn read(target: &Path) -> Option<Marker> {
-        let bytes = storage::source(target)
-            .read(&target.join(INCOMPLETE))
-            .ok()?;
-        Some(Self::parse(&bytes))
-    }
-
-    /// The marker `bytes` hold ([`Marker::read`]).
+    /// The marker `bytes` hold; an older plain list of names is read as the names uploaded.
     pub(super) fn parse(bytes: &[u8]) -> Marker {
         let names = |v: Vec<String>| v.into_iter().filter(|n| is_own_name(n)).collect();
+        let tokens = |v: Vec<String>| v.into_iter().filter(|t| records::is_token(t)).collect();
         match serde_json::from_slice::<Marker>(bytes) {
             Ok(m) => Marker {
                 uploads: names(m.uploads),
                 replaces: names(m.replaces),
                 records: m.records.filter(|t| records::is_token(t)),
+                carried: tokens(m.carried),
             },
             Err(_) => Marker {
                 uploads: names(
@@ -123,9 +150,86 @@ impl Marker {
                         .map(String::from)
                         .collect(),
                 ),
-                replaces: Vec::new(),
-                records: None,
+                ..Marker::default()
             },
+        }
+    }
+}
+
+impl Found {
+    /// Every marker at the top of `target`, but this run's (`own`), sorted by name: one listing
+    /// of the names that start with [`INCOMPLETE`] (on an object store only those are asked
+    /// for, not the output's shards). One removed between the listing and its read was carried
+    /// forward by the run that removed it: it is passed over.
+    ///
+    /// # Errors
+    /// The output cannot be listed, or a marker cannot be read.
+    pub(super) fn all(target: &Path, own: &str) -> Result<Vec<Found>> {
+        let source = storage::source(target);
+        let entries = match source.list_starting(target, INCOMPLETE) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("{}: cannot list", target.display())),
+        };
+        let mut names: Vec<String> = entries
+            .into_iter()
+            .filter(|e| e.kind == Kind::File)
+            .filter_map(|e| e.name.to_str().map(str::to_string))
+            .filter(|n| is_marker(n) && *n != name_of(own))
+            .collect();
+        names.sort();
+        let mut out = Vec::new();
+        for name in names {
+            let path = target.join(&name);
+            let bytes = match source.read(&path) {
+                Ok(bytes) => bytes,
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => {
+                    return Err(e).with_context(|| format!("{}: cannot read", path.display()))
+                }
+            };
+            let marker = Marker::parse(&bytes);
+            let token = match name
+                .strip_prefix(INCOMPLETE)
+                .and_then(|t| t.strip_prefix('.'))
+            {
+                Some(t) => Some(t.to_string()),
+                None => marker.records.clone(),
+            };
+            out.push(Found {
+                name,
+                token,
+                marker,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The tokens the markers `found` supersede, with their own, and `from` (the run this one
+    /// took the lock from): what this run's marker supersedes.
+    pub(super) fn lineage(found: &[Found], from: Option<&str>) -> Vec<String> {
+        let mut all: BTreeSet<String> = from.into_iter().map(str::to_string).collect();
+        for f in found {
+            all.extend(f.token.iter().cloned());
+            all.extend(f.marker.carried.iter().cloned());
+        }
+        all.into_iter().collect()
+    }
+
+    /// The last failed run's token: that of the one marker of `found` that no other supersedes
+    /// (none where several are left so, as a marker a run that lost the lock created late
+    /// beside its successor's would be: no run is named then).
+    pub(super) fn named(found: &[Found]) -> Option<String> {
+        let carried: BTreeSet<&str> = found
+            .iter()
+            .flat_map(|f| f.marker.carried.iter().map(String::as_str))
+            .collect();
+        let mut heads = found
+            .iter()
+            .filter(|f| !f.token.as_deref().is_some_and(|t| carried.contains(t)));
+        match (heads.next(), heads.next()) {
+            (Some(head), None) => head.token.clone(),
+            _ => None,
         }
     }
 }
@@ -135,22 +239,36 @@ pub(super) fn is_own_name(n: &str) -> bool {
     !n.is_empty() && !n.starts_with('/') && !n.split('/').any(|p| p == "..")
 }
 
-/// What a failed run left at `target`: unfinished multipart uploads aborted, and where it left
-/// a marker and no manifest (`left`), the objects the marker names removed but for the shards
-/// of `kept` (and their saved indexes), which `--resume` keeps. The marker then names only what
-/// is left of it (the kept objects, and the objects of an output a failed `--force` run was
-/// replacing), or nothing; that marker is returned when there was one, with the bytes at the
-/// marker's name afterwards. `(left, seen)`: the failed run's marker, if it is one, and the
-/// bytes it was read from (the marker is rewritten only over them, [`Marker::put`]: a run that
-/// lost the lock while it cleared writes nothing there; where it names nothing more it is
-/// removed, the lock checked right before, and `begin` then creates this run's only where none
-/// is).
+/// The run that clears what failed runs left: its token, the tokens its marker supersedes
+/// ([`Found::lineage`]) and what lets it check that it still holds the lock.
+pub(super) struct Clearing<'a> {
+    pub(super) token: &'a str,
+    pub(super) lineage: Vec<String>,
+    pub(super) fence: Option<&'a Fence>,
+}
+
+/// What failed runs left at `target`: unfinished multipart uploads aborted; where the markers
+/// `found` are of failed runs (`left`: no manifest there), the objects they name removed but
+/// for the shards of `kept` (and their saved indexes), which `--resume` keeps. Then this run's
+/// own marker created, carrying forward what must stay named (the kept objects, and those of an
+/// output a failed `--force` run was replacing) and superseding those runs (`run.lineage`);
+/// only then are their markers removed (a marker found beside a manifest names nothing that
+/// stays: it goes too), each once the lock is checked, and never one that supersedes this run
+/// (a successor's, written while this run was suspended). A run that lost the lock meanwhile
+/// removes at most markers its successor read too or that this run's own marker carries
+/// forward; it never removes a successor's by name. Where no marker was found and this run
+/// took the lock over from none, nothing is written yet (a run refused next leaves nothing at
+/// an output that may be a user's; `begin` creates the marker). What this run's marker names,
+/// and its bytes if it was written (its next write is made only over them, [`Marker::put`]).
+///
+/// # Errors
+/// Something cannot be listed, removed or written, or the lock was lost.
 pub(super) fn clean_up_failed_run(
     target: &Path,
-    (left, seen): (Option<Marker>, Option<Vec<u8>>),
+    (found, left): (&[Found], bool),
     kept: &[String],
-    fence: Option<&Fence>,
-) -> Result<(Option<Marker>, Option<Vec<u8>>)> {
+    run: &Clearing<'_>,
+) -> Result<(Marker, Option<Vec<u8>>)> {
     let sink = storage::sink(target);
     let aborted = sink.abort_unfinished(target).with_context(|| {
         format!(
@@ -162,41 +280,87 @@ pub(super) fn clean_up_failed_run(
         crate::errln!("reshard: aborted {aborted} unfinished multipart upload(s) an earlier run left under {}", target.display());
     }
     fenced::remove_side_objects(target)?;
-    let Some(marker) = left else {
-        return Ok((None, seen));
+    if found.is_empty() && run.lineage.is_empty() {
+        let own = Marker {
+            records: Some(run.token.to_string()),
+            ..Marker::default()
+        };
+        return Ok((own, None));
+    }
+    let (rest, written) = carry_forward(target, (found, left), kept, run)?;
+    remove_superseded(target, found, run)?;
+    Ok((rest, Some(written)))
+}
+
+/// [`clean_up_failed_run`] up to this run's marker: the failed runs' objects removed but for
+/// those kept, and this run's marker created, naming what is left of them and superseding
+/// them. What it names, and its bytes.
+///
+/// # Errors
+/// As [`clean_up_failed_run`].
+pub(super) fn carry_forward(
+    target: &Path,
+    (found, left): (&[Found], bool),
+    kept: &[String],
+    run: &Clearing<'_>,
+) -> Result<(Marker, Vec<u8>)> {
+    let union = |names: &dyn Fn(&Marker) -> &Vec<String>| -> Vec<String> {
+        let all = found.iter().filter(|_| left).flat_map(|f| names(&f.marker));
+        let set: BTreeSet<String> = all.cloned().collect();
+        set.into_iter().collect()
     };
     let keeps = with_layouts(kept.iter().map(String::as_str));
-    let (stay, gone): (Vec<String>, Vec<String>) =
-        marker.uploads.into_iter().partition(|n| keeps.contains(n));
+    let (stay, gone): (Vec<String>, Vec<String>) = union(&|m| &m.uploads)
+        .into_iter()
+        .partition(|n| keeps.contains(n));
     let mut removed = 0;
     for name in &gone {
-        if fenced::remove(fence, &target.join(name))? {
+        if fenced::remove(run.fence, &target.join(name))? {
             removed += 1;
         }
     }
     let rest = Marker {
-        records: fence.filter(|_| !stay.is_empty()).map(|f| f.token.clone()),
         uploads: stay,
-        replaces: marker.replaces,
+        replaces: union(&|m| &m.replaces),
+        records: Some(run.token.to_string()),
+        carried: run.lineage.clone(),
     };
-    let written = if rest.uploads.is_empty() && rest.replaces.is_empty() {
-        // Nothing left to name: it goes (`begin` then creates this run's only where none is).
-        // No store here removes conditionally: the lock is checked right before.
-        if let Some(fence) = fence {
-            fence.check()?;
-        }
-        let path = target.join(INCOMPLETE);
-        sink.remove_file(&path)
-            .with_context(|| format!("{}: cannot remove", path.display()))?;
-        None
-    } else {
-        Some(rest.put(target, seen.as_deref())?)
-    };
+    let written = rest.put(target, run.token, None)?;
     if !gone.is_empty() {
         crate::errln!(
             "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
             target.display()
         );
     }
-    Ok((Some(rest), written))
+    Ok((rest, written))
+}
+
+/// The markers `found` removed, now that this run's own carries them forward: each once the
+/// lock is checked, and never one that supersedes this run (a successor's, which this run
+/// found because it was suspended before it looked).
+///
+/// # Errors
+/// The lock was lost, or a marker cannot be removed.
+pub(super) fn remove_superseded(target: &Path, found: &[Found], run: &Clearing<'_>) -> Result<()> {
+    for f in found {
+        if f.marker.carried.iter().any(|t| t == run.token) {
+            continue;
+        }
+        if let Some(fence) = run.fence {
+            fence.check_lock()?;
+        }
+        crate::hooks::kill_at(0, "unmark-failed");
+        let path = target.join(&f.name);
+        super::remove_if_there(&path)
+            .with_context(|| format!("{}: cannot remove", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The marker of the run `token` at `target`, if there is one (for the tests).
+#[cfg(test)]
+pub(super) fn read_of(target: &Path, token: &str) -> Option<Marker> {
+    let path = target.join(name_of(token));
+    let bytes = storage::source(&path).read(&path).ok()?;
+    Some(Marker::parse(&bytes))
 }

@@ -98,34 +98,69 @@ fn a_damaged_upload_note_is_not_believed() {
     }
 }
 
+/// A marker as a run writes it: the names it uploads and replaces, its token, the runs it
+/// supersedes.
+fn marker(uploads: &[&str], replaces: &[&str], token: &str, carried: &[&str]) -> Marker {
+    let names = |v: &[&str]| v.iter().map(|n| (*n).to_string()).collect();
+    Marker {
+        uploads: names(uploads),
+        replaces: names(replaces),
+        records: Some(token.to_string()),
+        carried: names(carried),
+    }
+}
+
+/// Tokens as runs draw them (32 hex digits).
+const F: &str = "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0";
+const A: &str = "a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0";
+const B: &str = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0";
+
 #[test]
-fn the_marker_names_uploads_and_the_replaced_output_and_reads_a_plain_list() {
+fn markers_are_found_by_listing_each_runs_and_an_older_reshards_single_one() {
     let target = Path::new("mem://upload-marker/out");
     storage::sink(target).create_dir_all(target).unwrap();
-    assert_eq!(Marker::read(target), None);
-    let marker = Marker {
-        uploads: vec!["s-0.tar".into(), ".reshard/s-0.tar.reshard-layout".into()],
-        replaces: vec!["old-0.tar".into()],
-        records: Some("0123456789abcdef".into()),
-    };
-    marker.write(target).unwrap();
-    assert_eq!(Marker::read(target), Some(marker));
-    let path = target.join(INCOMPLETE);
+    assert_eq!(marker::Found::all(target, A).unwrap(), []);
+    let written = marker(
+        &["s-0.tar", ".reshard/s-0.tar.reshard-layout"],
+        &["old-0.tar"],
+        F,
+        &[],
+    );
+    written.put(target, F, None).unwrap();
+    written.put(target, A, None).unwrap();
+    // An older reshard's single marker, as a plain list of names; a name like a marker's but
+    // of no token is not one.
+    let path = target.join(marker::INCOMPLETE);
     storage::sink(&path)
         .write(&path, b"s-0.tar\n../escape\n/abs\n\nindex.json\n")
         .unwrap();
+    let other = target.join(".reshard-incomplete.mine");
+    storage::sink(&other).write(&other, b"[]").unwrap();
+    let found = marker::Found::all(target, A).unwrap();
+    let older = Marker {
+        uploads: vec!["s-0.tar".into(), "index.json".into()],
+        ..Marker::default()
+    };
     assert_eq!(
-        Marker::read(target),
-        Some(Marker {
-            uploads: vec!["s-0.tar".into(), "index.json".into()],
-            replaces: Vec::new(),
-            records: None,
-        })
+        found,
+        [
+            marker::Found {
+                name: ".reshard-incomplete".into(),
+                token: None,
+                marker: older,
+            },
+            marker::Found {
+                name: marker::name_of(F),
+                token: Some(F.into()),
+                marker: written,
+            },
+        ],
+        "this run's own (A) is not among them"
     );
 }
 
 #[test]
-fn a_failed_runs_objects_go_but_those_kept_and_the_marker_then_names_what_is_left() {
+fn a_failed_runs_objects_go_but_those_kept_and_this_runs_marker_then_names_what_is_left() {
     let target = Path::new("mem://upload-clean/out");
     storage::sink(target).create_dir_all(target).unwrap();
     let names = [
@@ -138,60 +173,129 @@ fn a_failed_runs_objects_go_but_those_kept_and_the_marker_then_names_what_is_lef
         let path = target.join(n);
         storage::sink(&path).write(&path, b"x").unwrap();
     }
-    let marker = |uploads: &[&str], replaces: &[&str]| Marker {
-        uploads: uploads.iter().map(|n| (*n).to_string()).collect(),
-        replaces: replaces.iter().map(|n| (*n).to_string()).collect(),
-        records: None,
-    };
-    let (left, written) = clean_up_failed_run(
-        target,
-        (Some(marker(&names, &["old.tar"])), None),
-        &["a.tar".to_string()],
-        None,
-    )
+    marker(&names, &["old.tar"], F, &[])
+        .put(target, F, None)
+        .unwrap();
+    // An older reshard's marker names one more object.
+    Marker {
+        uploads: vec!["c.tar".into()],
+        ..Marker::default()
+    }
+    .write(target)
     .unwrap();
-    assert_eq!(written, Marker::seen(target).unwrap());
+    let found = marker::Found::all(target, A).unwrap();
     assert_eq!(
-        left,
-        Some(marker(
-            &["a.tar", ".reshard/a.tar.reshard-layout"],
-            &["old.tar"]
-        ))
+        marker::Found::named(&found),
+        None,
+        "two runs, neither superseded"
     );
+    let run = marker::Clearing {
+        token: A,
+        lineage: marker::Found::lineage(&found, None),
+        fence: None,
+    };
+    assert_eq!(run.lineage, [F]);
+    let (rest, written) =
+        clean_up_failed_run(target, (&found, true), &["a.tar".to_string()], &run).unwrap();
+    let left = marker(
+        &[".reshard/a.tar.reshard-layout", "a.tar"],
+        &["old.tar"],
+        A,
+        &[F],
+    );
+    assert_eq!(rest, left);
     let present = |n: &str| storage::source(target).stat(&target.join(n)).is_ok();
     assert!(present("a.tar") && present(".reshard/a.tar.reshard-layout"));
     assert!(!present("b.tar") && !present(".reshard/b.tar.reshard-layout"));
-    assert_eq!(
-        Marker::read(target),
-        Some(marker(
-            &["a.tar", ".reshard/a.tar.reshard-layout"],
-            &["old.tar"]
-        ))
-    );
-    // Rewritten only over the bytes read: a marker another run wrote since stays.
-    let path = target.join(INCOMPLETE);
-    let seen = Marker::seen(target).unwrap();
-    storage::sink(&path).write(&path, b"a successor's").unwrap();
-    let left = Some(marker(&["a.tar"], &["x.tar"]));
-    let again = clean_up_failed_run(target, (left, seen.clone()), &[], None);
-    assert!(again.is_err(), "{again:?}");
-    assert_eq!(
-        storage::source(&path).read(&path).unwrap(),
-        b"a successor's"
-    );
-    storage::sink(&path)
-        .write(&path, &seen.clone().unwrap())
+    // Only this run's marker is left, written once, carrying what stays named.
+    let path = target.join(marker::name_of(A));
+    assert_eq!(Some(storage::source(&path).read(&path).unwrap()), written);
+    let found = marker::Found::all(target, "").unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(marker::Found::named(&found).as_deref(), Some(A));
+    // Nothing left to name: this run's marker names nothing, the failed run's goes all the same.
+    let found = marker::Found::all(target, B).unwrap();
+    let run = marker::Clearing {
+        token: B,
+        lineage: marker::Found::lineage(&found, None),
+        fence: None,
+    };
+    let (rest, _) = clean_up_failed_run(target, (&found, true), &[], &run).unwrap();
+    assert_eq!(rest, marker(&[], &["old.tar"], B, &[A, F]));
+    assert!(!present("a.tar") && !present(&marker::name_of(A)));
+    // No marker found, the lock taken over from no run: nothing written yet (a run refused
+    // next leaves nothing at what may be a user's prefix; `begin` creates it).
+    let empty = Path::new("mem://upload-clean/users");
+    storage::sink(empty).create_dir_all(empty).unwrap();
+    let run = marker::Clearing {
+        token: A,
+        lineage: Vec::new(),
+        fence: None,
+    };
+    let (rest, written) = clean_up_failed_run(empty, (&[], true), &[], &run).unwrap();
+    assert_eq!((rest, written), (marker(&[], &[], A, &[]), None));
+    assert_eq!(storage::source(empty).list(empty).unwrap().len(), 0);
+}
+
+/// Fenced by construction (issue 37): run A clears what a failed run F left and is suspended
+/// right after its lock check, before it removes F's marker (its own, written first, carries
+/// F's forward); B takes the lock over, clears the same (its marker, written first, carries
+/// forward A's and F's), keeps a shard for `--resume` and names its uploads, then fails. A
+/// wakes and removes what it was about to: B's marker survives, and the next run finds what
+/// B named, and B as the last failed run. Before, every run shared one marker object, and A
+/// removed B's.
+#[test]
+fn a_run_suspended_in_its_clearing_never_removes_its_successors_marker() {
+    let target = Path::new("mem://upload-clear-suspended/out");
+    storage::sink(target).create_dir_all(target).unwrap();
+    let put = |n: &str| {
+        let path = target.join(n);
+        storage::sink(&path).write(&path, b"x").unwrap();
+    };
+    put("kept.tar");
+    marker(&["kept.tar"], &[], F, &[])
+        .put(target, F, None)
         .unwrap();
-    // Nothing kept and nothing replaced: the marker goes too.
-    let left = Marker::read(target).map(|m| Marker {
-        replaces: Vec::new(),
-        ..m
-    });
-    let (left, written) = clean_up_failed_run(target, (left, seen), &[], None).unwrap();
-    assert_eq!((left, written), (Some(Marker::default()), None));
-    assert!(!present("a.tar") && !present(INCOMPLETE));
-    let none = clean_up_failed_run(target, (None, None), &[], None).unwrap();
-    assert_eq!(none, (None, None));
+    let clearing = |token, found: &[marker::Found], from: Option<&str>| marker::Clearing {
+        token,
+        lineage: marker::Found::lineage(found, from),
+        fence: None,
+    };
+    // A clears up to its marker, and is suspended after its lock check.
+    let found_by_a = marker::Found::all(target, A).unwrap();
+    let a = clearing(A, &found_by_a, None);
+    let kept = ["kept.tar".to_string()];
+    marker::carry_forward(target, (&found_by_a, true), &kept, &a).unwrap();
+    // B takes the lock over from A by its silence, clears, and names its uploads.
+    let found_by_b = marker::Found::all(target, B).unwrap();
+    assert_eq!(found_by_b.len(), 2, "F's and A's: {found_by_b:?}");
+    let b = clearing(B, &found_by_b, Some(A));
+    let (rest, seen) = clean_up_failed_run(target, (&found_by_b, true), &kept, &b).unwrap();
+    assert_eq!(rest, marker(&["kept.tar"], &[], B, &[A, F]));
+    assert_eq!(
+        marker::read_of(target, A),
+        None,
+        "A's marker was carried forward"
+    );
+    put("b-0.tar");
+    let uploads = marker(&["b-0.tar", "kept.tar"], &[], B, &[A, F]);
+    uploads.put(target, B, seen.as_deref()).unwrap();
+    // A wakes: its check passed before it was suspended, and it removes what it found.
+    marker::remove_superseded(target, &found_by_a, &a).unwrap();
+    assert_eq!(
+        marker::read_of(target, B),
+        Some(uploads),
+        "B's marker survives"
+    );
+    // A writes nothing more there: its marker was carried forward and removed.
+    let late = marker(&[], &[], A, &[F]).put(target, A, Some(b"anything"));
+    assert!(late.is_err(), "{late:?}");
+    assert_eq!(marker::read_of(target, A), None);
+    // The next run finds B's names, and B as the last failed run.
+    let next = marker::Found::all(target, "").unwrap();
+    let named: Vec<&String> = next.iter().flat_map(|f| &f.marker.uploads).collect();
+    assert_eq!(named, ["b-0.tar", "kept.tar"]);
+    assert_eq!(marker::Found::named(&next).as_deref(), Some(B));
 }
 
 /// A manifest whose create was sent again after its answer was lost finds its own first copy:
@@ -230,7 +334,7 @@ fn after_its_manifest_a_run_that_lost_the_lock_removes_nothing() {
     }
     let lock = RemoteLock::acquire(target, Duration::from_secs(60)).unwrap();
     let put = |path: &Path, bytes: &[u8]| storage::sink(path).write(path, bytes).unwrap();
-    put(&target.join(INCOMPLETE), b"marker");
+    put(&target.join(marker::name_of(lock.lock.token())), b"marker");
     put(&target.join("old.tar"), b"a successor's shard now");
     put(&local.join("new.tar"), b"staged");
     let lock = RemoteLock {
@@ -276,8 +380,8 @@ fn after_its_manifest_a_run_that_lost_the_lock_removes_nothing() {
     );
 }
 
-/// A run that lost the lock before its upload begins writes no marker: the marker there may be
-/// its successor's (a plain PUT would overwrite it), even with nothing replaced or preserved.
+/// A run that lost the lock before its upload begins writes no marker, even with nothing
+/// replaced or preserved; its successor's stays as it is.
 #[test]
 fn a_run_that_lost_the_lock_writes_no_marker() {
     let target = Path::new("mem://upload-begin-lost/target");
@@ -290,14 +394,17 @@ fn a_run_that_lost_the_lock_writes_no_marker() {
         &lock_path(target),
         held.replace(lock.lock.token(), "someone-else").as_bytes(),
     );
-    put(&target.join(INCOMPLETE), b"the successor's marker");
+    let theirs = target.join(marker::name_of(B));
+    put(&theirs, b"the successor's marker");
     let files = vec![("new.tar".to_string(), 6)];
     let err = name_uploads(target, &files, &[], &lock).unwrap_err();
     assert!(
         format!("{err:#}").contains("lost the output's lock"),
         "{err:#}"
     );
-    assert_eq!(read(&target.join(INCOMPLETE)), b"the successor's marker");
+    assert_eq!(read(&theirs), b"the successor's marker");
+    let own = target.join(marker::name_of(lock.lock.token()));
+    assert!(storage::stamp(&own).is_err(), "a marker of this run");
 }
 
 /// A kept shard's saved index is checked at the output, whichever node staged it: on node-local
@@ -365,7 +472,7 @@ impl life::StagingSteps for ScratchNoted {
     }
     fn begin(&mut self, lock: Option<&OutputLock>, _: Option<Option<&str>>) -> Result<()> {
         let token = lock.map_or("none", OutputLock::token);
-        let marker = Marker::read(&self.target).and_then(|m| m.records);
+        let marker = marker::read_of(&self.target, token).and_then(|m| m.records);
         self.steps
             .push(format!("begin {token}, marker of {marker:?}"));
         Ok(())
@@ -411,7 +518,7 @@ fn an_object_store_run_prepares_once_its_marker_first_and_its_scratch_under_its_
             format!("begin {t}, marker of Some({t:?})"),
         ]
     );
-    let path = target.join(INCOMPLETE);
+    let path = target.join(marker::name_of(&t));
     let read = |p: &Path| storage::source(p).read(p).unwrap();
     assert_eq!(first.marker.as_deref(), Some(&read(&path)[..]));
     // The run is killed: its lock is released (its pid proves it dead), its marker stays.
@@ -424,35 +531,106 @@ fn an_object_store_run_prepares_once_its_marker_first_and_its_scratch_under_its_
     let t2 = second.lock().token().to_string();
     assert_ne!(t, t2);
     assert_eq!(
-        Marker::read(target),
-        Some(Marker {
-            records: Some(t2.clone()),
-            ..Marker::default()
-        }),
-        "the first run's marker was cleared, then this run's written"
+        marker::Found::all(target, "").unwrap(),
+        [marker::Found {
+            name: marker::name_of(&t2),
+            token: Some(t2.clone()),
+            marker: Marker {
+                records: Some(t2.clone()),
+                carried: vec![t.clone()],
+                ..Marker::default()
+            },
+        }],
+        "this run's marker written, superseding the first run's, which was then removed"
     );
     assert_eq!(scratch.steps.len(), 3, "{:?}", scratch.steps);
     // The upload phase names its uploads over that marker...
     let files = vec![("a.tar".to_string(), 6)];
     name_uploads(target, &files, &[], &second).unwrap();
-    assert_eq!(Marker::read(target).unwrap().uploads, ["a.tar"]);
-    // ...and over no other: one another run wrote meanwhile stays as it is.
-    storage::sink(&path)
-        .write(&path, b"another run's marker")
-        .unwrap();
+    let own = target.join(marker::name_of(&t2));
+    assert_eq!(marker::read_of(target, &t2).unwrap().uploads, ["a.tar"]);
+    // ...and over no other: once a successor carried it forward and removed it, it is not
+    // written again.
     let second = RemoteLock {
-        marker: Some(read(&path)),
+        marker: Some(read(&own)),
         ..second
     };
-    storage::sink(&path)
-        .write(&path, b"another run's marker, again")
-        .unwrap();
+    storage::sink(&own).remove_file(&own).unwrap();
     let err = name_uploads(target, &files, &[], &second).unwrap_err();
     assert!(
         format!("{err:#}").contains("lost the output's lock"),
         "{err:#}"
     );
-    assert_eq!(read(&path), b"another run's marker, again");
+    assert!(storage::stamp(&own).is_err(), "written again");
+}
+
+/// Fenced by construction (issue 37), after the commit: run A publishes and is suspended right
+/// after its manifest, before it removes its marker; B takes the lock over with `--force` (its
+/// marker names the objects of A's output it replaces) and fails. A wakes and removes its
+/// own marker: B's survives, so the next run still knows A's objects for reshard's. Before,
+/// A removed the one marker object, B's, and its `replaces` list was lost.
+#[test]
+fn a_run_suspended_after_its_manifest_never_removes_its_successors_marker() {
+    let local = Path::new("mem://upload-publish-suspended/local");
+    let target = Path::new("mem://upload-publish-suspended/target");
+    for dir in [local, target] {
+        storage::sink(dir).create_dir_all(dir).unwrap();
+    }
+    let a = RemoteLock::acquire(target, Duration::from_secs(60)).unwrap();
+    let a_token = a.lock.token().to_string();
+    let put = |path: &Path, bytes: &[u8]| storage::sink(path).write(path, bytes).unwrap();
+    let ours = marker(&["a-0.tar"], &[], &a_token, &[]);
+    let seen = ours.put(target, &a_token, None).unwrap();
+    put(&target.join("a-0.tar"), b"A's shard");
+    put(&target.join(MANIFEST), b"A's manifest");
+    // B takes the lock over (the lock as it wrote it, with its own token), finds A's manifest,
+    // and supersedes A's marker: it names what it replaces, and A's marker goes.
+    let held =
+        String::from_utf8(storage::source(target).read(&lock_path(target)).unwrap()).unwrap();
+    put(&lock_path(target), held.replace(&a_token, B).as_bytes());
+    let found = marker::Found::all(target, B).unwrap();
+    let b = marker::Clearing {
+        token: B,
+        lineage: marker::Found::lineage(&found, Some(&a_token)),
+        fence: None,
+    };
+    let (_, b_seen) = clean_up_failed_run(target, (&found, false), &[], &b).unwrap();
+    let replacing = marker(&["b-0.tar"], &["a-0.tar"], B, &[&a_token]);
+    replacing.put(target, B, b_seen.as_deref()).unwrap();
+    let manifest = target.join(MANIFEST);
+    storage::sink(&manifest).remove_file(&manifest).unwrap();
+    // A wakes after its manifest: it removes its own marker only, then finds it lost the lock.
+    let a = RemoteLock {
+        marker: Some(seen),
+        ..a
+    };
+    let files = vec![("a-0.tar".to_string(), 9)];
+    let strategy = ByManifest {
+        target,
+        local,
+        files: &files,
+        lock: Some(&a),
+        not_published: String::new(),
+        stale_after: Duration::from_secs(60),
+    };
+    let rules = life::Rules {
+        link: None,
+        keep: None,
+        epoch: 0,
+    };
+    let err = life::after_commit(&strategy, false, &rules).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("lost the output's lock"),
+        "{err:#}"
+    );
+    assert_eq!(
+        marker::read_of(target, B),
+        Some(replacing),
+        "B's marker survives"
+    );
+    let next = marker::Found::all(target, "").unwrap();
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!(next[0].marker.replaces, ["a-0.tar"]);
 }
 
 /// Fenced by construction: a kept shard's saved index is stamped for the object this run

@@ -6,7 +6,7 @@ use crate::util::data::sized;
 use crate::util::lock::{in_namespaces, wait_until};
 use crate::util::s3::Server;
 use crate::util::stores::Store as _;
-use crate::util::Dir;
+use crate::util::{signal, Dir};
 
 use super::{kill_all_but, stop_run_a, upload_args};
 
@@ -216,12 +216,7 @@ fn a_stopped_in_its_upload_and_c_on_its_node(b_fails: bool) {
     let c = c.output();
     c.check(c.code() == Some(0), "C publishes");
     c.stderr_has("aside");
-    let aside: Vec<_> = std::fs::read_dir(&node_0)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().contains(".out.reshard-left."))
-        .collect();
+    let aside = moved_aside(&node_0);
     c.check(
         aside.len() == 1 && aside[0].join("index.json").exists(),
         &format!(
@@ -234,6 +229,156 @@ fn a_stopped_in_its_upload_and_c_on_its_node(b_fails: bool) {
     let a = a.join().unwrap();
     a.check(a.code() == Some(1), "A lost the output: it must fail");
     s3.assert_only_the_output(&dir, &bucket, "ref-c", &["ranks", "inputs"]);
+}
+
+/// A copy of run A on node 0's disk, left by a run C that found the lock free while A was only
+/// stopped (A may live), goes once A is really dead (SIGKILL): the next run D on that node
+/// finds that every process that made it is gone (their pids, checked from there) and removes
+/// it. The bug: it stayed until removed by hand, since nothing recorded A's pid once B took the
+/// lock. Here the copy the staging pointer leads to (`.out.reshard-tmp.A`), left alone.
+#[test]
+fn a_node_copy_left_alone_goes_once_its_run_is_killed() {
+    a_killed_after_its_copy_was_left(
+        "a_node_copy_left_alone_goes_once_its_run_is_killed",
+        false,
+        false,
+    );
+}
+
+/// The same, A stopped in its upload: C moves its copy at the staged path aside
+/// (`.out.reshard-left.TOKEN`), and D removes that once A is killed.
+#[test]
+fn a_node_copy_moved_aside_goes_once_its_run_is_killed() {
+    a_killed_after_its_copy_was_left(
+        "a_node_copy_moved_aside_goes_once_its_run_is_killed",
+        true,
+        false,
+    );
+}
+
+/// A's copy made in another PID namespace (a container on the same node): its pid says
+/// nothing to C and D, so the copy stays even after A is killed, and both say why.
+#[test]
+fn a_node_copy_made_in_another_pid_namespace_stays() {
+    a_killed_after_its_copy_was_left(
+        "a_node_copy_made_in_another_pid_namespace_stays",
+        false,
+        true,
+    );
+}
+
+/// The three runs on node-local copies, then A killed and a fourth run D on node 0. A runs
+/// `elsewhere` (another PID namespace than C and D) or not; B runs where A's pid cannot be
+/// checked (the other namespace), so that it takes the lock over by A's silence. A is stopped
+/// `in_upload` (its copy renamed to the staged path, which C moves aside) or as it starts
+/// beating (its copy at its token's name, which C leaves alone).
+fn a_killed_after_its_copy_was_left(test: &str, in_upload: bool, elsewhere: bool) {
+    let Some((dir, s3, bucket, target)) = three_runs(test) else {
+        return;
+    };
+    let run = |args: Vec<String>, in_ns: bool| {
+        if in_ns {
+            in_namespaces(&dir, &args)
+        } else {
+            let mut cmd = dir.reshard(None);
+            cmd.args(args);
+            cmd
+        }
+    };
+    let mut a = run(upload_args(&target, 4, "1"), elsewhere);
+    staged_per_node(&mut a, s3, &dir, "node-0");
+    let a = std::thread::spawn(move || a.output());
+    if in_upload {
+        wait_until("run A has uploaded a shard", || {
+            s3.keys(&dir, &bucket, "out/")
+                .iter()
+                .any(|k| k.ends_with(".tar") && !k.contains("/."))
+        });
+    } else {
+        wait_until("run A beats in the bucket", || {
+            !s3.keys(&dir, &bucket, ".out.reshard-tmp.").is_empty()
+        });
+    }
+    let (a_pid, stopped_a) = stop_run_a(&dir);
+    let a_token = lock_holder(s3, &dir, &bucket);
+    let node_0 = crate::util::staged_bucket(&dir.join("node-0"), &bucket).unwrap();
+    let a_copy = if in_upload {
+        node_0.join("out")
+    } else {
+        node_0.join(format!(".out.reshard-tmp.{a_token}"))
+    };
+    assert!(a_copy.is_dir(), "{}", crate::util::listing(&node_0));
+
+    let mut b = run(upload_args(&target, 4, "2"), !elsewhere);
+    b.args(["--lock-stale-after", "1"]);
+    staged_per_node(&mut b, s3, &dir, "node-1");
+    let b = b.output();
+    b.check(b.code() == Some(0), "B takes the output over and publishes");
+    b.stderr_has("has not moved its heartbeat");
+
+    let on_node_0 = || {
+        let mut cmd = dir.reshard(None);
+        cmd.args(upload_args(&target, 4, "3")).arg("--force");
+        staged_per_node(&mut cmd, s3, &dir, "node-0");
+        cmd.output()
+    };
+    let why_kept = if elsewhere {
+        "in another boot or PID namespace".to_string()
+    } else {
+        format!("its maker, pid {a_pid} on")
+    };
+    let c = on_node_0();
+    c.check(c.code() == Some(0), "C publishes");
+    let left = if in_upload {
+        let aside = moved_aside(&node_0);
+        c.check(aside.len() == 1, "A's copy is moved aside");
+        aside[0].clone()
+    } else {
+        a_copy.clone()
+    };
+    c.check(
+        left.is_dir(),
+        &format!("A's copy stays: {}", crate::util::listing(&node_0)),
+    );
+
+    signal(u32::try_from(a_pid).unwrap(), libc::SIGKILL);
+    let a = a.join().unwrap();
+    a.check(a.code() != Some(0), "A was killed");
+    drop(stopped_a);
+
+    let d = on_node_0();
+    d.check(d.code() == Some(0), "D publishes");
+    if elsewhere {
+        d.check(
+            left.is_dir(),
+            &format!("A's copy stays: {}", crate::util::listing(&node_0)),
+        );
+        d.stderr_has(&why_kept);
+    } else {
+        d.check(
+            !left.exists(),
+            &format!("A's copy goes: {}", crate::util::listing(&node_0)),
+        );
+        d.stderr_has(&format!("removed {}", left.display()));
+    }
+    // C said why it left the copy: A lived, or its pid could not be checked.
+    c.stderr_has(&why_kept);
+    // A killed leaves its heartbeats in the bucket (nothing proves its death there): not this
+    // test's subject.
+    for key in s3.keys(&dir, &bucket, &format!(".out.reshard-tmp.{a_token}/")) {
+        s3.remove(&dir, &bucket, &key);
+    }
+    s3.assert_only_the_output(&dir, &bucket, "ref-c", &["ranks", "inputs"]);
+}
+
+/// The copies moved aside in the directory `node` (`.out.reshard-left.TOKEN`).
+fn moved_aside(node: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(node)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains(".out.reshard-left."))
+        .collect()
 }
 
 /// The token of the run holding the lock of `out` in `bucket`.

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
+use crate::job::destination::makers::Process;
 use crate::job::destination::staging::Staging;
 use crate::storage;
 use crate::sys;
@@ -105,14 +106,20 @@ const HEADER: &str = "reshard staging lock\n";
 
 impl Owner {
     fn me() -> Result<Owner> {
-        let pid = std::process::id();
+        let Process {
+            host,
+            boot,
+            pidns,
+            pid,
+            start,
+        } = Process::me();
         Ok(Owner {
             token: new_token()?,
-            host: sys::hostname(),
-            boot: sys::boot_id(),
-            pidns: sys::pid_namespace(),
+            host,
+            boot,
+            pidns,
             pid,
-            start: sys::process_start(pid).unwrap_or(0),
+            start,
             since: now_secs(),
             beat: 0,
         })
@@ -161,14 +168,27 @@ impl Owner {
     /// Whether `self`'s pid can be checked from `me`: the same boot and PID namespace. The
     /// hostname says nothing here: containers on one node may share it, and it may be reused.
     fn pid_checkable_from(&self, me: &Owner) -> bool {
-        !self.boot.is_empty()
-            && !self.pidns.is_empty()
-            && (&self.boot, &self.pidns) == (&me.boot, &me.pidns)
+        self.lives(me).is_some()
+    }
+
+    /// Whether its process lives, asked from `me` ([`Process::lives`]).
+    fn lives(&self, me: &Owner) -> Option<bool> {
+        self.process().lives(&me.process())
+    }
+
+    fn process(&self) -> Process {
+        Process {
+            host: self.host.clone(),
+            boot: self.boot.clone(),
+            pidns: self.pidns.clone(),
+            pid: self.pid,
+            start: self.start,
+        }
     }
 
     /// "pid N on HOST", for messages.
     fn who(&self) -> String {
-        format!("pid {} on {}", self.pid, self.host)
+        self.process().who()
     }
 }
 
@@ -640,9 +660,7 @@ pub(crate) fn may_be_held(path: &Path) -> bool {
 /// that pid means the same process here (same boot and PID namespace), else by its heartbeat,
 /// watched for `window`.
 fn judge(path: &Path, holder: &Owner, me: &Owner, window: Duration) -> Holder {
-    if holder.pid_checkable_from(me) {
-        let alive = sys::process_start(holder.pid)
-            .is_some_and(|start| holder.start == 0 || start == holder.start);
+    if let Some(alive) = holder.lives(me) {
         return if alive {
             Holder::Alive
         } else {

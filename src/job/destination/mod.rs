@@ -13,6 +13,7 @@ pub(crate) mod by_rename;
 pub(crate) mod life;
 pub(crate) mod link;
 pub(crate) mod lock;
+pub(crate) mod makers;
 pub(crate) mod owned;
 pub(crate) mod publish;
 pub(crate) mod resume;

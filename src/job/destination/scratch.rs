@@ -21,9 +21,11 @@ use anyhow::{Context, Result};
 
 use crate::comm::{agree, Comm};
 use crate::config::{JobSettings, ResumeSettings};
+use crate::job::destination::lock::{is_token, lock_of, lost_by_token};
+use crate::job::destination::makers::{self, Makers};
 use crate::job::destination::staging::{self, Staging};
 use crate::job::handoff::Setup;
-use crate::storage;
+use crate::storage::{self, Kind};
 
 /// How the ranks of a run see its staging directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +72,12 @@ pub(crate) fn settle(
             .make_on_this_node()
             .with_context(|| format!("--scratch: cannot create {}", staging.display()))
     };
+    // Before any rank writes anything else into it: who made or uses this node's copy, so
+    // that a later run on this node can tell once they are all gone.
+    let made = made.and_then(|()| {
+        makers::record(staging, comm.rank())
+            .with_context(|| format!("--scratch: cannot write in {}", staging.display()))
+    });
     agree(comm, made)?;
     let lead = (comm.rank() == 0).then(|| Ok(dead.map(String::from)));
     let dead: Option<String> = crate::comm::broadcast_result(comm, 0, lead)?;
@@ -80,6 +88,7 @@ pub(crate) fn settle(
             remove_dead_copy(staging, dead);
         }
     }
+    remove_gone_copies(staging, &lock_of(target), comm.rank() == 0);
     crate::report::narrate::narrate(
         comm.rank() == 0,
         format_args!(
@@ -188,16 +197,36 @@ pub(crate) fn may_take_copy(earlier: &Path, pointer: &Path, named: Option<&str>)
     if earlier == pointer || planned || (named.is_some() && token == named) {
         return true;
     }
+    let why = match makers::judge(earlier) {
+        Makers::Gone if remove_node_copy(earlier) => {
+            crate::errln!(
+                "reshard: removed {}: the staging pointer {} led there, the output's lock was \
+                 free and nothing in its store names that run, and every process that made \
+                 that copy on this node is gone (their pids, checked from here)",
+                earlier.display(),
+                pointer.display()
+            );
+            return false;
+        }
+        Makers::Gone => "every process that made it is gone, but it cannot be removed".into(),
+        Makers::Lives(p) => format!("its maker, {}, lives", p.who()),
+        Makers::Unknown(why) => why,
+    };
     crate::errln!(
         "reshard: left {} alone: the staging pointer {} leads there, but the output's lock was \
          free and nothing in its store names that run (staged on each node's own disk, it may \
-         be the copy of a run that lost the lock to one on another node and still lives); this \
-         run stages in a directory of its own. Remove it once that run is surely gone",
+         be the copy of a run that lost the lock to one on another node and still lives: \
+         {why}); this run stages in a directory of its own. {LATER}",
         earlier.display(),
         pointer.display()
     );
     false
 }
+
+/// What a message leaving a node's copy in place says of its removal.
+const LATER: &str = "A later run on this node removes it once every process that made it is \
+                     gone, where their pids can be checked from there; else remove it once that \
+                     run is surely gone";
 
 /// Rank 0 of a run that found the output's lock free and no failed run's marker in the bucket,
 /// staged on `--scratch` for an object store: a copy at the staged path `local` that an earlier
@@ -214,11 +243,25 @@ pub(crate) fn set_aside_unclaimed(local: &Path, own: &str) -> Result<bool> {
     if !matches!(crate::output::checkpoint::read_plan(local), Ok(None)) {
         return Ok(false);
     }
+    let why = match makers::judge(local) {
+        Makers::Gone if remove_node_copy(local) => {
+            crate::errln!(
+                "reshard: removed {}: the output's lock was free, nothing in its store claims \
+                 that copy staged on each node's own disk, and every process that made it is \
+                 gone (their pids, checked from here)",
+                local.display()
+            );
+            return Ok(true);
+        }
+        Makers::Gone => "every process that made it is gone, but it cannot be removed".into(),
+        Makers::Lives(p) => format!("its maker, {}, lives", p.who()),
+        Makers::Unknown(why) => why,
+    };
     let aside = move_aside(local, own)?;
     crate::errln!(
         "reshard: moved {} aside to {}: the output's lock was free, and that copy, staged on each \
          node's own disk, may be the one of a run that lost the lock to a run on another node \
-         and still lives; remove it once that run is surely gone",
+         and still lives ({why}). {LATER}",
         local.display(),
         aside.display()
     );
@@ -242,14 +285,91 @@ pub(crate) fn move_aside(local: &Path, token: &str) -> Result<PathBuf> {
 
 /// Removes a node's copy `dir` of the staging directory, once, however many of the node's
 /// ranks ask: the first moves it aside (one rename, which the others then find gone) and
-/// removes it. Best effort: a copy left on a node's disk is no part of the output.
-pub(crate) fn remove_node_copy(dir: &Path) {
+/// removes it. Best effort: a copy left on a node's disk is no part of the output. Whether this
+/// call moved it (the others find it gone).
+pub(crate) fn remove_node_copy(dir: &Path) -> bool {
     let name = dir.file_name().unwrap_or_default().to_string_lossy();
     let aside = dir.with_file_name(format!("{name}.removing"));
     let sink = storage::sink(dir);
-    if sink.rename(dir, &aside).is_ok() {
+    let moved = sink.rename(dir, &aside).is_ok();
+    if moved {
         let _ = sink.remove_dir_all(&aside);
     }
+    moved
+}
+
+/// Removes, from this node's disk, the copies earlier runs left beside this run's `staging`
+/// whose makers are all gone ([`makers::judge`]): a run's staging directory
+/// (`.NAME.reshard-tmp.TOKEN`) or a staged copy moved aside (`.NAME.reshard-left.TOKEN`), of
+/// this output only, this run's own excepted. Such a copy is nobody's: no run can use it (staged
+/// per node, it holds nothing `--resume` continues, and a copy the bucket's marker names was
+/// taken by the expand phase), and its run, were it alive, would be among its makers. A copy
+/// that records no maker, or one whose pid cannot be checked from here, stays: `lead` says so.
+/// So does one marked as the staging directory of the run holding the output's `lock` now: a
+/// run continuing (`--resume`) a dead run's copy renames it to its own name and marks it before
+/// its ranks record themselves in it. Best effort, once however many of the node's ranks ask.
+fn remove_gone_copies(staging: &Path, lock: &Path, lead: bool) {
+    for copy in earlier_copies(staging) {
+        match makers::judge(&copy) {
+            Makers::Gone if !held_by_lock_holder(&copy, lock) => {
+                if remove_node_copy(&copy) {
+                    crate::errln!(
+                        "reshard: removed {}: an earlier run's copy on this node's disk, every \
+                         process that made it gone (their pids, checked from here)",
+                        copy.display()
+                    );
+                }
+            }
+            Makers::Unknown(why) if lead => crate::errln!(
+                "reshard: left {} alone: an earlier run's copy on this node's disk, but {why}. \
+                 Remove it once that run is surely gone",
+                copy.display()
+            ),
+            Makers::Gone | Makers::Lives(_) | Makers::Unknown(_) => {}
+        }
+    }
+}
+
+/// Whether the staging directory `copy` is marked as the one of the run holding `lock` now
+/// ([`crate::job::destination::lock::OutputLock::mark_staging`]); where that cannot be read,
+/// whether it is marked at all.
+fn held_by_lock_holder(copy: &Path, lock: &Path) -> bool {
+    let mark = Staging::at(copy).owner_file();
+    let Ok(text) = storage::source(&mark).read(&mark) else {
+        return false;
+    };
+    let token = String::from_utf8_lossy(&text).trim().to_string();
+    !matches!(lost_by_token(lock, &token), Ok(Some(_)))
+}
+
+/// The copies of this output's earlier runs beside `staging` (this run's): directories named
+/// `.NAME.reshard-tmp.TOKEN` or `.NAME.reshard-left.TOKEN` (a token, nothing after it: a
+/// removal under way, `.removing`, or heartbeats moved aside are not copies).
+fn earlier_copies(staging: &Path) -> Vec<PathBuf> {
+    let pointer = staging::pointer_of(staging);
+    let (Some(parent), Some(base)) = (staging.parent(), pointer.file_name()) else {
+        return Vec::new();
+    };
+    let base = base.to_string_lossy();
+    let Some(name) = base.strip_suffix(".reshard-tmp") else {
+        return Vec::new();
+    };
+    let forms = [format!("{base}."), format!("{name}.reshard-left.")];
+    let Ok(entries) = storage::source(parent).list(parent) else {
+        return Vec::new();
+    };
+    let mut copies: Vec<PathBuf> = entries
+        .into_iter()
+        .filter(|e| e.kind == Kind::Dir)
+        .filter_map(|e| {
+            let n = e.name.to_string_lossy().into_owned();
+            let token = forms.iter().find_map(|f| n.strip_prefix(f.as_str()))?;
+            is_token(token).then(|| parent.join(&n))
+        })
+        .filter(|copy| copy != staging)
+        .collect();
+    copies.sort();
+    copies
 }
 
 #[cfg(test)]
@@ -362,5 +482,138 @@ mod tests {
                 "out"
             ]
         );
+    }
+
+    /// A directory `name` in `parent`, with `.reshard/` inside and the makers `made` recorded.
+    fn copy_in(parent: &Path, name: &str, made: &[makers::Process]) -> PathBuf {
+        let d = parent.join(name);
+        std::fs::create_dir_all(d.join(".reshard")).unwrap();
+        for (rank, p) in made.iter().enumerate() {
+            makers::write(&d, &rank.to_string(), p);
+        }
+        d
+    }
+
+    fn listing(dir: &Path) -> Vec<String> {
+        let mut left: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        left
+    }
+
+    #[test]
+    fn a_node_copy_goes_once_every_process_that_made_it_is_provably_gone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = |c: char| c.to_string().repeat(32);
+        let (gone, me) = (makers::ended(), makers::Process::me());
+        let elsewhere = makers::Process {
+            pidns: "pid:[1]".into(),
+            ..makers::ended()
+        };
+        let copy = |name: String, made: &[makers::Process]| copy_in(tmp.path(), &name, made);
+        let one = std::slice::from_ref(&gone);
+        let ours = copy(
+            format!(".out.reshard-tmp.{}", t('0')),
+            std::slice::from_ref(&me),
+        );
+        // Gone: a staging copy and one moved aside, every maker gone.
+        copy(format!(".out.reshard-tmp.{}", t('a')), one);
+        copy(
+            format!(".out.reshard-left.{}", t('b')),
+            &[gone.clone(), makers::ended()],
+        );
+        // One maker lives; one ran in another PID namespace; an older reshard's records none.
+        let kept = [
+            copy(
+                format!(".out.reshard-tmp.{}", t('c')),
+                &[gone.clone(), me.clone()],
+            ),
+            copy(
+                format!(".out.reshard-left.{}", t('d')),
+                &[gone.clone(), elsewhere],
+            ),
+            copy(format!(".out.reshard-tmp.{}", t('e')), &[]),
+            // Not this output's, not a token, a removal under way, the pointer's own path.
+            copy(format!(".other.reshard-tmp.{}", t('a')), one),
+            copy(".out.reshard-left.not-a-token".into(), one),
+            copy(format!(".out.reshard-tmp.{}.removing", t('f')), one),
+            copy(".out.reshard-tmp".into(), one),
+            copy("out".into(), one),
+        ];
+        // This run's own copy is never judged, even with its makers gone.
+        makers::write(&ours, "0", &gone);
+        let lock = tmp.path().join(".out.reshard-lock");
+        remove_gone_copies(&ours, &lock, true);
+        remove_gone_copies(&ours, &lock, false);
+        let mut expected: Vec<String> = kept
+            .iter()
+            .chain([&ours])
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        expected.sort();
+        assert_eq!(listing(tmp.path()), expected);
+    }
+
+    #[test]
+    fn with_the_lock_free_a_copy_whose_makers_are_gone_is_removed_not_left_or_moved_aside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pointer = tmp.path().join(".out.reshard-tmp");
+        let (gone, me) = (makers::ended(), makers::Process::me());
+        // Left alone while a maker lives, removed once every one is gone.
+        let copy = staging::run_dir(&pointer, "SILENT");
+        copy_in(
+            tmp.path(),
+            ".out.reshard-tmp.SILENT",
+            &[gone.clone(), me.clone()],
+        );
+        assert!(!may_take_copy(&copy, &pointer, None));
+        assert!(copy.is_dir());
+        makers::write(&copy, "1", &gone);
+        assert!(!may_take_copy(&copy, &pointer, None));
+        assert!(!copy.exists());
+
+        // At the staged path: moved aside while its maker lives, removed once it is gone.
+        let own = "1".repeat(32);
+        let local = copy_in(tmp.path(), "out", &[me]);
+        assert!(set_aside_unclaimed(&local, &own).unwrap());
+        let aside = tmp.path().join(format!(".out.reshard-left.{own}"));
+        assert!(!local.exists() && aside.is_dir());
+        std::fs::remove_dir_all(&aside).unwrap();
+        let local = copy_in(tmp.path(), "out", &[gone]);
+        assert!(set_aside_unclaimed(&local, &own).unwrap());
+        assert_eq!(listing(tmp.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_dead_runs_copy_continued_by_the_run_holding_the_lock_stays() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lock_path = tmp.path().join(".out.reshard-lock");
+        let lock = crate::job::destination::lock::OutputLock::acquire(
+            &lock_path,
+            Path::new("out"),
+            crate::job::destination::lock::STALE_AFTER,
+        )
+        .unwrap();
+        let t = |c: char| c.to_string().repeat(32);
+        let ours = copy_in(tmp.path(), &format!(".out.reshard-tmp.{}", t('0')), &[]);
+        // Renamed to the lock holder's name and marked, its ranks not yet recorded in it.
+        let continued = copy_in(
+            tmp.path(),
+            &format!(".out.reshard-tmp.{}", lock.token()),
+            &[makers::ended()],
+        );
+        lock.mark_staging(&continued).unwrap();
+        // Marked by a run that no longer holds the lock: nobody's.
+        let other = copy_in(
+            tmp.path(),
+            &format!(".out.reshard-tmp.{}", t('b')),
+            &[makers::ended()],
+        );
+        std::fs::write(Staging::at(&other).owner_file(), t('b')).unwrap();
+        remove_gone_copies(&ours, &lock_path, true);
+        assert!(continued.is_dir() && !other.exists());
+        drop(lock);
     }
 }

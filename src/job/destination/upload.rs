@@ -554,7 +554,8 @@ fn replaced_objects(force: bool, target: &Path) -> Result<Vec<String>> {
 }
 
 /// Every file under `dir`, as (path relative to it, size), sorted by path; without the staged
-/// copy's `--resume` records at its top when `staged` (they are no part of the output).
+/// copy's `--resume` records and its makers' records at its top when `staged` (they are no part
+/// of the output).
 fn files_under(
     source: &dyn Source,
     dir: &Path,
@@ -567,7 +568,11 @@ fn files_under(
         .list(&here)
         .with_context(|| format!("{}: cannot list", here.display()))?;
     for e in entries {
-        if staged && rel.as_os_str().is_empty() && e.name == checkpoint::DIR_NAME {
+        let records = [
+            checkpoint::DIR_NAME,
+            crate::job::destination::makers::DIR_NAME,
+        ];
+        if staged && rel.as_os_str().is_empty() && records.iter().any(|r| e.name == *r) {
             continue;
         }
         let name = rel.join(&e.name);

@@ -52,3 +52,39 @@ fn keep_never_removes_through_a_link_put_at_an_older_epoch_while_it_prunes() {
     );
     res.check(!dir.join("epoch-2").exists(), "epoch-2 is removed");
 }
+
+/// `--force` checks what is at the output at publishing, then swaps (`RENAME_EXCHANGE`): the
+/// output path replaced by a symbolic link in between (here while rank 0 is stopped right before
+/// its rename, as a suspended run may be) is swapped to the staging name, and the link must not
+/// be followed by the removal of the replaced output. The bug: the removal went through the link
+/// and deleted what reshard wrote of `other`, a dataset that was never the output, and moved
+/// the user's notes out of it into the new output (exit 0).
+#[test]
+fn force_never_removes_through_a_link_put_at_the_output_before_its_swap() {
+    let dir = Dir::new("fence-force-swapped-link");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    super::small_run(&dir, "out").assert_success();
+    super::small_run(&dir, "other").assert_success();
+    fs::write(dir.join("other/NOTES"), b"mine").unwrap();
+    let before = crate::util::listing(&dir.join("other"));
+    let mut run = super::small_run(&dir, "out");
+    run.arg("--force").env("RESHARD_TEST_STOP", "0:rename");
+    let run = std::thread::spawn(move || run.output());
+    wait_until("the run stops right before its rename", || {
+        !stopped_in(&dir).is_empty()
+    });
+    let stopped = Stopped::already(stopped_in(&dir));
+    fs::rename(dir.join("out"), dir.join("out.mine")).unwrap();
+    std::os::unix::fs::symlink("other", dir.join("out")).unwrap();
+    drop(stopped);
+    let res = run.join().unwrap();
+    let after = crate::util::listing(&dir.join("other"));
+    res.check(
+        after == before,
+        &format!("other is left as it was:\nbefore:\n{before}\nafter:\n{after}"),
+    );
+    res.check(
+        fs::read(dir.join("other/NOTES")).ok().as_deref() == Some(&b"mine"[..]),
+        "the user's notes stay in other",
+    );
+}

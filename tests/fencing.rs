@@ -12,6 +12,7 @@ use crate::util::stores::Store as _;
 use crate::util::verifier::assert_same_output;
 use crate::util::{reshard_processes, signal, Dir};
 
+mod late;
 mod links;
 mod nodes;
 

@@ -88,6 +88,9 @@ impl Commit for ByManifest<'_> {
             if !new.contains(&old.as_str()) {
                 let path = self.target.join(old);
                 fence.check_lock()?;
+                if super::is_shard(old) {
+                    crate::hooks::kill_at(0, "replaced");
+                }
                 // Gone already where a failed run removed it, or never there (a replaced
                 // output without saved indexes).
                 remove_if_there(&path).with_context(|| {

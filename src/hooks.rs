@@ -36,8 +36,11 @@
 //!   its lock checked, right before it removes a failed run's marker); `0:unmark` (an
 //!   object-store run after its manifest and the removal of what it replaced, before it
 //!   removes its own marker); `r:multipart` (an object-store multipart upload started, its
-//!   journal not yet holding its id; the rank as its launcher numbered it). For `--resume`
-//!   and kill tests.
+//!   journal not yet holding its id; the rank as its launcher numbered it); `r:remove` (an
+//!   object-store output: an object at one of the output's names is about to be removed, the
+//!   run's fence checked; the rank as its launcher numbered it, 0 without a launcher);
+//!   `0:replaced` (an object-store output published with `--force`: a shard of the output it
+//!   replaced is about to be removed, the lock checked). For `--resume` and kill tests.
 //! - `RESHARD_TEST_STOP=r:at`: rank r stops itself with SIGSTOP at the point named `at` (any
 //!   point of `RESHARD_TEST_KILL`), like a node that froze there: its peers must end the job.
 //! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop
@@ -63,9 +66,9 @@ use std::time::Duration;
 
 pub use test_hooks::slow_speaker;
 pub(crate) use test_hooks::{
-    hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_multipart, kill_in_round,
-    pause_before_exchange, pause_before_finish, pause_before_publish, pause_in_index,
-    pause_in_upload, slow_round, stage_per_node,
+    hang_finalize, inject_fault, kill_at, kill_before_publish, kill_in_multipart, kill_in_removal,
+    kill_in_round, pause_before_exchange, pause_before_finish, pause_before_publish,
+    pause_in_index, pause_in_upload, slow_round, stage_per_node,
 };
 
 /// How long a rank waits for `MPI_Finalize` (and the process exit after it) once the job is over,
@@ -144,6 +147,13 @@ mod test_hooks {
         if let Some(rank) = rank() {
             kill_at(rank, "multipart");
         }
+    }
+
+    /// `RESHARD_TEST_KILL=r:remove` (or `RESHARD_TEST_STOP`): right before an object at the
+    /// output's names is removed, the fence checked. `rank` gives the launcher's number of this
+    /// process (0 without one): the storage layer knows no rank.
+    pub(crate) fn kill_in_removal(rank: impl FnOnce() -> usize) {
+        kill_at(rank(), "remove");
     }
 
     /// `RESHARD_TEST_KILL=r:publish`: rank r dies (SIGKILL) as the publish phase starts.
@@ -294,6 +304,7 @@ mod test_hooks {
     pub(crate) fn kill_in_round(_rank: usize, _round: u64) {}
     pub(crate) fn kill_before_publish(_rank: usize) {}
     pub(crate) fn kill_in_multipart(_rank: impl FnOnce() -> Option<usize>) {}
+    pub(crate) fn kill_in_removal(_rank: impl FnOnce() -> usize) {}
     pub(crate) fn kill_at(_rank: usize, _at: &str) {}
     pub(crate) fn pause_before_finish(_staging: &Path, _rank: usize) {}
     pub(crate) fn pause_before_publish(_staging: &Path, _rank: usize) {}

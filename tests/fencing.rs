@@ -12,6 +12,8 @@ use crate::util::stores::Store as _;
 use crate::util::verifier::assert_same_output;
 use crate::util::{reshard_processes, signal, Dir};
 
+mod late;
+mod links;
 mod nodes;
 
 /// Many small rounds (a 1 MiB budget), a checkpoint after every one: the exchange records
@@ -800,4 +802,68 @@ fn outputs_of_one_name_in_two_stores_staged_on_one_scratch_keep_apart() {
     s3b.get(&dir, &bucket, "out", &dir.join("got-b"));
     assert_same_output(&dir.join("ref-a"), &dir.join("got-a"), &["ranks", "inputs"]);
     assert_same_output(&dir.join("ref-b"), &dir.join("got-b"), &["ranks", "inputs"]);
+}
+
+/// A removal at the output's names is fenced by a check, then sent: run A (another PID
+/// namespace, seed 1), paused before its upload, finds an object at its first shard's name (put
+/// there while it paused, as a late write would land) and is stopped (SIGSTOP, as `scontrol
+/// suspend` may stop it anywhere) right after its fence check passed, before the removal is
+/// sent. Run B (seed 2) takes the output over by A's silence and publishes, exit 0. A is
+/// continued. B's published output must stay exactly B's. The bug: A's removal, checked while it
+/// held the lock, removed B's published shard, and A then created its own at the free name, so
+/// B's index.json listed A's shard (another request's bytes, another size).
+#[test]
+fn a_run_stopped_between_its_fence_check_and_a_removal_removes_nothing_published() {
+    let test = "a_run_stopped_between_its_fence_check_and_a_removal_removes_nothing_published";
+    let dir = Dir::new(test);
+    sized(&dir, "in", "4MiB", "16KiB", 3);
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    let target = format!("s3://{bucket}/out");
+    dir.reshard(None)
+        .args(upload_args("ref-b", 3, "2"))
+        .assert_success();
+    let scratch = dir.join("scratch");
+
+    let mut a = in_namespaces(&dir, &upload_args(&target, 3, "1"));
+    a.arg("--scratch")
+        .arg(&scratch)
+        .env("RESHARD_TEST_PAUSE_PUBLISH", "300")
+        .env("RESHARD_TEST_STOP", "0:remove");
+    s3.with_env(&mut a);
+    let a = std::thread::spawn(move || a.output());
+    let marker = || {
+        let staged = crate::util::staged_bucket(&scratch, &bucket)?;
+        fs::read_dir(staged)
+            .ok()?
+            .flatten()
+            .map(|e| e.path().join(".paused-publish-0"))
+            .find(|m| m.exists())
+    };
+    wait_until("run A pauses before its upload", || marker().is_some());
+    s3.put_bytes(&dir, &bucket, "out/shard-000000.tar", b"a late write");
+    fs::remove_file(marker().unwrap()).unwrap();
+    wait_until("run A stops right before its removal", || {
+        !stopped_in(&dir).is_empty()
+    });
+    let stopped_a = Stopped::already(stopped_in(&dir));
+
+    let mut b = dir.reshard(None);
+    b.args(upload_args(&target, 3, "2"))
+        .args(["--lock-stale-after", "1", "--scratch"])
+        .arg(dir.join("scratch"));
+    s3.with_env(&mut b);
+    let b = b.output();
+    b.check(b.code() == Some(0), "B takes the output over and publishes");
+    b.stderr_has("taking over");
+
+    drop(stopped_a);
+    let a = a.join().unwrap();
+    a.check(a.code() == Some(1), "A lost the output: it must fail");
+    a.stderr_has("nothing of this run is published");
+
+    s3.get(&dir, &bucket, "out", &dir.join("got"));
+    assert_same_output(&dir.join("ref-b"), &dir.join("got"), &["ranks", "inputs"]);
 }

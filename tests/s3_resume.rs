@@ -382,6 +382,46 @@ fn a_run_killed_right_after_it_began_leaves_its_marker_for_the_next_to_clear() {
     only_the_output(&dir, s3, &bucket, "ref", false);
 }
 
+/// Rank 0 killed (SIGKILL) right after the staged copy was renamed on the scratch directory,
+/// before the staging pointer that led to it went (`0:published` of the copy's own rename,
+/// before its upload), over an older output with `--force`, at 2 ranks: the older output stays
+/// whole, and `--resume --force` continues the staged copy and publishes the uninterrupted
+/// run's bytes. Before, the resumed run failed (exit 1) moving the copy back over the pointer
+/// left dangling: `cannot move the staged copy back … Not a directory`.
+#[test]
+fn a_run_killed_right_after_its_staged_rename_is_resumed() {
+    let test = "a_run_killed_right_after_its_staged_rename_is_resumed";
+    let dir = Dir::new("s3-resume-staged-rename");
+    sized(&dir, "in", "2MiB", "32KiB", 3);
+    run(&dir, Some(2), &["in"], "ref", 3, 7, &[]);
+    let Some(s3) = crate::util::s3::server(test) else {
+        return;
+    };
+    let bucket = s3.bucket(&dir, test);
+    let output = format!("s3://{bucket}/out");
+    let older = to_s3(&dir, s3, 1, &output, "scratch", &["--shards", "2"]);
+    older.check(older.code() == Some(0), "the older output is published");
+    let mut cmd = dir.mpi(2);
+    cmd.args(["run", "--input", "in", "--output", &output, "--seed", "7"])
+        .args(["--shards", "3", "--force", "--scratch"])
+        .arg(dir.join("scratch"))
+        .env("RESHARD_TEST_KILL", "0:published");
+    let killed = s3.with_env(&mut cmd).output();
+    killed.check(killed.code() != Some(0), "the killed run must fail");
+    killed.stderr_has("now dies (SIGKILL) at published");
+
+    let again = to_s3(
+        &dir,
+        s3,
+        2,
+        &output,
+        "scratch",
+        &["--shards", "3", "--force", "--resume"],
+    );
+    again.check(again.code() == Some(0), "the resumed run publishes");
+    only_the_output(&dir, s3, &bucket, "ref", false);
+}
+
 /// Issue 37, the marker fenced by construction, on SeaweedFS: F (seed 1) is killed as it
 /// indexes, leaving its marker. A (seed 1, in another PID namespace: only its heartbeat tells
 /// whether it lives) takes the lock over and stops itself at `point`, right after a lock

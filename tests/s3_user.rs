@@ -147,3 +147,59 @@ fn s3_credential_and_endpoint_mistakes_say_what_to_set() {
     let res = refused(&listing, "local", &dead, &[]);
     res.stderr_has("cannot reach the store at http://127.0.0.1:9: is it running");
 }
+
+/// An `s3://` output that holds an input is refused before any work, as on a file system:
+/// `--input s3://B/out --output s3://B/out --force` would replace the input's objects with its
+/// own reshuffle; so would `--input-files s3://B/out/`. Every object there stays as it was.
+/// Before, both runs were accepted and their `--force` replaced the input (exit 0), where a file
+/// system's output is refused.
+#[test]
+fn an_s3_output_that_holds_an_input_is_refused() {
+    let test = "an_s3_output_that_holds_an_input_is_refused";
+    let Some(s3) = server(test) else {
+        return;
+    };
+    let dir = Dir::new("s3-output-over-input");
+    crate::util::data::sized(&dir, "in", "1MiB", "16KiB", 2);
+    let bucket = s3.bucket(&dir, test);
+    let output = format!("s3://{bucket}/out");
+    let run = |input: &str, extra: &[&str]| {
+        let mut cmd = dir.mpi(1);
+        cmd.args(["run", "--input", input, "--output", &output])
+            .args(["--shards", "2", "--seed", "4", "--scratch"])
+            .arg(dir.join("scratch"))
+            .args(extra);
+        s3.with_env(&mut cmd).output()
+    };
+    let first = run("in", &[]);
+    first.check(first.code() == Some(0), "the output is published");
+    let before = s3.stamps(&dir, &bucket, "out/");
+    let res = run(&output, &["--force"]);
+    res.check(res.code() == Some(1), "refused");
+    res.stderr_has(&format!(
+        "--output {output} would replace the input {output}/shard-000000.tar"
+    ));
+    assert_eq!(
+        s3.stamps(&dir, &bucket, "out/"),
+        before,
+        "the input is left as it was"
+    ); // Its objects read as loose files, the same.
+    let mut cmd = dir.mpi(1);
+    cmd.args([
+        "run",
+        "--input-files",
+        &format!("{output}/"),
+        "--output",
+        &output,
+    ])
+    .args(["--shards", "1", "--seed", "4", "--force", "--scratch"])
+    .arg(dir.join("scratch"));
+    let res = s3.with_env(&mut cmd).output();
+    res.check(res.code() == Some(1), "refused");
+    res.stderr_has("overlap");
+    assert_eq!(
+        s3.stamps(&dir, &bucket, "out/"),
+        before,
+        "the input is left as it was"
+    );
+}

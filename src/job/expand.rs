@@ -73,6 +73,7 @@ pub(crate) fn prepare(
         pointer: &pointer,
         expanded,
         for_store: bucket.is_some(),
+        remote: bucket.and_then(|b| b.target.as_deref()),
         staged: None,
     };
     let (own, remote) = match bucket {
@@ -125,6 +126,8 @@ struct StagingDir<'a> {
     expanded: Option<Expanded>,
     /// The copy an object store's output is staged in on `--scratch`, not an output.
     for_store: bool,
+    /// That object store's output, which no input may be under either.
+    remote: Option<&'a Path>,
     /// The staging directory begun, and what `--resume` continues there (none in a dry run).
     staged: Option<(PathBuf, Option<Resume>)>,
 }
@@ -163,8 +166,12 @@ impl StagingSteps for StagingDir<'_> {
 
     fn check_replace(&mut self, taken: bool) -> Result<()> {
         let (settings, out, target, pointer) = (self.settings, self.out, self.target, self.pointer);
+        let remote = self.remote;
         let (inputs, _, trees) = self.expand()?;
         check_output(settings, (out, target, taken), pointer, inputs)?;
+        if let Some(remote) = remote {
+            check_not_over_inputs(remote, inputs, trees)?;
+        }
         check_not_in_a_root(out, target, trees)
     }
 
@@ -468,6 +475,41 @@ fn output_paths(out: &Path, dry_run: bool) -> Result<(PathBuf, PathBuf)> {
     };
     let staging = crate::job::destination::staging::path_for(&parent, name);
     Ok((parent.join(name), staging))
+}
+
+/// Refuses an object store's output `remote` where an input is under it, or an `--input-files`
+/// root overlaps it: its `--force` would replace the input's objects, as a file system's output
+/// is refused ([`check_output`], [`check_not_in_a_root`]).
+///
+/// # Errors
+/// An input is under `remote`, or a path cannot be resolved.
+fn check_not_over_inputs(remote: &Path, inputs: &[InputShard], trees: &[Root]) -> Result<()> {
+    let target = storage::source(remote)
+        .canonical(remote)
+        .with_context(|| format!("--output {}", remote.display()))?;
+    for input in inputs {
+        let canon = storage::source(&input.path)
+            .canonical(&input.path)
+            .with_context(|| format!("input {}", input.path.display()))?;
+        if canon.starts_with(&target) {
+            bail!(
+                "--output {} would replace the input {}: choose an output that holds no input",
+                remote.display(),
+                input.path.display()
+            );
+        }
+    }
+    for root in trees {
+        if root.canonical.starts_with(&target) || target.starts_with(&root.canonical) {
+            bail!(
+                "--output {} and the --input-files root {} overlap: its --force would replace \
+                 the root's objects; choose an output outside it",
+                remote.display(),
+                root.path.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Refuses an output that would replace an input, a non-empty output without `--force`, with

@@ -27,6 +27,8 @@ pub static AZURE: Scheme = Scheme {
     create_only: None,
     // An "upload" is uncommitted blocks of the blob, which Azure discards itself after 7 days.
     uploads: None,
+    // object_store signs no condition on a delete here: a removal is plain.
+    delete_if: None,
     location: &[
         "AZURE_STORAGE_ACCOUNT_NAME",
         "AZURE_STORAGE_ENDPOINT",

@@ -28,6 +28,8 @@ pub static GCS: Scheme = Scheme {
     // request for it and no emulator answers one: an upload whose id was never journalled
     // stays until a lifecycle rule (AbortIncompleteMultipartUpload) removes it.
     uploads: None,
+    // object_store signs no condition on a delete here: a removal is plain.
+    delete_if: None,
     location: &["STORAGE_EMULATOR_HOST"],
 };
 

@@ -373,6 +373,31 @@ pub(crate) trait Sink: Send + Sync {
     /// It does not exist or cannot be removed.
     fn remove_file(&self, path: &Path) -> io::Result<()>;
 
+    /// The ETag of the object `path` as its store spells it, for [`Sink::remove_file_if`];
+    /// `None` where the backend keeps none (a file system).
+    ///
+    /// # Errors
+    /// It does not exist (`NotFound`) or cannot be looked at.
+    fn tag_of(&self, path: &Path) -> io::Result<Option<String>> {
+        let _ = path;
+        Ok(None)
+    }
+
+    /// Removes the object `path` only while it is the one whose ETag is `tag` (from
+    /// [`Sink::tag_of`]), where the store makes a removal conditional (S3's `If-Match`); else,
+    /// or without a tag, as [`Sink::remove_file`]. Whether nothing of that object is there any
+    /// more: `false` when another object is at the name now, which stays.
+    ///
+    /// # Errors
+    /// It cannot be removed.
+    fn remove_file_if(&self, path: &Path, tag: Option<&str>) -> io::Result<bool> {
+        let _ = tag;
+        match self.remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(true),
+        }
+    }
+
     /// Removes the directory (prefix) `path` and everything in it.
     ///
     /// # Errors

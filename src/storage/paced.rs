@@ -152,6 +152,14 @@ impl<B: Sink + ?Sized> Sink for Paced<B> {
         self.0.remove_file(path)
     }
 
+    fn tag_of(&self, path: &Path) -> io::Result<Option<String>> {
+        self.0.tag_of(path)
+    }
+
+    fn remove_file_if(&self, path: &Path, tag: Option<&str>) -> io::Result<bool> {
+        self.0.remove_file_if(path, tag)
+    }
+
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
         self.0.remove_dir_all(path)
     }

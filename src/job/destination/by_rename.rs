@@ -107,6 +107,14 @@ pub(crate) fn finish_replaced(staging: &Path, target: &Path) -> Result<()> {
             staging.display()
         )
     };
+    // A symbolic link put at the output after the exchange's check was swapped here: what it
+    // leads to is not the output this run replaced, and nothing is removed through it.
+    if storage::source(staging)
+        .stat_link(staging)
+        .is_ok_and(|st| st.kind == storage::Kind::Link)
+    {
+        return leave_replaced(staging, target, Left::Link);
+    }
     // Checked at the exchange: its index.json is reshard's (were it not any more, nothing
     // of it can be told to be reshard's: it is all left, and the message says where).
     let Ok(manifest) = OutputManifest::parse(staging) else {
@@ -134,6 +142,8 @@ pub(crate) fn finish_replaced(staging: &Path, target: &Path) -> Result<()> {
 enum Left<'a> {
     /// All of it: its index.json is not reshard's any more, so nothing of it can be told to be.
     All,
+    /// A symbolic link put at the output after this run checked it, swapped in its place.
+    Link,
     /// The user's files: the output that replaced it is not at its path any more.
     NoOutput,
     /// The user's files whose names (relative to the staging name) the new output also has.
@@ -179,6 +189,14 @@ fn leave_replaced(staging: &Path, target: &Path, left: Left<'_>) -> Result<()> {
         Left::All => {
             crate::errln!(
                 "reshard: --force: {} is published; the output it replaced no longer holds reshard's index.json, so nothing of it was removed: it is left in {}",
+                target.display(),
+                kept.display()
+            );
+            return Ok(());
+        }
+        Left::Link => {
+            crate::errln!(
+                "reshard: --force: {} is published; what it replaced was a symbolic link put there after this run checked the output, so nothing was removed through it: the link is left in {}",
                 target.display(),
                 kept.display()
             );

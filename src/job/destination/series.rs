@@ -120,10 +120,18 @@ pub(crate) fn clear_aside(aside: &Path) -> Result<()> {
             aside.display()
         )
     };
-    let manifest = OutputManifest::parse(aside).ok();
     let sink = storage::sink(aside);
-    if !remove_written(aside, &Written::of(manifest.as_ref())).with_context(failed)? {
-        return sink.remove_dir_all(aside).with_context(failed);
+    // The epoch was found an output of the series, then moved aside: what was at its name by
+    // then may be a symbolic link put there since, which is never followed (where it leads was
+    // never of the series); it goes back to its name as it is.
+    let link = storage::source(aside)
+        .stat_link(aside)
+        .is_ok_and(|s| s.kind == Kind::Link);
+    if !link {
+        let manifest = OutputManifest::parse(aside).ok();
+        if !remove_written(aside, &Written::of(manifest.as_ref())).with_context(failed)? {
+            return sink.remove_dir_all(aside).with_context(failed);
+        }
     }
     let home = home_of(aside).with_context(failed)?;
     let back = match sink.rename_noreplace(aside, &home) {
@@ -135,8 +143,18 @@ pub(crate) fn clear_aside(aside: &Path) -> Result<()> {
         other => other,
     };
     match back {
+        Ok(()) if link => crate::errln!(
+            "reshard: --keep: {} is a symbolic link put at the epoch's name during the run: not followed, it is left as it is",
+            home.display()
+        ),
         Ok(()) => crate::errln!(
             "reshard: --keep: {} holds files reshard did not write: they stay there, and nothing of reshard's",
+            home.display()
+        ),
+        Err(_) if link => crate::errln!(
+            "reshard: --keep: {} is a symbolic link put at the epoch's name {} during the run: not followed, and left there ({} is taken)",
+            aside.display(),
+            home.display(),
             home.display()
         ),
         Err(_) => crate::errln!(

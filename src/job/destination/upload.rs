@@ -500,6 +500,16 @@ fn restage(local: &Path) -> Result<bool> {
     if source.stat(&records).is_err() || source.stat(&staging).is_ok() {
         return Ok(false);
     }
+    // A pointer that leads nowhere is this copy's: its run was killed between renaming its
+    // staging directory to the copy and removing the pointer. It goes; the copy takes its path.
+    if source
+        .stat_link(&staging)
+        .is_ok_and(|s| s.kind == storage::Kind::Link)
+    {
+        storage::sink(&staging)
+            .remove_file(&staging)
+            .with_context(|| format!("{}: cannot remove", staging.display()))?;
+    }
     storage::sink(local)
         .rename(local, &staging)
         .with_context(|| {

@@ -27,12 +27,14 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
 
 use super::{Capabilities, Entry, FileStamp, Kind, OpenInput, Output, Sink, Source, Stat, Writer};
 
+mod delete_if;
 pub(crate) mod loose;
 mod multipart;
 mod read;
 mod requests;
 mod uploads;
 
+use delete_if::Removed;
 pub(crate) use multipart::SIDE;
 use multipart::{maybe_ours, object_of, side_of, Upload};
 use read::{Ahead, ObjectInput};
@@ -52,6 +54,9 @@ pub(crate) type MakeClient =
 
 /// How a store lists the open multipart uploads of one key of a bucket ([`Scheme::uploads`]).
 pub(crate) type ListUploads = fn(&str, &Key) -> object_store::Result<Vec<uploads::Open>>;
+
+/// How a store removes an object only while its ETag is the one given ([`Scheme::delete_if`]).
+pub(crate) type DeleteIf = fn(&str, &Key, &str) -> object_store::Result<delete_if::Removed>;
 
 /// One object store as a URL scheme names it: what the shared code needs to know of it.
 #[derive(Debug)]
@@ -74,6 +79,10 @@ pub(crate) struct Scheme {
     /// (S3's ListMultipartUploads): how the clearing of a failed run finds an upload whose id
     /// its journal never got ([`multipart::maybe_ours`]).
     pub(crate) uploads: Option<ListUploads>,
+    /// Removes an object only while its ETag is the one the run saw (S3's `If-Match` on
+    /// DeleteObject), where the store can: a removal checked against the output's lock then
+    /// never takes an object another run put there since ([`Sink::remove_file_if`]).
+    pub(crate) delete_if: Option<DeleteIf>,
     /// The variables that say which store a bucket name is in (an endpoint, an account): the
     /// same `BUCKET/KEY` under other values is another output ([`Scheme::place`]).
     pub(crate) location: &'static [&'static str],
@@ -114,6 +123,7 @@ pub(crate) static S3: Scheme = Scheme {
     client: s3_client,
     create_only: Some(("if-none-match", "*")),
     uploads: Some(uploads::s3_uploads),
+    delete_if: Some(delete_if::s3_delete_if),
     // A profile may name its own endpoint (`endpoint_url`).
     location: &["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE"],
 };
@@ -652,6 +662,30 @@ impl Sink for Objects {
         let store = loc.store()?;
         let key = loc.object()?;
         block_on(again(|| store.delete(&key))).map_err(|e| error(&loc, e))
+    }
+
+    fn tag_of(&self, path: &Path) -> io::Result<Option<String>> {
+        let loc = self.parse(path)?;
+        let store = loc.store()?;
+        let key = loc.object()?;
+        let meta = block_on(again(|| store.head(&key))).map_err(|e| error(&loc, e))?;
+        Ok(meta.e_tag)
+    }
+
+    fn remove_file_if(&self, path: &Path, tag: Option<&str>) -> io::Result<bool> {
+        let loc = self.parse(path)?;
+        if let (Some(tag), Some(delete_if)) = (tag, loc.scheme.delete_if) {
+            let key = loc.object()?;
+            match delete_if(&loc.bucket, &key, tag).map_err(|e| error(&loc, e))? {
+                Removed::Gone => return Ok(true),
+                Removed::Changed => return Ok(false),
+                Removed::NoCondition => {}
+            }
+        }
+        match self.remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(true),
+        }
     }
 
     fn abort_unfinished(&self, dir: &Path) -> io::Result<usize> {

@@ -79,10 +79,15 @@ impl Commit for ByManifest<'_> {
         for old in lock.replaced.iter().chain(&lock.preserved) {
             if !new.contains(&old.as_str()) {
                 let path = self.target.join(old);
-                fence.check_lock()?;
+                let hook = || {
+                    if super::is_shard(old) {
+                        crate::hooks::kill_at(0, "replaced");
+                    }
+                };
                 // Gone already where a failed run removed it, or never there (a replaced
-                // output without saved indexes).
-                remove_if_there(&path).with_context(|| {
+                // output without saved indexes); removed only while it is the object looked
+                // at before the lock check (a successor may have published there since).
+                fenced::remove_after_publish(&fence, &path, hook).with_context(|| {
                     format!(
                         "{} is published; removing {} of the output it replaced failed",
                         self.target.display(),

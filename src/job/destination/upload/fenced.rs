@@ -196,10 +196,64 @@ fn replace(fence: Option<&Fence>, to: &Path) -> Result<()> {
 /// # Errors
 /// The fence forbids it, or it cannot be removed.
 pub(crate) fn remove(fence: Option<&Fence>, path: &Path) -> Result<bool> {
-    if let Some(f) = fence {
-        f.check()?;
+    let Some(f) = fence else {
+        return remove_if_there(path).with_context(|| format!("{}: cannot remove", path.display()));
+    };
+    remove_checked(
+        path,
+        || f.check(),
+        || {
+            crate::hooks::kill_in_removal(|| {
+                crate::comm::launcher::launcher_rank(|k| std::env::var(k).ok()).unwrap_or(0)
+            });
+        },
+    )
+}
+
+/// Removes the object `path` of the output this run's manifest replaced, after that manifest
+/// is up, if it is there: as [`remove`], but with only the lock checked ([`Fence::check_lock`]:
+/// the manifest there is this run's own), so that a run suspended past its lock after
+/// publishing cannot remove what a successor published at that name since.
+///
+/// # Errors
+/// The lock is lost, or the object cannot be removed.
+pub(crate) fn remove_after_publish(
+    fence: &Fence,
+    path: &Path,
+    checked: impl FnOnce(),
+) -> Result<bool> {
+    remove_checked(path, || fence.check_lock(), checked)
+}
+
+/// Removes the object `path` if it is there, `check` passed right before (`checked` runs
+/// between the two: the test hooks' point).
+fn remove_checked(
+    path: &Path,
+    check: impl Fn() -> Result<()>,
+    checked: impl FnOnce(),
+) -> Result<bool> {
+    // The object is looked at before the fence is checked, and removed only while it is still
+    // the one looked at: a run suspended past its lock between the check and the removal then
+    // cannot take an object its successor put at the name since (one it saw was there while
+    // it held the lock, so not its successor's).
+    let sink = storage::sink(path);
+    let tag = match sink.tag_of(path) {
+        Ok(tag) => tag,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("{}: cannot look at", path.display())),
+    };
+    check()?;
+    checked();
+    if sink
+        .remove_file_if(path, tag.as_deref())
+        .with_context(|| format!("{}: cannot remove", path.display()))?
+    {
+        return Ok(true);
     }
-    remove_if_there(path).with_context(|| format!("{}: cannot remove", path.display()))
+    // Another object is at the name since it was looked at, and stays: this run's fence says
+    // why where it lost the lock; else the caller's create finds the name taken again.
+    check()?;
+    Ok(false)
 }
 
 fn is_exists(e: &anyhow::Error) -> bool {

@@ -445,12 +445,11 @@ pub(super) fn carry_forward(
     let mut removed = 0;
     for name in &gone {
         let path = target.join(name);
-        let was = if left {
-            fenced::remove(run.fence, &path)?
-        } else {
-            check_lock(run)?;
-            super::remove_if_there(&path)
-                .with_context(|| format!("{}: cannot remove", path.display()))?
+        // Beside a manifest, the lock alone is checked (the manifest is there), and the
+        // object removed only while it is the one looked at before.
+        let was = match run.fence.filter(|_| !left) {
+            Some(fence) => fenced::remove_after_publish(fence, &path, || ())?,
+            None => fenced::remove(run.fence, &path)?,
         };
         removed += usize::from(was);
     }

@@ -1,0 +1,90 @@
+//! Symbolic links put where reshard found an output of its own, between that check and the
+//! removal it decided on: the removal must never go through the link, whose target was never
+//! an output of the series.
+
+use std::fs;
+
+use crate::util::lock::{stopped_in, wait_until, Stopped};
+use crate::util::{data::sized, Dir};
+
+/// `--keep` finds the older outputs of the series first, then removes them one after the
+/// other (each moved aside, then what reshard wrote of it removed): the run is stopped
+/// (SIGSTOP, as a suspended job may be; a large epoch's removal takes as long) once the first
+/// is moved aside, and the next, `epoch-1`, is replaced by a symbolic link to `other`, a
+/// dataset of reshard's that is not of the series, holding the user's notes. The bug: the
+/// link was moved aside as the epoch and the removal went through it, deleting `other`'s
+/// shards, saved indexes and index.json.
+#[test]
+fn keep_never_removes_through_a_link_put_at_an_older_epoch_while_it_prunes() {
+    let dir = Dir::new("fence-keep-swapped-link");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    for out in ["epoch-1", "epoch-2", "other"] {
+        super::small_run(&dir, out).assert_success();
+    }
+    fs::write(dir.join("other/NOTES"), b"mine").unwrap();
+    let before = crate::util::listing(&dir.join("other"));
+    let mut run = super::small_run(&dir, "epoch-{epoch}");
+    run.args(["--epoch", "3", "--keep", "1"])
+        .env("RESHARD_TEST_STOP", "0:keep");
+    let run = std::thread::spawn(move || run.output());
+    wait_until("the run stops once it moved epoch-2 aside", || {
+        !stopped_in(&dir).is_empty()
+    });
+    let stopped = Stopped::already(stopped_in(&dir));
+    fs::rename(dir.join("epoch-1"), dir.join("epoch-1.mine")).unwrap();
+    std::os::unix::fs::symlink("other", dir.join("epoch-1")).unwrap();
+    drop(stopped);
+    let aside = dir.join(".epoch-1.reshard-removing");
+    wait_until("the run stops once it moved epoch-1 aside", || {
+        fs::symlink_metadata(&aside).is_ok() && !stopped_in(&dir).is_empty()
+    });
+    drop(Stopped::already(stopped_in(&dir)));
+    let res = run.join().unwrap();
+    res.check(res.code() == Some(0), "the new epoch is published");
+    let after = crate::util::listing(&dir.join("other"));
+    res.check(
+        after == before,
+        &format!("other is left as it was:\nbefore:\n{before}\nafter:\n{after}"),
+    );
+    res.check(
+        fs::read_link(dir.join("epoch-1")).ok() == Some("other".into()),
+        "the link goes back to its name, as it was",
+    );
+    res.check(!dir.join("epoch-2").exists(), "epoch-2 is removed");
+}
+
+/// `--force` checks what is at the output at publishing, then swaps (`RENAME_EXCHANGE`): the
+/// output path replaced by a symbolic link in between (here while rank 0 is stopped right before
+/// its rename, as a suspended run may be) is swapped to the staging name, and the link must not
+/// be followed by the removal of the replaced output. The bug: the removal went through the link
+/// and deleted what reshard wrote of `other`, a dataset that was never the output, and moved
+/// the user's notes out of it into the new output (exit 0).
+#[test]
+fn force_never_removes_through_a_link_put_at_the_output_before_its_swap() {
+    let dir = Dir::new("fence-force-swapped-link");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    super::small_run(&dir, "out").assert_success();
+    super::small_run(&dir, "other").assert_success();
+    fs::write(dir.join("other/NOTES"), b"mine").unwrap();
+    let before = crate::util::listing(&dir.join("other"));
+    let mut run = super::small_run(&dir, "out");
+    run.arg("--force").env("RESHARD_TEST_STOP", "0:rename");
+    let run = std::thread::spawn(move || run.output());
+    wait_until("the run stops right before its rename", || {
+        !stopped_in(&dir).is_empty()
+    });
+    let stopped = Stopped::already(stopped_in(&dir));
+    fs::rename(dir.join("out"), dir.join("out.mine")).unwrap();
+    std::os::unix::fs::symlink("other", dir.join("out")).unwrap();
+    drop(stopped);
+    let res = run.join().unwrap();
+    let after = crate::util::listing(&dir.join("other"));
+    res.check(
+        after == before,
+        &format!("other is left as it was:\nbefore:\n{before}\nafter:\n{after}"),
+    );
+    res.check(
+        fs::read(dir.join("other/NOTES")).ok().as_deref() == Some(&b"mine"[..]),
+        "the user's notes stay in other",
+    );
+}

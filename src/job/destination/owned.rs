@@ -100,7 +100,7 @@ pub(crate) fn is_reshard_output(dir: &Path) -> bool {
 pub(crate) struct OutputManifest {
     #[serde(rename = "__kind__")]
     kind: String,
-    #[allow(dead_code)] // Its presence is what tells; its content is Manifest's.
+    /// Its presence is what tells; of its content only the splits are read here.
     reshard: serde_json::Map<String, serde_json::Value>,
     /// The shards, each relative to the output directory.
     pub shardlist: Vec<ListedShard>,
@@ -143,6 +143,17 @@ impl OutputManifest {
             }
         }
         Ok(manifest)
+    }
+
+    /// The splits a `--split` output's manifest names, an empty one (no shard, but its own
+    /// index.json) included.
+    pub(crate) fn split_names(&self) -> impl Iterator<Item = &str> {
+        self.reshard
+            .get("splits")
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|group| group.get("split")?.as_str())
     }
 
     /// Reads reshard's manifest of `dir` without looking for the shards it lists: for what is

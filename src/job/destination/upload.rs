@@ -805,15 +805,17 @@ fn name_uploads(
         return Ok(());
     }
     lock.check_owned()?; // again, before anything of the output goes
+    let fence = lock.fence(target);
     if !lock.replaced.is_empty() {
-        // Already gone where a failed run that was replacing it removed it.
+        // Already gone where a failed run that was replacing it removed it. Removed only while
+        // it is the one looked at before the lock check: a successor's, published while this
+        // run was suspended past its lock, stays.
         let old = target.join(MANIFEST);
-        remove_if_there(&old).with_context(|| format!("{}: cannot remove", old.display()))?;
+        fenced::remove_after_publish(&fence, &old, || ())?;
     }
     // Every object is only created: what is at a name this run creates (of the replaced output,
     // or of the earlier attempt and not kept) goes first, the old output no output any more.
     let keeps = with_layouts(kept.iter().map(String::as_str));
-    let fence = lock.fence(target);
     for (rel, _) in files.iter().filter(|f| !keeps.contains(&f.0)) {
         fenced::remove(Some(&fence), &target.join(rel))?;
     }

@@ -46,10 +46,17 @@ impl Written {
             })
             .map(|p| p.to_string_lossy().into_owned())
             .collect();
+        // A split's directory is where its shards are, and, for a split with no sample (no
+        // shard, but its own index.json), the name the manifest gives it.
         let splits = manifest
             .iter()
             .flat_map(|m| &m.shardlist)
             .filter_map(|s| Some(s.url.rsplit_once('/')?.0.to_string()))
+            .chain(
+                manifest
+                    .iter()
+                    .flat_map(|m| m.split_names().map(String::from)),
+            )
             .collect();
         Written {
             manifest: manifest.is_some(),
@@ -305,6 +312,30 @@ mod tests {
         assert!(carry(&old, &new).unwrap().is_empty());
         assert!(!old.exists(), "emptied, it goes");
         assert_eq!(fs::read(new.join("README")).unwrap(), b"mine");
+    }
+
+    /// A `--split` output whose split `val` got no sample: no shard of it is listed, but its
+    /// index.json is reshard's (the manifest names the split), never taken for the user's.
+    #[test]
+    fn an_empty_splits_index_is_reshards() {
+        let tmp = tempfile::tempdir().unwrap();
+        let old = tmp.path().join("old");
+        fs::create_dir_all(old.join("train")).unwrap();
+        fs::create_dir_all(old.join("val")).unwrap();
+        let index = format!(
+            r#"{{"__kind__": "{}", "reshard": {{"splits": [{{"split": "train"}}, {{"split": "val"}}]}}, "shardlist": [{{"url": "train/s-0.tar", "filesize": 1}}]}}"#,
+            Manifest::KIND
+        );
+        fs::write(old.join("index.json"), index).unwrap();
+        fs::write(old.join("train/s-0.tar"), b"r").unwrap();
+        fs::write(old.join("train/index.json"), b"{}").unwrap();
+        fs::write(old.join("val/index.json"), b"{}").unwrap();
+        fs::write(old.join("val/mine.txt"), b"mine").unwrap();
+        let written = Written::of(Some(&OutputManifest::read(&old).unwrap()));
+        assert!(written.includes("val/index.json") && written.includes("train/index.json"));
+        assert!(!written.includes("val/mine.txt") && !written.includes("test/index.json"));
+        remove_written(&old, &written).unwrap();
+        assert_eq!(all(&old), ["val/", "val/mine.txt"]);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use super::fenced::{self, Fence};
 use super::{records, with_layouts};
 use crate::job::destination::lock::lost_by_token;
 use crate::job::destination::owned::OutputManifest;
-use crate::job::destination::written::Written;
+use crate::job::destination::written::{Written, MANIFEST};
 use crate::storage::{self, Kind};
 
 /// The marker of an upload under way of an older reshard (one for every run), and the start of
@@ -432,6 +432,14 @@ pub(super) fn carry_forward(
         // Beside a manifest: what it does not name of what a run uploaded or replaced is
         // reshard's and of no output (its run published and did not remove it yet); beside
         // one that cannot be read, nothing goes.
+        // A manifest that cannot be read now (the store failing) is not one that is not
+        // reshard's: the run stops rather than forget what the markers name.
+        let index = target.join(MANIFEST);
+        if let Err(e) = storage::source(&index).read(&index) {
+            if e.kind() != ErrorKind::NotFound {
+                return Err(e).with_context(|| format!("{}: cannot read", index.display()));
+            }
+        }
         let gone = match OutputManifest::parse(target) {
             Ok(manifest) => {
                 let live = Written::of(Some(&manifest));

@@ -309,7 +309,7 @@ fn point(pointer: &Path, staging: &Path) -> Result<()> {
 /// # Errors
 /// The pointer cannot be read, or the removal cannot be finished.
 fn finish_replaced_output(lock: &OutputLock, pointer: &Path, target: &Path) -> Result<()> {
-    let Some(earlier) = staging::pointed(pointer)
+    let Some((earlier, kind)) = staging::pointed_entry(pointer)
         .with_context(|| format!("{}: cannot read the staging pointer", pointer.display()))?
     else {
         return Ok(());
@@ -318,7 +318,10 @@ fn finish_replaced_output(lock: &OutputLock, pointer: &Path, target: &Path) -> R
         Some(dead) => earlier == staging::run_dir(pointer, dead),
         None => lock.found_free(),
     };
-    if !ended || earlier == pointer || !Staging::at(&earlier).holds_a_replaced_output() {
+    // A link at the run directory's name (the output was a symbolic link when the exchange
+    // swapped it there) is moved aside by `finish_replaced`, never followed.
+    let replaced = kind == Kind::Link || Staging::at(&earlier).holds_a_replaced_output();
+    if !ended || earlier == pointer || !replaced {
         return Ok(());
     }
     crate::errln!(

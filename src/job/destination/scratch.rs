@@ -589,7 +589,7 @@ mod tests {
             copy(".out.reshard-left.not-a-token".into(), one),
             copy(
                 format!(".out.reshard-tmp.{}.removing", t('f')),
-                &[me.clone()],
+                std::slice::from_ref(&me),
             ),
             copy(format!(".out.reshard-tmp.{}.moving", t('f')), one),
             copy(".out.reshard-tmp".into(), one),

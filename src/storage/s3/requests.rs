@@ -86,6 +86,24 @@ where
     again_when(broke_off, wait, op).await
 }
 
+/// An answer that says the store is busy or failed in passing: `429 Too Many Requests`, or a
+/// `5xx` other than `501 Not Implemented` (S3's `SlowDown` is a 503).
+#[derive(Debug)]
+pub(super) struct Passing(pub(super) String);
+
+impl std::fmt::Display for Passing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Passing {}
+
+/// Whether `e` is an answer worth asking again after a while ([`Passing`]).
+pub(super) fn passing(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::Generic { source, .. } if source.is::<Passing>())
+}
+
 /// [`again_after`], sent again after the errors `worth` says are.
 pub(super) async fn again_when<T, F, Fut>(
     worth: impl Fn(&object_store::Error) -> bool,

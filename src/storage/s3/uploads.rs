@@ -15,7 +15,7 @@ use object_store::signer::{SignedUrlOptions, Signer};
 use object_store::ClientOptions;
 use serde::Deserialize;
 
-use super::requests::{again_when, block_on, broke_off, s3_store};
+use super::requests::{again_when, block_on, broke_off, passing, s3_store, Passing};
 
 /// An upload still open: its id and when the store says it was started.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,24 +51,6 @@ async fn listed(
         open_uploads(s3, options, key)
     })
     .await
-}
-
-/// An answer that says the store is busy or failed in passing: `429 Too Many Requests`, or a
-/// `5xx` other than `501 Not Implemented` (S3's `SlowDown` is a 503).
-#[derive(Debug)]
-struct Passing(String);
-
-impl std::fmt::Display for Passing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Passing {}
-
-/// Whether `e` is an answer worth asking again after a while ([`Passing`]).
-fn passing(e: &object_store::Error) -> bool {
-    matches!(e, object_store::Error::Generic { source, .. } if source.is::<Passing>())
 }
 
 /// The open multipart uploads of exactly `key` in the bucket of `s3` (a listing by the prefix
@@ -228,7 +210,7 @@ fn generic_err(e: impl std::error::Error + Send + Sync + 'static) -> object_stor
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// A one-request HTTP server on loopback that answers `status` with `body`: its address,
@@ -243,7 +225,9 @@ mod tests {
 
     /// An HTTP server on loopback that answers one request with each (status, body) of
     /// `answers` in turn: its address, and the request lines it was sent.
-    fn answering_each(answers: &[(&str, &str)]) -> (String, std::thread::JoinHandle<Vec<String>>) {
+    pub(in crate::storage::s3) fn answering_each(
+        answers: &[(&str, &str)],
+    ) -> (String, std::thread::JoinHandle<Vec<String>>) {
         use std::io::{BufRead, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = format!("http://{}", listener.local_addr().unwrap());
@@ -320,7 +304,7 @@ mod tests {
     }
 
     /// The S3 client of bucket `b` at `endpoint`, path-style as with AWS_ENDPOINT_URL.
-    fn client(endpoint: &str) -> (AmazonS3, ClientOptions) {
+    pub(in crate::storage::s3) fn client(endpoint: &str) -> (AmazonS3, ClientOptions) {
         let s3 = object_store::aws::AmazonS3Builder::new()
             .with_endpoint(endpoint)
             .with_allow_http(true)

@@ -187,7 +187,11 @@ fn replace(fence: Option<&Fence>, to: &Path) -> Result<()> {
          wrote it late): removed, and created again",
         to.display()
     );
-    remove(fence, to).map(|_| ())
+    remove(fence, to)?;
+    // Checked again before the create that follows: an object of a successor's that holds the
+    // very bytes of the one looked at has its ETag, and goes; a run that lost the lock then at
+    // least does not put its own bytes at that name.
+    fence.map_or(Ok(()), Fence::check)
 }
 
 /// Removes the object `path` at the output's names if it is there, `fence` checked right

@@ -105,7 +105,7 @@ pub(crate) fn pointed_entry(pointer: &Path) -> io::Result<Option<(PathBuf, Kind)
         .to_str()
         .and_then(|to| to.strip_prefix(&*name))
         .and_then(|rest| rest.strip_prefix('.'))
-        .is_some_and(crate::job::destination::lock::is_token);
+        .is_some_and(crate::hex::is_token);
     if !ours {
         return Ok(None);
     }

@@ -34,13 +34,13 @@
 //!   resumed `s3://` run, right before it writes a kept shard's saved index again, its lock
 //!   checked); `0:unmark-failed` (an object-store run's clearing: its own marker written and
 //!   its lock checked, right before it removes a failed run's marker); `0:unmark` (an
-//!   object-store run right after its manifest, before it removes its own marker);
-//!   `r:multipart` (an object-store multipart upload started, its journal not yet holding its
-//!   id; the rank as its launcher numbered it); `r:remove` (an object-store output: an object
-//!   at one of the output's names is about to be removed, the run's fence checked; the rank as
-//!   its launcher numbered it, 0 without a launcher); `0:replaced` (an object-store output
-//!   published with `--force`: a shard of the output it replaced is about to be removed, the
-//!   lock checked). For `--resume` and kill tests.
+//!   object-store run after its manifest and the removal of what it replaced, before it
+//!   removes its own marker); `r:multipart` (an object-store multipart upload started, its
+//!   journal not yet holding its id; the rank as its launcher numbered it); `r:remove` (an
+//!   object-store output: an object at one of the output's names is about to be removed, the
+//!   run's fence checked; the rank as its launcher numbered it, 0 without a launcher);
+//!   `0:replaced` (an object-store output published with `--force`: a shard of the output it
+//!   replaced is about to be removed, the lock checked). For `--resume` and kill tests.
 //! - `RESHARD_TEST_STOP=r:at`: rank r stops itself with SIGSTOP at the point named `at` (any
 //!   point of `RESHARD_TEST_KILL`), like a node that froze there: its peers must end the job.
 //! - `RESHARD_TEST_SLOW_ROUNDS=ms`: every exchange round waits that long first (until a stop

@@ -50,7 +50,8 @@ pub(crate) trait Commit {
     /// It cannot: nothing is published, and what the run made stays for `--resume`.
     fn commit(&self) -> Result<bool>;
 
-    /// The records only an unfinished run needs (`--resume`'s, an upload's marker) go.
+    /// The records only an unfinished run needs (`--resume`'s) go (an object store's marker of
+    /// the upload names what the output replaced: it goes with that, in `remove_replaced`).
     ///
     /// # Errors
     /// One cannot be removed.

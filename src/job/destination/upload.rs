@@ -27,7 +27,7 @@ use crate::size::human_bytes;
 use crate::storage::{self, Kind, Source};
 use by_manifest::{half_removed, remove_objects, ByManifest, REMOVING};
 use fenced::{Fence, Found};
-use marker::{clean_up_failed_run, is_own_name, Clearing, Marker};
+use marker::{clean_up_failed_run, is_own_name, Marker};
 use progress::{report_progress, Sent};
 
 mod by_manifest;
@@ -223,12 +223,19 @@ impl life::Prepare for ToBucket<'_> {
             return Ok(());
         }
         let (cfg, target, local) = (self.cfg, self.target, self.local);
+        // First, before anything at the output is removed or anything can fail: the other
+        // runs' markers listed and sealed, this run stopped if one supersedes it (it lost the
+        // lock), and its own marker created, carrying them forward ([`marker::claim`]).
+        let lock = self.lock()?;
+        let from = lock
+            .lock
+            .dead_predecessor()
+            .or(lock.lock.taken_from_silent());
+        let (fence, token) = (lock.fence(target), lock.lock.token().to_string());
+        let (found, run) = marker::claim(target, &token, from, Some(&fence))?;
+        lock.lineage.clone_from(&run.lineage);
         finish_keeps_removal(target)?;
         self.staged = storage::source(local).stat(&local.join(MANIFEST)).is_ok();
-        // Listed once: every marker of another run (this run has none yet); a failed run's
-        // where no manifest is there.
-        let lock = &self.lock()?.lock;
-        let found = marker::Found::all(target, lock.token())?;
         let left = storage::source(target)
             .stat(&target.join(MANIFEST))
             .is_err();
@@ -236,6 +243,7 @@ impl life::Prepare for ToBucket<'_> {
         // the lock by its silence (a run killed outright leaves the lock taken, and one that
         // failed removed its copy), and may live; a failed run's marker does not say on which
         // node it staged, so it claims no copy here. Moved aside, never removed.
+        let lock = &self.lock()?.lock;
         let own = lock.found_free().then(|| lock.token().to_string());
         if let Some(own) = own.filter(|_| self.staged) {
             self.staged = !crate::job::destination::scratch::set_aside_unclaimed(local, &own)?;
@@ -256,17 +264,6 @@ impl life::Prepare for ToBucket<'_> {
         lock.records = records::carry_over(target, earlier.as_deref(), &lock.lock, cfg.resume)?;
         lock.failed = earlier;
         up.extend(lock.records.iter().map(|r| r.0.clone()));
-        let from = lock
-            .lock
-            .dead_predecessor()
-            .or(lock.lock.taken_from_silent());
-        lock.lineage = marker::Found::lineage(&found, from);
-        let fence = lock.fence(target);
-        let run = Clearing {
-            token: lock.lock.token(),
-            lineage: lock.lineage.clone(),
-            fence: Some(&fence),
-        };
         let (rest, seen) = clean_up_failed_run(target, (&found, left), &up, &run)?;
         lock.marker.clone_from(&seen);
         (self.rest, self.seen) = (Some(rest), seen);
@@ -316,6 +313,7 @@ impl life::Prepare for ToBucket<'_> {
             replaces: lock.replaced.clone(),
             records: Some(lock.lock.token().to_string()),
             carried: lock.lineage.clone(),
+            superseded_by: None,
         };
         let token = lock.lock.token();
         lock.marker = Some(marker.put(target, token, seen.as_deref())?);
@@ -800,6 +798,7 @@ fn name_uploads(
         replaces: lock.replaced.clone(),
         records: Some(token.to_string()),
         carried: lock.lineage.clone(),
+        superseded_by: None,
     }
     .put(target, token, lock.marker.as_deref())?;
     if lock.replaced.is_empty() && lock.preserved.is_empty() {

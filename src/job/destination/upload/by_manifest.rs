@@ -1,8 +1,9 @@
 //! How an object store's output becomes live and what follows, for the output's life
 //! ([`crate::job::destination::life`]): there is no rename, so the commit is the manifest,
-//! created last and only where none is (never over another run's); once it is up, the marker
-//! of the upload under way goes, then the objects of what it replaced (or a failed run left)
-//! that it does not name, each while the run still holds the lock, then the staged copy.
+//! created last and only where none is (never over another run's); once it is up, the objects
+//! of what it replaced (or a failed run left) that it does not name go, each while the run
+//! still holds the lock, then the marker of the upload under way that named them, then the
+//! staged copy.
 //! `--keep` removes an older output holding its lock, its marker written first: a removal cut
 //! short is found by the marker and finished by the next run.
 
@@ -57,27 +58,18 @@ impl Commit for ByManifest<'_> {
         Ok(self.lock.is_some_and(|l| !l.replaced.is_empty()))
     }
 
-    /// This run's marker of its upload under way, and only its own: a successor's, written
-    /// while this run was suspended right after its manifest, has another name, so it stays
-    /// whatever this run does when it wakes.
+    /// Nothing yet: this run's marker names what the output replaced until that is removed
+    /// ([`ByManifest::remove_replaced`] removes it last).
     fn drop_records(&self) -> Result<()> {
-        let Some(lock) = self.lock else {
-            return Ok(());
-        };
-        let marker = self.target.join(name_of(lock.lock.token()));
-        crate::hooks::kill_at(0, "unmark");
-        remove_if_there(&marker).map(drop).with_context(|| {
-            format!(
-                "{} is published; removing {} failed",
-                self.target.display(),
-                marker.display()
-            )
-        })
+        Ok(())
     }
 
     /// The objects of the output replaced, or of a failed run, that the new manifest does not
     /// name; only while this run holds the lock, so that a run suspended past its lock here
-    /// removes nothing a successor published since.
+    /// removes nothing a successor published since. Then this run's marker of its upload under
+    /// way, and only its own: until then it names them (`replaces`), so a run killed before
+    /// leaves them to the next run (which removes what the manifest does not name); a
+    /// successor's, written while this run was suspended, has another name and stays.
     fn remove_replaced(&self, _replaced: bool) -> Result<()> {
         let Some(lock) = self.lock else {
             return Ok(());
@@ -104,7 +96,15 @@ impl Commit for ByManifest<'_> {
                 })?;
             }
         }
-        Ok(())
+        let marker = self.target.join(name_of(lock.lock.token()));
+        crate::hooks::kill_at(0, "unmark");
+        remove_if_there(&marker).map(drop).with_context(|| {
+            format!(
+                "{} is published; removing {} failed",
+                self.target.display(),
+                marker.display()
+            )
+        })
     }
 
     /// The staged copy, while this run holds the lock.
@@ -178,17 +178,16 @@ pub(super) fn found(target: &Path) -> Result<AtOutput> {
 
 /// Whether the prefix `target` holds nothing but markers of uploads under way, and folders
 /// that hold no object (a store such as SeaweedFS lists a folder whose objects were all
-/// removed, as a failed run's `.reshard/` is by the clearing of its uploads).
+/// removed, as a failed run's `.reshard/` is by the clearing of its uploads): one listing of the
+/// top, and for each folder one look ([`has_objects`]), not a walk of all it holds.
 fn only_markers(target: &Path) -> Result<bool> {
     let entries = storage::source(target)
         .list(target)
         .with_context(|| format!("--output {}: cannot list", target.display()))?;
     for e in entries {
-        let empty =
-            || super::records::names_under(&target.join(&e.name)).is_ok_and(|n| n.is_empty());
         let ours = match e.kind {
             Kind::File => e.name.to_str().is_some_and(is_marker),
-            Kind::Dir => empty(),
+            Kind::Dir => !has_objects(&target.join(&e.name))?,
             _ => false,
         };
         if !ours {
@@ -196,6 +195,23 @@ fn only_markers(target: &Path) -> Result<bool> {
         }
     }
     Ok(true)
+}
+
+/// Whether any object is under the folder `dir`: on an object store its `stat` (one page of a
+/// listing of at most one key; a folder kept with no object under it holds none), not a walk of
+/// all it holds; elsewhere (the memory store of the tests keeps empty folders) a walk.
+///
+/// # Errors
+/// The store cannot tell.
+fn has_objects(dir: &Path) -> Result<bool> {
+    if !storage::is_object_store(dir) {
+        return Ok(!super::records::names_under(dir).is_ok_and(|n| n.is_empty()));
+    }
+    match storage::source(dir).stat(dir) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("--output {}: cannot list", dir.display())),
+    }
 }
 
 /// Whether `old` is an output whose removal by `--keep` began and did not finish: its marker

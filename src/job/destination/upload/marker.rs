@@ -1,20 +1,17 @@
 //! The markers of uploads under way, in the bucket beside the objects of the output: what the
 //! next run reads to know what a run that failed left there. One marker per run, named by its
 //! token (`.reshard-incomplete.TOKEN`): fenced by construction, as table formats on object
-//! stores write only new, uniquely named objects. A run writes and removes only its own: it is
-//! created (create-only) as the run's first write toward the output, once the lock is taken
-//! and before anything of another run's is removed (`ToBucket`'s `clear_failed`: the run's
-//! token, what it carries forward of the failed runs it clears, the tokens of the runs it
-//! supersedes); `begin` adds what it replaces and what `--resume` may keep, the upload phase
-//! the names it uploads, each write made only over the run's own last bytes (`If-Match` where
-//! the store can); the run that published removes its own after its manifest. A run that
-//! took the lock over removes an earlier run's marker only once its own, written first, names
-//! what must stay named of it, and never one that names this run as superseded (a
-//! successor's): so a run suspended past its lock removes no marker a successor still needs,
-//! and a successor's marker is never at the name another run removes. The next run finds the
-//! markers by listing the output's top. The single `.reshard-incomplete` of an older reshard
-//! is read as one more failed run's marker. What a failed run left is cleared here too
-//! ([`clean_up_failed_run`]).
+//! stores write only new, uniquely named objects. A run writes and removes only its own, each
+//! write made only over the run's own last bytes (`If-Match` where the store can). Its first
+//! step once it holds the lock is its [`claim`]: the other runs' markers listed (a run that
+//! finds one superseding it lost the lock, and stops), each sealed (written again over the
+//! version read, `superseded_by` this run, so its run can name nothing more in it), and the
+//! run's own created, naming all they name and superseding their runs, before anything is
+//! removed or can fail; its clearing ([`clean_up_failed_run`]) then writes it again naming
+//! what stays, and removes the sealed markers. `begin` adds what it replaces and what
+//! `--resume` may keep, the upload phase the names it uploads; the run that published removes
+//! its own once what it replaced is gone. The single `.reshard-incomplete` of an older reshard
+//! is read as one more failed run's marker.
 
 use std::collections::BTreeSet;
 use std::io::ErrorKind;
@@ -24,6 +21,9 @@ use anyhow::{bail, Context, Result};
 
 use super::fenced::{self, Fence};
 use super::{records, with_layouts};
+use crate::job::destination::lock::lost_by_token;
+use crate::job::destination::owned::OutputManifest;
+use crate::job::destination::written::Written;
 use crate::storage::{self, Kind};
 
 /// The marker of an upload under way of an older reshard (one for every run), and the start of
@@ -63,6 +63,11 @@ pub(super) struct Marker {
     /// one no other supersedes is the last failed run's ([`Found::named`]).
     #[serde(default)]
     pub(super) carried: Vec<String>,
+    /// The token of the run that took the lock over and sealed this marker ([`claim`]): it
+    /// carries forward what the marker names as sealed, so the marker's own run, whose every
+    /// write is made only over its own last bytes, can name nothing more in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) superseded_by: Option<String>,
 }
 
 /// A marker found at the output: its name there, the token of its run (`None`: an older
@@ -123,13 +128,17 @@ impl Marker {
             }
         }
         .with_context(|| format!("{}: cannot write", path.display()))?;
-        if !written {
-            bail!(
-                "{}: another run removed or changed this run's marker since it wrote it: this run lost the output's lock and writes nothing more there",
+        match (written, over) {
+            (true, _) => Ok(bytes),
+            (false, None) => bail!(
+                "{}: a marker this run did not write is at its name (another run took the output's lock over and sealed this run's): this run lost the lock and writes nothing more there",
                 path.display()
-            );
+            ),
+            (false, Some(_)) => bail!(
+                "{}: another run sealed or removed this run's marker since this run wrote it: this run lost the output's lock and writes nothing more there",
+                path.display()
+            ),
         }
-        Ok(bytes)
     }
 
     /// The marker `bytes` hold; an older plain list of names is read as the names uploaded.
@@ -142,6 +151,7 @@ impl Marker {
                 replaces: names(m.replaces),
                 records: m.records.filter(|t| records::is_token(t)),
                 carried: tokens(m.carried),
+                superseded_by: m.superseded_by.filter(|t| records::is_token(t)),
             },
             Err(_) => Marker {
                 uploads: names(
@@ -240,25 +250,126 @@ pub(super) fn is_own_name(n: &str) -> bool {
 }
 
 /// The run that clears what failed runs left: its token, the tokens its marker supersedes
-/// ([`Found::lineage`]) and what lets it check that it still holds the lock.
+/// ([`Found::lineage`], never its own), what lets it check that it still holds the lock, and
+/// the bytes of its marker as [`claim`] created it (none: nothing was found to carry forward).
 pub(super) struct Clearing<'a> {
     pub(super) token: &'a str,
     pub(super) lineage: Vec<String>,
     pub(super) fence: Option<&'a Fence>,
+    pub(super) seen: Option<Vec<u8>>,
 }
 
-/// What failed runs left at `target`: unfinished multipart uploads aborted; where the markers
-/// `found` are of failed runs (`left`: no manifest there), the objects they name removed but
-/// for the shards of `kept` (and their saved indexes), which `--resume` keeps. Then this run's
-/// own marker created, carrying forward what must stay named (the kept objects, and those of an
-/// output a failed `--force` run was replacing) and superseding those runs (`run.lineage`);
-/// only then are their markers removed (a marker found beside a manifest names nothing that
-/// stays: it goes too), each once the lock is checked, and never one that supersedes this run
-/// (a successor's, written while this run was suspended). A run that lost the lock meanwhile
-/// removes at most markers its successor read too or that this run's own marker carries
-/// forward; it never removes a successor's by name. Where no marker was found and this run
-/// took the lock over from none, nothing is written yet (a run refused next leaves nothing at
-/// an output that may be a user's; `begin` creates the marker). What this run's marker names,
+/// How many times a marker is sealed before the run gives up: each time after the first, its
+/// run wrote it between this run's read and its write.
+const SEALS: usize = 4;
+
+/// The first step of a run that took the lock, before anything at the output is removed or
+/// anything can fail: the markers of other runs listed; a run that finds one superseding it (a
+/// successor's: it lost the lock while suspended) stops, as it does if its lock is gone; each
+/// marker found sealed ([`seal`]), then this run's own marker created, naming every object the
+/// sealed ones name and superseding their runs and `from` (the run it took the lock from), so
+/// that a run that fails from here on is the one the next run names. Where nothing was found
+/// and the lock was taken from none, nothing is written (a run refused next leaves nothing at
+/// an output that may be a user's; `begin` creates the marker). The markers found, as sealed.
+///
+/// # Errors
+/// A marker supersedes this run, the lock was lost, or a marker cannot be listed or written.
+pub(super) fn claim<'a>(
+    target: &Path,
+    token: &'a str,
+    from: Option<&str>,
+    fence: Option<&'a Fence>,
+) -> Result<(Vec<Found>, Clearing<'a>)> {
+    let check = || fence.map_or(Ok(()), Fence::check_lock);
+    let mut found = Found::all(target, token)?;
+    if let Some(f) = found
+        .iter()
+        .find(|f| f.marker.carried.iter().any(|t| t == token))
+    {
+        bail!(
+            "{}: this run lost the output's lock: run {}'s marker supersedes it; it writes nothing more there",
+            target.display(),
+            f.token.as_deref().unwrap_or("?")
+        );
+    }
+    check()?;
+    seal(target, &mut found, token)?;
+    let mut lineage = Found::lineage(&found, from);
+    lineage.retain(|t| t != token);
+    let mut run = Clearing {
+        token,
+        lineage,
+        fence,
+        seen: None,
+    };
+    if found.is_empty() && run.lineage.is_empty() {
+        return Ok((found, run));
+    }
+    let all = |names: &dyn Fn(&Marker) -> &Vec<String>| -> Vec<String> {
+        let set: BTreeSet<&String> = found.iter().flat_map(|f| names(&f.marker)).collect();
+        set.into_iter().cloned().collect()
+    };
+    let own = Marker {
+        uploads: all(&|m| &m.uploads),
+        replaces: all(&|m| &m.replaces),
+        records: Some(token.to_string()),
+        carried: run.lineage.clone(),
+        superseded_by: None,
+    };
+    check()?; // right before the create: a run that lost the lock creates none late
+    run.seen = Some(own.put(target, token, None)?);
+    Ok((found, run))
+}
+
+/// Each marker `found` written over, as it is now, with `superseded_by` this run (over the
+/// very version read, `If-Match` where the store can): its run, whose writes are made only over
+/// its own last bytes ([`Marker::put`]), can name nothing more in it, and what this run carries
+/// forward is what it sealed, a late write of that run included. `found` becomes what was
+/// sealed; a marker removed meanwhile (by its run after its manifest) is left out.
+///
+/// # Errors
+/// A marker cannot be written, or it changed each time.
+pub(super) fn seal(target: &Path, found: &mut Vec<Found>, token: &str) -> Result<()> {
+    let mut sealed = Vec::new();
+    for mut f in found.drain(..) {
+        let path = target.join(&f.name);
+        let sink = storage::sink(&path);
+        for attempt in 1..=SEALS {
+            let mut now = None;
+            let wrote = sink.update(&path, &mut |bytes| {
+                let mut m = Marker::parse(bytes);
+                m.superseded_by = Some(token.to_string());
+                let b = m.bytes();
+                now = Some(m);
+                Some(b)
+            });
+            match wrote {
+                Err(e) if e.kind() == ErrorKind::NotFound => break,
+                Err(e) => return Err(e).with_context(|| format!("{}: cannot seal", path.display())),
+                Ok(true) => {
+                    f.marker = now.context("internal error: a sealed marker was read")?;
+                    sealed.push(f);
+                    break;
+                }
+                Ok(false) if attempt == SEALS => bail!(
+                    "{}: changed each time this run sealed it ({SEALS} times): another run keeps writing it",
+                    path.display()
+                ),
+                Ok(false) => {}
+            }
+        }
+    }
+    *found = sealed;
+    Ok(())
+}
+
+/// What failed runs left at `target`, once [`claim`] sealed their markers (`found`) and
+/// created this run's: unfinished multipart uploads aborted; where the markers are of failed
+/// runs (`left`: no manifest there), the objects they name removed but for the shards of
+/// `kept` (and their saved indexes), which `--resume` keeps; beside a manifest, those that
+/// manifest does not name (what a run that published replaced and did not remove yet). Then
+/// this run's marker written again (over what `claim` wrote) naming what stays, and only then
+/// the sealed markers removed, each once the lock is checked. What this run's marker names,
 /// and its bytes if it was written (its next write is made only over them, [`Marker::put`]).
 ///
 /// # Errors
@@ -270,6 +381,7 @@ pub(super) fn clean_up_failed_run(
     run: &Clearing<'_>,
 ) -> Result<(Marker, Option<Vec<u8>>)> {
     let sink = storage::sink(target);
+    check_lock(run)?; // a successor's uploads under way are never aborted by a lost run
     let aborted = sink.abort_unfinished(target).with_context(|| {
         format!(
             "{}: cannot abort the unfinished uploads of an earlier run",
@@ -280,7 +392,7 @@ pub(super) fn clean_up_failed_run(
         crate::errln!("reshard: aborted {aborted} unfinished multipart upload(s) an earlier run left under {}", target.display());
     }
     fenced::remove_side_objects(target)?;
-    if found.is_empty() && run.lineage.is_empty() {
+    if run.seen.is_none() {
         let own = Marker {
             records: Some(run.token.to_string()),
             ..Marker::default()
@@ -293,8 +405,8 @@ pub(super) fn clean_up_failed_run(
 }
 
 /// [`clean_up_failed_run`] up to this run's marker: the failed runs' objects removed but for
-/// those kept, and this run's marker created, naming what is left of them and superseding
-/// them. What it names, and its bytes.
+/// those kept (beside a manifest, those it does not name), and this run's marker written again
+/// over what [`claim`] wrote, naming what is left of them. What it names, and its bytes.
 ///
 /// # Errors
 /// As [`clean_up_failed_run`].
@@ -304,29 +416,53 @@ pub(super) fn carry_forward(
     kept: &[String],
     run: &Clearing<'_>,
 ) -> Result<(Marker, Vec<u8>)> {
-    let union = |names: &dyn Fn(&Marker) -> &Vec<String>| -> Vec<String> {
-        let all = found.iter().filter(|_| left).flat_map(|f| names(&f.marker));
-        let set: BTreeSet<String> = all.cloned().collect();
-        set.into_iter().collect()
+    let union = |names: &dyn Fn(&Marker) -> &Vec<String>| -> BTreeSet<String> {
+        found
+            .iter()
+            .flat_map(|f| names(&f.marker))
+            .cloned()
+            .collect()
     };
-    let keeps = with_layouts(kept.iter().map(String::as_str));
-    let (stay, gone): (Vec<String>, Vec<String>) = union(&|m| &m.uploads)
-        .into_iter()
-        .partition(|n| keeps.contains(n));
+    let (uploads, replaces) = (union(&|m| &m.uploads), union(&|m| &m.replaces));
+    let (stay, gone, replaces): (Vec<String>, Vec<String>, Vec<String>) = if left {
+        let keeps = with_layouts(kept.iter().map(String::as_str));
+        let (stay, gone) = uploads.into_iter().partition(|n| keeps.contains(n));
+        (stay, gone, replaces.into_iter().collect())
+    } else {
+        // Beside a manifest: what it does not name of what a run uploaded or replaced is
+        // reshard's and of no output (its run published and did not remove it yet); beside
+        // one that cannot be read, nothing goes.
+        let gone = match OutputManifest::parse(target) {
+            Ok(manifest) => {
+                let live = Written::of(Some(&manifest));
+                let gone = uploads.union(&replaces).filter(|n| !live.includes(n));
+                gone.cloned().collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        (Vec::new(), gone, Vec::new())
+    };
     let mut removed = 0;
     for name in &gone {
-        if fenced::remove(run.fence, &target.join(name))? {
-            removed += 1;
-        }
+        let path = target.join(name);
+        // Beside a manifest, the lock alone is checked (the manifest is there), and the
+        // object removed only while it is the one looked at before.
+        let was = match run.fence.filter(|_| !left) {
+            Some(fence) => fenced::remove_after_publish(fence, &path, || ())?,
+            None => fenced::remove(run.fence, &path)?,
+        };
+        removed += usize::from(was);
     }
     let rest = Marker {
         uploads: stay,
-        replaces: union(&|m| &m.replaces),
+        replaces,
         records: Some(run.token.to_string()),
         carried: run.lineage.clone(),
+        superseded_by: None,
     };
-    let written = rest.put(target, run.token, None)?;
-    if !gone.is_empty() {
+    check_lock(run)?;
+    let written = rest.put(target, run.token, run.seen.as_deref())?;
+    if removed > 0 {
         crate::errln!(
             "reshard: removed {removed} object(s) an earlier run uploaded to {} without publishing them",
             target.display()
@@ -335,9 +471,12 @@ pub(super) fn carry_forward(
     Ok((rest, written))
 }
 
-/// The markers `found` removed, now that this run's own carries them forward: each once the
-/// lock is checked, and never one that supersedes this run (a successor's, which this run
-/// found because it was suspended before it looked).
+fn check_lock(run: &Clearing<'_>) -> Result<()> {
+    run.fence.map_or(Ok(()), Fence::check_lock)
+}
+
+/// The markers `found` removed, now that this run sealed them and its own carries them
+/// forward: each once the lock is checked, and never one that supersedes this run.
 ///
 /// # Errors
 /// The lock was lost, or a marker cannot be removed.
@@ -346,8 +485,12 @@ pub(super) fn remove_superseded(target: &Path, found: &[Found], run: &Clearing<'
         if f.marker.carried.iter().any(|t| t == run.token) {
             continue;
         }
-        if let Some(fence) = run.fence {
-            fence.check_lock()?;
+        let lost = run.fence.map(|f| lost_by_token(&f.lock, &f.token));
+        if let Some(why) = lost.transpose()?.flatten() {
+            bail!(
+                "{}: this run lost the output's lock ({why}) once it had cleared what failed runs left; it removes nothing more there (its own marker carries forward the markers it leaves)",
+                target.display()
+            );
         }
         crate::hooks::kill_at(0, "unmark-failed");
         let path = target.join(&f.name);

@@ -107,6 +107,7 @@ fn marker(uploads: &[&str], replaces: &[&str], token: &str, carried: &[&str]) ->
         replaces: names(replaces),
         records: Some(token.to_string()),
         carried: names(carried),
+        superseded_by: None,
     }
 }
 
@@ -183,17 +184,12 @@ fn a_failed_runs_objects_go_but_those_kept_and_this_runs_marker_then_names_what_
     }
     .write(target)
     .unwrap();
-    let found = marker::Found::all(target, A).unwrap();
+    let (found, run) = marker::claim(target, A, None, None).unwrap();
     assert_eq!(
         marker::Found::named(&found),
         None,
         "two runs, neither superseded"
     );
-    let run = marker::Clearing {
-        token: A,
-        lineage: marker::Found::lineage(&found, None),
-        fence: None,
-    };
     assert_eq!(run.lineage, [F]);
     let (rest, written) =
         clean_up_failed_run(target, (&found, true), &["a.tar".to_string()], &run).unwrap();
@@ -214,12 +210,7 @@ fn a_failed_runs_objects_go_but_those_kept_and_this_runs_marker_then_names_what_
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(marker::Found::named(&found).as_deref(), Some(A));
     // Nothing left to name: this run's marker names nothing, the failed run's goes all the same.
-    let found = marker::Found::all(target, B).unwrap();
-    let run = marker::Clearing {
-        token: B,
-        lineage: marker::Found::lineage(&found, None),
-        fence: None,
-    };
+    let (found, run) = marker::claim(target, B, None, None).unwrap();
     let (rest, _) = clean_up_failed_run(target, (&found, true), &[], &run).unwrap();
     assert_eq!(rest, marker(&[], &["old.tar"], B, &[A, F]));
     assert!(!present("a.tar") && !present(&marker::name_of(A)));
@@ -227,12 +218,8 @@ fn a_failed_runs_objects_go_but_those_kept_and_this_runs_marker_then_names_what_
     // next leaves nothing at what may be a user's prefix; `begin` creates it).
     let empty = Path::new("mem://upload-clean/users");
     storage::sink(empty).create_dir_all(empty).unwrap();
-    let run = marker::Clearing {
-        token: A,
-        lineage: Vec::new(),
-        fence: None,
-    };
-    let (rest, written) = clean_up_failed_run(empty, (&[], true), &[], &run).unwrap();
+    let (found, run) = marker::claim(empty, A, None, None).unwrap();
+    let (rest, written) = clean_up_failed_run(empty, (&found, true), &[], &run).unwrap();
     assert_eq!((rest, written), (marker(&[], &[], A, &[]), None));
     assert_eq!(storage::source(empty).list(empty).unwrap().len(), 0);
 }
@@ -256,20 +243,13 @@ fn a_run_suspended_in_its_clearing_never_removes_its_successors_marker() {
     marker(&["kept.tar"], &[], F, &[])
         .put(target, F, None)
         .unwrap();
-    let clearing = |token, found: &[marker::Found], from: Option<&str>| marker::Clearing {
-        token,
-        lineage: marker::Found::lineage(found, from),
-        fence: None,
-    };
     // A clears up to its marker, and is suspended after its lock check.
-    let found_by_a = marker::Found::all(target, A).unwrap();
-    let a = clearing(A, &found_by_a, None);
+    let (found_by_a, a) = marker::claim(target, A, None, None).unwrap();
     let kept = ["kept.tar".to_string()];
     marker::carry_forward(target, (&found_by_a, true), &kept, &a).unwrap();
     // B takes the lock over from A by its silence, clears, and names its uploads.
-    let found_by_b = marker::Found::all(target, B).unwrap();
+    let (found_by_b, b) = marker::claim(target, B, Some(A), None).unwrap();
     assert_eq!(found_by_b.len(), 2, "F's and A's: {found_by_b:?}");
-    let b = clearing(B, &found_by_b, Some(A));
     let (rest, seen) = clean_up_failed_run(target, (&found_by_b, true), &kept, &b).unwrap();
     assert_eq!(rest, marker(&["kept.tar"], &[], B, &[A, F]));
     assert_eq!(
@@ -588,12 +568,7 @@ fn a_run_suspended_after_its_manifest_never_removes_its_successors_marker() {
     let held =
         String::from_utf8(storage::source(target).read(&lock_path(target)).unwrap()).unwrap();
     put(&lock_path(target), held.replace(&a_token, B).as_bytes());
-    let found = marker::Found::all(target, B).unwrap();
-    let b = marker::Clearing {
-        token: B,
-        lineage: marker::Found::lineage(&found, Some(&a_token)),
-        fence: None,
-    };
+    let (found, b) = marker::claim(target, B, Some(&a_token), None).unwrap();
     let (_, b_seen) = clean_up_failed_run(target, (&found, false), &[], &b).unwrap();
     let replacing = marker(&["b-0.tar"], &["a-0.tar"], B, &[&a_token]);
     replacing.put(target, B, b_seen.as_deref()).unwrap();
@@ -694,4 +669,143 @@ fn a_kept_shards_saved_index_is_stamped_for_the_verified_object_only() {
     let ours = staged.join("a.tar.reshard-layout");
     let again = saved_index::write_for(&ours, &target.join(shard), &to, &verified);
     assert_eq!(again.unwrap(), saved_index::Restamped::Written);
+}
+
+/// Seal, then read (issue 37, review 1): a run A that lost the lock while suspended before it
+/// names its uploads, its check passed, writes over its own last bytes only; once its successor
+/// B sealed A's marker, A's write fails, so no upload of A's is named by nothing. A write of
+/// A's that lands between B's listing and B's seal is what B seals and carries forward.
+/// Before, B removed A's marker without reading the version that named A's uploads.
+#[test]
+fn a_lost_runs_late_marker_write_fails_once_sealed_or_is_carried_forward_by_the_seal() {
+    let target = Path::new("mem://upload-seal/out");
+    storage::sink(target).create_dir_all(target).unwrap();
+    let a_seen = marker(&[], &[], A, &[]).put(target, A, None).unwrap();
+    // B takes the lock over from A, silent, and seals A's marker before anything else.
+    let (found_by_b, b) = marker::claim(target, B, Some(A), None).unwrap();
+    assert_eq!(found_by_b[0].marker.superseded_by.as_deref(), Some(B));
+    // A wakes: its write over its own bytes fails; it uploads nothing.
+    let late = marker(&["shard-000007.tar"], &[], A, &[]).put(target, A, Some(&a_seen));
+    assert!(
+        late.is_err(),
+        "A named its uploads after B sealed its marker"
+    );
+    clean_up_failed_run(target, (&found_by_b, true), &[], &b).unwrap();
+    assert_eq!(marker::read_of(target, A), None);
+    // A's write landing between B's listing and its seal: sealed, and carried forward.
+    let target = Path::new("mem://upload-seal/late");
+    storage::sink(target).create_dir_all(target).unwrap();
+    let a_seen = marker(&[], &[], A, &[]).put(target, A, None).unwrap();
+    let mut found = marker::Found::all(target, B).unwrap();
+    marker(&["shard-000007.tar"], &[], A, &[])
+        .put(target, A, Some(&a_seen))
+        .unwrap();
+    marker::seal(target, &mut found, B).unwrap();
+    assert_eq!(found[0].marker.uploads, ["shard-000007.tar"]);
+}
+
+/// A run that finds a marker superseding it (its successor's, written while it was suspended
+/// before its listing) stops there: it writes no marker, removes nothing, and the next run
+/// names the successor as the last failed run (review 2). Before, it created its own marker
+/// superseding its successor's: two markers superseding each other, no run named.
+#[test]
+fn a_run_that_finds_its_successors_marker_stops_and_the_successor_stays_named() {
+    let target = Path::new("mem://upload-superseded/out");
+    storage::sink(target).create_dir_all(target).unwrap();
+    marker(&["kept.tar"], &[], F, &[])
+        .put(target, F, None)
+        .unwrap();
+    let kept = ["kept.tar".to_string()];
+    let (found_by_b, b) = marker::claim(target, B, Some(A), None).unwrap();
+    clean_up_failed_run(target, (&found_by_b, true), &kept, &b).unwrap();
+    let err = marker::claim(target, A, None, None).err().unwrap();
+    assert!(format!("{err:#}").contains("supersedes it"), "{err:#}");
+    assert_eq!(marker::read_of(target, A), None, "A wrote a marker");
+    let next = marker::Found::all(target, "").unwrap();
+    assert_eq!(marker::Found::named(&next).as_deref(), Some(B), "{next:?}");
+    assert_eq!(next[0].marker.uploads, ["kept.tar"]);
+}
+
+/// A run that takes the lock over names itself before any step that can fail (review 5a): a
+/// failed `--force` run F's marker found, this run (no `--force`) refused; its own marker is
+/// there already, superseding F's, so the next run names it, not F (whose live copy, per node,
+/// a run named F's would take). Before, it failed before its marker existed.
+#[test]
+fn a_run_refused_after_it_took_the_lock_is_the_one_the_next_run_names() {
+    let target = Path::new("mem://upload-named-first/target");
+    let local = Path::new("mem://upload-named-first/scratch/target");
+    storage::sink(target).create_dir_all(target).unwrap();
+    marker(&[], &["old-0.tar"], F, &[])
+        .put(target, F, None)
+        .unwrap();
+    let cfg = upload_settings(target, local);
+    let mut scratch = ScratchNoted {
+        target: target.to_path_buf(),
+        steps: Vec::new(),
+    };
+    let err = prepare(&cfg, &mut scratch).err().unwrap();
+    assert!(format!("{err:#}").contains("rerun with --force"), "{err:#}");
+    let next = marker::Found::all(target, "").unwrap();
+    let named = marker::Found::named(&next);
+    assert!(named.is_some() && named.as_deref() != Some(F), "{next:?}");
+    assert!(next.iter().all(|f| f.marker.replaces == ["old-0.tar"]));
+}
+
+/// A `--force` run P that published and stopped before it removed what it replaced leaves its
+/// marker, naming it (review 4): its removal comes after theirs. The next run, finding that
+/// marker beside P's manifest, removes what the manifest does not name, and keeps what it
+/// does. Before, P's marker went first, and the replaced output's objects stayed for ever.
+#[test]
+fn what_a_force_run_replaced_is_named_until_removed_and_cleared_beside_its_manifest() {
+    let local = Path::new("mem://upload-replaced-named/local");
+    let target = Path::new("mem://upload-replaced-named/target");
+    for dir in [local, target] {
+        storage::sink(dir).create_dir_all(dir).unwrap();
+    }
+    let put = |path: &Path, bytes: &[u8]| storage::sink(path).write(path, bytes).unwrap();
+    for n in ["s-0.tar", "s-1.tar", "s-1.tar.idx"] {
+        put(&target.join(n), b"x");
+    }
+    let manifest = r#"{"__kind__": "wids-shard-index-v1", "reshard": {},
+        "shardlist": [{"url": "s-0.tar", "filesize": 1}]}"#;
+    put(&target.join(MANIFEST), manifest.as_bytes());
+    let p = RemoteLock::acquire(target, Duration::from_secs(60)).unwrap();
+    let p_token = p.lock.token().to_string();
+    let replaces = ["s-0.tar", "s-1.tar", "s-1.tar.idx"];
+    let seen = marker(&["s-0.tar"], &replaces, &p_token, &[])
+        .put(target, &p_token, None)
+        .unwrap();
+    let p = RemoteLock {
+        marker: Some(seen),
+        replaced: replaces.iter().map(|n| (*n).to_string()).collect(),
+        ..p
+    };
+    // P's lock taken over (its run silent) before P removes what it replaced.
+    let held =
+        String::from_utf8(storage::source(target).read(&lock_path(target)).unwrap()).unwrap();
+    put(&lock_path(target), held.replace(&p_token, B).as_bytes());
+    let files = vec![("s-0.tar".to_string(), 1)];
+    let strategy = ByManifest {
+        target,
+        local,
+        files: &files,
+        lock: Some(&p),
+        not_published: String::new(),
+        stale_after: Duration::from_secs(60),
+    };
+    let rules = life::Rules {
+        link: None,
+        keep: None,
+        epoch: 0,
+    };
+    assert!(life::after_commit(&strategy, true, &rules).is_err());
+    let left = marker::read_of(target, &p_token).expect("P's marker removed first");
+    assert_eq!(left.replaces, replaces);
+    // B clears beside P's manifest: what it does not name goes.
+    let (found, b) = marker::claim(target, B, Some(&p_token), None).unwrap();
+    let (rest, _) = clean_up_failed_run(target, (&found, false), &[], &b).unwrap();
+    assert!(!rest.names_objects(), "{rest:?}");
+    let present = |n: &str| storage::source(target).stat(&target.join(n)).is_ok();
+    assert!(present("s-0.tar") && !present("s-1.tar") && !present("s-1.tar.idx"));
+    assert_eq!(marker::read_of(target, &p_token), None);
 }

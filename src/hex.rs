@@ -11,6 +11,12 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// Whether `s` looks like a token (hex, no separators: safe in a file or object name, and what
+/// a records prefix may be named by).
+pub(crate) fn is_token(s: &str) -> bool {
+    (16..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 #[cfg(test)]
 mod tests {
     use super::hex;

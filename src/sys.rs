@@ -363,23 +363,53 @@ pub(crate) fn boot_id() -> String {
 }
 
 /// This process's PID namespace (the `/proc/self/ns/pid` link, `pid:[4026531836]`), empty where
-/// unknown: a pid names the same process only within one namespace.
+/// unknown: a pid names the same process only within one namespace. Unknown too where the procfs
+/// mounted at `/proc` is not this namespace's (`unshare --pid --fork` without `--mount-proc`):
+/// `/proc/PID` there names another namespace's processes, so no pid of this one can be looked
+/// up in it.
 pub(crate) fn pid_namespace() -> String {
+    if !own_proc(
+        std::fs::read_link("/proc/self").ok().as_deref(),
+        std::process::id(),
+    ) {
+        return String::new();
+    }
     std::fs::read_link("/proc/self/ns/pid")
         .map(|l| l.to_string_lossy().into_owned())
         .unwrap_or_default()
 }
 
-/// The start time of process `pid` (clock ticks since boot), if it lives. A zombie (exited, not
-/// yet reaped: common in containers whose init does not reap) does not.
-pub(crate) fn process_start(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// Whether the procfs at `/proc` is this process's namespace's: its `/proc/self` link (`me`)
+/// names this process's pid, `getpid()`.
+fn own_proc(me: Option<&Path>, pid: u32) -> bool {
+    me.and_then(Path::to_str)
+        .is_some_and(|me| me.parse::<u32>().is_ok_and(|me| me == pid))
+}
+
+/// The start time of process `pid` (clock ticks since boot): `Some` if it lives, `None` if it is
+/// gone. A zombie (exited, not yet reaped: common in containers whose init does not reap) is.
+///
+/// # Errors
+/// `/proc` does not say: its entry cannot be read (`hidepid`: another user's process, whose
+/// entry is there but closed), or it cannot be read as a process's `stat`.
+pub(crate) fn process_start(pid: u32) -> io::Result<Option<u64>> {
+    start_of(std::fs::read_to_string(format!("/proc/{pid}/stat")))
+}
+
+fn start_of(stat: io::Result<String>) -> io::Result<Option<u64>> {
+    let stat = match stat {
+        Ok(stat) => stat,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let unreadable = || io::Error::other("not a process's stat");
     // Fields 3 (state) and 22; the command name (field 2) may hold spaces and parentheses.
-    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let mut fields = stat[stat.rfind(')').ok_or_else(unreadable)? + 1..].split_whitespace();
     if matches!(fields.next(), Some("Z" | "X" | "x")) {
-        return None;
+        return Ok(None);
     }
-    fields.nth(18)?.parse().ok()
+    let start = fields.nth(18).and_then(|f| f.parse().ok());
+    start.map(Some).ok_or_else(unreadable)
 }
 
 /// Fills `buf` from the OS's random source (`/dev/urandom`).
@@ -583,7 +613,9 @@ mod tests {
 
     #[test]
     fn a_live_process_has_a_start_time_and_a_zombie_none() {
-        assert!(process_start(std::process::id()).is_some_and(|t| t > 0));
+        assert!(process_start(std::process::id())
+            .unwrap()
+            .is_some_and(|t| t > 0));
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         // Exited but not reaped yet: a zombie, as a dead rank is under an init that never reaps.
@@ -591,9 +623,9 @@ mod tests {
         while !std::fs::read_to_string(&stat).unwrap().contains(") Z") {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(process_start(pid), None);
+        assert_eq!(process_start(pid).unwrap(), None);
         child.wait().unwrap();
-        assert_eq!(process_start(pid), None);
+        assert_eq!(process_start(pid).unwrap(), None);
     }
 
     #[test]
@@ -670,5 +702,32 @@ mod tests {
             Ok(()) => assert!(b.is_dir() && !a.exists()),
             Err(e) => assert!(unsupported(&e) && a.is_dir(), "{e}"),
         }
+    }
+
+    #[test]
+    fn a_procfs_whose_self_is_not_getpid_is_not_this_namespaces() {
+        // `unshare --pid --fork` without `--mount-proc`: getpid() is 1, /proc/self the host's.
+        assert!(!own_proc(Some(Path::new("7694")), 1));
+        assert!(!own_proc(None, 1));
+        assert!(!own_proc(Some(Path::new("self")), 1));
+        assert!(own_proc(Some(Path::new("7694")), 7694));
+        assert!(own_proc(
+            std::fs::read_link("/proc/self").ok().as_deref(),
+            std::process::id()
+        ));
+        assert!(!pid_namespace().is_empty());
+    }
+
+    #[test]
+    fn a_closed_proc_entry_says_nothing_of_the_process() {
+        let closed = io::Error::from(io::ErrorKind::PermissionDenied);
+        assert!(start_of(Err(closed)).is_err(), "hidepid: not gone");
+        let gone = io::Error::from(io::ErrorKind::NotFound);
+        assert_eq!(start_of(Err(gone)).unwrap(), None);
+        let stat = "12 (a (b) c) S 1 12 12 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 4242 1 1";
+        assert_eq!(start_of(Ok(stat.into())).unwrap(), Some(4242));
+        let zombie = stat.replace(") S ", ") Z ");
+        assert_eq!(start_of(Ok(zombie)).unwrap(), None);
+        assert!(start_of(Ok("garbage".into())).is_err());
     }
 }

@@ -174,3 +174,43 @@ fn a_run_in_another_pid_namespace_does_not_judge_by_pid() {
     assert_same_output(&dir.join("ref"), &dir.join(OUT), &["ranks"]);
     assert!(!fs::exists(lock(&dir)).unwrap(), "the lock is released");
 }
+
+/// A PID namespace whose `/proc` is not its own (`unshare --pid --fork` without
+/// `--mount-proc`, as some containers run): `getpid()` names a pid of that namespace, but
+/// `/proc/PID` is the host's. Run A, there, holds the output (paused) under a pid the host's
+/// `/proc` has no entry for; run B, in the same namespace, must not take A for dead by that pid
+/// (the bug: "its run (pid N) is gone", and the lock taken over from a live run), but tell by
+/// A's heartbeat, which moves: B is refused, and A publishes.
+#[test]
+fn a_run_whose_proc_is_not_its_pid_namespaces_is_never_judged_by_its_pid() {
+    let dir = Dir::new("lock-foreign-proc");
+    inputs(&dir);
+    reference(&dir);
+    let marker = staging(&dir).join(Hold::Finish.marker(0));
+    // The namespace's next pid moved on to one the host's /proc has no entry for; A runs
+    // under it, paused; B runs once A is; A is let go after B.
+    let script = r#"r="$1"; m="$2"; shift 2
+while :; do sleep 0 & p=$!; wait $p; [ -e /proc/$((p + 1)) ] || break; done
+RESHARD_TEST_PAUSE_FINISH=600 "$r" "$@" 2>a.stderr & a=$!
+while [ ! -e "$m" ] && kill -0 $a 2>/dev/null; do sleep 0.05; done
+"$r" "$@" --lock-stale-after 30 2>b.stderr; echo $? >b.code
+rm -f "$m"; wait $a; echo $? >a.code"#;
+    let mut run = dir.program("unshare");
+    run.args(["--pid", "--fork", "sh", "-c", script, "sh"])
+        .arg(crate::util::reshard_exe())
+        .arg(&marker)
+        .args(run_args(OUT))
+        // UCX reaches its shared memory through /proc/PID, the host's here: MPI_Init fails.
+        .env("UCX_TLS", "self,tcp");
+    run.assert_success();
+    let (a, b) = (
+        a_stderr(&dir),
+        fs::read_to_string(dir.join("b.stderr")).unwrap(),
+    );
+    let code = |name: &str| fs::read_to_string(dir.join(name)).unwrap();
+    assert!(!b.contains("is gone"), "B judged A by its pid:\n{b}");
+    assert_eq!(code("b.code").trim(), "1", "B is refused:\n{b}\nA:\n{a}");
+    assert!(b.contains("another reshard run is writing it"), "{b}");
+    assert_eq!(code("a.code").trim(), "0", "A keeps its output:\n{a}");
+    assert_same_output(&dir.join("ref"), &dir.join(OUT), &["ranks"]);
+}

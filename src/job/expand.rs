@@ -309,7 +309,7 @@ fn point(pointer: &Path, staging: &Path) -> Result<()> {
 /// # Errors
 /// The pointer cannot be read, or the removal cannot be finished.
 fn finish_replaced_output(lock: &OutputLock, pointer: &Path, target: &Path) -> Result<()> {
-    let Some(earlier) = staging::pointed(pointer)
+    let Some((earlier, kind)) = staging::pointed_entry(pointer)
         .with_context(|| format!("{}: cannot read the staging pointer", pointer.display()))?
     else {
         return Ok(());
@@ -318,7 +318,10 @@ fn finish_replaced_output(lock: &OutputLock, pointer: &Path, target: &Path) -> R
         Some(dead) => earlier == staging::run_dir(pointer, dead),
         None => lock.found_free(),
     };
-    if !ended || earlier == pointer || !Staging::at(&earlier).holds_a_replaced_output() {
+    // A link at the run directory's name (the output was a symbolic link when the exchange
+    // swapped it there) is moved aside by `finish_replaced`, never followed.
+    let replaced = kind == Kind::Link || Staging::at(&earlier).holds_a_replaced_output();
+    if !ended || earlier == pointer || !replaced {
         return Ok(());
     }
     crate::errln!(
@@ -491,7 +494,7 @@ fn check_not_over_inputs(remote: &Path, inputs: &[InputShard], trees: &[Root]) -
         let canon = storage::source(&input.path)
             .canonical(&input.path)
             .with_context(|| format!("input {}", input.path.display()))?;
-        if canon.starts_with(&target) {
+        if key_under(&canon, &target) {
             bail!(
                 "--output {} would replace the input {}: choose an output that holds no input",
                 remote.display(),
@@ -500,7 +503,7 @@ fn check_not_over_inputs(remote: &Path, inputs: &[InputShard], trees: &[Root]) -
         }
     }
     for root in trees {
-        if root.canonical.starts_with(&target) || target.starts_with(&root.canonical) {
+        if key_under(&root.canonical, &target) || key_under(&target, &root.canonical) {
             bail!(
                 "--output {} and the --input-files root {} overlap: its --force would replace \
                  the root's objects; choose an output outside it",
@@ -510,6 +513,17 @@ fn check_not_over_inputs(remote: &Path, inputs: &[InputShard], trees: &[Root]) -
         }
     }
     Ok(())
+}
+
+/// Whether the object store location `path` is `under` or inside it, by the keys' own
+/// components, split at each `/` as the store names them: `Path::starts_with` drops `.`
+/// components and repeated separators, which on an object store are parts of other keys
+/// (`s3://b/./out/x.tar` is not under `s3://b/out`).
+fn key_under(path: &Path, under: &Path) -> bool {
+    let (path, under) = (path.to_string_lossy(), under.to_string_lossy());
+    let under = under.trim_end_matches('/');
+    path.strip_prefix(under)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 /// Refuses an output that would replace an input, a non-empty output without `--force`, with
@@ -592,4 +606,25 @@ fn create_staging(staging: &Path) -> Result<()> {
             staging.display()
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_object_key_is_under_an_output_by_its_own_components() {
+        let out = Path::new("s3://b/out");
+        assert!(key_under(Path::new("s3://b/out/x.tar"), out));
+        assert!(key_under(Path::new("s3://b/out"), out));
+        assert!(key_under(
+            Path::new("s3://b/out/x.tar"),
+            Path::new("s3://b/out/")
+        ));
+        // Other keys, which `Path::starts_with` takes for the same (it drops `.` and `//`).
+        assert!(!key_under(Path::new("s3://b/./out/x.tar"), out));
+        assert!(!key_under(Path::new("s3://b//out/x.tar"), out));
+        assert!(!key_under(Path::new("s3://b/outer/x.tar"), out));
+        assert!(Path::new("s3://b/./out/x.tar").starts_with(out));
+    }
 }

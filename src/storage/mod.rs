@@ -104,6 +104,18 @@ pub(crate) trait Source: Send + Sync {
     /// It does not exist.
     fn canonical(&self, path: &Path) -> io::Result<PathBuf>;
 
+    /// What the symbolic link at `path` holds, as written (one level, not resolved). A store
+    /// without symbolic links has none to read.
+    ///
+    /// # Errors
+    /// It is not a symbolic link, or it cannot be read.
+    fn read_link(&self, path: &Path) -> io::Result<PathBuf> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{}: no symbolic links here", path.display()),
+        ))
+    }
+
     /// The whole content of the small file at `path` (an input list, an `index.json`).
     ///
     /// # Errors

@@ -48,6 +48,10 @@ impl<B: Source + ?Sized> Source for Paced<B> {
         self.0.canonical(path)
     }
 
+    fn read_link(&self, path: &Path) -> io::Result<PathBuf> {
+        self.0.read_link(path)
+    }
+
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         let bytes = self.0.read(path)?;
         throttle::charge(bytes.len() as u64, 0);

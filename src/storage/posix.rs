@@ -69,6 +69,10 @@ impl Source for Posix {
         fs::canonicalize(path)
     }
 
+    fn read_link(&self, path: &Path) -> io::Result<PathBuf> {
+        fs::read_link(path)
+    }
+
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         fs::read(path)
     }

@@ -88,3 +88,98 @@ fn force_never_removes_through_a_link_put_at_the_output_before_its_swap() {
         "the user's notes stay in other",
     );
 }
+
+/// REVIEW (review2): the fix above covers a `--force` run that goes on after its exchange. Killed
+/// right after it instead (`0:published`, a lost node), the link it swapped in stays at its
+/// staging name `.out.reshard-tmp.TOKEN`, where the staging pointer leads. The next `--force`
+/// run takes the lock over from the dead pid, resolves the pointer with `canonicalize` (through
+/// both links) to `other`, whose name carries no token, so `OutputLock::may_take` lets it be
+/// taken, and `remove_earlier` removes `other` whole, the user's NOTES with it ("removing
+/// …/other left by an earlier run that did not finish"). Reproduced by hand with the binary of
+/// a0d7773; expected to fail there.
+#[test]
+fn a_link_swapped_in_by_a_force_run_killed_after_its_exchange_is_never_followed_by_the_next_run() {
+    let dir = Dir::new("fence-force-swapped-link-killed");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    super::small_run(&dir, "out").assert_success();
+    super::small_run(&dir, "other").assert_success();
+    fs::write(dir.join("other/NOTES"), b"mine").unwrap();
+    let before = crate::util::listing(&dir.join("other"));
+    let mut run = super::small_run(&dir, "out");
+    run.arg("--force")
+        .env("RESHARD_TEST_STOP", "0:rename")
+        .env("RESHARD_TEST_KILL", "0:published");
+    let run = std::thread::spawn(move || run.output());
+    wait_until("the run stops right before its rename", || {
+        !stopped_in(&dir).is_empty()
+    });
+    let stopped = Stopped::already(stopped_in(&dir));
+    fs::rename(dir.join("out"), dir.join("out.mine")).unwrap();
+    std::os::unix::fs::symlink("other", dir.join("out")).unwrap();
+    drop(stopped);
+    let killed = run.join().unwrap();
+    killed.check(
+        killed.code() != Some(0),
+        "the run is killed right after its exchange",
+    );
+    let res = super::small_run(&dir, "out").arg("--force").output();
+    let after = crate::util::listing(&dir.join("other"));
+    res.check(
+        after == before,
+        &format!("other is left as it was:\nbefore:\n{before}\nafter:\n{after}"),
+    );
+    res.check(res.code() == Some(0), "the next run succeeds");
+    res.stderr_has("so nothing was removed through it: the link is left in");
+    let kept = dir.join("out.reshard-replaced");
+    res.check(
+        fs::read_link(&kept).is_ok_and(|to| to == std::path::Path::new("other")),
+        "the link is moved where finish_replaced leaves one, out.reshard-replaced",
+    );
+    let links: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains(".out.reshard-tmp."))
+        .filter(|p| p.symlink_metadata().is_ok_and(|m| m.is_symlink()))
+        .collect();
+    res.check(
+        links.is_empty(),
+        &format!("no link left at a staging name: {links:?}"),
+    );
+}
+
+/// REVIEW (review2), continued: a `--resume` run never adopts (renames into its own staging
+/// directory) what such a link leads to.
+#[test]
+fn a_link_swapped_in_by_a_killed_force_run_is_never_adopted_by_resume() {
+    let dir = Dir::new("fence-force-swapped-link-resume");
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    super::small_run(&dir, "out").assert_success();
+    super::small_run(&dir, "other").assert_success();
+    fs::write(dir.join("other/NOTES"), b"mine").unwrap();
+    let before = crate::util::listing(&dir.join("other"));
+    let mut run = super::small_run(&dir, "out");
+    run.arg("--force")
+        .env("RESHARD_TEST_STOP", "0:rename")
+        .env("RESHARD_TEST_KILL", "0:published");
+    let run = std::thread::spawn(move || run.output());
+    wait_until("the run stops right before its rename", || {
+        !stopped_in(&dir).is_empty()
+    });
+    let stopped = Stopped::already(stopped_in(&dir));
+    fs::rename(dir.join("out"), dir.join("out.mine")).unwrap();
+    std::os::unix::fs::symlink("other", dir.join("out")).unwrap();
+    drop(stopped);
+    let killed = run.join().unwrap();
+    killed.check(
+        killed.code() != Some(0),
+        "the run is killed right after its exchange",
+    );
+    let res = super::small_run(&dir, "out")
+        .args(["--force", "--resume"])
+        .output();
+    let after = crate::util::listing(&dir.join("other"));
+    res.check(
+        after == before,
+        &format!("other is left as it was:\nbefore:\n{before}\nafter:\n{after}"),
+    );
+}

@@ -810,11 +810,9 @@ pub(crate) fn new_token() -> Result<String> {
     Ok(crate::hex::hex(&bytes))
 }
 
-/// Whether `s` looks like a token (hex, no separators: safe in a file or object name, and what
-/// a records prefix may be named by).
-pub(crate) fn is_token(s: &str) -> bool {
-    (16..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
-}
+/// Whether `s` looks like a token ([`crate::hex::is_token`]: staging's names are checked there,
+/// below this module).
+pub(crate) use crate::hex::is_token;
 
 fn now_secs() -> u64 {
     SystemTime::now()

@@ -40,26 +40,40 @@ impl Process {
     /// This process.
     pub(crate) fn me() -> Process {
         let pid = std::process::id();
+        // Empty where `/proc` is not this PID namespace's: its `/proc/PID` is another process.
+        let pidns = sys::pid_namespace();
+        let start = match pidns.is_empty() {
+            true => 0,
+            false => sys::process_start(pid).ok().flatten().unwrap_or(0),
+        };
         Process {
             host: sys::hostname(),
             boot: sys::boot_id(),
-            pidns: sys::pid_namespace(),
+            pidns,
             pid,
-            start: sys::process_start(pid).unwrap_or(0),
+            start,
         }
     }
 
     /// Whether it lives, asked from `here`: `None` where its pid says nothing here (another boot
-    /// or PID namespace, or either unknown). The hostname says nothing either way: containers on
-    /// one node may share it, and it may be reused. A pid in use by a process started at another
-    /// time is another process.
+    /// or PID namespace, or either unknown: `/proc` not `here`'s namespace's, see
+    /// [`sys::pid_namespace`]; or its `/proc` entry closed to `here`, `hidepid`). The hostname
+    /// says nothing either way: containers on one node may share it, and it may be reused. A
+    /// pid in use by a process started at another time is another process.
     pub(crate) fn lives(&self, here: &Process) -> Option<bool> {
         let checkable = !self.boot.is_empty()
             && !self.pidns.is_empty()
             && (&self.boot, &self.pidns) == (&here.boot, &here.pidns);
-        checkable.then(|| {
-            sys::process_start(self.pid).is_some_and(|start| self.start == 0 || start == self.start)
-        })
+        checkable.then(|| self.told(sys::process_start(self.pid)))?
+    }
+
+    /// Whether it lives, by what `/proc` says of its pid (`start`): `None` where it says nothing.
+    fn told(&self, start: io::Result<Option<u64>>) -> Option<bool> {
+        match start {
+            Ok(Some(start)) => Some(self.start == 0 || start == self.start),
+            Ok(None) => Some(false),
+            Err(_) => None,
+        }
     }
 
     /// "pid N on HOST", for messages.
@@ -204,6 +218,16 @@ mod tests {
         assert_eq!(Process::parse(&text), Some(me.clone()));
         assert_eq!(me.lives(&me), Some(true));
         assert_eq!(judge(tmp.path()), Makers::Lives(me));
+    }
+
+    #[test]
+    fn a_proc_entry_closed_to_this_process_tells_nothing() {
+        let me = Process::me();
+        let closed = io::Error::from(io::ErrorKind::PermissionDenied);
+        assert_eq!(me.told(Err(closed)), None, "hidepid: not gone");
+        assert_eq!(me.told(Ok(None)), Some(false));
+        assert_eq!(me.told(Ok(Some(me.start))), Some(true));
+        assert_eq!(me.told(Ok(Some(me.start + 1))), Some(false));
     }
 
     #[test]

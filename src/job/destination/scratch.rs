@@ -311,8 +311,8 @@ pub(crate) fn remove_node_copy(dir: &Path) -> bool {
 fn remove_gone_copies(staging: &Path, lock: &Path, lead: bool) {
     for copy in earlier_copies(staging) {
         match makers::judge(&copy) {
-            Makers::Gone if !held_by_lock_holder(&copy, lock) => {
-                if remove_node_copy(&copy) {
+            Makers::Gone if !held_by_lock_holder(&copy, &copy, lock) => {
+                if remove_if_still_gone(&copy, lock) {
                     crate::errln!(
                         "reshard: removed {}: an earlier run's copy on this node's disk, every \
                          process that made it gone (their pids, checked from here)",
@@ -328,24 +328,71 @@ fn remove_gone_copies(staging: &Path, lock: &Path, lead: bool) {
             Makers::Gone | Makers::Lives(_) | Makers::Unknown(_) => {}
         }
     }
+    // A removal killed part way left its copy at `.removing`, which no run takes: it goes once
+    // every process that made it is gone (as above; the remover's own is among them).
+    for left in earlier_copies_named(staging, ".removing") {
+        let sink = storage::sink(&left);
+        if matches!(makers::judge(&left), Makers::Gone) && sink.remove_dir_all(&left).is_ok() {
+            crate::errln!(
+                "reshard: removed {}: an earlier run's removal of its copy on this node's disk,                  cut short, every process that made it gone (their pids, checked from here)",
+                left.display()
+            );
+        }
+    }
 }
 
-/// Whether the staging directory `copy` is marked as the one of the run holding `lock` now
-/// ([`crate::job::destination::lock::OutputLock::mark_staging`]); where that cannot be read,
-/// whether it is marked at all.
-fn held_by_lock_holder(copy: &Path, lock: &Path) -> bool {
-    let mark = Staging::at(copy).owner_file();
+/// Removes the `copy` [`remove_gone_copies`] judged nobody's, judging it again once it is out of
+/// every run's way: renamed to `.removing` first (from then on no run finds it by its name), it
+/// goes only if it is still nobody's there; a rank of the lock holder that recorded itself in
+/// it, or the holder's mark, written since the first judgement, has it renamed back.
+fn remove_if_still_gone(copy: &Path, lock: &Path) -> bool {
+    let name = copy.file_name().unwrap_or_default().to_string_lossy();
+    let aside = copy.with_file_name(format!("{name}.removing"));
+    let sink = storage::sink(copy);
+    if sink.rename(copy, &aside).is_err() {
+        return false;
+    }
+    let gone =
+        matches!(makers::judge(&aside), Makers::Gone) && !held_by_lock_holder(copy, &aside, lock);
+    if !gone {
+        let _ = sink.rename_noreplace(&aside, copy);
+        return false;
+    }
+    let _ = sink.remove_dir_all(&aside);
+    true
+}
+
+/// Whether the copy named `name` (now at `dir`) is the staging directory of the run holding
+/// `lock` now: named after its token (a run continuing a dead run's copy renames it to its own
+/// name before it marks it, and that mark still names the dead run in between), or marked as
+/// its ([`crate::job::destination::lock::OutputLock::mark_staging`]). Where the mark cannot be
+/// read, whether it is marked at all.
+fn held_by_lock_holder(name: &Path, dir: &Path, lock: &Path) -> bool {
+    let holds = |token: &str| matches!(lost_by_token(lock, token), Ok(None));
+    let named = name
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.rsplit_once('.'))
+        .is_some_and(|(_, token)| is_token(token) && holds(token));
+    if named {
+        return true;
+    }
+    let mark = Staging::at(dir).owner_file();
     let Ok(text) = storage::source(&mark).read(&mark) else {
         return false;
     };
-    let token = String::from_utf8_lossy(&text).trim().to_string();
-    !matches!(lost_by_token(lock, &token), Ok(Some(_)))
+    holds(String::from_utf8_lossy(&text).trim())
 }
 
 /// The copies of this output's earlier runs beside `staging` (this run's): directories named
 /// `.NAME.reshard-tmp.TOKEN` or `.NAME.reshard-left.TOKEN` (a token, nothing after it: a
 /// removal under way, `.removing`, or heartbeats moved aside are not copies).
 fn earlier_copies(staging: &Path) -> Vec<PathBuf> {
+    earlier_copies_named(staging, "")
+}
+
+/// As [`earlier_copies`], of the names that end with `suffix` after the token.
+fn earlier_copies_named(staging: &Path, suffix: &str) -> Vec<PathBuf> {
     let pointer = staging::pointer_of(staging);
     let (Some(parent), Some(base)) = (staging.parent(), pointer.file_name()) else {
         return Vec::new();
@@ -364,7 +411,7 @@ fn earlier_copies(staging: &Path) -> Vec<PathBuf> {
         .filter_map(|e| {
             let n = e.name.to_string_lossy().into_owned();
             let token = forms.iter().find_map(|f| n.strip_prefix(f.as_str()))?;
-            is_token(token).then(|| parent.join(&n))
+            is_token(token.strip_suffix(suffix)?).then(|| parent.join(&n))
         })
         .filter(|copy| copy != staging)
         .collect();
@@ -520,6 +567,8 @@ mod tests {
         );
         // Gone: a staging copy and one moved aside, every maker gone.
         copy(format!(".out.reshard-tmp.{}", t('a')), one);
+        // A removal killed part way: its makers gone too.
+        copy(format!(".out.reshard-left.{}.removing", t('9')), one);
         copy(
             format!(".out.reshard-left.{}", t('b')),
             &[gone.clone(), makers::ended()],
@@ -538,7 +587,11 @@ mod tests {
             // Not this output's, not a token, a removal under way, the pointer's own path.
             copy(format!(".other.reshard-tmp.{}", t('a')), one),
             copy(".out.reshard-left.not-a-token".into(), one),
-            copy(format!(".out.reshard-tmp.{}.removing", t('f')), one),
+            copy(
+                format!(".out.reshard-tmp.{}.removing", t('f')),
+                std::slice::from_ref(&me),
+            ),
+            copy(format!(".out.reshard-tmp.{}.moving", t('f')), one),
             copy(".out.reshard-tmp".into(), one),
             copy("out".into(), one),
         ];
@@ -614,6 +667,38 @@ mod tests {
         std::fs::write(Staging::at(&other).owner_file(), t('b')).unwrap();
         remove_gone_copies(&ours, &lock_path, true);
         assert!(continued.is_dir() && !other.exists());
+        drop(lock);
+    }
+
+    #[test]
+    fn a_dead_runs_copy_renamed_to_the_lock_holders_name_but_not_yet_marked_stays() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lock_path = tmp.path().join(".out.reshard-lock");
+        let lock = crate::job::destination::lock::OutputLock::acquire(
+            &lock_path,
+            Path::new("out"),
+            crate::job::destination::lock::STALE_AFTER,
+        )
+        .unwrap();
+        let ours = copy_in(
+            tmp.path(),
+            &format!(".out.reshard-tmp.{}", "0".repeat(32)),
+            &[],
+        );
+        // `--resume` renamed it (adopt) and has not marked it yet: the mark names the dead run.
+        let adopted = copy_in(
+            tmp.path(),
+            &format!(".out.reshard-tmp.{}", lock.token()),
+            &[makers::ended()],
+        );
+        std::fs::write(Staging::at(&adopted).owner_file(), "d".repeat(32)).unwrap();
+        remove_gone_copies(&ours, &lock_path, true);
+        assert!(adopted.is_dir());
+        // Judged again once renamed to `.removing`: its maker there lives now, so it is put back.
+        makers::write(&adopted, "1", &makers::Process::me());
+        assert!(!remove_if_still_gone(&adopted, &lock_path));
+        assert!(adopted.is_dir());
+        assert_eq!(listing(tmp.path()).len(), 3, "{:?}", listing(tmp.path()));
         drop(lock);
     }
 }

@@ -63,26 +63,57 @@ pub(crate) fn pointer_of(run: &Path) -> PathBuf {
 }
 
 /// The staging directory the `pointer` leads to now, if any: its link's target, or the pointer
-/// itself when it is a directory.
+/// itself when it is a directory. Only a directory: see [`pointed_entry`].
 ///
 /// # Errors
 /// It cannot be examined.
 pub(crate) fn pointed(pointer: &Path) -> io::Result<Option<PathBuf>> {
+    Ok(pointed_entry(pointer)?.and_then(|(to, kind)| (kind == Kind::Dir).then_some(to)))
+}
+
+/// What the `pointer` leads to now, and its kind: the pointer itself when it is a directory, or
+/// the run directory beside it that its link names, `.NAME.reshard-tmp.TOKEN` ([`run_dir`]).
+/// The link is read one level and never resolved further: what stands at the run directory's
+/// name is looked at itself, so a symbolic link there (an output that was a link, swapped there
+/// by a `--force` run's exchange) is [`Kind::Link`], and never taken for the directory it leads
+/// to. A link that names anything else leads nowhere reshard staged (`None`).
+///
+/// # Errors
+/// It cannot be examined.
+pub(crate) fn pointed_entry(pointer: &Path) -> io::Result<Option<(PathBuf, Kind)>> {
     let source = storage::source(pointer);
-    match source.stat_link(pointer) {
-        Ok(s) if s.kind == Kind::Dir => Ok(Some(pointer.to_path_buf())),
-        Ok(s) if s.kind == Kind::Link => match source.canonical(pointer) {
-            Ok(to) => Ok(Some(to)),
-            // It leads nowhere: the run it named published or removed its directory.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+    let not_found = |e: io::Error| match e.kind() {
+        io::ErrorKind::NotFound => Ok(None),
+        _ => Err(e),
+    };
+    let to = match source.stat_link(pointer) {
+        Ok(s) if s.kind == Kind::Dir => return Ok(Some((pointer.to_path_buf(), Kind::Dir))),
+        Ok(s) if s.kind == Kind::Link => match source.read_link(pointer) {
+            Ok(to) => to,
+            Err(e) => return not_found(e),
         },
-        Ok(_) => Err(io::Error::other(format!(
-            "{}: not reshard's staging pointer (neither a symbolic link nor a directory)",
-            pointer.display()
-        ))),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+        Ok(_) => {
+            return Err(io::Error::other(format!(
+                "{}: not reshard's staging pointer (neither a symbolic link nor a directory)",
+                pointer.display()
+            )))
+        }
+        Err(e) => return not_found(e),
+    };
+    let name = pointer.file_name().unwrap_or_default().to_string_lossy();
+    let ours = to
+        .to_str()
+        .and_then(|to| to.strip_prefix(&*name))
+        .and_then(|rest| rest.strip_prefix('.'))
+        .is_some_and(crate::hex::is_token);
+    if !ours {
+        return Ok(None);
+    }
+    let run = pointer.with_file_name(&to);
+    match source.stat_link(&run) {
+        Ok(s) if matches!(s.kind, Kind::Dir | Kind::Link) => Ok(Some((run, s.kind))),
+        Ok(_) => Ok(None),
+        Err(e) => not_found(e),
     }
 }
 
@@ -124,9 +155,9 @@ pub(crate) fn unpoint(pointer: &Path, run: &Path) {
     {
         return;
     }
-    let ours = match source.canonical(pointer) {
-        Ok(to) => to == run,
-        Err(e) => e.kind() == io::ErrorKind::NotFound,
+    let ours = match pointed_entry(pointer) {
+        Ok(to) => to.is_none_or(|(to, _)| to == run),
+        Err(_) => false,
     };
     if ours {
         let _ = storage::sink(pointer).remove_file(pointer);

@@ -39,7 +39,8 @@
 //!   journal not yet holding its id; the rank as its launcher numbered it); `r:remove` (an
 //!   object-store output: an object at one of the output's names is about to be removed, the
 //!   run's fence checked; the rank as its launcher numbered it, 0 without a launcher);
-//!   `0:replaced` (an object-store output published with `--force`: a shard of the output it
+//!   `0:unindex` (an object-store output with `--force`: the index.json of the output it
+//!   replaces is about to be removed before its upload, the lock checked); `0:replaced` (an object-store output published with `--force`: a shard of the output it
 //!   replaced is about to be removed, the lock checked). For `--resume` and kill tests.
 //! - `RESHARD_TEST_STOP=r:at`: rank r stops itself with SIGSTOP at the point named `at` (any
 //!   point of `RESHARD_TEST_KILL`), like a node that froze there: its peers must end the job.

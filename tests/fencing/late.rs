@@ -1,4 +1,5 @@
-//! Removals a run makes after its manifest, each checked against the output's lock first: a
+//! Removals of a `--force` run (the replaced manifest before its upload, the replaced output's
+//! objects after its manifest), each checked against the output's lock first: a
 //! run suspended between such a check and its removal, past its lock, must remove nothing its
 //! successor published since.
 
@@ -17,7 +18,33 @@ use crate::util::Dir;
 /// took B's `shard-000003.tar`, which B's index.json lists.
 #[test]
 fn a_force_run_stopped_in_its_clean_up_after_its_lock_check_removes_nothing_published() {
-    let test = "a_force_run_stopped_in_its_clean_up_after_its_lock_check_removes_nothing_published";
+    a_force_run_stopped_at(
+        "a_force_run_stopped_in_its_clean_up_after_its_lock_check_removes_nothing_published",
+        "0:replaced",
+        (3, "A published, then lost the lock in its clean-up"),
+    );
+}
+
+/// Before its upload, a `--force` run removes the index.json of the output it replaces, after a
+/// check of the lock: run A (another PID namespace, 3 shards, seed 1) is stopped right after
+/// that check (`0:unindex`); run B (`--force`, 6 shards, seed 2) takes the output over by A's
+/// silence and publishes, exit 0. A is continued: B's output must stay B's, its index.json
+/// included. The bug: A's plain DELETE took B's published index.json, leaving B's shards named
+/// by no manifest.
+#[test]
+fn a_force_run_stopped_before_it_removes_the_replaced_manifest_leaves_its_successors() {
+    a_force_run_stopped_at(
+        "a_force_run_stopped_before_it_removes_the_replaced_manifest_leaves_its_successors",
+        "0:unindex",
+        (1, "A lost the lock before its upload"),
+    );
+}
+
+/// Run A (`--force`, another PID namespace, 3 shards, seed 1) over an older output of 6 shards
+/// (seed 9), stopped at the hook `point`; run B (`--force`, 6 shards, seed 2) takes the output
+/// over by A's silence and publishes; A, continued, exits with `a_exits` (its status, why);
+/// the output is then B's, byte for byte, its index.json included.
+fn a_force_run_stopped_at(test: &str, point: &str, a_exits: (i32, &str)) {
     let dir = Dir::new(test);
     sized(&dir, "in", "4MiB", "16KiB", 3);
     let Some(s3) = crate::util::s3::server(test) else {
@@ -38,10 +65,10 @@ fn a_force_run_stopped_in_its_clean_up_after_its_lock_check_removes_nothing_publ
     let mut a = in_namespaces(&dir, &super::upload_args(&target, 3, "1"));
     a.args(["--force", "--scratch"])
         .arg(dir.join("scratch"))
-        .env("RESHARD_TEST_STOP", "0:replaced");
+        .env("RESHARD_TEST_STOP", point);
     s3.with_env(&mut a);
     let a = std::thread::spawn(move || a.output());
-    wait_until("run A stops in its clean-up, its lock checked", || {
+    wait_until("run A stops at its hook point", || {
         !stopped_in(&dir).is_empty()
     });
     let stopped_a = Stopped::already(stopped_in(&dir));
@@ -57,11 +84,12 @@ fn a_force_run_stopped_in_its_clean_up_after_its_lock_check_removes_nothing_publ
 
     drop(stopped_a);
     let a = a.join().unwrap();
-    a.check(
-        a.code() == Some(3),
-        "A published, then lost the lock in its clean-up",
-    );
+    a.check(a.code() == Some(a_exits.0), a_exits.1);
 
     s3.get(&dir, &bucket, "out", &dir.join("got"));
+    assert!(
+        dir.join("got/index.json").is_file(),
+        "B's index.json is there"
+    );
     assert_same_output(&dir.join("ref-b"), &dir.join("got"), &["ranks", "inputs"]);
 }

@@ -811,7 +811,7 @@ fn name_uploads(
         // it is the one looked at before the lock check: a successor's, published while this
         // run was suspended past its lock, stays.
         let old = target.join(MANIFEST);
-        fenced::remove_after_publish(&fence, &old, || ())?;
+        fenced::remove_after_publish(&fence, &old, || crate::hooks::kill_at(0, "unindex"))?;
     }
     // Every object is only created: what is at a name this run creates (of the replaced output,
     // or of the earlier attempt and not kept) goes first, the old output no output any more.

@@ -61,23 +61,7 @@ fn keep_never_removes_through_a_link_put_at_an_older_epoch_while_it_prunes() {
 /// the user's notes out of it into the new output (exit 0).
 #[test]
 fn force_never_removes_through_a_link_put_at_the_output_before_its_swap() {
-    let dir = Dir::new("fence-force-swapped-link");
-    sized(&dir, "in", "512KiB", "16KiB", 2);
-    super::small_run(&dir, "out").assert_success();
-    super::small_run(&dir, "other").assert_success();
-    fs::write(dir.join("other/NOTES"), b"mine").unwrap();
-    let before = crate::util::listing(&dir.join("other"));
-    let mut run = super::small_run(&dir, "out");
-    run.arg("--force").env("RESHARD_TEST_STOP", "0:rename");
-    let run = std::thread::spawn(move || run.output());
-    wait_until("the run stops right before its rename", || {
-        !stopped_in(&dir).is_empty()
-    });
-    let stopped = Stopped::already(stopped_in(&dir));
-    fs::rename(dir.join("out"), dir.join("out.mine")).unwrap();
-    std::os::unix::fs::symlink("other", dir.join("out")).unwrap();
-    drop(stopped);
-    let res = run.join().unwrap();
+    let (dir, before, res) = force_run_swapped_to_a_link("fence-force-swapped-link", None);
     let after = crate::util::listing(&dir.join("other"));
     res.check(
         after == before,
@@ -89,35 +73,17 @@ fn force_never_removes_through_a_link_put_at_the_output_before_its_swap() {
     );
 }
 
-/// REVIEW (review2): the fix above covers a `--force` run that goes on after its exchange. Killed
-/// right after it instead (`0:published`, a lost node), the link it swapped in stays at its
-/// staging name `.out.reshard-tmp.TOKEN`, where the staging pointer leads. The next `--force`
-/// run takes the lock over from the dead pid, resolves the pointer with `canonicalize` (through
-/// both links) to `other`, whose name carries no token, so `OutputLock::may_take` lets it be
-/// taken, and `remove_earlier` removes `other` whole, the user's NOTES with it ("removing
-/// …/other left by an earlier run that did not finish"). Reproduced by hand with the binary of
-/// a0d7773; expected to fail there.
+/// The same `--force` run killed right after its exchange instead (`0:published`, a lost node):
+/// the link it swapped in stays at its staging name `.out.reshard-tmp.TOKEN`, where the staging
+/// pointer leads. The next `--force` run must not follow it. The bug: that run took the lock
+/// over from the dead pid, resolved the pointer with `canonicalize` (through both links) to
+/// `other`, whose name carries no token, took it for the dead run's staging and removed it
+/// whole, the user's NOTES with it ("removing …/other left by an earlier run that did not
+/// finish").
 #[test]
 fn a_link_swapped_in_by_a_force_run_killed_after_its_exchange_is_never_followed_by_the_next_run() {
-    let dir = Dir::new("fence-force-swapped-link-killed");
-    sized(&dir, "in", "512KiB", "16KiB", 2);
-    super::small_run(&dir, "out").assert_success();
-    super::small_run(&dir, "other").assert_success();
-    fs::write(dir.join("other/NOTES"), b"mine").unwrap();
-    let before = crate::util::listing(&dir.join("other"));
-    let mut run = super::small_run(&dir, "out");
-    run.arg("--force")
-        .env("RESHARD_TEST_STOP", "0:rename")
-        .env("RESHARD_TEST_KILL", "0:published");
-    let run = std::thread::spawn(move || run.output());
-    wait_until("the run stops right before its rename", || {
-        !stopped_in(&dir).is_empty()
-    });
-    let stopped = Stopped::already(stopped_in(&dir));
-    fs::rename(dir.join("out"), dir.join("out.mine")).unwrap();
-    std::os::unix::fs::symlink("other", dir.join("out")).unwrap();
-    drop(stopped);
-    let killed = run.join().unwrap();
+    let (dir, before, killed) =
+        force_run_swapped_to_a_link("fence-force-swapped-link-killed", Some("0:published"));
     killed.check(
         killed.code() != Some(0),
         "the run is killed right after its exchange",
@@ -147,29 +113,12 @@ fn a_link_swapped_in_by_a_force_run_killed_after_its_exchange_is_never_followed_
     );
 }
 
-/// REVIEW (review2), continued: a `--resume` run never adopts (renames into its own staging
+/// The same, and the next run a `--resume`: it never adopts (renames into its own staging
 /// directory) what such a link leads to.
 #[test]
 fn a_link_swapped_in_by_a_killed_force_run_is_never_adopted_by_resume() {
-    let dir = Dir::new("fence-force-swapped-link-resume");
-    sized(&dir, "in", "512KiB", "16KiB", 2);
-    super::small_run(&dir, "out").assert_success();
-    super::small_run(&dir, "other").assert_success();
-    fs::write(dir.join("other/NOTES"), b"mine").unwrap();
-    let before = crate::util::listing(&dir.join("other"));
-    let mut run = super::small_run(&dir, "out");
-    run.arg("--force")
-        .env("RESHARD_TEST_STOP", "0:rename")
-        .env("RESHARD_TEST_KILL", "0:published");
-    let run = std::thread::spawn(move || run.output());
-    wait_until("the run stops right before its rename", || {
-        !stopped_in(&dir).is_empty()
-    });
-    let stopped = Stopped::already(stopped_in(&dir));
-    fs::rename(dir.join("out"), dir.join("out.mine")).unwrap();
-    std::os::unix::fs::symlink("other", dir.join("out")).unwrap();
-    drop(stopped);
-    let killed = run.join().unwrap();
+    let (dir, before, killed) =
+        force_run_swapped_to_a_link("fence-force-swapped-link-resume", Some("0:published"));
     killed.check(
         killed.code() != Some(0),
         "the run is killed right after its exchange",
@@ -182,4 +131,34 @@ fn a_link_swapped_in_by_a_killed_force_run_is_never_adopted_by_resume() {
         after == before,
         &format!("other is left as it was:\nbefore:\n{before}\nafter:\n{after}"),
     );
+}
+
+/// Two outputs of reshard's, `out` and `other` (holding the user's NOTES); a `--force` run on
+/// `out` stopped right before its rename (and killed at `kill`, if given), `out` replaced by a
+/// symbolic link to `other` meanwhile: the directory, `other`'s listing before, and the run.
+fn force_run_swapped_to_a_link(
+    name: &str,
+    kill: Option<&str>,
+) -> (Dir, String, crate::util::RunOutput) {
+    let dir = Dir::new(name);
+    sized(&dir, "in", "512KiB", "16KiB", 2);
+    super::small_run(&dir, "out").assert_success();
+    super::small_run(&dir, "other").assert_success();
+    fs::write(dir.join("other/NOTES"), b"mine").unwrap();
+    let before = crate::util::listing(&dir.join("other"));
+    let mut run = super::small_run(&dir, "out");
+    run.arg("--force").env("RESHARD_TEST_STOP", "0:rename");
+    if let Some(kill) = kill {
+        run.env("RESHARD_TEST_KILL", kill);
+    }
+    let run = std::thread::spawn(move || run.output());
+    wait_until("the run stops right before its rename", || {
+        !stopped_in(&dir).is_empty()
+    });
+    let stopped = Stopped::already(stopped_in(&dir));
+    fs::rename(dir.join("out"), dir.join("out.mine")).unwrap();
+    std::os::unix::fs::symlink("other", dir.join("out")).unwrap();
+    drop(stopped);
+    let res = run.join().unwrap();
+    (dir, before, res)
 }

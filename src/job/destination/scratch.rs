@@ -639,16 +639,22 @@ mod tests {
         assert_eq!(listing(tmp.path()), Vec::<String>::new());
     }
 
-    #[test]
-    fn a_dead_runs_copy_continued_by_the_run_holding_the_lock_stays() {
-        let tmp = tempfile::tempdir().unwrap();
-        let lock_path = tmp.path().join(".out.reshard-lock");
+    /// The lock of the output `out` in `dir`, held by this process: its path and the lock.
+    fn held_lock(dir: &Path) -> (PathBuf, crate::job::destination::lock::OutputLock) {
+        let lock_path = dir.join(".out.reshard-lock");
         let lock = crate::job::destination::lock::OutputLock::acquire(
             &lock_path,
             Path::new("out"),
             crate::job::destination::lock::STALE_AFTER,
         )
         .unwrap();
+        (lock_path, lock)
+    }
+
+    #[test]
+    fn a_dead_runs_copy_continued_by_the_run_holding_the_lock_stays() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (lock_path, lock) = held_lock(tmp.path());
         let t = |c: char| c.to_string().repeat(32);
         let ours = copy_in(tmp.path(), &format!(".out.reshard-tmp.{}", t('0')), &[]);
         // Renamed to the lock holder's name and marked, its ranks not yet recorded in it.
@@ -673,13 +679,7 @@ mod tests {
     #[test]
     fn a_dead_runs_copy_renamed_to_the_lock_holders_name_but_not_yet_marked_stays() {
         let tmp = tempfile::tempdir().unwrap();
-        let lock_path = tmp.path().join(".out.reshard-lock");
-        let lock = crate::job::destination::lock::OutputLock::acquire(
-            &lock_path,
-            Path::new("out"),
-            crate::job::destination::lock::STALE_AFTER,
-        )
-        .unwrap();
+        let (lock_path, lock) = held_lock(tmp.path());
         let ours = copy_in(
             tmp.path(),
             &format!(".out.reshard-tmp.{}", "0".repeat(32)),

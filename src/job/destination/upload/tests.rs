@@ -331,21 +331,7 @@ fn after_its_manifest_a_run_that_lost_the_lock_removes_nothing() {
     let theirs = held.replace(lock.lock.token(), "someone-else");
     assert_ne!(held, theirs);
     put(&lock_path(target), theirs.as_bytes());
-    let files = vec![("new.tar".to_string(), 6)];
-    let strategy = ByManifest {
-        target,
-        local,
-        files: &files,
-        lock: Some(&lock),
-        not_published: String::new(),
-        stale_after: Duration::from_secs(60),
-    };
-    let rules = life::Rules {
-        link: None,
-        keep: None,
-        epoch: 0,
-    };
-    let err = life::after_commit(&strategy, true, &rules).unwrap_err();
+    let err = after_commit(target, local, ("new.tar", 6), &lock, true).unwrap_err();
     assert!(
         format!("{err:#}").contains("lost the output's lock"),
         "{err:#}"
@@ -579,21 +565,7 @@ fn a_run_suspended_after_its_manifest_never_removes_its_successors_marker() {
         marker: Some(seen),
         ..a
     };
-    let files = vec![("a-0.tar".to_string(), 9)];
-    let strategy = ByManifest {
-        target,
-        local,
-        files: &files,
-        lock: Some(&a),
-        not_published: String::new(),
-        stale_after: Duration::from_secs(60),
-    };
-    let rules = life::Rules {
-        link: None,
-        keep: None,
-        epoch: 0,
-    };
-    let err = life::after_commit(&strategy, false, &rules).unwrap_err();
+    let err = after_commit(target, local, ("a-0.tar", 9), &a, false).unwrap_err();
     assert!(
         format!("{err:#}").contains("lost the output's lock"),
         "{err:#}"
@@ -784,21 +756,7 @@ fn what_a_force_run_replaced_is_named_until_removed_and_cleared_beside_its_manif
     let held =
         String::from_utf8(storage::source(target).read(&lock_path(target)).unwrap()).unwrap();
     put(&lock_path(target), held.replace(&p_token, B).as_bytes());
-    let files = vec![("s-0.tar".to_string(), 1)];
-    let strategy = ByManifest {
-        target,
-        local,
-        files: &files,
-        lock: Some(&p),
-        not_published: String::new(),
-        stale_after: Duration::from_secs(60),
-    };
-    let rules = life::Rules {
-        link: None,
-        keep: None,
-        epoch: 0,
-    };
-    assert!(life::after_commit(&strategy, true, &rules).is_err());
+    assert!(after_commit(target, local, ("s-0.tar", 1), &p, true).is_err());
     let left = marker::read_of(target, &p_token).expect("P's marker removed first");
     assert_eq!(left.replaces, replaces);
     // B clears beside P's manifest: what it does not name goes.
@@ -808,4 +766,31 @@ fn what_a_force_run_replaced_is_named_until_removed_and_cleared_beside_its_manif
     let present = |n: &str| storage::source(target).stat(&target.join(n)).is_ok();
     assert!(present("s-0.tar") && !present("s-1.tar") && !present("s-1.tar.idx"));
     assert_eq!(marker::read_of(target, &p_token), None);
+}
+
+/// `life::after_commit` of a `ByManifest` strategy that uploaded the one file `(name, size)`
+/// from `local` to `target` under `lock`, with no `--link` or `--keep` (`replaced`: whether it
+/// replaced an output).
+fn after_commit(
+    target: &Path,
+    local: &Path,
+    (name, size): (&str, u64),
+    lock: &RemoteLock,
+    replaced: bool,
+) -> Result<()> {
+    let files = vec![(name.to_string(), size)];
+    let strategy = ByManifest {
+        target,
+        local,
+        files: &files,
+        lock: Some(lock),
+        not_published: String::new(),
+        stale_after: Duration::from_secs(60),
+    };
+    let rules = life::Rules {
+        link: None,
+        keep: None,
+        epoch: 0,
+    };
+    life::after_commit(&strategy, replaced, &rules)
 }

@@ -490,18 +490,9 @@ fn check_not_over_inputs(remote: &Path, inputs: &[InputShard], trees: &[Root]) -
     let target = storage::source(remote)
         .canonical(remote)
         .with_context(|| format!("--output {}", remote.display()))?;
-    for input in inputs {
-        let canon = storage::source(&input.path)
-            .canonical(&input.path)
-            .with_context(|| format!("input {}", input.path.display()))?;
-        if key_under(&canon, &target) {
-            bail!(
-                "--output {} would replace the input {}: choose an output that holds no input",
-                remote.display(),
-                input.path.display()
-            );
-        }
-    }
+    refuse_an_input_under(remote, "an output", inputs, |canon| {
+        key_under(canon, &target)
+    })?;
     for root in trees {
         if key_under(&root.canonical, &target) || key_under(&target, &root.canonical) {
             bail!(
@@ -509,6 +500,32 @@ fn check_not_over_inputs(remote: &Path, inputs: &[InputShard], trees: &[Root]) -
                  the root's objects; choose an output outside it",
                 remote.display(),
                 root.path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Refuses the output `out` where an input's resolved path is `under` it (`choose`: what to
+/// choose instead, for the message).
+///
+/// # Errors
+/// An input is under it, or an input's path cannot be resolved.
+fn refuse_an_input_under(
+    out: &Path,
+    choose: &str,
+    inputs: &[InputShard],
+    under: impl Fn(&Path) -> bool,
+) -> Result<()> {
+    for input in inputs {
+        let canon = storage::source(&input.path)
+            .canonical(&input.path)
+            .with_context(|| format!("input {}", input.path.display()))?;
+        if under(&canon) {
+            bail!(
+                "--output {} would replace the input {}: choose {choose} that holds no input",
+                out.display(),
+                input.path.display()
             );
         }
     }
@@ -536,18 +553,9 @@ fn check_output(
     staging: &Path,
     inputs: &[InputShard],
 ) -> Result<()> {
-    for input in inputs {
-        let canon = storage::source(&input.path)
-            .canonical(&input.path)
-            .with_context(|| format!("input {}", input.path.display()))?;
-        if canon.starts_with(target) || canon.starts_with(staging) {
-            bail!(
-                "--output {} would replace the input {}: choose an output directory that holds no input",
-                out.display(),
-                input.path.display()
-            );
-        }
-    }
+    refuse_an_input_under(out, "an output directory", inputs, |canon| {
+        canon.starts_with(target) || canon.starts_with(staging)
+    })?;
     let at_target = storage::source(target);
     if at_target
         .stat_link(target)
